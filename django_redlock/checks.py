@@ -1,0 +1,1 @@
+"""System checks for the REDLOCK setting (ids documented in docs/checks.rst)."""

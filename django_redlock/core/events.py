@@ -1,0 +1,54 @@
+"""What happened to a lock, for whoever listens (the Django layer turns these into signals).
+
+Listeners run in the thread that caused the event (the renewal thread for ``lost``); one that
+raises is logged and skipped, so a broken listener can never break locking.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["EventKind", "Listener", "LockEvent", "emit"]
+
+logger = logging.getLogger("django_redlock")
+
+EventKind = Literal["acquired", "released", "contended", "lost", "force_released"]
+
+
+@dataclass(frozen=True)
+class LockEvent:
+    kind: EventKind
+    name: str
+    token: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    waited: float | None = None  #: seconds spent acquiring (acquired, contended)
+    held: float | None = None  #: seconds the lock was held (released, lost)
+    fence: int | None = None
+    reason: str | None = None  #: why it was lost / not acquired
+    retry_after: float | None = None  #: contended: seconds until the holder's lease ends
+    nodes: int | None = None  #: force_released: nodes the key was removed from
+
+
+Listener = Callable[[LockEvent], None]
+
+
+def emit(listeners: list[Listener], event: LockEvent) -> None:
+    level = logging.WARNING if event.kind in ("lost", "force_released") else logging.DEBUG
+    if logger.isEnabledFor(level):
+        logger.log(
+            level,
+            "lock %s %s",
+            event.name,
+            event.kind,
+            extra={"lock_event": event.kind, "lock_name": event.name, "lock_token": event.token,
+                   "lock_reason": event.reason, "lock_waited": event.waited,
+                   "lock_held": event.held},
+        )
+    for listener in list(listeners):
+        try:
+            listener(event)
+        except Exception:
+            logger.exception("lock event listener %r failed on %s", listener, event.kind)

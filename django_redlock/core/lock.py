@@ -1,0 +1,185 @@
+"""The lock handle a caller holds, and the lease it shares with reentrant holds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .errors import LockNotAcquired, LockNotOwned
+
+if TYPE_CHECKING:
+    from .redlock import Redlock
+
+__all__ = ["Lease", "Lock", "current_owner"]
+
+
+def current_owner() -> Hashable:
+    """Who is asking: the running asyncio task, else the current thread.
+
+    Coroutines on one thread are different owners (redis-py's thread-local token makes them one),
+    so a task is preferred whenever an event loop runs the caller.
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    if task is not None:
+        return ("task", id(task))
+    return ("thread", threading.get_ident())
+
+
+@dataclass(eq=False)
+class Lease:
+    """One acquisition on the nodes; reentrant holds of the same owner share it."""
+
+    name: str
+    token: str
+    ttl: float
+    owner: Hashable
+    valid_until: float  #: time.monotonic() deadline
+    acquired: float = field(default_factory=time.monotonic)
+    meta: dict[str, Any] = field(default_factory=dict)
+    fence: int | None = None
+    count: int = 1
+    released: bool = False
+    lost: str | None = None  #: why the lease was lost, once it was
+    renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
+    auto_renew: bool = False
+    last_renewal: float = field(default_factory=time.monotonic)
+
+    @property
+    def validity(self) -> float:
+        if self.released or self.lost:
+            return 0.0
+        return max(self.valid_until - time.monotonic(), 0.0)
+
+
+class Lock:
+    """A handle on one lock name. Acquire it, use it, release it (or use ``with``).
+
+    The handle is cheap; it talks to the nodes only in :meth:`acquire`, :meth:`release`,
+    :meth:`extend` and :meth:`check`.
+    """
+
+    def __init__(
+        self,
+        redlock: Redlock,
+        name: str,
+        *,
+        ttl: float,
+        auto_renew: bool,
+        fencing: bool,
+        reentrant: bool,
+        fair: bool,
+        blocking: bool,
+        timeout: float | None,
+        meta: dict[str, Any],
+        owner: Hashable | None,
+        renew_for: float | None,
+    ) -> None:
+        self.redlock = redlock
+        self.name = name
+        self.ttl = ttl
+        self.auto_renew = auto_renew
+        self.fencing = fencing
+        self.reentrant = reentrant
+        self.fair = fair
+        self.blocking = blocking
+        self.timeout = timeout
+        self.meta = meta
+        self.owner = owner
+        self.renew_for = renew_for
+        self._lease: Lease | None = None
+        #: Seconds until the holder's lease ends, from the last failed attempt (if known).
+        self.retry_after: float | None = None
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "not held"
+        return f"<Lock {self.name!r} {state}>"
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock on a quorum of nodes.
+
+        ``blocking=False`` makes one attempt. A blocking call waits up to ``timeout`` seconds
+        (``None``: the Redlock's ``retry_count`` retries; ``float("inf")``: for ever), woken when
+        the holder releases or its lease runs out. Returns False when someone else holds the
+        lock; raises :class:`QuorumError` when too few nodes could answer at all.
+        """
+        if self._lease is not None and not self._lease.released:
+            raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if timeout is None else timeout
+        lease = self.redlock._acquire(self, blocking=blocking, timeout=timeout)
+        self._lease = lease
+        return lease is not None
+
+    def release(self) -> None:
+        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours (the
+        current holder's keys are left alone) and :class:`LockLost` if we knew it was lost."""
+        lease = self._lease
+        if lease is None or lease.released:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
+        self._lease = None
+        self.redlock._release(lease)
+
+    def extend(self, ttl: float | None = None) -> bool:
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        lease = self._require_lease()
+        return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
+
+    def check(self) -> bool:
+        """Ask the nodes whether our token is still on a quorum (a round trip)."""
+        lease = self._lease
+        return lease is not None and self.redlock._check(lease)
+
+    @property
+    def held(self) -> bool:
+        """Local view: acquired, not released, not lost, and validity left."""
+        lease = self._lease
+        return lease is not None and lease.validity > 0
+
+    @property
+    def validity(self) -> float:
+        """Seconds of validity left, by the local monotonic clock."""
+        return self._lease.validity if self._lease is not None else 0.0
+
+    @property
+    def token(self) -> str | None:
+        return self._lease.token if self._lease is not None else None
+
+    @property
+    def fence(self) -> int | None:
+        return self._lease.fence if self._lease is not None else None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the lock was lost while held (None while it is fine)."""
+        return self._lease.lost if self._lease is not None else None
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise LockNotAcquired(
+                f"lock {self.name!r} is held by another owner", self.name,
+                retry_after=self.retry_after,
+            )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def _require_lease(self) -> Lease:
+        if self._lease is None or self._lease.released:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
+        return self._lease

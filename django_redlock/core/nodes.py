@@ -1,0 +1,371 @@
+"""Connections to the Redis nodes and the concurrent fan-out every lock operation uses.
+
+A fan-out writes the command to every node first and then waits on all sockets at once (poll)
+against one deadline. The requests are in flight at the same time, so an operation costs one
+round trip to the slowest node that answers (bounded by ``node_timeout``), not the sum over
+nodes, and it needs no thread: no pool is built per call (pottery's cost) and no node waits for
+the previous one (redlock-py's). Idle connections are kept per node in a lock-free deque, so
+threads share them without contention, and a forked child opens its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+from urllib.parse import urlsplit
+
+import redis
+from redis.connection import parse_url
+
+from .resp import Incomplete, ReplyError, encode, parse
+from .scripts import BODIES, Script
+
+__all__ = [
+    "Failure", "Node", "NodeSpec", "Wire", "WireError", "fan_out", "make_nodes", "script_command",
+]
+
+#: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
+#: (whose connection pool's settings are reused).
+NodeSpec = Union[str, Mapping[str, Any], redis.Redis]  # noqa: UP007 - a runtime alias
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a node did not answer a fan-out: ``timeout``, ``refused``, ``auth`` or ``error``."""
+
+    reason: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
+
+class WireError(Exception):
+    """A node failed during a lock command; carries the :class:`Failure` to report."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+class Wire:
+    """One plain socket to a node, used for lock commands only.
+
+    Opened with a blocking handshake (TLS, AUTH, SELECT, and INFO to learn the server's run id,
+    which the restart guard compares inside the acquire script), then left non-blocking so a
+    fan-out can wait on many of them at once.
+    """
+
+    def __init__(self, node: Node, timeout: float) -> None:
+        self.buf = bytearray()
+        self.run_id = ""
+        params = node.params
+        try:
+            if "path" in params:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(timeout)
+                sock.connect(params["path"])
+            else:
+                sock = socket.create_connection((params["host"], params["port"]), timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if params.get("ssl"):
+                    sock = node.ssl_context().wrap_socket(
+                        sock, server_hostname=params["host"]
+                    )
+            self.sock = sock
+            self._handshake(params)
+        except TimeoutError:
+            self.close()
+            raise WireError(Failure("timeout", "no answer while connecting")) from None
+        except OSError as exc:
+            self.close()
+            raise WireError(Failure("refused", exc.strerror or str(exc))) from None
+        sock.settimeout(0)
+
+    def _handshake(self, params: Mapping[str, Any]) -> None:
+        commands: list[list[Any]] = []
+        if params.get("password") is not None:
+            user = params.get("username")
+            commands.append(["AUTH", user, params["password"]] if user else
+                            ["AUTH", params["password"]])
+        if params.get("db"):
+            commands.append(["SELECT", params["db"]])
+        commands.append(["INFO", "server"])
+        self.sock.sendall(b"".join(encode(c) for c in commands))
+        for _ in commands:
+            reply = self.read_blocking()
+            if isinstance(reply, ReplyError):
+                raise WireError(_reply_failure(reply))
+        text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
+        for line in text.splitlines():
+            if line.startswith("run_id:"):
+                self.run_id = line[7:].strip()
+
+    def read_blocking(self) -> Any:
+        while True:
+            try:
+                value, pos = parse(self.buf)
+            except Incomplete:
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionResetError("connection closed by the node") from None
+                self.buf += data
+                continue
+            del self.buf[:pos]
+            return value
+
+    def poll_reply(self) -> Any:
+        """Read what has arrived; the reply once whole, else raises :class:`Incomplete`."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            raise Incomplete from None
+        if not data:
+            raise ConnectionResetError("connection closed by the node")
+        self.buf += data
+        value, pos = parse(self.buf)
+        del self.buf[:pos]
+        return value
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        sock = getattr(self, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def _reply_failure(reply: ReplyError) -> Failure:
+    if reply.code in ("NOAUTH", "WRONGPASS", "NOPERM", "ERR") and (
+        reply.code != "ERR" or "AUTH" in str(reply).upper() or "password" in str(reply)
+    ):
+        return Failure("auth", str(reply))
+    return Failure("error", str(reply))
+
+
+class Node:
+    """One independent Redis server: lean sockets for lock commands, and a redis-py client
+    for listing, health and pub/sub."""
+
+    def __init__(self, spec: NodeSpec, *, node_timeout: float) -> None:
+        url, options = _parse_spec(spec)
+        self.url = url
+        #: The URL without credentials: safe for logs, errors and the admin page.
+        self.name = _redact(url)
+        options.pop("decode_responses", None)
+        self.params: dict[str, Any] = {**parse_url(url), **options}
+        cls = self.params.pop("connection_class", None)
+        if cls is not None and "SSL" in cls.__name__:
+            self.params["ssl"] = True
+        self.node_timeout = node_timeout
+        self._ssl_context: ssl.SSLContext | None = None
+        self._idle: deque[Wire] = deque()
+        self._pid = os.getpid()
+        slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
+        #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
+        self.client = redis.Redis.from_url(url, **slow)
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name}>"
+
+    def checkout(self, timeout: float) -> Wire:
+        if self._pid != os.getpid():
+            # Inherited sockets belong to the parent's conversations with the node.
+            self._idle = deque()
+            self._pid = os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return Wire(self, timeout)
+
+    def checkin(self, wire: Wire) -> None:
+        self._idle.append(wire)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            p = self.params
+            context = ssl.create_default_context(cafile=p.get("ssl_ca_certs"))
+            reqs = p.get("ssl_cert_reqs", "required")
+            if reqs in ("none", None, ssl.CERT_NONE):
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            else:
+                context.check_hostname = bool(p.get("ssl_check_hostname", False))
+            if p.get("ssl_certfile"):
+                context.load_cert_chain(p["ssl_certfile"], p.get("ssl_keyfile"))
+            self._ssl_context = context
+        return self._ssl_context
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+        self.client.close()
+
+
+def _parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
+    if isinstance(spec, redis.Redis):
+        kwargs = dict(spec.connection_pool.connection_kwargs)
+        if "path" in kwargs:
+            url = f"unix://{kwargs.pop('path')}?db={kwargs.pop('db', 0)}"
+        else:
+            scheme = "rediss" if "ssl" in spec.connection_pool.connection_class.__name__.lower() \
+                else "redis"
+            url = f"{scheme}://{kwargs.pop('host', 'localhost')}:{kwargs.pop('port', 6379)}/" \
+                  f"{kwargs.pop('db', 0)}"
+        for drop in ("socket_timeout", "socket_connect_timeout", "decode_responses"):
+            kwargs.pop(drop, None)
+        return url, {k: v for k, v in kwargs.items() if k in ("username", "password")}
+    if isinstance(spec, Mapping):
+        unknown = set(spec) - {"URL", "OPTIONS"}
+        if "URL" not in spec or unknown:
+            raise ValueError(
+                "a node given as a dict needs 'URL' and may have 'OPTIONS', "
+                f"got keys {sorted(spec)}"
+            )
+        options = spec.get("OPTIONS") or {}
+        if not isinstance(options, Mapping):
+            raise TypeError(f"node OPTIONS must be a dict, got {options!r}")
+        return _check_url(spec["URL"]), dict(options)
+    return _check_url(spec), {}
+
+
+def _check_url(url: object) -> str:
+    if not isinstance(url, str):
+        raise TypeError(f"a node must be a URL string, a dict or a redis.Redis, got {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEMES:
+        raise ValueError(f"node URL {url!r} must start with redis://, rediss:// or unix://")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"node URL {url!r} names no socket path")
+    else:
+        if not parts.hostname:
+            raise ValueError(f"node URL {url!r} names no host")
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ValueError(f"node URL {url!r} has an invalid port") from None
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ValueError(f"node URL {url!r} has an invalid database number {db!r}")
+    return url
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return parts._replace(netloc=f"***@{netloc}").geturl()
+
+
+def _identity(url: str) -> tuple[str, str, int, str]:
+    """What makes two configured nodes the same server (scheme-independent host:port/db)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return ("unix", parts.path, 0, "")
+    host = (parts.hostname or "").lower()
+    if host in ("localhost", "::1"):
+        host = "127.0.0.1"
+    return ("tcp", host, parts.port or 6379, parts.path.strip("/") or "0")
+
+
+def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
+    """Validate every spec before opening anything, then build the nodes."""
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+        raise TypeError(f"nodes must be a list of node URLs, got {specs!r}")
+    if not specs:
+        raise ValueError("nodes is empty: give at least one Redis node")
+    parsed = [_parse_spec(spec) for spec in specs]
+    seen: dict[tuple[str, str, int, str], str] = {}
+    for url, _ in parsed:
+        ident = _identity(url)
+        if ident in seen:
+            raise ValueError(
+                f"nodes {_redact(seen[ident])!r} and {_redact(url)!r} are the same Redis server: "
+                "Redlock needs independent nodes"
+            )
+        seen[ident] = url
+    return [Node(spec, node_timeout=node_timeout) for spec in specs]
+
+
+#: Builds one node's command from the wire it will go out on (it may need the run id).
+CommandBuilder = Callable[[Node, Wire], Sequence[Any]]
+
+
+def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+    return ["EVALSHA", script.sha, len(keys), *keys, *args]
+
+
+def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> list[Any]:
+    """Send one command to every node at once and collect the replies in node order.
+
+    A reply is whatever the node returned; a node that failed or did not answer within
+    ``timeout`` seconds yields a :class:`Failure`. A connection whose reply did not come in
+    time is closed, so a late reply can never be read as the answer to a later command.
+    """
+    deadline = time.monotonic() + timeout
+    replies: list[Any] = [Failure("timeout")] * len(nodes)
+    pending: dict[int, tuple[int, Wire, Sequence[Any]]] = {}
+    poller = select.poll()
+    # Nodes with an open connection first: their commands are in flight while we still
+    # connect to the others, so a slow connect does not delay the rest.
+    order = sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
+    for index in order:
+        node = nodes[index]
+        try:
+            wire = node.checkout(max(deadline - time.monotonic(), 0.001))
+        except WireError as exc:
+            replies[index] = exc.failure
+            continue
+        command = build(node, wire)
+        try:
+            wire.sock.sendall(encode(command))
+        except OSError as exc:
+            wire.close()
+            replies[index] = Failure("refused", exc.strerror or str(exc))
+            continue
+        pending[wire.fileno()] = (index, wire, command)
+        poller.register(wire.fileno(), select.POLLIN)
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        for fd, _ in poller.poll(remaining * 1000):
+            index, wire, command = pending[fd]
+            try:
+                reply = wire.poll_reply()
+            except Incomplete:
+                continue
+            except OSError as exc:
+                reply = Failure("refused", exc.strerror or str(exc))
+            if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
+                # The node restarted or flushed its script cache: send the body once, which
+                # also caches it for the next EVALSHA.
+                wire.sock.sendall(encode(["EVAL", BODIES[command[1]], *command[2:]]))
+                continue
+            poller.unregister(fd)
+            del pending[fd]
+            if isinstance(reply, Failure):
+                wire.close()
+            else:
+                nodes[index].checkin(wire)
+                if isinstance(reply, ReplyError):
+                    reply = _reply_failure(reply)
+            replies[index] = reply
+    for _, wire, _ in pending.values():
+        wire.close()
+    return replies

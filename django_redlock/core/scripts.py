@@ -1,0 +1,168 @@
+"""Lua scripts run on every node, and the small helpers that describe them.
+
+Each script is atomic on its node, which is what makes "check the token, then act" safe (seed
+004: a plain GET followed by DEL can delete a lock another client took in between).
+
+Key layout for a lock named ``name`` under prefix ``p``:
+
+* ``p:lock:name``  - hash: ``token``, ``meta`` (JSON holder metadata), ``fence``, ``renewals``,
+  ``acquired`` (server ms), ``ttl`` (ms). One key per lock keeps the admin listing a single
+  SCAN and the lock and its metadata expire together.
+* ``p:fence:name`` - fencing counter (no TTL).
+* ``p:node``       - restart-guard marker of this node: ``run_id``, ``usable_at`` (server ms).
+* channel ``p:released:name`` - published on release, wakes waiters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ACQUIRE", "BODIES", "EXTEND", "FENCE_SYNC", "FORCE_RELEASE", "RELEASE", "TRUST", "Script",
+]
+
+#: Script bodies by SHA1, for the EVAL fallback when a node answers NOSCRIPT.
+BODIES: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua body and its SHA1, sent as EVALSHA with an EVAL fallback on NOSCRIPT."""
+
+    body: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.body.encode()).hexdigest())
+        BODIES[self.sha] = self.body
+
+
+# Take the lock if it is free.
+# KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] node marker
+# ARGV[1] token, ARGV[2] ttl ms, ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence,
+# ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)
+# Returns {0, fence} taken (fence 0 when not fencing)
+#         {1, pttl}  held by another owner; pttl = ms until its lease ends
+#         {2, ms, fresh} restart guard: this node may not vote for ms more; fresh = 1 while the
+#                    guard comes from a missing marker (never used, or restarted empty)
+ACQUIRE = Script(
+    """
+local now
+local t = redis.call('TIME')
+now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local guard = tonumber(ARGV[6])
+if guard > 0 then
+  local m = redis.call('HMGET', KEYS[3], 'run_id', 'usable_at', 'fresh')
+  if m[1] ~= ARGV[5] then
+    -- The marker is missing or was written by an earlier server process: this node lost
+    -- its data or restarted. It may vote once `guard` ms have passed since it started, so
+    -- every lease it granted (or forgot) before the restart has run out.
+    m[3] = m[1] and '0' or '1'
+    local info = redis.call('INFO', 'server')
+    local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+    m[2] = now - uptime * 1000 + guard
+    redis.call('HSET', KEYS[3], 'run_id', ARGV[5], 'usable_at', m[2], 'fresh', m[3])
+  end
+  if tonumber(m[2]) > now then
+    return {2, tonumber(m[2]) - now, tonumber(m[3])}
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {1, redis.call('PTTL', KEYS[1])}
+end
+local fence = 0
+if ARGV[4] == '1' then
+  -- Seed a missing counter from the clock so a node that restarted empty still hands out
+  -- numbers above any it gave before (see docs/guarantees, "fencing").
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SET', KEYS[2], now * 1000)
+  end
+  fence = redis.call('INCR', KEYS[2])
+end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'meta', ARGV[3], 'fence', fence,
+           'renewals', 0, 'acquired', now, 'ttl', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {0, fence}
+"""
+)
+
+# Raise this node's fencing counter to the fence the quorum agreed on.
+# KEYS[1] lock hash, KEYS[2] fencing counter
+# ARGV[1] token, ARGV[2] fence
+# Returns 1 when our token holds the lock here (its hash then records the fence), else 0.
+FENCE_SYNC = Script(
+    """
+local fence = tonumber(ARGV[2])
+if tonumber(redis.call('GET', KEYS[2]) or '0') < fence then
+  redis.call('SET', KEYS[2], fence)
+end
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'fence', fence)
+  return 1
+end
+return 0
+"""
+)
+
+# Re-arm the lease if the lock is still ours.
+# KEYS[1] lock hash
+# ARGV[1] token, ARGV[2] ttl ms
+# Returns 1 when extended, 0 when the token is not ours (or the key is gone).
+EXTEND = Script(
+    """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('HSET', KEYS[1], 'ttl', ARGV[2])
+  redis.call('HINCRBY', KEYS[1], 'renewals', 1)
+  return 1
+end
+return 0
+"""
+)
+
+# Delete the lock if it is still ours and wake whoever waits for it.
+# KEYS[1] lock hash
+# ARGV[1] token, ARGV[2] release channel
+# Returns 1 when deleted, 0 when the token is not ours (the holder's key is left alone).
+RELEASE = Script(
+    """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+)
+
+# Delete the lock whoever holds it (admin / operator action) and wake waiters.
+# KEYS[1] lock hash
+# ARGV[1] release channel
+# Returns the token that was removed, or false when there was no lock.
+FORCE_RELEASE = Script(
+    """
+local token = redis.call('HGET', KEYS[1], 'token')
+if token then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[1], token)
+end
+return token
+"""
+)
+
+# Mark this node usable now: used when every node of a cluster reports it has never been
+# used (a brand-new cluster has no leases to protect).
+# KEYS[1] node marker
+# ARGV[1] run_id the caller saw on this node
+# Returns 1 when the marker was set by this very server process and is now trusted, else 0.
+TRUST = Script(
+    """
+if redis.call('HGET', KEYS[1], 'run_id') == ARGV[1] then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'usable_at', tonumber(t[1]) * 1000, 'fresh', 0)
+  return 1
+end
+return 0
+"""
+)
