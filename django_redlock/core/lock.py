@@ -1,4 +1,4 @@
-"""The lock handle a caller holds, and the lease it shares with reentrant holds."""
+"""The lock handle a caller holds, and the lease that reentrant holds share."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .errors import LockNotAcquired, LockNotOwned
 if TYPE_CHECKING:
     from .redlock import Redlock
 
-__all__ = ["Lease", "Lock", "current_owner"]
+__all__ = ["Lease", "Lock", "LockBase", "current_owner"]
 
 
 def current_owner() -> Hashable:
@@ -48,9 +48,13 @@ class Lease:
     count: int = 1
     released: bool = False
     lost: str | None = None  #: why the lease was lost, once it was
-    renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
     auto_renew: bool = False
+    renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
     last_renewal: float = field(default_factory=time.monotonic)
+    #: Held while a renewal is on the wire, so release never races a PEXPIRE.
+    io_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Releases this process's local queue for the name (sync client), if it used one.
+    leave_queue: Any = field(default=None, repr=False)
 
     @property
     def validity(self) -> float:
@@ -59,16 +63,12 @@ class Lease:
         return max(self.valid_until - time.monotonic(), 0.0)
 
 
-class Lock:
-    """A handle on one lock name. Acquire it, use it, release it (or use ``with``).
-
-    The handle is cheap; it talks to the nodes only in :meth:`acquire`, :meth:`release`,
-    :meth:`extend` and :meth:`check`.
-    """
+class LockBase:
+    """State and read-only views shared by the sync and async handles."""
 
     def __init__(
         self,
-        redlock: Redlock,
+        redlock: Any,
         name: str,
         *,
         ttl: float,
@@ -100,44 +100,7 @@ class Lock:
 
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
-        return f"<Lock {self.name!r} {state}>"
-
-    # -- the contract -------------------------------------------------------------------------
-
-    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Take the lock on a quorum of nodes.
-
-        ``blocking=False`` makes one attempt. A blocking call waits up to ``timeout`` seconds
-        (``None``: the Redlock's ``retry_count`` retries; ``float("inf")``: for ever), woken when
-        the holder releases or its lease runs out. Returns False when someone else holds the
-        lock; raises :class:`QuorumError` when too few nodes could answer at all.
-        """
-        if self._lease is not None and not self._lease.released:
-            raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
-        blocking = self.blocking if blocking is None else blocking
-        timeout = self.timeout if timeout is None else timeout
-        lease = self.redlock._acquire(self, blocking=blocking, timeout=timeout)
-        self._lease = lease
-        return lease is not None
-
-    def release(self) -> None:
-        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours (the
-        current holder's keys are left alone) and :class:`LockLost` if we knew it was lost."""
-        lease = self._lease
-        if lease is None or lease.released:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
-        self._lease = None
-        self.redlock._release(lease)
-
-    def extend(self, ttl: float | None = None) -> bool:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
-        lease = self._require_lease()
-        return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
-
-    def check(self) -> bool:
-        """Ask the nodes whether our token is still on a quorum (a round trip)."""
-        lease = self._lease
-        return lease is not None and self.redlock._check(lease)
+        return f"<{type(self).__name__} {self.name!r} {state}>"
 
     @property
     def held(self) -> bool:
@@ -152,10 +115,12 @@ class Lock:
 
     @property
     def token(self) -> str | None:
+        """Unique per acquisition (128 random bits from the OS, safe across forks)."""
         return self._lease.token if self._lease is not None else None
 
     @property
     def fence(self) -> int | None:
+        """With ``fencing=True``: larger than the fence of every earlier holder of this name."""
         return self._lease.fence if self._lease is not None else None
 
     @property
@@ -163,12 +128,67 @@ class Lock:
         """Why the lock was lost while held (None while it is fine)."""
         return self._lease.lost if self._lease is not None else None
 
+    def _resolve(self, blocking: bool | None, timeout: float | None) -> tuple[bool, float | None]:
+        if self._lease is not None and not self._lease.released:
+            raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
+        return (self.blocking if blocking is None else blocking,
+                self.timeout if timeout is None else timeout)
+
+    def _take_lease(self) -> Lease:
+        lease = self._lease
+        if lease is None or lease.released:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
+        return lease
+
+    def _not_acquired(self) -> LockNotAcquired:
+        return LockNotAcquired(
+            f"lock {self.name!r} is held by another owner", self.name,
+            retry_after=self.retry_after,
+        )
+
+
+class Lock(LockBase):
+    """A handle on one lock name. Acquire it, use it, release it (or use ``with``).
+
+    The handle is cheap; it talks to the nodes only in :meth:`acquire`, :meth:`release`,
+    :meth:`extend` and :meth:`check`.
+    """
+
+    redlock: Redlock
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock on a quorum of nodes.
+
+        ``blocking=False`` makes one attempt. A blocking call waits up to ``timeout`` seconds
+        (``None``: the Redlock's ``retry_count`` retries; ``float("inf")``: for ever), woken when
+        the holder releases or its lease runs out. Returns False when someone else holds the
+        lock; raises :class:`QuorumError` when too few nodes could answer at all.
+        """
+        from .validation import check_timeout
+
+        blocking, timeout = self._resolve(blocking, check_timeout(timeout))
+        self._lease = self.redlock._acquire(self, blocking=blocking, timeout=timeout)
+        return self._lease is not None
+
+    def release(self) -> None:
+        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours (the
+        current holder's keys are left alone) and :class:`LockLost` if we knew it was lost."""
+        lease = self._take_lease()
+        self._lease = None
+        self.redlock._release(lease)
+
+    def extend(self, ttl: float | None = None) -> bool:
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        return self.redlock._extend(self._take_lease(), self.ttl if ttl is None else ttl)
+
+    def check(self) -> bool:
+        """Ask the nodes whether our token is still on a quorum (a round trip)."""
+        lease = self._lease
+        return lease is not None and self.redlock._check(lease)
+
     def __enter__(self) -> Lock:
         if not self.acquire():
-            raise LockNotAcquired(
-                f"lock {self.name!r} is held by another owner", self.name,
-                retry_after=self.retry_after,
-            )
+            raise self._not_acquired()
         return self
 
     def __exit__(
@@ -178,8 +198,3 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
-
-    def _require_lease(self) -> Lease:
-        if self._lease is None or self._lease.released:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
-        return self._lease

@@ -124,18 +124,26 @@ class Wire:
             del self.buf[:pos]
             return value
 
-    def poll_reply(self) -> Any:
-        """Read what has arrived; the reply once whole, else raises :class:`Incomplete`."""
+    def feed(self) -> None:
+        """Move what has arrived on the socket into the buffer (never blocks)."""
         try:
             data = self.sock.recv(65536)
         except (BlockingIOError, ssl.SSLWantReadError):
-            raise Incomplete from None
+            return
         if not data:
             raise ConnectionResetError("connection closed by the node")
         self.buf += data
+
+    def take(self) -> Any:
+        """The next whole reply in the buffer; raises :class:`Incomplete` if there is none."""
         value, pos = parse(self.buf)
         del self.buf[:pos]
         return value
+
+    def poll_reply(self) -> Any:
+        """Read what has arrived; the reply once whole, else raises :class:`Incomplete`."""
+        self.feed()
+        return self.take()
 
     def fileno(self) -> int:
         return self.sock.fileno()

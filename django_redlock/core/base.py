@@ -1,0 +1,548 @@
+"""Everything the sync and async clients share: configuration, keys, holder metadata, how
+the nodes' replies are judged, the lease table for reentrancy, and listing.
+
+The two clients differ only in how they talk to the nodes (``redlock.py`` with sockets and poll,
+``asyncio.py`` with streams) and how they wait.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Hashable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from . import scripts
+from .errors import LockLost, LockNotOwned, QuorumError
+from .events import Listener, LockEvent, emit
+from .info import LockInfo, NodeHealth, NodeLockState
+from .lock import Lease, LockBase
+from .nodes import Failure, Node, NodeSpec, make_nodes, script_command
+from .validation import check_name, check_positive, check_prefix, check_timeout
+
+__all__ = ["DRIFT_FLOOR", "AcquireRequest", "RedlockBase", "Refusal"]
+
+#: Fixed part of the clock-drift allowance (the Redlock spec adds 2 ms for Redis' own expiry
+#: granularity).
+DRIFT_FLOOR = 0.002
+
+_INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
+
+
+def _forget_inherited_state() -> None:
+    # A forked child shares its parent's lease table; it holds none of those locks.
+    for redlock in list(_INSTANCES):
+        redlock._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_state)
+
+
+class Refusal:
+    """Why one attempt did not produce a lock."""
+
+    def __init__(
+        self, failures: dict[str, str], answered: int, retry_after: float | None
+    ) -> None:
+        self.failures = failures
+        self.answered = answered  #: nodes that gave a verdict (granted or held)
+        self.retry_after = retry_after
+
+
+class AcquireRequest:
+    """One attempt's token, holder metadata and script arguments."""
+
+    def __init__(self, redlock: RedlockBase, handle: LockBase) -> None:
+        self.token = secrets.token_hex(16)
+        self.meta = redlock._holder_meta(handle.meta)
+        self.keys = redlock._acquire_keys(handle.name)
+        self.guard = str(int(redlock.max_ttl * 1000)) if redlock.restart_guard else "0"
+        self.args = [
+            self.token,
+            int(handle.ttl * 1000),
+            json.dumps(self.meta, default=str, separators=(",", ":")),
+            "1" if handle.fencing else "0",
+        ]
+
+    def command(self, run_id: str) -> list[Any]:
+        return script_command(scripts.ACQUIRE, self.keys, [*self.args, run_id, self.guard])
+
+
+class RedlockBase:
+    """Configuration and decisions of the Redlock algorithm, without I/O."""
+
+    #: The handle class :meth:`lock` returns.
+    lock_class: type[LockBase] = LockBase
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        *,
+        key_prefix: str = "redlock",
+        ttl: float = 30.0,
+        node_timeout: float = 0.05,
+        retry_count: int = 3,
+        retry_delay: float = 0.2,
+        drift_factor: float = 0.01,
+        max_ttl: float | None = None,
+        restart_guard: bool = True,
+        trust_fresh_cluster: bool = True,
+        reentrant: bool = True,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.key_prefix = check_prefix(key_prefix)
+        self.ttl = check_positive("ttl", ttl)
+        self.node_timeout = check_positive("node_timeout", node_timeout)
+        if isinstance(retry_count, bool) or not isinstance(retry_count, int) or retry_count < 0:
+            raise ValueError(f"retry_count must be an int >= 0, got {retry_count!r}")
+        self.retry_count = retry_count
+        self.retry_delay = check_positive("retry_delay", retry_delay, allow_zero=True)
+        self.drift_factor = check_positive("drift_factor", drift_factor, allow_zero=True)
+        if self.drift_factor >= 0.5:
+            raise ValueError(f"drift_factor must be < 0.5, got {drift_factor!r}")
+        self.max_ttl = (
+            max(self.ttl, 60.0) if max_ttl is None else check_positive("max_ttl", max_ttl)
+        )
+        if self.ttl > self.max_ttl:
+            raise ValueError(f"ttl {ttl!r} is longer than max_ttl {self.max_ttl!r}")
+        if self.node_timeout >= self.ttl:
+            raise ValueError(
+                f"node_timeout {node_timeout!r} must be much smaller than ttl {ttl!r}"
+            )
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a dict, got {meta!r}")
+        self.restart_guard = bool(restart_guard)
+        self.trust_fresh_cluster = bool(trust_fresh_cluster)
+        self.reentrant = bool(reentrant)
+        self.meta = dict(meta or {})
+        self.nodes: list[Node] = make_nodes(nodes, node_timeout=self.node_timeout)
+        self.quorum = len(self.nodes) // 2 + 1
+        self._leases: dict[str, Lease] = {}
+        self._leases_lock = threading.Lock()
+        self._host = socket.gethostname()
+        #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
+        #: release.
+        self.listeners: list[Listener] = []
+        _INSTANCES.add(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {len(self.nodes)} nodes, quorum {self.quorum}, "
+            f"prefix {self.key_prefix!r}>"
+        )
+
+    def lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fencing: bool = False,
+        reentrant: bool | None = None,
+        fair: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on lock ``name``; nothing is sent until it is acquired.
+
+        ``ttl`` is the lease in seconds (default: the Redlock's), at most ``max_ttl``.
+        ``auto_renew`` keeps re-arming it every ttl/3 while held (``renew_for`` caps the total).
+        ``meta`` is shown on the admin page as the holder's details. ``owner`` replaces the
+        current thread/task as the reentrancy owner (a Celery task id, say).
+        """
+        check_name(name)
+        lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
+        if lease_ttl > self.max_ttl:
+            raise ValueError(
+                f"ttl {ttl!r} for lock {name!r} exceeds max_ttl {self.max_ttl!r} (the restart "
+                "guard only protects leases up to max_ttl)"
+            )
+        if lease_ttl <= self.node_timeout:
+            raise ValueError(f"ttl {ttl!r} for lock {name!r} must exceed node_timeout")
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a dict, got {meta!r}")
+        if renew_for is not None:
+            check_positive("renew_for", renew_for)
+        return self.lock_class(
+            self,
+            name,
+            ttl=lease_ttl,
+            auto_renew=bool(auto_renew),
+            fencing=bool(fencing),
+            reentrant=self.reentrant if reentrant is None else bool(reentrant),
+            fair=bool(fair),
+            blocking=bool(blocking),
+            timeout=check_timeout(timeout),
+            meta=dict(meta or {}),
+            owner=owner,
+            renew_for=renew_for,
+        )
+
+    # -- judging replies ------------------------------------------------------------------------
+
+    def _margin(self, ttl: float) -> float:
+        return ttl * self.drift_factor + DRIFT_FLOOR
+
+    def _granted(self, replies: list[Any]) -> list[Any]:
+        return [r for r in replies if isinstance(r, list) and r[0] == 0]
+
+    def _lease_if_valid(
+        self, handle: LockBase, owner: Hashable, request: AcquireRequest, replies: list[Any],
+        start: float,
+    ) -> Lease | None:
+        """The lease when a quorum granted it with validity left (validity measured after the
+        replies came in: node-redlock returned locks with none left)."""
+        granted = self._granted(replies)
+        validity = handle.ttl - (time.monotonic() - start) - self._margin(handle.ttl)
+        if len(granted) < self.quorum or validity <= 0:
+            return None
+        return Lease(
+            name=handle.name,
+            token=request.token,
+            ttl=handle.ttl,
+            owner=owner,
+            valid_until=start + handle.ttl - self._margin(handle.ttl),
+            fence=max(int(r[1]) for r in granted) if handle.fencing else None,
+            acquired=start,
+            meta=request.meta,
+            auto_renew=handle.auto_renew,
+            renew_until=None if handle.renew_for is None else start + handle.renew_for,
+        )
+
+    def _all_fresh(self, replies: list[Any]) -> bool:
+        """A brand-new cluster: every node reports a restart guard from a missing marker.
+
+        No node has ever held a lock under this prefix, so there is no lease to protect; the
+        caller trusts them all at once instead of idling for max_ttl (docs/guarantees).
+        """
+        return (
+            self.restart_guard
+            and self.trust_fresh_cluster
+            and all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
+        )
+
+    def _refusal(self, replies: list[Any]) -> Refusal:
+        failures: dict[str, str] = {}
+        held_pttls: list[int] = []
+        answered = 0
+        for node, reply in zip(self.nodes, replies, strict=True):
+            if isinstance(reply, Failure):
+                failures[node.name] = str(reply)
+            elif reply[0] == 1:
+                answered += 1
+                held_pttls.append(max(int(reply[1]), 0))
+                failures[node.name] = "held"
+            elif reply[0] == 2:
+                failures[node.name] = f"guarded for {int(reply[1]) / 1000:.1f}s after a restart"
+            else:
+                answered += 1
+        retry_after = None
+        free = len(self.nodes) - len(held_pttls)
+        still_needed = self.quorum - free
+        if held_pttls and 0 < still_needed <= len(held_pttls):
+            # The lock frees up once enough leases have run out to leave a quorum free.
+            retry_after = sorted(held_pttls)[still_needed - 1] / 1000
+        return Refusal(failures, answered, retry_after)
+
+    def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
+        """Report a failed acquire; raise when the cluster could not even give a verdict."""
+        handle.retry_after = refusal.retry_after
+        emit(self.listeners, LockEvent(
+            "contended", handle.name, meta=handle.meta, waited=waited,
+            retry_after=refusal.retry_after,
+            reason=", ".join(f"{n}: {why}" for n, why in refusal.failures.items()),
+        ))
+        if refusal.answered < self.quorum:
+            raise QuorumError(
+                f"lock {handle.name!r}: only {refusal.answered} of {len(self.nodes)} nodes "
+                f"could answer, {self.quorum} needed",
+                handle.name,
+                failures=refusal.failures,
+                retry_after=refusal.retry_after,
+            )
+
+    def _deadline(self, start: float, timeout: float | None) -> float | None:
+        """When a blocking acquire gives up: ``timeout`` seconds from now, never for ``inf``,
+        and for ``None`` (the retry policy) once ``retry_count`` retries could have run."""
+        if timeout is None:
+            return start + (self.retry_count + 1) * max(self.retry_delay, self.node_timeout)
+        return None if math.isinf(timeout) else start + timeout
+
+    def _out_of_time(
+        self, blocking: bool, attempts: int, timeout: float | None, deadline: float | None,
+        now: float,
+    ) -> bool:
+        if not blocking:
+            return True
+        if timeout is None and attempts > self.retry_count:
+            return True
+        return deadline is not None and now >= deadline
+
+    def _pause_for(
+        self, refusal: Refusal, timeout: float | None, deadline: float | None, now: float
+    ) -> float:
+        """How long to wait before the next attempt if no release notice comes first: until
+        the holder's lease runs out when the nodes told us, else a random retry delay. Under
+        the retry policy (``timeout=None``) never longer than ``retry_delay``. The jitter keeps
+        contenders from retrying in lock step."""
+        jitter = random.uniform(0, self.retry_delay / 2)
+        if refusal.retry_after is not None:
+            delay = refusal.retry_after + min(jitter, 0.002)
+        else:
+            delay = self.retry_delay / 2 + jitter
+        if timeout is None:
+            delay = min(delay, self.retry_delay / 2 + jitter)
+        if deadline is not None:
+            delay = min(delay, deadline - now)
+        return max(delay, 0.0)
+
+    # -- the lease table ------------------------------------------------------------------------
+
+    def _reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
+        if not handle.reentrant:
+            return None
+        with self._leases_lock:
+            lease = self._leases.get(handle.name)
+            if lease is not None and lease.owner == owner and lease.validity > 0:
+                lease.count += 1
+                return lease
+        return None
+
+    def _register(self, handle: LockBase, lease: Lease, waited: float) -> None:
+        handle.retry_after = None
+        with self._leases_lock:
+            self._leases[lease.name] = lease
+        emit(self.listeners, LockEvent(
+            "acquired", lease.name, token=lease.token, meta=lease.meta, waited=waited,
+            fence=lease.fence,
+        ))
+
+    def _begin_release(self, lease: Lease) -> bool:
+        """Drop one hold; True when the last hold is gone and the nodes must be told."""
+        with self._leases_lock:
+            if lease.count > 1:
+                lease.count -= 1
+                return False
+            lease.released = True
+            if self._leases.get(lease.name) is lease:
+                del self._leases[lease.name]
+        return True
+
+    def _finish_release(self, lease: Lease, replies: list[Any]) -> None:
+        emit(self.listeners, LockEvent(
+            "released", lease.name, token=lease.token, meta=lease.meta,
+            held=time.monotonic() - lease.acquired, fence=lease.fence, reason=lease.lost,
+        ))
+        if lease.lost:
+            raise LockLost(
+                f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name
+            )
+        refused = sum(1 for r in replies if r == 0)
+        if refused > len(self.nodes) - self.quorum:
+            raise LockNotOwned(
+                f"lock {lease.name!r} was no longer ours on {refused} of {len(self.nodes)} nodes "
+                "(the lease ran out before release)",
+                lease.name,
+            )
+
+    def _extend_command(self, lease: Lease, ttl: float) -> list[Any]:
+        return script_command(scripts.EXTEND, [self._key(lease.name)],
+                              [lease.token, int(ttl * 1000)])
+
+    def _check_extend_ttl(self, ttl: float) -> float:
+        ttl = check_positive("ttl", ttl)
+        if ttl > self.max_ttl:
+            raise ValueError(f"ttl {ttl!r} exceeds max_ttl {self.max_ttl!r}")
+        return ttl
+
+    def _judge_extend(self, lease: Lease, ttl: float, replies: list[Any], start: float) -> bool:
+        ours = sum(1 for r in replies if r == 1)
+        margin = self._margin(ttl)
+        if ours >= self.quorum and ttl - (time.monotonic() - start) - margin > 0 and not (
+            lease.released or lease.lost
+        ):
+            lease.valid_until = start + ttl - margin
+            lease.ttl = ttl
+            lease.last_renewal = start
+            return True
+        if sum(1 for r in replies if r == 0) > len(self.nodes) - self.quorum:
+            self._mark_lost(lease, "the token is gone from a quorum of nodes")
+        return False
+
+    def _judge_check(self, lease: Lease, replies: list[Any]) -> bool:
+        token = lease.token.encode()
+        if sum(1 for r in replies if r == token) >= self.quorum:
+            return True
+        if sum(1 for r in replies if not isinstance(r, Failure) and r != token) > (
+            len(self.nodes) - self.quorum
+        ):
+            self._mark_lost(lease, "the token is gone from a quorum of nodes")
+        return False
+
+    def _mark_lost(self, lease: Lease, why: str) -> None:
+        with self._leases_lock:
+            if lease.lost is not None or lease.released:
+                return
+            lease.lost = why
+            if self._leases.get(lease.name) is lease:
+                del self._leases[lease.name]
+        emit(self.listeners, LockEvent(
+            "lost", lease.name, token=lease.token, meta=lease.meta,
+            held=time.monotonic() - lease.acquired, fence=lease.fence, reason=why,
+        ))
+
+    def _judge_force_release(self, name: str, replies: list[Any]) -> int:
+        tokens = {r.decode() for r in replies if isinstance(r, bytes)}
+        removed = sum(1 for r in replies if isinstance(r, bytes))
+        with self._leases_lock:
+            lease = self._leases.get(name)
+        if lease is not None and lease.token in tokens:
+            self._mark_lost(lease, "force-released by an operator")
+        emit(self.listeners, LockEvent(
+            "force_released", name, token=next(iter(tokens), None), nodes=removed
+        ))
+        return removed
+
+    def _after_fork(self) -> None:
+        self._leases_lock = threading.Lock()
+        self._leases = {}
+
+    # -- keys and metadata ----------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        return f"{self.key_prefix}:lock:{name}"
+
+    def _acquire_keys(self, name: str) -> list[str]:
+        return [self._key(name), f"{self.key_prefix}:fence:{name}", self._node_key()]
+
+    def _node_key(self) -> str:
+        return f"{self.key_prefix}:node"
+
+    def _channel(self, name: str) -> str:
+        return f"{self.key_prefix}:released:{name}"
+
+    def _release_command(self, name: str, token: str) -> list[Any]:
+        return script_command(scripts.RELEASE, [self._key(name)], [token, self._channel(name)])
+
+    def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
+        return script_command(
+            scripts.FENCE_SYNC, [self._key(name), f"{self.key_prefix}:fence:{name}"],
+            [token, fence],
+        )
+
+    def _force_release_command(self, name: str) -> list[Any]:
+        return script_command(scripts.FORCE_RELEASE, [self._key(check_name(name))],
+                              [self._channel(name)])
+
+    def _trust_command(self, run_id: str) -> list[Any]:
+        return script_command(scripts.TRUST, [self._node_key()], [run_id])
+
+    def _holder_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "host": self._host,
+            "pid": os.getpid(),
+            "thread": threading.current_thread().name,
+            "acquired_at": time.time(),
+            **self.meta,
+            **meta,
+        }
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def _lock_info(
+        self, name: str, states: list[tuple[Node, dict[bytes, bytes], int]]
+    ) -> LockInfo:
+        per_node = tuple(
+            NodeLockState(
+                node=node.name,
+                token=fields[b"token"].decode(),
+                ttl=pttl / 1000,
+                renewals=int(fields.get(b"renewals", 0)),
+                fence=int(fields.get(b"fence", 0)) or None,
+                acquired_at=_from_ms(fields.get(b"acquired")),
+            )
+            for node, fields, pttl in states
+        )
+        tokens = [s.token for s in per_node]
+        token = max(set(tokens), key=tokens.count)
+        mine = [s for s in per_node if s.token == token]
+        fields = next(f for _, f, _ in states if f[b"token"].decode() == token)
+        try:
+            meta = json.loads(fields.get(b"meta", b"{}"))
+        except ValueError:
+            meta = {}
+        ttls = sorted((s.ttl for s in mine), reverse=True)
+        # The lock is free once fewer than a quorum still hold it.
+        ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else 0.0
+        return LockInfo(
+            name=name,
+            token=token,
+            meta=meta if isinstance(meta, dict) else {"value": meta},
+            acquired_at=min((s.acquired_at for s in mine if s.acquired_at), default=None),
+            ttl=ttl,
+            nodes=len(mine),
+            total_nodes=len(self.nodes),
+            quorum=self.quorum,
+            fence=max((s.fence for s in mine if s.fence), default=None),
+            renewals=max(s.renewals for s in mine),
+            per_node=per_node,
+        )
+
+    def _node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
+        """Health from what one node answered: ``latency``, ``time`` (sec, usec), ``sent``,
+        ``received`` (local wall clock), ``info``, ``marker`` (run_id, usable_at), ``keys``."""
+        info = probe["info"]
+        server_time = probe["time"]
+        node_now = int(server_time[0]) + int(server_time[1]) / 1e6
+        guarded_for = None
+        if self.restart_guard:
+            marker = probe["marker"]
+            run_id = info.get("run_id")
+            if marker[0] is None or marker[0].decode() != run_id:
+                guarded_for = max(self.max_ttl - float(info.get("uptime_in_seconds", 0)), 0.0)
+            else:
+                guarded_for = max(int(marker[1]) / 1000 - node_now, 0.0)
+        return NodeHealth(
+            node=node.name,
+            reachable=True,
+            latency=probe["latency"],
+            version=str(info.get("redis_version") or info.get("valkey_version")),
+            uptime=float(info.get("uptime_in_seconds", 0)),
+            run_id=info.get("run_id"),
+            used_memory=info.get("used_memory"),
+            lock_keys=probe["keys"],
+            clock_offset=node_now - (probe["sent"] + probe["received"]) / 2,
+            guarded_for=guarded_for,
+        )
+
+
+def _from_ms(raw: bytes | None) -> datetime | None:
+    if not raw:
+        return None
+    return datetime.fromtimestamp(int(raw) / 1000, tz=timezone.utc)
+
+
+def glob_escape(name: str) -> str:
+    """A glob matching exactly ``name`` (for SCAN MATCH)."""
+    return "".join(f"[{c}]" if c in "*?[]\\" else c for c in name)
+
+
+def lock_states(
+    prefix: str, raw_key: bytes, fields: dict[bytes, bytes], pttl: int
+) -> tuple[str, dict[bytes, bytes], int] | None:
+    """One scanned lock hash as ``(name, fields, pttl)``, or None for leftovers."""
+    if not fields or b"token" not in fields or pttl <= 0:
+        return None
+    return raw_key.decode(errors="replace")[len(prefix):], fields, pttl

@@ -1,0 +1,206 @@
+"""How a blocked acquire waits: a local queue per name, and release notices from the nodes.
+
+Threads of one process that want the same name line up in a local queue, so only the one at the
+front contends with the nodes (the local lock in front of Redis of Spring's RedisLockRegistry):
+no thundering herd, and a hand-over inside the process costs no round trip to wake up.
+
+Across processes, the release script publishes on the name's channel. One subscriber connection
+per node per process (:class:`ReleaseNotices`) serves every waiter of that process, and a waiter
+also wakes when the holder's lease runs out (the PTTL the nodes reported), so nobody polls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .lock import Lease
+from .nodes import Node, Wire, WireError
+from .resp import Incomplete, encode
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["LocalQueue", "ReleaseNotices"]
+
+
+class LocalQueue:
+    """The threads of this process that want one name, first come first served; the one at
+    the front talks to the nodes.
+
+    The front place is kept from the start of contention until release. If its holder's lease
+    runs out (it was lost, or never released), the next thread moves up anyway, so a forgotten
+    lock can stall this process only as long as the lease it had.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._line: deque[object] = deque()
+        self._busy = False
+        self._lease: Lease | None = None
+        self.users = 0  #: threads queued or at the front; the queue is dropped at zero
+
+    def enter(self, deadline: float | None) -> bool:
+        ticket = object()
+        with self._cond:
+            self._line.append(ticket)
+            try:
+                while self._line[0] is not ticket or (self._busy and not self._holder_gone()):
+                    wait = None if deadline is None else deadline - time.monotonic()
+                    if wait is not None and wait <= 0:
+                        self._line.remove(ticket)
+                        self._cond.notify_all()
+                        return False
+                    if self._lease is not None:
+                        wait = self._lease.validity if wait is None else min(
+                            wait, self._lease.validity)
+                    self._cond.wait(wait)
+            except BaseException:
+                self._line.remove(ticket)
+                self._cond.notify_all()
+                raise
+            self._line.popleft()
+            self._busy, self._lease = True, None
+            return True
+
+    def _holder_gone(self) -> bool:
+        return self._lease is not None and self._lease.validity <= 0
+
+    def hold(self, lease: Lease) -> None:
+        with self._cond:
+            self._lease = lease
+
+    def leave(self, lease: Lease | None = None) -> None:
+        with self._cond:
+            if lease is None or self._lease is lease:
+                self._busy, self._lease = False, None
+                self._cond.notify_all()
+
+
+class ReleaseNotices:
+    """Subscribes to release channels on every node and wakes local waiters."""
+
+    def __init__(self, nodes: Sequence[Node], timeout: float) -> None:
+        self._nodes = nodes
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._wires: dict[int, Wire] = {}  # node index -> subscriber connection
+        self._waiters: dict[bytes, list[threading.Event]] = {}
+        self._confirmed: dict[bytes, set[int]] = {}
+        self._confirm = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        self._pid = os.getpid()
+
+    @contextlib.contextmanager
+    def listening(self, channel: str) -> Iterator[threading.Event]:
+        """An event set when ``channel`` sees a release; subscribed before this returns, on
+        every node that could be reached within the node timeout."""
+        name = channel.encode()
+        event = threading.Event()
+        with self._lock:
+            self._fork_check()
+            first = name not in self._waiters
+            self._waiters.setdefault(name, []).append(event)
+            if first:
+                self._confirmed[name] = set()
+                self._connect_all()
+                for wire in self._wires.values():
+                    self._send(wire, ["SUBSCRIBE", name])
+                deadline = time.monotonic() + self._timeout
+                while len(self._confirmed.get(name, ())) < len(self._wires):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._confirm.wait(remaining)
+        try:
+            yield event
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(name, [])
+                if event in waiters:
+                    waiters.remove(event)
+                if not waiters and name in self._waiters:
+                    del self._waiters[name]
+                    self._confirmed.pop(name, None)
+                    for wire in self._wires.values():
+                        self._send(wire, ["UNSUBSCRIBE", name])
+
+    def _fork_check(self) -> None:
+        if self._pid != os.getpid():
+            # The parent's subscriber sockets and thread are not ours.
+            self._wires, self._waiters, self._confirmed = {}, {}, {}
+            self._thread = None
+            self._wake_r, self._wake_w = os.pipe()
+            self._pid = os.getpid()
+
+    def _connect_all(self) -> None:
+        changed = False
+        for index, node in enumerate(self._nodes):
+            if index in self._wires:
+                continue
+            try:
+                wire = Wire(node, self._timeout)
+            except WireError:
+                continue  # that node's waiters fall back to the lease timer
+            self._wires[index] = wire
+            for name in self._waiters:
+                self._send(wire, ["SUBSCRIBE", name])
+            changed = True
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="redlock-release-notices", daemon=True
+            )
+            self._thread.start()
+        elif changed:
+            os.write(self._wake_w, b"x")
+
+    def _send(self, wire: Wire, command: list[object]) -> None:
+        try:
+            wire.sock.sendall(encode(command))
+        except OSError:
+            wire.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                wires = {wire.fileno(): (index, wire) for index, wire in self._wires.items()}
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            for fd in wires:
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll():
+                if fd == self._wake_r:
+                    os.read(self._wake_r, 64)
+                    continue
+                index, wire = wires[fd]
+                try:
+                    self._drain(index, wire)
+                except (OSError, ValueError):
+                    with self._lock:
+                        wire.close()
+                        self._wires.pop(index, None)
+
+    def _drain(self, index: int, wire: Wire) -> None:
+        wire.feed()
+        while True:
+            try:
+                message = wire.take()
+            except Incomplete:
+                return
+            if not isinstance(message, list) or len(message) < 3:
+                continue
+            kind, channel = message[0], message[1]
+            with self._lock:
+                if kind == b"message":
+                    for event in self._waiters.get(channel, ()):
+                        event.set()
+                elif kind == b"subscribe" and channel in self._confirmed:
+                    self._confirmed[channel].add(index)
+                    self._confirm.notify_all()
