@@ -59,12 +59,18 @@ class Refusal:
 
 
 class AcquireRequest:
-    """One attempt's token, holder metadata and script arguments."""
+    """One attempt's token, holder metadata and script arguments.
 
-    def __init__(self, redlock: RedlockBase, handle: LockBase) -> None:
+    For a fair lock, ``line`` is the caller's ``(waiter id, ticket)`` place in the queue.
+    """
+
+    def __init__(
+        self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
+    ) -> None:
         self.token = secrets.token_hex(16)
         self.meta = redlock._holder_meta(handle.meta)
         self.keys = redlock._acquire_keys(handle.name)
+        self.script = scripts.ACQUIRE
         self.guard = str(int(redlock.max_ttl * 1000)) if redlock.restart_guard else "0"
         self.args = [
             self.token,
@@ -72,9 +78,15 @@ class AcquireRequest:
             json.dumps(self.meta, default=str, separators=(",", ":")),
             "1" if handle.fencing else "0",
         ]
+        self.extra: list[Any] = []
+        if line is not None:
+            self.script = scripts.FAIR_ACQUIRE
+            self.keys = self.keys + redlock._line_keys(handle.name)
+            self.extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def command(self, run_id: str) -> list[Any]:
-        return script_command(scripts.ACQUIRE, self.keys, [*self.args, run_id, self.guard])
+        return script_command(self.script, self.keys, [*self.args, run_id, self.guard,
+                                                       *self.extra])
 
 
 class RedlockBase:
@@ -97,6 +109,7 @@ class RedlockBase:
         restart_guard: bool = True,
         trust_fresh_cluster: bool = True,
         reentrant: bool = True,
+        fair_heartbeat: float = 3.0,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
         self.key_prefix = check_prefix(key_prefix)
@@ -123,6 +136,8 @@ class RedlockBase:
         self.restart_guard = bool(restart_guard)
         self.trust_fresh_cluster = bool(trust_fresh_cluster)
         self.reentrant = bool(reentrant)
+        #: A fair lock's waiter that stops refreshing its place for this long is dropped.
+        self.fair_heartbeat = check_positive("fair_heartbeat", fair_heartbeat)
         self.meta = dict(meta or {})
         self.nodes: list[Node] = make_nodes(nodes, node_timeout=self.node_timeout)
         self.quorum = len(self.nodes) // 2 + 1
@@ -246,6 +261,9 @@ class RedlockBase:
                 failures[node.name] = "held"
             elif reply[0] == 2:
                 failures[node.name] = f"guarded for {int(reply[1]) / 1000:.1f}s after a restart"
+            elif reply[0] == 3:
+                answered += 1
+                failures[node.name] = "queued behind an earlier waiter"
             else:
                 answered += 1
         retry_after = None
@@ -291,7 +309,8 @@ class RedlockBase:
         return deadline is not None and now >= deadline
 
     def _pause_for(
-        self, refusal: Refusal, timeout: float | None, deadline: float | None, now: float
+        self, handle: LockBase, refusal: Refusal, timeout: float | None, deadline: float | None,
+        now: float,
     ) -> float:
         """How long to wait before the next attempt if no release notice comes first: until
         the holder's lease runs out when the nodes told us, else a random retry delay. Under
@@ -304,6 +323,9 @@ class RedlockBase:
             delay = self.retry_delay / 2 + jitter
         if timeout is None:
             delay = min(delay, self.retry_delay / 2 + jitter)
+        if handle.fair:
+            # A fair waiter refreshes its place in line on every attempt.
+            delay = min(delay, self.fair_heartbeat / 3)
         if deadline is not None:
             delay = min(delay, deadline - now)
         return max(delay, 0.0)
@@ -426,6 +448,22 @@ class RedlockBase:
 
     def _acquire_keys(self, name: str) -> list[str]:
         return [self._key(name), f"{self.key_prefix}:fence:{name}", self._node_key()]
+
+    def _line_keys(self, name: str) -> list[str]:
+        p = self.key_prefix
+        return [f"{p}:queue:{name}", f"{p}:beats:{name}", f"{p}:qseq:{name}"]
+
+    def _ticket_command(self, name: str) -> list[Any]:
+        return script_command(scripts.FAIR_TICKET, [self._line_keys(name)[2]], [])
+
+    def _leave_line_command(self, name: str, waiter: str) -> list[Any]:
+        return script_command(scripts.FAIR_LEAVE, self._line_keys(name)[:2], [waiter])
+
+    def _line(self, replies: list[Any]) -> tuple[str, int]:
+        """A new waiter's place: the largest ticket any node drew (quorums overlap, so a waiter
+        arriving after another finished joining always draws a larger one)."""
+        tickets = [r for r in replies if isinstance(r, int)]
+        return secrets.token_hex(8), max(tickets, default=0)
 
     def _node_key(self) -> str:
         return f"{self.key_prefix}:node"

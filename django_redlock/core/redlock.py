@@ -121,9 +121,15 @@ class Redlock(RedlockBase):
     ) -> Lease | None:
         attempts = 0
         released: threading.Event | None = None
+        line = None
+        if handle.fair:
+            command = self._ticket_command(handle.name)
+            line = self._line(fan_out(self.nodes, lambda n, w: command, self.node_timeout))
         with contextlib.ExitStack() as stack:
+            if line is not None:
+                stack.callback(self._leave_line, handle.name, line[0])
             while True:
-                outcome = self._attempt(handle, owner)
+                outcome = self._attempt(handle, owner, line)
                 if isinstance(outcome, Lease):
                     self._register(handle, outcome, time.monotonic() - start)
                     if outcome.auto_renew:
@@ -140,11 +146,13 @@ class Redlock(RedlockBase):
                     channel = self._channel(handle.name)
                     released = stack.enter_context(self._notices.listening(channel))
                     continue
-                released.wait(self._pause_for(outcome, timeout, deadline, now))
+                released.wait(self._pause_for(handle, outcome, timeout, deadline, now))
                 released.clear()
 
-    def _attempt(self, handle: Lock, owner: Hashable) -> Lease | Refusal:
-        request = AcquireRequest(self, handle)
+    def _attempt(
+        self, handle: Lock, owner: Hashable, line: tuple[str, int] | None = None
+    ) -> Lease | Refusal:
+        request = AcquireRequest(self, handle, line)
         start = time.monotonic()
         replies = fan_out(
             self.nodes, lambda node, wire: request.command(wire.run_id), self.node_timeout
@@ -162,8 +170,12 @@ class Redlock(RedlockBase):
             # Also nodes that timed out: the SET may have landed after we stopped waiting.
             self._release_everywhere(handle.name, request.token)
         if self._all_fresh(replies) and self._trust_all():
-            return self._attempt(handle, owner)
+            return self._attempt(handle, owner, line)
         return self._refusal(replies)
+
+    def _leave_line(self, name: str, waiter: str) -> None:
+        command = self._leave_line_command(name, waiter)
+        fan_out(self.nodes, lambda n, w: command, self.node_timeout)
 
     def _trust_all(self) -> bool:
         replies = fan_out(

@@ -10,6 +10,8 @@ Key layout for a lock named ``name`` under prefix ``p``:
   SCAN and the lock and its metadata expire together.
 * ``p:fence:name`` - fencing counter (no TTL).
 * ``p:node``       - restart-guard marker of this node: ``run_id``, ``usable_at`` (server ms).
+* ``p:queue:name``, ``p:beats:name``, ``p:qseq:name`` - a fair lock's line of waiters, their
+  heartbeats and its ticket sequence (all expire when the line stays idle).
 * channel ``p:released:name`` - published on release, wakes waiters.
 """
 
@@ -19,7 +21,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 __all__ = [
-    "ACQUIRE", "BODIES", "EXTEND", "FENCE_SYNC", "FORCE_RELEASE", "RELEASE", "TRUST", "Script",
+    "ACQUIRE", "BODIES", "EXTEND", "FAIR_ACQUIRE", "FAIR_LEAVE", "FAIR_TICKET", "FENCE_SYNC",
+    "FORCE_RELEASE", "RELEASE", "TRUST", "Script",
 ]
 
 #: Script bodies by SHA1, for the EVAL fallback when a node answers NOSCRIPT.
@@ -38,19 +41,12 @@ class Script:
         BODIES[self.sha] = self.body
 
 
-# Take the lock if it is free.
-# KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] node marker
-# ARGV[1] token, ARGV[2] ttl ms, ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence,
-# ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)
-# Returns {0, fence} taken (fence 0 when not fencing)
-#         {1, pttl}  held by another owner; pttl = ms until its lease ends
-#         {2, ms, fresh} restart guard: this node may not vote for ms more; fresh = 1 while the
-#                    guard comes from a missing marker (never used, or restarted empty)
-ACQUIRE = Script(
-    """
-local now
+# Shared opening of both acquire scripts: the server clock, then the restart guard.
+# Uses KEYS[3] node marker, ARGV[5] run_id of the server this connection reached, ARGV[6] guard
+# period ms ("0" = off). Returns early {2, ms, fresh} while this node may not vote.
+_GUARD = """
 local t = redis.call('TIME')
-now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local guard = tonumber(ARGV[6])
 if guard > 0 then
   local m = redis.call('HMGET', KEYS[3], 'run_id', 'usable_at', 'fresh')
@@ -68,9 +64,12 @@ if guard > 0 then
     return {2, tonumber(m[2]) - now, tonumber(m[3])}
   end
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {1, redis.call('PTTL', KEYS[1])}
-end
+"""
+
+# Shared end of both acquire scripts: take the free lock, drawing a fence if asked.
+# Uses KEYS[1] lock hash, KEYS[2] fencing counter, ARGV[1] token, ARGV[2] ttl ms,
+# ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence. Returns {0, fence}.
+_TAKE = """
 local fence = 0
 if ARGV[4] == '1' then
   -- Seed a missing counter from the clock so a node that restarted empty still hands out
@@ -84,6 +83,73 @@ redis.call('HSET', KEYS[1], 'token', ARGV[1], 'meta', ARGV[3], 'fence', fence,
            'renewals', 0, 'acquired', now, 'ttl', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {0, fence}
+"""
+
+# Take the lock if it is free.
+# KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] node marker
+# ARGV[1] token, ARGV[2] ttl ms, ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence,
+# ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)
+# Returns {0, fence} taken (fence 0 when not fencing)
+#         {1, pttl}  held by another owner; pttl = ms until its lease ends
+#         {2, ms, fresh} restart guard: this node may not vote for ms more; fresh = 1 while the
+#                    guard comes from a missing marker (never used, or restarted empty)
+ACQUIRE = Script(
+    _GUARD
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {1, redis.call('PTTL', KEYS[1])}
+end
+"""
+    + _TAKE
+)
+
+# Draw a place in a fair lock's queue: the caller takes the largest number a quorum returned.
+# KEYS[1] queue sequence counter
+# Returns the next number of this node's sequence.
+FAIR_TICKET = Script("return redis.call('INCR', KEYS[1])")
+
+# Take a fair lock if it is free and the caller is first in line; otherwise join the line.
+# KEYS[1..3] as ACQUIRE, KEYS[4] queue (zset waiter -> ticket), KEYS[5] heartbeats (zset
+# waiter -> expiry ms), KEYS[6] queue sequence counter
+# ARGV[1..6] as ACQUIRE, ARGV[7] waiter id, ARGV[8] ticket, ARGV[9] heartbeat ms
+# Returns as ACQUIRE, plus {3, pttl} queued behind an earlier waiter (pttl of the lock, or -2)
+FAIR_ACQUIRE = Script(
+    _GUARD
+    + """
+-- Waiters whose heartbeat ran out are dead: drop them so they cannot block the line.
+local dead = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
+if #dead > 0 then
+  redis.call('ZREM', KEYS[4], unpack(dead))
+  redis.call('ZREM', KEYS[5], unpack(dead))
+end
+-- Keep the sequence above every agreed ticket, so a later waiter draws a larger one.
+if tonumber(redis.call('GET', KEYS[6]) or '0') < tonumber(ARGV[8]) then
+  redis.call('SET', KEYS[6], ARGV[8])
+end
+redis.call('ZADD', KEYS[4], 'NX', ARGV[8], ARGV[7])
+redis.call('ZADD', KEYS[5], now + tonumber(ARGV[9]), ARGV[7])
+local ttl = tonumber(ARGV[9]) * 2
+redis.call('PEXPIRE', KEYS[4], ttl)
+redis.call('PEXPIRE', KEYS[5], ttl)
+redis.call('PEXPIRE', KEYS[6], ttl)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {1, redis.call('PTTL', KEYS[1])}
+end
+if redis.call('ZRANGE', KEYS[4], 0, 0)[1] ~= ARGV[7] then
+  return {3, -2}
+end
+redis.call('ZREM', KEYS[4], ARGV[7])
+redis.call('ZREM', KEYS[5], ARGV[7])
+"""
+    + _TAKE
+)
+
+# Leave a fair lock's line (the waiter gave up).
+# KEYS[1] queue, KEYS[2] heartbeats; ARGV[1] waiter id. Returns the number of entries removed.
+FAIR_LEAVE = Script(
+    """
+redis.call('ZREM', KEYS[2], ARGV[1])
+return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 )
 

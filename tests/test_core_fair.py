@@ -1,0 +1,92 @@
+"""Fair locks: waiters in separate processes get the lock in arrival order, and a waiter that
+dies leaves the line within its heartbeat timeout."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from django_redlock import Redlock
+
+pytestmark = pytest.mark.slow
+
+CTX = multiprocessing.get_context("fork")
+
+
+def _waiter(urls, index, arrived, results, heartbeat):
+    redlock = Redlock(urls, ttl=5, fair_heartbeat=heartbeat)
+    lock = redlock.lock("fair", fair=True)
+    # Join the line, then report: the line position is fixed once the first attempt returns.
+    arrived.put(index)
+    acquired = lock.acquire(timeout=30)
+    results.put((index, acquired, time.monotonic()))
+    if acquired:
+        lock.release()
+
+
+def _join_in_order(urls, count, heartbeat=1.0):
+    arrived, results = CTX.Queue(), CTX.Queue()
+    processes = []
+    for index in range(count):
+        process = CTX.Process(target=_waiter, args=(urls, index, arrived, results, heartbeat))
+        process.start()
+        assert arrived.get(timeout=10) == index
+        _wait_for_line(urls, index + 1)
+        processes.append(process)
+    return processes, results
+
+
+def _wait_for_line(urls, length, timeout=10.0):
+    """The queue zset on a quorum has `length` waiters (event-free, but bounded polling of the
+    nodes' own state is the only signal another process gives us here)."""
+    import redis
+
+    clients = [redis.Redis.from_url(url) for url in urls]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(c.zcard("redlock:queue:fair") >= length for c in clients) >= len(urls) // 2 + 1:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"line never reached {length} waiters")
+
+
+def test_waiters_in_separate_processes_acquire_in_arrival_order(redis_nodes):
+    holder = Redlock(redis_nodes.urls, ttl=10).lock("fair")
+    assert holder.acquire(blocking=False)
+    processes, results = _join_in_order(redis_nodes.urls, 8)
+    holder.release()
+    order = [results.get(timeout=30) for _ in processes]
+    for process in processes:
+        process.join(10)
+    assert all(acquired for _, acquired, _ in order)
+    assert [index for index, _, _ in order] == list(range(8))
+
+
+def test_dead_waiter_is_dropped_within_its_heartbeat(redis_nodes):
+    heartbeat = 1.0
+    holder = Redlock(redis_nodes.urls, ttl=10).lock("fair")
+    assert holder.acquire(blocking=False)
+    processes, results = _join_in_order(redis_nodes.urls, 3, heartbeat)
+    os.kill(processes[0].pid, signal.SIGKILL)  # the first in line dies while waiting
+    processes[0].join(5)
+    holder.release()
+    released_at = time.monotonic()
+    order = [results.get(timeout=30) for _ in processes[1:]]
+    for process in processes[1:]:
+        process.join(10)
+    assert [index for index, _, _ in order] == [1, 2]
+    # The line moved on once the dead waiter's heartbeat ran out, not after the holder's ttl.
+    assert order[0][2] - released_at < heartbeat + 1.0
+
+
+def test_fair_lock_without_contention_is_granted_at_once(redis_nodes):
+    lock = Redlock(redis_nodes.urls, ttl=5).lock("fair", fair=True)
+    assert lock.acquire(blocking=False)
+    assert lock.held
+    lock.release()
+    client = redis_nodes.nodes[0].client()
+    assert client.zcard("redlock:queue:fair") == 0
