@@ -325,17 +325,17 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
     ``timeout`` seconds yields a :class:`Failure`. A connection whose reply did not come in
     time is closed, so a late reply can never be read as the answer to a later command.
     """
-    deadline = time.monotonic() + timeout
     replies: list[Any] = [Failure("timeout")] * len(nodes)
     pending: dict[int, tuple[int, Wire, Sequence[Any]]] = {}
     poller = select.poll()
     # Nodes with an open connection first: their commands are in flight while we still
-    # connect to the others, so a slow connect does not delay the rest.
+    # connect to the others. All connecting together may take at most `timeout`.
+    connect_deadline = time.monotonic() + timeout
     order = sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
     for index in order:
         node = nodes[index]
         try:
-            wire = node.checkout(max(deadline - time.monotonic(), 0.001))
+            wire = node.checkout(max(connect_deadline - time.monotonic(), 0.005))
         except WireError as exc:
             replies[index] = exc.failure
             continue
@@ -348,11 +348,14 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
             continue
         pending[wire.fileno()] = (index, wire, command)
         poller.register(wire.fileno(), select.POLLIN)
+    deadline = time.monotonic() + timeout
     while pending:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        # Past the deadline this still sweeps up replies that have already arrived.
+        remaining = max(deadline - time.monotonic(), 0.0)
+        events = poller.poll(remaining * 1000)
+        if not events:
             break
-        for fd, _ in poller.poll(remaining * 1000):
+        for fd, _ in events:
             index, wire, command = pending[fd]
             try:
                 reply = wire.poll_reply()
