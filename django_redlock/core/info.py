@@ -42,6 +42,16 @@ class LockInfo:
     per_node: tuple[NodeLockState, ...] = field(default=())
 
     @property
+    def key(self) -> str:
+        """The lock's name (what ``rl.lock(key)`` was called with)."""
+        return self.name
+
+    @property
+    def owner(self) -> dict[str, Any]:
+        """The holder's metadata: host, pid, thread, acquired_at and what the caller added."""
+        return self.meta
+
+    @property
     def split(self) -> bool:
         """Held by fewer than a quorum with one token, or by several tokens at once."""
         return self.nodes < self.quorum or len({s.token for s in self.per_node}) > 1
