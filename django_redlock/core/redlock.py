@@ -85,6 +85,9 @@ class Redlock(RedlockBase):
         return [self._probe(node) for node in self.nodes]
 
     def close(self) -> None:
+        """Close every connection this Redlock opened (held locks stay held until their
+        lease ends)."""
+        self._notices.close()
         for node in self.nodes:
             node.close()
 

@@ -132,6 +132,15 @@ class ReleaseNotices:
                     for wire in self._wires.values():
                         self._send(wire, ["UNSUBSCRIBE", name])
 
+    def close(self) -> None:
+        """Drop the subscriber connections (waiters then fall back to the lease timer)."""
+        with self._lock:
+            for wire in self._wires.values():
+                wire.close()
+            self._wires = {}
+            if self._thread is not None:
+                os.write(self._wake_w, b"x")
+
     def _fork_check(self) -> None:
         if self._pid != os.getpid():
             # The parent's subscriber sockets and thread are not ours.
