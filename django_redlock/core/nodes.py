@@ -34,7 +34,7 @@ __all__ = [
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
 #: (whose connection pool's settings are reused).
-NodeSpec = Union[str, Mapping[str, Any], "redis.Redis[Any]"]  # noqa: UP007 - a runtime alias
+NodeSpec = Union[str, Mapping[str, Any], "redis.Redis[Any]"]
 
 _SCHEMES = ("redis", "rediss", "unix")
 
