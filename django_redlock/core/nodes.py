@@ -69,6 +69,9 @@ class Wire:
     def __init__(self, node: Node, timeout: float) -> None:
         self.buf = bytearray()
         self.run_id = ""
+        #: True once it served a command: a reused socket may have been closed by the node
+        #: (restart, idle timeout) while it sat in the pool.
+        self.reused = False
         params = node.params
         try:
             if "path" in params:
@@ -199,6 +202,7 @@ class Node:
             return Wire(self, timeout)
 
     def checkin(self, wire: Wire) -> None:
+        wire.reused = True
         self._idle.append(wire)
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -332,22 +336,29 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
     # connect to the others. All connecting together may take at most `timeout`.
     connect_deadline = time.monotonic() + timeout
     order = sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
-    for index in order:
+
+    def send(index: int, timeout: float) -> None:
         node = nodes[index]
         try:
-            wire = node.checkout(max(connect_deadline - time.monotonic(), 0.005))
+            wire = node.checkout(timeout)
         except WireError as exc:
             replies[index] = exc.failure
-            continue
+            return
         command = build(node, wire)
         try:
             wire.sock.sendall(encode(command))
         except OSError as exc:
             wire.close()
-            replies[index] = Failure("refused", exc.strerror or str(exc))
-            continue
+            if wire.reused:
+                send(index, timeout)  # the pooled socket had gone stale: one fresh try
+            else:
+                replies[index] = Failure("refused", exc.strerror or str(exc))
+            return
         pending[wire.fileno()] = (index, wire, command)
         poller.register(wire.fileno(), select.POLLIN)
+
+    for index in order:
+        send(index, max(connect_deadline - time.monotonic(), 0.005))
     deadline = time.monotonic() + timeout
     while pending:
         # Past the deadline this still sweeps up replies that have already arrived.
@@ -356,27 +367,30 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
         if not events:
             break
         for fd, _ in events:
-            index, wire, command = pending[fd]
+            index, wire, command = pending.pop(fd)
+            poller.unregister(fd)
             try:
                 reply = wire.poll_reply()
             except Incomplete:
+                pending[fd] = (index, wire, command)
+                poller.register(fd, select.POLLIN)
                 continue
             except OSError as exc:
-                reply = Failure("refused", exc.strerror or str(exc))
+                wire.close()
+                if wire.reused and remaining > 0:
+                    send(index, remaining)  # closed while pooled: one fresh try
+                else:
+                    replies[index] = Failure("refused", exc.strerror or str(exc))
+                continue
             if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
                 # The node restarted or flushed its script cache: send the body once, which
                 # also caches it for the next EVALSHA.
                 wire.sock.sendall(encode(["EVAL", BODIES[command[1]], *command[2:]]))
+                pending[fd] = (index, wire, command)
+                poller.register(fd, select.POLLIN)
                 continue
-            poller.unregister(fd)
-            del pending[fd]
-            if isinstance(reply, Failure):
-                wire.close()
-            else:
-                nodes[index].checkin(wire)
-                if isinstance(reply, ReplyError):
-                    reply = _reply_failure(reply)
-            replies[index] = reply
+            nodes[index].checkin(wire)
+            replies[index] = _reply_failure(reply) if isinstance(reply, ReplyError) else reply
     for _, wire, _ in pending.values():
         wire.close()
     return replies
