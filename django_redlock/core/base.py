@@ -248,6 +248,17 @@ class RedlockBase:
             and all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
         )
 
+    def _settling(self, replies: list[Any]) -> bool:
+        """A brand-new cluster that another client is trusting right now: some nodes are still
+        guarded for a missing marker while every other node answered normally. Worth one more
+        try after a node timeout, instead of reporting a guard that is about to lift."""
+        return (
+            self.restart_guard
+            and self.trust_fresh_cluster
+            and any(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
+            and all(isinstance(r, list) and (r[0] != 2 or r[2] == 1) for r in replies)
+        )
+
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
         held_pttls: list[int] = []

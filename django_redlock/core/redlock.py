@@ -153,7 +153,8 @@ class Redlock(RedlockBase):
                 released.clear()
 
     def _attempt(
-        self, handle: Lock, owner: Hashable, line: tuple[str, int] | None = None
+        self, handle: Lock, owner: Hashable, line: tuple[str, int] | None = None,
+        settle: int = 3,
     ) -> Lease | Refusal:
         request = AcquireRequest(self, handle, line)
         start = time.monotonic()
@@ -173,7 +174,10 @@ class Redlock(RedlockBase):
             # Also nodes that timed out: the SET may have landed after we stopped waiting.
             self._release_everywhere(handle.name, request.token)
         if self._all_fresh(replies) and self._trust_all():
-            return self._attempt(handle, owner, line)
+            return self._attempt(handle, owner, line, settle=0)
+        if settle and self._settling(replies):
+            time.sleep(self.node_timeout)
+            return self._attempt(handle, owner, line, settle - 1)
         return self._refusal(replies)
 
     def _leave_line(self, name: str, waiter: str) -> None:

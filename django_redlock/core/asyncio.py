@@ -1,0 +1,1121 @@
+"""The Redlock algorithm over N independent Redis nodes, asyncio client.
+
+:class:`AsyncRedlock` is the twin of :class:`~django_redlock.core.redlock.Redlock`: the same
+names and semantics, awaitable. Every decision (quorum, validity, refusal, retry delay, lease
+table, events) comes from :mod:`.base`; only the talking and the waiting differ.
+
+Talking. Each node gets lean connections (an :class:`asyncio.Protocol` parsing RESP with the
+sans-IO :mod:`.resp`, the same handshake as the sync ``Wire``: AUTH, SELECT, INFO for the run
+id). A fan-out writes the command to every node, then waits for all replies at once with one
+deadline (``node_timeout``); a connection whose reply did not come in time is aborted, never
+reused. Connections are pooled per node *and per event loop* (asyncio transports belong to the
+loop that opened them; Django's ``async_to_sync`` runs each call in a fresh loop). A loop's
+connections, subscriber and renewal task are closed when that loop shuts down
+(``asyncio.run``/asgiref cancel the loop's tasks; a tiny keeper task per loop does the cleanup)
+or by ``await redlock.close()``. A forked child starts with no connections.
+
+Waiting. Tasks of one loop that want the same name line up in a local FIFO queue so only the
+front one contends with the nodes; the front one subscribes to the name's release channel (one
+subscriber connection per node per loop) and sleeps until a release notice or the holder's
+lease end, never in a fixed polling loop.
+
+Renewal. One task per Redlock per loop re-arms every ``auto_renew`` lease of that loop
+(ttl/3, the same decisions as the sync watchdog); a release waits for a renewal already on the
+wire, so no PEXPIRE ever follows the release.
+
+Ownership. Reentrancy is per asyncio task (or the explicit ``owner=``): another task of the
+same loop is another owner.
+
+Note: this module is ``django_redlock.core.asyncio``; inside the package every module uses
+absolute ``import asyncio`` (the default in Python 3), which always means the standard library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from .base import AcquireRequest, RedlockBase, Refusal, glob_escape, lock_states
+from .info import LockInfo, NodeHealth
+from .lock import Lease, LockBase, current_owner
+from .nodes import Failure, Node, WireError, _reply_failure
+from .resp import Incomplete, ReplyError, encode, parse
+from .scripts import BODIES
+from .validation import check_name, check_timeout
+
+__all__ = ["AsyncLock", "AsyncRedlock"]
+
+#: Per-command timeout of the slow operations (listing, health), like the sync client's
+#: redis-py socket timeout.
+SLOW_TIMEOUT = 2.0
+
+_TIMEOUT = Failure("timeout")
+
+#: Builds one node's command from the connection it will go out on (it may need the run id).
+CommandBuilder = Callable[[Node, "_Wire"], Sequence[Any]]
+
+
+# -- connections ---------------------------------------------------------------------------------
+
+
+class _Wire(asyncio.Protocol):
+    """One connection to a node on one event loop.
+
+    Replies are parsed as they arrive and handed, in order, to the futures of the commands sent.
+    A lost connection resolves the outstanding futures with the ``OSError`` (a value, not an
+    exception: nothing is left unretrieved). In push mode (a subscriber), every message goes to
+    ``push`` instead.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.run_id = ""
+        #: True once it served a command: a pooled connection may have been closed by the node.
+        self.reused = False
+        self.closed = False
+        self.waiters: deque[asyncio.Future[Any]] = deque()
+        self.push: Callable[[Any], None] | None = None
+        self.on_lost: Callable[[_Wire], None] | None = None
+
+    # protocol callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        try:
+            while pos < len(buf):
+                value, pos = parse(buf, pos)
+                if self.push is not None:
+                    self.push(value)
+                elif self.waiters:
+                    waiter = self.waiters.popleft()
+                    if not waiter.done():
+                        waiter.set_result(value)
+                else:
+                    raise ValueError("a reply nobody asked for")
+        except Incomplete:
+            pass
+        except ValueError:
+            # Out of step with the node: this connection can never be trusted again.
+            self.abort()
+            return
+        del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        error = exc if isinstance(exc, OSError) else ConnectionResetError(
+            "connection closed by the node")
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(error)
+        if self.on_lost is not None:
+            self.on_lost(self)
+
+    # use
+
+    def request(self, command: Sequence[Any]) -> asyncio.Future[Any]:
+        """Send one command; the future resolves to its reply (or the ``OSError``)."""
+        waiter = self.loop.create_future()
+        if self.closed or self.transport is None or self.transport.is_closing():
+            waiter.set_result(ConnectionResetError("connection closed"))
+            return waiter
+        self.waiters.append(waiter)
+        self.transport.write(encode(command))
+        return waiter
+
+    def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
+        """Pipeline several commands in one write."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return [self.request(c) for c in commands]
+        waiters = [self.loop.create_future() for _ in commands]
+        self.waiters.extend(waiters)
+        self.transport.write(b"".join(encode(c) for c in commands))
+        return waiters
+
+    def abort(self) -> None:
+        """Drop the connection at once: a reply we stopped waiting for must never be read as
+        the answer to a later command."""
+        self.closed = True
+        while self.waiters:
+            self.waiters.popleft().cancel()
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is already closed
+                self.transport.abort()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):
+                self.transport.close()
+
+
+async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
+    """Connect and shake hands (AUTH, SELECT, INFO server for the run id).
+
+    Raises :class:`WireError`; the caller bounds the time (cancelling aborts the connection).
+    """
+    params = node.params
+    wire: _Wire | None = None
+    try:
+        if "path" in params:
+            _, wire = await loop.create_unix_connection(lambda: _Wire(loop), params["path"])
+        elif params.get("ssl"):
+            _, wire = await loop.create_connection(
+                lambda: _Wire(loop), params["host"], params["port"],
+                ssl=node.ssl_context(), server_hostname=params["host"],
+            )
+        else:
+            _, wire = await loop.create_connection(
+                lambda: _Wire(loop), params["host"], params["port"]
+            )
+        commands: list[list[Any]] = []
+        if params.get("password") is not None:
+            user = params.get("username")
+            commands.append(["AUTH", user, params["password"]] if user else
+                            ["AUTH", params["password"]])
+        if params.get("db"):
+            commands.append(["SELECT", params["db"]])
+        commands.append(["INFO", "server"])
+        reply: Any = None
+        for waiter in wire.request_many(commands):
+            reply = await waiter
+            if isinstance(reply, OSError):
+                raise reply
+            if isinstance(reply, ReplyError):
+                raise WireError(_reply_failure(reply))
+        text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
+        for line in text.splitlines():
+            if line.startswith("run_id:"):
+                wire.run_id = line[7:].strip()
+        return wire
+    except WireError:
+        if wire is not None:
+            wire.abort()
+        raise
+    except OSError as exc:
+        if wire is not None:
+            wire.abort()
+        if isinstance(exc, TimeoutError):
+            raise WireError(Failure("timeout", "no answer while connecting")) from None
+        raise WireError(Failure("refused", exc.strerror or str(exc))) from None
+    except BaseException:
+        if wire is not None:
+            wire.abort()
+        raise
+
+
+def _parse_info(raw: Any) -> dict[str, Any]:
+    """INFO's ``key:value`` lines; numbers as int/float like redis-py's ``info()``."""
+    info: dict[str, Any] = {}
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else ""
+    for line in text.splitlines():
+        if not line or line.startswith("#") or ":" not in line:
+            continue
+        key, value = line.split(":", 1)
+        try:
+            info[key] = int(value)
+        except ValueError:
+            try:
+                info[key] = float(value)
+            except ValueError:
+                info[key] = value
+    return info
+
+
+# -- small waiting primitives --------------------------------------------------------------------
+
+
+def _wake(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _Signal:
+    """An asyncio.Event whose ``wait`` takes a timeout (without ``wait_for``'s extra task)."""
+
+    __slots__ = ("_flag", "_loop", "_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._flag = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def set(self) -> None:
+        self._flag = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _wake(waiter)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    async def wait(self, timeout: float | None) -> bool:
+        """True when set, False when ``timeout`` seconds passed first."""
+        if self._flag:
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if timeout is None else self._loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+        return self._flag
+
+
+class _TaskQueue:
+    """The tasks of one loop that want one name, first come first served; the one at the
+    front talks to the nodes (the asyncio side of ``waiting.LocalQueue``).
+
+    The front place is kept from the start of contention until release; if its holder's lease
+    runs out (lost, or never released) the next task moves up anyway.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._line: deque[_Signal] = deque()
+        self._busy = False
+        self._lease: Lease | None = None
+        self.users = 0  #: tasks queued or at the front; the queue is dropped at zero
+
+    async def enter(self, deadline: float | None) -> bool:
+        ticket = _Signal(self._loop)
+        self._line.append(ticket)
+        try:
+            while self._line[0] is not ticket or (self._busy and not self._holder_gone()):
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    self._remove(ticket)
+                    return False
+                if self._line[0] is ticket and self._lease is not None:
+                    validity = self._lease.validity
+                    wait = validity if wait is None else min(wait, validity)
+                await ticket.wait(wait)
+                ticket.clear()
+        except BaseException:
+            self._remove(ticket)
+            raise
+        self._line.popleft()
+        self._busy, self._lease = True, None
+        return True
+
+    def _remove(self, ticket: _Signal) -> None:
+        with contextlib.suppress(ValueError):
+            self._line.remove(ticket)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._line:
+            self._line[0].set()
+
+    def _holder_gone(self) -> bool:
+        return self._lease is not None and self._lease.validity <= 0
+
+    def hold(self, lease: Lease) -> None:
+        self._lease = lease
+        self._notify()  # the next in line now waits for this lease's end at the latest
+
+    def leave(self, lease: Lease | None = None) -> None:
+        if lease is None or self._lease is lease:
+            self._busy, self._lease = False, None
+            self._notify()
+
+
+class _Notices:
+    """Release notices on one loop: one subscriber connection per node serves every waiter."""
+
+    def __init__(self, redlock: AsyncRedlock, loop: asyncio.AbstractEventLoop) -> None:
+        self._redlock = redlock
+        self._loop = loop
+        self._wires: dict[int, _Wire] = {}  # node index -> subscriber connection
+        self._waiters: dict[bytes, list[_Signal]] = {}
+        self._confirmed: dict[bytes, set[int]] = {}
+        self._confirm = _Signal(loop)
+        self._connecting = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def listening(self, channel: str) -> AsyncIterator[_Signal]:
+        """A signal set when ``channel`` sees a release; subscribed before this yields, on every
+        node that could be reached within the node timeout."""
+        name = channel.encode()
+        signal = _Signal(self._loop)
+        waiters = self._waiters.setdefault(name, [])
+        waiters.append(signal)
+        try:
+            timeout = self._redlock.node_timeout
+            deadline = self._loop.time() + 2 * timeout  # connecting, then confirming
+            if len(waiters) == 1:
+                self._confirmed[name] = set()
+                fresh = await self._connect_all(timeout)
+                for index, wire in self._wires.items():
+                    if index not in fresh:
+                        self._send(wire, ["SUBSCRIBE", name])
+            while len(self._confirmed.get(name, ())) < len(self._wires):
+                remaining = deadline - self._loop.time()
+                if remaining <= 0:
+                    break
+                await self._confirm.wait(remaining)
+                self._confirm.clear()
+            yield signal
+        finally:
+            waiters.remove(signal)
+            if not waiters and self._waiters.get(name) is waiters:
+                del self._waiters[name]
+                self._confirmed.pop(name, None)
+                for wire in self._wires.values():
+                    self._send(wire, ["UNSUBSCRIBE", name])
+
+    async def _connect_all(self, timeout: float) -> set[int]:
+        """Open the missing subscriber connections (concurrently); returns the new ones, which
+        are already subscribed to every channel with waiters."""
+        async with self._connecting:
+            missing = [i for i in range(len(self._redlock.nodes)) if i not in self._wires]
+            if not missing:
+                return set()
+            opened = await asyncio.gather(
+                *(asyncio.wait_for(_open_wire(self._redlock.nodes[i], self._loop), timeout)
+                  for i in missing),
+                return_exceptions=True,
+            )
+            fresh: set[int] = set()
+            for index, wire in zip(missing, opened, strict=True):
+                if not isinstance(wire, _Wire):
+                    continue  # that node's waiters fall back to the lease timer
+                wire.push = lambda message, index=index: self._on_message(index, message)
+                wire.on_lost = self._on_lost
+                self._wires[index] = wire
+                fresh.add(index)
+                if self._waiters:
+                    self._send(wire, ["SUBSCRIBE", *self._waiters])
+            return fresh
+
+    def _send(self, wire: _Wire, command: list[Any]) -> None:
+        if wire.transport is not None and not wire.closed:
+            wire.transport.write(encode(command))
+
+    def _on_message(self, index: int, message: Any) -> None:
+        if not isinstance(message, list) or len(message) < 3:
+            return
+        kind, channel = message[0], message[1]
+        if kind == b"message":
+            for signal in self._waiters.get(channel, ()):
+                signal.set()
+        elif kind == b"subscribe":
+            confirmed = self._confirmed.get(channel)
+            if confirmed is not None:
+                confirmed.add(index)
+                self._confirm.set()
+
+    def _on_lost(self, wire: _Wire) -> None:
+        for index, mine in list(self._wires.items()):
+            if mine is wire:
+                del self._wires[index]
+        self._confirm.set()
+
+    def close(self) -> None:
+        for wire in self._wires.values():
+            wire.on_lost = None
+            wire.close()
+        self._wires = {}
+
+
+class _LoopState:
+    """What an AsyncRedlock keeps per event loop: idle connections per node, the local queues,
+    the release-notice subscriber, the renewal schedule and task."""
+
+    def __init__(self, redlock: AsyncRedlock, loop: asyncio.AbstractEventLoop) -> None:
+        self.redlock = redlock
+        self.loop = loop
+        self.pid = os.getpid()
+        self.idle: list[list[_Wire]] = [[] for _ in redlock.nodes]
+        self.queues: dict[str, _TaskQueue] = {}
+        self.notices = _Notices(redlock, loop)
+        self.due: list[tuple[float, int, Lease]] = []
+        self.seq = itertools.count()
+        self.renew_wake = _Signal(loop)
+        self.renewer: asyncio.Task[None] | None = None
+        self.background: set[asyncio.Task[Any]] = set()
+        self.closed = False
+        self.keeper = loop.create_task(self._keep(), name="redlock-connections")
+
+    async def _keep(self) -> None:
+        # Cancelled when the loop shuts down (asyncio.run, asgiref's async_to_sync): that is
+        # when this loop's connections must be closed, while the loop can still close them.
+        try:
+            await self.loop.create_future()
+        finally:
+            self.close(stop_renewals=True)
+            self.redlock._forget(self)
+
+    def checkout(self, index: int) -> _Wire | None:
+        idle = self.idle[index]
+        while idle:
+            wire = idle.pop()
+            if not wire.closed:
+                return wire
+        return None
+
+    def checkin(self, index: int, wire: _Wire) -> None:
+        wire.reused = True
+        if self.closed:
+            wire.close()
+        else:
+            self.idle[index].append(wire)
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """A background task kept alive until it ends."""
+        task: asyncio.Task[Any] = self.loop.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
+
+    def close(self, stop_renewals: bool = False) -> None:
+        """Close this loop's connections (from the loop's thread). Renewals go on over new
+        connections, as with the sync client, unless the loop itself is shutting down."""
+        self.closed = True
+        if stop_renewals and self.renewer is not None:
+            self.renewer.cancel()
+        self.notices.close()
+        for idle in self.idle:
+            while idle:
+                idle.pop().close()
+        if not self.keeper.done() and self.keeper is not _current_task():
+            self.keeper.cancel()
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+
+class AsyncLock(LockBase):
+    """A handle on one lock name for asyncio code: ``await lock.acquire()`` or
+    ``async with rl.lock(name): ...``. Same semantics as the sync :class:`Lock`."""
+
+    redlock: AsyncRedlock
+
+    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock on a quorum of nodes (see :meth:`Lock.acquire`): ``blocking=False``
+        makes one attempt; a blocking call waits up to ``timeout`` seconds (``None``: the
+        Redlock's retry policy, ``inf``: for ever), woken by a release or the lease's end.
+        Returns False when someone else holds it; raises :class:`QuorumError` when too few
+        nodes could answer."""
+        blocking, timeout = self._resolve(blocking, check_timeout(timeout))
+        self._lease = await self.redlock._acquire(self, blocking=blocking, timeout=timeout)
+        return self._lease is not None
+
+    async def release(self) -> None:
+        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours and
+        :class:`LockLost` if we knew it was lost. A cancelled caller still has the release
+        finished in the background."""
+        lease = self._take_lease()
+        self._lease = None
+        await self.redlock._release(lease)
+
+    async def extend(self, ttl: float | None = None) -> bool:
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        return await self.redlock._extend(self._take_lease(), self.ttl if ttl is None else ttl)
+
+    async def check(self) -> bool:
+        """Ask the nodes whether our token is still on a quorum (a round trip)."""
+        lease = self._lease
+        return lease is not None and await self.redlock._check(lease)
+
+    async def __aenter__(self) -> AsyncLock:
+        if not await self.acquire():
+            raise self._not_acquired()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()
+
+
+class AsyncRedlock(RedlockBase):
+    """A lock manager over independent Redis nodes, for asyncio code.
+
+    The same constructor, names and semantics as :class:`Redlock`, awaitable::
+
+        rl = AsyncRedlock(urls)
+        async with rl.lock("invoice:42", ttl=10):
+            ...
+        await rl.locked("invoice:42")
+        infos = await rl.live_locks("invoice:*")   # a list of LockInfo, sorted by name
+        await rl.close()
+
+    One instance may serve several event loops (each gets its own connections, waiters and
+    renewal task) and several threads; it is fork-safe like the sync client.
+    """
+
+    lock_class = AsyncLock
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._states: dict[int, _LoopState] = {}
+        self._states_lock = threading.Lock()
+        #: Leases with a renewal on the wire -> set when it is done (any loop may wait).
+        self._renewing: dict[Lease, concurrent.futures.Future[None]] = {}
+
+    # -- public API -----------------------------------------------------------------------------
+
+    async def locked(self, name: str) -> bool:
+        """Whether anyone holds ``name`` (a quorum of nodes has the key)."""
+        key = self._key(check_name(name))
+        replies = await self._fan_out(lambda n, w: ("EXISTS", key))
+        return sum(1 for r in replies if r == 1) >= self.quorum
+
+    async def force_release(self, name: str) -> int:
+        """Remove ``name`` on every node whoever holds it; returns how many nodes had it."""
+        command = self._force_release_command(name)
+        replies = await self._fan_out(lambda n, w: command)
+        return self._judge_force_release(name, replies)
+
+    async def live_locks(self, pattern: str = "*") -> list[LockInfo]:
+        """Every lock some node holds whose name matches the glob ``pattern``, sorted by name.
+
+        A list rather than the sync client's iterator (the nodes are scanned concurrently, with
+        SCAN and pipelined HGETALL/PTTL, never KEYS); an unreachable node contributes nothing.
+        """
+        prefix = f"{self.key_prefix}:lock:"
+        found = await asyncio.gather(
+            *(self._scan_node(i, prefix, pattern) for i in range(len(self.nodes))),
+            return_exceptions=True,
+        )
+        states: dict[str, list[tuple[Node, dict[bytes, bytes], int]]] = {}
+        for node, scanned in zip(self.nodes, found, strict=True):
+            if isinstance(scanned, BaseException):
+                continue
+            for name, fields, pttl in scanned:
+                states.setdefault(name, []).append((node, fields, pttl))
+        return [self._lock_info(name, states[name]) for name in sorted(states)]
+
+    async def lock_info(self, name: str) -> LockInfo | None:
+        """Everything the nodes know about one lock, or None when no node holds it."""
+        infos = await self.live_locks(glob_escape(check_name(name)))
+        return next((i for i in infos if i.name == name), None)
+
+    async def health(self) -> list[NodeHealth]:
+        """Reachability, latency, version, uptime, memory, lock keys, clock offset and
+        restart-guard state of every node (probed concurrently)."""
+        return list(await asyncio.gather(*(self._probe(i) for i in range(len(self.nodes)))))
+
+    async def close(self) -> None:
+        """Close every connection this Redlock opened, on every loop (held locks stay held
+        until their lease ends). The instance stays usable: it reconnects when used again."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._states_lock:
+            states = list(self._states.values())
+            self._states = {}
+        for state in states:
+            if state.loop is loop:
+                state.close()
+            elif not state.loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    state.loop.call_soon_threadsafe(state.close)
+        for node in self.nodes:
+            node.close()
+        if loop is not None:
+            await asyncio.sleep(0)  # let the transports finish closing
+
+    aclose = close
+
+    # -- per-loop state -------------------------------------------------------------------------
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(id(loop))
+        if state is not None and state.loop is loop and not state.closed \
+                and state.pid == os.getpid():
+            return state
+        with self._states_lock:
+            pid = os.getpid()
+            for key, old in list(self._states.items()):
+                if old.pid != pid or old.loop.is_closed() or old.closed or old.loop is loop:
+                    del self._states[key]
+            state = self._states[id(loop)] = _LoopState(self, loop)
+            return state
+
+    def _forget(self, state: _LoopState) -> None:
+        with self._states_lock:
+            if self._states.get(id(state.loop)) is state:
+                del self._states[id(state.loop)]
+
+    def _after_fork(self) -> None:
+        super()._after_fork()
+        # The parent's loops and connections are not ours; keep nothing.
+        self._states = {}
+        self._states_lock = threading.Lock()
+        self._renewing = {}
+
+    # -- fan-out --------------------------------------------------------------------------------
+
+    async def _fan_out(self, build: CommandBuilder, timeout: float | None = None) -> list[Any]:
+        """Send one command to every node at once and collect the replies in node order.
+
+        A node that failed or did not answer in time yields a :class:`Failure`. Pooled
+        connections answer within ``timeout``; a node that needs a new connection gets another
+        ``timeout`` to connect. A connection whose reply did not come in time is aborted.
+        """
+        state = self._state()
+        loop = state.loop
+        timeout = self.node_timeout if timeout is None else timeout
+        nodes = self.nodes
+        replies: list[Any] = [_TIMEOUT] * len(nodes)
+        # future -> (node index, wire or None for a connecting task, command)
+        pending: dict[asyncio.Future[Any], tuple[int, _Wire | None, Sequence[Any]]] = {}
+        connecting = False
+        for index, node in enumerate(nodes):
+            wire = state.checkout(index)
+            if wire is None:
+                connecting = True
+                pending[state.spawn(self._connect_and_ask(state, index, build))] = (index, None, ())
+            else:
+                command = build(node, wire)
+                pending[wire.request(command)] = (index, wire, command)
+        deadline = loop.time() + (2 * timeout if connecting else timeout)
+        try:
+            while pending:
+                remaining = deadline - loop.time()
+                done, _ = await asyncio.wait(pending, timeout=max(remaining, 0.0))
+                if not done:
+                    break
+                for waiter in done:
+                    index, maybe_wire, command = pending.pop(waiter)
+                    result = waiter.result()
+                    if maybe_wire is None:
+                        if isinstance(result, Failure):
+                            replies[index] = result
+                            continue
+                        wire, command, reply = result
+                    else:
+                        wire, reply = maybe_wire, result
+                    if isinstance(reply, OSError):
+                        wire.abort()
+                        if wire.reused and remaining > 0:
+                            # Closed while pooled (node restart, idle timeout): one fresh try.
+                            task = state.spawn(self._connect_and_ask(state, index, build))
+                            pending[task] = (index, None, ())
+                            deadline = max(deadline, loop.time() + timeout)
+                        else:
+                            replies[index] = Failure("refused", str(reply))
+                        continue
+                    if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
+                        # The node restarted or flushed its script cache: send the body once,
+                        # which also caches it for the next EVALSHA.
+                        resend = ["EVAL", BODIES[command[1]], *command[2:]]
+                        pending[wire.request(resend)] = (index, wire, command)
+                        continue
+                    state.checkin(index, wire)
+                    replies[index] = (
+                        _reply_failure(reply) if isinstance(reply, ReplyError) else reply
+                    )
+        finally:
+            for waiter, (_, maybe_wire, _) in pending.items():
+                waiter.cancel()
+                if maybe_wire is not None:
+                    maybe_wire.abort()
+        return replies
+
+    async def _connect_and_ask(
+        self, state: _LoopState, index: int, build: CommandBuilder
+    ) -> Failure | tuple[_Wire, Sequence[Any], Any]:
+        """Open a connection to one node and send it the command; returns the wire, the command
+        and the reply, or the :class:`Failure` (never raises but when cancelled)."""
+        node = self.nodes[index]
+        wire: _Wire | None = None
+        try:
+            wire = await _open_wire(node, state.loop)
+            command = build(node, wire)
+            return wire, command, await wire.request(command)
+        except WireError as exc:
+            return exc.failure
+        except asyncio.CancelledError:
+            if wire is not None:
+                wire.abort()
+            raise
+        except Exception as exc:
+            if wire is not None:
+                wire.abort()
+            return Failure("error", str(exc) or type(exc).__name__)
+
+    async def _call(
+        self, index: int, commands: Sequence[Sequence[Any]], timeout: float = SLOW_TIMEOUT
+    ) -> list[Any]:
+        """Pipeline ``commands`` to one node and return the replies; raises on any failure.
+        For the slow operations (listing, health), not the lock hot path."""
+        wire = await self._wire(index, timeout)
+        return await self._ask(index, wire, commands, timeout)
+
+    async def _wire(self, index: int, timeout: float = SLOW_TIMEOUT) -> _Wire:
+        state = self._state()
+        wire = state.checkout(index)
+        if wire is None:
+            try:
+                wire = await asyncio.wait_for(_open_wire(self.nodes[index], state.loop), timeout)
+            except WireError as exc:
+                raise ConnectionError(str(exc.failure)) from None
+        return wire
+
+    async def _ask(
+        self, index: int, wire: _Wire, commands: Sequence[Sequence[Any]],
+        timeout: float = SLOW_TIMEOUT,
+    ) -> list[Any]:
+        waiters = wire.request_many(commands)
+        try:
+            _, not_done = await asyncio.wait(waiters, timeout=timeout)
+        except BaseException:
+            wire.abort()
+            raise
+        if not_done:
+            wire.abort()
+            raise TimeoutError(f"no answer within {timeout}s")
+        replies = [w.result() for w in waiters]
+        for reply in replies:
+            if isinstance(reply, OSError):
+                wire.abort()
+                raise reply
+        self._state().checkin(index, wire)
+        for reply in replies:
+            if isinstance(reply, ReplyError):
+                raise reply
+        return replies
+
+    # -- acquiring ------------------------------------------------------------------------------
+
+    async def _acquire(
+        self, handle: AsyncLock, *, blocking: bool, timeout: float | None
+    ) -> Lease | None:
+        owner = handle.owner if handle.owner is not None else current_owner()
+        lease = self._reenter(handle, owner)
+        if lease is not None:
+            return lease
+        start = time.monotonic()
+        deadline = self._deadline(start, timeout)
+        state = self._state()
+        queue = self._join_queue(state, handle.name) if blocking else None
+        try:
+            if queue is not None and not await queue.enter(deadline):
+                self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
+                return None
+            lease = await self._contend(state, handle, owner, blocking, deadline, timeout, start)
+        except BaseException:
+            if queue is not None:
+                self._leave_queue(state, handle.name, queue, None)
+            raise
+        if queue is not None:
+            if lease is None:
+                self._leave_queue(state, handle.name, queue, None)
+            else:
+                queue.hold(lease)
+                lease.leave_queue = self._queue_leaver(state, handle.name, queue, lease)
+        return lease
+
+    async def _contend(
+        self, state: _LoopState, handle: AsyncLock, owner: Hashable, blocking: bool,
+        deadline: float | None, timeout: float | None, start: float,
+    ) -> Lease | None:
+        attempts = 0
+        released: _Signal | None = None
+        line = None
+        if handle.fair:
+            command = self._ticket_command(handle.name)
+            line = self._line(await self._fan_out(lambda n, w: command))
+        async with contextlib.AsyncExitStack() as stack:
+            if line is not None:
+                stack.push_async_callback(self._leave_line, handle.name, line[0])
+            while True:
+                outcome = await self._attempt(handle, owner, line)
+                if isinstance(outcome, Lease):
+                    self._register(handle, outcome, time.monotonic() - start)
+                    if outcome.auto_renew:
+                        self._renew_later(state, outcome)
+                    return outcome
+                attempts += 1
+                now = time.monotonic()
+                if self._out_of_time(blocking, attempts, timeout, deadline, now):
+                    self._give_up(handle, outcome, now - start)
+                    return None
+                if released is None:
+                    # Subscribe, then try again at once: a release between our first attempt
+                    # and the subscription would otherwise go unnoticed.
+                    channel = self._channel(handle.name)
+                    released = await stack.enter_async_context(
+                        state.notices.listening(channel))
+                    continue
+                await released.wait(self._pause_for(handle, outcome, timeout, deadline, now))
+                released.clear()
+
+    async def _attempt(
+        self, handle: AsyncLock, owner: Hashable, line: tuple[str, int] | None = None
+    ) -> Lease | Refusal:
+        request = AcquireRequest(self, handle, line)
+        start = time.monotonic()
+        try:
+            replies = await self._fan_out(lambda node, wire: request.command(wire.run_id))
+            lease = self._lease_if_valid(handle, owner, request, replies, start)
+            if lease is not None and lease.fence is not None:
+                command = self._fence_command(handle.name, request.token, lease.fence)
+                synced = await self._fan_out(lambda n, w: command)
+                valid = time.monotonic() < lease.valid_until
+                if sum(1 for r in synced if r == 1) < self.quorum or not valid:
+                    lease = None
+        except asyncio.CancelledError:
+            # Some SETs may have landed: take them back without making the caller wait.
+            state = self._state()
+            if not state.closed:
+                state.spawn(self._release_everywhere(handle.name, request.token))
+            raise
+        if lease is not None:
+            return lease
+        if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
+            # Also nodes that timed out: the SET may have landed after we stopped waiting.
+            await self._shielded(self._release_everywhere(handle.name, request.token))
+        if self._all_fresh(replies) and await self._trust_all():
+            return await self._attempt(handle, owner, line)
+        return self._refusal(replies)
+
+    async def _leave_line(self, name: str, waiter: str) -> None:
+        command = self._leave_line_command(name, waiter)
+        await self._fan_out(lambda n, w: command)
+
+    async def _trust_all(self) -> bool:
+        replies = await self._fan_out(lambda n, wire: self._trust_command(wire.run_id))
+        return all(r == 1 for r in replies)
+
+    def _join_queue(self, state: _LoopState, name: str) -> _TaskQueue:
+        queue = state.queues.get(name)
+        if queue is None:
+            queue = state.queues[name] = _TaskQueue(state.loop)
+        queue.users += 1
+        return queue
+
+    def _leave_queue(
+        self, state: _LoopState, name: str, queue: _TaskQueue, lease: Lease | None
+    ) -> None:
+        queue.leave(lease)
+        queue.users -= 1
+        if queue.users == 0 and state.queues.get(name) is queue:
+            del state.queues[name]
+
+    def _queue_leaver(
+        self, state: _LoopState, name: str, queue: _TaskQueue, lease: Lease
+    ) -> Callable[[], None]:
+        """``lease.leave_queue``: frees the queue on the loop that owns it, wherever the
+        release runs."""
+
+        def leave() -> None:
+            try:
+                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is state.loop:
+                self._leave_queue(state, name, queue, lease)
+            elif not state.loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    state.loop.call_soon_threadsafe(self._leave_queue, state, name, queue, lease)
+
+        return leave
+
+    # -- holding --------------------------------------------------------------------------------
+
+    async def _shielded(self, coro: Any) -> Any:
+        """Run ``coro`` to the end even if the caller is cancelled meanwhile."""
+        return await asyncio.shield(self._state().spawn(coro))
+
+    async def _release_everywhere(self, name: str, token: str) -> list[Any]:
+        command = self._release_command(name, token)
+        return await self._fan_out(lambda n, w: command)
+
+    async def _release(self, lease: Lease) -> None:
+        if not self._begin_release(lease):
+            return
+        try:
+            replies = await self._shielded(self._release_after_renewal(lease))
+        finally:
+            if lease.leave_queue is not None:
+                lease.leave_queue()
+        self._finish_release(lease, replies)
+
+    async def _release_after_renewal(self, lease: Lease) -> list[Any]:
+        renewing = self._renewing.get(lease)
+        if renewing is not None:
+            # A renewal is on the wire: let it land first, so no PEXPIRE follows the release.
+            await asyncio.wrap_future(renewing)
+        return await self._release_everywhere(lease.name, lease.token)
+
+    async def _extend(self, lease: Lease, ttl: float) -> bool:
+        ttl = self._check_extend_ttl(ttl)
+        if lease.released or lease.lost:
+            return False
+        command = self._extend_command(lease, ttl)
+        start = time.monotonic()
+        replies = await self._fan_out(lambda n, w: command)
+        return self._judge_extend(lease, ttl, replies, start)
+
+    async def _check(self, lease: Lease) -> bool:
+        if lease.released or lease.lost:
+            return False
+        key = self._key(lease.name)
+        replies = await self._fan_out(lambda n, w: ("HGET", key, "token"))
+        return self._judge_check(lease, replies)
+
+    # -- renewal --------------------------------------------------------------------------------
+
+    def _renew_later(self, state: _LoopState, lease: Lease) -> None:
+        heapq.heappush(state.due, (time.monotonic() + lease.ttl / 3, next(state.seq), lease))
+        if state.renewer is None:
+            state.renewer = state.loop.create_task(self._renewals(state),
+                                                   name="redlock-renewer")
+        else:
+            state.renew_wake.set()
+
+    async def _renewals(self, state: _LoopState) -> None:
+        """The loop's watchdog: one task re-arms every auto-renewed lease of this loop; it ends
+        when none is left (the next one starts it again)."""
+        try:
+            while state.due:
+                delay = state.due[0][0] - time.monotonic()
+                if delay > 0:
+                    await state.renew_wake.wait(delay)
+                    state.renew_wake.clear()
+                    continue
+                _, _, lease = heapq.heappop(state.due)
+                if lease.released or lease.lost:
+                    continue
+                try:
+                    when = await self._renew(lease)
+                except Exception:
+                    self._mark_lost(lease, "renewal failed with an unexpected error")
+                    when = None
+                if when is not None:
+                    heapq.heappush(state.due, (when, next(state.seq), lease))
+        finally:
+            state.renewer = None
+
+    async def _renew(self, lease: Lease) -> float | None:
+        """One watchdog turn: when to renew next, or None to stop (``Redlock._renew``)."""
+        now = time.monotonic()
+        if lease.validity <= 0:
+            self._mark_lost(lease, "the lease ran out before it could be renewed "
+                                   "(was the process paused?)")
+            return None
+        if lease.renew_until is not None and now >= lease.renew_until:
+            return None
+        if lease.released:
+            return None
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._renewing[lease] = done
+        try:
+            renewed = await self._extend(lease, lease.ttl)
+        finally:
+            del self._renewing[lease]
+            done.set_result(None)
+        if renewed:
+            return time.monotonic() + lease.ttl / 3
+        if lease.lost:
+            return None
+        # No quorum this time: try again soon, while the lease still has validity.
+        return time.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01))
+
+    # -- listing and health ---------------------------------------------------------------------
+
+    async def _scan_node(
+        self, index: int, prefix: str, pattern: str
+    ) -> list[tuple[str, dict[bytes, bytes], int]]:
+        found: list[tuple[str, dict[bytes, bytes], int]] = []
+        cursor: Any = b"0"
+        while True:
+            [reply] = await self._call(
+                index, [["SCAN", cursor, "MATCH", prefix + pattern, "COUNT", 1000,
+                         "TYPE", "hash"]])
+            cursor, keys = reply
+            for start in range(0, len(keys), 500):
+                batch = keys[start:start + 500]
+                commands: list[list[Any]] = []
+                for key in batch:
+                    commands += [["HGETALL", key], ["PTTL", key]]
+                results = await self._call(index, commands)
+                for i, key in enumerate(batch):
+                    flat = results[2 * i]
+                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                    state = lock_states(prefix, key, fields, results[2 * i + 1])
+                    if state is not None:
+                        found.append(state)
+            if cursor in (b"0", 0):
+                return found
+
+    async def _count_keys(self, index: int, match: str) -> int:
+        count = 0
+        cursor: Any = b"0"
+        while True:
+            [(cursor, keys)] = await self._call(
+                index, [["SCAN", cursor, "MATCH", match, "COUNT", 1000]])
+            count += len(keys)
+            if cursor in (b"0", 0):
+                return count
+
+    async def _probe(self, index: int) -> NodeHealth:
+        node = self.nodes[index]
+        try:
+            wire = await self._wire(index)
+            sent = time.time()
+            t0 = time.perf_counter()
+            await self._ask(index, wire, [["PING"]])
+            latency = time.perf_counter() - t0
+            [server_time] = await self._call(index, [["TIME"]])
+            received = time.time()
+            info, marker = await self._call(
+                index, [["INFO"], ["HMGET", self._node_key(), "run_id", "usable_at"]])
+            probe: Mapping[str, Any] = {
+                "latency": latency,
+                "sent": sent,
+                "time": server_time,
+                "received": received,
+                "info": _parse_info(info),
+                "marker": marker,
+                "keys": await self._count_keys(index, f"{self.key_prefix}:lock:*"),
+            }
+        except Exception as exc:
+            return NodeHealth(node=node.name, reachable=False,
+                              error=str(exc) or type(exc).__name__)
+        return self._node_health(node, probe)

@@ -1,0 +1,119 @@
+"""Shared helpers of the core test files (tests/test_core_*.py).
+
+Everything here reads the real redis-server processes directly (redis-py clients opened on the
+nodes' ports), so an assertion about "what is on the nodes" never goes through the code under
+test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from django_redlock.testing import RedisCluster, RedisNode
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "redlock"
+
+
+def node_client(node: RedisNode) -> redis.Redis:
+    """A raw client on one node with a socket timeout, so a mistake never hangs a test."""
+    return node.client(socket_timeout=5, socket_connect_timeout=5)
+
+
+def lock_keys(nodes: Iterable[RedisNode], prefix: str = PREFIX) -> list[dict[str, tuple[int, str]]]:
+    """Per node: ``{lock key: (pttl ms, token)}`` for every ``<prefix>:lock:*`` key."""
+    found: list[dict[str, tuple[int, str]]] = []
+    for node in nodes:
+        with node_client(node) as c:
+            keys: dict[str, tuple[int, str]] = {}
+            for raw in c.keys(f"{prefix}:lock:*"):
+                token = c.hget(raw, "token")
+                keys[raw.decode()] = (c.pttl(raw), token.decode() if token else "")
+            found.append(keys)
+    return found
+
+
+def all_keys(nodes: Iterable[RedisNode]) -> list[dict[str, int]]:
+    """Per node: ``{key: pttl ms}`` for every key in db 0 (-1 = no expiry)."""
+    found: list[dict[str, int]] = []
+    for node in nodes:
+        with node_client(node) as c:
+            found.append({raw.decode(): c.pttl(raw) for raw in c.keys("*")})
+    return found
+
+
+def tokens_on_nodes(
+    nodes: Iterable[RedisNode], name: str, prefix: str = PREFIX
+) -> list[str | None]:
+    """The token each node holds for lock ``name`` (None where the node has no such key)."""
+    out: list[str | None] = []
+    for node in nodes:
+        with node_client(node) as c:
+            raw = c.hget(f"{prefix}:lock:{name}", "token")
+            out.append(raw.decode() if raw is not None else None)
+    return out
+
+
+def pttls_on_nodes(nodes: Iterable[RedisNode], name: str, prefix: str = PREFIX) -> list[int]:
+    out = []
+    for node in nodes:
+        with node_client(node) as c:
+            out.append(c.pttl(f"{prefix}:lock:{name}"))
+    return out
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.005) -> Any:
+    """Poll ``predicate`` until it returns something truthy (a condition, not a sleep-as-sync:
+    used only where no event exists to wait on). Returns the value or raises AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def warm_up(redlock: Any, name: str = "warm-up") -> None:
+    """One acquire/release so every node holds its restart-guard marker and the client holds
+    idle connections: faults injected afterwards hit a cluster that is in service, not a
+    brand-new one (which the restart guard treats specially)."""
+    lock = redlock.lock(name)
+    assert lock.acquire(blocking=False), "warm-up acquire failed on a healthy cluster"
+    lock.release()
+
+
+def commands_processed(nodes: Iterable[RedisNode]) -> list[int]:
+    """``total_commands_processed`` of each node (the INFO call itself is not yet counted)."""
+    out = []
+    for node in nodes:
+        out.append(int(node.info("stats")["total_commands_processed"]))
+    return out
+
+
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that imports django_redlock from this checkout."""
+    env = dict(os.environ)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def cluster_urls(cluster: RedisCluster) -> list[str]:
+    return list(cluster.urls)

@@ -1,0 +1,273 @@
+"""Node failures, a crashed holder, and a quorum that answers too late, on real redis-server
+processes (SIGSTOP for a paused/partitioned node, SIGKILL for a crash).
+
+Each test gets a private cluster from ``redis_cluster_factory`` and warms it up (one acquire and
+release) before injecting a fault, so the fault hits a cluster in service. Nodes are never
+restarted here, so the restart guard is not involved.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from django_redlock import LockNotAcquired, QuorumError
+from django_redlock.testing import RedisCluster
+from tests.helpers import REPO_ROOT, lock_keys, tokens_on_nodes, warm_up
+
+NODE_TIMEOUT = 0.05
+OVERHEAD = 0.25  # generous: a shared 2-core machine, and a paused node costs one full timeout
+
+
+def _fault(cluster: RedisCluster, indexes: list[int], how: str) -> None:
+    for i in indexes:
+        (cluster[i].kill if how == "kill" else cluster[i].pause)()
+
+
+@pytest.mark.parametrize("how", ["kill", "pause"])
+@pytest.mark.parametrize("n", [3, 5])
+def test_minority_down_locks_still_work(
+    n: int, how: str, redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(n)
+    rl = make_redlock(cluster, node_timeout=NODE_TIMEOUT, ttl=5.0, retry_count=0)
+    other = make_redlock(cluster, node_timeout=NODE_TIMEOUT, ttl=5.0, retry_count=0)
+    warm_up(rl)
+    warm_up(other)
+    down = list(range((n - 1) // 2))  # 1 of 3, 2 of 5
+    up = [i for i in range(n) if i not in down]
+    _fault(cluster, down, how)
+    for cycle in range(4):
+        lock = rl.lock(f"minority:{cycle % 2}")
+        t0 = time.monotonic()
+        assert lock.acquire(blocking=False) is True, f"cycle {cycle}"
+        elapsed = time.monotonic() - t0
+        assert elapsed < NODE_TIMEOUT + OVERHEAD, f"cycle {cycle}: acquire took {elapsed:.3f}s"
+        assert lock.held and 0 < lock.validity <= 5.0
+        # The survivors hold our token; another client is refused (not a quorum error: the
+        # survivors answered, the lock is simply held).
+        survivors = [cluster[i] for i in up]
+        assert tokens_on_nodes(survivors, lock.name) == [lock.token] * len(up)
+        contender = other.lock(lock.name)
+        assert contender.acquire(blocking=False) is False
+        assert lock.check() is True
+        t0 = time.monotonic()
+        lock.release()
+        assert time.monotonic() - t0 < NODE_TIMEOUT + OVERHEAD
+        assert lock_keys(survivors) == [{}] * len(up)
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_majority_killed_raises_quorum_error_and_leaves_nothing(
+    n: int, redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(n)
+    rl = make_redlock(cluster, node_timeout=NODE_TIMEOUT, ttl=5.0, retry_count=0)
+    warm_up(rl)
+    down = list(range(n // 2 + 1))  # 2 of 3, 3 of 5
+    survivors = [cluster[i] for i in range(n) if i not in down]
+    _fault(cluster, down, "kill")
+    lock = rl.lock("majority-killed")
+    t0 = time.monotonic()
+    with pytest.raises(QuorumError) as info:
+        lock.acquire(blocking=False)
+    assert time.monotonic() - t0 < 2 * NODE_TIMEOUT + OVERHEAD
+    err = info.value
+    assert isinstance(err, LockNotAcquired)
+    assert set(err.failures) == {cluster[i].url for i in down}, err.failures
+    for i in down:
+        assert err.failures[cluster[i].url].startswith("refused"), err.failures
+        assert cluster[i].url in str(err)
+    assert not lock.held
+    # The survivors granted, then the failed attempt was released everywhere.
+    assert lock_keys(survivors) == [{}] * len(survivors)
+    assert rl.locked("majority-killed") is False
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_majority_paused_raises_quorum_error_then_leftovers_expire(
+    n: int, redis_cluster_factory, make_redlock
+) -> None:
+    """What can be asserted when the nodes were paused, not dead.
+
+    A paused node keeps its TCP connections: the acquire script reaches its socket buffer and
+    runs when the node resumes, after the client gave up. The client's release to that node
+    cannot get through while it is paused, so such a node may come back holding a key of the
+    failed attempt. What must hold: the nodes that answered are clean at once; whatever the
+    resumed nodes hold belongs to that one failed attempt (a token no client holds), carries a
+    PTTL no longer than the lock's ttl, and is gone once the ttl has passed; the lock is free
+    again afterwards.
+    """
+    ttl = 0.6
+    cluster = redis_cluster_factory(n)
+    rl = make_redlock(cluster, node_timeout=NODE_TIMEOUT, ttl=ttl, retry_count=0)
+    warm_up(rl)
+    down = list(range(n // 2 + 1))
+    survivors = [cluster[i] for i in range(n) if i not in down]
+    _fault(cluster, down, "pause")
+    lock = rl.lock("majority-paused")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(QuorumError) as info:
+            lock.acquire(blocking=False)
+        assert time.monotonic() - t0 < 2 * NODE_TIMEOUT + OVERHEAD
+        failures = info.value.failures
+        assert set(failures) == {cluster[i].url for i in down}, failures
+        for i in down:
+            assert failures[cluster[i].url].startswith("timeout"), failures
+        assert lock_keys(survivors) == [{}] * len(survivors)
+    finally:
+        for i in down:
+            cluster[i].resume()
+    gave_up = time.monotonic()
+    leftovers = [k for k in lock_keys(cluster) if k]
+    tokens = {token for keys in leftovers for _, token in keys.values()}
+    assert len(leftovers) <= len(down)
+    assert len(tokens) <= 1, tokens  # one failed attempt, one token
+    for keys in leftovers:
+        assert set(keys) == {"redlock:lock:majority-paused"}
+        for pttl, _ in keys.values():
+            assert 0 < pttl <= ttl * 1000
+    assert lock.token is None and not lock.held
+    time.sleep(max(ttl - (time.monotonic() - gave_up), 0) + 0.05)  # let leftovers expire
+    assert lock_keys(cluster) == [{}] * n
+    again = rl.lock("majority-paused")
+    assert again.acquire(blocking=False) is True
+    again.release()
+
+
+def test_mixed_majority_down_names_each_reason(redis_cluster_factory, make_redlock) -> None:
+    cluster = redis_cluster_factory(5)
+    rl = make_redlock(cluster, node_timeout=NODE_TIMEOUT, ttl=5.0, retry_count=0)
+    warm_up(rl)
+    cluster[0].kill()
+    cluster[1].kill()
+    cluster[2].pause()
+    try:
+        with pytest.raises(QuorumError) as info:
+            rl.lock("mixed").acquire(blocking=False)
+    finally:
+        cluster[2].resume()
+    failures = info.value.failures
+    assert failures[cluster[0].url].startswith("refused")
+    assert failures[cluster[1].url].startswith("refused")
+    assert failures[cluster[2].url].startswith("timeout")
+    assert set(failures) == {cluster[i].url for i in range(3)}
+    assert lock_keys([cluster[3], cluster[4]]) == [{}, {}]
+
+
+# --------------------------------------------------------------------------- holder crash
+
+_HOLDER = """
+import sys, time
+from django_redlock import Redlock
+rl = Redlock({urls!r}, ttl=1.5)
+lock = rl.lock("crash", ttl=1.5)
+assert lock.acquire(blocking=False)
+print(lock.token, flush=True)
+time.sleep(600)
+"""
+
+
+def test_holder_killed_lock_free_after_ttl(redis_nodes: RedisCluster, make_redlock) -> None:
+    ttl = 1.5
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_HOLDER.format(urls=redis_nodes.urls))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        token = holder.stdout.readline().strip()  # the holder reports once it holds the lock
+        reported = time.monotonic()
+        assert len(token) == 32, holder.stderr.read() if holder.poll() is not None else token
+        assert tokens_on_nodes(redis_nodes, "crash") == [token] * 3
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        holder.stdout.close()
+        holder.stderr.close()
+    assert holder.returncode == -signal.SIGKILL
+    rl = make_redlock(redis_nodes, retry_delay=0.05)
+    # Before the TTL: still taken (nobody released it; the dead holder's lease stands).
+    early = rl.lock("crash")
+    assert early.acquire(blocking=False) is False
+    assert 0 < early.retry_after <= ttl
+    # After the TTL: ours, within ttl + 1 s of the holder reporting.
+    waiter = rl.lock("crash")
+    assert waiter.acquire(timeout=ttl + 1.0) is True
+    got = time.monotonic() - reported
+    assert got <= ttl + 1.0
+    assert got >= ttl - 0.3, f"acquired {got:.2f}s after the holder, before its lease ran out"
+    assert waiter.token != token
+    assert tokens_on_nodes(redis_nodes, "crash") == [waiter.token] * 3
+    waiter.release()
+
+
+# --------------------------------------------------------------------------- validity
+
+
+def test_a_quorum_that_answers_after_the_validity_is_gone_gives_no_lock(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """Two of three nodes answer only after 0.8 s: within node_timeout (0.95 s), so they do
+    grant, but validity = ttl - elapsed - drift = 1.0 - 0.8 - 0.302 < 0 by then.
+
+    (node_timeout must stay below ttl: the core rejects node_timeout >= ttl, so the late
+    quorum is built with a large drift_factor instead: validity runs out after 0.698 s.)
+    """
+    rl = make_redlock(redis_nodes, ttl=1.0, node_timeout=0.95, drift_factor=0.3, retry_count=0)
+    warm_up(rl)
+    redis_nodes[0].pause()
+    redis_nodes[1].pause()
+    resumer = threading.Timer(0.8, lambda: (redis_nodes[0].resume(), redis_nodes[1].resume()))
+    resumer.start()
+    lock = rl.lock("late-quorum")
+    outcome: object
+    t0 = time.monotonic()
+    try:
+        outcome = lock.acquire(blocking=False)
+    except QuorumError as exc:  # only if the timer fired later than node_timeout
+        outcome = exc
+    elapsed = time.monotonic() - t0
+    resumer.join()
+    assert outcome is False or isinstance(outcome, QuorumError), outcome
+    assert not lock.held and lock.validity == 0.0 and lock.token is None
+    assert rl.locked("late-quorum") is False
+    if outcome is False:
+        # The replies came late but in time (the path under test), and the granted keys were
+        # released everywhere: nothing is left.
+        assert 0.69 < elapsed < 0.95 + OVERHEAD, elapsed
+        assert lock_keys(redis_nodes) == [{}, {}, {}]
+    else:  # pragma: no cover - a badly delayed timer; still no usable lock may remain
+        for keys in lock_keys(redis_nodes):
+            assert all(0 < pttl <= 1000 for pttl, _ in keys.values())
+
+
+def test_validity_of_a_granted_lock_accounts_for_elapsed_time_and_drift(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """A slow (but not too slow) quorum yields a lock whose validity is already reduced by
+    the time the quorum took, plus the drift allowance."""
+    rl = make_redlock(redis_nodes, ttl=2.0, node_timeout=0.9, drift_factor=0.1, retry_count=0)
+    warm_up(rl)
+    redis_nodes[0].pause()
+    redis_nodes[1].pause()
+    resumer = threading.Timer(0.3, lambda: (redis_nodes[0].resume(), redis_nodes[1].resume()))
+    resumer.start()
+    lock = rl.lock("slow-quorum")
+    assert lock.acquire(blocking=False) is True
+    resumer.join()
+    # ttl 2.0 - at least 0.3 s waiting - 0.202 s drift allowance.
+    assert 0 < lock.validity <= 2.0 - 0.3 - 0.2
+    lock.release()

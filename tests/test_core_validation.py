@@ -1,0 +1,287 @@
+"""Bad input is refused before any network call, with an error naming the bad value.
+
+Every case runs against a live 3-node cluster and then proves that nothing reached the nodes:
+the nodes' command counters moved only by our own INFO calls, and no lock key exists anywhere
+(nothing half-locked).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_redlock import Redlock
+from django_redlock.testing import RedisCluster
+from tests.helpers import all_keys, node_client
+
+
+class Untouched:
+    """Asserts the nodes served no command between ``before()`` and ``after()`` except the
+    INFO calls made by this helper (one per node per call, on one persistent connection)."""
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        self.clients = [node_client(n) for n in cluster]
+        self.cluster = cluster
+        self.counts = self._read()
+
+    def _read(self) -> list[int]:
+        return [int(c.info("stats")["total_commands_processed"]) for c in self.clients]
+
+    def check(self) -> None:
+        now = self._read()
+        # INFO replies count commands served before it: the previous INFO is the only one.
+        assert [b - a for a, b in zip(self.counts, now, strict=True)] == [1] * len(now), (
+            "a node served commands during a call that should have failed before any I/O"
+        )
+        assert all_keys(self.cluster) == [{}] * len(self.clients)
+        self.counts = self._read()
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+@pytest.fixture
+def untouched(redis_nodes: RedisCluster):
+    watcher = Untouched(redis_nodes)
+    yield watcher
+    watcher.close()
+
+
+def _raises(
+    untouched: Untouched, exc: type[Exception], match: str, call: Callable[[], Any]
+) -> None:
+    with pytest.raises(exc) as info:
+        call()
+    assert re.search(match, str(info.value)), f"{str(info.value)!r} does not match {match!r}"
+    untouched.check()
+
+
+# --------------------------------------------------------------------------- lock names
+
+NAME_CASES = [
+    (123, TypeError, r"123"),
+    (None, TypeError, r"None"),
+    (b"bytes-name", TypeError, r"b'bytes-name'"),
+    (["a"], TypeError, r"\['a'\]"),
+    ("", ValueError, r"empty"),
+    ("x" * 513, ValueError, r"513.*xxxxxxxx"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "exc", "match"), NAME_CASES, ids=[repr(c[0])[:20] for c in NAME_CASES]
+)
+def test_bad_lock_name(redis_nodes, untouched, name, exc, match) -> None:
+    rl = Redlock(redis_nodes.urls)
+    try:
+        _raises(untouched, exc, match, lambda: rl.lock(name))
+        _raises(untouched, exc, match, lambda: rl.locked(name))
+        _raises(untouched, exc, match, lambda: rl.force_release(name))
+        _raises(untouched, exc, match, lambda: rl.lock_info(name))
+    finally:
+        rl.close()
+
+
+def test_longest_name_is_accepted(redis_nodes, untouched) -> None:
+    rl = Redlock(redis_nodes.urls)
+    try:
+        lock = rl.lock("y" * 512)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        rl.close()
+
+
+# --------------------------------------------------------------------------- numbers
+
+TTL_CASES = [
+    (0, ValueError, r"\b0\b"),
+    (-1, ValueError, r"-1"),
+    (-0.5, ValueError, r"-0\.5"),
+    (float("nan"), ValueError, r"nan"),
+    (float("inf"), ValueError, r"inf"),
+    (True, TypeError, r"True"),
+    (False, TypeError, r"False"),
+    ("10", TypeError, r"'10'"),
+]
+
+
+@pytest.mark.parametrize(("ttl", "exc", "match"), TTL_CASES, ids=[repr(c[0]) for c in TTL_CASES])
+def test_bad_ttl_for_a_lock(redis_nodes, untouched, ttl, exc, match) -> None:
+    rl = Redlock(redis_nodes.urls)
+    try:
+        _raises(untouched, exc, match, lambda: rl.lock("k", ttl=ttl))
+    finally:
+        rl.close()
+
+
+@pytest.mark.parametrize(("ttl", "exc", "match"), TTL_CASES, ids=[repr(c[0]) for c in TTL_CASES])
+def test_bad_ttl_for_the_client(redis_nodes, untouched, ttl, exc, match) -> None:
+    _raises(untouched, exc, match, lambda: Redlock(redis_nodes.urls, ttl=ttl))
+
+
+def test_ttl_above_max_ttl(redis_nodes, untouched) -> None:
+    _raises(
+        untouched,
+        ValueError,
+        r"\b5\b.*max_ttl.*\b2\b|max_ttl.*\b2\b.*\b5\b",
+        lambda: Redlock(redis_nodes.urls, ttl=5, max_ttl=2),
+    )
+    rl = Redlock(redis_nodes.urls, ttl=1.0, max_ttl=2.0)
+    try:
+        _raises(untouched, ValueError, r"\b3\b.*max_ttl", lambda: rl.lock("k", ttl=3))
+        _raises(untouched, ValueError, r"2\.5", lambda: rl.lock("k", ttl=2.5))
+    finally:
+        rl.close()
+
+
+@pytest.mark.parametrize(
+    ("timeout", "exc", "match"),
+    [
+        (-1, ValueError, r"-1"),
+        (-0.001, ValueError, r"-0\.001"),
+        (float("nan"), ValueError, r"nan"),
+        (True, TypeError, r"True"),
+        ("5", TypeError, r"'5'"),
+    ],
+    ids=["-1", "-0.001", "nan", "True", "'5'"],
+)
+def test_bad_timeout(redis_nodes, untouched, timeout, exc, match) -> None:
+    rl = Redlock(redis_nodes.urls)
+    try:
+        _raises(untouched, exc, match, lambda: rl.lock("k", timeout=timeout))
+        lock = rl.lock("k")
+        _raises(untouched, exc, match, lambda: lock.acquire(timeout=timeout))
+        assert not lock.held
+    finally:
+        rl.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"node_timeout": 0}, ValueError, r"node_timeout.*\b0\b"),
+        ({"node_timeout": -0.05}, ValueError, r"-0\.05"),
+        ({"node_timeout": math.nan}, ValueError, r"nan"),
+        ({"node_timeout": True}, TypeError, r"True"),
+        ({"node_timeout": 1.0, "ttl": 1.0}, ValueError, r"node_timeout 1\.0.*ttl 1\.0"),
+        ({"node_timeout": 2.0, "ttl": 1.0}, ValueError, r"node_timeout 2\.0.*ttl 1\.0"),
+        ({"retry_count": -1}, ValueError, r"-1"),
+        ({"retry_count": True}, ValueError, r"True"),
+        ({"retry_delay": -0.1}, ValueError, r"-0\.1"),
+        ({"drift_factor": math.nan}, ValueError, r"nan"),
+        ({"drift_factor": 0.5}, ValueError, r"0\.5"),
+        ({"max_ttl": 0}, ValueError, r"max_ttl.*\b0\b"),
+        ({"key_prefix": ""}, ValueError, r"''"),
+        ({"key_prefix": "a*b"}, ValueError, r"'a\*b'"),
+        ({"key_prefix": 5}, TypeError, r"\b5\b"),
+    ],
+    ids=lambda v: ",".join(f"{k}={w!r}" for k, w in v.items()) if isinstance(v, dict) else "",
+)
+def test_bad_client_options(redis_nodes, untouched, kwargs, exc, match) -> None:
+    _raises(untouched, exc, match, lambda: Redlock(redis_nodes.urls, **kwargs))
+
+
+def test_lock_ttl_not_above_node_timeout(redis_nodes, untouched) -> None:
+    rl = Redlock(redis_nodes.urls, node_timeout=0.05)
+    try:
+        _raises(untouched, ValueError, r"0\.05|0\.04", lambda: rl.lock("k", ttl=0.04))
+        _raises(untouched, ValueError, r"0\.05", lambda: rl.lock("k", ttl=0.05))
+    finally:
+        rl.close()
+
+
+def test_bad_extend_ttl_leaves_the_lock_alone(redis_nodes, make_redlock) -> None:
+    rl = make_redlock(redis_nodes, max_ttl=60)
+    lock = rl.lock("ext-bad", ttl=5.0)
+    assert lock.acquire(blocking=False)
+    watcher = Untouched(redis_nodes)
+    try:
+        for bad, exc, match in [
+            (-1, ValueError, r"-1"),
+            (math.nan, ValueError, r"nan"),
+            (True, TypeError, r"True"),
+            (61, ValueError, r"61"),
+        ]:
+            with pytest.raises(exc, match=match):
+                lock.extend(bad)
+            now = watcher._read()
+            assert [b - a for a, b in zip(watcher.counts, now, strict=True)] == [1, 1, 1], bad
+            watcher.counts = watcher._read()
+        assert lock.held and lock.check()
+    finally:
+        watcher.close()
+    lock.release()
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def _node_cases(cluster: RedisCluster) -> list[tuple[list[Any], type[Exception], str]]:
+    u = cluster.urls
+    port = cluster[0].port
+    return [
+        ([], ValueError, r"empty"),
+        ([f"http://127.0.0.1:{port}/0", u[1], u[2]], ValueError, rf"'http://127.0.0.1:{port}/0'"),
+        ([f"127.0.0.1:{port}", u[1], u[2]], ValueError, rf"'127.0.0.1:{port}'"),
+        (["redis:///0", u[1], u[2]], ValueError, r"'redis:///0'.*host"),
+        (["redis://:6379/0", u[1], u[2]], ValueError, r"'redis://:6379/0'.*host"),
+        (["redis://127.0.0.1:99999/0", u[1], u[2]], ValueError, r"'redis://127.0.0.1:99999/0'"),
+        (["redis://127.0.0.1:abc/0", u[1], u[2]], ValueError, r"'redis://127.0.0.1:abc/0'"),
+        ([f"redis://127.0.0.1:{port}/x", u[1], u[2]], ValueError, rf":{port}/x'.*'x'"),
+        ([f"redis://127.0.0.1:{port}/0/1", u[1], u[2]], ValueError, rf":{port}/0/1'"),
+        (["unix://", u[1], u[2]], ValueError, r"'unix://'"),
+        ([123, u[1], u[2]], TypeError, r"123"),
+        ([None, u[1], u[2]], TypeError, r"None"),
+        ([{"url": u[0]}, u[1], u[2]], ValueError, r"url"),
+        ([u[0], u[0], u[1]], ValueError, re.escape(u[0])),
+        (
+            [f"redis://localhost:{port}/0", f"redis://127.0.0.1:{port}/0", u[1]],
+            ValueError,
+            rf"localhost:{port}.*127\.0\.0\.1:{port}",
+        ),
+        (
+            [f"redis://127.0.0.1:{port}", f"redis://127.0.0.1:{port}/0", u[1]],
+            ValueError,
+            rf"127\.0\.0\.1:{port}",
+        ),
+        (
+            [f"redis://127.0.0.1:{port}/0", f"rediss://127.0.0.1:{port}/0", u[1]],
+            ValueError,
+            rf"127\.0\.0\.1:{port}",
+        ),
+        (u[0], TypeError, re.escape(u[0])),
+    ]
+
+
+CASE_IDS = [
+    "empty",
+    "http-scheme",
+    "no-scheme",
+    "no-host",
+    "no-host-port",
+    "port-range",
+    "port-text",
+    "db-text",
+    "db-path",
+    "unix-no-path",
+    "int-node",
+    "none-node",
+    "dict-no-URL",
+    "same-url",
+    "localhost-vs-127",
+    "default-db",
+    "redis-vs-rediss",
+    "string-not-list",
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)
+def test_bad_nodes(redis_nodes, untouched, case: int) -> None:
+    nodes, exc, match = _node_cases(redis_nodes)[case]
+    _raises(untouched, exc, match, lambda: Redlock(nodes))
