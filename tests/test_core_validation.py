@@ -285,3 +285,10 @@ CASE_IDS = [
 def test_bad_nodes(redis_nodes, untouched, case: int) -> None:
     nodes, exc, match = _node_cases(redis_nodes)[case]
     _raises(untouched, exc, match, lambda: Redlock(nodes))
+
+
+def test_two_databases_of_one_server_are_not_independent_nodes() -> None:
+    from django_redlock import Redlock
+
+    with pytest.raises(ValueError, match="same Redis server"):
+        Redlock(["redis://127.0.0.1:7000/0", "redis://127.0.0.1:7000/1", "redis://h:1/0"])

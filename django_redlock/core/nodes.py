@@ -284,15 +284,16 @@ def _redact(url: str) -> str:
     return parts._replace(netloc=f"***@{netloc}").geturl()
 
 
-def _identity(url: str) -> tuple[str, str, int, str]:
-    """What makes two configured nodes the same server (scheme-independent host:port/db)."""
+def _identity(url: str) -> tuple[str, str, int]:
+    """What makes two configured nodes the same server. The database number is left out on
+    purpose: two databases of one server fail together, so they are not independent nodes."""
     parts = urlsplit(url)
     if parts.scheme == "unix":
-        return ("unix", parts.path, 0, "")
+        return ("unix", parts.path, 0)
     host = (parts.hostname or "").lower()
     if host in ("localhost", "::1"):
         host = "127.0.0.1"
-    return ("tcp", host, parts.port or 6379, parts.path.strip("/") or "0")
+    return ("tcp", host, parts.port or 6379)
 
 
 def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
@@ -302,7 +303,7 @@ def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
     if not specs:
         raise ValueError("nodes is empty: give at least one Redis node")
     parsed = [_parse_spec(spec) for spec in specs]
-    seen: dict[tuple[str, str, int, str], str] = {}
+    seen: dict[tuple[str, str, int], str] = {}
     for url, _ in parsed:
         ident = _identity(url)
         if ident in seen:
