@@ -7,5 +7,6 @@ class RedlockConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        # Registers the system checks; nothing here may touch Redis.
-        from . import checks  # noqa: F401
+        # Registers the system checks and the signals. Nothing here may touch Redis: the
+        # shared Redlock is built on first use (django_redlock.conf.get_redlock).
+        from . import checks, signals  # noqa: F401

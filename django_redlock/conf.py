@@ -1,15 +1,20 @@
 """The ``REDLOCK`` setting, read lazily, and the one shared Redlock built from it.
 
-Nothing here connects at import or in ``AppConfig.ready()``: the Redlock is built on first use
-and rebuilt after ``override_settings(REDLOCK=...)`` (the ``setting_changed`` receiver clears
-the cache), the way django-debug-toolbar reads its settings.
+Nothing here connects at import or in ``AppConfig.ready()``: the Redlock is built on the first
+call of :func:`get_redlock` (constructing it opens no socket either; the first lock operation
+does) and rebuilt after ``override_settings(REDLOCK=...)`` or a ``CACHES`` change, because the
+``setting_changed`` receiver below drops the cached instance, the way django-debug-toolbar reads
+its settings.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
-from typing import Any
+import asyncio
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -19,32 +24,46 @@ from .core import Redlock
 from .core.nodes import NodeSpec
 
 __all__ = [
+    "CACHE_PREFIX",
     "DEFAULTS",
+    "REDLOCK_ARGUMENTS",
+    "cache_client",
     "get_async_redlock",
     "get_config",
     "get_redlock",
+    "reset",
     "resolve_node",
 ]
 
+logger = logging.getLogger("django_redlock")
+
 #: Every accepted setting and its default. ``checks.py`` flags any other name as a typo.
 DEFAULTS: dict[str, Any] = {
+    #: Redis nodes: URLs, ``{"URL": ..., "OPTIONS": {...}}`` dicts, or ``"cache:<alias>"``.
     "NODES": [],
     "KEY_PREFIX": "redlock",
+    #: Default lease in seconds.
     "TTL": 30.0,
+    #: Seconds to wait for one node's answer in a lock operation.
     "NODE_TIMEOUT": 0.05,
     "RETRY_COUNT": 3,
     "RETRY_DELAY": 0.2,
     "DRIFT_FACTOR": 0.01,
+    #: Longest lease allowed; the restart guard keeps a restarted node out this long.
     "MAX_TTL": None,
     "RESTART_GUARD": True,
     "TRUST_FRESH_CLUSTER": True,
     "REENTRANT": True,
+    #: Seconds after which a fair lock's silent waiter loses its place.
+    "FAIR_HEARTBEAT": 3.0,
+    #: Default of ``@locked(auto_renew=...)``.
     "AUTO_RENEW": False,
+    #: Extra holder metadata stored with every lock (shown on the admin page).
     "META": {},
     #: Dotted path of a callable ``(request, exc) -> HttpResponse`` for views that could not
     #: get their lock; None gives the built-in 423 response.
     "LOCKED_RESPONSE": None,
-    #: Seconds after which the admin page flags a lock as stuck.
+    #: Seconds after which the admin page and ``manage.py redlock list`` flag a lock as stuck.
     "STUCK_AFTER": 300.0,
 }
 
@@ -60,14 +79,54 @@ REDLOCK_ARGUMENTS = {
     "RESTART_GUARD": "restart_guard",
     "TRUST_FRESH_CLUSTER": "trust_fresh_cluster",
     "REENTRANT": "reentrant",
+    "FAIR_HEARTBEAT": "fair_heartbeat",
     "META": "meta",
 }
 
 CACHE_PREFIX = "cache:"
 
+#: Cache backends whose client is a redis-py client ``"cache:<alias>"`` can reuse.
+REDIS_CACHE_BACKENDS = (
+    "django.core.cache.backends.redis.RedisCache",
+    "django_redis.cache.RedisCache",
+)
 
-@functools.cache
-def get_config() -> dict[str, Any]:
+T = TypeVar("T")
+
+
+class _Shared(Generic[T]):
+    """A lazily built process-wide object: built once under a lock (two threads racing on
+    the first request get the same instance), dropped by :meth:`cache_clear`."""
+
+    def __init__(self, build: Callable[[], T]) -> None:
+        self._build = build
+        self._value: T | None = None
+        self._lock = threading.Lock()
+        self.__doc__ = build.__doc__
+        self.__name__ = build.__name__
+        self.__wrapped__ = build
+
+    def __call__(self) -> T:
+        value = self._value
+        if value is None:
+            with self._lock:
+                value = self._value
+                if value is None:
+                    value = self._value = self._build()
+        return value
+
+    @property
+    def built(self) -> bool:
+        return self._value is not None
+
+    def cache_clear(self) -> T | None:
+        """Forget the instance (returns it, so the caller can close it)."""
+        with self._lock:
+            value, self._value = self._value, None
+        return value
+
+
+def _read_config() -> dict[str, Any]:
     """``REDLOCK`` merged over :data:`DEFAULTS` (unknown names are kept for the checks)."""
     user = getattr(settings, "REDLOCK", None) or {}
     if not isinstance(user, Mapping):
@@ -75,73 +134,117 @@ def get_config() -> dict[str, Any]:
     return {**DEFAULTS, **user}
 
 
+get_config = _Shared(_read_config)
+
+
 def resolve_node(spec: Any) -> NodeSpec:
     """A ``NODES`` entry as the core takes it; ``"cache:<alias>"`` becomes that cache's client."""
     if isinstance(spec, str) and spec.startswith(CACHE_PREFIX):
-        return _cache_client(spec[len(CACHE_PREFIX):])
-    return spec  # type: ignore[no-any-return]
+        return cache_client(spec[len(CACHE_PREFIX):])
+    return spec
 
 
-def _cache_client(alias: str) -> Any:
+def cache_client(alias: str) -> Any:
+    """The redis-py client behind cache ``alias`` (django-redis or Django's RedisCache).
+
+    Raises ValueError naming the problem: no such alias, or not a Redis cache. Building the
+    client opens no connection.
+    """
     from django.core.cache import caches
     from django.core.cache.backends.base import InvalidCacheBackendError
 
+    if alias not in getattr(settings, "CACHES", {}):
+        raise ValueError(f"REDLOCK node 'cache:{alias}' names no cache in CACHES")
     try:
         cache = caches[alias]
-    except InvalidCacheBackendError:
-        raise ValueError(f"REDLOCK node 'cache:{alias}' names no cache in CACHES") from None
-    try:  # django-redis
-        from django_redis import get_redis_connection
-
-        return get_redis_connection(alias)
-    except (ImportError, NotImplementedError, AttributeError):
-        pass
-    client = getattr(cache, "_cache", None)
-    if client is not None and hasattr(client, "get_client"):  # Django's RedisCache
+    except InvalidCacheBackendError as exc:
+        raise ValueError(f"REDLOCK node 'cache:{alias}': {exc}") from None
+    if not _is_redis_cache(cache):
+        raise ValueError(
+            f"REDLOCK node 'cache:{alias}' is not a Redis cache ({type(cache).__module__}."
+            f"{type(cache).__name__}); use django-redis or django.core.cache.backends.redis"
+        )
+    client = getattr(cache, "client", None)
+    if client is not None and hasattr(client, "get_client"):  # django-redis
         return client.get_client(write=True)
-    raise ValueError(f"REDLOCK node 'cache:{alias}' is not a Redis cache ({type(cache).__name__})")
+    return cache._cache.get_client(write=True)  # type: ignore[attr-defined]  # Django's own
 
 
-def _build(factory: type[Any]) -> Any:
+def _is_redis_cache(cache: Any) -> bool:
+    for cls in type(cache).__mro__:
+        if f"{cls.__module__}.{cls.__qualname__}" in REDIS_CACHE_BACKENDS:
+            return True
+    return False
+
+
+def _build(factory: Callable[..., T]) -> T:
     config = get_config()
     kwargs = {arg: config[name] for name, arg in REDLOCK_ARGUMENTS.items()}
     nodes = [resolve_node(spec) for spec in config["NODES"] or []]
     return factory(nodes, **kwargs)
 
 
-@functools.cache
-def get_redlock() -> Redlock:
-    """The process-wide Redlock built from ``settings.REDLOCK`` (built on first call)."""
-    redlock: Redlock = _build(Redlock)
+def _build_redlock() -> Redlock:
+    """The process-wide :class:`~django_redlock.Redlock` built from ``settings.REDLOCK``.
+
+    Built on first call (no I/O), shared by every thread, rebuilt after the setting changes.
+    Its events are sent as the Django signals of :mod:`django_redlock.signals`.
+    """
     from . import signals
 
-    redlock.listeners.append(signals.send_event)
+    redlock = _build(Redlock)
+    redlock.listeners.append(signals.listener_for(redlock))
     return redlock
 
 
-@functools.cache
-def get_async_redlock() -> Any:
-    """The asyncio twin of :func:`get_redlock`, sharing its settings."""
-    from .core.asyncio import AsyncRedlock
+def _build_async_redlock() -> Any:
+    """The asyncio twin of :func:`get_redlock` (an ``AsyncRedlock``), same settings."""
     from . import signals
+    from .core.asyncio import AsyncRedlock
 
     redlock = _build(AsyncRedlock)
-    redlock.listeners.append(signals.send_event)
+    redlock.listeners.append(signals.listener_for(redlock))
     return redlock
+
+
+get_redlock = _Shared(_build_redlock)
+#: One AsyncRedlock for the process: it keeps connections per event loop itself (a WSGI
+#: server runs each async view in a fresh loop; under ASGI there is one loop).
+get_async_redlock = _Shared(_build_async_redlock)
+
+
+def reset() -> None:
+    """Drop the cached settings and Redlocks (closing them); the next call rebuilds them."""
+    get_config.cache_clear()
+    old = get_redlock.cache_clear()
+    if old is not None:
+        _close(old)
+    old_async = get_async_redlock.cache_clear()
+    if old_async is not None:
+        _close(old_async)
+
+
+def _close(redlock: Any) -> None:
+    try:
+        result = redlock.close()
+        if inspect.iscoroutine(result):
+            # AsyncRedlock.close(): run it here, or schedule it on the loop running this code.
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                asyncio.run(result)
+            else:
+                task = loop.create_task(result)
+                _closing.add(task)
+                task.add_done_callback(_closing.discard)
+    except Exception:  # a broken instance must not break override_settings
+        logger.debug("closing the previous Redlock failed", exc_info=True)
+
+
+_closing: set[Any] = set()
 
 
 @receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting == "REDLOCK":
-        for cached in (get_redlock, get_async_redlock):
-            if cached.cache_info().currsize:
-                with _suppress():
-                    cached().close()
-            cached.cache_clear()
-        get_config.cache_clear()
-
-
-def _suppress() -> Any:
-    import contextlib
-
-    return contextlib.suppress(Exception)
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("REDLOCK", "CACHES"):
+        reset()

@@ -1,16 +1,41 @@
-"""Django signals sent for lock events (see docs/usage, "signals").
+"""Django signals sent for lock events (documented in docs/usage.rst, "Signals").
 
-Each is sent with ``sender`` = the lock name's owning Redlock class and the keyword arguments
-``name``, ``token``, ``meta``, ``event`` (the core's :class:`~django_redlock.core.LockEvent`).
+The Redlocks built by :func:`django_redlock.get_redlock` / :func:`get_async_redlock` turn the
+core's :class:`~django_redlock.core.LockEvent` into these signals. Each is sent with
+``sender`` = the Redlock class (``Redlock`` or ``AsyncRedlock``) and these keyword arguments:
+
+``redlock``
+    the instance that took the lock;
+``name``
+    the lock name (the key without ``KEY_PREFIX``);
+``token``
+    the holder's token (None for ``lock_contended``);
+``meta``
+    the holder metadata stored with the lock (view, path, method, user, host, pid, ...);
+``waited`` / ``held``
+    seconds spent acquiring (acquired, contended) / seconds the lock was held (released, lost);
+``fence``, ``reason``, ``retry_after``, ``nodes``
+    fencing token; why it was lost or not acquired; seconds until the holder's lease ends
+    (contended); nodes the key was removed from (force_released);
+``event``
+    the core's ``LockEvent`` itself.
+
+Receivers run synchronously in the thread that caused the event (the renewal thread for
+``lock_lost``). A receiver that raises is logged on the ``django_redlock`` logger and skipped:
+a broken receiver can never break locking.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from django.dispatch import Signal
 
 from .core import LockEvent
 
 __all__ = [
+    "listener_for",
     "lock_acquired",
     "lock_contended",
     "lock_force_released",
@@ -19,13 +44,18 @@ __all__ = [
     "send_event",
 ]
 
+#: A lock was taken on a quorum of nodes.
 lock_acquired = Signal()
+#: A lock was given back (also sent when the release found the lock already lost).
 lock_released = Signal()
+#: A lock could not be taken (held by someone else, or too few nodes answered).
 lock_contended = Signal()
+#: A held lock was lost: the lease ran out, renewal failed, or it was force-released.
 lock_lost = Signal()
+#: An operator removed a lock whoever held it (admin page, ``manage.py redlock release``).
 lock_force_released = Signal()
 
-_BY_KIND = {
+SIGNALS: dict[str, Signal] = {
     "acquired": lock_acquired,
     "released": lock_released,
     "contended": lock_contended,
@@ -34,9 +64,32 @@ _BY_KIND = {
 }
 
 
-def send_event(event: LockEvent) -> None:
-    """The core listener that turns events into signals (receivers' errors are logged by
-    the core, never raised into the locking code)."""
-    _BY_KIND[event.kind].send(
-        sender=LockEvent, name=event.name, token=event.token, meta=event.meta, event=event
+def send_event(event: LockEvent, redlock: Any = None) -> None:
+    """Send the signal for ``event`` (``send``, not ``send_robust``: the core catches and logs
+    a receiver's error, so one failing receiver skips the remaining ones of that event)."""
+    signal = SIGNALS.get(event.kind)
+    if signal is None or not signal.receivers:  # cheap: most events have no receiver
+        return
+    signal.send(
+        sender=type(redlock) if redlock is not None else LockEvent,
+        redlock=redlock,
+        name=event.name,
+        token=event.token,
+        meta=event.meta,
+        waited=event.waited,
+        held=event.held,
+        fence=event.fence,
+        reason=event.reason,
+        retry_after=event.retry_after,
+        nodes=event.nodes,
+        event=event,
     )
+
+
+def listener_for(redlock: Any) -> Callable[[LockEvent], None]:
+    """The core listener that turns ``redlock``'s events into these signals."""
+
+    def listener(event: LockEvent) -> None:
+        send_event(event, redlock)
+
+    return listener

@@ -45,11 +45,14 @@ def redlock_settings(settings, redis_nodes):
     after it. Returns the REDLOCK dict; change keys by assigning a new dict to
     ``settings.REDLOCK``.
     """
-    settings.REDLOCK = {"NODES": list(redis_nodes.urls), "TTL": 10.0}
+    # A generous node timeout: the test machine is shared, and a node answering late under
+    # load must not turn a "busy" answer into a QuorumError (503) and flake a test.
+    settings.REDLOCK = {"NODES": list(redis_nodes.urls), "TTL": 10.0, "NODE_TIMEOUT": 0.5}
     yield settings.REDLOCK
     from django_redlock.conf import reset
 
     reset()
+# ---- end of Django layer block ----------------------------------------------------------------
 
 
 # ------------------------------------------------------------------------------------------
@@ -161,3 +164,85 @@ def event_log():
 
 
 # ---- end of lock semantics block ----------------------------------------------------------------
+
+
+import contextlib  # noqa: E402
+
+
+# ---- Celery (tests/test_celery*.py): a Redis broker node of their own + the testproject app ----
+# The lock nodes are the shared ``redis_nodes`` (emptied before every test); the broker and the
+# result backend live on a separate embedded node so that emptying the lock nodes never wipes a
+# queue a worker is consuming.
+@pytest.fixture(scope="session")
+def celery_broker_node():
+    """One embedded redis-server used as Celery broker (db 0), result backend (db 1) and the
+    example tasks' recorder (db 2)."""
+    from django_redlock.testing import RedisNode
+
+    with RedisNode() as node:
+        yield node
+
+
+@pytest.fixture(scope="session")
+def celery_test_app(celery_broker_node):
+    """``testproject.celery_app.app`` pointed at ``celery_broker_node`` (visibility timeout 4 s,
+    so a message of a killed ``acks_late`` worker comes back within seconds)."""
+    pytest.importorskip("celery")
+    from testproject.celery_app import app, configure
+
+    configure(app, celery_broker_node.url, visibility_timeout=4)
+    yield app
+    # Drop AsyncResults (their __del__ unsubscribes on the backend) while the node still runs.
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(Exception):
+        consumer = app.backend.result_consumer
+        consumer.stop()
+        consumer.subscribed_to.clear()  # later AsyncResult.__del__: nothing to unsubscribe
+    with contextlib.suppress(Exception):
+        app.close()
+
+
+@pytest.fixture(scope="module")
+def celery_thread_worker(celery_test_app):
+    """A real worker (threads pool, concurrency 4) in this process, shared by a test module."""
+    from celery.contrib.testing.worker import start_worker
+
+    with start_worker(celery_test_app, pool="threads", concurrency=4, perform_ping_check=False,
+                      shutdown_timeout=60, loglevel="WARNING") as worker:
+        yield worker
+
+
+# ---- end of Celery block -------------------------------------------------------------------------
+
+
+# ---- async core tests (tests/test_core_async.py): AsyncRedlock clients closed after each test --
+@pytest.fixture
+def make_async_redlock():
+    """``make_async_redlock(cluster_or_urls, **kwargs) -> AsyncRedlock``; every client made is
+    closed at teardown (the tests drive it with ``asyncio.run``, whose loop shutdown already
+    closes that loop's connections; this closes what is left)."""
+    import asyncio as _asyncio
+
+    from django_redlock.core.asyncio import AsyncRedlock
+
+    made = []
+
+    def factory(nodes, **kwargs):
+        redlock = AsyncRedlock(list(getattr(nodes, "urls", nodes)), **kwargs)
+        made.append(redlock)
+        return redlock
+
+    yield factory
+    for redlock in made:
+        with _core_contextlib.suppress(Exception):
+            _asyncio.run(redlock.close())
+
+
+# ---- end of async core tests block -------------------------------------------------------------
+
+
+# ---- fault-injection suite (tests/faults/, tests/test_faults.py): --soak option + profile ------
+pytest_plugins = [*pytest_plugins, "tests.faults.plugin"]
+# ---- end of fault-injection block ----------------------------------------------------------------

@@ -1,0 +1,905 @@
+"""``@locked``: one decorator (and context manager) for every kind of Django callable.
+
+It picks its wrapper from what it decorates: sync or async (``asgiref.sync.
+iscoroutinefunction``, so Django's ``markcoroutinefunction`` views count as async), function
+views, class-based handlers through ``method_decorator``, plain functions and methods, and
+generator functions (the lock is held while the generator runs). It is a view when the first
+argument (the second for a method taking ``self``) is an ``HttpRequest`` (or a DRF ``Request``).
+
+Keys come from a template formatted with the call's bound arguments (see :class:`KeyTemplate`
+for the escaping that keeps distinct inputs on distinct keys), or from ``key=callable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import logging
+import math
+import re
+import string
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from datetime import date, datetime
+from datetime import time as dtime
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.utils.functional import LazyObject, empty
+from django.utils.module_loading import import_string
+
+from .conf import get_async_redlock, get_config, get_redlock
+from .core import LockNotAcquired, QuorumError
+from .core.validation import MAX_KEY_LENGTH, check_positive
+
+__all__ = [
+    "KeyTemplate",
+    "Locked",
+    "current_lock",
+    "default_locked_response",
+    "locked",
+    "make_key",
+    "retry_after_seconds",
+]
+
+logger = logging.getLogger("django_redlock")
+
+_current: ContextVar[Any] = ContextVar("django_redlock_current_lock", default=None)
+#: The reentrancy owner of the view running in this context (see :func:`_request_owner`), so
+#: ``@locked`` functions a view calls re-enter the view's own locks.
+_owner: ContextVar[Any] = ContextVar("django_redlock_owner", default=None)
+
+
+def current_lock() -> Any:
+    """The lock handle of the innermost ``@locked`` call running in this thread/task (None
+    outside one): ``current_lock().fence`` gives a view its fencing token."""
+    return _current.get()
+
+
+# ============================================================================ keys
+
+#: Always escaped in values: the escape character itself, the separator convention, glob
+#: characters (so ``redlock list --pattern`` matches what you mean), and format braces.
+_ALWAYS = "%:*?[]\\{}"
+#: Suffix marker of a hashed key; '%' followed by a lowercase letter never comes from a value.
+_HASH_MARK = "%sha256-"
+_TAGS = {None: "%none", True: "%true", False: "%false"}
+
+
+def _escaper(extra: str) -> Callable[[str], str]:
+    chars = "".join(sorted(set(_ALWAYS) | set(extra)))
+    needs = re.compile(f"[{re.escape(chars)}\\s\\x00-\\x1f\\x7f]")
+
+    def escape_char(c: str) -> str:
+        return "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+
+    def escape(text: str) -> str:
+        if not needs.search(text) and text.isprintable():
+            return text
+        return "".join(
+            escape_char(c) if (needs.match(c) or not c.isprintable()) else c for c in text
+        )
+
+    return escape
+
+
+class KeyTemplate:
+    """A lock-key template like ``"order:{order_id}"`` compiled once.
+
+    Values are rendered so that two different inputs never give the same key:
+
+    * strings are kept readable, with ``%``, ``:``, glob characters, braces, whitespace and
+      control characters, and every punctuation character that separates two fields in the
+      template, percent-escaped (``"a:b"`` -> ``a%3Ab``);
+    * ``None``, ``True`` and ``False`` become the tags ``%none``, ``%true``, ``%false`` (a
+      string can never produce them, as its ``%`` is escaped);
+    * integers, UUIDs, decimals, dates and enums render as their canonical text. An int and the
+      string of its digits (``42`` and ``"42"``) deliberately give the *same* key: they name
+      the same resource whichever way a URL converter or a JSON round trip typed it, and two
+      keys for one resource would break mutual exclusion (see docs/usage.rst);
+    * model instances and objects without a ``__str__`` of their own are refused (their text
+      is not an identity): use an attribute, ``{order.pk}``.
+
+    Two fields must be separated by at least one punctuation character (checked here), so the
+    key can be split back into its values. Keys longer than the core's limit keep a readable
+    prefix and end in ``%sha256-<hex digest of the whole key>``.
+    """
+
+    def __init__(self, template: str) -> None:
+        if not isinstance(template, str):
+            raise TypeError(f"a lock key template must be a str, got {template!r}")
+        if not template:
+            raise ValueError("a lock key template must not be empty")
+        self.template = template
+        self.parts: list[tuple[str, str | None, str, str | None]] = []
+        self.roots: set[str] = set()
+        separators: list[str] = []
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise ValueError(f"lock key template {template!r} is malformed: {exc}") from None
+        seen_field = False
+        for literal, field, spec, conversion in parsed:
+            if seen_field and field is not None:
+                punct = [c for c in literal if not c.isalnum() and c != "%"]
+                if not punct:
+                    raise ValueError(
+                        f"lock key template {template!r}: fields must be separated by a "
+                        f"punctuation character (e.g. ':'), got {literal!r} before {{{field}}}; "
+                        "otherwise different values could give the same key"
+                    )
+                separators.extend(punct)
+            if field is None:
+                self.parts.append((literal, None, "", None))
+                continue
+            if not field or field[0].isdigit():
+                raise ValueError(
+                    f"lock key template {template!r}: {{{field}}} is positional; name an "
+                    "argument instead, e.g. {order_id} or {request.user.pk}"
+                )
+            if spec and "{" in spec:
+                raise ValueError(f"lock key template {template!r}: nested fields in a format "
+                                 f"spec are not supported ({{{field}:{spec}}})")
+            root = re.split(r"[.\[]", field, maxsplit=1)[0]
+            self.roots.add(root)
+            self.parts.append((literal, field, spec or "", conversion))
+            seen_field = True
+        self._escape = _escaper("".join(separators))
+        self._formatter = string.Formatter()
+        #: Whether the template reads ``request.user`` (async views resolve it first).
+        self.needs_user = any(
+            f is not None and re.match(r"request\.user\b", f) for _, f, _, _ in self.parts
+        )
+
+    def __repr__(self) -> str:
+        return f"KeyTemplate({self.template!r})"
+
+    @property
+    def has_fields(self) -> bool:
+        return bool(self.roots)
+
+    def render(self, namespace: Mapping[str, Any]) -> str:
+        out: list[str] = []
+        for literal, field, spec, conversion in self.parts:
+            out.append(literal)
+            if field is None:
+                continue
+            try:
+                value = self._formatter.get_field(field, (), namespace)[0]
+            except KeyError as exc:
+                names = ", ".join(sorted(namespace)) or "none"
+                raise ValueError(
+                    f"lock key template {self.template!r}: no argument {exc.args[0]!r} "
+                    f"(available: {names})"
+                ) from None
+            except (AttributeError, IndexError, TypeError) as exc:
+                raise ValueError(
+                    f"lock key template {self.template!r}: cannot read {{{field}}}: {exc}"
+                ) from None
+            if conversion or spec:
+                try:
+                    if conversion:
+                        value = self._formatter.convert_field(value, conversion)
+                    text = format(value, spec) if spec else None
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(
+                        f"lock key template {self.template!r}: cannot format {{{field}}} "
+                        f"({type(value).__name__}): {exc}"
+                    ) from None
+                if text is not None:
+                    out.append(self._escape(text))
+                    continue
+            out.append(self.encode(value, field))
+        return shorten("".join(out))
+
+    def encode(self, value: Any, field: str = "?") -> str:
+        if isinstance(value, str):
+            return self._escape(value)
+        if value is None or isinstance(value, bool):
+            return _TAGS[value]
+        if isinstance(value, Enum):
+            return self.encode(value.value, field)
+        if isinstance(value, int):
+            return self._escape(str(int(value)))
+        if isinstance(value, (datetime, date, dtime)):
+            return self._escape(value.isoformat())
+        if isinstance(value, (float, Decimal, UUID)):
+            return self._escape(str(value))
+        if _is_model(value):
+            raise TypeError(
+                f"lock key template {self.template!r}: {{{field}}} is a "
+                f"{type(value).__name__} instance; use one of its fields, e.g. {{{field}.pk}}"
+            )
+        if type(value).__str__ is object.__str__:  # type: ignore[comparison-overlap]
+            raise TypeError(
+                f"lock key template {self.template!r}: {{{field}}} is a "
+                f"{type(value).__name__} without a __str__, so it has no stable text; use one "
+                "of its attributes"
+            )
+        return self._escape(str(value))
+
+
+def _is_model(value: Any) -> bool:
+    from django.db.models import Model
+
+    return isinstance(value, Model)
+
+
+def shorten(key: str) -> str:
+    """``key`` itself, or (over the core's length limit) a readable prefix plus a SHA-256."""
+    if len(key) <= MAX_KEY_LENGTH:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return key[: MAX_KEY_LENGTH - len(_HASH_MARK) - len(digest)] + _HASH_MARK + digest
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(template: str) -> KeyTemplate:
+    return KeyTemplate(template)
+
+
+def make_key(template: str, /, **values: Any) -> str:
+    """The key ``@locked(template)`` would use for these argument values."""
+    return _compiled(template).render(values)
+
+
+# ============================================================================ responses
+
+
+def retry_after_seconds(exc: LockNotAcquired) -> int:
+    """Whole seconds for ``Retry-After``: the holder's remaining lease, rounded up, at least 1."""
+    retry = getattr(exc, "retry_after", None)
+    if retry is None or not math.isfinite(retry):
+        return 1
+    return max(1, math.ceil(retry))
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    """JSON when the Accept header ranks a JSON type at least as high as HTML (``*/*`` alone
+    does not count: a bare client gets the short text body)."""
+    header = request.headers.get("Accept", "")
+    best_json = best_html = 0.0
+    for item in header.split(","):
+        media, _, params = item.strip().partition(";")
+        media = media.strip().lower()
+        q = 1.0
+        for param in params.split(";"):
+            name, _, val = param.strip().partition("=")
+            if name.strip() == "q":
+                try:
+                    q = float(val)
+                except ValueError:
+                    q = 0.0
+        if media == "application/json" or media.endswith("+json"):
+            best_json = max(best_json, q)
+        elif media in ("text/html", "application/xhtml+xml", "text/*"):
+            best_html = max(best_html, q)
+    return best_json > 0 and best_json >= best_html
+
+
+def default_locked_response(request: HttpRequest, exc: LockNotAcquired) -> HttpResponse:
+    """423 Locked (503 when too few nodes answered) with ``Retry-After`` and a short body:
+    JSON when the client asks for it, plain text otherwise. The lock name is not shown."""
+    retry = retry_after_seconds(exc)
+    unavailable = isinstance(exc, QuorumError)
+    status = 503 if unavailable else 423
+    detail = (
+        "The lock service is unavailable; try again later." if unavailable
+        else "This resource is being modified by another request; try again later."
+    )
+    response: HttpResponse
+    if _wants_json(request):
+        response = JsonResponse(
+            {"error": "unavailable" if unavailable else "locked", "detail": detail,
+             "retry_after": retry},
+            status=status,
+        )
+    else:
+        response = HttpResponse(f"{detail} (retry in {retry} s)\n", status=status,
+                                content_type="text/plain; charset=utf-8")
+    response["Retry-After"] = str(retry)
+    return response
+
+
+@functools.lru_cache(maxsize=32)
+def _import_handler(path: str) -> Callable[..., Any]:
+    handler = import_string(path)
+    if not callable(handler):
+        raise TypeError(f"REDLOCK['LOCKED_RESPONSE'] {path!r} is not callable")
+    return handler
+
+
+# ============================================================================ the decorator
+
+
+class _Call:
+    """What one decorated call needs: key, request (views), owner and holder metadata."""
+
+    __slots__ = ("meta", "name", "owner", "request")
+
+    def __init__(self, name: str, request: Any, owner: Any, meta: dict[str, Any]) -> None:
+        self.name = name
+        self.request = request
+        self.owner = owner
+        self.meta = meta
+
+
+class _Plan:
+    """Per decorated function: signature, kind and the names a template may use."""
+
+    def __init__(self, func: Callable[..., Any], template: KeyTemplate | None) -> None:
+        self.qualname = (f"{getattr(func, '__module__', '?')}."
+                         f"{getattr(func, '__qualname__', type(func).__name__)}")
+        try:
+            # method_decorator hands us functools.partial(bound method) that wraps() the
+            # unbound function: its own signature (without self) is the one to bind against.
+            self.signature: inspect.Signature | None = inspect.signature(
+                func, follow_wrapped=not isinstance(func, functools.partial)
+            )
+        except (TypeError, ValueError):
+            self.signature = None
+        self.var_keyword: str | None = None
+        self.method = False
+        names: set[str] = set()
+        if self.signature is not None:
+            first = next(iter(self.signature.parameters), None)
+            self.method = first in ("self", "cls")
+            for p in self.signature.parameters.values():
+                if p.kind is p.VAR_KEYWORD:
+                    self.var_keyword = p.name
+                elif p.kind is not p.VAR_POSITIONAL:
+                    names.add(p.name)
+        if template is not None and self.signature is not None and self.var_keyword is None:
+            missing = sorted(template.roots - names - {"request"})
+            if missing:
+                raise ValueError(
+                    f"locked({template.template!r}) on {self.qualname}: no argument named "
+                    f"{', '.join(missing)} (arguments: {', '.join(sorted(names)) or 'none'})"
+                )
+
+
+def _is_request(arg: Any) -> bool:
+    return isinstance(arg, HttpRequest) or isinstance(getattr(arg, "_request", None),
+                                                      HttpRequest)
+
+
+def _find_request(plan: _Plan, args: tuple[Any, ...]) -> Any:
+    """The request when this is a view call: the first argument, or the second for a method
+    (first parameter ``self``/``cls``) decorated without ``method_decorator``."""
+    if args and _is_request(args[0]):
+        return args[0]
+    if plan.method and len(args) > 1 and _is_request(args[1]):
+        return args[1]
+    return None
+
+
+def _base_request(request: Any) -> HttpRequest:
+    inner = getattr(request, "_request", None)
+    return inner if isinstance(inner, HttpRequest) else request
+
+
+def _request_owner(request: Any) -> object:
+    """Reentrancy owner of a view: the request, not the thread. Under ASGI all sync views
+    share one thread, so a thread owner would let a second request re-enter a lock the first
+    still holds (e.g. while its streaming response runs)."""
+    base = _base_request(request)
+    owner = base.__dict__.get("_redlock_owner")
+    if owner is None:
+        owner = base.__dict__["_redlock_owner"] = object()
+    return owner
+
+
+def _user_id(request: Any) -> Any:
+    """The user's pk when the user is already loaded (never a query of our own)."""
+    user = _base_request(request).__dict__.get("user")
+    if isinstance(user, LazyObject):
+        user = user._wrapped
+        if user is empty:
+            return None
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    return getattr(user, "pk", None)
+
+
+class Locked:
+    """What :func:`locked` returns: a decorator and a (sync or async) context manager."""
+
+    def __init__(
+        self,
+        template: str | None = None,
+        *,
+        ttl: float | None = None,
+        wait: float | None = 0,
+        auto_renew: bool | None = None,
+        fencing: bool = False,
+        key: Callable[..., str] | None = None,
+        on_locked: Callable[..., Any] | str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        fair: bool = False,
+        reentrant: bool | None = None,
+        renew_for: float | None = None,
+        values: Mapping[str, Any] | None = None,
+    ) -> None:
+        if callable(template):
+            raise TypeError("@locked needs a key: write @locked('name:{arg}'), not @locked")
+        if template is None and key is None:
+            raise TypeError("locked() needs a key template or key=callable")
+        if template is not None and key is not None:
+            raise TypeError("give locked() a key template or key=callable, not both")
+        if key is not None and not callable(key):
+            raise TypeError(f"key must be a callable returning the lock name, got {key!r}")
+        self.template = _compiled(template) if template is not None else None
+        self.key = key
+        self.ttl = None if ttl is None else check_positive("ttl", ttl)
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))
+                                 or math.isnan(wait) or wait < 0):
+            raise ValueError(f"wait must be seconds >= 0 (or None, or math.inf), got {wait!r}")
+        self.wait = wait
+        self.auto_renew = auto_renew
+        self.fencing = bool(fencing)
+        if on_locked is not None and not (callable(on_locked) or isinstance(on_locked, str)):
+            raise TypeError(f"on_locked must be a callable or a dotted path, got {on_locked!r}")
+        self.on_locked = on_locked
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a dict, got {meta!r}")
+        self.meta = dict(meta or {})
+        self.fair = bool(fair)
+        self.reentrant = reentrant
+        self.renew_for = renew_for
+        self.values = dict(values or {})
+        self._plans: dict[Any, _Plan] = {}
+        self._held: ContextVar[tuple[Any, ...]] = ContextVar(f"locked_{id(self)}", default=())
+
+    def __repr__(self) -> str:
+        what = self.template.template if self.template is not None else self.key
+        return f"<locked {what!r}>"
+
+    def using(self, **values: Any) -> Locked:
+        """A copy whose template fields come from ``values``: ``with locked("order:{id}")
+        .using(id=42):`` (values are escaped like arguments)."""
+        clone = Locked.__new__(Locked)
+        clone.__dict__.update(self.__dict__)
+        clone.values = {**self.values, **values}
+        clone._plans = {}
+        clone._held = ContextVar(f"locked_{id(clone)}", default=())
+        return clone
+
+    # -- building a call ---------------------------------------------------------------------
+
+    def _plan(self, func: Callable[..., Any]) -> _Plan:
+        ident = func
+        if isinstance(func, functools.partial):  # method_decorator: a new partial per call
+            ident = getattr(func.func, "__func__", func.func)
+        plan = self._plans.get(ident)
+        if plan is None:
+            plan = self._plans[ident] = _Plan(func, self.template)
+        return plan
+
+    def _call(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        request = _find_request(plan, args)
+        if self.key is not None:
+            name = self.key(*args, **kwargs)
+            if not isinstance(name, str):
+                raise TypeError(f"key= callable of {plan.qualname} returned {name!r}, not a str")
+            name = shorten(name)
+        else:
+            assert self.template is not None
+            if self.template.has_fields:
+                name = self.template.render(self._namespace(plan, args, kwargs, request))
+            else:
+                name = self.template.template
+        meta: dict[str, Any] = {}
+        if request is not None:
+            base = _base_request(request)
+            meta["view"] = plan.qualname
+            meta["path"] = base.path
+            meta["method"] = base.method
+            user = _user_id(request)
+            if user is not None:
+                meta["user"] = user
+            owner: Any = _request_owner(request)
+        else:
+            meta["function"] = plan.qualname
+            owner = _owner.get()
+        meta.update(self.meta)
+        return _Call(name, request, owner, meta)
+
+    def _namespace(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   request: Any) -> dict[str, Any]:
+        namespace = dict(self.values)
+        assert self.template is not None
+        if all(r in kwargs or (r == "request" and request is not None)
+               for r in self.template.roots):
+            # Fast path (views: URL arguments arrive as keywords): no signature binding.
+            namespace.update(kwargs)
+        elif plan.signature is not None:
+            bound = plan.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            extra = arguments.pop(plan.var_keyword, None) if plan.var_keyword else None
+            namespace.update(arguments)
+            if extra:
+                for k, v in extra.items():
+                    namespace.setdefault(k, v)
+        else:
+            namespace.update(kwargs)
+        if request is not None:
+            namespace.setdefault("request", request)
+        return namespace
+
+    def _lock(self, redlock: Any, call: _Call) -> Any:
+        auto_renew = self.auto_renew
+        if auto_renew is None:
+            auto_renew = bool(get_config().get("AUTO_RENEW", False))
+        return redlock.lock(
+            call.name, self.ttl, auto_renew=auto_renew, fencing=self.fencing,
+            reentrant=self.reentrant, fair=self.fair, meta=call.meta, owner=call.owner,
+            renew_for=self.renew_for,
+        )
+
+    def _acquire_args(self) -> dict[str, Any]:
+        if self.wait is None:
+            return {"blocking": True}
+        if self.wait == 0:
+            return {"blocking": False}
+        return {"blocking": True, "timeout": self.wait}
+
+    @staticmethod
+    def _enter(lock: Any, call: _Call) -> tuple[Any, Any]:
+        return _current.set(lock), _owner.set(call.owner)
+
+    @staticmethod
+    def _exit(tokens: tuple[Any, Any]) -> None:
+        _current.reset(tokens[0])
+        _owner.reset(tokens[1])
+
+    @staticmethod
+    def _busy(lock: Any) -> LockNotAcquired:
+        return LockNotAcquired(f"lock {lock.name!r} is held by another owner", lock.name,
+                               retry_after=lock.retry_after)
+
+    # -- not acquired --------------------------------------------------------------------------
+
+    def _handler(self) -> Callable[..., Any] | None:
+        handler = self.on_locked
+        if isinstance(handler, str):
+            return _import_handler(handler)
+        return handler
+
+    def _view_handler(self) -> Callable[..., Any]:
+        handler = self._handler()
+        if handler is not None:
+            return handler
+        path = get_config().get("LOCKED_RESPONSE")
+        if path:
+            return path if callable(path) else _import_handler(path)
+        return default_locked_response
+
+    def _refused(self, call: _Call, exc: LockNotAcquired) -> Any:
+        """The outcome of a call that did not get its lock (may be awaitable)."""
+        if call.request is None:
+            handler = self._handler()
+            if handler is None:
+                raise exc
+            return handler(exc)
+        logger.info(
+            "lock %s busy: %s %s answered as locked (retry after %s s)", call.name,
+            call.meta.get("method"), call.meta.get("path"), retry_after_seconds(exc),
+            extra={"lock_name": call.name, "lock_event": "refused",
+                   "lock_retry_after": exc.retry_after},
+        )
+        return self._view_handler()(call.request, exc)
+
+    @staticmethod
+    def _finish_response(response: Any, exc: LockNotAcquired) -> Any:
+        if (isinstance(response, HttpResponseBase) and response.status_code in (423, 429, 503)
+                and not response.has_header("Retry-After")):
+            response["Retry-After"] = str(retry_after_seconds(exc))
+        return response
+
+    # -- release -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _release_failed(call: _Call, exc: BaseException, *, failed: bool) -> None:
+        """Release raised: log it; raise it for a plain call that otherwise succeeded (its
+        caller must learn that the lock may not have been exclusive the whole time)."""
+        if failed or call.request is not None:
+            logger.error("lock %s: release failed: %s", call.name, exc,
+                         extra={"lock_name": call.name, "lock_event": "release_failed"})
+            return
+        raise exc
+
+    def _release(self, lock: Any, call: _Call, *, failed: bool) -> None:
+        try:
+            lock.release()
+        except Exception as exc:  # LockNotOwned / LockLost, or a node error
+            self._release_failed(call, exc, failed=failed)
+
+    async def _arelease(self, lock: Any, call: _Call, *, failed: bool) -> None:
+        try:
+            await lock.release()
+        except Exception as exc:
+            self._release_failed(call, exc, failed=failed)
+
+    # -- decorating ----------------------------------------------------------------------------
+
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(func):
+            raise TypeError(f"@locked decorates a callable, got {func!r}")
+        plan = self._plan(func)
+        if inspect.isasyncgenfunction(func):
+            wrapper = self._wrap_async_gen(func, plan)
+        elif inspect.isgeneratorfunction(func):
+            wrapper = self._wrap_gen(func, plan)
+        elif iscoroutinefunction(func):
+            wrapper = self._wrap_async(func, plan)
+        else:
+            wrapper = self._wrap_sync(func, plan)
+        wrapper.locked = self  # type: ignore[attr-defined]
+        return wrapper
+
+    def _wrap_sync(self, func: Callable[..., Any], plan: _Plan) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            call = self._call(plan, args, kwargs)
+            lock = self._lock(get_redlock(), call)
+            try:
+                acquired = lock.acquire(**self._acquire_args())
+            except LockNotAcquired as exc:  # QuorumError: too few nodes answered
+                return self._finish_response(self._refused(call, exc), exc)
+            if not acquired:
+                busy = self._busy(lock)
+                return self._finish_response(self._refused(call, busy), busy)
+            tokens = self._enter(lock, call)
+            try:
+                result = func(*args, **kwargs)
+            except BaseException:
+                self._exit(tokens)
+                self._release(lock, call, failed=True)
+                raise
+            self._exit(tokens)
+            if call.request is not None and isinstance(result, StreamingHttpResponse):
+                return _StreamRelease(self, lock, call, is_async=False).attach(result)
+            self._release(lock, call, failed=False)
+            return result
+
+        return wrapper
+
+    def _wrap_async(self, func: Callable[..., Any], plan: _Plan) -> Callable[..., Any]:
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.template is not None and self.template.needs_user:
+                await _resolve_user(_find_request(plan, args))
+            call = self._call(plan, args, kwargs)
+            lock = self._lock(get_async_redlock(), call)
+            try:
+                acquired = await lock.acquire(**self._acquire_args())
+            except LockNotAcquired as exc:
+                refusal: LockNotAcquired | None = exc
+            else:
+                refusal = None if acquired else self._busy(lock)
+            if refusal is not None:
+                outcome = self._refused(call, refusal)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+                return self._finish_response(outcome, refusal)
+            tokens = self._enter(lock, call)
+            try:
+                result = await func(*args, **kwargs)
+            except BaseException:
+                self._exit(tokens)
+                await self._arelease(lock, call, failed=True)
+                raise
+            self._exit(tokens)
+            if call.request is not None and isinstance(result, StreamingHttpResponse):
+                return _StreamRelease(self, lock, call, is_async=True).attach(result)
+            await self._arelease(lock, call, failed=False)
+            return result
+
+        return wrapper
+
+    def _wrap_gen(self, func: Callable[..., Any], plan: _Plan) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            call = self._call(plan, args, kwargs)
+            lock = self._lock(get_redlock(), call)
+            if not lock.acquire(**self._acquire_args()):
+                raise self._busy(lock)
+            try:
+                yield from func(*args, **kwargs)
+            except BaseException:
+                self._release(lock, call, failed=True)
+                raise
+            self._release(lock, call, failed=False)
+
+        return wrapper
+
+    def _wrap_async_gen(self, func: Callable[..., Any], plan: _Plan) -> Callable[..., Any]:
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            call = self._call(plan, args, kwargs)
+            lock = self._lock(get_async_redlock(), call)
+            if not await lock.acquire(**self._acquire_args()):
+                raise self._busy(lock)
+            try:
+                async for item in func(*args, **kwargs):
+                    yield item
+            except BaseException:
+                await self._arelease(lock, call, failed=True)
+                raise
+            await self._arelease(lock, call, failed=False)
+
+        return wrapper
+
+    # -- context manager -----------------------------------------------------------------------
+
+    def _standalone_call(self) -> _Call:
+        if self.key is not None:
+            name = shorten(self.key())
+        else:
+            assert self.template is not None
+            name = self.template.render(self.values) if self.template.has_fields \
+                else self.template.template
+        frame = sys._getframe(2)
+        meta = {"code": f"{frame.f_code.co_filename}:{frame.f_lineno} "
+                        f"({frame.f_code.co_name})", **self.meta}
+        return _Call(name, None, _owner.get(), meta)
+
+    def __enter__(self) -> Any:
+        call = self._standalone_call()
+        lock = self._lock(get_redlock(), call)
+        if not lock.acquire(**self._acquire_args()):
+            raise self._busy(lock)
+        self._held.set((*self._held.get(), (lock, call)))
+        return lock
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        held = self._held.get()
+        self._held.set(held[:-1])
+        lock, call = held[-1]
+        self._release(lock, call, failed=exc_type is not None)
+
+    async def __aenter__(self) -> Any:
+        call = self._standalone_call()
+        lock = self._lock(get_async_redlock(), call)
+        if not await lock.acquire(**self._acquire_args()):
+            raise self._busy(lock)
+        self._held.set((*self._held.get(), (lock, call)))
+        return lock
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        held = self._held.get()
+        self._held.set(held[:-1])
+        lock, call = held[-1]
+        await self._arelease(lock, call, failed=exc_type is not None)
+
+
+async def _resolve_user(request: Any) -> None:
+    """Load ``request.user`` the async way before the template reads it (reading the lazy
+    user from async code would be a synchronous query)."""
+    if request is None:
+        return
+    base = _base_request(request)
+    user = base.__dict__.get("user")
+    if isinstance(user, LazyObject) and user._wrapped is empty:
+        auser = getattr(base, "auser", None)
+        if auser is not None:
+            base.user = await auser()
+
+
+class _StreamRelease:
+    """Releases a view's lock when its streaming response ends: content exhausted, or the
+    response closed by the server (client gone), whichever comes first, exactly once."""
+
+    def __init__(self, owner: Locked, lock: Any, call: _Call, *, is_async: bool) -> None:
+        self.owner = owner
+        self.lock = lock
+        self.call = call
+        self.is_async = is_async  # the lock's kind (an AsyncRedlock lock needs awaiting)
+        self._done = False
+        self._mutex = threading.Lock()
+
+    def _claim(self) -> bool:
+        with self._mutex:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+    def release(self) -> None:
+        if not self._claim():
+            return
+        if not self.is_async:
+            self.owner._release(self.lock, self.call, failed=False)
+            return
+        coro = self.owner._arelease(self.lock, self.call, failed=False)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                async_to_sync(_await)(coro)
+            except Exception as exc:
+                logger.error("lock %s: release after streaming failed: %s", self.call.name, exc)
+        else:
+            task = loop.create_task(coro)
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
+
+    async def arelease(self) -> None:
+        if not self._claim():
+            return
+        if self.is_async:
+            await self.owner._arelease(self.lock, self.call, failed=False)
+        else:
+            self.owner._release(self.lock, self.call, failed=False)
+
+    def attach(self, response: StreamingHttpResponse) -> StreamingHttpResponse:
+        content = response.streaming_content
+        if response.is_async:
+            async def agen() -> Any:
+                try:
+                    async for chunk in content:  # type: ignore[union-attr]
+                        yield chunk
+                finally:
+                    await self.arelease()
+
+            response.streaming_content = agen()
+        else:
+            def gen() -> Any:
+                try:
+                    yield from content  # type: ignore[misc]
+                finally:
+                    self.release()
+
+            response.streaming_content = gen()
+        response._resource_closers.append(self.release)  # type: ignore[attr-defined]
+        return response
+
+
+_pending: set[asyncio.Task[Any]] = set()
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def locked(
+    template: str | None = None,
+    /,
+    *,
+    ttl: float | None = None,
+    wait: float | None = 0,
+    auto_renew: bool | None = None,
+    fencing: bool = False,
+    key: Callable[..., str] | None = None,
+    on_locked: Callable[..., Any] | str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    fair: bool = False,
+    reentrant: bool | None = None,
+    renew_for: float | None = None,
+) -> Locked:
+    """Hold a distributed lock around a view, function, method or ``with`` block.
+
+    ``template`` is formatted with the call's arguments (``"order:{order_id}"``,
+    ``"profile:{request.user.pk}"``); or pass ``key=callable`` taking the same arguments.
+    ``ttl``: lease seconds (default ``REDLOCK['TTL']``). ``wait``: seconds to wait for the lock
+    (0: one attempt; None: the Redlock's retry policy; ``math.inf``: for ever).
+    ``auto_renew``: keep renewing while held (default ``REDLOCK['AUTO_RENEW']``).
+    ``fencing``: draw a fencing token (``current_lock().fence``). ``on_locked``: for views,
+    ``(request, exc) -> HttpResponse`` instead of the 423 response; for other callables
+    ``(exc) -> value`` returned instead of raising :class:`LockNotAcquired`. ``meta``: extra
+    holder details for the admin page.
+    """
+    return Locked(
+        template, ttl=ttl, wait=wait, auto_renew=auto_renew, fencing=fencing, key=key,
+        on_locked=on_locked, meta=meta, fair=fair, reentrant=reentrant, renew_for=renew_for,
+    )

@@ -1,0 +1,237 @@
+"""System checks: override_settings + django.core.checks.run_checks(), asserting fixed ids."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.core.checks import Tags, run_checks
+from django.test import override_settings
+
+from django_redlock.conf import get_redlock
+
+A, B, C = "redis://10.0.0.1:6379/0", "redis://10.0.0.2:6379/0", "redis://10.0.0.3:6379/0"
+GOOD = {"NODES": [A, B, C]}
+
+REDIS_CACHE = {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+               "LOCATION": "redis://10.0.0.9:6379/1"}
+DJANGO_REDIS = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://10.0.0.8:6379/2"}
+LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+CACHES = {"default": LOCMEM, "locks": REDIS_CACHE, "dredis": DJANGO_REDIS, "local": LOCMEM}
+
+
+def messages(redlock, *, deploy=False, **more):
+    with override_settings(REDLOCK=redlock, **more):
+        return [m for m in run_checks(include_deployment_checks=deploy)
+                if m.id and m.id.startswith("django_redlock.")]
+
+
+def ids(redlock, **kwargs):
+    return sorted(m.id for m in messages(redlock, **kwargs))
+
+
+def test_valid_setting_is_silent():
+    assert ids(GOOD) == []
+    assert ids({**GOOD, "TTL": 5, "NODE_TIMEOUT": 0.02, "KEY_PREFIX": "app:locks"}) == []
+
+
+def test_regular_checks_do_no_io():
+    start = time.monotonic()
+    # 10.0.0.x is unroutable here: a connect attempt would take seconds
+    assert ids(GOOD) == []
+    assert time.monotonic() - start < 2
+
+
+def test_missing_setting(settings):
+    del settings.REDLOCK
+    found = [m for m in run_checks() if m.id == "django_redlock.E002"]
+    assert len(found) == 1 and "NODES" in found[0].hint
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("redis://x", ["django_redlock.E001"]),
+    ({}, ["django_redlock.E002"]),
+    ({"NODES": []}, ["django_redlock.E002"]),
+    ({"NODES": A}, ["django_redlock.E003"]),
+])
+def test_shape(value, expected):
+    assert ids(value) == expected
+
+
+@pytest.mark.parametrize("node, text", [
+    ("http://10.0.0.4:6379", "must start with redis://"),
+    ("redis://", "names no host"),
+    ("redis://10.0.0.4:99999/0", "invalid port"),
+    ("redis://10.0.0.4:6379/zero", "invalid database number"),
+    ({"url": "redis://10.0.0.4"}, "needs 'URL'"),
+    ({"URL": "redis://10.0.0.4", "OPTIONS": "password"}, "OPTIONS must be a dict"),
+    ({"URL": "redis://10.0.0.4", "OPTIONS": {"pasword": "x"}}, "pasword"),
+    (42, "a node must be a URL string"),
+])
+def test_malformed_node(node, text):
+    found = messages({"NODES": [A, B, node]})
+    assert [m.id for m in found] == ["django_redlock.E004"]
+    assert "REDLOCK['NODES'][2]" in found[0].msg and text in found[0].msg
+    assert found[0].hint
+
+
+@pytest.mark.parametrize("node", [
+    "http://10.0.0.4:6379", {"url": "redis://10.0.0.4"}, 42, "cache:nope", "cache:local",
+])
+def test_what_the_checks_reject_get_redlock_rejects(node):
+    with override_settings(REDLOCK={"NODES": [A, B, node]}, CACHES=CACHES):
+        with pytest.raises((TypeError, ValueError)):
+            get_redlock()
+
+
+def test_node_options_are_accepted():
+    node = {"URL": "rediss://10.0.0.4:6380/0",
+            "OPTIONS": {"password": "s3cret", "username": "app", "ssl_cert_reqs": "none",
+                        "socket_connect_timeout": 1}}
+    assert ids({"NODES": [A, B, node]}) == []
+
+
+def test_unix_nodes():
+    assert ids({"NODES": ["unix:///run/redis/a.sock?db=0", "unix:///run/redis/b.sock", C]}) == []
+
+
+def test_unknown_cache_alias():
+    found = messages({"NODES": [A, B, "cache:nope"]}, CACHES=CACHES)
+    assert [m.id for m in found] == ["django_redlock.E005"]
+    assert "'locks'" in found[0].hint
+
+
+def test_non_redis_cache():
+    found = messages({"NODES": [A, B, "cache:local"]}, CACHES=CACHES)
+    assert [m.id for m in found] == ["django_redlock.E006"]
+    assert "LocMemCache" in found[0].msg
+
+
+def test_redis_caches_are_accepted():
+    assert ids({"NODES": [A, "cache:locks", "cache:dredis"]}, CACHES=CACHES) == []
+
+
+def test_duplicate_nodes():
+    found = messages({"NODES": ["redis://LOCALHOST:6379/0", B, "redis://127.0.0.1"]})
+    assert [m.id for m in found] == ["django_redlock.E007"]
+    assert "[0] and [2]" in found[0].msg
+
+
+def test_cache_node_duplicating_a_url():
+    assert ids({"NODES": [A, "cache:locks", "redis://10.0.0.9:6379/1"]},
+               CACHES=CACHES) == ["django_redlock.E007"]
+
+
+def test_duplicate_password_hidden():
+    found = messages({"NODES": ["redis://:pw@10.0.0.1:6379", "redis://:pw@10.0.0.1:6379", C]})
+    assert "pw" not in found[0].msg
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_even_number_of_nodes(n):
+    nodes = [f"redis://10.0.0.{i}:6379" for i in range(1, n + 1)]
+    found = messages({"NODES": nodes})
+    assert [m.id for m in found] == ["django_redlock.W001"]
+    assert f"Use {n - 1} or {n + 1} nodes" in found[0].hint
+
+
+def test_single_node_is_a_deploy_warning():
+    assert ids({"NODES": [A]}) == []
+    found = messages({"NODES": [A]}, deploy=True, )
+    # deploy also pings; 10.0.0.1 does not answer, so E011 joins W004
+    assert "django_redlock.W004" in [m.id for m in found]
+    with override_settings(REDLOCK={"NODES": [A]}):
+        security = [m.id for m in run_checks(tags=[Tags.security], include_deployment_checks=True)]
+    assert "django_redlock.W004" in security
+
+
+@pytest.mark.parametrize("values, text", [
+    ({"TTL": "ten"}, "TTL"),
+    ({"TTL": -1}, "TTL"),
+    ({"TTL": float("nan")}, "TTL"),
+    ({"NODE_TIMEOUT": 0}, "NODE_TIMEOUT"),
+    ({"RETRY_DELAY": -0.1}, "RETRY_DELAY"),
+    ({"RETRY_COUNT": 1.5}, "RETRY_COUNT"),
+    ({"RETRY_COUNT": True}, "RETRY_COUNT"),
+    ({"DRIFT_FACTOR": 0.6}, "DRIFT_FACTOR"),
+    ({"MAX_TTL": 0}, "MAX_TTL"),
+    ({"STUCK_AFTER": "soon"}, "STUCK_AFTER"),
+    ({"KEY_PREFIX": "locks*"}, "KEY_PREFIX"),
+    ({"KEY_PREFIX": ""}, "KEY_PREFIX"),
+    ({"META": ["x"]}, "META"),
+    ({"REENTRANT": "yes"}, "REENTRANT"),
+])
+def test_invalid_values(values, text):
+    found = messages({**GOOD, **values})
+    assert [m.id for m in found] == ["django_redlock.E008"]
+    assert text in found[0].msg
+
+
+def test_node_timeout_not_smaller_than_ttl():
+    assert ids({**GOOD, "TTL": 1, "NODE_TIMEOUT": 1}) == ["django_redlock.E009"]
+    assert ids({**GOOD, "TTL": 100, "MAX_TTL": 60}) == ["django_redlock.E009"]
+
+
+def test_node_timeout_not_much_smaller_than_ttl():
+    found = messages({**GOOD, "TTL": 10, "NODE_TIMEOUT": 2})
+    assert [m.id for m in found] == ["django_redlock.W002"]
+    assert ids({**GOOD, "TTL": 10, "NODE_TIMEOUT": 0.5}) == []
+
+
+def test_unknown_setting_names():
+    found = messages({**GOOD, "TTLL": 5, "node_timeout": 0.1, "FROBNICATE": 1})
+    by_msg = {m.msg.split("'")[1]: m for m in found}
+    assert {m.id for m in found} == {"django_redlock.W003"}
+    assert by_msg["TTLL"].hint == "Did you mean 'TTL'?"
+    assert by_msg["node_timeout"].hint == "Did you mean 'NODE_TIMEOUT'?"
+    assert by_msg["FROBNICATE"].hint.startswith("Known settings: ")
+
+
+def test_locked_response():
+    assert ids({**GOOD, "LOCKED_RESPONSE": "testproject.views.busy_response"}) == []
+    assert ids({**GOOD, "LOCKED_RESPONSE": "testproject.views.nothing"}) == ["django_redlock.E010"]
+    assert ids({**GOOD, "LOCKED_RESPONSE": "testproject.settings.DEBUG"}) == [
+        "django_redlock.E010"]
+    assert ids({**GOOD, "LOCKED_RESPONSE": 42}) == ["django_redlock.E010"]
+
+
+def test_every_message_has_a_hint_or_explains_itself():
+    cases = [{"NODES": []}, {"NODES": A}, {"NODES": [A, A, "http://x"]}, {**GOOD, "TTL": -1},
+             {**GOOD, "TTLL": 1}, {"NODES": [A, B]}]
+    for case in cases:
+        for m in messages(case):
+            assert m.msg.endswith((".", ")")) or m.hint, m
+
+
+# ---------------------------------------------------------------- deploy: pinging real nodes
+
+
+def test_deploy_all_nodes_reachable(redis_nodes):
+    assert ids({"NODES": redis_nodes.urls}, deploy=True) == []
+
+
+def test_deploy_one_node_down(redis_cluster_factory):
+    cluster = redis_cluster_factory(3)
+    cluster[2].kill()
+    found = messages({"NODES": cluster.urls}, deploy=True)
+    assert [m.id for m in found] == ["django_redlock.W005"]
+    assert "1 of 3" in found[0].msg and cluster[2].url in found[0].msg
+
+
+def test_deploy_quorum_down(redis_cluster_factory):
+    cluster = redis_cluster_factory(3)
+    cluster[0].kill()
+    cluster[1].kill()
+    found = messages({"NODES": cluster.urls}, deploy=True)
+    assert [m.id for m in found] == ["django_redlock.E011"]
+    assert "Only 1 of 3" in found[0].msg
+
+
+def test_deploy_ping_uses_credentials(redis_cluster_factory):
+    cluster = redis_cluster_factory(3, password="s3cret")
+    nodes = [{"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "s3cret"}}
+             for n in cluster]
+    assert ids({"NODES": nodes}, deploy=True) == []
+    wrong = [{"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "nope"}}
+             for n in cluster]
+    assert ids({"NODES": wrong}, deploy=True) == ["django_redlock.E011"]

@@ -1,0 +1,126 @@
+"""Lock events arrive as Django signals (sent from the shared Redlock's core listener)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+
+from django_redlock import LockNotAcquired, Redlock, get_redlock, locked
+from django_redlock.signals import (
+    lock_acquired,
+    lock_contended,
+    lock_force_released,
+    lock_lost,
+    lock_released,
+)
+
+pytestmark = pytest.mark.usefixtures("redlock_settings")
+
+
+@contextlib.contextmanager
+def capture(*signals):
+    got = []
+
+    def receiver(signal, sender, **kwargs):
+        got.append((signal, sender, kwargs))
+
+    for signal in signals:
+        signal.connect(receiver, weak=False)
+    try:
+        yield got
+    finally:
+        for signal in signals:
+            signal.disconnect(receiver)
+
+
+ALL = (lock_acquired, lock_released, lock_contended, lock_lost, lock_force_released)
+
+
+def test_acquired_and_released_carry_name_token_meta_and_timings():
+    with capture(*ALL) as got:
+        @locked("sig:{n}", meta={"purpose": "test"})
+        def job(n):
+            return get_redlock().lock_info(f"sig:{n}").token
+
+        token = job(1)
+    assert [g[0] for g in got] == [lock_acquired, lock_released]
+    (_, sender, acquired), (_, _, released) = got
+    assert sender is Redlock
+    assert acquired["redlock"] is get_redlock()
+    assert acquired["name"] == released["name"] == "sig:1"
+    assert acquired["token"] == released["token"] == token
+    assert acquired["meta"]["purpose"] == "test" and acquired["meta"]["function"].endswith("job")
+    assert acquired["waited"] >= 0 and released["held"] >= 0
+    assert acquired["event"].kind == "acquired"
+
+
+def test_contended_has_retry_after():
+    holder = get_redlock().lock("sig", 10, owner="other")
+    assert holder.acquire(blocking=False)
+    try:
+        with capture(lock_contended) as got, pytest.raises(LockNotAcquired):
+            with locked("sig"):
+                pass
+    finally:
+        holder.release()
+    assert len(got) == 1
+    kwargs = got[0][2]
+    assert kwargs["name"] == "sig" and kwargs["token"] is None
+    assert 0 < kwargs["retry_after"] <= 10
+
+
+def test_force_release_sends_lost_and_force_released():
+    lock = get_redlock().lock("sig")
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    with capture(lock_lost, lock_force_released) as got:
+        assert get_redlock().force_release("sig") == 3
+    kinds = {g[0]: g[2] for g in got}
+    assert kinds[lock_force_released]["nodes"] == 3
+    assert kinds[lock_force_released]["name"] == "sig"
+    assert kinds[lock_lost]["token"] == token
+    assert "force" in kinds[lock_lost]["reason"]
+
+
+def test_a_failing_receiver_never_breaks_locking(caplog):
+    def broken(**kwargs):
+        raise RuntimeError("receiver bug")
+
+    lock_acquired.connect(broken, weak=False)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_redlock"):
+            with locked("sig") as lock:
+                assert lock.held
+    finally:
+        lock_acquired.disconnect(broken)
+    assert not get_redlock().locked("sig")
+    assert "receiver bug" in caplog.text or "failed" in caplog.text
+
+
+def test_refused_view_is_logged(client, caplog):
+    holder = get_redlock().lock("order:8", owner="other")
+    assert holder.acquire(blocking=False)
+    try:
+        with caplog.at_level(logging.INFO, logger="django_redlock"):
+            assert client.get("/orders/8/pay/").status_code == 423
+    finally:
+        holder.release()
+    record = next(r for r in caplog.records if getattr(r, "lock_event", None) == "refused")
+    assert record.lock_name == "order:8" and "GET /orders/8/pay/" in record.getMessage()
+
+
+def test_async_redlock_sends_the_same_signals():
+    import asyncio
+
+    from django_redlock.core.asyncio import AsyncRedlock
+
+    @locked("asig")
+    async def job():
+        return "ok"
+
+    with capture(lock_acquired, lock_released) as got:
+        assert asyncio.run(job()) == "ok"
+    assert [g[0] for g in got] == [lock_acquired, lock_released]
+    assert got[0][1] is AsyncRedlock and got[0][2]["name"] == "asig"
