@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .core import (
+    AsyncLock,
+    AsyncRedlock,
     Lock,
     LockInfo,
     LockLost,
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncLock",
+    "AsyncRedlock",
     "Lock",
     "LockInfo",
     "LockLost",

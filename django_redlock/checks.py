@@ -18,7 +18,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import CACHE_PREFIX, DEFAULTS, REDIS_CACHE_BACKENDS, cache_client
-from .core.nodes import _identity, _parse_spec, _redact
+from .core.nodes import node_identity, parse_spec, redact
 from .core.validation import check_positive, check_prefix
 
 __all__ = ["TAG", "check_deploy", "check_reachable", "check_settings"]
@@ -110,7 +110,7 @@ def _node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[
                 messages.append(problem)
                 continue
         try:
-            url, options = _parse_spec(spec)
+            url, options = parse_spec(spec)
         except (TypeError, ValueError) as exc:
             messages.append(_error(
                 4, f"{where} is malformed: {exc}",
@@ -182,11 +182,11 @@ def _check_nodes(nodes: Any) -> list[CheckMessage]:
     parsed, messages = _node_urls(nodes)
     seen: dict[tuple[Any, ...], int] = {}
     for index, url, _ in parsed:
-        ident = _identity(url)
+        ident = node_identity(url)
         if ident in seen:
             messages.append(_error(
                 7, f"REDLOCK['NODES'][{seen[ident]}] and [{index}] are the same Redis server "
-                   f"({_redact(url)}).",
+                   f"({redact(url)}).",
                 hint="Redlock needs independent servers: two entries for one server make a "
                      "single failure count twice. Remove the duplicate.",
             ))
@@ -320,7 +320,7 @@ def check_reachable(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         return []
     quorum = len(parsed) // 2 + 1
     reachable = len(parsed) - len(down)
-    detail = "; ".join(f"[{i}] {_redact(url)}: {why}" for i, url, why in down)
+    detail = "; ".join(f"[{i}] {redact(url)}: {why}" for i, url, why in down)
     if reachable < quorum:
         return [_error(
             11, f"Only {reachable} of {len(parsed)} REDLOCK nodes answer PING, {quorum} needed: "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import heapq
 import itertools
 import os
@@ -49,7 +50,7 @@ from typing import Any
 from .base import AcquireRequest, RedlockBase, Refusal, glob_escape, lock_states
 from .info import LockInfo, NodeHealth
 from .lock import Lease, LockBase, current_owner
-from .nodes import Failure, Node, WireError, _reply_failure
+from .nodes import Failure, Node, WireError, reply_failure
 from .resp import Incomplete, ReplyError, encode, parse
 from .scripts import BODIES
 from .validation import check_name, check_timeout
@@ -72,10 +73,10 @@ CommandBuilder = Callable[[Node, "_Wire"], Sequence[Any]]
 class _Wire(asyncio.Protocol):
     """One connection to a node on one event loop.
 
-    Replies are parsed as they arrive and handed, in order, to the futures of the commands sent.
-    A lost connection resolves the outstanding futures with the ``OSError`` (a value, not an
-    exception: nothing is left unretrieved). In push mode (a subscriber), every message goes to
-    ``push`` instead.
+    Replies are parsed as they arrive and handed, in order, to the callbacks of the commands
+    sent (no future, no extra loop turn per reply). A lost or aborted connection hands each
+    outstanding callback the ``OSError`` as its reply. In push mode (a subscriber), every
+    message goes to ``push`` instead.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -86,7 +87,7 @@ class _Wire(asyncio.Protocol):
         #: True once it served a command: a pooled connection may have been closed by the node.
         self.reused = False
         self.closed = False
-        self.waiters: deque[asyncio.Future[Any]] = deque()
+        self.waiters: deque[Callable[[Any], None]] = deque()
         self.push: Callable[[Any], None] | None = None
         self.on_lost: Callable[[_Wire], None] | None = None
 
@@ -110,9 +111,7 @@ class _Wire(asyncio.Protocol):
                 if self.push is not None:
                     self.push(value)
                 elif self.waiters:
-                    waiter = self.waiters.popleft()
-                    if not waiter.done():
-                        waiter.set_result(value)
+                    self.waiters.popleft()(value)
                 else:
                     raise ValueError("a reply nobody asked for")
         except Incomplete:
@@ -124,52 +123,61 @@ class _Wire(asyncio.Protocol):
         del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
         error = exc if isinstance(exc, OSError) else ConnectionResetError(
             "connection closed by the node")
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(error)
+        self._fail(error)
         if self.on_lost is not None:
             self.on_lost(self)
 
+    def _fail(self, error: OSError) -> None:
+        self.closed = True
+        waiters, self.waiters = self.waiters, deque()
+        for waiter in waiters:
+            waiter(error)
+
     # use
 
-    def request(self, command: Sequence[Any]) -> asyncio.Future[Any]:
-        """Send one command; the future resolves to its reply (or the ``OSError``)."""
-        waiter = self.loop.create_future()
-        if self.closed or self.transport is None or self.transport.is_closing():
-            waiter.set_result(ConnectionResetError("connection closed"))
-            return waiter
-        self.waiters.append(waiter)
-        self.transport.write(encode(command))
-        return waiter
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def send(self, command: Sequence[Any], callback: Callable[[Any], None]) -> None:
+        """Send one command; ``callback`` gets its reply (or the ``OSError``)."""
+        if not self.usable():
+            callback(ConnectionResetError("connection closed"))
+            return
+        self.waiters.append(callback)
+        self.transport.write(encode(command))  # type: ignore[union-attr]
 
     def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
-        """Pipeline several commands in one write."""
-        if self.closed or self.transport is None or self.transport.is_closing():
-            return [self.request(c) for c in commands]
-        waiters = [self.loop.create_future() for _ in commands]
-        self.waiters.extend(waiters)
-        self.transport.write(b"".join(encode(c) for c in commands))
-        return waiters
+        """Pipeline commands in one write; the futures resolve to the replies (or the
+        ``OSError``)."""
+        futures: list[asyncio.Future[Any]] = [self.loop.create_future() for _ in commands]
+        if not self.usable():
+            for future in futures:
+                future.set_result(ConnectionResetError("connection closed"))
+            return futures
+        self.waiters.extend(functools.partial(_settle, f) for f in futures)
+        self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
+        return futures
 
     def abort(self) -> None:
         """Drop the connection at once: a reply we stopped waiting for must never be read as
         the answer to a later command."""
-        self.closed = True
-        while self.waiters:
-            self.waiters.popleft().cancel()
         if self.transport is not None:
             with contextlib.suppress(RuntimeError):  # its loop is already closed
                 self.transport.abort()
+        self._fail(ConnectionAbortedError("connection aborted"))
 
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
             with contextlib.suppress(RuntimeError):
                 self.transport.close()
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
@@ -205,7 +213,7 @@ async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
             if isinstance(reply, OSError):
                 raise reply
             if isinstance(reply, ReplyError):
-                raise WireError(_reply_failure(reply))
+                raise WireError(reply_failure(reply))
         text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
         for line in text.splitlines():
             if line.startswith("run_id:"):
@@ -445,6 +453,124 @@ class _Notices:
             wire.on_lost = None
             wire.close()
         self._wires = {}
+
+
+class _FanOut:
+    """One command to every node; replies are collected by the connections' callbacks as they
+    arrive, and the caller is woken once, when the last one is in or the deadline passed."""
+
+    __slots__ = ("build", "commands", "deadline", "finished", "left", "nodes", "replies", "state",
+                 "tasks", "timeout", "waiter", "wires")
+
+    def __init__(self, nodes: Sequence[Node], state: _LoopState, build: CommandBuilder) -> None:
+        self.nodes = nodes
+        self.state = state
+        self.build = build
+        self.replies: list[Any] = [_TIMEOUT] * len(nodes)
+        self.wires: list[_Wire | None] = [None] * len(nodes)  #: awaiting a reply on it
+        self.commands: list[Sequence[Any]] = [()] * len(nodes)
+        self.tasks: dict[int, asyncio.Task[_Wire]] = {}  #: connecting
+        self.left = len(nodes)
+        self.finished = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.deadline = 0.0
+        self.timeout = 0.0
+
+    async def run(self, timeout: float) -> list[Any]:
+        loop = self.state.loop
+        self.timeout = timeout
+        # Nodes with an open connection first: their commands are in flight while we still
+        # connect to the others.
+        connecting = []
+        for index, node in enumerate(self.nodes):
+            wire = self.state.checkout(index)
+            if wire is None:
+                connecting.append(index)
+            else:
+                self._send(index, wire, self.build(node, wire))
+        for index in connecting:
+            self._connect(index)
+        self.deadline = loop.time() + (2 * timeout if connecting else timeout)
+        try:
+            while self.left:
+                remaining = self.deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self.waiter = waiter = loop.create_future()
+                timer = loop.call_later(remaining, _settle, waiter, None)
+                try:
+                    await waiter
+                finally:
+                    timer.cancel()
+        finally:
+            self.finished = True
+            for wire in self.wires:
+                if wire is not None:
+                    wire.abort()
+            for task in self.tasks.values():
+                task.cancel()
+        return self.replies
+
+    def _send(self, index: int, wire: _Wire, command: Sequence[Any]) -> None:
+        self.wires[index] = wire
+        self.commands[index] = command
+        wire.send(command, functools.partial(self._deliver, index))
+
+    def _connect(self, index: int) -> None:
+        task = self.state.spawn(_open_wire(self.nodes[index], self.state.loop))
+        self.tasks[index] = task
+        task.add_done_callback(functools.partial(self._connected, index))
+
+    def _connected(self, index: int, task: asyncio.Task[_Wire]) -> None:
+        if self.tasks.get(index) is task:
+            del self.tasks[index]
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None and self.finished:
+            self.state.checkin(index, task.result())  # too late for us; the next one uses it
+        elif self.finished:
+            return
+        elif error is None:
+            wire = task.result()
+            self._send(index, wire, self.build(self.nodes[index], wire))
+        elif isinstance(error, WireError):
+            self._final(index, error.failure)
+        else:
+            self._final(index, Failure("error", str(error) or type(error).__name__))
+
+    def _deliver(self, index: int, reply: Any) -> None:
+        if self.finished:
+            return
+        wire = self.wires[index]
+        assert wire is not None
+        if isinstance(reply, OSError):
+            self.wires[index] = None
+            wire.abort()
+            loop = self.state.loop
+            if wire.reused and loop.time() < self.deadline:
+                # Closed while pooled (node restart, idle timeout): one fresh try.
+                self._connect(index)
+                self.deadline = max(self.deadline, loop.time() + self.timeout)
+            else:
+                self._final(index, Failure("refused", str(reply)))
+            return
+        if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
+            # The node restarted or flushed its script cache: send the body once, which also
+            # caches it for the next EVALSHA.
+            command = self.commands[index]
+            wire.send(["EVAL", BODIES[command[1]], *command[2:]],
+                      functools.partial(self._deliver, index))
+            return
+        self.wires[index] = None
+        self.state.checkin(index, wire)
+        self._final(index, reply_failure(reply) if isinstance(reply, ReplyError) else reply)
+
+    def _final(self, index: int, reply: Any) -> None:
+        self.replies[index] = reply
+        self.left -= 1
+        if not self.left and self.waiter is not None:
+            _settle(self.waiter, None)
 
 
 class _LoopState:
@@ -697,86 +823,8 @@ class AsyncRedlock(RedlockBase):
         ``timeout`` to connect. A connection whose reply did not come in time is aborted.
         """
         state = self._state()
-        loop = state.loop
-        timeout = self.node_timeout if timeout is None else timeout
-        nodes = self.nodes
-        replies: list[Any] = [_TIMEOUT] * len(nodes)
-        # future -> (node index, wire or None for a connecting task, command)
-        pending: dict[asyncio.Future[Any], tuple[int, _Wire | None, Sequence[Any]]] = {}
-        connecting = False
-        for index, node in enumerate(nodes):
-            wire = state.checkout(index)
-            if wire is None:
-                connecting = True
-                pending[state.spawn(self._connect_and_ask(state, index, build))] = (index, None, ())
-            else:
-                command = build(node, wire)
-                pending[wire.request(command)] = (index, wire, command)
-        deadline = loop.time() + (2 * timeout if connecting else timeout)
-        try:
-            while pending:
-                remaining = deadline - loop.time()
-                done, _ = await asyncio.wait(pending, timeout=max(remaining, 0.0))
-                if not done:
-                    break
-                for waiter in done:
-                    index, maybe_wire, command = pending.pop(waiter)
-                    result = waiter.result()
-                    if maybe_wire is None:
-                        if isinstance(result, Failure):
-                            replies[index] = result
-                            continue
-                        wire, command, reply = result
-                    else:
-                        wire, reply = maybe_wire, result
-                    if isinstance(reply, OSError):
-                        wire.abort()
-                        if wire.reused and remaining > 0:
-                            # Closed while pooled (node restart, idle timeout): one fresh try.
-                            task = state.spawn(self._connect_and_ask(state, index, build))
-                            pending[task] = (index, None, ())
-                            deadline = max(deadline, loop.time() + timeout)
-                        else:
-                            replies[index] = Failure("refused", str(reply))
-                        continue
-                    if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
-                        # The node restarted or flushed its script cache: send the body once,
-                        # which also caches it for the next EVALSHA.
-                        resend = ["EVAL", BODIES[command[1]], *command[2:]]
-                        pending[wire.request(resend)] = (index, wire, command)
-                        continue
-                    state.checkin(index, wire)
-                    replies[index] = (
-                        _reply_failure(reply) if isinstance(reply, ReplyError) else reply
-                    )
-        finally:
-            for waiter, (_, maybe_wire, _) in pending.items():
-                waiter.cancel()
-                if maybe_wire is not None:
-                    maybe_wire.abort()
-        return replies
-
-    async def _connect_and_ask(
-        self, state: _LoopState, index: int, build: CommandBuilder
-    ) -> Failure | tuple[_Wire, Sequence[Any], Any]:
-        """Open a connection to one node and send it the command; returns the wire, the command
-        and the reply, or the :class:`Failure` (never raises but when cancelled)."""
-        node = self.nodes[index]
-        wire: _Wire | None = None
-        try:
-            wire = await _open_wire(node, state.loop)
-            command = build(node, wire)
-            return wire, command, await wire.request(command)
-        except WireError as exc:
-            return exc.failure
-        except asyncio.CancelledError:
-            if wire is not None:
-                wire.abort()
-            raise
-        except Exception as exc:
-            if wire is not None:
-                wire.abort()
-            return Failure("error", str(exc) or type(exc).__name__)
+        return await _FanOut(self.nodes, state, build).run(
+            self.node_timeout if timeout is None else timeout)
 
     async def _call(
         self, index: int, commands: Sequence[Sequence[Any]], timeout: float = SLOW_TIMEOUT
@@ -837,7 +885,7 @@ class AsyncRedlock(RedlockBase):
             if queue is not None and not await queue.enter(deadline):
                 self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
                 return None
-            lease = await self._contend(state, handle, owner, blocking, deadline, timeout, start)
+            lease = await self._contend(handle, owner, blocking, deadline, timeout, start)
         except BaseException:
             if queue is not None:
                 self._leave_queue(state, handle.name, queue, None)
@@ -851,8 +899,8 @@ class AsyncRedlock(RedlockBase):
         return lease
 
     async def _contend(
-        self, state: _LoopState, handle: AsyncLock, owner: Hashable, blocking: bool,
-        deadline: float | None, timeout: float | None, start: float,
+        self, handle: AsyncLock, owner: Hashable, blocking: bool, deadline: float | None,
+        timeout: float | None, start: float,
     ) -> Lease | None:
         attempts = 0
         released: _Signal | None = None
@@ -868,7 +916,7 @@ class AsyncRedlock(RedlockBase):
                 if isinstance(outcome, Lease):
                     self._register(handle, outcome, time.monotonic() - start)
                     if outcome.auto_renew:
-                        self._renew_later(state, outcome)
+                        self._renew_later(self._state(), outcome)
                     return outcome
                 attempts += 1
                 now = time.monotonic()
@@ -880,13 +928,14 @@ class AsyncRedlock(RedlockBase):
                     # and the subscription would otherwise go unnoticed.
                     channel = self._channel(handle.name)
                     released = await stack.enter_async_context(
-                        state.notices.listening(channel))
+                        self._state().notices.listening(channel))
                     continue
                 await released.wait(self._pause_for(handle, outcome, timeout, deadline, now))
                 released.clear()
 
     async def _attempt(
-        self, handle: AsyncLock, owner: Hashable, line: tuple[str, int] | None = None
+        self, handle: AsyncLock, owner: Hashable, line: tuple[str, int] | None = None,
+        settle: int = 3,
     ) -> Lease | Refusal:
         request = AcquireRequest(self, handle, line)
         start = time.monotonic()
@@ -909,9 +958,17 @@ class AsyncRedlock(RedlockBase):
             return lease
         if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
             # Also nodes that timed out: the SET may have landed after we stopped waiting.
-            await self._shielded(self._release_everywhere(handle.name, request.token))
+            try:
+                await self._release_everywhere(handle.name, request.token)
+            except asyncio.CancelledError:
+                self._state().spawn(self._release_everywhere(handle.name, request.token))
+                raise
         if self._all_fresh(replies) and await self._trust_all():
-            return await self._attempt(handle, owner, line)
+            return await self._attempt(handle, owner, line, settle=0)
+        if settle and self._settling(replies):
+            # Another client is trusting this brand-new cluster right now.
+            await asyncio.sleep(self.node_timeout)
+            return await self._attempt(handle, owner, line, settle - 1)
         return self._refusal(replies)
 
     async def _leave_line(self, name: str, waiter: str) -> None:
@@ -958,10 +1015,6 @@ class AsyncRedlock(RedlockBase):
 
     # -- holding --------------------------------------------------------------------------------
 
-    async def _shielded(self, coro: Any) -> Any:
-        """Run ``coro`` to the end even if the caller is cancelled meanwhile."""
-        return await asyncio.shield(self._state().spawn(coro))
-
     async def _release_everywhere(self, name: str, token: str) -> list[Any]:
         command = self._release_command(name, token)
         return await self._fan_out(lambda n, w: command)
@@ -970,7 +1023,11 @@ class AsyncRedlock(RedlockBase):
         if not self._begin_release(lease):
             return
         try:
-            replies = await self._shielded(self._release_after_renewal(lease))
+            replies = await self._release_after_renewal(lease)
+        except asyncio.CancelledError:
+            # The caller was cancelled: the release still goes out (it is idempotent).
+            self._state().spawn(self._release_after_renewal(lease))
+            raise
         finally:
             if lease.leave_queue is not None:
                 lease.leave_queue()
@@ -1105,7 +1162,7 @@ class AsyncRedlock(RedlockBase):
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(
-                index, [["INFO"], ["HMGET", self._node_key(), "run_id", "usable_at"]])
+                index, [["INFO"], ["HMGET", self._node_key(), *self.MARKER_FIELDS]])
             probe: Mapping[str, Any] = {
                 "latency": latency,
                 "sent": sent,

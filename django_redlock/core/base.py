@@ -384,6 +384,11 @@ class RedlockBase:
             )
         refused = sum(1 for r in replies if r == 0)
         if refused > len(self.nodes) - self.quorum:
+            emit(self.listeners, LockEvent(
+                "lost", lease.name, token=lease.token, meta=lease.meta,
+                held=time.monotonic() - lease.acquired, fence=lease.fence,
+                reason="the lease ran out before release",
+            ))
             raise LockNotOwned(
                 f"lock {lease.name!r} was no longer ours on {refused} of {len(self.nodes)} nodes "
                 "(the lease ran out before release)",
@@ -476,6 +481,9 @@ class RedlockBase:
         tickets = [r for r in replies if isinstance(r, int)]
         return secrets.token_hex(8), max(tickets, default=0)
 
+    #: Marker fields a health probe reads (see ``scripts._GUARD``).
+    MARKER_FIELDS = ("run_id", "usable_at", "fresh")
+
     def _node_key(self) -> str:
         return f"{self.key_prefix}:node"
 
@@ -551,18 +559,22 @@ class RedlockBase:
 
     def _node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
         """Health from what one node answered: ``latency``, ``time`` (sec, usec), ``sent``,
-        ``received`` (local wall clock), ``info``, ``marker`` (run_id, usable_at), ``keys``."""
+        ``received`` (local wall clock), ``info``, ``marker`` (run_id, usable_at, fresh),
+        ``keys``."""
         info = probe["info"]
         server_time = probe["time"]
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
-        guarded_for = None
+        guarded_for = fresh = None
         if self.restart_guard:
             marker = probe["marker"]
             run_id = info.get("run_id")
             if marker[0] is None or marker[0].decode() != run_id:
+                # The next acquire arms the marker from the node's start time.
                 guarded_for = max(self.max_ttl - float(info.get("uptime_in_seconds", 0)), 0.0)
+                fresh = marker[0] is None
             else:
                 guarded_for = max(int(marker[1]) / 1000 - node_now, 0.0)
+                fresh = marker[2] == b"1" and guarded_for > 0
         return NodeHealth(
             node=node.name,
             reachable=True,
@@ -574,6 +586,7 @@ class RedlockBase:
             lock_keys=probe["keys"],
             clock_offset=node_now - (probe["sent"] + probe["received"]) / 2,
             guarded_for=guarded_for,
+            fresh=fresh,
         )
 
 

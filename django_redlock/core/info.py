@@ -77,4 +77,7 @@ class NodeHealth:
     lock_keys: int | None = None
     clock_offset: float | None = None  #: node clock minus local clock, seconds (RTT-corrected)
     guarded_for: float | None = None  #: seconds before the restart guard lets it vote
+    #: True while the node's guard comes from a missing marker (never used, or restarted
+    #: empty); a brand-new cluster is trusted at once when every node is fresh.
+    fresh: bool | None = None
     error: str | None = None

@@ -29,7 +29,18 @@ from .resp import Incomplete, ReplyError, encode, parse
 from .scripts import BODIES, Script
 
 __all__ = [
-    "Failure", "Node", "NodeSpec", "Wire", "WireError", "fan_out", "make_nodes", "script_command",
+    "Failure",
+    "Node",
+    "NodeSpec",
+    "Wire",
+    "WireError",
+    "fan_out",
+    "make_nodes",
+    "node_identity",
+    "parse_spec",
+    "redact",
+    "reply_failure",
+    "script_command",
 ]
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
@@ -108,7 +119,7 @@ class Wire:
         for _ in commands:
             reply = self.read_blocking()
             if isinstance(reply, ReplyError):
-                raise WireError(_reply_failure(reply))
+                raise WireError(reply_failure(reply))
         text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
         for line in text.splitlines():
             if line.startswith("run_id:"):
@@ -158,7 +169,7 @@ class Wire:
                 sock.close()
 
 
-def _reply_failure(reply: ReplyError) -> Failure:
+def reply_failure(reply: ReplyError) -> Failure:
     if reply.code in ("NOAUTH", "WRONGPASS", "NOPERM", "ERR") and (
         reply.code != "ERR" or "AUTH" in str(reply).upper() or "password" in str(reply)
     ):
@@ -171,10 +182,10 @@ class Node:
     for listing, health and pub/sub."""
 
     def __init__(self, spec: NodeSpec, *, node_timeout: float) -> None:
-        url, options = _parse_spec(spec)
+        url, options = parse_spec(spec)
         self.url = url
         #: The URL without credentials: safe for logs, errors and the admin page.
-        self.name = _redact(url)
+        self.name = redact(url)
         options.pop("decode_responses", None)
         self.params: dict[str, Any] = {**parse_url(url), **options}
         cls = self.params.pop("connection_class", None)
@@ -226,7 +237,7 @@ class Node:
         self.client.close()
 
 
-def _parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
+def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
     if isinstance(spec, redis.Redis):
         kwargs = dict(spec.connection_pool.connection_kwargs)
         if "path" in kwargs:
@@ -275,7 +286,7 @@ def _check_url(url: object) -> str:
     return url
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None and parts.username is None:
         return url
@@ -284,7 +295,7 @@ def _redact(url: str) -> str:
     return parts._replace(netloc=f"***@{netloc}").geturl()
 
 
-def _identity(url: str) -> tuple[str, str, int]:
+def node_identity(url: str) -> tuple[str, str, int]:
     """What makes two configured nodes the same server. The database number is left out on
     purpose: two databases of one server fail together, so they are not independent nodes."""
     parts = urlsplit(url)
@@ -302,13 +313,13 @@ def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
         raise TypeError(f"nodes must be a list of node URLs, got {specs!r}")
     if not specs:
         raise ValueError("nodes is empty: give at least one Redis node")
-    parsed = [_parse_spec(spec) for spec in specs]
+    parsed = [parse_spec(spec) for spec in specs]
     seen: dict[tuple[str, str, int], str] = {}
     for url, _ in parsed:
-        ident = _identity(url)
+        ident = node_identity(url)
         if ident in seen:
             raise ValueError(
-                f"nodes {_redact(seen[ident])!r} and {_redact(url)!r} are the same Redis server: "
+                f"nodes {redact(seen[ident])!r} and {redact(url)!r} are the same Redis server: "
                 "Redlock needs independent nodes"
             )
         seen[ident] = url
@@ -391,7 +402,7 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
                 poller.register(fd, select.POLLIN)
                 continue
             nodes[index].checkin(wire)
-            replies[index] = _reply_failure(reply) if isinstance(reply, ReplyError) else reply
+            replies[index] = reply_failure(reply) if isinstance(reply, ReplyError) else reply
     for _, wire, _ in pending.values():
         wire.close()
     return replies

@@ -303,7 +303,7 @@ class Redlock(RedlockBase):
                 "time": node.client.time(),
                 "received": time.time(),
                 "info": node.client.info(),
-                "marker": node.client.hmget(self._node_key(), "run_id", "usable_at"),
+                "marker": node.client.hmget(self._node_key(), *self.MARKER_FIELDS),
                 "keys": sum(1 for _ in node.client.scan_iter(
                     match=f"{self.key_prefix}:lock:*", count=1000)),
             }

@@ -57,7 +57,7 @@ class LocalQueue:
                         self._line.remove(ticket)
                         self._cond.notify_all()
                         return False
-                    if self._lease is not None:
+                    if self._line[0] is ticket and self._lease is not None:
                         wait = self._lease.validity if wait is None else min(
                             wait, self._lease.validity)
                     self._cond.wait(wait)

@@ -141,7 +141,7 @@ class Command(BaseCommand):
         health = redlock.health()
         quorum = redlock.quorum
         reachable = [h for h in health if h.reachable]
-        fresh = _fresh_nodes(redlock, health)
+        fresh = {h.node for h in health if h.reachable and h.guarded_for and h.fresh}
         # A brand-new cluster (no node ever held a lock under this prefix) is guarded until
         # the first acquire, which trusts every node at once (TRUST_FRESH_CLUSTER).
         trusted_at_first_lock = (
@@ -164,7 +164,7 @@ class Command(BaseCommand):
                 "status": status.lower(), "quorum": quorum, "reachable": len(reachable),
                 "voting": len(voting), "clock_spread": spread,
                 "fresh_cluster": trusted_at_first_lock,
-                "nodes": [{**h.__dict__, "fresh": h.node in fresh} for h in health],
+                "nodes": [h.__dict__ for h in health],
             }))
         else:
             rows = [("NODE", "REACHABLE", "LATENCY", "VERSION", "UPTIME", "GUARD", "CLOCK",
@@ -197,22 +197,6 @@ class Command(BaseCommand):
         for row in rows:
             self.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
                               .rstrip())
-
-
-def _fresh_nodes(redlock: Any, health: list[Any]) -> set[str]:
-    """Nodes whose restart guard comes from a missing (or still fresh) marker: never used
-    under this prefix. Read from the marker hash the acquire script maintains."""
-    names: set[str] = set()
-    for node, h in zip(redlock.nodes, health, strict=True):
-        if not h.reachable or not h.guarded_for:
-            continue
-        try:
-            run_id, fresh = node.client.hmget(redlock._node_key(), "run_id", "fresh")
-        except Exception:
-            continue
-        if run_id is None or fresh == b"1":
-            names.add(h.node)
-    return names
 
 
 def _dumps(value: Any) -> str:

@@ -1,0 +1,471 @@
+"""AsyncRedlock on real redis-server nodes: the same contract as the sync client, awaited.
+
+Covered: acquire/release/extend/check/held/validity/token/fence, ``async with``, contention
+between tasks (and loops) without overlap, reentrancy per task, auto-renewal and its stop at
+release, loss detection, wake-up by a release in another process, minority/majority node
+failures, fencing, and one AsyncRedlock used from several event loops. Driven by
+``asyncio.run`` (no pytest-asyncio dependency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import select
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, QuorumError
+from django_redlock.core.asyncio import AsyncLock, AsyncRedlock
+from django_redlock.testing import RedisCluster
+from tests.helpers import (
+    REPO_ROOT,
+    lock_keys,
+    node_client,
+    pttls_on_nodes,
+    tokens_on_nodes,
+    wait_until,
+)
+
+
+def script_calls(nodes) -> list[int]:
+    """EVAL + EVALSHA calls each node has served (INFO commandstats)."""
+    out = []
+    for node in nodes:
+        stats = node.info("commandstats")
+        out.append(sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
+                       for c in ("eval", "evalsha")))
+    return out
+
+
+def connected_clients(nodes) -> list[int]:
+    return [int(node.info("clients")["connected_clients"]) for node in nodes]
+
+
+def test_module_does_not_shadow_stdlib_asyncio() -> None:
+    import django_redlock.core.asyncio as module
+    from django_redlock.core import base, lock, redlock
+
+    assert module is not asyncio and asyncio.__name__ == "asyncio"
+    assert lock.asyncio is asyncio and hasattr(lock.asyncio, "current_task")
+    assert base.RedlockBase is redlock.Redlock.__mro__[1]
+    assert module.AsyncRedlock.lock_class is AsyncLock
+
+
+def test_acquire_release_extend_check(redis_nodes: RedisCluster, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes)
+
+    async def main() -> None:
+        lock = rl.lock("basic", ttl=5.0)
+        assert isinstance(lock, AsyncLock)
+        assert not lock.held and lock.validity == 0.0 and lock.token is None
+        # A brand-new (flushed) cluster is trusted at once: no idling for max_ttl.
+        assert await lock.acquire(blocking=False) is True
+        assert lock.held and 4.5 < lock.validity <= 5.0
+        assert len(lock.token) == 32 and lock.fence is None
+        assert tokens_on_nodes(redis_nodes, "basic") == [lock.token] * 3
+        assert await lock.check() is True
+        assert await rl.locked("basic") is True
+        assert await lock.extend(8.0) is True
+        assert 7.5 < lock.validity <= 8.0
+        assert all(5000 < p <= 8000 for p in pttls_on_nodes(redis_nodes, "basic"))
+        info = await rl.lock_info("basic")
+        assert info is not None and info.token == lock.token and info.nodes == 3
+        assert [i.name for i in await rl.live_locks()] == ["basic"]
+        assert await rl.live_locks("other*") == []
+        await lock.release()
+        assert not lock.held and await lock.check() is False
+        assert await rl.locked("basic") is False
+        assert lock_keys(redis_nodes) == [{}, {}, {}]
+        with pytest.raises(LockNotOwned):
+            await lock.release()
+        # force_release: removes whoever holds it; the holder learns it lost the lock.
+        assert await lock.acquire(blocking=False)
+        assert await rl.force_release("basic") == 3
+        assert not lock.held and lock.lost
+        with pytest.raises(LockLost):
+            await lock.release()
+        health = await rl.health()
+        assert [h.reachable for h in health] == [True] * 3
+        assert all(h.version and h.run_id and h.latency is not None for h in health)
+        assert all(h.guarded_for == 0.0 for h in health)
+
+    asyncio.run(main())
+
+
+def test_async_with_and_lock_not_acquired(redis_nodes: RedisCluster, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes, retry_count=1, retry_delay=0.02)
+    other = make_async_redlock(redis_nodes)
+
+    async def main() -> None:
+        async with rl.lock("ctx", ttl=5.0) as lock:
+            assert lock.held
+            held_token = lock.token
+            with pytest.raises(LockNotAcquired) as caught:
+                async with other.lock("ctx", blocking=False):
+                    raise AssertionError("entered a lock someone else holds")
+            assert caught.value.retry_after is not None and 4 < caught.value.retry_after <= 5
+            t0 = time.monotonic()
+            assert await other.lock("ctx").acquire(timeout=0.3) is False
+            assert 0.25 <= time.monotonic() - t0 < 1.5
+        assert not lock.held
+        assert tokens_on_nodes(redis_nodes, "ctx") == [None] * 3
+        assert held_token
+
+    asyncio.run(main())
+
+
+def test_tasks_and_loops_contending_never_overlap(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    """Three tasks on each of two event loops (two threads) share one AsyncRedlock and pass one
+    name around: the critical sections never overlap and all finish promptly."""
+    rl = make_async_redlock(redis_nodes, retry_delay=0.05)
+    intervals: list[tuple[float, float]] = []
+    errors: list[BaseException] = []
+
+    async def worker() -> None:
+        for _ in range(4):
+            async with rl.lock("shared", ttl=5.0, timeout=10.0):
+                begin = time.monotonic()
+                await asyncio.sleep(0.003)
+                intervals.append((begin, time.monotonic()))
+
+    def run_loop() -> None:
+        async def main() -> None:
+            await asyncio.gather(*(worker() for _ in range(3)))
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            errors.append(exc)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=run_loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(intervals) == 24
+    ordered = sorted(intervals)
+    for (_, end), (begin, _) in itertools.pairwise(ordered):
+        assert end <= begin, "two holders at once"
+    assert time.monotonic() - t0 < 15
+    assert lock_keys(redis_nodes) == [{}, {}, {}]
+
+
+def test_reentrancy_is_per_task(redis_nodes: RedisCluster, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes)
+
+    async def main() -> None:
+        outer = rl.lock("re", ttl=5.0)
+        assert await outer.acquire(blocking=False)
+        inner = rl.lock("re", ttl=5.0)
+        with contextlib.ExitStack() as paused:
+            for node in redis_nodes:  # no node can answer: a round trip would fail
+                paused.enter_context(node.paused())
+            assert await inner.acquire(blocking=False)
+        assert inner.token == outer.token
+
+        async def other_task() -> bool:
+            return await rl.lock("re", ttl=5.0).acquire(blocking=False)
+
+        assert await asyncio.create_task(other_task()) is False  # another task: another owner
+        await inner.release()
+        assert tokens_on_nodes(redis_nodes, "re") == [outer.token] * 3  # still held once
+        await outer.release()
+        assert tokens_on_nodes(redis_nodes, "re") == [None] * 3
+
+        # An explicit owner is shared across tasks (a job id, say).
+        async def as_job(lock: AsyncLock) -> bool:
+            return await lock.acquire(blocking=False)
+
+        first, second = rl.lock("job", owner="job-1"), rl.lock("job", owner="job-1")
+        assert await asyncio.create_task(as_job(first))
+        assert await asyncio.create_task(as_job(second))
+        assert first.token == second.token
+        await second.release()
+        await first.release()
+        assert tokens_on_nodes(redis_nodes, "job") == [None] * 3
+
+    asyncio.run(main())
+
+
+def test_auto_renew_keeps_a_short_lease_and_stops_at_release(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    rl = make_async_redlock(redis_nodes)
+    lost = []
+    rl.listeners.append(lambda e: lost.append(e) if e.kind == "lost" else None)
+
+    async def main() -> None:
+        lock = rl.lock("renewed", ttl=0.3, auto_renew=True)
+        assert await lock.acquire(blocking=False)
+        start = time.monotonic()
+        while time.monotonic() - start < 1.0:  # > 3 x ttl
+            await asyncio.sleep(0.1)
+            assert lock.held
+            assert all(p > 0 for p in pttls_on_nodes(redis_nodes, "renewed"))
+        with node_client(redis_nodes[0]) as c:
+            assert int(c.hget("redlock:lock:renewed", "renewals")) >= 2
+        await lock.release()
+        calls = script_calls(redis_nodes)
+        await asyncio.sleep(0.4)  # more than one renewal period
+        assert script_calls(redis_nodes) == calls, "a renewal after release"
+        assert pttls_on_nodes(redis_nodes, "renewed") == [-2, -2, -2]
+
+    asyncio.run(main())
+    assert lost == []
+
+
+def test_renewal_detects_a_lost_lock(redis_nodes: RedisCluster, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes)
+    events = []
+    rl.listeners.append(events.append)
+
+    async def main() -> None:
+        lock = rl.lock("lost", ttl=0.3, auto_renew=True)
+        assert await lock.acquire(blocking=False)
+        for node in redis_nodes:  # someone deletes the keys behind our back
+            with node_client(node) as c:
+                c.delete("redlock:lock:lost")
+        deadline = time.monotonic() + 2
+        while lock.held and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert not lock.held and lock.lost
+        with pytest.raises(LockLost):
+            await lock.release()
+
+    asyncio.run(main())
+    assert [e.kind for e in events if e.kind in ("lost", "released")] == ["lost", "released"]
+
+
+_HOLDER = """
+import sys, time
+from django_redlock import Redlock
+rl = Redlock({urls!r})
+lock = rl.lock("wake", ttl=10.0)
+assert lock.acquire(blocking=False)
+print("held", flush=True)
+sys.stdin.readline()
+time.sleep(0.2)
+releasing = time.monotonic()
+lock.release()
+print("released", releasing, flush=True)
+rl.close()
+"""
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "the holder process did not answer"
+    return proc.stdout.readline().strip()
+
+
+def test_release_in_another_process_wakes_the_waiter(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    """The holder's lease is 10 s; it releases after ~0.2 s and the async waiter has the lock
+    well within 1 s: woken by the release notice, not by the lease's end or polling."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    code = textwrap.dedent(_HOLDER.format(urls=list(redis_nodes.urls)))
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert _read_line(proc, 30) == "held"
+            rl = make_async_redlock(redis_nodes)
+
+            async def main() -> tuple[float, float]:
+                lock = rl.lock("wake", ttl=5.0)
+                t0 = time.monotonic()
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                assert await lock.acquire(timeout=5.0)
+                got = time.monotonic()
+                await lock.release()
+                return t0, got
+
+            t0, got = asyncio.run(main())
+            words = _read_line(proc, 10).split()
+        finally:
+            proc.kill()
+    assert words[0] == "released"
+    releasing = float(words[1])  # when the holder started its release
+    assert 0.15 < got - t0 < 1.0, got - t0
+    assert releasing <= got < releasing + 0.5, got - releasing
+
+
+def test_a_cancelled_waiter_leaves_no_trace(redis_nodes: RedisCluster, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes)
+
+    async def main() -> None:
+        holder = rl.lock("cancel", ttl=5.0)
+        assert await holder.acquire(blocking=False)
+
+        async def wait_for_it() -> bool:
+            return await rl.lock("cancel", ttl=5.0).acquire(timeout=5.0)
+
+        waiter = asyncio.create_task(wait_for_it())
+        await asyncio.sleep(0.1)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await holder.release()
+        again = rl.lock("cancel", ttl=5.0)
+        assert await again.acquire(timeout=1.0)  # the local queue was left
+        await again.release()
+        assert rl._state().queues == {}
+
+    asyncio.run(main())
+    assert lock_keys(redis_nodes) == [{}, {}, {}]
+
+
+@pytest.mark.faults
+def test_minority_paused_still_works_within_the_node_timeout(
+    redis_nodes5: RedisCluster, make_async_redlock
+) -> None:
+    rl = make_async_redlock(redis_nodes5, node_timeout=0.05)
+
+    async def main() -> None:
+        warm = rl.lock("warm")
+        assert await warm.acquire(blocking=False)  # pooled connections to every node
+        await warm.release()
+        with redis_nodes5[0].paused(), redis_nodes5[1].paused():
+            for _ in range(2):  # pooled connections, then fresh ones to the paused nodes
+                lock = rl.lock("minority", ttl=5.0)
+                t0 = time.monotonic()
+                assert await lock.acquire(blocking=False)
+                elapsed = time.monotonic() - t0
+                assert elapsed < 2 * 0.05 + 0.25, elapsed
+                assert tokens_on_nodes(redis_nodes5[2:], "minority") == [lock.token] * 3
+                await lock.release()
+
+    asyncio.run(main())
+
+
+@pytest.mark.faults
+def test_majority_down_raises_quorum_error(redis_nodes: RedisCluster, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes, node_timeout=0.05)
+
+    async def main() -> None:
+        warm = rl.lock("warm")
+        assert await warm.acquire(blocking=False)
+        await warm.release()
+        redis_nodes[1].kill()
+        redis_nodes[2].kill()
+        lock = rl.lock("majority", ttl=5.0)
+        with pytest.raises(QuorumError) as caught:
+            await lock.acquire(blocking=False)
+        assert len(caught.value.failures) == 2
+        assert all("refused" in why for why in caught.value.failures.values())
+        assert not lock.held
+        with pytest.raises(QuorumError):
+            await lock.acquire(timeout=0.3)
+
+    asyncio.run(main())
+    assert lock_keys(redis_nodes[:1]) == [{}]  # the one granted SET was taken back
+
+
+def test_fencing_tokens_strictly_increase(redis_nodes: RedisCluster, make_async_redlock) -> None:
+    one, two = make_async_redlock(redis_nodes), make_async_redlock(redis_nodes)
+
+    async def main() -> list[int]:
+        fences = []
+        for i in range(6):
+            client = one if i % 2 == 0 else two
+            lock = client.lock("fenced", ttl=5.0, fencing=True)
+            assert await lock.acquire(blocking=False)
+            assert isinstance(lock.fence, int)
+            info = await client.lock_info("fenced")
+            assert info is not None and info.fence == lock.fence
+            fences.append(lock.fence)
+            await lock.release()
+        return fences
+
+    fences = asyncio.run(main())
+    assert all(a < b for a, b in itertools.pairwise(fences)), fences
+
+
+def test_one_redlock_serves_successive_event_loops(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    """Built outside any loop, used from two ``asyncio.run`` calls (Django's async_to_sync does
+    the same): each loop gets its own connections, closed when that loop shuts down."""
+    baseline = connected_clients(redis_nodes)
+    rl: AsyncRedlock = make_async_redlock(redis_nodes)
+    lock = rl.lock("loops", ttl=5.0, auto_renew=True)
+
+    async def cycle() -> str:
+        assert await lock.acquire(blocking=False)
+        assert await rl.locked("loops")
+        token = lock.token
+        await lock.release()
+        return token
+
+    first = asyncio.run(cycle())
+    second = asyncio.run(cycle())
+    assert first != second
+    assert rl._states == {}
+    wait_until(lambda: connected_clients(redis_nodes) == baseline)
+
+
+def test_unix_sockets_password_db_and_noscript(
+    redis_cluster_factory, make_async_redlock
+) -> None:
+    """The handshake (AUTH, SELECT) over unix sockets, the EVAL fallback after the nodes lost
+    their script cache, and a wrong password reported as ``auth``."""
+    cluster = redis_cluster_factory(3, unix_socket=True, password="s3cret")
+    rl = make_async_redlock([url.replace("db=0", "db=2") for url in cluster.urls])
+    wrong = make_async_redlock([url.replace("s3cret", "nope") for url in cluster.urls])
+
+    async def main() -> None:
+        lock = rl.lock("unix", ttl=5.0)
+        assert await lock.acquire(blocking=False)
+        for node in cluster:
+            with node.client(db=2, socket_timeout=5) as c:
+                assert c.hget("redlock:lock:unix", "token").decode() == lock.token
+        await lock.release()
+        for node in cluster:
+            with node.client(socket_timeout=5) as c:
+                c.script_flush()
+        assert await lock.acquire(blocking=False)  # NOSCRIPT -> EVAL, on pooled connections
+        await lock.release()
+        with pytest.raises(QuorumError) as caught:
+            await wrong.lock("unix").acquire(blocking=False)
+        assert all(why.startswith("auth") for why in caught.value.failures.values())
+
+    asyncio.run(main())
+
+
+def test_concurrent_first_use_of_a_fresh_cluster(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    """Eight tasks take eight different names at once on a cluster nobody used yet: every
+    non-blocking attempt must succeed (the trust round of one task may still be landing when
+    another's acquire arrives). Repeated because the failure is a race. The node timeout is
+    roomier than the default: all 24 first connections are opened by one event loop at once,
+    which under asyncio debug mode (``-X dev``) alone can take longer than 2 x 50 ms."""
+    for round_ in range(8):
+        for node in redis_nodes:
+            node.flush()
+        rl = make_async_redlock(redis_nodes, node_timeout=0.25)
+
+        async def take(i: int, rl: AsyncRedlock = rl) -> bool:
+            lock = rl.lock(f"fresh:{i}")
+            got = await lock.acquire(blocking=False)
+            await lock.release()
+            return got
+
+        async def main(rl: AsyncRedlock = rl) -> list[bool]:
+            return await asyncio.gather(*(take(i) for i in range(8)))
+
+        assert asyncio.run(main()) == [True] * 8, f"round {round_}"
