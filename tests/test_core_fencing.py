@@ -1,0 +1,145 @@
+"""Fencing tokens (``fencing=True``) on real nodes: strictly increasing per name, across
+clients and processes, after nodes restarted empty, at the cost of one extra round trip."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import time
+
+import pytest
+
+from django_redlock import QuorumError
+from django_redlock.testing import RedisCluster
+from tests.helpers import node_client, warm_up
+
+CTX = multiprocessing.get_context("fork")
+
+
+def _fence_counters(nodes, name: str) -> list[int | None]:
+    out = []
+    for node in nodes:
+        with node_client(node) as c:
+            raw = c.get(f"redlock:fence:{name}")
+            out.append(int(raw) if raw is not None else None)
+    return out
+
+
+def test_fences_strictly_increase_over_50_acquisitions(
+    redis_nodes: RedisCluster, make_redlock, event_log
+) -> None:
+    clients = [make_redlock(redis_nodes), make_redlock(redis_nodes)]
+    log = event_log(clients[0])
+    fences = []
+    for i in range(50):
+        lock = clients[i % 2].lock("fence:seq", fencing=True)
+        assert lock.acquire(blocking=False)
+        assert isinstance(lock.fence, int) and lock.fence > 0
+        fences.append(lock.fence)
+        info = clients[0].lock_info("fence:seq")
+        assert info.fence == lock.fence  # written back into the lock's hash on the nodes
+        # The agreed fence was written back to every node's counter before acquire returned.
+        assert _fence_counters(redis_nodes, "fence:seq") == [lock.fence] * 3
+        lock.release()
+    assert all(b > a for a, b in itertools.pairwise(fences)), fences
+    assert [e.fence for e in log.of("acquired", "fence:seq")] == fences[0::2]
+    # A lock taken without fencing has none, and does not move the counter.
+    plain = clients[0].lock("fence:seq")
+    assert plain.acquire(blocking=False) and plain.fence is None
+    plain.release()
+    assert _fence_counters(redis_nodes, "fence:seq") == [fences[-1]] * 3
+
+
+def _fenced_worker(urls, count, results) -> None:
+    from django_redlock import Redlock
+
+    rl = Redlock(urls, ttl=5.0)
+    records = []
+    try:
+        for _ in range(count):
+            lock = rl.lock("fence:procs", fencing=True)
+            assert lock.acquire(timeout=20)
+            records.append((time.monotonic(), lock.fence))  # taken while holding the lock
+            lock.release()
+    finally:
+        results.put(records)
+
+
+def test_fences_from_concurrent_processes_follow_acquisition_order(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    warm_up(make_redlock(redis_nodes))
+    results = CTX.Queue()
+    workers = [
+        CTX.Process(target=_fenced_worker, args=(list(redis_nodes.urls), 25, results))
+        for _ in range(4)
+    ]
+    for w in workers:
+        w.start()
+    records = [r for _ in workers for r in results.get(timeout=60)]
+    for w in workers:
+        w.join(10)
+    assert len(records) == 100
+    # Hold periods do not overlap (mutual exclusion), so the timestamps taken while holding
+    # order the acquisitions; the fences must follow that order strictly.
+    in_order = [fence for _, fence in sorted(records)]
+    assert all(b > a for a, b in itertools.pairwise(in_order)), in_order
+
+
+def test_fences_keep_increasing_after_a_majority_restarted_empty(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=0.5, max_ttl=1.0, restart_guard=True)
+    warm_up(rl)
+    fences = []
+    for _ in range(5):
+        lock = rl.lock("fence:restart", fencing=True)
+        assert lock.acquire(blocking=False)
+        fences.append(lock.fence)
+        lock.release()
+    # Two of three nodes lose their counters. The third is taken by someone else for the
+    # next acquire, so the fence can only come from the two restarted nodes' counters.
+    cluster[0].restart(empty=True)
+    cluster[2].restart(empty=True)
+    with node_client(cluster[1]) as c:
+        c.hset("redlock:lock:fence:restart", mapping={"token": "someone-else"})
+        c.pexpire("redlock:lock:fence:restart", 5000)
+    lock = rl.lock("fence:restart", fencing=True)
+    with pytest.raises(QuorumError, match="guarded"):  # guarded for max_ttl after their start
+        lock.acquire(blocking=False)
+    assert lock.acquire(timeout=5)  # granted by nodes 0 and 2 once their guard passed
+    fences.append(lock.fence)
+    lock.release()
+    with node_client(cluster[1]) as c:
+        c.delete("redlock:lock:fence:restart")
+    for _ in range(3):
+        lock = rl.lock("fence:restart", fencing=True)
+        assert lock.acquire(blocking=False)
+        fences.append(lock.fence)
+        lock.release()
+    assert all(b > a for a, b in itertools.pairwise(fences)), fences
+
+
+def test_fencing_costs_one_extra_round_trip(
+    redis_nodes: RedisCluster, make_redlock, node_calls
+) -> None:
+    rl = make_redlock(redis_nodes)
+    warm_up(rl)
+    for fencing in (False, True):  # load the scripts, so no NOSCRIPT retry is counted
+        lock = rl.lock("fence:cost", fencing=fencing)
+        assert lock.acquire(blocking=False)
+        lock.release()
+
+    def scripts_per_node(fencing: bool) -> list[int]:
+        before = node_calls(redis_nodes)
+        lock = rl.lock("fence:cost", fencing=fencing)
+        assert lock.acquire(blocking=False)
+        after = node_calls(redis_nodes)
+        lock.release()
+        return [
+            a.get("evalsha", 0) - b.get("evalsha", 0) for b, a in zip(before, after, strict=True)
+        ]
+
+    assert scripts_per_node(fencing=False) == [1, 1, 1]
+    assert scripts_per_node(fencing=True) == [2, 2, 2]  # ACQUIRE, then FENCE_SYNC

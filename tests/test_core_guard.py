@@ -1,0 +1,235 @@
+"""The restart guard on real nodes: a node that restarted (lost its data or its run id changed)
+within the last ``max_ttl`` does not vote, so a lock it held before the restart cannot be granted
+twice; a brand-new cluster and a node that has been up longer than ``max_ttl`` are usable at once.
+
+"A holds the lock on exactly 3 of 5 nodes" is arranged by having the other two nodes held by a
+stale lease of some earlier client while A acquires (removed right after). Pausing them instead
+does not work: the acquire command waits in the paused server's socket buffer and runs when the
+server resumes, so A ends up on all five nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from django_redlock import LockNotOwned, QuorumError
+from django_redlock.testing import RedisCluster
+from tests.helpers import node_client, tokens_on_nodes, wait_until, warm_up
+
+
+def _occupy(node, name: str, ms: int = 5000, token: str = "stale-lease") -> None:
+    with node_client(node) as c:
+        c.hset(f"redlock:lock:{name}", mapping={"token": token})
+        c.pexpire(f"redlock:lock:{name}", ms)
+
+
+def _vacate(node, name: str) -> None:
+    with node_client(node) as c:
+        c.delete(f"redlock:lock:{name}")
+
+
+def _hold_on_first_three(cluster: RedisCluster, rl, name: str, ttl: float):
+    for node in cluster.nodes[3:]:
+        _occupy(cluster[cluster.nodes.index(node)], name)
+    lock = rl.lock(name, ttl=ttl)
+    assert lock.acquire(blocking=False)
+    for node in cluster.nodes[3:]:
+        _vacate(node, name)
+    assert tokens_on_nodes(cluster, name) == [lock.token] * 3 + [None, None]
+    return lock
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("guard", [True, False], ids=["guard-on", "guard-off"])
+def test_node_restarted_empty_within_a_lease_cannot_grant_it_twice(
+    guard: bool, redis_cluster_factory, make_redlock
+) -> None:
+    """Issue 3's test: A on exactly 3 of 5 nodes; one of them is killed and restarts empty at
+    once. With the guard, B cannot take the lock while A's is valid (and takes it once A's
+    lease is over). Without it, B gets the restarted node plus the two A never had: a
+    quorum, while A still holds the lock: the double grant the guard exists for."""
+    cluster = redis_cluster_factory(5)
+    a_rl = make_redlock(cluster, max_ttl=3.0, ttl=2.5, node_timeout=0.05)
+    b_rl = make_redlock(cluster, max_ttl=3.0, ttl=2.5, node_timeout=0.05, restart_guard=guard)
+    warm_up(a_rl)
+    warm_up(b_rl)
+    a = _hold_on_first_three(cluster, a_rl, "guard:double", ttl=2.5)
+    cluster[0].restart(empty=True)
+    b = b_rl.lock("guard:double", ttl=2.5)
+    if not guard:
+        assert b.acquire(blocking=False) is True
+        assert a.held and b.held  # two holders at once
+        assert tokens_on_nodes(cluster, "guard:double") == [
+            b.token,
+            a.token,
+            a.token,
+            b.token,
+            b.token,
+        ]
+        b.release()
+        with pytest.raises(LockNotOwned):  # A's lock was taken from under it
+            a.release()
+        return
+    # B keeps trying for as long as A's lock is valid, and is refused every time.
+    attempts = 0
+    while a.validity > 0.3:
+        assert b.acquire(blocking=False) is False, "B got the lock while A's was still valid"
+        assert a.held
+        attempts += 1
+    assert attempts >= 5
+    assert tokens_on_nodes(cluster, "guard:double")[:3] == [None, a.token, a.token]
+    # Once A's lease is over, B gets it from nodes 1-4 (node 0 is still in its guard period;
+    # a node where A's key lingers a few ms longer may be left out).
+    assert b.acquire(timeout=3) is True
+    assert not a.held
+    tokens = tokens_on_nodes(cluster, "guard:double")
+    assert tokens[0] is None and tokens.count(b.token) >= 3, tokens
+    b.release()
+
+
+def test_brand_new_cluster_is_usable_at_once(redis_cluster_factory, make_redlock) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, max_ttl=60.0)
+    lock = rl.lock("guard:fresh")
+    t0 = time.monotonic()
+    assert lock.acquire(blocking=False) is True  # every node without a marker: trusted
+    assert time.monotonic() - t0 < 0.5
+    lock.release()
+    assert all(h.guarded_for == 0 for h in rl.health())
+
+
+def test_brand_new_cluster_is_guarded_without_trust_fresh_cluster(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=0.5, max_ttl=2.0, trust_fresh_cluster=False)
+    lock = rl.lock("guard:distrust")
+    with pytest.raises(QuorumError, match="guarded"):
+        lock.acquire(blocking=False)
+    assert any(h.guarded_for for h in rl.health())
+    # Usable once max_ttl has passed since the nodes started.
+    assert lock.acquire(timeout=5) is True
+    lock.release()
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("trust", [True, False], ids=["trust-fresh", "distrust-fresh"])
+def test_whole_cluster_emptied_within_a_lease_looks_brand_new(
+    trust: bool, redis_cluster_factory, make_redlock
+) -> None:
+    """The documented risk of trusting a brand-new cluster: when every node loses its data at
+    once, within a lease, nothing distinguishes it from a new cluster. Trusted (the default)
+    it grants the lock again at once; with trust_fresh_cluster=False it waits out max_ttl."""
+    cluster = redis_cluster_factory(3)
+    a_rl = make_redlock(cluster, ttl=2.0, max_ttl=2.0)
+    b_rl = make_redlock(cluster, ttl=2.0, max_ttl=2.0, trust_fresh_cluster=trust)
+    warm_up(a_rl)
+    a = a_rl.lock("guard:all-lost")
+    assert a.acquire(blocking=False)
+    for node in cluster:
+        node.restart(empty=True)
+    b = b_rl.lock("guard:all-lost")
+    if trust:
+        assert b.acquire(blocking=False) is True and a.held
+        b.release()
+    else:
+        with pytest.raises(QuorumError, match="guarded"):
+            b.acquire(blocking=False)
+
+
+@pytest.mark.faults
+def test_node_up_longer_than_max_ttl_counts_at_once_when_its_marker_vanished(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=0.4, max_ttl=0.5)
+    warm_up(rl)
+    wait_until(
+        lambda: all(int(n.info("server")["uptime_in_seconds"]) >= 1 for n in cluster), timeout=3
+    )
+    cluster[0].flush()  # its marker is gone, but it has been up longer than max_ttl
+    _occupy(cluster[1], "guard:uptime")  # the quorum needs node 0
+    lock = rl.lock("guard:uptime")
+    assert lock.acquire(blocking=False) is True
+    assert tokens_on_nodes(cluster, "guard:uptime") == [lock.token, "stale-lease", lock.token]
+    lock.release()
+    # The same node judged with a longer max_ttl (60 s > its uptime) is still in its guard.
+    cluster[0].flush()
+    longer = make_redlock(cluster, ttl=0.4, max_ttl=60.0)
+    assert longer.lock("guard:uptime").acquire(blocking=False) is False
+
+
+@pytest.mark.faults
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "core bug: the restart guard period of a restarted node is fixed by the first client that "
+        "reaches it (scripts.py _GUARD stores usable_at = start + that caller's guard; later "
+        "callers only compare usable_at), so a client with a small max_ttl shortens the guard for "
+        "clients whose leases are longer: store the node's start time and add each caller's own "
+        "guard instead"
+    ),
+)
+def test_guard_period_is_not_shortened_by_a_client_with_a_smaller_max_ttl(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(5)
+    long_rl = make_redlock(cluster, ttl=8.0, max_ttl=10.0, node_timeout=0.05)
+    short_rl = make_redlock(cluster, ttl=0.4, max_ttl=0.5, node_timeout=0.05)
+    warm_up(long_rl)
+    warm_up(short_rl)
+    a = _hold_on_first_three(cluster, long_rl, "guard:mixed", ttl=8.0)
+    cluster[0].restart(empty=True)
+    # A short-lease client reaches the restarted node first (any lock name will do).
+    probe = short_rl.lock("guard:other")
+    if probe.acquire(blocking=False):
+        probe.release()
+    wait_until(lambda: long_rl.health()[0].guarded_for == 0, timeout=3)
+    b = long_rl.lock("guard:mixed", ttl=8.0)
+    granted = b.acquire(blocking=False)
+    both = granted and a.held
+    if granted:
+        b.release()
+    with contextlib.suppress(LockNotOwned):
+        a.release()
+    assert not both, "double grant: the guard for 10 s leases lasted 0.5 s"
+
+
+@pytest.mark.faults
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "core bug: Redlock._attempt's 'settle' retries (redlock.py, `if settle and "
+        "self._settling(replies)`) also fire for a node that restarted empty (its guard reply "
+        "says fresh=1 like a brand-new node's), so during the whole guard period every refused "
+        "attempt becomes 4 fan-outs with 3 node_timeout sleeps, ignoring blocking=False and the "
+        "acquire deadline"
+    ),
+)
+def test_refused_attempt_during_a_restart_guard_is_one_round_trip(
+    redis_cluster_factory, make_redlock, node_calls
+) -> None:
+    cluster = redis_cluster_factory(3)
+    a_rl = make_redlock(cluster, ttl=5.0, max_ttl=10.0, node_timeout=0.05)
+    b_rl = make_redlock(cluster, ttl=5.0, max_ttl=10.0, node_timeout=0.05)
+    warm_up(a_rl)
+    warm_up(b_rl)
+    a = a_rl.lock("guard:one-try")
+    assert a.acquire(blocking=False)
+    cluster[2].restart(empty=True)
+    b = b_rl.lock("guard:one-try")
+    assert b.acquire(blocking=False) is False  # load the scripts on the restarted node
+    before = node_calls(cluster)
+    t0 = time.monotonic()
+    assert b.acquire(blocking=False) is False
+    elapsed = time.monotonic() - t0
+    after = node_calls(cluster)
+    a.release()
+    scripts = [
+        x.get("evalsha", 0) - y.get("evalsha", 0) for y, x in zip(before, after, strict=True)
+    ]
+    # blocking=False is one attempt: one ACQUIRE per node, no sleeping.
+    assert scripts == [1, 1, 1] and elapsed < 0.05, (scripts, elapsed)

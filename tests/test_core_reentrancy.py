@@ -1,0 +1,179 @@
+"""Reentrancy (the default, ``reentrant=True``): the owner that holds a lock takes it again
+with no round trip, the nodes' key stays until the outermost release, and owners are threads,
+asyncio tasks or an explicit id. Traffic is counted on the real nodes (``INFO commandstats``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from django_redlock import RedlockError
+from django_redlock.testing import RedisCluster
+from tests.helpers import tokens_on_nodes, warm_up
+
+IGNORED = {"info", "client", "hello", "select", "ping"}  # our own counting and connection setup
+
+
+def _traffic(node_calls, nodes) -> list[int]:
+    return [sum(v for k, v in calls.items() if k not in IGNORED) for calls in node_calls(nodes)]
+
+
+def test_same_thread_reenters_without_a_round_trip(
+    redis_nodes: RedisCluster, make_redlock, node_calls
+) -> None:
+    rl = make_redlock(redis_nodes)
+    assert rl.reentrant is True  # the default
+    warm_up(rl)
+    outer = rl.lock("re:nested", ttl=5.0)
+    assert outer.acquire(blocking=False)
+    before = _traffic(node_calls, redis_nodes)
+    inner = rl.lock("re:nested")
+    assert inner.acquire(blocking=False) is True
+    innermost = rl.lock("re:nested")
+    assert innermost.acquire() is True  # blocking: still a local hit
+    assert inner.token == outer.token == innermost.token
+    innermost.release()
+    inner.release()
+    assert _traffic(node_calls, redis_nodes) == before, "a reentrant hold talked to the nodes"
+    # The inner releases only dropped the hold count: the key is still there.
+    assert tokens_on_nodes(redis_nodes, "re:nested") == [outer.token] * 3
+    assert outer.held and outer.check()
+    outer.release()
+    assert tokens_on_nodes(redis_nodes, "re:nested") == [None] * 3
+
+
+def test_another_thread_blocks_until_the_outermost_release(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    rl = make_redlock(redis_nodes)
+    outer = rl.lock("re:other-thread", ttl=5.0)
+    assert outer.acquire(blocking=False)
+    inner = rl.lock("re:other-thread")
+    assert inner.acquire(blocking=False)
+    outcome = {}
+    attempted = threading.Event()
+    acquired = threading.Event()
+
+    def other() -> None:
+        lock = rl.lock("re:other-thread")
+        outcome["try"] = lock.acquire(blocking=False)
+        t0 = time.monotonic()
+        outcome["timed"] = lock.acquire(timeout=0.3)
+        outcome["timed_wait"] = time.monotonic() - t0
+        attempted.set()
+        outcome["blocking"] = lock.acquire(timeout=5)
+        acquired.set()
+        outcome["token"] = lock.token
+        lock.release()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert attempted.wait(5)
+    assert outcome["try"] is False and outcome["timed"] is False, outcome
+    assert outcome["timed_wait"] >= 0.3, outcome
+    inner.release()
+    assert not acquired.wait(0.2), "released the nodes' key at the inner release"
+    outer.release()
+    assert acquired.wait(5)
+    thread.join(5)
+    assert outcome["blocking"] is True and outcome["token"] != outer.token
+
+
+def test_reentrant_false_refuses_the_same_thread(redis_nodes: RedisCluster, make_redlock) -> None:
+    rl = make_redlock(redis_nodes)
+    first = rl.lock("re:off", reentrant=False)
+    assert first.acquire(blocking=False)
+    assert rl.lock("re:off", reentrant=False).acquire(blocking=False) is False
+    # The same applies client-wide.
+    strict = make_redlock(redis_nodes, reentrant=False)
+    lock = strict.lock("re:off-client")
+    assert lock.acquire(blocking=False)
+    assert strict.lock("re:off-client").acquire(blocking=False) is False
+    lock.release()
+    first.release()
+
+
+def test_explicit_owner_is_shared_across_threads(redis_nodes: RedisCluster, make_redlock) -> None:
+    rl = make_redlock(redis_nodes)
+    held = rl.lock("re:owner", owner="task-1", ttl=5.0)
+    assert held.acquire(blocking=False)
+    results = {}
+
+    def other_thread() -> None:
+        same = rl.lock("re:owner", owner="task-1")
+        results["same_owner"] = same.acquire(blocking=False)
+        results["same_token"] = same.token
+        results["other_owner"] = rl.lock("re:owner", owner="task-2").acquire(blocking=False)
+        results["thread_owner"] = rl.lock("re:owner").acquire(blocking=False)
+        same.release()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join(5)
+    assert results == {
+        "same_owner": True,
+        "same_token": held.token,
+        "other_owner": False,
+        "thread_owner": False,
+    }, results
+    # The other thread's release only dropped its hold.
+    assert tokens_on_nodes(redis_nodes, "re:owner") == [held.token] * 3
+    held.release()
+    assert tokens_on_nodes(redis_nodes, "re:owner") == [None] * 3
+
+
+def test_asyncio_tasks_on_one_thread_are_different_owners(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """The sync client called from coroutines: the owner is the task, not the thread (a
+    thread-local owner would let every coroutine of the loop walk into each other's lock)."""
+    rl = make_redlock(redis_nodes)
+
+    async def main() -> tuple[bool, bool]:
+        first = rl.lock("re:tasks", ttl=5.0)
+        assert first.acquire(blocking=False)
+
+        async def same_task_again() -> bool:
+            return rl.lock("re:tasks").acquire(blocking=False)
+
+        other = await asyncio.create_task(same_task_again())
+        again = rl.lock("re:tasks")
+        mine = again.acquire(blocking=False)
+        again.release()
+        first.release()
+        return other, mine
+
+    other, mine = asyncio.run(main())
+    assert other is False and mine is True
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "core bug: a reentrant hit (base.py RedlockBase._reenter) returns the outer lease "
+        "whatever the inner handle asked for: fencing=True gives lock.fence None and "
+        "auto_renew=True is silently not renewed, so a long job under the inner hold loses "
+        "the lock at the outer lease's end; it should raise or upgrade the lease"
+    ),
+)
+def test_reentrant_hold_asking_for_more_than_the_outer_one_is_not_silently_downgraded(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    rl = make_redlock(redis_nodes)
+    outer = rl.lock("re:upgrade", ttl=0.6)  # e.g. @locked on a view: no renewal, no fence
+    assert outer.acquire(blocking=False)
+    inner = rl.lock("re:upgrade", ttl=0.6, fencing=True, auto_renew=True)  # a long job
+    try:
+        acquired = inner.acquire(blocking=False)
+    except (ValueError, RedlockError):
+        outer.release()
+        return  # refusing the mismatch is a fine answer
+    assert acquired
+    time.sleep(1.0)  # past the outer lease
+    assert isinstance(inner.fence, int), inner.fence
+    assert inner.held, "the inner hold asked for auto_renew but its lease ran out"
+    inner.release()
+    outer.release()
