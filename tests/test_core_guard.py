@@ -163,23 +163,16 @@ def test_node_up_longer_than_max_ttl_counts_at_once_when_its_marker_vanished(
 
 
 @pytest.mark.faults
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core bug: the restart guard period of a restarted node is fixed by the first client that "
-        "reaches it (scripts.py _GUARD stores usable_at = start + that caller's guard; later "
-        "callers only compare usable_at), so a client with a small max_ttl shortens the guard for "
-        "clients whose leases are longer: store the node's start time and add each caller's own "
-        "guard instead"
-    ),
-)
 def test_guard_period_is_not_shortened_by_a_client_with_a_smaller_max_ttl(
     redis_cluster_factory, make_redlock
 ) -> None:
     cluster = redis_cluster_factory(5)
     long_rl = make_redlock(cluster, ttl=8.0, max_ttl=10.0, node_timeout=0.05)
+    # B is another process in real life: its own client, so no reentrant hit on A's lease.
+    b_rl = make_redlock(cluster, ttl=8.0, max_ttl=10.0, node_timeout=0.05)
     short_rl = make_redlock(cluster, ttl=0.4, max_ttl=0.5, node_timeout=0.05)
     warm_up(long_rl)
+    warm_up(b_rl)
     warm_up(short_rl)
     a = _hold_on_first_three(cluster, long_rl, "guard:mixed", ttl=8.0)
     cluster[0].restart(empty=True)
@@ -187,8 +180,11 @@ def test_guard_period_is_not_shortened_by_a_client_with_a_smaller_max_ttl(
     probe = short_rl.lock("guard:other")
     if probe.acquire(blocking=False):
         probe.release()
-    wait_until(lambda: long_rl.health()[0].guarded_for == 0, timeout=3)
-    b = long_rl.lock("guard:mixed", ttl=8.0)
+    # The short client's guard (0.5 s) has passed; the long client's own (10 s) has not.
+    time.sleep(0.6)
+    assert short_rl.health()[0].guarded_for == 0
+    assert long_rl.health()[0].guarded_for > 8
+    b = b_rl.lock("guard:mixed", ttl=8.0)
     granted = b.acquire(blocking=False)
     both = granted and a.held
     if granted:
@@ -199,16 +195,6 @@ def test_guard_period_is_not_shortened_by_a_client_with_a_smaller_max_ttl(
 
 
 @pytest.mark.faults
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core bug: Redlock._attempt's 'settle' retries (redlock.py, `if settle and "
-        "self._settling(replies)`) also fire for a node that restarted empty (its guard reply "
-        "says fresh=1 like a brand-new node's), so during the whole guard period every refused "
-        "attempt becomes 4 fan-outs with 3 node_timeout sleeps, ignoring blocking=False and the "
-        "acquire deadline"
-    ),
-)
 def test_refused_attempt_during_a_restart_guard_is_one_round_trip(
     redis_cluster_factory, make_redlock, node_calls
 ) -> None:

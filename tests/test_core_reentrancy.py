@@ -150,15 +150,6 @@ def test_asyncio_tasks_on_one_thread_are_different_owners(
     assert other is False and mine is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core bug: a reentrant hit (base.py RedlockBase._reenter) returns the outer lease "
-        "whatever the inner handle asked for: fencing=True gives lock.fence None and "
-        "auto_renew=True is silently not renewed, so a long job under the inner hold loses "
-        "the lock at the outer lease's end; it should raise or upgrade the lease"
-    ),
-)
 def test_reentrant_hold_asking_for_more_than_the_outer_one_is_not_silently_downgraded(
     redis_nodes: RedisCluster, make_redlock
 ) -> None:

@@ -274,15 +274,6 @@ _FROZEN_RELEASES_FIRST = """
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core bug: a resumed auto_renew holder whose own thread runs before the watchdog gets "
-        "LockNotOwned, not LockLost, from release() (base.py _begin_release/_finish_release: "
-        "an auto_renew lease whose validity ran out is not treated as lost before the release "
-        "goes out; the watchdog then skips it as released)"
-    ),
-)
 def test_frozen_holder_that_releases_before_its_watchdog_runs_gets_lock_lost(
     redis_nodes: RedisCluster,
 ) -> None:

@@ -916,7 +916,7 @@ class AsyncRedlock(RedlockBase):
                 if isinstance(outcome, Lease):
                     self._register(handle, outcome, time.monotonic() - start)
                     if outcome.auto_renew:
-                        self._renew_later(self._state(), outcome)
+                        self._start_renewal(outcome)
                     return outcome
                 attempts += 1
                 now = time.monotonic()
@@ -941,6 +941,7 @@ class AsyncRedlock(RedlockBase):
         start = time.monotonic()
         try:
             replies = await self._fan_out(lambda node, wire: request.command(wire.run_id))
+            spread = time.monotonic() - start
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:
                 command = self._fence_command(handle.name, request.token, lease.fence)
@@ -965,7 +966,7 @@ class AsyncRedlock(RedlockBase):
                 raise
         if self._all_fresh(replies) and await self._trust_all():
             return await self._attempt(handle, owner, line, settle=0)
-        if settle and self._settling(replies):
+        if settle and self._settling(replies, spread):
             # Another client is trusting this brand-new cluster right now.
             await asyncio.sleep(self.node_timeout)
             return await self._attempt(handle, owner, line, settle - 1)
@@ -1057,6 +1058,9 @@ class AsyncRedlock(RedlockBase):
         return self._judge_check(lease, replies)
 
     # -- renewal --------------------------------------------------------------------------------
+
+    def _start_renewal(self, lease: Lease) -> None:
+        self._renew_later(self._state(), lease)
 
     def _renew_later(self, state: _LoopState, lease: Lease) -> None:
         heapq.heappush(state.due, (time.monotonic() + lease.ttl / 3, next(state.seq), lease))

@@ -248,16 +248,25 @@ class RedlockBase:
             and all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
         )
 
-    def _settling(self, replies: list[Any]) -> bool:
-        """A brand-new cluster that another client is trusting right now: some nodes are still
-        guarded for a missing marker while every other node answered normally. Worth one more
-        try after a node timeout, instead of reporting a guard that is about to lift."""
-        return (
-            self.restart_guard
-            and self.trust_fresh_cluster
-            and any(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
-            and all(isinstance(r, list) and (r[0] != 2 or r[2] == 1) for r in replies)
-        )
+    def _settling(self, replies: list[Any], spread: float) -> bool:
+        """A brand-new cluster that another client is trusting right now: the nodes still
+        guarded have no marker of their own (fresh) written *before* the others were trusted,
+        so they belong to the same brand-new cluster and the trust round just has not reached
+        them yet. Worth another try after a node timeout. A node that restarted empty in a
+        running cluster wrote its marker after its peers were trusted (or they never were),
+        and is refused at once. ``spread`` is how long the fan-out took: the nodes measured
+        their ages at moments at most that far apart."""
+        if not (self.restart_guard and self.trust_fresh_cluster):
+            return False
+        guarded = [r for r in replies if isinstance(r, list) and r[0] == 2]
+        others = [r for r in replies if isinstance(r, list) and r[0] != 2]
+        if not guarded or not others or len(guarded) + len(others) != len(replies):
+            return False
+        trusted_ages = [r[2] if len(r) > 2 else -1 for r in others]
+        if min(trusted_ages) < 0:
+            return False
+        slack = spread * 1000 + 1
+        return all(r[2] == 1 and r[3] + slack >= max(trusted_ages) for r in guarded)
 
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
@@ -344,14 +353,34 @@ class RedlockBase:
     # -- the lease table ------------------------------------------------------------------------
 
     def _reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
+        """The owner's current lease of this name, one hold deeper, if reentry applies.
+
+        A nested hold may ask for renewal the outer one did not (a long job under a view's
+        lock): the lease is then renewed from now on. It cannot get a fence the outer
+        acquisition did not draw, so asking for one is an error rather than a silent None.
+        """
         if not handle.reentrant:
             return None
         with self._leases_lock:
             lease = self._leases.get(handle.name)
-            if lease is not None and lease.owner == owner and lease.validity > 0:
-                lease.count += 1
-                return lease
-        return None
+            if lease is None or lease.owner != owner or lease.validity <= 0:
+                return None
+            if handle.fencing and lease.fence is None:
+                raise ValueError(
+                    f"lock {handle.name!r} is already held by this owner without fencing; a "
+                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
+                )
+            lease.count += 1
+            upgrade = handle.auto_renew and not lease.auto_renew
+            if upgrade:
+                lease.auto_renew = True
+        if upgrade:
+            self._start_renewal(lease)
+        return lease
+
+    def _start_renewal(self, lease: Lease) -> None:
+        """Hand an auto-renewed lease to this client's watchdog."""
+        raise NotImplementedError
 
     def _register(self, handle: LockBase, lease: Lease, waited: float) -> None:
         handle.retry_after = None
@@ -364,6 +393,10 @@ class RedlockBase:
 
     def _begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told."""
+        if lease.count <= 1 and lease.validity <= 0:
+            # Also when the watchdog has not run yet (the whole process was frozen): a lease
+            # that ran out is lost, whether or not another owner took the name since.
+            self._mark_lost(lease, "the lease ran out before release")
         with self._leases_lock:
             if lease.count > 1:
                 lease.count -= 1
@@ -482,7 +515,7 @@ class RedlockBase:
         return secrets.token_hex(8), max(tickets, default=0)
 
     #: Marker fields a health probe reads (see ``scripts._GUARD``).
-    MARKER_FIELDS = ("run_id", "usable_at", "fresh")
+    MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed")
 
     def _node_key(self) -> str:
         return f"{self.key_prefix}:node"
@@ -559,22 +592,22 @@ class RedlockBase:
 
     def _node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
         """Health from what one node answered: ``latency``, ``time`` (sec, usec), ``sent``,
-        ``received`` (local wall clock), ``info``, ``marker`` (run_id, usable_at, fresh),
-        ``keys``."""
+        ``received`` (local wall clock), ``info``, ``marker`` (:attr:`MARKER_FIELDS`), ``keys``."""
         info = probe["info"]
         server_time = probe["time"]
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
         guarded_for = fresh = None
         if self.restart_guard:
-            marker = probe["marker"]
-            run_id = info.get("run_id")
-            if marker[0] is None or marker[0].decode() != run_id:
+            run_id, started, is_fresh, trusted, _ = probe["marker"]
+            if run_id is None or run_id.decode() != info.get("run_id"):
                 # The next acquire arms the marker from the node's start time.
                 guarded_for = max(self.max_ttl - float(info.get("uptime_in_seconds", 0)), 0.0)
-                fresh = marker[0] is None
+                fresh = run_id is None and guarded_for > 0
+            elif int(trusted or 0) > 0:
+                guarded_for, fresh = 0.0, False
             else:
-                guarded_for = max(int(marker[1]) / 1000 - node_now, 0.0)
-                fresh = marker[2] == b"1" and guarded_for > 0
+                guarded_for = max(int(started) / 1000 + self.max_ttl - node_now, 0.0)
+                fresh = is_fresh == b"1" and guarded_for > 0
         return NodeHealth(
             node=node.name,
             reachable=True,

@@ -136,7 +136,7 @@ class Redlock(RedlockBase):
                 if isinstance(outcome, Lease):
                     self._register(handle, outcome, time.monotonic() - start)
                     if outcome.auto_renew:
-                        renewer.add(self, outcome)
+                        self._start_renewal(outcome)
                     return outcome
                 attempts += 1
                 now = time.monotonic()
@@ -161,6 +161,7 @@ class Redlock(RedlockBase):
         replies = fan_out(
             self.nodes, lambda node, wire: request.command(wire.run_id), self.node_timeout
         )
+        spread = time.monotonic() - start
         lease = self._lease_if_valid(handle, owner, request, replies, start)
         if lease is not None and lease.fence is not None:
             command = self._fence_command(handle.name, request.token, lease.fence)
@@ -175,7 +176,7 @@ class Redlock(RedlockBase):
             self._release_everywhere(handle.name, request.token)
         if self._all_fresh(replies) and self._trust_all():
             return self._attempt(handle, owner, line, settle=0)
-        if settle and self._settling(replies):
+        if settle and self._settling(replies, spread):
             time.sleep(self.node_timeout)
             return self._attempt(handle, owner, line, settle - 1)
         return self._refusal(replies)
@@ -230,6 +231,9 @@ class Redlock(RedlockBase):
         start = time.monotonic()
         replies = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
         return self._judge_extend(lease, ttl, replies, start)
+
+    def _start_renewal(self, lease: Lease) -> None:
+        renewer.add(self, lease)
 
     def _renew(self, lease: Lease) -> float | None:
         """One watchdog turn: when to renew next, or None to stop."""

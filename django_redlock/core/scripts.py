@@ -9,7 +9,9 @@ Key layout for a lock named ``name`` under prefix ``p``:
   ``acquired`` (server ms), ``ttl`` (ms). One key per lock keeps the admin listing a single
   SCAN and the lock and its metadata expire together.
 * ``p:fence:name`` - fencing counter (no TTL).
-* ``p:node``       - restart-guard marker of this node: ``run_id``, ``usable_at`` (server ms).
+* ``p:node``       - restart-guard marker of this node: ``run_id``, ``started`` (server ms),
+  ``fresh`` (1 when it had no marker), ``trusted`` (server ms it was trusted as new, or 0),
+  ``armed`` (server ms the marker was written).
 * ``p:queue:name``, ``p:beats:name``, ``p:qseq:name`` - a fair lock's line of waiters, their
   heartbeats and its ticket sequence (all expire when the line stays idle).
 * channel ``p:released:name`` - published on release, wakes waiters.
@@ -42,33 +44,40 @@ class Script:
 
 
 # Shared opening of both acquire scripts: the server clock, then the restart guard.
-# Uses KEYS[3] node marker, ARGV[5] run_id of the server this connection reached, ARGV[6] guard
-# period ms ("0" = off). Returns early {2, ms, fresh} while this node may not vote.
+# Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms), ARGV[5] run_id of
+# the server this connection reached, ARGV[6] guard period ms ("0" = off). Returns early
+# {2, ms, fresh, armed_age} while this node may not vote (armed_age: ms since the marker was
+# written); sets trusted_age (ms since a brand-new cluster was trusted, or -1).
 _GUARD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local guard = tonumber(ARGV[6])
+local trusted_age = -1
 if guard > 0 then
-  local m = redis.call('HMGET', KEYS[3], 'run_id', 'usable_at', 'fresh')
+  local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed')
   if m[1] ~= ARGV[5] then
     -- The marker is missing or was written by an earlier server process: this node lost
-    -- its data or restarted. It may vote once `guard` ms have passed since it started, so
-    -- every lease it granted (or forgot) before the restart has run out.
-    m[3] = m[1] and '0' or '1'
+    -- its data or restarted. Record when it started; each caller then keeps it out of its
+    -- quorum until its own guard period (its longest lease) has passed since then, so every
+    -- lease the node granted (or forgot) before the restart has run out.
     local info = redis.call('INFO', 'server')
     local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-    m[2] = now - uptime * 1000 + guard
-    redis.call('HSET', KEYS[3], 'run_id', ARGV[5], 'usable_at', m[2], 'fresh', m[3])
+    m = {ARGV[5], now - uptime * 1000, m[1] and '0' or '1', '0', now}
+    redis.call('HSET', KEYS[3], 'run_id', m[1], 'started', m[2], 'fresh', m[3], 'trusted', 0,
+               'armed', now)
   end
-  if tonumber(m[2]) > now then
-    return {2, tonumber(m[2]) - now, tonumber(m[3])}
+  local trusted = tonumber(m[4])
+  if trusted > 0 then
+    trusted_age = now - trusted
+  elseif tonumber(m[2]) + guard > now then
+    return {2, tonumber(m[2]) + guard - now, tonumber(m[3]), now - tonumber(m[5])}
   end
 end
 """
 
 # Shared end of both acquire scripts: take the free lock, drawing a fence if asked.
 # Uses KEYS[1] lock hash, KEYS[2] fencing counter, ARGV[1] token, ARGV[2] ttl ms,
-# ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence. Returns {0, fence}.
+# ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence. Returns {0, fence, trusted_age}.
 _TAKE = """
 local fence = 0
 if ARGV[4] == '1' then
@@ -82,22 +91,24 @@ end
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'meta', ARGV[3], 'fence', fence,
            'renewals', 0, 'acquired', now, 'ttl', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {0, fence}
+return {0, fence, trusted_age}
 """
 
 # Take the lock if it is free.
 # KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] node marker
 # ARGV[1] token, ARGV[2] ttl ms, ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence,
 # ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)
-# Returns {0, fence} taken (fence 0 when not fencing)
-#         {1, pttl}  held by another owner; pttl = ms until its lease ends
-#         {2, ms, fresh} restart guard: this node may not vote for ms more; fresh = 1 while the
-#                    guard comes from a missing marker (never used, or restarted empty)
+# Returns {0, fence, trusted_age} taken (fence 0 when not fencing)
+#         {1, pttl, trusted_age} held by another owner; pttl = ms until its lease ends
+#         {2, ms, fresh, armed_age} restart guard: this node may not vote for ms more;
+#                    fresh = 1 while the guard comes from a missing marker (never used, or
+#                    restarted empty); armed_age = ms since the marker was written
+# trusted_age: ms since this node was trusted as part of a brand-new cluster, -1 if never
 ACQUIRE = Script(
     _GUARD
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {1, redis.call('PTTL', KEYS[1])}
+  return {1, redis.call('PTTL', KEYS[1]), trusted_age}
 end
 """
     + _TAKE
@@ -112,7 +123,7 @@ FAIR_TICKET = Script("return redis.call('INCR', KEYS[1])")
 # KEYS[1..3] as ACQUIRE, KEYS[4] queue (zset waiter -> ticket), KEYS[5] heartbeats (zset
 # waiter -> expiry ms), KEYS[6] queue sequence counter
 # ARGV[1..6] as ACQUIRE, ARGV[7] waiter id, ARGV[8] ticket, ARGV[9] heartbeat ms
-# Returns as ACQUIRE, plus {3, pttl} queued behind an earlier waiter (pttl of the lock, or -2)
+# Returns as ACQUIRE, plus {3, -2, trusted_age} queued behind an earlier waiter
 FAIR_ACQUIRE = Script(
     _GUARD
     + """
@@ -133,10 +144,10 @@ redis.call('PEXPIRE', KEYS[4], ttl)
 redis.call('PEXPIRE', KEYS[5], ttl)
 redis.call('PEXPIRE', KEYS[6], ttl)
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {1, redis.call('PTTL', KEYS[1])}
+  return {1, redis.call('PTTL', KEYS[1]), trusted_age}
 end
 if redis.call('ZRANGE', KEYS[4], 0, 0)[1] ~= ARGV[7] then
-  return {3, -2}
+  return {3, -2, trusted_age}
 end
 redis.call('ZREM', KEYS[4], ARGV[7])
 redis.call('ZREM', KEYS[5], ARGV[7])
@@ -226,7 +237,8 @@ TRUST = Script(
     """
 if redis.call('HGET', KEYS[1], 'run_id') == ARGV[1] then
   local t = redis.call('TIME')
-  redis.call('HSET', KEYS[1], 'usable_at', tonumber(t[1]) * 1000, 'fresh', 0)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[1], 'trusted', now, 'fresh', 0)
   return 1
 end
 return 0
