@@ -26,6 +26,7 @@ from .events import Listener, LockEvent, emit
 from .info import LockInfo, NodeHealth, NodeLockState
 from .lock import Lease, LockBase
 from .nodes import Failure, Node, NodeSpec, make_nodes, script_command
+from .resp import bulk
 from .validation import check_name, check_positive, check_prefix, check_timeout
 
 __all__ = ["DRIFT_FLOOR", "AcquireRequest", "RedlockBase", "Refusal"]
@@ -59,34 +60,32 @@ class Refusal:
 
 
 class AcquireRequest:
-    """One attempt's token, holder metadata and script arguments.
+    """One attempt's token, holder metadata and script, encoded once for every node.
 
-    For a fair lock, ``line`` is the caller's ``(waiter id, ticket)`` place in the queue.
+    Only the server's run id differs between nodes, so the command is kept as the encoded
+    parts around it. For a fair lock, ``line`` is the caller's ``(waiter id, ticket)``.
     """
 
     def __init__(
         self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
     ) -> None:
         self.token = secrets.token_hex(16)
-        self.meta = redlock._holder_meta(handle.meta)
-        self.keys = redlock._acquire_keys(handle.name)
-        self.script = scripts.ACQUIRE
-        self.guard = str(int(redlock.max_ttl * 1000)) if redlock.restart_guard else "0"
-        self.args = [
-            self.token,
-            int(handle.ttl * 1000),
-            json.dumps(self.meta, default=str, separators=(",", ":")),
-            "1" if handle.fencing else "0",
-        ]
-        self.extra: list[Any] = []
+        self.meta, meta_json = redlock._holder_meta(handle.meta)
+        keys = redlock._acquire_keys(handle.name)
+        script = scripts.ACQUIRE
+        extra: list[Any] = []
         if line is not None:
-            self.script = scripts.FAIR_ACQUIRE
-            self.keys = self.keys + redlock._line_keys(handle.name)
-            self.extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
+            script = scripts.FAIR_ACQUIRE
+            keys = keys + redlock._line_keys(handle.name)
+            extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
+        guard = str(int(redlock.max_ttl * 1000)) if redlock.restart_guard else "0"
+        head = ["EVALSHA", script.sha, len(keys), *keys, self.token, int(handle.ttl * 1000),
+                meta_json, "1" if handle.fencing else "0"]
+        self._head = b"*%d\r\n" % (len(head) + 2 + len(extra)) + b"".join(map(bulk, head))
+        self._tail = b"".join(map(bulk, [guard, *extra]))
 
-    def command(self, run_id: str) -> list[Any]:
-        return script_command(self.script, self.keys, [*self.args, run_id, self.guard,
-                                                       *self.extra])
+    def command(self, run_id: str) -> bytes:
+        return self._head + bulk(run_id) + self._tail
 
 
 class RedlockBase:
@@ -144,6 +143,7 @@ class RedlockBase:
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._host = socket.gethostname()
+        self._meta_cache: tuple[int, dict[str, Any], str] | None = None
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
         self.listeners: list[Listener] = []
@@ -539,15 +539,21 @@ class RedlockBase:
     def _trust_command(self, run_id: str) -> list[Any]:
         return script_command(scripts.TRUST, [self._node_key()], [run_id])
 
-    def _holder_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            "host": self._host,
-            "pid": os.getpid(),
-            "thread": threading.current_thread().name,
-            "acquired_at": time.time(),
-            **self.meta,
-            **meta,
-        }
+    def _holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+        """The holder's details for the admin page, and their JSON (built from a cached part,
+        as this runs on every acquire)."""
+        pid = os.getpid()
+        if self._meta_cache is None or self._meta_cache[0] != pid:
+            fixed = {"host": self._host, "pid": pid, **self.meta}
+            self._meta_cache = (pid, fixed, json.dumps(fixed, default=str)[1:-1])
+        _, fixed, fixed_json = self._meta_cache
+        thread, now = threading.current_thread().name, time.time()
+        holder = {**fixed, "thread": thread, "acquired_at": now}
+        parts = [fixed_json, f'"thread": {json.dumps(thread)}', f'"acquired_at": {now!r}']
+        if meta:
+            holder.update(meta)
+            parts.append(json.dumps(dict(meta), default=str)[1:-1])
+        return holder, "{" + ", ".join(p for p in parts if p) + "}"
 
     # -- listing --------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Incomplete", "ReplyError", "encode", "parse"]
+__all__ = ["Incomplete", "ReplyError", "bulk", "encode", "parse"]
 
 
 class ReplyError(Exception):
@@ -25,19 +25,21 @@ class Incomplete(Exception):
     """The buffer does not yet hold a whole reply."""
 
 
+def bulk(arg: Any) -> bytes:
+    """One argument as a RESP bulk string."""
+    if isinstance(arg, bytes):
+        data = arg
+    elif isinstance(arg, str):
+        data = arg.encode()
+    elif isinstance(arg, int):
+        data = b"%d" % arg
+    else:
+        data = str(arg).encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
 def encode(args: Sequence[Any]) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, int):
-            data = b"%d" % arg
-        else:
-            data = str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+    return b"*%d\r\n" % len(args) + b"".join(map(bulk, args))
 
 
 def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
