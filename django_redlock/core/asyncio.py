@@ -50,10 +50,10 @@ from typing import Any
 from .base import AcquireRequest, RedlockBase, Refusal, glob_escape, lock_states
 from .info import LockInfo, NodeHealth
 from .lock import Lease, LockBase, current_owner
-from .nodes import Failure, Node, WireError, reply_failure
+from .nodes import Failure, Node, WireError, as_bytes, as_eval, reply_failure
 from .resp import Incomplete, ReplyError, encode, parse
-from .scripts import BODIES
 from .validation import check_name, check_timeout
+from .waiting import NOTICE_GRACE, Tally
 
 __all__ = ["AsyncLock", "AsyncRedlock"]
 
@@ -140,13 +140,13 @@ class _Wire(asyncio.Protocol):
     def usable(self) -> bool:
         return not self.closed and self.transport is not None and not self.transport.is_closing()
 
-    def send(self, command: Sequence[Any], callback: Callable[[Any], None]) -> None:
+    def send(self, command: Sequence[Any] | bytes, callback: Callable[[Any], None]) -> None:
         """Send one command; ``callback`` gets its reply (or the ``OSError``)."""
         if not self.usable():
             callback(ConnectionResetError("connection closed"))
             return
         self.waiters.append(callback)
-        self.transport.write(encode(command))  # type: ignore[union-attr]
+        self.transport.write(as_bytes(command))  # type: ignore[union-attr]
 
     def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
         """Pipeline commands in one write; the futures resolve to the replies (or the
@@ -357,6 +357,36 @@ class _TaskQueue:
             self._notify()
 
 
+class _ReleaseNotice(Tally):
+    """A waiting task's view of its name's release channel (see ``waiting.ReleaseNotice``)."""
+
+    def __init__(self, quorum: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(quorum)
+        self._loop = loop
+        self._signal = _Signal(loop)
+
+    def hear(self, node: int, token: bytes) -> None:
+        super().hear(node, token)
+        self._signal.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Until a quorum announced a release (or a grace period after a partial one), or
+        ``timeout`` seconds; then forget what was heard, ready for the next round."""
+        deadline = self._loop.time() + timeout
+        await self._until(lambda: self.heard, deadline)
+        if self.heard:
+            await self._until(lambda: self.freed, min(deadline, self._loop.time() + NOTICE_GRACE))
+        self.reset()
+        self._signal.clear()
+
+    async def _until(self, condition: Any, deadline: float) -> None:
+        while not condition():
+            remaining = deadline - self._loop.time()
+            if remaining <= 0 or not await self._signal.wait(remaining):
+                return
+            self._signal.clear()
+
+
 class _Notices:
     """Release notices on one loop: one subscriber connection per node serves every waiter."""
 
@@ -364,17 +394,17 @@ class _Notices:
         self._redlock = redlock
         self._loop = loop
         self._wires: dict[int, _Wire] = {}  # node index -> subscriber connection
-        self._waiters: dict[bytes, list[_Signal]] = {}
+        self._waiters: dict[bytes, list[_ReleaseNotice]] = {}
         self._confirmed: dict[bytes, set[int]] = {}
         self._confirm = _Signal(loop)
         self._connecting = asyncio.Lock()
 
     @contextlib.asynccontextmanager
-    async def listening(self, channel: str) -> AsyncIterator[_Signal]:
+    async def listening(self, channel: str) -> AsyncIterator[_ReleaseNotice]:
         """A signal set when ``channel`` sees a release; subscribed before this yields, on every
         node that could be reached within the node timeout."""
         name = channel.encode()
-        signal = _Signal(self._loop)
+        signal = _ReleaseNotice(len(self._redlock.nodes) // 2 + 1, self._loop)
         waiters = self._waiters.setdefault(name, [])
         waiters.append(signal)
         try:
@@ -434,8 +464,8 @@ class _Notices:
             return
         kind, channel = message[0], message[1]
         if kind == b"message":
-            for signal in self._waiters.get(channel, ()):
-                signal.set()
+            for notice in self._waiters.get(channel, ()):
+                notice.hear(index, message[2])
         elif kind == b"subscribe":
             confirmed = self._confirmed.get(channel)
             if confirmed is not None:
@@ -558,9 +588,7 @@ class _FanOut:
         if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
             # The node restarted or flushed its script cache: send the body once, which also
             # caches it for the next EVALSHA.
-            command = self.commands[index]
-            wire.send(["EVAL", BODIES[command[1]], *command[2:]],
-                      functools.partial(self._deliver, index))
+            wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
         self.state.checkin(index, wire)
@@ -879,6 +907,8 @@ class AsyncRedlock(RedlockBase):
             return lease
         start = time.monotonic()
         deadline = self._deadline(start, timeout)
+        if blocking:
+            await asyncio.sleep(min(self._courtesy(handle.name), (deadline or start + 1) - start))
         state = self._state()
         queue = self._join_queue(state, handle.name) if blocking else None
         try:
@@ -903,7 +933,7 @@ class AsyncRedlock(RedlockBase):
         timeout: float | None, start: float,
     ) -> Lease | None:
         attempts = 0
-        released: _Signal | None = None
+        released: _ReleaseNotice | None = None
         line = None
         if handle.fair:
             command = self._ticket_command(handle.name)
@@ -931,7 +961,6 @@ class AsyncRedlock(RedlockBase):
                         self._state().notices.listening(channel))
                     continue
                 await released.wait(self._pause_for(handle, outcome, timeout, deadline, now))
-                released.clear()
 
     async def _attempt(
         self, handle: AsyncLock, owner: Hashable, line: tuple[str, int] | None = None,

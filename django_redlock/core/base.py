@@ -35,6 +35,10 @@ __all__ = ["DRIFT_FLOOR", "AcquireRequest", "RedlockBase", "Refusal"]
 #: granularity).
 DRIFT_FLOOR = 0.002
 
+#: Head start, in seconds, that a releaser gives processes its release woke (see
+#: ``_courtesy``): enough for a woken waiter's attempt to reach the nodes first.
+COURTESY = 0.003
+
 _INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
 
 
@@ -142,6 +146,7 @@ class RedlockBase:
         self.quorum = len(self.nodes) // 2 + 1
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
+        self._yield_until: dict[str, float] = {}
         self._host = socket.gethostname()
         self._meta_cache: tuple[int, dict[str, Any], str] | None = None
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
@@ -406,7 +411,18 @@ class RedlockBase:
                 del self._leases[lease.name]
         return True
 
+    def _courtesy(self, name: str) -> float:
+        """Seconds this process should hold back before contending for ``name`` again: after
+        its release told waiting processes, they get a head start, else the releaser would win
+        every round (it needs no wake-up) and starve them."""
+        with self._leases_lock:
+            until = self._yield_until.pop(name, 0.0)
+        return max(until - time.monotonic(), 0.0)
+
     def _finish_release(self, lease: Lease, replies: list[Any]) -> None:
+        if any(isinstance(r, int) and r > 1 for r in replies):
+            with self._leases_lock:
+                self._yield_until[lease.name] = time.monotonic() + COURTESY
         emit(self.listeners, LockEvent(
             "released", lease.name, token=lease.token, meta=lease.meta,
             held=time.monotonic() - lease.acquired, fence=lease.fence, reason=lease.lost,
@@ -489,6 +505,7 @@ class RedlockBase:
     def _after_fork(self) -> None:
         self._leases_lock = threading.Lock()
         self._leases = {}
+        self._yield_until = {}
 
     # -- keys and metadata ----------------------------------------------------------------------
 

@@ -34,6 +34,8 @@ __all__ = [
     "NodeSpec",
     "Wire",
     "WireError",
+    "as_bytes",
+    "as_eval",
     "fan_out",
     "make_nodes",
     "node_identity",
@@ -335,7 +337,12 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
     return ["EVALSHA", script.sha, len(keys), *keys, *args]
 
 
-def _as_eval(command: Sequence[Any] | bytes) -> bytes:
+def as_bytes(command: Sequence[Any] | bytes) -> bytes:
+    """A command ready for the socket (some come already encoded)."""
+    return command if isinstance(command, bytes) else encode(command)
+
+
+def as_eval(command: Sequence[Any] | bytes) -> bytes:
     """The EVAL form of an EVALSHA command, for a node that answered NOSCRIPT (it restarted
     or flushed its script cache; this also caches the script again)."""
     args = list(parse(command)[0] if isinstance(command, bytes) else command)
@@ -357,11 +364,9 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
 
     def _encoded(command: Sequence[Any] | bytes) -> bytes:
         # Most commands are one object for every node: encode it once.
-        if isinstance(command, bytes):
-            return command
         data = encoded.get(id(command))
         if data is None:
-            data = encoded[id(command)] = encode(command)
+            data = encoded[id(command)] = as_bytes(command)
         return data
 
     # Nodes with an open connection first: their commands are in flight while we still
@@ -418,7 +423,7 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
             if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
                 # The node restarted or flushed its script cache: send the body once, which
                 # also caches it for the next EVALSHA.
-                wire.sock.sendall(_as_eval(command))
+                wire.sock.sendall(as_eval(command))
                 pending[fd] = (index, wire, command)
                 poller.register(fd, select.POLLIN)
                 continue

@@ -19,7 +19,7 @@ from .lock import Lease, Lock, current_owner
 from .nodes import Failure, Node, fan_out
 from .renewal import renewer
 from .validation import check_name
-from .waiting import LocalQueue, ReleaseNotices
+from .waiting import LocalQueue, ReleaseNotice, ReleaseNotices
 
 __all__ = ["Redlock"]
 
@@ -100,6 +100,8 @@ class Redlock(RedlockBase):
             return lease
         start = time.monotonic()
         deadline = self._deadline(start, timeout)
+        if blocking:
+            time.sleep(min(self._courtesy(handle.name), (deadline or start + 1) - start))
         queue = self._join_queue(handle.name) if blocking else None
         try:
             if queue is not None and not queue.enter(deadline):
@@ -123,7 +125,7 @@ class Redlock(RedlockBase):
         timeout: float | None, start: float,
     ) -> Lease | None:
         attempts = 0
-        released: threading.Event | None = None
+        released: ReleaseNotice | None = None
         line = None
         if handle.fair:
             command = self._ticket_command(handle.name)
@@ -150,7 +152,6 @@ class Redlock(RedlockBase):
                     released = stack.enter_context(self._notices.listening(channel))
                     continue
                 released.wait(self._pause_for(handle, outcome, timeout, deadline, now))
-                released.clear()
 
     def _attempt(
         self, handle: Lock, owner: Hashable, line: tuple[str, int] | None = None,

@@ -201,13 +201,13 @@ return 0
 # Delete the lock if it is still ours and wake whoever waits for it.
 # KEYS[1] lock hash
 # ARGV[1] token, ARGV[2] release channel
-# Returns 1 when deleted, 0 when the token is not ours (the holder's key is left alone).
+# Returns 1 + the number of subscribers told (processes waiting) when deleted, 0 when the
+# token is not ours (the holder's key is left alone).
 RELEASE = Script(
     """
 if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
-  return 1
+  return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 return 0
 """

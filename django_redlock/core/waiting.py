@@ -27,7 +27,7 @@ from .resp import Incomplete, encode
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["LocalQueue", "ReleaseNotices"]
+__all__ = ["NOTICE_GRACE", "LocalQueue", "ReleaseNotice", "ReleaseNotices", "Tally"]
 
 
 class LocalQueue:
@@ -83,15 +83,67 @@ class LocalQueue:
                 self._cond.notify_all()
 
 
+#: How long a waiter that heard a release on some nodes waits for the rest of a quorum to
+#: announce it too before trying anyway (the releasing contender may have held only a few).
+NOTICE_GRACE = 0.005
+
+
+class Tally:
+    """Release notices one waiter heard. The name is free once a quorum of nodes announced
+    the same release: waking on the first node's notice would find the others still held
+    and send every waiter round again (a herd of failed attempts)."""
+
+    def __init__(self, quorum: int) -> None:
+        self.quorum = quorum
+        self.heard = False  #: some node announced a release
+        self.freed = False  #: a quorum of nodes announced the same release
+        self._nodes: dict[bytes, set[int]] = {}
+
+    def hear(self, node: int, token: bytes) -> None:
+        self.heard = True
+        nodes = self._nodes.setdefault(token, set())
+        nodes.add(node)
+        if len(nodes) >= self.quorum:
+            self.freed = True
+
+    def reset(self) -> None:
+        self.heard = self.freed = False
+        self._nodes.clear()
+
+
+class ReleaseNotice(Tally):
+    """A waiting thread's view of its name's release channel."""
+
+    def __init__(self, quorum: int) -> None:
+        super().__init__(quorum)
+        self._cond = threading.Condition()
+
+    def hear(self, node: int, token: bytes) -> None:
+        with self._cond:
+            super().hear(node, token)
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        """Until a quorum announced a release (or a grace period after a partial one), or
+        ``timeout`` seconds; then forget what was heard, ready for the next round."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if self._cond.wait_for(lambda: self.heard, timeout):
+                grace = min(NOTICE_GRACE, max(deadline - time.monotonic(), 0.0))
+                self._cond.wait_for(lambda: self.freed, grace)
+            self.reset()
+
+
 class ReleaseNotices:
     """Subscribes to release channels on every node and wakes local waiters."""
 
     def __init__(self, nodes: Sequence[Node], timeout: float) -> None:
         self._nodes = nodes
         self._timeout = timeout
+        self._quorum = len(nodes) // 2 + 1
         self._lock = threading.Lock()
         self._wires: dict[int, Wire] = {}  # node index -> subscriber connection
-        self._waiters: dict[bytes, list[threading.Event]] = {}
+        self._waiters: dict[bytes, list[ReleaseNotice]] = {}
         self._confirmed: dict[bytes, set[int]] = {}
         self._confirm = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -99,11 +151,11 @@ class ReleaseNotices:
         self._pid = os.getpid()
 
     @contextlib.contextmanager
-    def listening(self, channel: str) -> Iterator[threading.Event]:
-        """An event set when ``channel`` sees a release; subscribed before this returns, on
-        every node that could be reached within the node timeout."""
+    def listening(self, channel: str) -> Iterator[ReleaseNotice]:
+        """What ``channel`` announces, subscribed before this returns on every node that could
+        be reached within the node timeout."""
         name = channel.encode()
-        event = threading.Event()
+        event = ReleaseNotice(self._quorum)
         with self._lock:
             self._fork_check()
             first = name not in self._waiters
@@ -208,8 +260,8 @@ class ReleaseNotices:
             kind, channel = message[0], message[1]
             with self._lock:
                 if kind == b"message":
-                    for event in self._waiters.get(channel, ()):
-                        event.set()
+                    for notice in self._waiters.get(channel, ()):
+                        notice.hear(index, message[2])
                 elif kind == b"subscribe" and channel in self._confirmed:
                     self._confirmed[channel].add(index)
                     self._confirm.notify_all()
