@@ -1,0 +1,404 @@
+"""What the admin pages show about live locks: rows, the "stuck" rules, sorting, formatting and
+the admin log of force releases. Kept apart from ``admin.py`` so the rules can be tested and
+documented (docs/admin.rst, "What stuck means") without the views around them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+
+from .core import LockInfo, NodeHealth, Redlock
+
+__all__ = [
+    "STALE_RENEWAL_FRACTION",
+    "STUCK_REASONS",
+    "LockRow",
+    "build_rows",
+    "format_duration",
+    "holder_summary",
+    "log_force_release",
+    "search_pattern",
+    "sort_rows",
+]
+
+#: A lock that has been renewed at least once is "not renewing" when its last renewal is
+#: longer ago than this fraction of its lease. The watchdog renews every third of the lease,
+#: so 2/3 means two renewals in a row did not happen.
+STALE_RENEWAL_FRACTION = 2 / 3
+
+#: Why a lock can be flagged as stuck, in display order: (code, short label, explanation).
+STUCK_REASONS: tuple[tuple[str, str, str], ...] = (
+    ("old", "held too long", "held for longer than STUCK_AFTER"),
+    ("split", "split", "fewer than a quorum of nodes hold one token, or tokens differ"),
+    ("stale", "not renewing", "renewed before, but the last renewal is overdue"),
+    ("dead", "holder gone", "the holder process on this host no longer exists"),
+)
+REASON_LABELS = {code: label for code, label, _ in STUCK_REASONS}
+
+#: Sort orders offered on the list page: ``?o=<name>`` ascending, ``?o=-<name>`` descending.
+SORT_FIELDS = ("key", "age", "ttl", "nodes", "renewals", "fence")
+DEFAULT_SORT = "-age"
+
+_GLOB_SPECIAL = "*?[]\\"
+_HOST = socket.gethostname()
+
+
+class LockRow:
+    """One live lock with everything the list and detail pages show about it.
+
+    Built for every live lock on each list request (10,000 of them must take milliseconds), so
+    the values sorting and filtering need are computed once, against one clock reading.
+    """
+
+    __slots__ = ("age", "info", "lease", "reasons", "split")
+
+    def __init__(
+        self,
+        info: LockInfo,
+        lease: float | None,
+        reasons: tuple[str, ...] = (),
+        *,
+        now: float | None = None,
+    ) -> None:
+        self.info = info
+        #: Length of the current lease in seconds (what the last acquire/renewal set), if read.
+        self.lease = lease
+        self.reasons = reasons
+        acquired = info.acquired_at
+        if acquired is None:
+            self.age = 0.0
+        else:
+            now = time.time() if now is None else now
+            self.age = max(now - acquired.timestamp(), 0.0)
+        self.split = info.split
+
+    # -- shortcuts for the templates --------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return self.info.meta
+
+    @property
+    def ttl(self) -> float:
+        return self.info.ttl
+
+    @property
+    def since_renewal(self) -> float | None:
+        """Seconds since the lease was last set (acquire or renewal) on a quorum."""
+        if self.lease is None:
+            return None
+        return max(self.lease - self.info.ttl, 0.0)
+
+    @property
+    def stuck(self) -> bool:
+        return bool(self.reasons)
+
+    @property
+    def degraded(self) -> bool:
+        """Held with one token by fewer than all nodes (still a valid lock with a quorum)."""
+        return self.info.nodes < self.info.total_nodes
+
+    @property
+    def reason_labels(self) -> list[str]:
+        return [REASON_LABELS[r] for r in self.reasons]
+
+    @property
+    def holder(self) -> dict[str, Any]:
+        return holder_summary(self.info.meta)
+
+    @property
+    def acquired_at(self) -> datetime | None:
+        return self.info.acquired_at
+
+    @property
+    def age_display(self) -> str:
+        return format_duration(self.age)
+
+    @property
+    def ttl_display(self) -> str:
+        return format_duration(self.info.ttl)
+
+    @property
+    def leftover_ttl(self) -> float:
+        """Seconds until the last node's copy expires (for locks without a quorum, whose
+        ``ttl`` is 0: they are free already, only leftovers remain)."""
+        return max((s.ttl for s in self.info.per_node), default=0.0)
+
+    @property
+    def leftover_ttl_display(self) -> str:
+        return format_duration(self.leftover_ttl)
+
+    @property
+    def lease_display(self) -> str:
+        return "" if self.lease is None else format_duration(self.lease)
+
+    @property
+    def since_renewal_display(self) -> str:
+        since = self.since_renewal
+        return "" if since is None else format_duration(since)
+
+    @property
+    def all_meta(self) -> list[tuple[str, Any]]:
+        """Every holder metadata key and value, sorted, for the detail page."""
+        return sorted(self.info.meta.items())
+
+
+def holder_summary(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The holder's identity from lock metadata: host, pid, thread or task id, task or view, user.
+
+    The core writes ``host``, ``pid``, ``thread`` and ``acquired_at``; ``@locked`` adds
+    ``view``, ``method``, ``path`` and ``user`` (or ``function`` outside views), the Celery
+    task base ``task``, ``task_id`` and ``worker``. The detail page shows every key, including
+    those passed in ``meta=``.
+    """
+
+    def pick(*keys: str) -> Any:
+        for key in keys:
+            value = meta.get(key)
+            if value not in (None, ""):
+                return value
+        return None
+
+    return {
+        "host": pick("host", "hostname"),
+        "pid": pick("pid"),
+        "thread": pick("thread"),
+        "task_id": pick("task_id"),
+        "task": pick("task", "task_name"),
+        "worker": pick("worker"),
+        "view": pick("view"),
+        "request": " ".join(str(v) for v in (meta.get("method"), meta.get("path")) if v),
+        "function": pick("function", "code"),
+        "user": pick("user", "username", "user_id"),
+    }
+
+
+def format_duration(seconds: float | None) -> str:
+    """``"4.2 s"``, ``"42 s"``, ``"3 min 12 s"``, ``"2 h 5 min"``, ``"3 d 4 h"``.
+
+    The countdown script in ``static/django_redlock/admin-locks.js`` formats the same way.
+    """
+    if seconds is None:
+        return ""
+    seconds = max(float(seconds), 0.0)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in _GLOB_SPECIAL else c for c in text)
+
+
+def search_pattern(query: str) -> str:
+    """The SCAN MATCH pattern for the search box: a glob when it has ``*``, ``?`` or ``[``,
+    otherwise a substring match on the key."""
+    query = query.strip()
+    if not query:
+        return "*"
+    if any(c in query for c in "*?["):
+        return query
+    return f"*{glob_escape(query)}*"
+
+
+def _process_gone(pid: Any, cache: dict[int, bool]) -> bool:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid not in cache:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            cache[pid] = True
+        except OSError:  # EPERM: it exists, owned by someone else
+            cache[pid] = False
+        else:
+            cache[pid] = False
+    return cache[pid]
+
+
+def stuck_reasons(
+    row: LockRow, stuck_after: float | None, pid_cache: dict[int, bool] | None = None
+) -> tuple[str, ...]:
+    """The codes of :data:`STUCK_REASONS` that apply to ``row`` (empty: not stuck)."""
+    reasons = []
+    info = row.info
+    if stuck_after is not None and info.acquired_at is not None and row.age > stuck_after:
+        reasons.append("old")
+    if row.split:
+        reasons.append("split")
+    lease = row.lease
+    overdue = lease is not None and lease - info.ttl > STALE_RENEWAL_FRACTION * lease
+    if info.renewals > 0 and overdue:
+        reasons.append("stale")
+    meta = info.meta
+    if meta.get("host") == _HOST and _process_gone(
+        meta.get("pid"), {} if pid_cache is None else pid_cache
+    ):
+        reasons.append("dead")
+    return tuple(reasons)
+
+
+def _core_lease(info: LockInfo) -> float | None:
+    """The lease length when the core reports it (``LockInfo.lease`` / ``NodeLockState.lease``,
+    seconds); None with a core that does not."""
+    lease = getattr(info, "lease", None)
+    if lease:
+        return float(lease)
+    known = [getattr(s, "lease", None) for s in info.per_node if s.token == info.token]
+    values = [float(k) for k in known if k]
+    return max(values) if values else None
+
+
+def lease_lengths(
+    rl: Redlock, infos: Sequence[LockInfo], *, every: bool = False
+) -> dict[str, float]:
+    """Lease length in seconds of renewed locks, by name.
+
+    The lock hash records it (field ``ttl``, ms, written by acquire and by every renewal; see
+    ``core/scripts.py``) and the "not renewing" rule needs it. A core whose ``LockInfo`` carries
+    it is used as is; otherwise this reads that one field, pipelined, from one node holding the
+    lock's token, and only for locks the rule could flag: renewed ones with less than
+    ``(1 - STALE_RENEWAL_FRACTION) * max_ttl`` left (no lease is longer than ``max_ttl``).
+    ``every=True`` reads it for every lock given (the detail page shows it).
+    """
+    lengths: dict[str, float] = {}
+    limit = (1 - STALE_RENEWAL_FRACTION) * rl.max_ttl
+    wanted: dict[str, list[str]] = {}
+    for info in infos:
+        if not every and (info.renewals <= 0 or info.ttl >= limit):
+            continue
+        lease = _core_lease(info)
+        if lease is not None:
+            lengths[info.name] = lease
+            continue
+        holders = [s for s in info.per_node if s.token == info.token]
+        if holders:
+            # The most recently re-armed copy (most time left) has the current lease.
+            newest = max(holders, key=lambda s: s.ttl)
+            wanted.setdefault(newest.node, []).append(info.name)
+    if not wanted:
+        return lengths
+    by_name = {node.name: node for node in rl.nodes}
+    for node_name, names in wanted.items():
+        node = by_name.get(node_name)
+        if node is None:
+            continue
+        try:
+            pipe = node.client.pipeline(transaction=False)
+            for name in names:
+                pipe.hget(f"{rl.key_prefix}:lock:{name}", "ttl")
+            replies = pipe.execute()
+        except Exception:  # unreachable since the listing: leave the lease unknown
+            continue
+        for name, raw in zip(names, replies, strict=True):
+            try:
+                lengths[name] = int(raw) / 1000
+            except (TypeError, ValueError):
+                continue
+    return lengths
+
+
+def build_rows(
+    rl: Redlock,
+    infos: Iterable[LockInfo],
+    stuck_after: float | None,
+    *,
+    every_lease: bool = False,
+) -> list[LockRow]:
+    """Rows for every lock in ``infos``, with their stuck reasons."""
+    infos = list(infos)
+    leases = lease_lengths(rl, infos, every=every_lease)
+    pid_cache: dict[int, bool] = {}
+    now = time.time()
+    rows = []
+    for info in infos:
+        row = LockRow(info, leases.get(info.name), now=now)
+        row.reasons = stuck_reasons(row, stuck_after, pid_cache)
+        rows.append(row)
+    return rows
+
+
+def sort_rows(rows: list[LockRow], order: str) -> tuple[list[LockRow], str]:
+    """``rows`` sorted by ``order`` (``"age"``, ``"-ttl"``, ...); unknown orders fall back to
+    :data:`DEFAULT_SORT`. Returns the rows and the order used."""
+    name = order.lstrip("-")
+    if name not in SORT_FIELDS:
+        order, name = DEFAULT_SORT, DEFAULT_SORT.lstrip("-")
+    reverse = order.startswith("-")
+    keys: dict[str, Any] = {
+        "key": lambda r: r.info.name,
+        "age": lambda r: r.age,
+        "ttl": lambda r: r.info.ttl,
+        "nodes": lambda r: r.info.nodes,
+        "renewals": lambda r: r.info.renewals,
+        "fence": lambda r: r.info.fence or 0,
+    }
+    # The core lists by name; a stable sort keeps that order among equal values.
+    if name != "key":
+        rows = sorted(rows, key=keys["key"])
+    return sorted(rows, key=keys[name], reverse=reverse), order
+
+
+def clock_spread(health: Sequence[NodeHealth]) -> float | None:
+    """Largest clock difference between two reachable nodes, in seconds."""
+    offsets = [h.clock_offset for h in health if h.reachable and h.clock_offset is not None]
+    if len(offsets) < 2:
+        return None
+    return max(offsets) - min(offsets)
+
+
+def describe_holder(info: LockInfo) -> str:
+    """The holder metadata as one line for the admin log (every key, sorted)."""
+    parts = [f"{k}={v!r}" for k, v in sorted(info.meta.items())]
+    parts.append(f"token={info.token!r}")
+    if info.fence is not None:
+        parts.append(f"fence={info.fence}")
+    if info.acquired_at is not None:
+        parts.append(f"acquired={info.acquired_at.astimezone(timezone.utc).isoformat()}")
+    return ", ".join(parts)
+
+
+def log_force_release(user: Any, info: LockInfo, removed: int) -> LogEntry:
+    """Record one force release in the admin log (``LogEntry``, action DELETION).
+
+    Django 5.1+ has ``LogEntry.objects.log_actions()``; 4.2 and 5.0 only ``log_action()``.
+    """
+    from .models import Lock
+
+    message = (
+        f"Force-released lock {info.name!r} on {removed} of {info.total_nodes} nodes; "
+        f"holder: {describe_holder(info)}"
+    )
+    lock = Lock(name=info.name)
+    manager = LogEntry.objects
+    if hasattr(manager, "log_actions"):
+        entries = manager.log_actions(
+            user_id=user.pk, queryset=[lock], action_flag=DELETION, change_message=message
+        )
+        return entries[0] if isinstance(entries, list) else entries
+    return manager.log_action(  # Django < 5.1
+        user_id=user.pk,
+        content_type_id=ContentType.objects.get_for_model(Lock, for_concrete_model=False).pk,
+        object_id=info.name,
+        object_repr=info.name[:200],
+        action_flag=DELETION,
+        change_message=message,
+    )
