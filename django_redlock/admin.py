@@ -252,7 +252,7 @@ class LockAdmin(admin.ModelAdmin):
         row = None
         node_rows = []
         if rl is not None and info is not None:
-            row = av.build_rows(rl, [info], get_config().get("STUCK_AFTER"), every_lease=True)[0]
+            row = av.build_rows(rl, [info], get_config().get("STUCK_AFTER"))[0]
             by_node = {s.node: s for s in info.per_node}
             for node in rl.nodes:
                 state = by_node.get(node.name)
@@ -359,11 +359,13 @@ class LockAdmin(admin.ModelAdmin):
             if info is None:
                 gone.append(name)
                 continue
-            if seen.get(name) and seen[name] != info.token:
-                # Taken again by someone else since the operator confirmed: not that lock.
+            token = seen.get(name) or info.token
+            # Only the holder the operator confirmed: one that took the lock since is left
+            # alone (the nodes compare the token, so there is no check-then-act gap).
+            removed = rl.force_release(name, token=token)
+            if not removed:
                 changed.append(name)
                 continue
-            removed = rl.force_release(name)
             av.log_force_release(request.user, info, removed)
             released.append((info, removed))
         if released:

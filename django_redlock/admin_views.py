@@ -256,81 +256,17 @@ def stuck_reasons(
     return tuple(reasons)
 
 
-def _core_lease(info: LockInfo) -> float | None:
-    """The lease length when the core reports it (``LockInfo.lease`` / ``NodeLockState.lease``,
-    seconds); None with a core that does not."""
-    lease = getattr(info, "lease", None)
-    if lease:
-        return float(lease)
-    known = [getattr(s, "lease", None) for s in info.per_node if s.token == info.token]
-    values = [float(k) for k in known if k]
-    return max(values) if values else None
-
-
-def lease_lengths(
-    rl: Redlock, infos: Sequence[LockInfo], *, every: bool = False
-) -> dict[str, float]:
-    """Lease length in seconds of renewed locks, by name.
-
-    The lock hash records it (field ``ttl``, ms, written by acquire and by every renewal; see
-    ``core/scripts.py``) and the "not renewing" rule needs it. A core whose ``LockInfo`` carries
-    it is used as is; otherwise this reads that one field, pipelined, from one node holding the
-    lock's token, and only for locks the rule could flag: renewed ones with less than
-    ``(1 - STALE_RENEWAL_FRACTION) * max_ttl`` left (no lease is longer than ``max_ttl``).
-    ``every=True`` reads it for every lock given (the detail page shows it).
-    """
-    lengths: dict[str, float] = {}
-    limit = (1 - STALE_RENEWAL_FRACTION) * rl.max_ttl
-    wanted: dict[str, list[str]] = {}
-    for info in infos:
-        if not every and (info.renewals <= 0 or info.ttl >= limit):
-            continue
-        lease = _core_lease(info)
-        if lease is not None:
-            lengths[info.name] = lease
-            continue
-        holders = [s for s in info.per_node if s.token == info.token]
-        if holders:
-            # The most recently re-armed copy (most time left) has the current lease.
-            newest = max(holders, key=lambda s: s.ttl)
-            wanted.setdefault(newest.node, []).append(info.name)
-    if not wanted:
-        return lengths
-    by_name = {node.name: node for node in rl.nodes}
-    for node_name, names in wanted.items():
-        node = by_name.get(node_name)
-        if node is None:
-            continue
-        try:
-            pipe = node.client.pipeline(transaction=False)
-            for name in names:
-                pipe.hget(f"{rl.key_prefix}:lock:{name}", "ttl")
-            replies = pipe.execute()
-        except Exception:  # unreachable since the listing: leave the lease unknown
-            continue
-        for name, raw in zip(names, replies, strict=True):
-            try:
-                lengths[name] = int(raw) / 1000
-            except (TypeError, ValueError):
-                continue
-    return lengths
-
-
 def build_rows(
     rl: Redlock,
     infos: Iterable[LockInfo],
     stuck_after: float | None,
-    *,
-    every_lease: bool = False,
 ) -> list[LockRow]:
     """Rows for every lock in ``infos``, with their stuck reasons."""
-    infos = list(infos)
-    leases = lease_lengths(rl, infos, every=every_lease)
     pid_cache: dict[int, bool] = {}
     now = time.time()
     rows = []
     for info in infos:
-        row = LockRow(info, leases.get(info.name), now=now)
+        row = LockRow(info, info.lease, now=now)
         row.reasons = stuck_reasons(row, stuck_after, pid_cache)
         rows.append(row)
     return rows

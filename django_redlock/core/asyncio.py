@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from .base import AcquireRequest, RedlockBase, Refusal, glob_escape, lock_states
+from .base import AcquireRequest, RedlockBase, Refusal, glob_escape
 from .info import LockInfo, NodeHealth
 from .lock import Lease, LockBase, current_owner
 from .nodes import Failure, Node, WireError, as_bytes, as_eval, reply_failure
@@ -755,30 +755,26 @@ class AsyncRedlock(RedlockBase):
         replies = await self._fan_out(lambda n, w: ("EXISTS", key))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
-    async def force_release(self, name: str) -> int:
-        """Remove ``name`` on every node whoever holds it; returns how many nodes had it."""
-        command = self._force_release_command(name)
+    async def force_release(self, name: str, token: str | None = None) -> int:
+        """Remove ``name`` on every node whoever holds it (only ``token``'s copies, when
+        given); returns how many nodes had it."""
+        command = self._force_release_command(name, token)
         replies = await self._fan_out(lambda n, w: command)
         return self._judge_force_release(name, replies)
 
     async def live_locks(self, pattern: str = "*") -> list[LockInfo]:
-        """Every lock some node holds whose name matches the glob ``pattern``, sorted by name.
-
-        A list rather than the sync client's iterator (the nodes are scanned concurrently, with
-        SCAN and pipelined HGETALL/PTTL, never KEYS); an unreachable node contributes nothing.
-        """
-        prefix = f"{self.key_prefix}:lock:"
-        found = await asyncio.gather(
-            *(self._scan_node(i, prefix, pattern) for i in range(len(self.nodes))),
-            return_exceptions=True,
-        )
-        states: dict[str, list[tuple[Node, dict[bytes, bytes], int]]] = {}
-        for node, scanned in zip(self.nodes, found, strict=True):
-            if isinstance(scanned, BaseException):
-                continue
-            for name, fields, pttl in scanned:
-                states.setdefault(name, []).append((node, fields, pttl))
-        return [self._lock_info(name, states[name]) for name in sorted(states)]
+        """Every lock some node holds whose name matches the glob ``pattern``, sorted by name
+        (a list rather than the sync client's iterator; read the same way, all nodes at
+        once, ``LIST_BATCH`` locks per node per step)."""
+        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
+        found: dict[str, list[tuple[Node, list[Any]]]] = {}
+        while any(c is not None for c in cursors):
+            replies = await self._fan_out(
+                lambda n, w: self._list_command(cursors[self.nodes.index(n)], pattern),
+                self.LIST_TIMEOUT,
+            )
+            self._list_step(cursors, replies, found)
+        return [self._lock_info(name, found[name]) for name in sorted(found)]
 
     async def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""
@@ -1148,31 +1144,6 @@ class AsyncRedlock(RedlockBase):
         return time.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01))
 
     # -- listing and health ---------------------------------------------------------------------
-
-    async def _scan_node(
-        self, index: int, prefix: str, pattern: str
-    ) -> list[tuple[str, dict[bytes, bytes], int]]:
-        found: list[tuple[str, dict[bytes, bytes], int]] = []
-        cursor: Any = b"0"
-        while True:
-            [reply] = await self._call(
-                index, [["SCAN", cursor, "MATCH", prefix + pattern, "COUNT", 1000,
-                         "TYPE", "hash"]])
-            cursor, keys = reply
-            for start in range(0, len(keys), 500):
-                batch = keys[start:start + 500]
-                commands: list[list[Any]] = []
-                for key in batch:
-                    commands += [["HGETALL", key], ["PTTL", key]]
-                results = await self._call(index, commands)
-                for i, key in enumerate(batch):
-                    flat = results[2 * i]
-                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
-                    state = lock_states(prefix, key, fields, results[2 * i + 1])
-                    if state is not None:
-                        found.append(state)
-            if cursor in (b"0", 0):
-                return found
 
     async def _count_keys(self, index: int, match: str) -> int:
         count = 0

@@ -549,9 +549,40 @@ class RedlockBase:
             [token, fence],
         )
 
-    def _force_release_command(self, name: str) -> list[Any]:
+    def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
         return script_command(scripts.FORCE_RELEASE, [self._key(check_name(name))],
-                              [self._channel(name)])
+                              [self._channel(name), token or ""])
+
+    #: Lock hashes read per node per listing step.
+    LIST_BATCH = 1000
+    #: A listing step may take longer than a lock operation (up to LIST_BATCH locks).
+    LIST_TIMEOUT = 2.0
+
+    def _list_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
+        """The next listing step on a node, or a no-op once its SCAN is done (``cursor`` None),
+        so every step is one fan-out over all nodes."""
+        if cursor is None:
+            return ["PING"]
+        match = f"{self.key_prefix}:lock:{pattern}"
+        return script_command(scripts.LIST, [], [cursor, match, self.LIST_BATCH])
+
+    def _list_step(
+        self, cursors: list[bytes | None], replies: list[Any],
+        found: dict[str, list[tuple[Node, list[Any]]]],
+    ) -> None:
+        """Record one listing step's locks; advance each node's cursor (None when done or the
+        node failed: an unreachable node just contributes nothing)."""
+        skip = len(self.key_prefix) + 6  # "<prefix>:lock:"
+        for index, (cursor, reply) in enumerate(zip(cursors, replies, strict=True)):
+            if cursor is None:
+                continue
+            if not isinstance(reply, list) or len(reply) != 2:
+                cursors[index] = None
+                continue
+            node = self.nodes[index]
+            for entry in json.loads(reply[1]):
+                found.setdefault(entry[0][skip:], []).append((node, entry))
+            cursors[index] = None if reply[0] in (b"0", 0) else reply[0]
 
     def _trust_command(self, run_id: str) -> list[Any]:
         return script_command(scripts.TRUST, [self._node_key()], [run_id])
@@ -574,26 +605,27 @@ class RedlockBase:
 
     # -- listing --------------------------------------------------------------------------------
 
-    def _lock_info(
-        self, name: str, states: list[tuple[Node, dict[bytes, bytes], int]]
-    ) -> LockInfo:
+    def _lock_info(self, name: str, states: list[tuple[Node, list[Any]]]) -> LockInfo:
+        """One lock from the nodes' listing entries ``[key, token, meta, fence, renewals,
+        acquired ms, lease ms, pttl ms]``."""
         per_node = tuple(
             NodeLockState(
                 node=node.name,
-                token=fields[b"token"].decode(),
-                ttl=pttl / 1000,
-                renewals=int(fields.get(b"renewals", 0)),
-                fence=int(fields.get(b"fence", 0)) or None,
-                acquired_at=_from_ms(fields.get(b"acquired")),
+                token=entry[1],
+                ttl=entry[7] / 1000,
+                renewals=int(entry[4]),
+                fence=int(entry[3]) or None,
+                acquired_at=_from_ms(entry[5]),
+                lease=int(entry[6]) / 1000 or None,
             )
-            for node, fields, pttl in states
+            for node, entry in states
         )
         tokens = [s.token for s in per_node]
         token = max(set(tokens), key=tokens.count)
         mine = [s for s in per_node if s.token == token]
-        fields = next(f for _, f, _ in states if f[b"token"].decode() == token)
+        raw_meta = next(entry[2] for _, entry in states if entry[1] == token)
         try:
-            meta = json.loads(fields.get(b"meta", b"{}"))
+            meta = json.loads(raw_meta)
         except ValueError:
             meta = {}
         ttls = sorted((s.ttl for s in mine), reverse=True)
@@ -611,6 +643,7 @@ class RedlockBase:
             fence=max((s.fence for s in mine if s.fence), default=None),
             renewals=max(s.renewals for s in mine),
             per_node=per_node,
+            lease=max((s.lease for s in mine if s.lease), default=None),
         )
 
     def _node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
@@ -646,7 +679,7 @@ class RedlockBase:
         )
 
 
-def _from_ms(raw: bytes | None) -> datetime | None:
+def _from_ms(raw: Any) -> datetime | None:
     if not raw:
         return None
     return datetime.fromtimestamp(int(raw) / 1000, tz=timezone.utc)
@@ -655,12 +688,3 @@ def _from_ms(raw: bytes | None) -> datetime | None:
 def glob_escape(name: str) -> str:
     """A glob matching exactly ``name`` (for SCAN MATCH)."""
     return "".join(f"[{c}]" if c in "*?[]\\" else c for c in name)
-
-
-def lock_states(
-    prefix: str, raw_key: bytes, fields: dict[bytes, bytes], pttl: int
-) -> tuple[str, dict[bytes, bytes], int] | None:
-    """One scanned lock hash as ``(name, fields, pttl)``, or None for leftovers."""
-    if not fields or b"token" not in fields or pttl <= 0:
-        return None
-    return raw_key.decode(errors="replace")[len(prefix):], fields, pttl

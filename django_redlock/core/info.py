@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["LockInfo", "NodeHealth", "NodeLockState"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeLockState:
     """One node's copy of a lock."""
 
@@ -19,6 +19,7 @@ class NodeLockState:
     renewals: int
     fence: int | None
     acquired_at: datetime | None
+    lease: float | None = None  #: the lease length last armed (acquire or renewal), seconds
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class LockInfo:
     fence: int | None
     renewals: int
     per_node: tuple[NodeLockState, ...] = field(default=())
+    #: The lease length last armed (acquire or renewal), seconds: a lock renewed every lease/3
+    #: never shows less than two thirds of it left.
+    lease: float | None = None
 
     @property
     def key(self) -> str:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Hashable, Iterator
 from typing import Any
 
-from .base import AcquireRequest, RedlockBase, Refusal, glob_escape, lock_states
+from .base import AcquireRequest, RedlockBase, Refusal, glob_escape
 from .info import LockInfo, NodeHealth
 from .lock import Lease, Lock, current_owner
 from .nodes import Failure, Node, fan_out
@@ -48,31 +48,34 @@ class Redlock(RedlockBase):
         replies = fan_out(self.nodes, lambda n, w: ("EXISTS", key), self.node_timeout)
         return sum(1 for r in replies if r == 1) >= self.quorum
 
-    def force_release(self, name: str) -> int:
+    def force_release(self, name: str, token: str | None = None) -> int:
         """Remove ``name`` on every node whoever holds it; returns how many nodes had it.
 
-        The former holder learns it lost the lock at its next renewal, check or release.
+        With ``token``, only that holder's copies are removed (an operator confirmed a
+        release of what they saw, not of whoever took the lock since). The former holder
+        learns it lost the lock at its next renewal, check or release.
         """
-        command = self._force_release_command(name)
+        command = self._force_release_command(name, token)
         replies = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
         return self._judge_force_release(name, replies)
 
     def live_locks(self, pattern: str = "*") -> Iterator[LockInfo]:
         """Every lock some node holds whose name matches the glob ``pattern``, by name.
 
-        Reads with SCAN and pipelined HGETALL/PTTL, never KEYS, so a busy node is not blocked;
-        an unreachable node just contributes nothing.
+        Each step reads up to ``LIST_BATCH`` locks per node in one script call (a SCAN step,
+        never KEYS, so a busy node is not blocked), on all nodes at once.
         """
-        prefix = f"{self.key_prefix}:lock:"
-        states: dict[str, list[tuple[Node, dict[bytes, bytes], int]]] = {}
-        for node in self.nodes:
-            try:
-                for name, fields, pttl in self._scan_node(node, prefix, pattern):
-                    states.setdefault(name, []).append((node, fields, pttl))
-            except Exception:
-                continue
-        for name in sorted(states):
-            yield self._lock_info(name, states[name])
+        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
+        found: dict[str, list[tuple[Node, list[Any]]]] = {}
+        while any(c is not None for c in cursors):
+            replies = fan_out(
+                self.nodes, lambda n, w: self._list_command(cursors[self.nodes.index(n)],
+                                                            pattern),
+                self.LIST_TIMEOUT,
+            )
+            self._list_step(cursors, replies, found)
+        for name in sorted(found):
+            yield self._lock_info(name, found[name])
 
     def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""
@@ -269,32 +272,6 @@ class Redlock(RedlockBase):
         self._queues_lock = threading.Lock()
 
     # -- listing and health ---------------------------------------------------------------------
-
-    def _scan_node(
-        self, node: Node, prefix: str, pattern: str
-    ) -> Iterator[tuple[str, dict[bytes, bytes], int]]:
-        batch: list[bytes] = []
-        for raw in node.client.scan_iter(match=prefix + pattern, count=1000, _type="hash"):
-            batch.append(raw)
-            if len(batch) >= 500:
-                yield from self._read_batch(node, prefix, batch)
-                batch = []
-        if batch:
-            yield from self._read_batch(node, prefix, batch)
-
-    @staticmethod
-    def _read_batch(
-        node: Node, prefix: str, keys: list[bytes]
-    ) -> Iterator[tuple[str, dict[bytes, bytes], int]]:
-        pipe = node.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-            pipe.pttl(key)
-        results = pipe.execute()
-        for i, key in enumerate(keys):
-            state = lock_states(prefix, key, results[2 * i], results[2 * i + 1])
-            if state is not None:
-                yield state
 
     def _probe(self, node: Node) -> NodeHealth:
         try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ACQUIRE", "BODIES", "EXTEND", "FAIR_ACQUIRE", "FAIR_LEAVE", "FAIR_TICKET", "FENCE_SYNC",
-    "FORCE_RELEASE", "RELEASE", "TRUST", "Script",
+    "FORCE_RELEASE", "LIST", "RELEASE", "TRUST", "Script",
 ]
 
 #: Script bodies by SHA1, for the EVAL fallback when a node answers NOSCRIPT.
@@ -215,16 +215,17 @@ return 0
 
 # Delete the lock whoever holds it (admin / operator action) and wake waiters.
 # KEYS[1] lock hash
-# ARGV[1] release channel
-# Returns the token that was removed, or false when there was no lock.
+# ARGV[1] release channel, ARGV[2] the token to remove, or "" for whichever holds it
+# Returns the token that was removed, or false when there was no lock (or another token).
 FORCE_RELEASE = Script(
     """
 local token = redis.call('HGET', KEYS[1], 'token')
-if token then
+if token and (ARGV[2] == '' or token == ARGV[2]) then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[1], token)
+  return token
 end
-return token
+return false
 """
 )
 
@@ -242,5 +243,30 @@ if redis.call('HGET', KEYS[1], 'run_id') == ARGV[1] then
   return 1
 end
 return 0
+"""
+)
+
+# One step of listing the locks on this node: a SCAN step, and each lock's fields, as JSON
+# (one reply for up to `count` locks instead of two per lock keeps a 10,000-lock listing fast).
+# KEYS none
+# ARGV[1] SCAN cursor, ARGV[2] MATCH pattern, ARGV[3] COUNT
+# Returns {next cursor, JSON list of [key, token, meta, fence, renewals, acquired, ttl, pttl]}
+LIST = Script(
+    """
+local step = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3], 'TYPE', 'hash')
+local out = {}
+for _, key in ipairs(step[2]) do
+  local f = redis.call('HMGET', key, 'token', 'meta', 'fence', 'renewals', 'acquired', 'ttl')
+  local pttl = redis.call('PTTL', key)
+  if f[1] and pttl > 0 then
+    -- Numbers stay strings: cjson would round a 16-digit fence to 14 digits.
+    out[#out + 1] = {key, f[1], f[2] or '{}', f[3] or '0', f[4] or '0', f[5] or '0',
+                     f[6] or '0', pttl}
+  end
+end
+if #out == 0 then
+  return {step[1], '[]'}
+end
+return {step[1], cjson.encode(out)}
 """
 )

@@ -1,0 +1,142 @@
+"""A TCP proxy in front of one Redis node, with two faults a paused process cannot produce.
+
+* ``delay``: every reply from the node is held back this many seconds before it is forwarded
+  (a slow network / an overloaded node whose replies still arrive, late).
+* ``reset``: a request containing ``marker`` (e.g. the SHA of the acquire script) is forwarded
+  to the node, the node's reply is read and thrown away, and the client's connection is reset
+  (RST). The command *did* run on the node; the client never learns its outcome. This is the
+  "connection reset after the SET was sent" fault: the client must not count that node as
+  granted, and its cleanup must remove its own token only.
+
+The proxy runs in threads of the process that made it (the controller, not a client), one
+thread per connection. ``armed`` is how many resets are still to inject (``None``: use
+``probability`` on every matching request).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import select
+import socket
+import struct
+import threading
+import time
+
+__all__ = ["Proxy"]
+
+
+class Proxy:
+    def __init__(self, upstream: tuple[str, int], *, marker: bytes | None = None) -> None:
+        self.upstream = upstream
+        self.marker = marker
+        self.delay = 0.0
+        self.armed: int | None = 0
+        self.probability = 0.0
+        self.resets = 0  #: resets injected so far
+        self._lock = threading.Lock()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(256)
+        self.port: int = self._listener.getsockname()[1]
+        self._conns: set[socket.socket] = set()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name=f"proxy-{self.port}",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _should_reset(self, data: bytes) -> bool:
+        if self.marker is None or self.marker not in data:
+            return False
+        with self._lock:
+            if self.armed is None:
+                hit = random.random() < self.probability
+            elif self.armed > 0:
+                self.armed -= 1
+                hit = True
+            else:
+                hit = False
+            if hit:
+                self.resets += 1
+            return hit
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                _reset(client)
+                continue
+            server.settimeout(None)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._conns.update((client, server))
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        """Both directions of one connection in one thread (request/reply traffic), so a
+        reset closes sockets no other thread is blocked on: the RST goes out at once."""
+        reset_pending = False
+        try:
+            while True:
+                readable, _, _ = select.select([client, server], [], [])
+                if client in readable:
+                    data = client.recv(65536)
+                    if not data:
+                        break
+                    if self._should_reset(data):
+                        reset_pending = True
+                    server.sendall(data)
+                if server in readable:
+                    data = server.recv(65536)
+                    if not data:
+                        break
+                    if reset_pending and not data.startswith(b"-NOSCRIPT"):
+                        # The command ran on the node; its reply is dropped and the
+                        # client's connection reset.
+                        _reset(client)
+                        break
+                    if self.delay:
+                        time.sleep(self.delay)
+                    client.sendall(data)
+        except (OSError, ValueError):
+            pass
+        for sock in (client, server):
+            with self._lock:
+                self._conns.discard(sock)
+            _reset(sock)
+
+    def drop_all(self) -> None:
+        """End every open connection (as a node restart would): shutdown wakes the pump
+        thread, which then closes both sockets."""
+        with self._lock:
+            conns = list(self._conns)
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() thread
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.drop_all()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST instead of FIN (SO_LINGER on, timeout 0)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
