@@ -58,6 +58,12 @@ if _DB == "postgres":
     DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "test",
                              "HOST": "127.0.0.1", "USER": "postgres"}}
 elif _DB == "mysql":
+    try:
+        import MySQLdb  # noqa: F401  (mysqlclient, when installed)
+    except ImportError:  # PyMySQL: pure Python, nothing to compile
+        import pymysql
+
+        pymysql.install_as_MySQLdb()
     DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": "test",
                              "HOST": "127.0.0.1", "USER": "root"}}
 else:
