@@ -48,16 +48,40 @@ def worker(app: Any, pool: str, concurrency: int, env: dict[str, str]) -> Any:
     if pool == "threads":
         from celery.contrib.testing.worker import start_worker
 
-        with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
-                          shutdown_timeout=120, loglevel="ERROR"):
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=concurrency,
+            perform_ping_check=False,
+            shutdown_timeout=120,
+            loglevel="ERROR",
+        ):
             yield
         return
     log = open(os.devnull, "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "testproject.celery_app", "worker", "-P", pool,
-         "-c", str(concurrency), "-l", "ERROR", "--without-mingle", "--without-gossip",
-         "--without-heartbeat"],
-        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "testproject.celery_app",
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-l",
+            "ERROR",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -86,9 +110,14 @@ def run_batch(broker: RedisNode, sends: list[Any], timeout: float) -> dict[str, 
     elapsed = time.perf_counter() - start
     messages = lpushes(broker) - before
     done = max(outcomes["ok"], 1)
-    return {"tasks": len(sends), "ok": outcomes["ok"], "failed": outcomes["failed"],
-            "seconds": elapsed, "per_second": outcomes["ok"] / elapsed,
-            "messages_per_task": messages / done}
+    return {
+        "tasks": len(sends),
+        "ok": outcomes["ok"],
+        "failed": outcomes["failed"],
+        "seconds": elapsed,
+        "per_second": outcomes["ok"] / elapsed,
+        "messages_per_task": messages / done,
+    }
 
 
 def main() -> None:
@@ -112,10 +141,15 @@ def main() -> None:
             "REDLOCK_NODES": ",".join(cluster.urls),
             "REDLOCK_CELERY_BROKER": broker.url,
             "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
+            ),
         }
-        os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "REDLOCK_NODES",
-                                                 "REDLOCK_CELERY_BROKER")})
+        os.environ.update(
+            {
+                k: env[k]
+                for k in ("DJANGO_SETTINGS_MODULE", "REDLOCK_NODES", "REDLOCK_CELERY_BROKER")
+            }
+        )
         import django
 
         django.setup()
@@ -124,18 +158,37 @@ def main() -> None:
 
         stack.enter_context(worker(app, args.pool, args.concurrency, env))
         # Warm up connections, scripts and the restart-guard markers.
-        run_batch(broker, [lambda i=i: tasks.bench_locked.delay(f"warm{i}") for i in range(8)],
-                  120)
+        run_batch(broker, [lambda i=i: tasks.bench_locked.delay(f"warm{i}") for i in range(8)], 120)
         run_batch(broker, [lambda: tasks.bench_plain.delay("warm")], 120)
 
         rows: list[tuple[str, dict[str, float]]] = []
         tag = uuid.uuid4().hex[:6]
-        rows.append(("plain task, distinct keys", run_batch(
-            broker, [lambda i=i: tasks.bench_plain.delay(f"{tag}:{i}") for i in range(n)], 300)))
-        rows.append(("LockedTask, distinct keys", run_batch(
-            broker, [lambda i=i: tasks.bench_locked.delay(f"{tag}:{i}") for i in range(n)], 300)))
-        rows.append((f"plain task, one key, hold {args.hold * 1000:.0f} ms", run_batch(
-            broker, [lambda: tasks.bench_plain.delay("hot", args.hold)] * hot, 300)))
+        rows.append(
+            (
+                "plain task, distinct keys",
+                run_batch(
+                    broker,
+                    [lambda i=i: tasks.bench_plain.delay(f"{tag}:{i}") for i in range(n)],
+                    300,
+                ),
+            )
+        )
+        rows.append(
+            (
+                "LockedTask, distinct keys",
+                run_batch(
+                    broker,
+                    [lambda i=i: tasks.bench_locked.delay(f"{tag}:{i}") for i in range(n)],
+                    300,
+                ),
+            )
+        )
+        rows.append(
+            (
+                f"plain task, one key, hold {args.hold * 1000:.0f} ms",
+                run_batch(broker, [lambda: tasks.bench_plain.delay("hot", args.hold)] * hot, 300),
+            )
+        )
         policies: list[tuple[str, dict[str, Any]]] = [
             ("retry (default)", {}),
             ("retry, lock_wait=2", {"lock_wait": 2}),
@@ -143,11 +196,21 @@ def main() -> None:
         ]
         for label, options in policies:
             key = f"hot-{uuid.uuid4().hex[:6]}"
-            rows.append((f"LockedTask, one key: {label}", run_batch(
-                broker,
-                [lambda key=key, options=options: tasks.bench_locked.apply_async(
-                    (key, args.hold), **options)] * hot,
-                600)))
+            rows.append(
+                (
+                    f"LockedTask, one key: {label}",
+                    run_batch(
+                        broker,
+                        [
+                            lambda key=key, options=options: tasks.bench_locked.apply_async(
+                                (key, args.hold), **options
+                            )
+                        ]
+                        * hot,
+                        600,
+                    ),
+                )
+            )
 
         print_table(rows, args)
         # Stop listening for results while the broker still runs (AsyncResult.__del__ would
@@ -160,18 +223,29 @@ def main() -> None:
 def print_table(rows: list[tuple[str, dict[str, float]]], args: argparse.Namespace) -> None:
     width = max(len(name) for name, _ in rows)
     print()
-    print(f"LockedTask benchmark: {args.pool} pool, concurrency {args.concurrency}, 3 lock "
-          f"nodes + 1 broker (embedded redis-server), Python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs")
-    header = (f"{'scenario':<{width}}  {'tasks':>5}  {'failed':>6}  {'seconds':>7}  "
-              f"{'tasks/s':>8}  {'msgs/task':>9}")
+    print(
+        f"LockedTask benchmark: {args.pool} pool, concurrency {args.concurrency}, 3 lock "
+        f"nodes + 1 broker (embedded redis-server), Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    header = (
+        f"{'scenario':<{width}}  {'tasks':>5}  {'failed':>6}  {'seconds':>7}  "
+        f"{'tasks/s':>8}  {'msgs/task':>9}"
+    )
     print(header)
     print("-" * len(header))
     for name, row in rows:
-        print(f"{name:<{width}}  {row['tasks']:>5.0f}  {row['failed']:>6.0f}  "
-              f"{row['seconds']:>7.2f}  {row['per_second']:>8.1f}  "
-              f"{row['messages_per_task']:>9.2f}")
+        print(
+            f"{name:<{width}}  {row['tasks']:>5.0f}  {row['failed']:>6.0f}  "
+            f"{row['seconds']:>7.2f}  {row['per_second']:>8.1f}  "
+            f"{row['messages_per_task']:>9.2f}"
+        )
 
 
 if __name__ == "__main__":
     main()
+    # The nodes are stopped and the worker joined by now. Skip interpreter teardown: results
+    # the in-process worker created for retries would try to unsubscribe from the stopped
+    # broker in AsyncResult.__del__ and print reconnect noise.
+    sys.stdout.flush()
+    os._exit(0)

@@ -134,21 +134,26 @@ def _check_options(values: Mapping[str, Any], where: str) -> None:
         raise ValueError(f"{where}: on_locked must be one of {ON_LOCKED}, got {on_locked!r}")
     for name in ("ttl", "retry_delay", "dedupe_ttl"):
         value = values.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value <= 0 or math.isinf(value)):
-            raise ValueError(f"{where}: {_HEADER_FIELDS[name]} must be a number > 0, got "
-                             f"{value!r}")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value <= 0
+            or math.isinf(value)
+        ):
+            raise ValueError(f"{where}: {_HEADER_FIELDS[name]} must be a number > 0, got {value!r}")
     for name in ("wait", "retry_jitter"):
         value = values.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value < 0):
-            raise ValueError(f"{where}: {_HEADER_FIELDS[name]} must be a number >= 0, got "
-                             f"{value!r}")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+        ):
+            raise ValueError(
+                f"{where}: {_HEADER_FIELDS[name]} must be a number >= 0, got {value!r}"
+            )
     retries = values.get("max_retries")
-    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
-                                or retries < 0):
-        raise ValueError(f"{where}: lock_max_retries must be an int >= 0 or None, got "
-                         f"{retries!r}")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
+    ):
+        raise ValueError(f"{where}: lock_max_retries must be an int >= 0 or None, got {retries!r}")
     key = values.get("key")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"{where}: a per-call lock_key must be a str template, got {key!r}")
@@ -206,8 +211,9 @@ def _normalise(value: Any) -> Any:
 def default_lock_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     """The key used without ``lock_key``: the task name plus its bound arguments as canonical
     JSON (sorted keys, no spaces); long keys end in a SHA-256 of the JSON instead."""
-    body = json.dumps(_normalise(dict(arguments)), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False)
+    body = json.dumps(
+        _normalise(dict(arguments)), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
     key = f"{task_name}:{body}"
     if len(key) <= DEFAULT_KEY_MAX:
         return key
@@ -239,8 +245,7 @@ def _extend_token(redlock: Redlock, name: str, token: str, ttl: float) -> bool:
         return bool(public(name, token, ttl))
     from .core.lock import Lease
 
-    lease = Lease(name=name, token=token, ttl=ttl, owner=None,
-                  valid_until=time.monotonic() + ttl)
+    lease = Lease(name=name, token=token, ttl=ttl, owner=None, valid_until=time.monotonic() + ttl)
     return bool(redlock._extend(lease, min(ttl, redlock.max_ttl)))
 
 
@@ -438,8 +443,9 @@ class LockedTask(Task):
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise TypeError(f"task {self.name}: cannot bind the arguments for its lock key: "
-                            f"{exc}") from None
+            raise TypeError(
+                f"task {self.name}: cannot bind the arguments for its lock key: {exc}"
+            ) from None
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         for param in signature.parameters.values():
@@ -452,8 +458,14 @@ class LockedTask(Task):
     # -- enqueueing -------------------------------------------------------------------------
 
     def apply_async(
-        self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
-        producer: Any = None, link: Any = None, link_error: Any = None, shadow: Any = None,
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: Any = None,
         **options: Any,
     ) -> Any:
         """``apply_async`` taking LockedTask's per-call options (``lock_key=...``,
@@ -482,9 +494,16 @@ class LockedTask(Task):
         if headers:
             options["headers"] = headers
         try:
-            return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
-                                       link=link, link_error=link_error, shadow=shadow,
-                                       **options)
+            return super().apply_async(
+                args,
+                kwargs,
+                task_id=task_id,
+                producer=producer,
+                link=link,
+                link_error=link_error,
+                shadow=shadow,
+                **options,
+            )
         except BaseException:
             if queued is not None and not isinstance(queued, str):
                 _release_token(self.get_redlock(), queued[0], queued[1])
@@ -500,15 +519,26 @@ class LockedTask(Task):
         queued_name = f"{name}:queued"
         ttl = min(opts.dedupe_ttl + delay, redlock.max_ttl)
         lock = redlock.lock(
-            queued_name, ttl=ttl, reentrant=False, owner=("celery-queued", task_id),
-            meta={"task_id": task_id, "task": self.name, "queued": True,
-                  "args": _summary(args, kwargs)},
+            queued_name,
+            ttl=ttl,
+            reentrant=False,
+            owner=("celery-queued", task_id),
+            meta={
+                "task_id": task_id,
+                "task": self.name,
+                "queued": True,
+                "args": _summary(args, kwargs),
+            },
         )
         try:
             acquired = lock.acquire(blocking=False)
         except QuorumError:
-            logger.warning("task %s[%s]: de-duplication unavailable (too few lock nodes), "
-                           "sending it anyway", self.name, task_id, exc_info=True)
+            logger.warning(
+                "task %s[%s]: de-duplication unavailable (too few lock nodes), sending it anyway",
+                self.name,
+                task_id,
+                exc_info=True,
+            )
             return None
         if acquired:
             token = lock.token
@@ -518,8 +548,13 @@ class LockedTask(Task):
         other = holder.get("task_id")
         if not other:
             return None  # freed in between; send it (at worst two queued, never zero)
-        logger.info("task %s not sent: %s[%s] is already queued for lock %s", self.name,
-                    self.name, other, name)
+        logger.info(
+            "task %s not sent: %s[%s] is already queued for lock %s",
+            self.name,
+            self.name,
+            other,
+            name,
+        )
         return str(other)
 
     # -- running ----------------------------------------------------------------------------
@@ -542,8 +577,13 @@ class LockedTask(Task):
             "on_locked": opts.on_locked,
         }
         lock = redlock.lock(
-            name, ttl=ttl, auto_renew=renew, renew_for=renew_for, reentrant=False,
-            owner=("celery", task_id or id(request)), meta=meta,
+            name,
+            ttl=ttl,
+            auto_renew=renew,
+            renew_for=renew_for,
+            reentrant=False,
+            owner=("celery", task_id or id(request)),
+            meta=meta,
         )
         wait = opts.effective_wait()
         try:
@@ -558,8 +598,9 @@ class LockedTask(Task):
             self._release_queued(redlock, request, header, final=True)
             raise
         if not acquired:
-            return self._locked_out(redlock, lock, request, header, opts, name, lock_retries,
-                                    args, kwargs)
+            return self._locked_out(
+                redlock, lock, request, header, opts, name, lock_retries, args, kwargs
+            )
         self._release_queued(redlock, request, header, final=True)
         # Not an attribute of the request: Celery copies unknown request attributes into the
         # headers of any message the task sends (retries included).
@@ -575,8 +616,13 @@ class LockedTask(Task):
             except RedlockError as exc:
                 # Lost while running (lease ran out, a quorum forgot it, or force-released):
                 # the core already sent lock_lost; say which task it was.
-                logger.error("task %s[%s] finished without holding lock %s: %s", self.name,
-                             task_id, name, exc)
+                logger.error(
+                    "task %s[%s] finished without holding lock %s: %s",
+                    self.name,
+                    task_id,
+                    name,
+                    exc,
+                )
 
     def _lease_for(
         self, request: Any, opts: LockOptions, redlock: Redlock
@@ -591,20 +637,34 @@ class LockedTask(Task):
         if limit and limit + 1 > ttl:
             if limit + 1 <= redlock.max_ttl:
                 return limit + 1, False, None
-            logger.warning("task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing "
-                           "the lease instead", self.name, limit, redlock.max_ttl)
+            logger.warning(
+                "task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing "
+                "the lease instead",
+                self.name,
+                limit,
+                redlock.max_ttl,
+            )
             return ttl, True, limit
         return ttl, False, None
 
     def _locked_out(
-        self, redlock: Redlock, lock: Any, request: Any, header: dict[str, Any],
-        opts: LockOptions, name: str, lock_retries: int, args: Any, kwargs: Any,
+        self,
+        redlock: Redlock,
+        lock: Any,
+        request: Any,
+        header: dict[str, Any],
+        opts: LockOptions,
+        name: str,
+        lock_retries: int,
+        args: Any,
+        kwargs: Any,
     ) -> Any:
         policy = opts.on_locked
         holder = _holder(redlock, name)
         exc = LockNotAcquired(
-            f"task {self.name}[{request.id}]: lock {name!r} is held by "
-            f"{_describe(holder)}", name, retry_after=lock.retry_after,
+            f"task {self.name}[{request.id}]: lock {name!r} is held by {_describe(holder)}",
+            name,
+            retry_after=lock.retry_after,
         )
         if request.id and holder.get("task_id") == request.id and not _eager(request):
             # Held under this very task id: an earlier attempt of ours (a lease left on nodes
@@ -615,10 +675,23 @@ class LockedTask(Task):
                 "task %s[%s]: lock %s is held under this task's own id (attempt %s, now %s): "
                 "an earlier attempt's lease, or a redelivery while the task still runs (the "
                 "broker's visibility_timeout must exceed the longest task); retrying in %.1fs",
-                self.name, request.id, name, holder.get("attempt"),
-                f"{request.retries or 0}.{lock_retries}", lock.retry_after or 0.0)
-            self._retry_later(request, header, opts, name, lock_retries, exc, lock.retry_after,
-                              at_least=lock.retry_after)
+                self.name,
+                request.id,
+                name,
+                holder.get("attempt"),
+                f"{request.retries or 0}.{lock_retries}",
+                lock.retry_after or 0.0,
+            )
+            self._retry_later(
+                request,
+                header,
+                opts,
+                name,
+                lock_retries,
+                exc,
+                lock.retry_after,
+                at_least=lock.retry_after,
+            )
         if policy == "retry" and not _eager(request):
             self._retry_later(request, header, opts, name, lock_retries, exc, lock.retry_after)
         self._release_queued(redlock, request, header, final=True)
@@ -628,13 +701,20 @@ class LockedTask(Task):
             exc = LockNotAcquired(
                 f"task {self.name}[{request.id}]: lock {name!r} still held by "
                 f"{_describe(holder)} after waiting {opts.effective_wait():g}s",
-                name, retry_after=lock.retry_after,
+                name,
+                retry_after=lock.retry_after,
             )
         raise exc
 
     def _retry_later(
-        self, request: Any, header: dict[str, Any], opts: LockOptions, name: str,
-        lock_retries: int, exc: LockNotAcquired, retry_after: float | None,
+        self,
+        request: Any,
+        header: dict[str, Any],
+        opts: LockOptions,
+        name: str,
+        lock_retries: int,
+        exc: LockNotAcquired,
+        retry_after: float | None,
         at_least: float | None = None,
     ) -> None:
         """Re-schedule this task (raises Retry)."""
@@ -660,33 +740,59 @@ class LockedTask(Task):
             # same request with its retries count unchanged instead, and raise Retry like it
             # does (the worker logs it, stores RETRY and sends task_retry).
             sig = self.signature_from_request(
-                request, countdown=countdown, retries=request.retries, headers=headers,
+                request,
+                countdown=countdown,
+                retries=request.retries,
+                headers=headers,
             )
             sig.apply_async()
             raise Retry(exc=exc, when=countdown, sig=sig)
         self._release_queued(self.get_redlock(), request, header, final=True)
         raise LockNotAcquired(
-            f"{exc} (gave up after {lock_retries} lock retries)", name, retry_after=retry_after,
+            f"{exc} (gave up after {lock_retries} lock retries)",
+            name,
+            retry_after=retry_after,
         )
 
     def _skip(
-        self, redlock: Redlock, lock: Any, request: Any, name: str, holder: dict[str, Any],
-        args: Any, kwargs: Any,
+        self,
+        redlock: Redlock,
+        lock: Any,
+        request: Any,
+        name: str,
+        holder: dict[str, Any],
+        args: Any,
+        kwargs: Any,
     ) -> None:
-        logger.warning("task %s[%s] skipped: lock %s is held by %s", self.name, request.id,
-                       name, _describe(holder))
+        logger.warning(
+            "task %s[%s] skipped: lock %s is held by %s",
+            self.name,
+            request.id,
+            name,
+            _describe(holder),
+        )
         _django_contended(redlock, lock)
-        task_skipped.send(sender=self, task_id=request.id, lock_name=name, holder=holder,
-                          args=args, kwargs=kwargs)
+        task_skipped.send(
+            sender=self, task_id=request.id, lock_name=name, holder=holder, args=args, kwargs=kwargs
+        )
         if request.id and not request.called_directly and not self.ignore_result:
             try:
-                self.update_state(state=SKIPPED, meta={
-                    "lock": name, "holder": holder.get("task_id"),
-                    "holder_task": holder.get("task"), "reason": "lock held",
-                })
+                self.update_state(
+                    state=SKIPPED,
+                    meta={
+                        "lock": name,
+                        "holder": holder.get("task_id"),
+                        "holder_task": holder.get("task"),
+                        "reason": "lock held",
+                    },
+                )
             except Exception:
-                logger.warning("task %s[%s]: could not store the SKIPPED state", self.name,
-                               request.id, exc_info=True)
+                logger.warning(
+                    "task %s[%s]: could not store the SKIPPED state",
+                    self.name,
+                    request.id,
+                    exc_info=True,
+                )
         raise Ignore()
 
     def _release_queued(
@@ -725,8 +831,9 @@ class LockedTask(Task):
             if holder.get("task_id") and holder.get("task_id") == request.id:
                 done = _release_token(redlock, name, holder["token"]) > 0
         except Exception:
-            logger.warning("could not release the lock of %s[%s]", self.name, request.id,
-                           exc_info=True)
+            logger.warning(
+                "could not release the lock of %s[%s]", self.name, request.id, exc_info=True
+            )
         queued = header.get(_QUEUED)
         if queued:
             try:
@@ -797,8 +904,7 @@ def _describe(holder: Mapping[str, Any]) -> str:
 def _django_contended(redlock: Redlock, lock: Any) -> None:
     """Make sure ``lock_contended`` went out for a skipped task: the shared ``get_redlock()``
     sends it from the core's event; an explicit ``lock_redlock`` has no signal listener."""
-    if any(getattr(fn, "__module__", None) == "django_redlock.signals"
-           for fn in redlock.listeners):
+    if any(getattr(fn, "__module__", None) == "django_redlock.signals" for fn in redlock.listeners):
         return
     try:
         from django.conf import settings
@@ -808,10 +914,16 @@ def _django_contended(redlock: Redlock, lock: Any) -> None:
         from . import signals as django_signals
     except Exception:
         return
-    django_signals.send_event(LockEvent(
-        "contended", lock.name, meta=lock.meta, retry_after=lock.retry_after,
-        reason="skipped by on_locked='skip'",
-    ), redlock)
+    django_signals.send_event(
+        LockEvent(
+            "contended",
+            lock.name,
+            meta=lock.meta,
+            retry_after=lock.retry_after,
+            reason="skipped by on_locked='skip'",
+        ),
+        redlock,
+    )
 
 
 # ============================================================================ worker signals
@@ -855,16 +967,22 @@ def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: An
             for info in redlock.live_locks():
                 if info.meta.get("task_id") and info.meta.get("worker") == sender:
                     _release_token(redlock, info.name, info.token)
-                    logger.warning("released lock %s of task %s[%s] (cold worker shutdown)",
-                                   info.name, info.meta.get("task"), info.meta.get("task_id"))
+                    logger.warning(
+                        "released lock %s of task %s[%s] (cold worker shutdown)",
+                        info.name,
+                        info.meta.get("task"),
+                        info.meta.get("task_id"),
+                    )
         except Exception:
-            logger.warning("could not release the locks of %s at cold shutdown", sender,
-                           exc_info=True)
+            logger.warning(
+                "could not release the locks of %s at cold shutdown", sender, exc_info=True
+            )
 
 
 @signals.task_revoked.connect(weak=False)
-def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
-                     **kwargs: Any) -> None:
+def _on_task_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **kwargs: Any
+) -> None:
     """A revoked task never takes its lock (the worker drops it before ``__call__``); one
     terminated while running had it, and its pool process may be gone: release it from here.
     A revoked task that was still queued gives up its de-duplication marker."""
@@ -882,8 +1000,9 @@ def _on_task_revoked(sender: Any = None, request: Any = None, terminated: bool =
 
 
 @signals.task_failure.connect(weak=False)
-def _on_task_failure(sender: Any = None, exception: BaseException | None = None,
-                     **kwargs: Any) -> None:
+def _on_task_failure(
+    sender: Any = None, exception: BaseException | None = None, **kwargs: Any
+) -> None:
     """A pool process killed by a hard time limit or lost (WorkerLostError) cannot release
     its lock; the main process reports the failure and releases it here."""
     if not isinstance(sender, LockedTask):
@@ -893,4 +1012,3 @@ def _on_task_failure(sender: Any = None, exception: BaseException | None = None,
     request = sender.request
     if getattr(request, "id", None):
         sender.release_for_request(request)
-

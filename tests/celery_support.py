@@ -69,5 +69,3 @@ def wait_until(predicate, timeout: float = TIMEOUT, what: str = "condition") -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-

@@ -216,8 +216,14 @@ def celery_thread_worker(celery_test_app):
     """A real worker (threads pool, concurrency 4) in this process, shared by a test module."""
     from celery.contrib.testing.worker import start_worker
 
-    with start_worker(celery_test_app, pool="threads", concurrency=4, perform_ping_check=False,
-                      shutdown_timeout=60, loglevel="WARNING") as worker:
+    with start_worker(
+        celery_test_app,
+        pool="threads",
+        concurrency=4,
+        perform_ping_check=False,
+        shutdown_timeout=60,
+        loglevel="WARNING",
+    ) as worker:
         yield worker
 
 

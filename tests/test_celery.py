@@ -34,6 +34,7 @@ from tests.celery_support import TIMEOUT, Run, assert_no_overlap, wait_until
 
 pytestmark = [pytest.mark.celery, pytest.mark.timeout(180)]
 
+
 class Retries:
     """Collects ``task_retry`` signals (sent in the worker thread, i.e. in this process)."""
 
@@ -163,8 +164,10 @@ def test_wait_policy_runs_as_soon_as_the_holder_releases(worker, rl, retries):
     run = Run()
     holder = hold(run, "w")
     waiter = tasks.critical_wait.delay("w", run.id)
-    wait_until(lambda: any(r.id == waiter.id for r in worker_state.active_requests),
-               what="the waiter to be running (blocked on the lock)")
+    wait_until(
+        lambda: any(r.id == waiter.id for r in worker_state.active_requests),
+        what="the waiter to be running (blocked on the lock)",
+    )
     run.open("hold")
     holder_entry = holder.get(timeout=TIMEOUT)
     waiter_entry = waiter.get(timeout=TIMEOUT)
@@ -212,8 +215,13 @@ def test_skip_policy_is_visible(worker, rl, caplog):
     assert [s["task_id"] for s in skipped] == [result.id]
     assert skipped[0]["holder"]["task_id"] == holder.id
     logs = [r for r in caplog.records if r.name == "django_redlock.celery"]
-    assert any("skipped" in r.getMessage() and result.id in r.getMessage()
-               and holder.id in r.getMessage() and r.levelno == logging.WARNING for r in logs)
+    assert any(
+        "skipped" in r.getMessage()
+        and result.id in r.getMessage()
+        and holder.id in r.getMessage()
+        and r.levelno == logging.WARNING
+        for r in logs
+    )
     run.open("hold")
     holder.get(timeout=TIMEOUT)
     assert [e["task_id"] for e in run.all("started")] == [holder.id]  # the skipped one never ran
@@ -264,8 +272,9 @@ def test_per_call_overrides(worker, rl):
     skipped = tasks.critical.s("o", run.id).set(on_locked="skip").delay()
     # a raw message header (e.g. from app.send_task)
     raised = tasks.critical.apply_async(("o", run.id), headers={"redlock": {"on_locked": "raise"}})
-    sent = worker.app.send_task("testproject.critical", ("o", run.id),
-                                headers={"redlock": {"on_locked": "raise"}})
+    sent = worker.app.send_task(
+        "testproject.critical", ("o", run.id), headers={"redlock": {"on_locked": "raise"}}
+    )
     with pytest.raises(LockNotAcquired):
         raised.get(timeout=TIMEOUT)
     with pytest.raises(LockNotAcquired):
@@ -333,8 +342,7 @@ def test_worker_process_shutdown_releases_held_locks(worker, rl):
     holder = hold(run, "sd")
     assert rl.locked("demo:sd")
     # A warm shutdown lets running tasks finish with their locks...
-    celery_signals.worker_shutting_down.send(sender="test", sig="SIGTERM", how="Warm",
-                                             exitcode=0)
+    celery_signals.worker_shutting_down.send(sender="test", sig="SIGTERM", how="Warm", exitcode=0)
     assert rl.locked("demo:sd")
     # ...the pool process going away does not.
     celery_signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
@@ -413,8 +421,9 @@ def test_default_key_is_stable_and_normalised():
     assert first == again == 't:{"a":[1,2],"b":{"x":[2,3],"y":1},"c":null}'
     # values survive Celery's JSON round trip with the same key
     moment = datetime.datetime(2024, 1, 2, 3, 4, 5)
-    assert default_lock_key("t", {"d": moment, "m": decimal.Decimal("1.50")}) == \
-        default_lock_key("t", {"d": moment.isoformat(), "m": "1.50"})
+    assert default_lock_key("t", {"d": moment, "m": decimal.Decimal("1.50")}) == default_lock_key(
+        "t", {"d": moment.isoformat(), "m": "1.50"}
+    )
     long = default_lock_key("t", {"blob": "x" * 1000})
     assert long.startswith("t:sha256-") and len(long) < 80
 
@@ -428,7 +437,9 @@ def test_default_key_is_stable_and_normalised():
 
 def test_lock_name_binds_arguments_like_a_call():
     task = tasks.critical
-    assert task.lock_name(("k", "run")) == task.lock_name((), {"key": "k", "run": "run"}) == "demo:k"
+    assert (
+        task.lock_name(("k", "run")) == task.lock_name((), {"key": "k", "run": "run"}) == "demo:k"
+    )
     assert tasks.bench_plain.name not in task.lock_name(("k", "r"))
 
     @worker_app_task(lock_key=None)
@@ -459,8 +470,11 @@ def test_lease_follows_time_limits(rl):
     opts = limited.lock_options()
     assert limited._lease_for(Context(), opts, rl) == (31.0, False, None)
     # renewal is capped at the hard limit instead
-    assert limited._lease_for(Context(), limited.lock_options({"renew": True}), rl) == \
-        (10.0, True, 30.0)
+    assert limited._lease_for(Context(), limited.lock_options({"renew": True}), rl) == (
+        10.0,
+        True,
+        30.0,
+    )
     # a per-call limit wins, and a limit beyond max_ttl falls back to renewal
     assert limited._lease_for(Context(timelimit=(600, None)), opts, rl) == (10.0, True, 600.0)
 

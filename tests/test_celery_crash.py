@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,10 +49,31 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "testproject.celery_app", "worker",
-                 "-P", "prefork", "-c", "2", "-Q", QUEUE, "-n", self.name, "-l", "INFO",
-                 "--without-mingle", "--without-gossip", "--without-heartbeat"],
-                cwd=REPO_ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "testproject.celery_app",
+                    "worker",
+                    "-P",
+                    "prefork",
+                    "-c",
+                    "2",
+                    "-Q",
+                    QUEUE,
+                    "-n",
+                    self.name,
+                    "-l",
+                    "INFO",
+                    "--without-mingle",
+                    "--without-gossip",
+                    "--without-heartbeat",
+                ],
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         deadline = time.monotonic() + 90
@@ -96,8 +118,9 @@ def spawn_worker(rl, redis_nodes, celery_test_app, celery_broker_node, tmp_path)
     made: list[WorkerProcess] = []
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
-                                      if p),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
+        ),
         "DJANGO_SETTINGS_MODULE": "testproject.settings",
         "REDLOCK_NODES": ",".join(redis_nodes.urls),
         "REDLOCK_CELERY_BROKER": celery_broker_node.url,
@@ -122,20 +145,34 @@ def test_sigkill_frees_the_key_within_one_lease_and_the_task_comes_back(
     victim = tasks.long_task.apply_async(("k", first.id, 60), queue=QUEUE)
     assert first.started_by(victim.id)["lock"] == "long:k"
     # The watchdog keeps the 2 s lease alive while the task runs.
-    wait_until(lambda: (rl.lock_info("long:k") or None) is not None
-               and rl.lock_info("long:k").renewals >= 2, timeout=TIMEOUT, what="renewals")
+    wait_until(
+        lambda: (
+            (rl.lock_info("long:k") or None) is not None and rl.lock_info("long:k").renewals >= 2
+        ),
+        timeout=TIMEOUT,
+        what="renewals",
+    )
     holder = rl.lock_info("long:k").meta
     assert holder["task_id"] == victim.id and holder["pid"] != worker.proc.pid  # a pool process
+    assert holder["worker"] == worker.name.replace("%h", socket.gethostname())
 
     worker.signal(signal.SIGKILL)
     killed_at = time.time()
     worker.wait()
     first.r.set(f"{first.id}:stop", 1)  # copies delivered again end at once
 
-    with start_worker(celery_test_app, pool="threads", concurrency=2, queues=[QUEUE],
-                      perform_ping_check=False, shutdown_timeout=60, loglevel="WARNING"):
-        nxt = tasks.long_task.apply_async(("k", second.id, 0.3), queue=QUEUE,
-                                          on_locked="wait", lock_wait=30)
+    with start_worker(
+        celery_test_app,
+        pool="threads",
+        concurrency=2,
+        queues=[QUEUE],
+        perform_ping_check=False,
+        shutdown_timeout=60,
+        loglevel="WARNING",
+    ):
+        nxt = tasks.long_task.apply_async(
+            ("k", second.id, 0.3), queue=QUEUE, on_locked="wait", lock_wait=30
+        )
         entry = nxt.get(timeout=TIMEOUT)
         # Free within one lease of the kill (plus scheduling slack on a busy machine).
         assert entry["start"] - killed_at <= LEASE + 1.5, entry["start"] - killed_at
