@@ -31,7 +31,6 @@ import os
 import random
 import re
 import threading
-import time
 from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import date, datetime, timezone
@@ -221,45 +220,12 @@ def default_lock_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     return f"{task_name}:sha256-{digest}"[:MAX_KEY_LENGTH]
 
 
-# ============================================================================ core shims
-# The core hands a lock over only through the Lock handle that took it. Two places here need
-# more: the enqueue-time de-duplication lock is taken by the producer and released by the
-# worker, and a worker's main process releases the lock of a pool child it killed (revoke
-# with terminate, cold shutdown, hard time limit). Both release *by token*, with the same
-# compare-and-delete script a handle uses, so they can never remove someone else's lock.
-
-
-def _release_token(redlock: Redlock, name: str, token: str) -> int:
-    """Delete ``name`` on every node where ``token`` still holds it; returns how many."""
-    public = getattr(redlock, "release_token", None)
-    if public is not None:
-        return int(public(name, token))
-    replies = redlock._release_everywhere(name, token)
-    return sum(1 for r in replies if r == 1)
-
-
-def _extend_token(redlock: Redlock, name: str, token: str, ttl: float) -> bool:
-    """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it on a quorum."""
-    public = getattr(redlock, "extend_token", None)
-    if public is not None:
-        return bool(public(name, token, ttl))
-    from .core.lock import Lease
-
-    lease = Lease(name=name, token=token, ttl=ttl, owner=None, valid_until=time.monotonic() + ttl)
-    return bool(redlock._extend(lease, min(ttl, redlock.max_ttl)))
-
-
-def _forget_handle(redlock: Redlock, lock: Any) -> None:
-    """Drop a lock this process took for someone else (the queued lock) from the local lease
-    table, so a long-lived producer does not keep one entry per key it ever enqueued."""
-    lease = getattr(lock, "_lease", None)
-    table = getattr(redlock, "_leases", None)
-    guard = getattr(redlock, "_leases_lock", None)
-    if lease is None or table is None or guard is None:
-        return
-    with guard:
-        if table.get(lease.name) is lease:
-            del table[lease.name]
+# ============================================================================ holders
+# Two locks are released by a process that did not take them: the enqueue-time
+# de-duplication lock (taken by the producer, freed by the worker) and the lock of a pool
+# child the worker's main process killed (revoke with terminate, cold shutdown, hard time
+# limit). Both go through Redlock.release_token, the compare-and-delete a handle uses, so they
+# can never remove someone else's lock.
 
 
 def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
@@ -506,7 +472,7 @@ class LockedTask(Task):
             )
         except BaseException:
             if queued is not None and not isinstance(queued, str):
-                _release_token(self.get_redlock(), queued[0], queued[1])
+                self.get_redlock().release_token(queued[0], queued[1])
             raise
 
     def _take_queued(
@@ -541,9 +507,8 @@ class LockedTask(Task):
             )
             return None
         if acquired:
-            token = lock.token
-            _forget_handle(redlock, lock)
-            return (queued_name, token)
+            # The worker that runs the task frees it by token (Redlock.release_token).
+            return (queued_name, lock.detach())
         holder = _holder(redlock, queued_name)
         other = holder.get("task_id")
         if not other:
@@ -727,8 +692,9 @@ class LockedTask(Task):
         queued = header.get(_QUEUED)
         if queued:
             # Keep our place as "the queued one" through the retry.
-            ttl = opts.dedupe_ttl + countdown
-            if not _extend_token(self.get_redlock(), queued[0], queued[1], ttl):
+            redlock = self.get_redlock()
+            ttl = min(opts.dedupe_ttl + countdown, redlock.max_ttl)
+            if not redlock.extend_token(queued[0], queued[1], ttl):
                 new_header.pop(_QUEUED, None)
         headers = {**(request.headers or {}), HEADER: new_header}
         if opts.retry_counts:
@@ -802,7 +768,7 @@ class LockedTask(Task):
         if not queued or not final:
             return
         try:
-            _release_token(redlock, queued[0], queued[1])
+            redlock.release_token(queued[0], queued[1])
         except Exception:
             logger.warning("could not release the queued marker %s", queued[0], exc_info=True)
         # A later self.retry() of this task is a new queued copy, not this one.
@@ -829,7 +795,7 @@ class LockedTask(Task):
             name = self.lock_name(request.args, request.kwargs, opts)
             holder = _holder(redlock, name)
             if holder.get("task_id") and holder.get("task_id") == request.id:
-                done = _release_token(redlock, name, holder["token"]) > 0
+                done = redlock.release_token(name, holder["token"]) > 0
         except Exception:
             logger.warning(
                 "could not release the lock of %s[%s]", self.name, request.id, exc_info=True
@@ -837,7 +803,7 @@ class LockedTask(Task):
         queued = header.get(_QUEUED)
         if queued:
             try:
-                _release_token(redlock, queued[0], queued[1])
+                redlock.release_token(queued[0], queued[1])
             except Exception:
                 logger.debug("could not release %s", queued[0], exc_info=True)
         return done
@@ -966,7 +932,7 @@ def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: An
         try:
             for info in redlock.live_locks():
                 if info.meta.get("task_id") and info.meta.get("worker") == sender:
-                    _release_token(redlock, info.name, info.token)
+                    redlock.release_token(info.name, info.token)
                     logger.warning(
                         "released lock %s of task %s[%s] (cold worker shutdown)",
                         info.name,
@@ -994,7 +960,7 @@ def _on_task_revoked(
     queued = _header_of(request).get(_QUEUED)
     if queued:
         try:
-            _release_token(sender.get_redlock(), queued[0], queued[1])
+            sender.get_redlock().release_token(queued[0], queued[1])
         except Exception:
             logger.debug("could not release %s", queued[0], exc_info=True)
 

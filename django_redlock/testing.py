@@ -559,11 +559,13 @@ class RedisNode:
     def heal(self) -> RedisNode:
         """Bring the node back to a healthy, reachable state after fault injection.
 
-        Resumes a paused server, starts a killed/stopped one (same port), and restarts empty
-        one that is alive but does not answer PING. Used by the fixtures between tests.
+        Restarts a paused server empty (resuming it would run the commands clients sent while
+        it was frozen, after the next test's flush: stale locks from the previous test),
+        starts a killed/stopped one (same port), and restarts empty one that is alive but does
+        not answer PING. Used by the fixtures between tests.
         """
         if self._paused:
-            self.resume()
+            return self.restart(empty=True)
         if not self.running:
             return self.start()
         if not self._probe(timeout=0.5):

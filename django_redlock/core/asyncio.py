@@ -762,6 +762,20 @@ class AsyncRedlock(RedlockBase):
         replies = await self._fan_out(lambda n, w: command)
         return self._judge_force_release(name, replies)
 
+    async def release_token(self, name: str, token: str) -> int:
+        """Release ``name`` where ``token`` still holds it; nodes it was removed from."""
+        check_name(name)
+        command = self._release_command(name, token)
+        replies = await self._fan_out(lambda n, w: command)
+        return sum(1 for r in replies if isinstance(r, int) and r)
+
+    async def extend_token(self, name: str, token: str, ttl: float) -> bool:
+        """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it on a quorum."""
+        check_name(name)
+        command = self._extend_token_command(name, token, self._check_extend_ttl(ttl))
+        replies = await self._fan_out(lambda n, w: command)
+        return sum(1 for r in replies if r == 1) >= self.quorum
+
     async def live_locks(self, pattern: str = "*") -> list[LockInfo]:
         """Every lock some node holds whose name matches the glob ``pattern``, sorted by name
         (a list rather than the sync client's iterator; read the same way, all nodes at

@@ -445,8 +445,21 @@ class RedlockBase:
             )
 
     def _extend_command(self, lease: Lease, ttl: float) -> list[Any]:
-        return script_command(scripts.EXTEND, [self._key(lease.name)],
-                              [lease.token, int(ttl * 1000)])
+        return self._extend_token_command(lease.name, lease.token, ttl)
+
+    def _extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
+        return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000)])
+
+    def _detach(self, lease: Lease) -> str:
+        """Stop tracking a lease here without releasing it: the process it was taken for
+        releases it by token. It is no longer renewed or reentered in this process."""
+        with self._leases_lock:
+            lease.released = True
+            if self._leases.get(lease.name) is lease:
+                del self._leases[lease.name]
+        if lease.leave_queue is not None:
+            lease.leave_queue()
+        return lease.token
 
     def _check_extend_ttl(self, ttl: float) -> float:
         ttl = check_positive("ttl", ttl)

@@ -128,6 +128,14 @@ class LockBase:
         """Why the lock was lost while held (None while it is fine)."""
         return self._lease.lost if self._lease is not None else None
 
+    def detach(self) -> str:
+        """Hand the lock over to another process: this handle forgets it (no release, no
+        renewal here) and returns the token the new owner releases it with, through
+        ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker)."""
+        lease = self._take_lease()
+        self._lease = None
+        return self.redlock._detach(lease)  # type: ignore[no-any-return]
+
     def _resolve(self, blocking: bool | None, timeout: float | None) -> tuple[bool, float | None]:
         if self._lease is not None and not self._lease.released:
             raise RuntimeError(f"lock {self.name!r}: this handle already holds it")

@@ -59,6 +59,20 @@ class Redlock(RedlockBase):
         replies = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
         return self._judge_force_release(name, replies)
 
+    def release_token(self, name: str, token: str) -> int:
+        """Release ``name`` where ``token`` still holds it (a lock handed over with
+        :meth:`Lock.detach`); returns how many nodes it was removed from. Never touches
+        another holder's copy."""
+        check_name(name)
+        return sum(1 for r in self._release_everywhere(name, token) if isinstance(r, int) and r)
+
+    def extend_token(self, name: str, token: str, ttl: float) -> bool:
+        """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it on a quorum."""
+        check_name(name)
+        command = self._extend_token_command(name, token, self._check_extend_ttl(ttl))
+        replies = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
+        return sum(1 for r in replies if r == 1) >= self.quorum
+
     def live_locks(self, pattern: str = "*") -> Iterator[LockInfo]:
         """Every lock some node holds whose name matches the glob ``pattern``, by name.
 

@@ -55,11 +55,12 @@ local guard = tonumber(ARGV[6])
 local trusted_age = -1
 if guard > 0 then
   local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed')
-  if m[1] ~= ARGV[5] then
+  if m[1] ~= ARGV[5] or not (m[2] and m[4] and m[5]) then
     -- The marker is missing or was written by an earlier server process: this node lost
     -- its data or restarted. Record when it started; each caller then keeps it out of its
     -- quorum until its own guard period (its longest lease) has passed since then, so every
-    -- lease the node granted (or forgot) before the restart has run out.
+    -- lease the node granted (or forgot) before the restart has run out. (A marker missing
+    -- fields was written by an older version: armed again the same way.)
     local info = redis.call('INFO', 'server')
     local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
     m = {ARGV[5], now - uptime * 1000, m[1] and '0' or '1', '0', now}
