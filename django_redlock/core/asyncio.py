@@ -50,7 +50,16 @@ from typing import Any
 from .base import AcquireRequest, RedlockBase, Refusal, glob_escape
 from .info import LockInfo, NodeHealth
 from .lock import Lease, LockBase, current_owner
-from .nodes import Failure, Node, WireError, as_bytes, as_eval, reply_failure
+from .nodes import (
+    Failure,
+    Node,
+    WireError,
+    as_bytes,
+    as_eval,
+    handshake,
+    reply_failure,
+    run_id_of,
+)
 from .resp import Incomplete, ReplyError, encode, parse
 from .validation import check_name, check_timeout
 from .waiting import NOTICE_GRACE, Tally
@@ -199,25 +208,13 @@ async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
             _, wire = await loop.create_connection(
                 lambda: _Wire(loop), params["host"], params["port"]
             )
-        commands: list[list[Any]] = []
-        if params.get("password") is not None:
-            user = params.get("username")
-            commands.append(["AUTH", user, params["password"]] if user else
-                            ["AUTH", params["password"]])
-        if params.get("db"):
-            commands.append(["SELECT", params["db"]])
-        commands.append(["INFO", "server"])
-        reply: Any = None
-        for waiter in wire.request_many(commands):
+        replies = []
+        for waiter in wire.request_many(handshake(params)):
             reply = await waiter
             if isinstance(reply, OSError):
                 raise reply
-            if isinstance(reply, ReplyError):
-                raise WireError(reply_failure(reply))
-        text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
-        for line in text.splitlines():
-            if line.startswith("run_id:"):
-                wire.run_id = line[7:].strip()
+            replies.append(reply)
+        wire.run_id = run_id_of(replies)
         return wire
     except WireError:
         if wire is not None:

@@ -37,11 +37,13 @@ __all__ = [
     "as_bytes",
     "as_eval",
     "fan_out",
+    "handshake",
     "make_nodes",
     "node_identity",
     "parse_spec",
     "redact",
     "reply_failure",
+    "run_id_of",
     "script_command",
 ]
 
@@ -100,6 +102,9 @@ class Wire:
                     )
             self.sock = sock
             self._handshake(params)
+        except WireError:
+            self.close()
+            raise
         except TimeoutError:
             self.close()
             raise WireError(Failure("timeout", "no answer while connecting")) from None
@@ -109,23 +114,9 @@ class Wire:
         sock.settimeout(0)
 
     def _handshake(self, params: Mapping[str, Any]) -> None:
-        commands: list[list[Any]] = []
-        if params.get("password") is not None:
-            user = params.get("username")
-            commands.append(["AUTH", user, params["password"]] if user else
-                            ["AUTH", params["password"]])
-        if params.get("db"):
-            commands.append(["SELECT", params["db"]])
-        commands.append(["INFO", "server"])
+        commands = handshake(params)
         self.sock.sendall(b"".join(encode(c) for c in commands))
-        for _ in commands:
-            reply = self.read_blocking()
-            if isinstance(reply, ReplyError):
-                raise WireError(reply_failure(reply))
-        text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
-        for line in text.splitlines():
-            if line.startswith("run_id:"):
-                self.run_id = line[7:].strip()
+        self.run_id = run_id_of([self.read_blocking() for _ in commands])
 
     def read_blocking(self) -> Any:
         while True:
@@ -169,6 +160,32 @@ class Wire:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def handshake(params: Mapping[str, Any]) -> list[list[Any]]:
+    """What a new lock connection sends first: credentials, database, and INFO for the run id
+    the restart guard compares."""
+    commands: list[list[Any]] = []
+    if params.get("password") is not None:
+        user = params.get("username")
+        commands.append(["AUTH", user, params["password"]] if user else
+                        ["AUTH", params["password"]])
+    if params.get("db"):
+        commands.append(["SELECT", params["db"]])
+    commands.append(["INFO", "server"])
+    return commands
+
+
+def run_id_of(replies: Sequence[Any]) -> str:
+    """The server's run id from the handshake replies (raises for an error reply)."""
+    for reply in replies:
+        if isinstance(reply, ReplyError):
+            raise WireError(reply_failure(reply))
+    text = replies[-1].decode(errors="replace") if isinstance(replies[-1], bytes) else ""
+    for line in text.splitlines():
+        if line.startswith("run_id:"):
+            return line[7:].strip()
+    return ""
 
 
 def reply_failure(reply: ReplyError) -> Failure:
