@@ -242,16 +242,26 @@ class RedlockBase:
         )
 
     def _all_fresh(self, replies: list[Any]) -> bool:
-        """A brand-new cluster: every node reports a restart guard from a missing marker.
+        """A brand-new cluster: no node has a marker from before (each is guarded for a
+        missing marker, or up long enough to need no guard but never used), and some are
+        guarded.
 
         No node has ever held a lock under this prefix, so there is no lease to protect; the
         caller trusts them all at once instead of idling for max_ttl (docs/guarantees).
         """
-        return (
-            self.restart_guard
-            and self.trust_fresh_cluster
-            and all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
-        )
+        if not (self.restart_guard and self.trust_fresh_cluster):
+            return False
+        guarded = False
+        for r in replies:
+            if not isinstance(r, list):
+                return False
+            if r[0] == 2:
+                if r[2] != 1:
+                    return False
+                guarded = True
+            elif len(r) < 3 or r[2] != -2:
+                return False
+        return guarded
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still

@@ -47,7 +47,8 @@ class Script:
 # Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms), ARGV[5] run_id of
 # the server this connection reached, ARGV[6] guard period ms ("0" = off). Returns early
 # {2, ms, fresh, armed_age} while this node may not vote (armed_age: ms since the marker was
-# written); sets trusted_age (ms since a brand-new cluster was trusted, or -1).
+# written); sets trusted_age (ms since a brand-new cluster was trusted; -2 for a node that
+# never had a marker but is up longer than the guard; -1 otherwise).
 _GUARD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -72,6 +73,9 @@ if guard > 0 then
     trusted_age = now - trusted
   elseif tonumber(m[2]) + guard > now then
     return {2, tonumber(m[2]) + guard - now, tonumber(m[3]), now - tonumber(m[5])}
+  elseif m[3] == '1' then
+    -- Up longer than the guard, but without a marker until now: never used by this prefix.
+    trusted_age = -2
   end
 end
 """
@@ -104,7 +108,8 @@ return {0, fence, trusted_age}
 #         {2, ms, fresh, armed_age} restart guard: this node may not vote for ms more;
 #                    fresh = 1 while the guard comes from a missing marker (never used, or
 #                    restarted empty); armed_age = ms since the marker was written
-# trusted_age: ms since this node was trusted as part of a brand-new cluster, -1 if never
+# trusted_age: ms since this node was trusted as part of a brand-new cluster, -2 if it never
+#              had a marker (and needs no guard: up long enough), -1 otherwise
 ACQUIRE = Script(
     _GUARD
     + """
