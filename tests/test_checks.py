@@ -32,7 +32,7 @@ def ids(redlock, **kwargs):
 
 def test_valid_setting_is_silent():
     assert ids(GOOD) == []
-    assert ids({**GOOD, "TTL": 5, "NODE_TIMEOUT": 0.02, "KEY_PREFIX": "app:locks"}) == []
+    assert ids({**GOOD, "TTL": 5, "NODE_TIMEOUT": 0.02, "KEY_PREFIX": "app-locks"}) == []
 
 
 def test_regular_checks_do_no_io():

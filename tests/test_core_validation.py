@@ -172,7 +172,7 @@ def test_bad_timeout(redis_nodes, untouched, timeout, exc, match) -> None:
         ({"node_timeout": 1.0, "ttl": 1.0}, ValueError, r"node_timeout 1\.0.*ttl 1\.0"),
         ({"node_timeout": 2.0, "ttl": 1.0}, ValueError, r"node_timeout 2\.0.*ttl 1\.0"),
         ({"retry_count": -1}, ValueError, r"-1"),
-        ({"retry_count": True}, ValueError, r"True"),
+        ({"retry_count": True}, TypeError, r"True"),
         ({"retry_delay": -0.1}, ValueError, r"-0\.1"),
         ({"drift_factor": math.nan}, ValueError, r"nan"),
         ({"drift_factor": 0.5}, ValueError, r"0\.5"),
@@ -292,3 +292,27 @@ def test_two_databases_of_one_server_are_not_independent_nodes() -> None:
 
     with pytest.raises(ValueError, match="same Redis server"):
         Redlock(["redis://127.0.0.1:7000/0", "redis://127.0.0.1:7000/1", "redis://h:1/0"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"key_prefix": "app:locks"}, ValueError, r"'app:locks'"),  # would share key spaces
+        ({"key_prefix": "a\x00b"}, ValueError, r"a\\x00b"),
+        ({"retry_count": 10**6}, ValueError, r"1000000"),
+        ({"ttl": 10**400}, ValueError, r"out of range"),
+    ],
+)
+def test_more_bad_settings_are_refused_up_front(kwargs, error, match) -> None:
+    from django_redlock import Redlock
+
+    with pytest.raises(error, match=match):
+        Redlock(["redis://127.0.0.1:7000/0"], **kwargs)
+
+
+def test_a_name_that_is_not_valid_unicode_is_refused() -> None:
+    from django_redlock import Redlock
+
+    rl = Redlock(["redis://127.0.0.1:7000/0"])
+    with pytest.raises(ValueError, match="surrogate"):
+        rl.lock("bad\ud800name")

@@ -35,6 +35,9 @@ __all__ = ["DRIFT_FLOOR", "AcquireRequest", "RedlockBase", "Refusal"]
 #: granularity).
 DRIFT_FLOOR = 0.002
 
+#: Largest ``retry_count``: beyond it, ask for a ``timeout`` instead.
+MAX_RETRY_COUNT = 1000
+
 #: Head start, in seconds, that a releaser gives processes its release woke (see
 #: ``_courtesy``): enough for a woken waiter's attempt to reach the nodes first.
 COURTESY = 0.003
@@ -118,8 +121,13 @@ class RedlockBase:
         self.key_prefix = check_prefix(key_prefix)
         self.ttl = check_positive("ttl", ttl)
         self.node_timeout = check_positive("node_timeout", node_timeout)
-        if isinstance(retry_count, bool) or not isinstance(retry_count, int) or retry_count < 0:
-            raise ValueError(f"retry_count must be an int >= 0, got {retry_count!r}")
+        if isinstance(retry_count, bool) or not isinstance(retry_count, int):
+            raise TypeError(f"retry_count must be an int, got {retry_count!r}")
+        if not 0 <= retry_count <= MAX_RETRY_COUNT:
+            raise ValueError(
+                f"retry_count must be between 0 and {MAX_RETRY_COUNT}, got {retry_count!r} "
+                "(for a longer wait pass a timeout)"
+            )
         self.retry_count = retry_count
         self.retry_delay = check_positive("retry_delay", retry_delay, allow_zero=True)
         self.drift_factor = check_positive("drift_factor", drift_factor, allow_zero=True)

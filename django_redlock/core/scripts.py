@@ -80,6 +80,19 @@ if guard > 0 then
 end
 """
 
+# Shared middle of both acquire scripts: the lock is taken. By us, when this is a command sent
+# again on a new connection after the first one's reply was lost (its SET may have landed):
+# then it is our grant, so the caller neither misses it nor leaves it behind.
+# Uses KEYS[1] lock hash, ARGV[1] token. Returns {0, fence, trusted_age} or {1, pttl, ...}.
+_HELD = """
+local holder = redis.call('HGET', KEYS[1], 'token')
+if holder == ARGV[1] then
+  return {0, tonumber(redis.call('HGET', KEYS[1], 'fence') or '0'), trusted_age}
+elseif holder then
+  return {1, redis.call('PTTL', KEYS[1]), trusted_age}
+end
+"""
+
 # Shared end of both acquire scripts: take the free lock, drawing a fence if asked.
 # Uses KEYS[1] lock hash, KEYS[2] fencing counter, ARGV[1] token, ARGV[2] ttl ms,
 # ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence. Returns {0, fence, trusted_age}.
@@ -110,15 +123,7 @@ return {0, fence, trusted_age}
 #                    restarted empty); armed_age = ms since the marker was written
 # trusted_age: ms since this node was trusted as part of a brand-new cluster, -2 if it never
 #              had a marker (and needs no guard: up long enough), -1 otherwise
-ACQUIRE = Script(
-    _GUARD
-    + """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {1, redis.call('PTTL', KEYS[1]), trusted_age}
-end
-"""
-    + _TAKE
-)
+ACQUIRE = Script(_GUARD + _HELD + _TAKE)
 
 # Draw a place in a fair lock's queue: the caller takes the largest number a quorum returned.
 # KEYS[1] queue sequence counter
@@ -149,9 +154,9 @@ local ttl = tonumber(ARGV[9]) * 2
 redis.call('PEXPIRE', KEYS[4], ttl)
 redis.call('PEXPIRE', KEYS[5], ttl)
 redis.call('PEXPIRE', KEYS[6], ttl)
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {1, redis.call('PTTL', KEYS[1]), trusted_age}
-end
+"""
+    + _HELD
+    + """
 if redis.call('ZRANGE', KEYS[4], 0, 0)[1] ~= ARGV[7] then
   return {3, -2, trusted_age}
 end

@@ -15,11 +15,19 @@ __all__ = ["MAX_KEY_LENGTH", "check_name", "check_positive", "check_prefix", "ch
 MAX_KEY_LENGTH = 512
 
 
+def _encodable(label: str, text: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{label} {text!r} is not valid Unicode (lone surrogate)") from None
+
+
 def check_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"lock name must be a str, got {type(name).__name__} {name!r}")
     if not name:
         raise ValueError("lock name must not be empty")
+    _encodable("lock name", name)
     if len(name) > MAX_KEY_LENGTH:
         raise ValueError(
             f"lock name is {len(name)} characters long, the limit is {MAX_KEY_LENGTH}: "
@@ -31,18 +39,24 @@ def check_name(name: object) -> str:
 def check_prefix(prefix: object) -> str:
     if not isinstance(prefix, str):
         raise TypeError(f"key_prefix must be a str, got {prefix!r}")
-    if not prefix or any(c in prefix for c in "*?[]{}\\ ") or prefix != prefix.strip(":"):
+    # No ':' either: under prefix "app:lock" the lock "x" would share the key of lock
+    # "lock:x" under prefix "app" (keys are "<prefix>:lock:<name>").
+    if not prefix or any(c in prefix for c in "*?[]{}\\: ") or not prefix.isprintable():
         raise ValueError(
-            f"key_prefix {prefix!r} must be non-empty, without glob characters, spaces or "
-            "leading/trailing ':'"
+            f"key_prefix {prefix!r} must be non-empty, without ':', glob characters, spaces "
+            "or control characters"
         )
+    _encodable("key_prefix", prefix)
     return prefix
 
 
 def _number(label: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{label} must be a number of seconds, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{label} {value!r} is out of range") from None
     if math.isnan(number):
         raise ValueError(f"{label} must be a number, got {value!r}")
     return number
