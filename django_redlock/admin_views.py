@@ -15,6 +15,7 @@ from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 
 from .core import LockInfo, NodeHealth, Redlock
+from .core.base import glob_escape
 
 __all__ = [
     "STALE_RENEWAL_FRACTION",
@@ -46,7 +47,6 @@ REASON_LABELS = {code: label for code, label, _ in STUCK_REASONS}
 SORT_FIELDS = ("key", "age", "ttl", "nodes", "renewals", "fence")
 DEFAULT_SORT = "-age"
 
-_GLOB_SPECIAL = "*?[]\\"
 _HOST = socket.gethostname()
 
 
@@ -202,10 +202,6 @@ def format_duration(seconds: float | None) -> str:
     if whole < 86400:
         return f"{whole // 3600} h {whole % 3600 // 60} min"
     return f"{whole // 86400} d {whole % 86400 // 3600} h"
-
-
-def glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in _GLOB_SPECIAL else c for c in text)
 
 
 def search_pattern(query: str) -> str:

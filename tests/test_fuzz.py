@@ -6,8 +6,7 @@ metadata or a Redlock setting, the answer is either a working lock or a clear ``
 example the nodes are scanned: no ``fuzz:lock:*`` key may be left (never a half-taken lock).
 The watchdog thread renews a lock through the whole run and must still be renewing it at the end.
 
-Inputs that currently break these rules are pinned by the strict-xfail regression tests at the
-end of the file and kept out of the strategies (``KNOWN_BAD``) until fixed.
+The regression tests at the end pin inputs that broke these rules once.
 """
 
 from __future__ import annotations
@@ -25,13 +24,12 @@ from django_redlock import LockNotOwned, QuorumError, Redlock
 from django_redlock.testing import RedisCluster
 
 PREFIX = "fuzz"
-FUZZ = settings(max_examples=120, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-#: Inputs with open bugs (see the xfail tests below); excluded from the strategies until fixed.
-KNOWN_BAD = {"huge ints (> 1e308)", "lone surrogates in names/prefixes", "non-str meta keys",
-             "lock_info() of names with ] or \\", "extend() by less than 1 ms"}
-GLOB_BAD = "]\\"
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -100,8 +98,20 @@ def outcome(fn, *labels: str) -> Any:
 # --------------------------------------------------------------------------- strategies
 
 SPECIAL = "*?[]{}\\:% \t\n\r\x00\x7f\u200b\u00e9\U0001f512"
+#: Text with lone surrogates: a valid str that cannot be encoded as UTF-8.
+surrogates = st.text(
+    alphabet=st.one_of(
+        st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), st.sampled_from("ab:")
+    ),
+    min_size=1,
+    max_size=6,
+).filter(lambda t: any(0xD800 <= ord(c) <= 0xDFFF for c in t))
+huge_ints = st.integers(min_value=10**308, max_value=10**400) | st.integers(
+    min_value=-(10**400), max_value=-(10**308)
+)
 names = st.one_of(
     st.text(max_size=40),
+    surrogates,
     st.text(alphabet=SPECIAL, max_size=20),
     st.text(min_size=505, max_size=520),  # around the 512-character limit
     st.just("x" * 100_000),
@@ -117,6 +127,7 @@ numbers = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(min_value=0.0, max_value=120.0),
     st.integers(-(10**6), 10**6),
+    huge_ints,
     st.booleans(),
     st.none(),
     st.text(max_size=6),
@@ -127,8 +138,9 @@ numbers = st.one_of(
 )
 json_like = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 metas = st.one_of(
@@ -144,24 +156,35 @@ metas = st.one_of(
 # --------------------------------------------------------------------------- names
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @FUZZ
 @given(name=names, auto_renew=st.booleans(), meta=metas)
 def test_any_lock_name(rl, clients, name, auto_renew, meta) -> None:
     lock = outcome(lambda: rl.lock(name, auto_renew=auto_renew, meta=meta), "lock name", "meta")
     if lock is not None:
-        assert isinstance(name, str) and 0 < len(name) <= 512
+        assert isinstance(name, str) and 0 < len(name) <= 512 and _utf8(name)
         assert lock.acquire(blocking=False) is True, repr(name)
         try:
             assert lock.held and rl.locked(name)
-            if not any(c in name for c in GLOB_BAD):
-                info = rl.lock_info(name)
-                assert info is not None and info.name == name and info.token == lock.token
+            info = rl.lock_info(name)
+            assert info is not None and info.name == name and info.token == lock.token
         finally:
             lock.release()
         assert not rl.locked(name)
     else:
-        assert not (isinstance(name, str) and 0 < len(name) <= 512 and
-                    (meta is None or isinstance(meta, dict)))
+        assert not (
+            isinstance(name, str)
+            and 0 < len(name) <= 512
+            and _utf8(name)
+            and (meta is None or isinstance(meta, dict))
+        )
     assert leftovers(clients) == [[], [], []]
 
 
@@ -182,16 +205,8 @@ def test_any_ttl(rl, clients, ttl) -> None:
     assert leftovers(clients) == [[], [], []]
 
 
-def _sub_ms(v: Any) -> bool:
-    """0 < v < 1 ms (KNOWN_BAD for extend(): see the xfail test below)."""
-    try:
-        return 0 < float(v) < 0.001 and not isinstance(v, (bool, str, complex))
-    except (TypeError, ValueError, OverflowError):
-        return False
-
-
 @FUZZ
-@given(ttl=numbers.filter(lambda v: not _sub_ms(v)))
+@given(ttl=numbers)
 def test_any_extend_ttl(rl, clients, ttl) -> None:
     lock = rl.lock("extend", ttl=5.0)
     assert lock.acquire(blocking=False)
@@ -227,16 +242,22 @@ def test_any_timeout(rl, clients, timeout, blocking) -> None:
 
 setting_values = {
     "ttl": numbers,
-    "node_timeout": st.one_of(numbers.filter(lambda v: not (isinstance(v, (int, float))
-                                                             and 0 < v < 0.05)),
-                              st.just(0.1)),
+    "node_timeout": st.one_of(
+        numbers.filter(lambda v: not (isinstance(v, (int, float)) and 0 < v < 0.05)), st.just(0.1)
+    ),
     "retry_count": st.one_of(st.integers(-3, 10), numbers),
     "retry_delay": numbers,
     "drift_factor": st.one_of(numbers, st.floats(0, 0.6)),
     "max_ttl": numbers,
     "fair_heartbeat": numbers,
-    "key_prefix": st.one_of(st.text(alphabet="ab:*? {}", max_size=6), st.text(max_size=8),
-                            st.none(), st.integers(), st.binary(max_size=4)),
+    "key_prefix": st.one_of(
+        st.text(alphabet="ab:*? {}", max_size=6),
+        st.text(max_size=8),
+        surrogates,
+        st.none(),
+        st.integers(),
+        st.binary(max_size=4),
+    ),
     "meta": metas,
     "restart_guard": st.one_of(st.booleans(), st.none(), st.integers()),
 }
@@ -265,22 +286,46 @@ def test_any_redlock_settings(cluster, kwargs) -> None:
         r.close()
 
 
-bad_urls = st.sampled_from([
-    "", "localhost", "http://127.0.0.1:6379", "redis://", "redis://:6379", "redis://host:99999",
-    "redis://host:port", "redis://[::1", "redis://127.0.0.1:6379/x", "unix://", "rediss://",
-    "redis://127.0.0.1:6379/0?socket_timeout=abc",
-])
+bad_urls = st.sampled_from(
+    [
+        "",
+        "localhost",
+        "http://127.0.0.1:6379",
+        "redis://",
+        "redis://:6379",
+        "redis://host:99999",
+        "redis://host:port",
+        "redis://[::1",
+        "redis://127.0.0.1:6379/x",
+        "unix://",
+        "rediss://",
+        "redis://127.0.0.1:6379/0?socket_timeout=abc",
+    ]
+)
 node_specs = st.one_of(
-    bad_urls, st.text(max_size=20), st.integers(), st.none(), st.binary(max_size=5),
-    st.dictionaries(st.sampled_from(["URL", "OPTIONS", "url", "X"]),
-                    st.one_of(bad_urls, st.integers(), st.none(), st.text(max_size=5)),
-                    max_size=2),
+    bad_urls,
+    st.text(max_size=20),
+    st.integers(),
+    st.none(),
+    st.binary(max_size=5),
+    st.dictionaries(
+        st.sampled_from(["URL", "OPTIONS", "url", "X"]),
+        st.one_of(bad_urls, st.integers(), st.none(), st.text(max_size=5)),
+        max_size=2,
+    ),
 )
 
 
 @FUZZ
-@given(nodes=st.one_of(st.lists(node_specs, max_size=3), st.text(max_size=10), st.none(),
-                       st.integers(), st.just(())))
+@given(
+    nodes=st.one_of(
+        st.lists(node_specs, max_size=3),
+        st.text(max_size=10),
+        st.none(),
+        st.integers(),
+        st.just(()),
+    )
+)
 def test_any_node_list(nodes) -> None:
     r = outcome(lambda: Redlock(nodes), "node", "URL", "nodes")
     if r is not None:  # only well-formed specs get here (no connection is made yet)
@@ -296,20 +341,47 @@ def _decorators():
 
 templates = st.one_of(
     st.text(alphabet="ab:{}!.[]0 %_x-y", max_size=16),
-    st.sampled_from(["t:{x}", "t:{x}:{y}", "{x}{y}", "{x}-{y}", "{x.real}", "{x[0]}", "{0}",
-                     "{}", "{x!r}", "{x:>5}", "{x:{y}}", "t:{z}", "{", "}", "{x"]),
+    st.sampled_from(
+        [
+            "t:{x}",
+            "t:{x}:{y}",
+            "{x}{y}",
+            "{x}-{y}",
+            "{x.real}",
+            "{x[0]}",
+            "{0}",
+            "{}",
+            "{x!r}",
+            "{x:>5}",
+            "{x:{y}}",
+            "t:{z}",
+            "{",
+            "}",
+            "{x",
+        ]
+    ),
 )
 template_values = st.one_of(
-    st.text(max_size=30), st.text(alphabet=SPECIAL, max_size=10), st.integers(), st.none(),
-    st.booleans(), st.floats(allow_nan=True), st.decimals(allow_nan=True), st.uuids(),
-    st.dates(), st.binary(max_size=5), st.lists(st.integers(), max_size=2),
-    st.text(min_size=600, max_size=700), st.builds(object),
+    st.text(max_size=30),
+    st.text(alphabet=SPECIAL, max_size=10),
+    st.integers(),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.decimals(allow_nan=True),
+    st.uuids(),
+    st.dates(),
+    st.binary(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.text(min_size=600, max_size=700),
+    st.builds(object),
 )
 
 
 @FUZZ
-@given(template=st.one_of(templates, st.none(), st.integers()),
-       x=template_values, y=template_values)
+@given(
+    template=st.one_of(templates, st.none(), st.integers()), x=template_values, y=template_values
+)
 def test_any_key_template(rl, clients, template, x, y) -> None:
     make_key = _decorators().make_key
     key = outcome(lambda: make_key(template, x=x, y=y), "template", "lock key")
@@ -322,23 +394,29 @@ def test_any_key_template(rl, clients, template, x, y) -> None:
 
 
 @FUZZ
-@given(a=st.tuples(st.text(max_size=12), st.text(max_size=12)),
-       b=st.tuples(st.text(max_size=12), st.text(max_size=12)))
+@given(
+    a=st.tuples(st.text(max_size=12), st.text(max_size=12)),
+    b=st.tuples(st.text(max_size=12), st.text(max_size=12)),
+)
 def test_distinct_template_values_give_distinct_keys(a, b) -> None:
     assume(a != b)
     make_key = _decorators().make_key
     assert make_key("t:{x}:{y}", x=a[0], y=a[1]) != make_key("t:{x}:{y}", x=b[0], y=b[1])
 
 
-# --------------------------------------------------------------------------- known bad inputs
+# --------------------------------------------------------------------------- regressions and known bad inputs
+#
+# Fixed (regression tests): ints beyond float range raised OverflowError (validation.py
+# _number), retry_count=10**400 was accepted and every acquire raised OverflowError
+# (base.py _deadline), lone surrogates failed at the first acquire inside the wire encoder.
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "BUG: core/validation.py _number() calls float(value) unguarded, so an int beyond float "
-    "range (10**400) raises OverflowError instead of a ValueError naming the parameter"))
-@pytest.mark.parametrize("where", ["lock ttl", "timeout", "Redlock ttl", "node_timeout",
-                                   "retry_delay", "max_ttl", "extend"])
+@pytest.mark.parametrize(
+    "where",
+    ["lock ttl", "timeout", "Redlock ttl", "node_timeout", "retry_delay", "max_ttl", "extend"],
+)
 def test_huge_int_is_a_clear_value_error(rl, cluster, where) -> None:
+    """An int beyond float range is a ValueError naming the value (was OverflowError)."""
     huge = 10**400
     with pytest.raises((TypeError, ValueError)) as info:
         if where == "lock ttl":
@@ -358,10 +436,8 @@ def test_huge_int_is_a_clear_value_error(rl, cluster, where) -> None:
     assert "10000" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "BUG: Redlock(retry_count=10**400) is accepted (core/base.py only checks >= 0), then "
-    "every acquire raises OverflowError in _deadline() ((retry_count + 1) * float)"))
 def test_huge_retry_count(cluster) -> None:
+    """retry_count=10**400 is refused up front, or works (was OverflowError at acquire)."""
     try:
         r = Redlock(cluster.urls, key_prefix=PREFIX, retry_count=10**400)
     except ValueError as exc:
@@ -375,12 +451,10 @@ def test_huge_retry_count(cluster) -> None:
         r.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: check_name()/check_prefix() (core/validation.py) accept str with lone surrogates; "
-    "the first acquire then fails inside the wire encoder (core/resp.py encode: "
-    "UnicodeEncodeError 'surrogates not allowed') instead of a ValueError naming the name"))
 @pytest.mark.parametrize("where", ["name", "key_prefix"])
 def test_lone_surrogate_is_refused_up_front(cluster, clients, where) -> None:
+    """A name or prefix that cannot be sent as UTF-8 is a ValueError naming it, before any
+    node is contacted (was a UnicodeEncodeError from the wire encoder at acquire time)."""
     bad = "lock\ud800"
     try:
         if where == "name":
@@ -402,10 +476,6 @@ def test_lone_surrogate_is_refused_up_front(cluster, clients, where) -> None:
         assert leftovers(clients) == [[], [], []]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: lock(meta=...) only checks that meta is a Mapping; a non-str key such as a tuple "
-    "fails at acquire time in json.dumps (core/base.py AcquireRequest) with a TypeError that "
-    "does not mention meta ('keys must be str, int, float, bool or None, not tuple')"))
 def test_meta_with_tuple_keys_is_refused_clearly(rl, clients) -> None:
     try:
         lock = rl.lock("meta-keys", meta={(1, 2): "x"})
@@ -416,11 +486,6 @@ def test_meta_with_tuple_keys_is_refused_clearly(rl, clients) -> None:
         assert leftovers(clients) == [[], [], []]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: core/base.py glob_escape() escapes glob characters as '[c]', but Redis' glob reads "
-    "'[]]' and '[\\]' differently (']' closes an empty class, '\\' escapes the ']'), so "
-    "Redlock.lock_info(name) returns None for a held lock whose name contains ']' or '\\' "
-    "(fix: escape with a backslash)"))
 @pytest.mark.parametrize("name", ["a]b", "a\\b", "[]"])
 def test_lock_info_of_names_with_glob_brackets(rl, name) -> None:
     lock = rl.lock(name)
@@ -433,12 +498,6 @@ def test_lock_info_of_names_with_glob_brackets(rl, name) -> None:
         lock.release()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: extend(ttl) accepts 0 < ttl < 1 ms (core/base.py _check_extend_ttl only checks > 0 "
-    "and <= max_ttl); the EXTEND script (core/scripts.py) then runs PEXPIRE key 0, which "
-    "deletes the key, and its HSET/HINCRBY re-create it without token and without expiry: "
-    "the name is locked for ever (acquire refused, locked() True), invisible to live_locks() "
-    "and untouched by force_release(); extend() returns False and the handle still says held"))
 def test_extend_by_less_than_a_millisecond_never_wedges_the_lock(rl, clients) -> None:
     name = "tiny-extend"
     lock = rl.lock(name)
@@ -486,4 +545,3 @@ def test_zz_renewal_thread_survived_the_fuzz(watchdog) -> None:
     assert fresh.held and fresh.check()
     assert r.lock_info("after-fuzz").renewals >= 1
     fresh.release()
-

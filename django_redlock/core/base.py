@@ -199,8 +199,12 @@ class RedlockBase:
             )
         if lease_ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} for lock {name!r} must exceed node_timeout")
-        if meta is not None and not isinstance(meta, Mapping):
-            raise TypeError(f"meta must be a dict, got {meta!r}")
+        if meta is not None:
+            if not isinstance(meta, Mapping):
+                raise TypeError(f"meta must be a dict, got {meta!r}")
+            bad = [k for k in meta if not isinstance(k, str)]
+            if bad:
+                raise TypeError(f"meta keys must be str, got {bad[0]!r} in {meta!r}")
         if renew_for is not None:
             check_positive("renew_for", renew_for)
         return self.lock_class(
@@ -483,6 +487,8 @@ class RedlockBase:
         ttl = check_positive("ttl", ttl)
         if ttl > self.max_ttl:
             raise ValueError(f"ttl {ttl!r} exceeds max_ttl {self.max_ttl!r}")
+        if ttl <= self.node_timeout:
+            raise ValueError(f"ttl {ttl!r} must exceed node_timeout {self.node_timeout!r}")
         return ttl
 
     def _judge_extend(self, lease: Lease, ttl: float, replies: list[Any], start: float) -> bool:
@@ -717,5 +723,6 @@ def _from_ms(raw: Any) -> datetime | None:
 
 
 def glob_escape(name: str) -> str:
-    """A glob matching exactly ``name`` (for SCAN MATCH)."""
-    return "".join(f"[{c}]" if c in "*?[]\\" else c for c in name)
+    """A glob matching exactly ``name`` (for SCAN MATCH). Redis' glob takes a backslash
+    escape; a bracket class would not do for ']' and '\\'."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in name)

@@ -200,9 +200,10 @@ return 0
 EXTEND = Script(
     """
 if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- Expiry last: whatever the ttl, the hash is never left without one.
   redis.call('HSET', KEYS[1], 'ttl', ARGV[2])
   redis.call('HINCRBY', KEYS[1], 'renewals', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0

@@ -20,8 +20,12 @@ from .scenarios import SCENARIOS, ScenarioSkipped
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
-    parser.add_argument("scenarios", nargs="*", metavar="scenario",
-                        help=f"run only these (default: all): {', '.join(SCENARIOS)}")
+    parser.add_argument(
+        "scenarios",
+        nargs="*",
+        metavar="scenario",
+        help=f"run only these (default: all): {', '.join(SCENARIOS)}",
+    )
     parser.add_argument("--soak", action="store_true", help="the long profile (10x)")
     parser.add_argument("--scale", type=int, default=None, help="scale factor (soak: 10)")
     parser.add_argument("--table", action="store_true", help="print the results table")
@@ -53,11 +57,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results.append(res)
         print(f"{res.summary()} [{time.monotonic() - t0:.1f}s]", file=sys.stderr)
+        slow = [
+            f"{label}: {'-' if r is None else f'{r:.2f}s'}"
+            for label, r in res.recoveries
+            if r is None or r > 2 * (res.recovery or 0) / 3
+        ]
+        if slow:
+            print(f"    slowest recoveries: {', '.join(slow[:5])}", file=sys.stderr)
         for overlap in res.overlaps[:3]:
             print(f"    overlap: {overlap}", file=sys.stderr)
-    print(f"profile {profile.name} (x{profile.scale}), {time.monotonic() - started:.0f} s, "
-          f"{platform.node()} ({platform.machine()}, Python {platform.python_version()})",
-          file=sys.stderr)
+    print(
+        f"profile {profile.name} (x{profile.scale}), {time.monotonic() - started:.0f} s, "
+        f"{platform.node()} ({platform.machine()}, Python {platform.python_version()})",
+        file=sys.stderr,
+    )
     if args.table:
         print(table(results, "markdown" if args.markdown else "rst", skipped))
     return 1 if failed else 0

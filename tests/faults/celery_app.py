@@ -45,20 +45,35 @@ def redlock() -> Redlock:
     return _redlock
 
 
-@app.task(name="faults.job", base=LockedTask, bind=True, lock_key="faults:{key}", lock_ttl=1.0,
-          on_locked="wait", lock_wait=60, lock_redlock=redlock, acks_late=True,
-          reject_on_worker_lost=True)
+@app.task(
+    name="faults.job",
+    base=LockedTask,
+    bind=True,
+    lock_key="faults:{key}",
+    lock_ttl=1.0,
+    on_locked="wait",
+    lock_wait=60,
+    lock_redlock=redlock,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
 def job(self: Any, key: str, hold: float, history: str) -> None:
     """Holds ``faults:<key>`` for ``hold`` seconds (1 s lease renewed by the watchdog),
     recording the hold, its renewed validity every 50 ms, and the end."""
     lock = self.lock
-    writer = HistoryWriter(os.path.join(history, f"celery-{os.getpid()}.jsonl"),
-                           f"worker{os.getppid()}/{os.getpid()}")
+    writer = HistoryWriter(
+        os.path.join(history, f"celery-{os.getpid()}.jsonl"), f"worker{os.getppid()}/{os.getpid()}"
+    )
     now = time.monotonic()
     token = lock.token
     writer.acquired(lock.name, token, lock.fence, now, now + lock.validity)
-    writer.write("task", token=token, task_id=self.request.id, ppid=os.getppid(),
-                 redelivered=bool((self.request.delivery_info or {}).get("redelivered")))
+    writer.write(
+        "task",
+        token=token,
+        task_id=self.request.id,
+        ppid=os.getppid(),
+        redelivered=bool((self.request.delivery_info or {}).get("redelivered")),
+    )
     end = now + hold
     while time.monotonic() < end:
         time.sleep(0.05)

@@ -37,10 +37,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _start_worker(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tests.faults.celery_app", "worker",
-         "-P", "prefork", "-c", "1", "-n", f"{name}@%h", "--without-gossip",
-         "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.faults.celery_app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "1",
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "WARNING",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
 
@@ -58,8 +77,7 @@ def run_celery_scenario(p: Profile) -> ScenarioResult:
     with Harness(3) as h, RedisNode() as broker:
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                        os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "FAULTS_BROKER": broker.url,
             "FAULTS_NODES": ",".join(h.urls),
             "FAULTS_VISIBILITY": "3",
@@ -85,8 +103,11 @@ def run_celery_scenario(p: Profile) -> ScenarioResult:
                     events = load_events(h.dir)
                     done = {e["token"] for e in events if e["ev"] == "rel"}
                     for e in events:
-                        if (e["ev"] == "task" and e["token"] not in done
-                                and e["token"] not in exclude):
+                        if (
+                            e["ev"] == "task"
+                            and e["token"] not in done
+                            and e["token"] not in exclude
+                        ):
                             return e
                     time.sleep(0.02)
                 return None
@@ -104,7 +125,7 @@ def run_celery_scenario(p: Profile) -> ScenarioResult:
                 controller.outcome(ev["token"], "killed")
                 killed_child_tokens.append(ev["token"])
                 h.faults += 1
-                h.mark("pool process killed", exclude=ev["proc"])
+                h.mark("pool process killed", subject=ev["proc"])
             # 2. SIGKILL a whole worker (main process + pool) mid-task.
             ev = running(seen)
             if ev is None:
@@ -117,16 +138,19 @@ def run_celery_scenario(p: Profile) -> ScenarioResult:
                 else:
                     _kill_group(victim)
                     h.faults += 1
-                    h.mark("worker killed", exclude=ev["proc"])
+                    h.mark("worker killed", subject=ev["proc"])
                     workers.append(_start_worker("w-replacement", env))
             # Every task id must complete once (redelivered ones included).
             deadline = time.monotonic() + 60 * p.scale
             completed: set[str] = set()
             while time.monotonic() < deadline:
                 events = load_events(h.dir)
-                ended = {e["token"] for e in events if e["ev"] == "rel" and e["proc"] != "controller"}
-                completed = {e["task_id"] for e in events if e["ev"] == "task"
-                             and e["token"] in ended}
+                ended = {
+                    e["token"] for e in events if e["ev"] == "rel" and e["proc"] != "controller"
+                }
+                completed = {
+                    e["task_id"] for e in events if e["ev"] == "task" and e["token"] in ended
+                }
                 if len(completed) >= tasks:
                     break
                 time.sleep(0.1)
@@ -137,10 +161,13 @@ def run_celery_scenario(p: Profile) -> ScenarioResult:
             with contextlib.suppress(Exception):
                 app.close()
         events = load_events(h.dir)
-        res = h.result("celery_killed", "Celery worker killed mid-task (LockedTask)",
-                       tasks=tasks, tasks_completed=len(completed),
-                       redelivered_runs=sum(1 for e in events
-                                            if e["ev"] == "task" and e["redelivered"]),
-                       errors=errors)
+        res = h.result(
+            "celery_killed",
+            "Celery worker killed mid-task (LockedTask)",
+            tasks=tasks,
+            tasks_completed=len(completed),
+            redelivered_runs=sum(1 for e in events if e["ev"] == "task" and e["redelivered"]),
+            errors=errors,
+        )
         res.clients = 2
         return res

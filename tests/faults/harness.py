@@ -149,8 +149,16 @@ def _valid_until(lock: Any) -> float | None:
     return getattr(lease, "valid_until", None)
 
 
-def client_main(index: int, spec: WorkerSpec, history: str, oracle: tuple[str, int],
-                conn: Connection, go: Any, stop: Any, idle: Any) -> None:
+def client_main(
+    index: int,
+    spec: WorkerSpec,
+    history: str,
+    oracle: tuple[str, int],
+    conn: Connection,
+    go: Any,
+    stop: Any,
+    idle: Any,
+) -> None:
     """One contender (runs in a forked child)."""
     from django_redlock import LockLost, LockNotOwned, QuorumError, Redlock
 
@@ -174,9 +182,11 @@ def client_main(index: int, spec: WorkerSpec, history: str, oracle: tuple[str, i
             if idle.is_set():
                 time.sleep(0.01)
                 continue
-            lock = rl.lock(spec.name, ttl=spec.ttl, fencing=spec.fencing,
-                           auto_renew=spec.auto_renew)
+            lock = rl.lock(
+                spec.name, ttl=spec.ttl, fencing=spec.fencing, auto_renew=spec.auto_renew
+            )
             stats["attempts"] += 1
+            t0 = time.monotonic()
             try:
                 if spec.mode == "poll":
                     ok = lock.acquire(blocking=False)
@@ -194,7 +204,7 @@ def client_main(index: int, spec: WorkerSpec, history: str, oracle: tuple[str, i
             now = time.monotonic()
             validity = lock.validity
             token, fence = lock.token or "", lock.fence
-            hist.acquired(spec.name, token, fence, now, now + validity)
+            hist.acquired(spec.name, token, fence, now, now + validity, t0)
             stats["cycles"] += 1
             min_validity, max_validity = min(min_validity, validity), max(max_validity, validity)
             if spec.check_after_acquire and not lock.check():
@@ -206,8 +216,9 @@ def client_main(index: int, spec: WorkerSpec, history: str, oracle: tuple[str, i
                     stats["victim_expired_before_check"] += 1
                 conn.send(("checked", proc, os.getpid(), token, time.monotonic()))
                 conn.recv()  # the controller's go-ahead, sent while we are stopped
-                accepted = writer.write(spec.name, fence or 0, proc=proc, token=token,
-                                        vend=now + validity)
+                accepted = writer.write(
+                    spec.name, fence or 0, proc=proc, token=token, vend=now + validity
+                )
                 stats["victim_writes"] += 1
                 stats["victim_write_rejected"] += not accepted
                 stats["victim_held_after_pause"] += lock.held
@@ -217,8 +228,9 @@ def client_main(index: int, spec: WorkerSpec, history: str, oracle: tuple[str, i
             else:
                 time.sleep(random.uniform(*spec.hold))
                 if lock.validity > 0:
-                    accepted = writer.write(spec.name, fence or 0, proc=proc, token=token,
-                                            vend=now + validity)
+                    accepted = writer.write(
+                        spec.name, fence or 0, proc=proc, token=token, vend=now + validity
+                    )
                     stats["writes"] += 1
                     conn.send(("wrote", proc, os.getpid(), token, accepted))
                 else:
@@ -253,19 +265,28 @@ def client_main(index: int, spec: WorkerSpec, history: str, oracle: tuple[str, i
 class Harness:
     """Nodes, oracle, history directory and client processes of one scenario run."""
 
-    def __init__(self, nodes: int = 3, *, proxies: bool = False, marker: bytes | None = None,
-                 **node_kwargs: Any) -> None:
+    def __init__(
+        self,
+        nodes: int = 3,
+        *,
+        proxies: bool = False,
+        marker: bytes | None = None,
+        **node_kwargs: Any,
+    ) -> None:
         self.cluster = RedisCluster(nodes, **node_kwargs)
-        self.proxies = [
-            Proxy((node.host, node.port), marker=marker) for node in self.cluster
-        ] if proxies else []
+        self.proxies = (
+            [Proxy((node.host, node.port), marker=marker) for node in self.cluster]
+            if proxies
+            else []
+        )
         self.oracle = Oracle()
         self.dir = Path(tempfile.mkdtemp(prefix="redlock-faults-"))
         self.go, self.stop, self.idle = _CTX.Event(), _CTX.Event(), _CTX.Event()
         self.procs: dict[str, tuple[Any, Connection]] = {}
         self.events: list[tuple[Any, ...]] = []
         self.done: dict[str, tuple[dict[str, int], str | None]] = {}
-        self.marks: list[tuple[str, float, str | None]] = []  #: (label, time, excluded proc)
+        #: (label, time, process the fault hit, if any)
+        self.marks: list[tuple[str, float, str | None]] = []
         self.faults = 0
         self.started = time.monotonic()
         self._next_index = 0
@@ -290,8 +311,7 @@ class Harness:
 
     # -- clients --------------------------------------------------------------------------------
 
-    def start_clients(self, count: int, spec: WorkerSpec,
-                      **overrides: Any) -> list[str]:
+    def start_clients(self, count: int, spec: WorkerSpec, **overrides: Any) -> list[str]:
         names = []
         for _ in range(count):
             index = self._next_index
@@ -299,9 +319,18 @@ class Harness:
             parent, child = _CTX.Pipe(duplex=True)
             worker_spec = WorkerSpec(**{**spec.__dict__, **overrides})
             proc = _CTX.Process(
-                target=client_main, name=f"fault-client-{index}",
-                args=(index, worker_spec, str(self.dir / f"c{index}.jsonl"),
-                      self.oracle.address, child, self.go, self.stop, self.idle),
+                target=client_main,
+                name=f"fault-client-{index}",
+                args=(
+                    index,
+                    worker_spec,
+                    str(self.dir / f"c{index}.jsonl"),
+                    self.oracle.address,
+                    child,
+                    self.go,
+                    self.stop,
+                    self.idle,
+                ),
                 daemon=True,
             )
             proc.start()
@@ -315,14 +344,14 @@ class Harness:
         self.started = time.monotonic()
         self.go.set()
 
-    def pump(self, seconds: float = 0.0,
-             until: Callable[[tuple[Any, ...]], bool] | None = None) -> tuple[Any, ...] | None:
+    def pump(
+        self, seconds: float = 0.0, until: Callable[[tuple[Any, ...]], bool] | None = None
+    ) -> tuple[Any, ...] | None:
         """Read client events for ``seconds`` (always at least once, without blocking); with
         ``until``, return the first new event it accepts (None on timeout)."""
         deadline = time.monotonic() + seconds
         while True:
-            conns = {conn: name for name, (_, conn) in self.procs.items()
-                     if name not in self.done}
+            conns = {conn: name for name, (_, conn) in self.procs.items() if name not in self.done}
             if not conns:
                 return None
             remaining = max(deadline - time.monotonic(), 0.0)
@@ -378,15 +407,15 @@ class Harness:
 
     # -- faults and marks ------------------------------------------------------------------------
 
-    def mark(self, label: str, at: float | None = None, exclude: str | None = None) -> None:
-        """A moment to measure recovery from: the next acquire (by anyone but ``exclude``)
-        after it."""
-        self.marks.append((label, time.monotonic() if at is None else at, exclude))
+    def mark(self, label: str, at: float | None = None, subject: str | None = None) -> None:
+        """A moment to measure recovery from: the next successful acquire (by anyone) after
+        it. ``subject`` names the client the fault hit (a killed or frozen holder)."""
+        self.marks.append((label, time.monotonic() if at is None else at, subject))
 
     def lock_keys(self, nodes: Iterable[int] | None = None) -> list[dict[str, str]]:
         """Per node (straight to the node, not through a proxy): ``{lock key: token}``."""
         out = []
-        for i in (range(len(self.cluster)) if nodes is None else nodes):
+        for i in range(len(self.cluster)) if nodes is None else nodes:
             with self.cluster[i].client(socket_timeout=5) as c:
                 keys = {}
                 for raw in c.scan_iter(match=f"{PREFIX}:lock:*"):
@@ -402,8 +431,8 @@ class Harness:
 
     def recoveries(self, holds: list[Hold]) -> list[tuple[str, float | None]]:
         out: list[tuple[str, float | None]] = []
-        for label, at, exclude in self.marks:
-            nxt = [h.acquired_at for h in holds if h.acquired_at >= at and h.process != exclude]
+        for label, at, _ in self.marks:
+            nxt = [h.acquired_at for h in holds if h.acquired_at >= at]
             out.append((label, min(nxt) - at if nxt else None))
         return out
 

@@ -46,8 +46,17 @@ class HistoryWriter:
         with self._lock:
             os.write(self._fd, line.encode() + b"\n")
 
-    def acquired(self, name: str, token: str, fence: int | None, at: float, until: float) -> None:
-        self.write("acq", name=name, token=token, fence=fence, t=at, vend=until)
+    def acquired(
+        self,
+        name: str,
+        token: str,
+        fence: int | None,
+        at: float,
+        until: float,
+        started: float | None = None,
+    ) -> None:
+        """``started``: when the ``acquire()`` call began (diagnostics)."""
+        self.write("acq", name=name, token=token, fence=fence, t=at, vend=until, t0=started)
 
     def releasing(self, token: str, at: float, until: float | None = None) -> None:
         """Written just before ``release()`` is called. ``until``: the validity end the
@@ -77,6 +86,7 @@ class Hold:
     released_at: float | None = None
     outcome: str | None = None  #: "ok", "not-owned", "lost", or None (never released)
     pid: int | None = None
+    started_at: float | None = None  #: when the acquire() call began
 
     @property
     def valid_end(self) -> float:
@@ -124,8 +134,14 @@ def load_holds(events: Iterable[dict[str, Any]]) -> list[Hold]:
         kind = ev.get("ev")
         if kind == "acq":
             holds[ev["token"]] = Hold(
-                process=ev["proc"], name=ev["name"], token=ev["token"], fence=ev.get("fence"),
-                acquired_at=ev["t"], validity_end=ev["vend"], pid=ev.get("pid"),
+                process=ev["proc"],
+                name=ev["name"],
+                token=ev["token"],
+                fence=ev.get("fence"),
+                acquired_at=ev["t"],
+                validity_end=ev["vend"],
+                pid=ev.get("pid"),
+                started_at=ev.get("t0"),
             )
         elif kind == "rel" and ev["token"] in holds:
             hold = holds[ev["token"]]

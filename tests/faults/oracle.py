@@ -48,11 +48,17 @@ class _State:
                 self.last[key] = fence
                 self.accepted += 1
                 return {"ok": True}
-            self.rejections.append({
-                "key": key, "fence": fence, "last": last, "proc": req.get("proc"),
-                "token": req.get("token"), "at": now,
-                "in_valid_hold": req.get("vend") is not None and now < req["vend"],
-            })
+            self.rejections.append(
+                {
+                    "key": key,
+                    "fence": fence,
+                    "last": last,
+                    "proc": req.get("proc"),
+                    "token": req.get("token"),
+                    "at": now,
+                    "in_valid_hold": req.get("vend") is not None and now < req["vend"],
+                }
+            )
             return {"ok": False, "last": last}
 
     def stats(self) -> dict[str, Any]:
@@ -113,8 +119,9 @@ class Oracle:
         self._sock.listen(256)
         self.address: tuple[str, int] = self._sock.getsockname()
         ctx = multiprocessing.get_context("fork")
-        self._proc = ctx.Process(target=_serve, args=(self._sock,), name="fault-oracle",
-                                 daemon=True)
+        self._proc = ctx.Process(
+            target=_serve, args=(self._sock,), name="fault-oracle", daemon=True
+        )
         self._proc.start()
         self._sock.close()  # the child has its own copy
         self._client: OracleClient | None = None
@@ -159,11 +166,22 @@ class OracleClient:
             raise ConnectionError("the oracle closed the connection")
         return json.loads(line)
 
-    def write(self, key: str, fence: int, *, proc: str, token: str,
-              vend: float | None = None) -> bool:
+    def write(
+        self, key: str, fence: int, *, proc: str, token: str, vend: float | None = None
+    ) -> bool:
         """A fenced write; True when the oracle accepted it."""
-        return bool(self.call({"op": "write", "key": key, "fence": fence, "proc": proc,
-                               "token": token, "vend": vend})["ok"])
+        return bool(
+            self.call(
+                {
+                    "op": "write",
+                    "key": key,
+                    "fence": fence,
+                    "proc": proc,
+                    "token": token,
+                    "vend": vend,
+                }
+            )["ok"]
+        )
 
     def close(self) -> None:
         self._file.close()

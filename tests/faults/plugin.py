@@ -14,10 +14,18 @@ from .harness import Profile
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("faults", "fault-injection suite (tests/test_faults.py)")
-    group.addoption("--soak", action="store_true", default=False,
-                    help="run the fault scenarios in the long soak profile (release checks)")
-    group.addoption("--soak-scale", type=int, default=10,
-                    help="how many times longer the soak profile runs (default 10)")
+    group.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="run the fault scenarios in the long soak profile (release checks)",
+    )
+    group.addoption(
+        "--soak-scale",
+        type=int,
+        default=10,
+        help="how many times longer the soak profile runs (default 10)",
+    )
 
 
 def _profile(config: pytest.Config) -> Profile:

@@ -42,8 +42,7 @@ class Proxy:
         self.port: int = self._listener.getsockname()[1]
         self._conns: set[socket.socket] = set()
         self._closed = False
-        self._thread = threading.Thread(target=self._accept, name=f"proxy-{self.port}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._accept, name=f"proxy-{self.port}", daemon=True)
         self._thread.start()
 
     @property

@@ -5,8 +5,8 @@ Every scenario is a function ``(profile) -> ScenarioResult``; the profile scales
 durations (quick: bounded for CI; soak: ten times longer). What each one must show is asserted
 in ``tests/test_faults.py``; the numbers go to the table in ``docs/faults.rst``.
 
-Recovery is the longest time from a *mark* to the next successful acquire by a client other than
-the one the fault hit: the mark is the heal for faults that stop the lock (majority down, late
+Recovery is the longest time from a *mark* to the next successful acquire by any client: the mark
+is the heal for faults that stop the lock (majority down, late
 replies, restart guard), the injection for faults the cluster rides through (minority faults),
 and the death or freeze of the holder for holder faults.
 """
@@ -36,8 +36,8 @@ BASE: dict[str, Any] = {"node_timeout": 0.1, "retry_delay": 0.05}
 CLIENTS = 6
 
 
-def _holds_between(h: Harness, start: float, end: float, exclude: str | None = None) -> int:
-    return sum(1 for x in h.holds() if start <= x.acquired_at <= end and x.process != exclude)
+def _holds_between(h: Harness, start: float, end: float) -> int:
+    return sum(1 for x in h.holds() if start <= x.acquired_at <= end)
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -89,8 +89,9 @@ def _minority(p: Profile, how: str) -> ScenarioResult:
             h.sleep(1.7 if how != "pause" else 0.5)
         h.stop_clients()
         verb = {"kill": "killed", "pause": "paused (SIGSTOP)", "restart": "restarted empty"}[how]
-        return h.result(f"minority_{how}", f"Minority (2 of 5) {verb}",
-                        acquired_during_fault=during)
+        return h.result(
+            f"minority_{how}", f"Minority (2 of 5) {verb}", acquired_during_fault=during
+        )
 
 
 def minority_killed(p: Profile) -> ScenarioResult:
@@ -114,8 +115,7 @@ def majority_down(p: Profile) -> ScenarioResult:
     granted = 0
     with Harness(3) as h:
         h.warm_up(**kw)
-        h.start_clients(CLIENTS, WorkerSpec(h.urls, kw, ttl=1.0, mode="poll",
-                                            hold=(0.005, 0.05)))
+        h.start_clients(CLIENTS, WorkerSpec(h.urls, kw, ttl=1.0, mode="poll", hold=(0.005, 0.05)))
         h.begin()
         h.sleep(0.5)
         for _ in range(p.rounds(1)):
@@ -134,9 +134,12 @@ def majority_down(p: Profile) -> ScenarioResult:
             h.idle.clear()
             h.sleep(2.5)
         h.stop_clients()
-        return h.result("majority_down", "Majority (2 of 3) killed: fail closed",
-                        granted_while_down=granted,
-                        left_on_survivor=sum(len(k) for k in left))
+        return h.result(
+            "majority_down",
+            "Majority (2 of 3) killed: fail closed",
+            granted_while_down=granted,
+            left_on_survivor=sum(len(k) for k in left),
+        )
 
 
 def holder_killed(p: Profile) -> ScenarioResult:
@@ -155,15 +158,16 @@ def holder_killed(p: Profile) -> ScenarioResult:
                 break
             h.kill_client(ev[1])
             h.faults += 1
-            h.mark(f"killed {ev[1]}", exclude=ev[1])
+            h.mark(f"killed {ev[1]}", subject=ev[1])
             h.start_clients(1, spec)  # a replacement, so the soak never runs out of clients
             h.sleep(1.5)
         h.stop_clients()
         for hold in h.holds():
             if hold.process in {m[2] for m in h.marks} and hold.released_at is None:
                 killed_holding += 1
-        return h.result("holder_killed", "Holder SIGKILLed while holding",
-                        killed_while_holding=killed_holding)
+        return h.result(
+            "holder_killed", "Holder SIGKILLed while holding", killed_while_holding=killed_holding
+        )
 
 
 def holder_paused(p: Profile) -> ScenarioResult:
@@ -185,7 +189,7 @@ def holder_paused(p: Profile) -> ScenarioResult:
             h.send(victim, "go")  # read when it wakes up
             paused = time.monotonic()
             h.faults += 1
-            h.mark(f"paused {victim}", paused, exclude=victim)
+            h.mark(f"paused {victim}", paused, subject=victim)
             # Another process takes the lock (after the lease ran out) and writes.
             h.pump(10.0, until=lambda e: e[0] == "wrote" and e[1] != victim and e[4])
             os.kill(h.pid(victim), signal.SIGCONT)
@@ -214,8 +218,11 @@ def replies_delayed(p: Profile) -> ScenarioResult:
         h.sleep(1.5)
         h.stop_clients()
         granted = sum(1 for x in h.holds() if x.acquired_at < healed)
-        return h.result("replies_delayed", "Replies delayed past the TTL during acquire",
-                        granted_while_delayed=granted)
+        return h.result(
+            "replies_delayed",
+            "Replies delayed past the TTL during acquire",
+            granted_while_delayed=granted,
+        )
 
 
 def _restart_inside_ttl(p: Profile, guard: bool) -> ScenarioResult:
@@ -227,8 +234,10 @@ def _restart_inside_ttl(p: Profile, guard: bool) -> ScenarioResult:
     kw = {**BASE, "ttl": 3.0, "max_ttl": 3.0, "restart_guard": guard}
     with Harness(3) as h:
         h.warm_up(**kw)
-        h.start_clients(CLIENTS, WorkerSpec(h.urls, kw, ttl=3.0, mode="poll",
-                                            hold=(2.0, 2.0), acquire_timeout=5.0))
+        h.start_clients(
+            CLIENTS,
+            WorkerSpec(h.urls, kw, ttl=3.0, mode="poll", hold=(2.0, 2.0), acquire_timeout=5.0),
+        )
         h.begin()
         for _ in range(p.rounds(1)):
             h.cluster[2].kill()
@@ -239,12 +248,15 @@ def _restart_inside_ttl(p: Profile, guard: bool) -> ScenarioResult:
             h.cluster[2].start()
             h.cluster[1].restart(empty=True)
             h.faults += 1
-            h.mark("node 1 restarted empty", exclude=ev[1])
+            h.mark("node 1 restarted empty", subject=ev[1])
             h.sleep(4.0)
         h.stop_clients()
         name = "restart_guard" if guard else "restart_no_guard"
-        title = ("Node restarted empty inside the TTL, restart guard on" if guard
-                 else "Node restarted empty inside the TTL, guard OFF (checker must catch it)")
+        title = (
+            "Node restarted empty inside the TTL, restart guard on"
+            if guard
+            else "Node restarted empty inside the TTL, guard OFF (checker must catch it)"
+        )
         return h.result(name, title)
 
 
@@ -278,8 +290,7 @@ def key_deleted(p: Profile) -> ScenarioResult:
     bare: set[str] = set()
     with Harness(3) as h:
         h.warm_up(**kw)
-        h.start_clients(CLIENTS, WorkerSpec(h.urls, kw, ttl=0.9, auto_renew=True,
-                                            hold=(0.05, 0.3)))
+        h.start_clients(CLIENTS, WorkerSpec(h.urls, kw, ttl=0.9, auto_renew=True, hold=(0.05, 0.3)))
         h.begin()
         key = f"{PREFIX}:lock:fault:shared"
         clients = [node.client(socket_timeout=5) for node in h.cluster]
@@ -302,9 +313,12 @@ def key_deleted(p: Profile) -> ScenarioResult:
                 c.close()
         h.stop_clients()
         holds = {x.token for x in h.holds()}
-        return h.result("key_deleted", "Lock key deleted early on one node (holder on all 3)",
-                        spare_deletions=len(deleted & holds),
-                        bare_holds_skipped=len(bare & holds - deleted))
+        return h.result(
+            "key_deleted",
+            "Lock key deleted early on one node (holder on all 3)",
+            spare_deletions=len(deleted & holds),
+            bare_holds_skipped=len(bare & holds - deleted),
+        )
 
 
 def key_deleted_bare(p: Profile) -> ScenarioResult:
@@ -317,8 +331,9 @@ def key_deleted_bare(p: Profile) -> ScenarioResult:
     key = f"{PREFIX}:lock:fault:shared"
     with Harness(3) as h:
         h.warm_up(**kw)
-        h.start_clients(CLIENTS, WorkerSpec(h.urls, kw, ttl=2.0, auto_renew=True, mode="poll",
-                                            hold=(1.5, 1.5)))
+        h.start_clients(
+            CLIENTS, WorkerSpec(h.urls, kw, ttl=2.0, auto_renew=True, mode="poll", hold=(1.5, 1.5))
+        )
         with h.cluster[2].client(socket_timeout=5) as c:
             c.hset(key, mapping={"token": "COMPETITOR"})
             c.pexpire(key, 10_000)
@@ -331,14 +346,15 @@ def key_deleted_bare(p: Profile) -> ScenarioResult:
                 c.delete(key)  # the competitor's cleanup
             with h.cluster[0].client(socket_timeout=5) as c:
                 h.faults += c.eval(_DEL_IF_TOKEN, 1, key, ev[3])
-            h.mark("key deleted on node 0", exclude=ev[1])
+            h.mark("key deleted on node 0", subject=ev[1])
             h.sleep(2.0)
             with h.cluster[2].client(socket_timeout=5) as c:  # set up the next round
                 c.hset(key, mapping={"token": "COMPETITOR"})
                 c.pexpire(key, 10_000)
         h.stop_clients()
-        return h.result("key_deleted_bare",
-                        "Key deleted on one node of a bare-quorum (2 of 3) hold")
+        return h.result(
+            "key_deleted_bare", "Key deleted on one node of a bare-quorum (2 of 3) hold"
+        )
 
 
 def clock_jump(p: Profile) -> ScenarioResult:
@@ -347,8 +363,10 @@ def clock_jump(p: Profile) -> ScenarioResult:
     kw = {**BASE, "ttl": 1.0}
     with Harness(3) as h:
         h.warm_up(**kw)
-        h.start_clients(CLIENTS, WorkerSpec(h.urls, kw, ttl=1.0, auto_renew=True,
-                                            hold=(0.005, 0.5), clock_jump=True))
+        h.start_clients(
+            CLIENTS,
+            WorkerSpec(h.urls, kw, ttl=1.0, auto_renew=True, hold=(0.005, 0.5), clock_jump=True),
+        )
         h.begin()
         h.sleep(p.seconds(3.0))
         h.stop_clients()
@@ -357,8 +375,9 @@ def clock_jump(p: Profile) -> ScenarioResult:
         return res
 
 
-def _fork_child(i: int, rl: Any, parent_name: str, history: str, oracle: tuple[str, int],
-                out: Any) -> None:
+def _fork_child(
+    i: int, rl: Any, parent_name: str, history: str, oracle: tuple[str, int], out: Any
+) -> None:
     """One forked child, using the Redlock object it inherited from the parent."""
     import traceback
 
@@ -386,8 +405,12 @@ def _fork_child(i: int, rl: Any, parent_name: str, history: str, oracle: tuple[s
         hist.acquired(shared.name, shared.token, shared.fence, t, t + shared.validity)
         time.sleep(0.005)
         report["shared_write_ok"] = writer.write(
-            shared.name, shared.fence or 0, proc=f"f{i}", token=shared.token or "",
-            vend=t + shared.validity)
+            shared.name,
+            shared.fence or 0,
+            proc=f"f{i}",
+            token=shared.token or "",
+            vend=t + shared.validity,
+        )
         hist.releasing(shared.token or "", time.monotonic())
         try:
             shared.release()
@@ -432,9 +455,18 @@ def forks(p: Profile) -> ScenarioResult:
         for batch in range(batches):
             procs = []
             for i in range(batch * children, (batch + 1) * children):
-                proc = _CTX.Process(target=_fork_child, daemon=True, args=(
-                    i, rl, parent_lock.name, str(h.dir / f"f{i}.jsonl"), h.oracle.address,
-                    out))
+                proc = _CTX.Process(
+                    target=_fork_child,
+                    daemon=True,
+                    args=(
+                        i,
+                        rl,
+                        parent_lock.name,
+                        str(h.dir / f"f{i}.jsonl"),
+                        h.oracle.address,
+                        out,
+                    ),
+                )
                 proc.start()
                 procs.append(proc)
             deadline = time.monotonic() + 240
@@ -455,7 +487,8 @@ def forks(p: Profile) -> ScenarioResult:
             parent_lock.release()
         rl.close()
         res = h.result(
-            "forks", "100 forked children (inherited Redlock object)"
+            "forks",
+            "100 forked children (inherited Redlock object)"
             + (f", {batches} batches" if batches > 1 else ""),
             children_reported=len(reports),
             child_errors=[r["error"] for r in reports if "error" in r][:3],
@@ -474,40 +507,54 @@ def forks(p: Profile) -> ScenarioResult:
 
 
 def _reset_directed(h: Harness, kw: dict[str, Any]) -> dict[str, Any]:
-    """One acquire whose SET lands on nodes 0 and 1 while both connections are reset before
-    the reply; node 2 holds a foreign token. The acquire must not succeed, the foreign token
-    must stay, and our own token should be cleaned up."""
+    """Two directed acquires whose acquire script runs on a node while the reply is lost (the
+    connection is reset), on pooled connections (the common path: the client re-sends once
+    on a fresh connection and finds the key its first send created):
+
+    * A: resets on nodes 0 and 1, a foreign token on node 2. The lock *is* ours on nodes 0
+      and 1 (a quorum): success is correct if and only if our token is there; release must
+      then remove it from both and leave the foreign one.
+    * B: reset on node 0, foreign tokens on nodes 1 and 2. Only node 0 is ours: no success,
+      and the cleanup must remove our token from node 0 and nothing else.
+    """
     from django_redlock import QuorumError, Redlock
 
     rl = Redlock(h.urls, **{**kw, "retry_count": 0})
+    out: dict[str, Any] = {}
+    own_left = 0
+    foreign_intact = True
     try:
         warm = rl.lock("fault:reset-warm")  # pooled connections: the common, reused path
         assert warm.acquire(blocking=False)
         warm.release()
-        key = f"{PREFIX}:lock:fault:reset-directed"
-        with h.cluster[2].client(socket_timeout=5) as c:
-            c.hset(key, mapping={"token": "FOREIGN"})
-            c.pexpire(key, 5000)
-        h.proxies[0].armed = h.proxies[1].armed = 1
-        lock = rl.lock("fault:reset-directed", ttl=5.0)
-        try:
-            outcome: object = lock.acquire(blocking=False)
-        except QuorumError as exc:
-            outcome = f"QuorumError: {exc}"
-        tokens = [keys.get(key) for keys in h.lock_keys()]
-        own_left = sum(1 for t in tokens[:2] if t not in (None, "FOREIGN"))
-        pttls = []
-        for i in range(2):
-            with h.cluster[i].client(socket_timeout=5) as c:
-                pttls.append(c.pttl(key))
-        return {
-            "directed_acquire": outcome,
-            "directed_resets": h.proxies[0].armed == 0 and h.proxies[1].armed == 0,
-            "directed_foreign_intact": tokens[2] == "FOREIGN",
-            "directed_own_token_left": own_left,
-            "directed_left_pttl_ms": pttls,
-            "directed_locked_view": rl.locked("fault:reset-directed"),
-        }
+        for case, reset, foreign in (("a", (0, 1), (2,)), ("b", (0,), (1, 2))):
+            name = f"fault:reset-{case}"
+            key = f"{PREFIX}:lock:{name}"
+            for i in foreign:
+                with h.cluster[i].client(socket_timeout=5) as c:
+                    c.hset(key, mapping={"token": "FOREIGN"})
+                    c.pexpire(key, 5000)
+            for i in reset:
+                h.proxies[i].armed = 1
+            lock = rl.lock(name, ttl=5.0)
+            try:
+                outcome: object = lock.acquire(blocking=False)
+            except QuorumError as exc:
+                outcome = f"QuorumError: {exc}"
+            out[f"directed_{case}_resets"] = all(h.proxies[i].armed == 0 for i in reset)
+            tokens = [keys.get(key) for keys in h.lock_keys()]
+            if outcome is True:
+                # A true success: our token on a quorum.
+                ours = sum(1 for t in tokens if t == lock.token)
+                out[f"directed_{case}_true_success"] = ours >= rl.quorum
+                lock.release()
+                tokens = [keys.get(key) for keys in h.lock_keys()]
+            out[f"directed_{case}_acquire"] = outcome
+            own_left += sum(1 for t in tokens if t not in (None, "FOREIGN"))
+            foreign_intact &= all(tokens[i] == "FOREIGN" for i in foreign)
+        out["directed_own_token_left"] = own_left
+        out["directed_foreign_intact"] = foreign_intact
+        return out
     finally:
         rl.close()
 
@@ -531,8 +578,12 @@ def conn_reset(p: Profile) -> ScenarioResult:
         ghosts = sum(len(keys) for keys in h.lock_keys())
         directed = _reset_directed(h, kw)
         h.faults += 2
-        res = h.result("conn_reset", "Connection reset after the acquire was sent",
-                       leftover_keys_after_run=ghosts, **directed)
+        res = h.result(
+            "conn_reset",
+            "Connection reset after the acquire was sent",
+            leftover_keys_after_run=ghosts,
+            **directed,
+        )
         res.checks["false_success"] = res.stats["false_success"]
         return res
 
@@ -573,6 +624,6 @@ SCENARIOS: dict[str, Callable[[Profile], ScenarioResult]] = {
     "celery_killed": celery_worker_killed,
 }
 
+
 def run(name: str, profile: Profile | None = None) -> ScenarioResult:
     return SCENARIOS[name](profile or Profile.quick())
-
