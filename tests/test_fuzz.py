@@ -27,6 +27,7 @@ PREFIX = "fuzz"
 FUZZ = settings(
     max_examples=120,
     deadline=None,
+    database=None,  # no .hypothesis/ directory in the checkout
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

@@ -246,9 +246,11 @@ def _restart_inside_ttl(p: Profile, guard: bool) -> ScenarioResult:
             if ev is None:
                 break
             h.cluster[2].start()
+            # Marked before the restart: a client may get the lock the moment node 1 answers,
+            # before restart() has returned.
+            h.mark("node 1 restarted empty", subject=ev[1])
             h.cluster[1].restart(empty=True)
             h.faults += 1
-            h.mark("node 1 restarted empty", subject=ev[1])
             h.sleep(4.0)
         h.stop_clients()
         name = "restart_guard" if guard else "restart_no_guard"
@@ -342,11 +344,11 @@ def key_deleted_bare(p: Profile) -> ScenarioResult:
             ev = h.pump(10.0, until=lambda e: e[0] == "holding")
             if ev is None:
                 break
+            h.mark("key deleted on node 0", subject=ev[1])
             with h.cluster[2].client(socket_timeout=5) as c:
                 c.delete(key)  # the competitor's cleanup
             with h.cluster[0].client(socket_timeout=5) as c:
                 h.faults += c.eval(_DEL_IF_TOKEN, 1, key, ev[3])
-            h.mark("key deleted on node 0", subject=ev[1])
             h.sleep(2.0)
             with h.cluster[2].client(socket_timeout=5) as c:  # set up the next round
                 c.hset(key, mapping={"token": "COMPETITOR"})
