@@ -14,6 +14,14 @@ default) or, with ``--pool prefork``, as a ``celery worker`` subprocess. Scenari
               policy: how long the batch takes and how many broker messages each completed task
               cost (1.0 = never sent back; every lock retry is one more message)
 
+``burst``     (``--burst``) the issue's scenario on a prefork worker with 4 processes: 20 tasks
+              on one key, each holding it 100 ms, against the serial ideal (20 x 100 ms),
+              with the default ``on_locked="retry"`` and with ``"wait"``; the same burst
+              while 20 tasks on other keys are sent (those must not wait for the burst);
+              and the peers celery-once and celery-singleton, which do not serialize a
+              burst at all: they drop (celery-once) or merge (celery-singleton) the
+              duplicates at enqueue, so only one of the 20 runs
+
 Broker messages are counted on the broker itself (``LPUSH`` calls in ``INFO commandstats``:
 the Redis transport publishes every message, retries included, with one LPUSH). Nothing here is
 a test; it only measures and prints.
@@ -44,7 +52,9 @@ def lpushes(node: RedisNode) -> int:
 
 
 @contextmanager
-def worker(app: Any, pool: str, concurrency: int, env: dict[str, str]) -> Any:
+def worker(
+    app: Any, pool: str, concurrency: int, env: dict[str, str], include: str | None = None
+) -> Any:
     if pool == "threads":
         from celery.contrib.testing.worker import start_worker
 
@@ -76,6 +86,7 @@ def worker(app: Any, pool: str, concurrency: int, env: dict[str, str]) -> Any:
             "--without-mingle",
             "--without-gossip",
             "--without-heartbeat",
+            *(["--include", include] if include else []),
         ],
         cwd=REPO_ROOT,
         env=env,
@@ -100,6 +111,8 @@ def run_batch(broker: RedisNode, sends: list[Any], timeout: float) -> dict[str, 
     before = lpushes(broker)
     start = time.perf_counter()
     results = [send() for send in sends]
+    # A peer that drops or merges duplicates returns no new task for them.
+    ran = len({r.id for r in results if r.id and r.state != "REJECTED"})
     outcomes = {"ok": 0, "failed": 0}
     for result in results:
         try:
@@ -112,12 +125,90 @@ def run_batch(broker: RedisNode, sends: list[Any], timeout: float) -> dict[str, 
     done = max(outcomes["ok"], 1)
     return {
         "tasks": len(sends),
+        "ran": ran,
         "ok": outcomes["ok"],
         "failed": outcomes["failed"],
         "seconds": elapsed,
         "per_second": outcomes["ok"] / elapsed,
         "messages_per_task": messages / done,
     }
+
+
+def burst(
+    broker: RedisNode, env: dict[str, str], n: int, hold: float
+) -> list[tuple[str, dict[str, float]]]:
+    """The burst table (prefork, 4 processes); see the module docstring."""
+    from testproject import bench_tasks, tasks
+    from testproject.celery_app import app
+
+    rows: list[tuple[str, dict[str, float]]] = []
+    with worker(app, "prefork", 4, env, include="testproject.bench_tasks"):
+        warm = [lambda i=i: tasks.bench_locked.delay(f"warm{i}", hold) for i in range(8)]
+        run_batch(broker, warm, 120)
+        # Every process has held a key once, so holders publish their typical hold.
+        run_batch(broker, [lambda: tasks.bench_locked.delay("warm-hot", hold)] * 8, 120)
+        policies: list[tuple[str, dict[str, Any]]] = [
+            ("LockedTask retry (default)", {}),
+            ("LockedTask wait", {"on_locked": "wait", "lock_wait": 60}),
+        ]
+        for label, options in policies:
+            key = f"burst-{uuid.uuid4().hex[:6]}"
+            sends = [
+                lambda key=key, options=options: tasks.bench_locked.apply_async(
+                    (key, hold), **options
+                )
+            ] * n
+            rows.append((f"{label}, one key", run_batch(broker, sends, 300)))
+        others = [
+            lambda i=i: tasks.bench_locked.delay(f"other-{uuid.uuid4().hex[:6]}-{i}", hold)
+            for i in range(n)
+        ]
+        rows.append(("LockedTask, 20 other keys alone", run_batch(broker, others, 300)))
+        key = f"burst-{uuid.uuid4().hex[:6]}"
+        hot = [lambda: tasks.bench_locked.delay(key, hold)] * n
+        mixed = run_mixed(broker, hot, others, 300)
+        rows.append(("LockedTask retry, one key + other keys", mixed["hot"]))
+        rows.append(("  ... the 20 other keys meanwhile", mixed["others"]))
+        for label, task in (
+            ("celery-once (drops duplicates)", bench_tasks.bench_once),
+            ("celery-singleton (merges duplicates)", bench_tasks.bench_singleton),
+        ):
+            key = f"burst-{uuid.uuid4().hex[:6]}"
+            sends = [lambda task=task, key=key: task.delay(key, hold)] * n
+            rows.append((label, run_batch(broker, sends, 300)))
+    return rows
+
+
+def run_mixed(
+    broker: RedisNode, hot: list[Any], others: list[Any], timeout: float
+) -> dict[str, dict[str, float]]:
+    """Send a one-key burst and then tasks on other keys; time each group to its last
+    result (both timed from the first send)."""
+    start = time.perf_counter()
+    hot_results = [send() for send in hot]
+    other_results = [send() for send in others]
+    out = {}
+    for label, results in (("others", other_results), ("hot", hot_results)):
+        ok = sum(1 for r in results if _ok(r, timeout))
+        elapsed = time.perf_counter() - start
+        out[label] = {
+            "tasks": len(results),
+            "ran": ok,
+            "ok": ok,
+            "failed": len(results) - ok,
+            "seconds": elapsed,
+            "per_second": ok / elapsed,
+            "messages_per_task": float("nan"),
+        }
+    return out
+
+
+def _ok(result: Any, timeout: float) -> bool:
+    try:
+        result.get(timeout=timeout)
+    except Exception:
+        return False
+    return True
 
 
 def main() -> None:
@@ -128,6 +219,9 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=0.02, help="seconds a hot task holds")
     parser.add_argument("--pool", default="threads", choices=["threads", "prefork", "solo"])
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--burst", action="store_true", help="only the burst table (prefork, 4 processes)"
+    )
     args = parser.parse_args()
     n = args.tasks or (200 if args.quick else 600)
     hot = args.hot or (20 if args.quick else 40)
@@ -155,6 +249,13 @@ def main() -> None:
         django.setup()
         from testproject import tasks
         from testproject.celery_app import app
+
+        if args.burst:
+            hold = 0.1
+            rows = burst(broker, env, 20, hold)
+            print_burst(rows, hold, 20)
+            app.backend.result_consumer.stop()
+            return
 
         stack.enter_context(worker(app, args.pool, args.concurrency, env))
         # Warm up connections, scripts and the restart-guard markers.
@@ -220,26 +321,51 @@ def main() -> None:
         consumer.subscribed_to.clear()
 
 
+def print_burst(rows: list[tuple[str, dict[str, float]]], hold: float, n: int) -> None:
+    ideal = n * hold
+    title = (
+        f"Burst on one key: {n} tasks x {hold * 1000:.0f} ms, prefork pool, 4 processes, "
+        f"3 lock nodes + Redis broker, Python {platform.python_version()}, {os.cpu_count()} "
+        f"CPUs; serial ideal {ideal:.2f} s"
+    )
+    columns = [("sent", "tasks", ".0f"), ("ran", "ran", ".0f"), ("failed", "failed", ".0f")]
+    columns += [("seconds", "seconds", ".2f"), ("x ideal", "ratio", ".2f")]
+    columns += [("msgs/task", "messages_per_task", ".2f")]
+    for name, row in rows:
+        row["ratio"] = row["seconds"] / ideal if "one key" in name else float("nan")
+    print_rows(title, columns, rows)
+
+
 def print_table(rows: list[tuple[str, dict[str, float]]], args: argparse.Namespace) -> None:
-    width = max(len(name) for name, _ in rows)
-    print()
-    print(
+    title = (
         f"LockedTask benchmark: {args.pool} pool, concurrency {args.concurrency}, 3 lock "
         f"nodes + 1 broker (embedded redis-server), Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs"
     )
-    header = (
-        f"{'scenario':<{width}}  {'tasks':>5}  {'failed':>6}  {'seconds':>7}  "
-        f"{'tasks/s':>8}  {'msgs/task':>9}"
+    columns = [("tasks", "tasks", ".0f"), ("failed", "failed", ".0f")]
+    columns += [("seconds", "seconds", ".2f"), ("tasks/s", "per_second", ".1f")]
+    columns += [("msgs/task", "messages_per_task", ".2f")]
+    print_rows(title, columns, rows)
+
+
+def print_rows(
+    title: str, columns: list[tuple[str, str, str]], rows: list[tuple[str, dict[str, float]]]
+) -> None:
+    """A plain-text table: one row per scenario, ``columns`` = (heading, field, format)."""
+    width = max(len(name) for name, _ in rows)
+    widths = [max(len(heading), 5) for heading, _, _ in columns]
+    print()
+    print(title)
+    header = f"{'scenario':<{width}}" + "".join(
+        f"  {heading:>{w}}" for (heading, _, _), w in zip(columns, widths, strict=True)
     )
     print(header)
     print("-" * len(header))
     for name, row in rows:
-        print(
-            f"{name:<{width}}  {row['tasks']:>5.0f}  {row['failed']:>6.0f}  "
-            f"{row['seconds']:>7.2f}  {row['per_second']:>8.1f}  "
-            f"{row['messages_per_task']:>9.2f}"
+        cells = "".join(
+            f"  {row[field]:>{w}{fmt}}" for (_, field, fmt), w in zip(columns, widths, strict=True)
         )
+        print(f"{name:<{width}}{cells}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from .core import (
 )
 
 if TYPE_CHECKING:
+    from .backends.registry import get_async_locks, get_locks
     from .conf import get_async_redlock, get_redlock
     from .decorators import locked
 
@@ -40,12 +41,16 @@ __all__ = [
     "QuorumError",
     "Redlock",
     "RedlockError",
+    "get_async_locks",
     "get_async_redlock",
+    "get_locks",
     "get_redlock",
     "locked",
 ]
 
 _LAZY = {
+    "get_locks": "django_redlock.backends.registry",
+    "get_async_locks": "django_redlock.backends.registry",
     "get_redlock": "django_redlock.conf",
     "get_async_redlock": "django_redlock.conf",
     "locked": "django_redlock.decorators",

@@ -11,6 +11,7 @@ that read Redis instead of the database. Every view is wrapped in ``admin_site.a
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -24,10 +25,14 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from . import admin_views as av
-from .conf import get_config, get_redlock
-from .core import LockInfo, Redlock
-from .core.validation import check_name
+from .backends.registry import aliases as backend_aliases
+from .backends.registry import get_locks
+from .conf import get_config
+from .core import LockInfo, Redlock, check_name
 from .models import Lock
+
+#: The session key of the admin's lock-service selector.
+USING_SESSION_KEY = "django_redlock_using"
 
 __all__ = ["LockAdmin"]
 
@@ -90,6 +95,8 @@ class LockAdmin(admin.ModelAdmin):
             "nodes_url": self._url("nodes"),
             "release_url": self._url("release"),
             "refresh_interval": self.refresh_interval,
+            "backend_aliases": backend_aliases(),
+            "using": getattr(request, "session", {}).get(USING_SESSION_KEY) or "default",
             **extra,
         }
 
@@ -100,9 +107,16 @@ class LockAdmin(admin.ModelAdmin):
         return TemplateResponse(request, f"admin/django_redlock/{template}", context, status=status)
 
     @staticmethod
-    def _redlock() -> tuple[Redlock | None, str | None]:
+    def _redlock(request: HttpRequest) -> tuple[Redlock | None, str | None]:
+        """The lock service chosen with ``?using=ALIAS`` (remembered in the session, so the
+        detail, release and health pages stay on it); the Redlock over NODES by default."""
+        using = request.GET.get("using")
+        if using is not None and hasattr(request, "session"):
+            request.session[USING_SESSION_KEY] = using
+        elif hasattr(request, "session"):
+            using = request.session.get(USING_SESSION_KEY)
         try:
-            return get_redlock(), None
+            return get_locks(using or "default"), None
         except Exception as exc:  # a settings error: show it instead of a 500
             return None, f"The REDLOCK setting could not be used: {exc}"
 
@@ -117,7 +131,7 @@ class LockAdmin(admin.ModelAdmin):
         stuck_filter = request.GET.get("stuck", "")
         if stuck_filter not in ("", "any", *(code for code, _, _ in av.STUCK_REASONS)):
             stuck_filter = ""
-        rl, error = self._redlock()
+        rl, error = self._redlock(request)
         stuck_after = get_config().get("STUCK_AFTER")
         rows: list[av.LockRow] = []
         if rl is not None:
@@ -235,6 +249,7 @@ class LockAdmin(admin.ModelAdmin):
             # or two locks a missing copy is no evidence (an acquire may skip a slow node).
             silent_nodes=[n["node"] for n in node_counts if total >= 3 and not n["locks"]],
             quorum=rl.quorum if rl is not None else None,
+            release_matching_query=urlencode({"pattern": av.search_pattern(query)}),
             **(extra_context or {}),
         )
         return self._render(request, "lock_list.html", context)
@@ -245,7 +260,7 @@ class LockAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         name = request.GET.get("name", "")
-        rl, error = self._redlock()
+        rl, error = self._redlock(request)
         info = None
         if rl is not None and _valid_name(name):
             info = rl.lock_info(name)
@@ -281,7 +296,7 @@ class LockAdmin(admin.ModelAdmin):
     def node_health_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        rl, error = self._redlock()
+        rl, error = self._redlock(request)
         health = rl.health() if rl is not None else []
         rows = [
             {
@@ -289,12 +304,13 @@ class LockAdmin(admin.ModelAdmin):
                 "latency_ms": None if h.latency is None else h.latency * 1000,
                 "offset_ms": None if h.clock_offset is None else h.clock_offset * 1000,
                 "uptime_display": av.format_duration(h.uptime) if h.uptime is not None else "",
+                # The core's judgement (NodeHealth.status), as `manage.py redlock check` shows it.
                 "guard_display": (
-                    "off"
+                    f"guarded, votes in {av.format_duration(h.guarded_for or 0)}"
+                    if h.status == "guarded"
+                    else "off"
                     if h.guarded_for is None
                     else "can vote"
-                    if h.guarded_for <= 0
-                    else f"guarded, votes in {av.format_duration(h.guarded_for)}"
                 ),
             }
             for h in health
@@ -319,23 +335,42 @@ class LockAdmin(admin.ModelAdmin):
 
     def release_view(self, request: HttpRequest) -> HttpResponse:
         """GET (or a POST from the list's checkboxes) shows a confirmation; a POST with
-        ``confirm=yes`` releases. Both need the release permission; POSTs need the CSRF token
+        ``confirm=yes`` releases. ``?pattern=report:*`` selects every live lock matching the
+        glob, across all pages: the confirmation lists how many and which, and only those
+        holders are released. Both need the release permission; POSTs need the CSRF token
         (``admin_view`` applies ``csrf_protect``)."""
         if not (self.has_view_permission(request) and self.has_release_permission(request)):
             raise PermissionDenied
         data = request.POST if request.method == "POST" else request.GET
         names = list(dict.fromkeys(n for n in data.getlist("name") if _valid_name(n)))
-        if not names:
+        # A pattern's confirmation posts its (name, token) pairs as one JSON field: thousands
+        # of hidden inputs would exceed DATA_UPLOAD_MAX_NUMBER_FIELDS.
+        selection = _selection(data.get("selection", "")) if not names else {}
+        names = names or list(selection)
+        pattern = "" if names else data.get("pattern", "").strip()
+        if not names and not pattern:
             messages.warning(request, "No locks were selected, so none were released.")
             return HttpResponseRedirect(self._url("changelist"))
-        rl, error = self._redlock()
+        rl, error = self._redlock(request)
         if rl is None:
             messages.error(request, error or "No Redlock")
             return HttpResponseRedirect(self._url("changelist"))
+        if pattern:
+            matching = list(rl.live_locks(pattern))
+            rows = av.build_rows(rl, matching, get_config().get("STUCK_AFTER"))
+            context = self._context(
+                request,
+                "Force release matching locks?",
+                rows=rows,
+                missing=[],
+                pattern=pattern,
+                selection=json.dumps([[r.name, r.info.token] for r in rows]),
+            )
+            return self._render(request, "release_confirmation.html", context)
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             tokens = request.POST.getlist("token")
             seen = dict(zip(names, tokens, strict=False)) if len(tokens) == len(names) else {}
-            self._release(request, rl, names, seen)
+            self._release(request, rl, names, selection or seen)
             return HttpResponseRedirect(self._url("changelist"))
         infos = [(name, rl.lock_info(name)) for name in names]
         present = [info for _, info in infos if info is not None]
@@ -388,6 +423,24 @@ class LockAdmin(admin.ModelAdmin):
                 + ", ".join(f"“{n}”" for n in changed)
                 + ".",
             )
+
+
+def _selection(raw: str) -> dict[str, str]:
+    """``{name: token}`` from a pattern confirmation's JSON ``[[name, token], ...]``; anything
+    malformed selects nothing."""
+    try:
+        pairs = json.loads(raw) if raw else []
+    except ValueError:
+        return {}
+    if not isinstance(pairs, list):
+        return {}
+    return {
+        name: token
+        for pair in pairs
+        if isinstance(pair, list) and len(pair) == 2
+        for name, token in [pair]
+        if isinstance(name, str) and isinstance(token, str) and _valid_name(name)
+    }
 
 
 def _valid_name(name: str) -> bool:

@@ -1,21 +1,17 @@
 """What the admin pages show about live locks: rows, the "stuck" rules, sorting, formatting and
 the admin log of force releases. Kept apart from ``admin.py`` so the rules can be tested and
-documented (docs/admin.rst, "What stuck means") without the views around them."""
+documented (docs/admin.rst, "What stuck means") without the views around them, and so
+``manage.py redlock list`` flags locks with the same code (this module needs no admin app:
+the admin log models are imported only to write an entry)."""
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from django.contrib.admin.models import DELETION, LogEntry
-from django.contrib.contenttypes.models import ContentType
-
-from .core import LockInfo, NodeHealth, Redlock
-from .core.base import glob_escape
+from .core import STALE_RENEWAL_FRACTION, STUCK_REASONS, LockInfo, NodeHealth, Redlock, glob_escape
 
 __all__ = [
     "STALE_RENEWAL_FRACTION",
@@ -29,25 +25,11 @@ __all__ = [
     "sort_rows",
 ]
 
-#: A lock that has been renewed at least once is "not renewing" when its last renewal is
-#: longer ago than this fraction of its lease. The watchdog renews every third of the lease,
-#: so 2/3 means two renewals in a row did not happen.
-STALE_RENEWAL_FRACTION = 2 / 3
-
-#: Why a lock can be flagged as stuck, in display order: (code, short label, explanation).
-STUCK_REASONS: tuple[tuple[str, str, str], ...] = (
-    ("old", "held too long", "held for longer than STUCK_AFTER"),
-    ("split", "split", "fewer than a quorum of nodes hold one token, or tokens differ"),
-    ("stale", "not renewing", "renewed before, but the last renewal is overdue"),
-    ("dead", "holder gone", "the holder process on this host no longer exists"),
-)
 REASON_LABELS = {code: label for code, label, _ in STUCK_REASONS}
 
 #: Sort orders offered on the list page: ``?o=<name>`` ascending, ``?o=-<name>`` descending.
 SORT_FIELDS = ("key", "age", "ttl", "nodes", "renewals", "fence")
 DEFAULT_SORT = "-age"
-
-_HOST = socket.gethostname()
 
 
 class LockRow:
@@ -215,41 +197,15 @@ def search_pattern(query: str) -> str:
     return f"*{glob_escape(query)}*"
 
 
-def _process_gone(pid: Any, cache: dict[int, bool]) -> bool:
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return False
-    if pid not in cache:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            cache[pid] = True
-        except OSError:  # EPERM: it exists, owned by someone else
-            cache[pid] = False
-        else:
-            cache[pid] = False
-    return cache[pid]
-
-
 def stuck_reasons(
-    row: LockRow, stuck_after: float | None, pid_cache: dict[int, bool] | None = None
+    row: LockRow,
+    stuck_after: float | None,
+    pid_cache: dict[int, bool] | None = None,
+    now: float | None = None,
 ) -> tuple[str, ...]:
-    """The codes of :data:`STUCK_REASONS` that apply to ``row`` (empty: not stuck)."""
-    reasons = []
-    info = row.info
-    if stuck_after is not None and info.acquired_at is not None and row.age > stuck_after:
-        reasons.append("old")
-    if row.split:
-        reasons.append("split")
-    lease = row.lease
-    overdue = lease is not None and lease - info.ttl > STALE_RENEWAL_FRACTION * lease
-    if info.renewals > 0 and overdue:
-        reasons.append("stale")
-    meta = info.meta
-    if meta.get("host") == _HOST and _process_gone(
-        meta.get("pid"), {} if pid_cache is None else pid_cache
-    ):
-        reasons.append("dead")
-    return tuple(reasons)
+    """The codes of :data:`STUCK_REASONS` that apply to ``row`` (empty: not stuck): the
+    core's judgement (:meth:`LockInfo.stuck_reasons`), shared with ``manage.py redlock``."""
+    return row.info.stuck_reasons(stuck_after, now=now, pid_cache=pid_cache)
 
 
 def build_rows(
@@ -263,7 +219,7 @@ def build_rows(
     rows = []
     for info in infos:
         row = LockRow(info, info.lease, now=now)
-        row.reasons = stuck_reasons(row, stuck_after, pid_cache)
+        row.reasons = stuck_reasons(row, stuck_after, pid_cache, now)
         rows.append(row)
     return rows
 
@@ -308,11 +264,15 @@ def describe_holder(info: LockInfo) -> str:
     return ", ".join(parts)
 
 
-def log_force_release(user: Any, info: LockInfo, removed: int) -> LogEntry:
-    """Record one force release in the admin log (``LogEntry``, action DELETION).
+def log_force_release(user: Any, info: LockInfo, removed: int) -> Any:
+    """Record one force release in the admin log (``LogEntry``, action DELETION); returns the
+    entry.
 
     Django 5.1+ has ``LogEntry.objects.log_actions()``; 4.2 and 5.0 only ``log_action()``.
     """
+    from django.contrib.admin.models import DELETION, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
     from .models import Lock
 
     message = (

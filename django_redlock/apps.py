@@ -10,3 +10,4 @@ class RedlockConfig(AppConfig):
         # Registers the system checks and the signals. Nothing here may touch Redis: the
         # shared Redlock is built on first use (django_redlock.conf.get_redlock).
         from . import checks, signals  # noqa: F401
+        from .backends import checks as backend_checks  # noqa: F401

@@ -20,8 +20,10 @@ in the ``SKIPPED`` state with a log line and signals, ``"raise"`` fails it with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import functools
 import hashlib
 import inspect
 import json
@@ -31,7 +33,8 @@ import os
 import random
 import re
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from datetime import date, datetime, timezone
 from datetime import time as dtime
@@ -44,10 +47,27 @@ from celery.exceptions import Ignore, Retry
 from celery.utils.dispatch import Signal
 from celery.utils.saferepr import saferepr
 
-from .core import LockEvent, LockNotAcquired, QuorumError, Redlock, RedlockError
-from .core.validation import MAX_KEY_LENGTH
+from .core import (
+    MAX_KEY_LENGTH,
+    LockEvent,
+    LockNotAcquired,
+    QuorumError,
+    Redlock,
+    RedlockError,
+    process_gone,
+)
+from .holders import TYPICAL_HOLD, HoldTimes, expected_free_in
+from .task_options import (
+    CALL_OPTIONS,
+    DEDUPE_POLICIES,
+    HEADER_FIELDS,
+    ON_LOCKED,
+    check_task_options,
+    header_values,
+)
 
 __all__ = [
+    "DEDUPE_POLICIES",
     "HEADER",
     "ON_LOCKED",
     "SKIPPED",
@@ -55,6 +75,7 @@ __all__ = [
     "LockedTask",
     "default_lock_key",
     "release_held_locks",
+    "task_dropped",
     "task_skipped",
 ]
 
@@ -64,18 +85,32 @@ logger = logging.getLogger("django_redlock.celery")
 HEADER = "redlock"
 #: Result state of a task that ``on_locked="skip"`` did not run.
 SKIPPED = "SKIPPED"
-#: The accepted ``on_locked`` policies.
-ON_LOCKED = ("retry", "wait", "skip", "raise")
 
 #: Sent (Celery signal) when ``on_locked="skip"`` ends a task without running it, with
 #: ``sender`` = the task and the keyword arguments ``task_id``, ``lock_name``, ``holder`` (the
 #: holder's metadata, ``{}`` when unknown), ``args``, ``kwargs``.
 task_skipped = Signal(name="task_skipped")
+#: Sent when ``lock_dedupe="drop"`` does not send a task because one is already queued for its
+#: key, with ``sender`` = the task and ``task_id`` (the id it would have had), ``lock_name``,
+#: ``queued_id`` (the queued task's id), ``args``, ``kwargs``.
+task_dropped = Signal(name="task_dropped")
 
 DEFAULT_TTL = 30.0
 DEFAULT_WAIT = 30.0
-DEFAULT_RETRY_DELAY = 1.0
 DEFAULT_RETRY_JITTER = 0.5
+#: Countdown of a lock retry when the holder's typical hold is unknown (doubles per retry).
+UNKNOWN_HOLD_DELAY = 0.25
+#: Later lock retries spread over up to this many typical holds (1, 2, 4, ... per retry).
+MAX_SPREAD = 4
+#: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
+QUEUED_SUFFIX = ":queued"
+#: Suffix of the per-key "one waiting task" slot of ``on_locked="retry"``.
+WAITER_SUFFIX = ":waiter"
+#: Seconds a waiting task blocks beyond the holder's lease (and its slot outlives the wait).
+SLOT_GRACE = 0.5
+#: Longest block in the waiting slot: a longer hold is waited for by re-scheduling, which
+#: costs little next to it, so a busy key never ties up a worker slot for long.
+MAX_SLOT_WAIT = 2.0
 DEFAULT_DEDUPE_TTL = 3600.0
 #: Keys longer than this (default keys only) are replaced by a readable prefix + SHA-256.
 DEFAULT_KEY_MAX = 200
@@ -84,21 +119,6 @@ ARGS_SUMMARY_MAX = 200
 #: Exponential backoff stops doubling after this many lock retries.
 _MAX_DOUBLINGS = 10
 
-# Per-call option (apply_async keyword / signature option) -> key in the ``redlock`` header.
-CALL_OPTIONS = {
-    "lock_key": "key",
-    "lock_ttl": "ttl",
-    "on_locked": "on_locked",
-    "lock_wait": "wait",
-    "lock_renew": "renew",
-    "lock_retry_counts": "retry_counts",
-    "lock_max_retries": "max_retries",
-    "lock_retry_delay": "retry_delay",
-    "lock_retry_jitter": "retry_jitter",
-    "lock_dedupe": "dedupe",
-    "lock_dedupe_ttl": "dedupe_ttl",
-}
-_HEADER_FIELDS = {v: k for k, v in CALL_OPTIONS.items()}
 # Bookkeeping keys (not options) in the header.
 _QUEUED = "_queued"  # [lock name, token] of the enqueue-time de-duplication lock
 _LOCK_RETRIES = "_lock_retries"  # re-schedules caused by a busy lock so far
@@ -115,9 +135,9 @@ class LockOptions:
     renew: bool
     retry_counts: bool
     max_retries: int | None
-    retry_delay: float
+    retry_delay: float | None
     retry_jitter: float
-    dedupe: bool
+    dedupe: str | bool
     dedupe_ttl: float
 
     def effective_wait(self) -> float:
@@ -125,37 +145,6 @@ class LockOptions:
         if self.wait is not None:
             return self.wait
         return DEFAULT_WAIT if self.on_locked == "wait" else 0.0
-
-
-def _check_options(values: Mapping[str, Any], where: str) -> None:
-    on_locked = values.get("on_locked")
-    if on_locked is not None and on_locked not in ON_LOCKED:
-        raise ValueError(f"{where}: on_locked must be one of {ON_LOCKED}, got {on_locked!r}")
-    for name in ("ttl", "retry_delay", "dedupe_ttl"):
-        value = values.get(name)
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or value <= 0
-            or math.isinf(value)
-        ):
-            raise ValueError(f"{where}: {_HEADER_FIELDS[name]} must be a number > 0, got {value!r}")
-    for name in ("wait", "retry_jitter"):
-        value = values.get(name)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-        ):
-            raise ValueError(
-                f"{where}: {_HEADER_FIELDS[name]} must be a number >= 0, got {value!r}"
-            )
-    retries = values.get("max_retries")
-    if retries is not None and (
-        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-    ):
-        raise ValueError(f"{where}: lock_max_retries must be an int >= 0 or None, got {retries!r}")
-    key = values.get("key")
-    if key is not None and not isinstance(key, str):
-        raise TypeError(f"{where}: a per-call lock_key must be a str template, got {key!r}")
 
 
 # ============================================================================ keys
@@ -237,7 +226,7 @@ def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
         return {}
     if info is None:
         return {}
-    return {**info.meta, "token": info.token, "ttl": info.ttl}
+    return {**info.meta, "token": info.token, "ttl": info.ttl, "age": info.age}
 
 
 # ============================================================================ held locks
@@ -273,6 +262,7 @@ class _HeldLocks:
 
 
 _held = _HeldLocks()
+_hold_times = HoldTimes()
 #: The lock of the LockedTask run in progress in this thread / coroutine context.
 _current_lock: ContextVar[Any] = ContextVar("django_redlock_celery_lock", default=None)
 if hasattr(os, "register_at_fork"):
@@ -320,62 +310,104 @@ class LockedTask(Task):
     ``lock_redlock``
         A :class:`~django_redlock.Redlock`, or a callable returning one; default
         :func:`django_redlock.get_redlock` (the ``REDLOCK`` setting).
+    ``lock_using``
+        The lock service, a ``REDLOCK["BACKENDS"]`` alias (``get_locks(alias)``) used when
+        ``lock_redlock`` is not set; default ``"default"``.
     ``lock_retry_counts``
         Whether lock retries count against the task's own ``max_retries`` (default False).
     ``lock_max_retries``
         Lock retries allowed before the task fails with LockNotAcquired (None: no limit).
     ``lock_retry_delay`` / ``lock_retry_jitter``
-        Backoff of lock retries: ``min(delay * 2**n, holder's remaining lease)``, stretched by
-        a random factor in ``[1, 1 + jitter]``.
+        Backoff of lock retries. None (default): come back when the holder will probably be
+        done (its typical hold), one waiting task per key blocking for the release; a number:
+        ``min(delay * 2**n, holder's remaining lease)``, stretched by a random factor in
+        ``[1, 1 + jitter]``.
     ``lock_dedupe`` / ``lock_dedupe_ttl``
-        Enqueue-time de-duplication: at most one queued plus one running task per key.
+        Enqueue-time duplicate policy: False (default), ``"merge"`` (or True: return the queued
+        task's result), ``"drop"`` (log, signal, return a REJECTED result) or ``"raise"``
+        (LockNotAcquired); at most one queued plus one running task per key.
+
+    Every option except ``lock_key`` and ``lock_redlock`` defaults to the project's
+    ``REDLOCK["LOCKED_TASK"]`` value when the task does not set it. ``acks_late`` and
+    ``reject_on_worker_lost`` are True: a task whose worker dies mid-run is delivered again
+    (docs/celery.rst, "No lost task").
     """
 
     abstract = True  # Celery < 5 compatibility; ignored by Celery 5
+    # Acknowledge after the run, and requeue when the pool process dies: with Celery's early
+    # acknowledgement a worker killed mid-task loses the task for good. The lock keeps the
+    # redelivered copy from overlapping a run that is still going (see _own_dead_attempt).
+    acks_late = True
+    reject_on_worker_lost = True
     lock_key: Any = None
     lock_ttl: float | None = None
     on_locked: str = "retry"
     lock_wait: float | None = None
     lock_renew: bool = True
     lock_redlock: Any = None
+    lock_using: str = "default"
     lock_retry_counts: bool = False
     lock_max_retries: int | None = None
-    lock_retry_delay: float = DEFAULT_RETRY_DELAY
+    lock_retry_delay: float | None = None
     lock_retry_jitter: float = DEFAULT_RETRY_JITTER
-    lock_dedupe: bool = False
+    lock_dedupe: bool | str = False
     lock_dedupe_ttl: float = DEFAULT_DEDUPE_TTL
 
     # -- options ----------------------------------------------------------------------------
 
     def lock_options(self, overrides: Mapping[str, Any] | None = None) -> LockOptions:
-        """Class attributes overlaid with per-call ``overrides`` (header field names)."""
+        """Project defaults (``REDLOCK["LOCKED_TASK"]``) overlaid with the options this task
+        sets itself, then with per-call ``overrides`` (header field names)."""
+        defaults = header_values(_project_defaults())
         values = {
-            "key": _class_attr(self, "lock_key"),
-            "ttl": self.lock_ttl,
-            "on_locked": self.on_locked,
-            "wait": self.lock_wait,
-            "renew": self.lock_renew,
-            "retry_counts": self.lock_retry_counts,
-            "max_retries": self.lock_max_retries,
-            "retry_delay": self.lock_retry_delay,
-            "retry_jitter": self.lock_retry_jitter,
-            "dedupe": self.lock_dedupe,
-            "dedupe_ttl": self.lock_dedupe_ttl,
+            field: _class_attr(self, option)
+            if option == "lock_key" or _sets_itself(self, option) or field not in defaults
+            else defaults[field]
+            for option, field in CALL_OPTIONS.items()
         }
-        _check_options(values, f"task {self.name}")
+        check_task_options(values, f"task {self.name}")
+        self._check_template(values["key"], f"task {self.name}")
         if overrides:
-            given = {k: v for k, v in overrides.items() if k in _HEADER_FIELDS}
-            _check_options(given, f"task {self.name} (per-call options)")
+            given = {k: v for k, v in overrides.items() if k in HEADER_FIELDS}
+            where = f"task {self.name} (per-call options)"
+            check_task_options(given, where, per_call=True)
+            self._check_template(given.get("key"), where)
             values.update(given)
+        if values["dedupe"] is True:
+            values["dedupe"] = "merge"
         return LockOptions(**values)
+
+    def _check_template(self, key: Any, where: str) -> None:
+        """Refuse a ``lock_key`` template ``@locked`` would refuse (malformed, positional or
+        unseparated fields, via the same :class:`~django_redlock.keys.KeyTemplate`), or one
+        naming a field that is not an argument of the task, before anything is sent."""
+        if not isinstance(key, str) or ("{" not in key and "}" not in key):
+            return
+        from .keys import compiled_template
+
+        try:
+            template = compiled_template(key)
+        except ValueError as exc:
+            raise ValueError(f"{where}: lock_key: {exc}") from None
+        try:
+            signature = inspect.signature(self.run)
+        except (TypeError, ValueError):
+            return
+        missing = template.unknown_fields(signature)
+        if missing:
+            names = {p.name for p in signature.parameters.values()}
+            raise ValueError(
+                f"{where}: lock_key {key!r} names {', '.join(missing)}, not an argument of the "
+                f"task (arguments: {', '.join(sorted(names)) or 'none'})"
+            )
 
     def get_redlock(self) -> Redlock:
         """The Redlock this task locks with (``lock_redlock``, else ``get_redlock()``)."""
         source = _class_attr(self, "lock_redlock")
         if source is None:
-            from .conf import get_redlock
+            from .backends.registry import get_locks
 
-            return get_redlock()
+            return get_locks(self.lock_using)
         if isinstance(source, Redlock) or hasattr(source, "lock"):
             return source
         return source()
@@ -397,7 +429,7 @@ class LockedTask(Task):
             return default_lock_key(self.name, arguments)
         if "{" not in key:
             return str(key)
-        from .decorators import make_key
+        from .keys import make_key
 
         return make_key(key, **arguments)
 
@@ -452,7 +484,7 @@ class LockedTask(Task):
             delay = _delay_of(options)
             queued = self._take_queued(name, task_id, opts, delay, args, kwargs)
             if isinstance(queued, str):  # someone else's queued task
-                return self.AsyncResult(queued)
+                return self._duplicate(opts, name, task_id, queued, args, kwargs)
             if queued is not None:
                 header[_QUEUED] = [queued[0], queued[1]]
         if header:
@@ -475,6 +507,46 @@ class LockedTask(Task):
                 self.get_redlock().release_token(queued[0], queued[1])
             raise
 
+    def _duplicate(
+        self, opts: LockOptions, name: str, task_id: str, queued_id: str, args: Any, kwargs: Any
+    ) -> Any:
+        """Apply the ``lock_dedupe`` policy to a call whose key already has a queued task."""
+        if opts.dedupe == "raise":
+            raise LockNotAcquired(
+                f"task {self.name} not sent: {self.name}[{queued_id}] is already queued for "
+                f"lock {name!r}",
+                name,
+            )
+        if opts.dedupe == "drop":
+            logger.warning(
+                "task %s[%s] dropped: %s[%s] is already queued for lock %s",
+                self.name,
+                task_id,
+                self.name,
+                queued_id,
+                name,
+            )
+            task_dropped.send(
+                sender=self,
+                task_id=task_id,
+                lock_name=name,
+                queued_id=queued_id,
+                args=args,
+                kwargs=kwargs,
+            )
+            from celery import states
+            from celery.result import EagerResult
+
+            return EagerResult(task_id, None, states.REJECTED)
+        logger.info(
+            "task %s merged into %s[%s], already queued for lock %s",
+            self.name,
+            self.name,
+            queued_id,
+            name,
+        )
+        return self.AsyncResult(queued_id)
+
     def _take_queued(
         self, name: str, task_id: str, opts: LockOptions, delay: float, args: Any, kwargs: Any
     ) -> tuple[str, str] | str | None:
@@ -482,7 +554,7 @@ class LockedTask(Task):
         the task already queued for the key (a str), or None when de-duplication could not
         tell (nodes down: the task is sent anyway, never lost)."""
         redlock = self.get_redlock()
-        queued_name = f"{name}:queued"
+        queued_name = f"{name}{QUEUED_SUFFIX}"
         ttl = min(opts.dedupe_ttl + delay, redlock.max_ttl)
         lock = redlock.lock(
             queued_name,
@@ -513,13 +585,6 @@ class LockedTask(Task):
         other = holder.get("task_id")
         if not other:
             return None  # freed in between; send it (at worst two queued, never zero)
-        logger.info(
-            "task %s not sent: %s[%s] is already queued for lock %s",
-            self.name,
-            self.name,
-            other,
-            name,
-        )
         return str(other)
 
     # -- running ----------------------------------------------------------------------------
@@ -540,6 +605,7 @@ class LockedTask(Task):
             "args": _summary(args, kwargs),
             "attempt": f"{request.retries or 0}.{lock_retries}",
             "on_locked": opts.on_locked,
+            **_hold_times.meta(self.name),
         }
         lock = redlock.lock(
             name,
@@ -552,14 +618,17 @@ class LockedTask(Task):
         )
         wait = opts.effective_wait()
         try:
-            acquired = lock.acquire(blocking=wait > 0, timeout=wait if wait > 0 else None)
+            acquired = lock.acquire(
+                blocking=wait > 0, timeout=wait if wait > 0 else None
+            ) or self._contend(redlock, lock, request, opts, name)
         except QuorumError as exc:
             # Too few nodes answered: nobody knows whether the key is free. "retry" and "skip"
             # re-schedule (a skip needs a holder to skip for); "wait" and "raise" fail.
             requeue = opts.on_locked in ("retry", "skip") and not _eager(request)
             logger.warning("task %s[%s]: lock %s unavailable: %s", self.name, task_id, name, exc)
             if requeue:
-                self._retry_later(request, header, opts, name, lock_retries, exc, None)
+                countdown = self._countdown(opts, lock_retries, {})
+                self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
             self._release_queued(redlock, request, header, final=True)
             raise
         if not acquired:
@@ -571,9 +640,11 @@ class LockedTask(Task):
         # headers of any message the task sends (retries included).
         current = _current_lock.set(lock)
         _held.add(lock)
+        started = time.monotonic()
         try:
             return super().__call__(*args, **kwargs)
         finally:
+            _hold_times.record(self.name, time.monotonic() - started)
             _current_lock.reset(current)
             _held.discard(lock)
             try:
@@ -631,11 +702,13 @@ class LockedTask(Task):
             name,
             retry_after=lock.retry_after,
         )
+        countdown = self._countdown(opts, lock_retries, holder)
         if request.id and holder.get("task_id") == request.id and not _eager(request):
             # Held under this very task id: an earlier attempt of ours (a lease left on nodes
-            # that answered too late, a worker that died), or another delivery of this message
-            # still running (visibility_timeout shorter than the task). Skipping or failing
-            # would drop the task for good: come back when that lease has run out.
+            # that answered too late, a worker on another host that died), or another delivery
+            # of this message still running (visibility_timeout shorter than the task).
+            # Skipping or failing would drop the task for good: come back when that lease has
+            # run out.
             logger.warning(
                 "task %s[%s]: lock %s is held under this task's own id (attempt %s, now %s): "
                 "an earlier attempt's lease, or a redelivery while the task still runs (the "
@@ -647,18 +720,10 @@ class LockedTask(Task):
                 f"{request.retries or 0}.{lock_retries}",
                 lock.retry_after or 0.0,
             )
-            self._retry_later(
-                request,
-                header,
-                opts,
-                name,
-                lock_retries,
-                exc,
-                lock.retry_after,
-                at_least=lock.retry_after,
-            )
+            countdown = max(countdown, lock.retry_after or 0.0)
+            self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
         if policy == "retry" and not _eager(request):
-            self._retry_later(request, header, opts, name, lock_retries, exc, lock.retry_after)
+            self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
         self._release_queued(redlock, request, header, final=True)
         if policy == "skip":
             self._skip(redlock, lock, request, name, holder, args, kwargs)
@@ -671,6 +736,85 @@ class LockedTask(Task):
             )
         raise exc
 
+    def _contend(
+        self, redlock: Redlock, lock: Any, request: Any, opts: LockOptions, name: str
+    ) -> bool:
+        """After a refused attempt: True if the lock was taken after all, because its holder
+        was this task's own earlier attempt in a process that is gone, or (``on_locked=
+        "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
+        the holder let go while it waited."""
+        if _eager(request):
+            return False
+        holder = _holder(redlock, name)
+        if (
+            request.id
+            and holder.get("task_id") == request.id
+            and process_gone(holder, certain=True)
+        ):
+            # A pool process killed mid-run: its message came back (reject_on_worker_lost)
+            # while its lease still runs. Nobody is in the critical section any more.
+            freed = redlock.release_token(name, holder["token"])
+            logger.warning(
+                "task %s[%s]: freed lock %s of this task's earlier attempt (pid %s is gone, "
+                "%s nodes)",
+                self.name,
+                request.id,
+                name,
+                holder.get("pid"),
+                freed,
+            )
+            return bool(lock.acquire(blocking=False))
+        if opts.on_locked != "retry" or opts.wait or not holder:
+            return False
+        return self._wait_in_slot(redlock, lock, request, name, holder)
+
+    def _wait_in_slot(
+        self, redlock: Redlock, lock: Any, request: Any, name: str, holder: Mapping[str, Any]
+    ) -> bool:
+        """Block for the lock if no other task of this key is blocking for it already (one
+        worker slot per key waits, woken by the release; the others are re-scheduled). The
+        wait ends with the holder's current lease, and after :data:`MAX_SLOT_WAIT`: a long
+        hold is waited for by re-scheduling, not by a blocked slot."""
+        slot_name = name + WAITER_SUFFIX
+        if len(slot_name) > MAX_KEY_LENGTH:
+            return False
+        wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
+        slot = redlock.lock(
+            slot_name,
+            ttl=min(wait + SLOT_GRACE, redlock.max_ttl),
+            reentrant=False,
+            owner=("celery-waiter", request.id or id(request)),
+            meta={"task_id": request.id, "task": self.name, "waiting_for": name},
+        )
+        try:
+            if not slot.acquire(blocking=False):
+                return False
+        except QuorumError:
+            return False
+        try:
+            return bool(lock.acquire(blocking=True, timeout=wait))
+        finally:
+            with contextlib.suppress(RedlockError):
+                slot.release()
+
+    def _countdown(self, opts: LockOptions, lock_retries: int, holder: Mapping[str, Any]) -> float:
+        """Seconds until a lock retry: with ``lock_retry_delay`` a capped exponential
+        backoff; by default when the key's waiting task will have taken the lock (the
+        holder's expected end), spread over more typical holds on each retry so the queue of
+        re-scheduled tasks keeps exactly one of them waiting without polling."""
+        lease = float(holder.get("ttl") or 0.0)
+        doubling = 2 ** min(lock_retries, _MAX_DOUBLINGS)
+        typical = holder.get(TYPICAL_HOLD) or _hold_times.typical(self.name)
+        if opts.retry_delay is not None or not typical:
+            base = (opts.retry_delay or UNKNOWN_HOLD_DELAY) * doubling
+            delay = min(base, lease) if lease > 0 else base
+            delay = max(delay, 0.05) * (1 + random.uniform(0, opts.retry_jitter))
+        else:
+            free_in = expected_free_in(holder, holder.get("age"), lease) if lease > 0 else 0.0
+            spread = float(typical) * min(doubling, MAX_SPREAD) * (1 + opts.retry_jitter)
+            delay = max(free_in + random.uniform(0, spread), 0.02)
+        return round(delay, 3)
+
     def _retry_later(
         self,
         request: Any,
@@ -679,15 +823,9 @@ class LockedTask(Task):
         name: str,
         lock_retries: int,
         exc: LockNotAcquired,
-        retry_after: float | None,
-        at_least: float | None = None,
+        countdown: float,
     ) -> None:
-        """Re-schedule this task (raises Retry)."""
-        base = opts.retry_delay * 2 ** min(lock_retries, _MAX_DOUBLINGS)
-        cap = retry_after if retry_after is not None and retry_after > 0 else base
-        delay = max(min(base, cap), at_least or 0.0, 0.05)
-        countdown = delay * (1 + random.uniform(0, opts.retry_jitter))
-        countdown = round(countdown, 3)
+        """Re-schedule this task in ``countdown`` seconds (raises Retry)."""
         new_header = {**header, _LOCK_RETRIES: lock_retries + 1}
         queued = header.get(_QUEUED)
         if queued:
@@ -717,7 +855,7 @@ class LockedTask(Task):
         raise LockNotAcquired(
             f"{exc} (gave up after {lock_retries} lock retries)",
             name,
-            retry_after=retry_after,
+            retry_after=exc.retry_after,
         )
 
     def _skip(
@@ -817,6 +955,30 @@ def _class_attr(task: Any, name: str) -> Any:
     return getattr(type(task), name, None)
 
 
+def _sets_itself(task: Any, name: str) -> bool:
+    """Whether ``name`` is set by the task (or a base class of its own), not LockedTask."""
+    for klass in type(task).__mro__:
+        if name in vars(klass):
+            return klass is not LockedTask
+    return False
+
+
+def _project_defaults() -> Mapping[str, Any]:
+    """``REDLOCK["LOCKED_TASK"]`` when Django is configured (LockedTask also runs without
+    Django, with an explicit ``lock_redlock``)."""
+    try:
+        from django.conf import settings
+
+        if not settings.configured:
+            return {}
+    except ImportError:
+        return {}
+    from .conf import get_config
+
+    defaults = get_config().get("LOCKED_TASK")
+    return defaults if isinstance(defaults, Mapping) else {}
+
+
 def _header_of(request: Any) -> dict[str, Any]:
     headers = getattr(request, "headers", None) or {}
     header = headers.get(HEADER) if isinstance(headers, Mapping) else None
@@ -901,6 +1063,22 @@ def _on_process_shutdown(**kwargs: Any) -> None:
     release_held_locks("worker process shutdown")
 
 
+def _redlocks_of(app: Any) -> list[Redlock]:
+    """The distinct Redlocks the LockedTasks registered in ``app`` lock with."""
+    found: dict[int, Redlock] = {}
+    try:
+        task_types = [t for t in app.tasks.values() if isinstance(t, LockedTask)]
+    except Exception:  # pragma: no cover
+        return []
+    for task in task_types:
+        try:
+            redlock = task.get_redlock()
+        except Exception:
+            continue
+        found.setdefault(id(redlock), redlock)
+    return list(found.values())
+
+
 @signals.worker_shutting_down.connect(weak=False)
 def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: Any) -> None:
     """Cold shutdown abandons running tasks: free their keys now rather than one lease later.
@@ -914,35 +1092,36 @@ def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: An
     release_held_locks("cold worker shutdown")
     if not sender:
         return
-    try:
-        from celery import current_app
+    from celery import current_app
 
-        task_types = [t for t in current_app.tasks.values() if isinstance(t, LockedTask)]
-    except Exception:  # pragma: no cover
-        return
-    seen: set[int] = set()
-    for task in task_types:
+    _release_matching(
+        current_app,
+        "*",
+        lambda meta: bool(meta.get("task_id")) and meta.get("worker") == sender,
+        "cold worker shutdown",
+    )
+
+
+def _release_matching(
+    app: Any, pattern: str, matches: Callable[[Mapping[str, Any]], bool], why: str
+) -> None:
+    """Release every lock matching the glob ``pattern`` on the Redlocks of ``app``'s
+    LockedTasks whose holder metadata passes ``matches`` (found by listing the nodes, as no
+    handle is at hand; token-checked, so a lock taken since is never touched)."""
+    for redlock in _redlocks_of(app):
         try:
-            redlock = task.get_redlock()
-        except Exception:
-            continue
-        if id(redlock) in seen:
-            continue
-        seen.add(id(redlock))
-        try:
-            for info in redlock.live_locks():
-                if info.meta.get("task_id") and info.meta.get("worker") == sender:
+            for info in redlock.live_locks(pattern):
+                if matches(info.meta):
                     redlock.release_token(info.name, info.token)
                     logger.warning(
-                        "released lock %s of task %s[%s] (cold worker shutdown)",
+                        "released lock %s of task %s[%s] (%s)",
                         info.name,
                         info.meta.get("task"),
                         info.meta.get("task_id"),
+                        why,
                     )
         except Exception:
-            logger.warning(
-                "could not release the locks of %s at cold shutdown", sender, exc_info=True
-            )
+            logger.warning("could not release the locks to free (%s)", why, exc_info=True)
 
 
 @signals.task_revoked.connect(weak=False)
@@ -963,6 +1142,46 @@ def _on_task_revoked(
             sender.get_redlock().release_token(queued[0], queued[1])
         except Exception:
             logger.debug("could not release %s", queued[0], exc_info=True)
+
+
+def _free_revoked_markers(app: Any, task_ids: Any) -> None:
+    """Delete the ``<key>:queued`` markers of revoked tasks, found on the nodes by the task id
+    in their metadata. Celery only tells a task it was revoked when a worker reaches its
+    message, which may be a long queue later; until then a marker would merge new calls into
+    a task that will never run."""
+    ids = {str(i) for i in (task_ids if isinstance(task_ids, (list, tuple, set)) else [task_ids])}
+    _release_matching(
+        app,
+        f"*{QUEUED_SUFFIX}",
+        lambda meta: bool(meta.get("queued")) and meta.get("task_id") in ids,
+        "queued task revoked",
+    )
+
+
+def _hook_revoke_command() -> None:
+    """Make the worker's ``revoke`` remote control command (``AsyncResult.revoke()``,
+    ``app.control.revoke()``) free the revoked tasks' queued markers before it replies.
+
+    Celery has no signal for a revoke that arrives before the message does, so the command
+    itself is wrapped, in Celery's registry of control commands (``Panel``, the documented
+    way to add one); the original runs first and its reply is returned unchanged."""
+    from celery.worker.control import Panel
+
+    original = Panel.data.get("revoke")
+    if original is None or getattr(original, "redlock_hooked", False):
+        return
+
+    @functools.wraps(original)
+    def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = original(state, task_id, *args, **kwargs)
+        _free_revoked_markers(state.app, task_id)
+        return reply
+
+    revoke.redlock_hooked = True  # type: ignore[attr-defined]
+    Panel.data["revoke"] = revoke
+
+
+_hook_revoke_command()
 
 
 @signals.task_failure.connect(weak=False)

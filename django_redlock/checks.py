@@ -1,9 +1,12 @@
 """System checks for the ``REDLOCK`` setting (every id is documented in docs/checks.rst).
 
 The regular checks never touch the network: they validate the setting with the same code the
-core uses to build its nodes (``django_redlock.core.nodes``), so ``manage.py check`` rejects
-exactly what ``get_redlock()`` would reject, with the reason. Only the deploy checks
-(``manage.py check --deploy``) ping the nodes.
+core uses to build its nodes and judge its arguments (the validators ``django_redlock.core``
+exports, and finally the ``Redlock`` constructor itself, which opens no connection), so
+``manage.py check`` rejects exactly what ``get_redlock()`` would reject, with the reason; and
+``get_redlock()`` raises ImproperlyConfigured with the same id and message
+(:func:`first_error`) for servers that never run the checks. Only the deploy checks
+(``manage.py check --deploy``) talk to the nodes.
 """
 
 from __future__ import annotations
@@ -17,11 +20,22 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from .conf import CACHE_PREFIX, DEFAULTS, REDIS_CACHE_BACKENDS, cache_client
-from .core.nodes import node_identity, parse_spec, redact
-from .core.validation import check_positive, check_prefix
+from .conf import CACHE_PREFIX, DEFAULTS, REDIS_CACHE_BACKENDS, REDLOCK_ARGUMENTS, cache_client
+from .core import Redlock, check_positive, check_prefix, node_identity, parse_spec, redact
+from .task_options import SETTING_OPTIONS, check_task_options, header_values
 
-__all__ = ["TAG", "check_deploy", "check_reachable", "check_settings"]
+__all__ = [
+    "SAFE_EVICTION",
+    "TAG",
+    "check_deploy",
+    "check_reachable",
+    "check_settings",
+    "constructor_error",
+    "eviction_warnings",
+    "first_error",
+    "format_message",
+    "node_eviction_policies",
+]
 
 #: ``manage.py check --tag django_redlock`` runs only this app's checks.
 TAG = "django_redlock"
@@ -29,6 +43,10 @@ OBJ = "settings.REDLOCK"
 
 #: NODE_TIMEOUT above TTL / this ratio draws W002.
 TIMEOUT_RATIO = 10
+#: The only ``maxmemory-policy`` under which Redis never deletes a lock key to free memory.
+SAFE_EVICTION = "noeviction"
+#: A syntactically valid node for running the constructor's checks on the other settings.
+_PLACEHOLDER_NODE = "redis://127.0.0.1:6379/0"
 
 _NUMBERS = {
     # name: (allow_zero, allow_none)
@@ -58,25 +76,63 @@ def _user_setting() -> Any:
 @register(TAG)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Everything that can be checked without talking to Redis."""
+    return _settings_messages(constructor=True)
+
+
+def _settings_messages(*, constructor: bool) -> list[CheckMessage]:
     user = _user_setting()
     if user is None:
-        return [_error(
-            2, "The REDLOCK setting is missing: no Redis nodes are configured.",
-            hint='Add REDLOCK = {"NODES": ["redis://host1:6379/0", "redis://host2:6379/0", '
-                 '"redis://host3:6379/0"]} to your settings.',
-        )]
+        return [
+            _error(
+                2,
+                "The REDLOCK setting is missing: no Redis nodes are configured.",
+                hint='Add REDLOCK = {"NODES": ["redis://host1:6379/0", "redis://host2:6379/0", '
+                '"redis://host3:6379/0"]} to your settings.',
+            )
+        ]
     if not isinstance(user, Mapping):
-        return [_error(
-            1, f"REDLOCK must be a dict, got {type(user).__name__}.",
-            hint='REDLOCK = {"NODES": [...], "TTL": 30.0, ...}',
-        )]
+        return [
+            _error(
+                1,
+                f"REDLOCK must be a dict, got {type(user).__name__}.",
+                hint='REDLOCK = {"NODES": [...], "TTL": 30.0, ...}',
+            )
+        ]
     config = {**DEFAULTS, **user}
     messages: list[CheckMessage] = []
     messages += _check_names(user)
-    messages += _check_nodes(user.get("NODES"))
-    messages += _check_values(config)
+    backends = user.get("BACKENDS")
+    # No NODES is fine when BACKENDS names "default" (django_redlock.backends.registry).
+    if user.get("NODES") or not (isinstance(backends, Mapping) and "default" in backends):
+        messages += _check_nodes(user.get("NODES"))
+    messages += _check_values(config, constructor=constructor)
     messages += _check_locked_response(config.get("LOCKED_RESPONSE"))
+    messages += _check_locked_task(config.get("LOCKED_TASK"))
     return messages
+
+
+def format_message(message: CheckMessage) -> str:
+    """``"django_redlock.E008: <msg> HINT: <hint>"``, as ImproperlyConfigured says it."""
+    text = f"{message.id}: {message.msg}"
+    return f"{text} HINT: {message.hint}" if message.hint else text
+
+
+def first_error(*, constructor: bool = True) -> CheckMessage | None:
+    """The first error :func:`check_settings` finds (None when the setting is usable);
+    ``constructor=False`` leaves out the trial construction, for a caller that is about to
+    construct the Redlock anyway (its refusal then goes through :func:`constructor_error`)."""
+    messages = _settings_messages(constructor=constructor)
+    return next((m for m in messages if m.is_serious()), None)
+
+
+def constructor_error(exc: Exception) -> CheckMessage:
+    """The ``E008`` message for the ``Redlock`` constructor's refusal ``exc``, naming the
+    setting its argument comes from."""
+    text = str(exc)
+    names = [n for n, arg in REDLOCK_ARGUMENTS.items() if text.startswith(arg)]
+    where = f"REDLOCK['{names[0]}']" if names else "REDLOCK"
+    hint = f"The default is {DEFAULTS[names[0]]!r}." if names else None
+    return _error(8, f"{where} is invalid: {text}.", hint=hint)
 
 
 # ----------------------------------------------------------------------------- names
@@ -88,10 +144,14 @@ def _check_names(user: Mapping[Any, Any]) -> list[CheckMessage]:
         if name in DEFAULTS:
             continue
         close = difflib.get_close_matches(str(name).upper(), list(DEFAULTS), n=1, cutoff=0.6)
-        hint = (f"Did you mean {close[0]!r}?" if close
-                else "Known settings: " + ", ".join(sorted(DEFAULTS)) + ".")
-        messages.append(_warning(3, f"REDLOCK has an unknown setting {name!r}; it is ignored.",
-                                 hint=hint))
+        hint = (
+            f"Did you mean {close[0]!r}?"
+            if close
+            else "Known settings: " + ", ".join(sorted(DEFAULTS)) + "."
+        )
+        messages.append(
+            _warning(3, f"REDLOCK has an unknown setting {name!r}; it is ignored.", hint=hint)
+        )
     return messages
 
 
@@ -105,27 +165,33 @@ def _node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[
     for index, spec in enumerate(nodes):
         where = f"REDLOCK['NODES'][{index}]"
         if isinstance(spec, str) and spec.startswith(CACHE_PREFIX):
-            problem, spec = _cache_node(where, spec[len(CACHE_PREFIX):])
+            problem, spec = _cache_node(where, spec[len(CACHE_PREFIX) :])
             if problem is not None:
                 messages.append(problem)
                 continue
         try:
             url, options = parse_spec(spec)
         except (TypeError, ValueError) as exc:
-            messages.append(_error(
-                4, f"{where} is malformed: {exc}",
-                hint='A node is a URL ("redis://host:6379/0", "rediss://...", '
-                     '"unix:///path/redis.sock?db=0"), {"URL": ..., "OPTIONS": {...}} or '
-                     '"cache:<alias>".',
-            ))
+            messages.append(
+                _error(
+                    4,
+                    f"{where} is malformed: {exc}",
+                    hint='A node is a URL ("redis://host:6379/0", "rediss://...", '
+                    '"unix:///path/redis.sock?db=0"), {"URL": ..., "OPTIONS": {...}} or '
+                    '"cache:<alias>".',
+                )
+            )
             continue
         unknown = sorted(set(options) - _client_options())
         if unknown:
-            messages.append(_error(
-                4, f"{where} has OPTIONS redis-py does not know: {', '.join(unknown)}.",
-                hint="OPTIONS are keyword arguments of redis.Redis (password, username, "
-                     "ssl_ca_certs, socket_connect_timeout, ...).",
-            ))
+            messages.append(
+                _error(
+                    4,
+                    f"{where} has OPTIONS redis-py does not know: {', '.join(unknown)}.",
+                    hint="OPTIONS are keyword arguments of redis.Redis (password, username, "
+                    "ssl_ca_certs, socket_connect_timeout, ...).",
+                )
+            )
             continue
         parsed.append((index, url, options))
     return parsed, messages
@@ -136,22 +202,26 @@ def _cache_node(where: str, alias: str) -> tuple[CheckMessage | None, Any]:
     if alias not in caches:
         known = ", ".join(repr(a) for a in caches) or "none"
         return _error(
-            5, f"{where} 'cache:{alias}' names no cache in CACHES.",
+            5,
+            f"{where} 'cache:{alias}' names no cache in CACHES.",
             hint=f"Configured cache aliases: {known}.",
         ), None
     backend = str(caches[alias].get("BACKEND", ""))
     try:
         cls = import_string(backend)
     except ImportError as exc:
-        return _error(6, f"{where} 'cache:{alias}': its BACKEND {backend!r} cannot be "
-                         f"imported ({exc}).",
-                      hint="Install django-redis or use django.core.cache.backends.redis."), None
+        return _error(
+            6,
+            f"{where} 'cache:{alias}': its BACKEND {backend!r} cannot be imported ({exc}).",
+            hint="Install django-redis or use django.core.cache.backends.redis.",
+        ), None
     names = {f"{c.__module__}.{c.__qualname__}" for c in getattr(cls, "__mro__", ())}
     if not names & set(REDIS_CACHE_BACKENDS):
         return _error(
-            6, f"{where} 'cache:{alias}' is not a Redis cache ({backend}).",
+            6,
+            f"{where} 'cache:{alias}' is not a Redis cache ({backend}).",
             hint="Only django-redis (django_redis.cache.RedisCache) and Django's "
-                 "django.core.cache.backends.redis.RedisCache can lend their connection.",
+            "django.core.cache.backends.redis.RedisCache can lend their connection.",
         ), None
     try:
         return None, cache_client(alias)
@@ -170,42 +240,54 @@ def _client_options() -> set[str]:
 
 def _check_nodes(nodes: Any) -> list[CheckMessage]:
     if nodes is None or (isinstance(nodes, (list, tuple)) and not nodes):
-        return [_error(
-            2, "REDLOCK['NODES'] is missing or empty: no Redis nodes are configured.",
-            hint="List 3 or 5 independent Redis servers (1 for development).",
-        )]
+        return [
+            _error(
+                2,
+                "REDLOCK['NODES'] is missing or empty: no Redis nodes are configured.",
+                hint="List 3 or 5 independent Redis servers (1 for development).",
+            )
+        ]
     if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
-        return [_error(
-            3, f"REDLOCK['NODES'] must be a list, got {type(nodes).__name__}.",
-            hint='Wrap a single node in a list: "NODES": ["redis://127.0.0.1:6379/0"].',
-        )]
+        return [
+            _error(
+                3,
+                f"REDLOCK['NODES'] must be a list, got {type(nodes).__name__}.",
+                hint='Wrap a single node in a list: "NODES": ["redis://127.0.0.1:6379/0"].',
+            )
+        ]
     parsed, messages = _node_urls(nodes)
     seen: dict[tuple[Any, ...], int] = {}
     for index, url, _ in parsed:
         ident = node_identity(url)
         if ident in seen:
-            messages.append(_error(
-                7, f"REDLOCK['NODES'][{seen[ident]}] and [{index}] are the same Redis server "
-                   f"({redact(url)}).",
-                hint="Redlock needs independent servers: two entries for one server make a "
-                     "single failure count twice. Remove the duplicate.",
-            ))
+            messages.append(
+                _error(
+                    7,
+                    f"REDLOCK['NODES'][{seen[ident]}] and [{index}] are the same Redis server "
+                    f"({redact(url)}).",
+                    hint="Redlock needs independent servers: two entries for one server make a "
+                    "single failure count twice. Remove the duplicate.",
+                )
+            )
         else:
             seen[ident] = index
     if not messages and len(nodes) % 2 == 0:
         n = len(nodes)
-        messages.append(_warning(
-            1, f"REDLOCK has an even number of nodes ({n}): it needs {n // 2 + 1} to agree and "
-               f"tolerates {n - n // 2 - 1} failure(s), no more than {n - 1} nodes would.",
-            hint=f"Use {n - 1} or {n + 1} nodes.",
-        ))
+        messages.append(
+            _warning(
+                1,
+                f"REDLOCK has an even number of nodes ({n}): it needs {n // 2 + 1} to agree and "
+                f"tolerates {n - n // 2 - 1} failure(s), no more than {n - 1} nodes would.",
+                hint=f"Use {n - 1} or {n + 1} nodes.",
+            )
+        )
     return messages
 
 
 # ----------------------------------------------------------------------------- values
 
 
-def _check_values(config: Mapping[str, Any]) -> list[CheckMessage]:
+def _check_values(config: Mapping[str, Any], *, constructor: bool) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     good: dict[str, float | None] = {}
     for name, (allow_zero, allow_none) in _NUMBERS.items():
@@ -216,50 +298,102 @@ def _check_values(config: Mapping[str, Any]) -> list[CheckMessage]:
         try:
             good[name] = check_positive(name, value, allow_zero=allow_zero)
         except (TypeError, ValueError) as exc:
-            messages.append(_error(8, f"REDLOCK['{name}'] is invalid: {exc}.",
-                                   hint=f"The default is {DEFAULTS[name]!r}."))
+            messages.append(
+                _error(
+                    8,
+                    f"REDLOCK['{name}'] is invalid: {exc}.",
+                    hint=f"The default is {DEFAULTS[name]!r}.",
+                )
+            )
     drift = good.get("DRIFT_FACTOR")
     if drift is not None and drift >= 0.5:
-        messages.append(_error(8, f"REDLOCK['DRIFT_FACTOR'] must be < 0.5, got {drift!r}.",
-                               hint="The default is 0.01 (1% of the TTL)."))
-    retries = config.get("RETRY_COUNT")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        messages.append(_error(8, f"REDLOCK['RETRY_COUNT'] must be an int >= 0, got {retries!r}.",
-                               hint="The default is 3."))
+        messages.append(
+            _error(
+                8,
+                f"REDLOCK['DRIFT_FACTOR'] must be < 0.5, got {drift!r}.",
+                hint="The default is 0.01 (1% of the TTL).",
+            )
+        )
     try:
         check_prefix(config.get("KEY_PREFIX"))
     except (TypeError, ValueError) as exc:
-        messages.append(_error(8, f"REDLOCK['KEY_PREFIX'] is invalid: {exc}.",
-                               hint="The default is 'redlock'."))
+        messages.append(
+            _error(8, f"REDLOCK['KEY_PREFIX'] is invalid: {exc}.", hint="The default is 'redlock'.")
+        )
     if not isinstance(config.get("META"), Mapping):
         messages.append(_error(8, f"REDLOCK['META'] must be a dict, got {config.get('META')!r}."))
     for name in _BOOLEANS:
         if not isinstance(config.get(name), bool):
-            messages.append(_error(8, f"REDLOCK['{name}'] must be True or False, got "
-                                      f"{config.get(name)!r}."))
+            messages.append(
+                _error(8, f"REDLOCK['{name}'] must be True or False, got {config.get(name)!r}.")
+            )
     ttl, timeout, max_ttl = good.get("TTL"), good.get("NODE_TIMEOUT"), good.get("MAX_TTL")
     if ttl is not None and timeout is not None:
         if timeout >= ttl:
-            messages.append(_error(
-                9, f"REDLOCK['NODE_TIMEOUT'] ({timeout:g}s) is not smaller than TTL ({ttl:g}s): "
-                   "no lock could ever be valid.",
-                hint="NODE_TIMEOUT is the wait for one node's answer: a few tens of ms.",
-            ))
+            messages.append(
+                _error(
+                    9,
+                    f"REDLOCK['NODE_TIMEOUT'] ({timeout:g}s) is not smaller than TTL ({ttl:g}s): "
+                    "no lock could ever be valid.",
+                    hint="NODE_TIMEOUT is the wait for one node's answer: a few tens of ms.",
+                )
+            )
         elif timeout * TIMEOUT_RATIO > ttl:
-            messages.append(_warning(
-                2, f"REDLOCK['NODE_TIMEOUT'] ({timeout:g}s) is not much smaller than TTL "
-                   f"({ttl:g}s): a slow node can eat more than 1/{TIMEOUT_RATIO} of every "
-                   "lease's validity.",
-                hint="Keep NODE_TIMEOUT at a few tens of ms and TTL at seconds "
-                     "(the Redlock paper: 5-50 ms for a 10 s lease).",
-            ))
+            messages.append(
+                _warning(
+                    2,
+                    f"REDLOCK['NODE_TIMEOUT'] ({timeout:g}s) is not much smaller than TTL "
+                    f"({ttl:g}s): a slow node can eat more than 1/{TIMEOUT_RATIO} of every "
+                    "lease's validity.",
+                    hint="Keep NODE_TIMEOUT at a few tens of ms and TTL at seconds "
+                    "(the Redlock paper: 5-50 ms for a 10 s lease).",
+                )
+            )
     if ttl is not None and max_ttl is not None and ttl > max_ttl:
-        messages.append(_error(
-            9, f"REDLOCK['TTL'] ({ttl:g}s) is longer than MAX_TTL ({max_ttl:g}s).",
-            hint="MAX_TTL caps every lease (the restart guard covers leases up to MAX_TTL); "
-                 "raise it or lower TTL.",
-        ))
+        messages.append(
+            _error(
+                9,
+                f"REDLOCK['TTL'] ({ttl:g}s) is longer than MAX_TTL ({max_ttl:g}s).",
+                hint="MAX_TTL caps every lease (the restart guard covers leases up to MAX_TTL); "
+                "raise it or lower TTL.",
+            )
+        )
+    if constructor and not any(m.is_serious() for m in messages):
+        messages += _check_constructor(config)
     return messages
+
+
+def _check_constructor(config: Mapping[str, Any]) -> list[CheckMessage]:
+    """Whatever else the ``Redlock`` constructor refuses (RETRY_COUNT's range, the core's
+    bounds on durations...): the check runs the constructor's own validation, so the two
+    cannot disagree. Constructing opens no connection."""
+    kwargs = {arg: config.get(name) for name, arg in REDLOCK_ARGUMENTS.items()}
+    try:
+        redlock = Redlock([_PLACEHOLDER_NODE], **kwargs)
+    except (TypeError, ValueError) as exc:
+        return [constructor_error(exc)]
+    redlock.close()
+    return []
+
+
+def _check_locked_task(value: Any) -> list[CheckMessage]:
+    """``LOCKED_TASK``: defaults for LockedTask options, judged by the code the task runs."""
+    if not isinstance(value, Mapping):
+        return [_error(12, f"REDLOCK['LOCKED_TASK'] must be a dict, got {value!r}.")]
+    unknown = sorted(str(k) for k in value if k not in SETTING_OPTIONS)
+    if unknown:
+        return [
+            _error(
+                12,
+                f"REDLOCK['LOCKED_TASK'] has unknown options: {', '.join(unknown)}.",
+                hint="Known options: " + ", ".join(SETTING_OPTIONS) + ".",
+            )
+        ]
+    try:
+        check_task_options(header_values(value), "REDLOCK['LOCKED_TASK']")
+    except (TypeError, ValueError) as exc:
+        return [_error(12, f"{exc}.")]
+    return []
 
 
 def _check_locked_response(value: Any) -> list[CheckMessage]:
@@ -270,9 +404,14 @@ def _check_locked_response(value: Any) -> list[CheckMessage]:
     try:
         target = import_string(value)
     except ImportError as exc:
-        return [_error(10, f"REDLOCK['LOCKED_RESPONSE'] {value!r} cannot be imported: {exc}",
-                       hint="Name a callable (request, exc) -> HttpResponse, e.g. "
-                            "'myapp.views.locked_response'.")]
+        return [
+            _error(
+                10,
+                f"REDLOCK['LOCKED_RESPONSE'] {value!r} cannot be imported: {exc}",
+                hint="Name a callable (request, exc) -> HttpResponse, e.g. "
+                "'myapp.views.locked_response'.",
+            )
+        ]
     if not callable(target):
         return [_error(10, f"REDLOCK['LOCKED_RESPONSE'] {value!r} is not callable.")]
     return []
@@ -298,43 +437,92 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     user = _user_setting()
     nodes = user.get("NODES") if isinstance(user, Mapping) else None
     if isinstance(nodes, (list, tuple)) and len(nodes) == 1:
-        return [_warning(
-            4, "REDLOCK has a single node: when it fails no lock can be taken, and a "
-               "replica promoted after a failover may hand out locks that are still held.",
-            hint="Use 3 (or 5) independent Redis servers in production.",
-        )]
+        return [
+            _warning(
+                4,
+                "REDLOCK has a single node: when it fails no lock can be taken, and a "
+                "replica promoted after a failover may hand out locks that are still held.",
+                hint="Use 3 (or 5) independent Redis servers in production.",
+            )
+        ]
     return []
 
 
 @register(TAG, deploy=True)
 def check_reachable(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """PING every node (deploy checks only); fewer than a quorum reachable is an error."""
+    """PING every node (deploy checks only); fewer than a quorum reachable is an error, and
+    a node that may evict keys draws W006."""
     parsed = _valid_nodes()
     if not parsed:
         return []
-    with ThreadPoolExecutor(max_workers=len(parsed)) as pool:
-        results = list(pool.map(lambda item: _ping(item[1], item[2]), parsed))
-    down = [(index, url, why) for (index, url, _), why in zip(parsed, results, strict=True)
-            if why is not None]
+    down, policies = _probe_all(parsed)
+    return _quorum_messages(parsed, down) + eviction_warnings(policies)
+
+
+def _probe_all(
+    parsed: Sequence[tuple[int, str, dict[str, Any]]],
+) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]]]:
+    """Every node probed at once: ``(index, url, why)`` of those down and ``(index, url,
+    maxmemory-policy)`` of those that answered."""
+    with ThreadPoolExecutor(max_workers=max(len(parsed), 1)) as pool:
+        results = list(pool.map(lambda item: _probe(item[1], item[2]), parsed))
+    down, policies = [], []
+    for (index, url, _), (why, policy) in zip(parsed, results, strict=True):
+        if why is not None:
+            down.append((index, url, why))
+        elif policy is not None:
+            policies.append((index, url, policy))
+    return down, policies
+
+
+def eviction_warnings(policies: Sequence[tuple[int, str, str]]) -> list[CheckMessage]:
+    """W006 for each ``(index, url, maxmemory-policy)`` other than ``noeviction``
+    (``manage.py redlock check`` prints the same messages)."""
+    return [
+        _warning(
+            6,
+            f"REDLOCK node [{index}] {redact(url)} has maxmemory-policy {policy!r}: under "
+            "memory pressure Redis deletes keys to make room, lock keys included (they all "
+            "carry a TTL, so volatile-* policies pick them first), and a second client then "
+            "gets a lock that is still held.",
+            hint=f"Set maxmemory-policy {SAFE_EVICTION} on lock nodes (CONFIG SET "
+            f"maxmemory-policy {SAFE_EVICTION}, and in redis.conf); locks need little memory.",
+        )
+        for index, url, policy in policies
+        if policy != SAFE_EVICTION
+    ]
+
+
+def _quorum_messages(
+    parsed: Sequence[tuple[int, str, dict[str, Any]]], down: Sequence[tuple[int, str, str]]
+) -> list[CheckMessage]:
     if not down:
         return []
     quorum = len(parsed) // 2 + 1
     reachable = len(parsed) - len(down)
     detail = "; ".join(f"[{i}] {redact(url)}: {why}" for i, url, why in down)
     if reachable < quorum:
-        return [_error(
-            11, f"Only {reachable} of {len(parsed)} REDLOCK nodes answer PING, {quorum} needed: "
+        return [
+            _error(
+                11,
+                f"Only {reachable} of {len(parsed)} REDLOCK nodes answer PING, {quorum} needed: "
                 f"no lock can be taken ({detail}).",
-            hint="Start the nodes or fix their addresses/credentials; "
-                 "`manage.py redlock check` shows each node's state.",
-        )]
-    return [_warning(
-        5, f"{len(down)} of {len(parsed)} REDLOCK nodes do not answer PING ({detail}).",
-        hint=f"Locks still work with {quorum} nodes, but one more failure stops them.",
-    )]
+                hint="Start the nodes or fix their addresses/credentials; "
+                "`manage.py redlock check` shows each node's state.",
+            )
+        ]
+    return [
+        _warning(
+            5,
+            f"{len(down)} of {len(parsed)} REDLOCK nodes do not answer PING ({detail}).",
+            hint=f"Locks still work with {quorum} nodes, but one more failure stops them.",
+        )
+    ]
 
 
-def _ping(url: str, options: Mapping[str, Any]) -> str | None:
+def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """``(why it is down, maxmemory-policy)``: PING, then ``INFO memory`` (readable without
+    the CONFIG permission managed services often withhold)."""
     import redis
 
     kwargs = {**options, "socket_timeout": 2.0, "socket_connect_timeout": 2.0}
@@ -342,8 +530,17 @@ def _ping(url: str, options: Mapping[str, Any]) -> str | None:
         client = redis.Redis.from_url(url, **kwargs)
         try:
             client.ping()
+            try:
+                policy = client.info("memory").get("maxmemory_policy")
+            except redis.ResponseError:  # INFO renamed or denied: nothing to judge
+                policy = None
         finally:
             client.close()
     except Exception as exc:
-        return str(exc) or type(exc).__name__
-    return None
+        return str(exc) or type(exc).__name__, None
+    return None, str(policy) if policy is not None else None
+
+
+def node_eviction_policies() -> list[tuple[int, str, str]]:
+    """``(index, url, maxmemory-policy)`` of every well-formed node that answers."""
+    return _probe_all(_valid_nodes() or [])[1]

@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .core import Redlock
-from .core.nodes import NodeSpec
+from .core import AsyncRedlock, NodeSpec, Redlock
 
 __all__ = [
     "CACHE_PREFIX",
@@ -65,6 +65,11 @@ DEFAULTS: dict[str, Any] = {
     "LOCKED_RESPONSE": None,
     #: Seconds after which the admin page and ``manage.py redlock list`` flag a lock as stuck.
     "STUCK_AFTER": 300.0,
+    #: Project-wide defaults of LockedTask options (``{"lock_ttl": 60, "on_locked": "wait"}``);
+    #: a task's own options win.
+    "LOCKED_TASK": {},
+    #: More lock services by alias (django_redlock.backends.registry; checks E101-E105).
+    "BACKENDS": {},
 }
 
 #: Settings passed to the Redlock constructor, and the argument each becomes.
@@ -140,7 +145,7 @@ get_config = _Shared(_read_config)
 def resolve_node(spec: Any) -> NodeSpec:
     """A ``NODES`` entry as the core takes it; ``"cache:<alias>"`` becomes that cache's client."""
     if isinstance(spec, str) and spec.startswith(CACHE_PREFIX):
-        return cache_client(spec[len(CACHE_PREFIX):])
+        return cache_client(spec[len(CACHE_PREFIX) :])
     return spec
 
 
@@ -178,10 +183,19 @@ def _is_redis_cache(cache: Any) -> bool:
 
 
 def _build(factory: Callable[..., T]) -> T:
+    # Servers never run the system checks: refuse a broken setting here, as the check would.
+    from .checks import constructor_error, first_error, format_message
+
+    problem = first_error(constructor=False)
+    if problem is not None:
+        raise ImproperlyConfigured(format_message(problem))
     config = get_config()
     kwargs = {arg: config[name] for name, arg in REDLOCK_ARGUMENTS.items()}
     nodes = [resolve_node(spec) for spec in config["NODES"] or []]
-    return factory(nodes, **kwargs)
+    try:
+        return factory(nodes, **kwargs)
+    except (TypeError, ValueError) as exc:  # what only the constructor judges
+        raise ImproperlyConfigured(format_message(constructor_error(exc))) from exc
 
 
 def _build_redlock() -> Redlock:
@@ -200,7 +214,6 @@ def _build_redlock() -> Redlock:
 def _build_async_redlock() -> Any:
     """The asyncio twin of :func:`get_redlock` (an ``AsyncRedlock``), same settings."""
     from . import signals
-    from .core.asyncio import AsyncRedlock
 
     redlock = _build(AsyncRedlock)
     redlock.listeners.append(signals.listener_for(redlock))

@@ -14,22 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import inspect
 import logging
 import math
-import re
-import string
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from datetime import date, datetime
-from datetime import time as dtime
-from decimal import Decimal
-from enum import Enum
 from typing import Any
-from uuid import UUID
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -37,9 +30,20 @@ from django.http.response import HttpResponseBase
 from django.utils.functional import LazyObject, empty
 from django.utils.module_loading import import_string
 
-from .conf import get_async_redlock, get_config, get_redlock
-from .core import LockNotAcquired, QuorumError
-from .core.validation import MAX_KEY_LENGTH, check_positive
+from .backends.registry import get_async_locks, get_locks
+from .conf import get_config
+from .core import LockInfo, LockNotAcquired, QuorumError, check_positive, check_timeout
+from .holders import HoldTimes, expected_free_in
+from .keys import (
+    CLIENT_FIELD,
+    KeyTemplate,
+    base_request,
+    client_id,
+    compiled_template,
+    make_key,
+    shorten,
+    user_pk,
+)
 
 __all__ = [
     "KeyTemplate",
@@ -65,198 +69,12 @@ def current_lock() -> Any:
     return _current.get()
 
 
-# ============================================================================ keys
-
-#: Always escaped in values: the escape character itself, the separator convention, glob
-#: characters (so ``redlock list --pattern`` matches what you mean), and format braces.
-_ALWAYS = "%:*?[]\\{}"
-#: Suffix marker of a hashed key; '%' followed by a lowercase letter never comes from a value.
-_HASH_MARK = "%sha256-"
-_TAGS = {None: "%none", True: "%true", False: "%false"}
-
-
-def _escaper(extra: str) -> Callable[[str], str]:
-    chars = "".join(sorted(set(_ALWAYS) | set(extra)))
-    needs = re.compile(f"[{re.escape(chars)}\\s\\x00-\\x1f\\x7f]")
-
-    def escape_char(c: str) -> str:
-        return "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
-
-    def escape(text: str) -> str:
-        if not needs.search(text) and text.isprintable():
-            return text
-        return "".join(
-            escape_char(c) if (needs.match(c) or not c.isprintable()) else c for c in text
-        )
-
-    return escape
-
-
-class KeyTemplate:
-    """A lock-key template like ``"order:{order_id}"`` compiled once.
-
-    Values are rendered so that two different inputs never give the same key:
-
-    * strings are kept readable, with ``%``, ``:``, glob characters, braces, whitespace and
-      control characters, and every punctuation character that separates two fields in the
-      template, percent-escaped (``"a:b"`` -> ``a%3Ab``);
-    * ``None``, ``True`` and ``False`` become the tags ``%none``, ``%true``, ``%false`` (a
-      string can never produce them, as its ``%`` is escaped);
-    * integers, UUIDs, decimals, dates and enums render as their canonical text. An int and the
-      string of its digits (``42`` and ``"42"``) deliberately give the *same* key: they name
-      the same resource whichever way a URL converter or a JSON round trip typed it, and two
-      keys for one resource would break mutual exclusion (see docs/usage.rst);
-    * model instances and objects without a ``__str__`` of their own are refused (their text
-      is not an identity): use an attribute, ``{order.pk}``.
-
-    Two fields must be separated by at least one punctuation character (checked here), so the
-    key can be split back into its values. Keys longer than the core's limit keep a readable
-    prefix and end in ``%sha256-<hex digest of the whole key>``.
-    """
-
-    def __init__(self, template: str) -> None:
-        if not isinstance(template, str):
-            raise TypeError(f"a lock key template must be a str, got {template!r}")
-        if not template:
-            raise ValueError("a lock key template must not be empty")
-        self.template = template
-        self.parts: list[tuple[str, str | None, str, str | None]] = []
-        self.roots: set[str] = set()
-        separators: list[str] = []
-        try:
-            parsed = list(string.Formatter().parse(template))
-        except ValueError as exc:
-            raise ValueError(f"lock key template {template!r} is malformed: {exc}") from None
-        seen_field = False
-        for literal, field, spec, conversion in parsed:
-            if seen_field and field is not None:
-                punct = [c for c in literal if not c.isalnum() and c != "%"]
-                if not punct:
-                    raise ValueError(
-                        f"lock key template {template!r}: fields must be separated by a "
-                        f"punctuation character (e.g. ':'), got {literal!r} before {{{field}}}; "
-                        "otherwise different values could give the same key"
-                    )
-                separators.extend(punct)
-            if field is None:
-                self.parts.append((literal, None, "", None))
-                continue
-            if not field or field[0].isdigit():
-                raise ValueError(
-                    f"lock key template {template!r}: {{{field}}} is positional; name an "
-                    "argument instead, e.g. {order_id} or {request.user.pk}"
-                )
-            if spec and "{" in spec:
-                raise ValueError(f"lock key template {template!r}: nested fields in a format "
-                                 f"spec are not supported ({{{field}:{spec}}})")
-            root = re.split(r"[.\[]", field, maxsplit=1)[0]
-            self.roots.add(root)
-            self.parts.append((literal, field, spec or "", conversion))
-            seen_field = True
-        self._escape = _escaper("".join(separators))
-        self._formatter = string.Formatter()
-        #: Whether the template reads ``request.user`` (async views resolve it first).
-        self.needs_user = any(
-            f is not None and re.match(r"request\.user\b", f) for _, f, _, _ in self.parts
-        )
-
-    def __repr__(self) -> str:
-        return f"KeyTemplate({self.template!r})"
-
-    @property
-    def has_fields(self) -> bool:
-        return bool(self.roots)
-
-    def render(self, namespace: Mapping[str, Any]) -> str:
-        out: list[str] = []
-        for literal, field, spec, conversion in self.parts:
-            out.append(literal)
-            if field is None:
-                continue
-            try:
-                value = self._formatter.get_field(field, (), namespace)[0]
-            except KeyError as exc:
-                names = ", ".join(sorted(namespace)) or "none"
-                raise ValueError(
-                    f"lock key template {self.template!r}: no argument {exc.args[0]!r} "
-                    f"(available: {names})"
-                ) from None
-            except (AttributeError, IndexError, TypeError) as exc:
-                raise ValueError(
-                    f"lock key template {self.template!r}: cannot read {{{field}}}: {exc}"
-                ) from None
-            if conversion or spec:
-                try:
-                    if conversion:
-                        value = self._formatter.convert_field(value, conversion)
-                    text = format(value, spec) if spec else None
-                except (TypeError, ValueError) as exc:
-                    raise type(exc)(
-                        f"lock key template {self.template!r}: cannot format {{{field}}} "
-                        f"({type(value).__name__}): {exc}"
-                    ) from None
-                if text is not None:
-                    out.append(self._escape(text))
-                    continue
-            out.append(self.encode(value, field))
-        return shorten("".join(out))
-
-    def encode(self, value: Any, field: str = "?") -> str:
-        if isinstance(value, str):
-            return self._escape(value)
-        if value is None or isinstance(value, bool):
-            return _TAGS[value]
-        if isinstance(value, Enum):
-            return self.encode(value.value, field)
-        if isinstance(value, int):
-            return self._escape(str(int(value)))
-        if isinstance(value, (datetime, date, dtime)):
-            return self._escape(value.isoformat())
-        if isinstance(value, (float, Decimal, UUID)):
-            return self._escape(str(value))
-        if _is_model(value):
-            raise TypeError(
-                f"lock key template {self.template!r}: {{{field}}} is a "
-                f"{type(value).__name__} instance; use one of its fields, e.g. {{{field}.pk}}"
-            )
-        if type(value).__str__ is object.__str__:  # type: ignore[comparison-overlap]
-            raise TypeError(
-                f"lock key template {self.template!r}: {{{field}}} is a "
-                f"{type(value).__name__} without a __str__, so it has no stable text; use one "
-                "of its attributes"
-            )
-        return self._escape(str(value))
-
-
-def _is_model(value: Any) -> bool:
-    from django.db.models import Model
-
-    return isinstance(value, Model)
-
-
-def shorten(key: str) -> str:
-    """``key`` itself, or (over the core's length limit) a readable prefix plus a SHA-256."""
-    if len(key) <= MAX_KEY_LENGTH:
-        return key
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-    return key[: MAX_KEY_LENGTH - len(_HASH_MARK) - len(digest)] + _HASH_MARK + digest
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(template: str) -> KeyTemplate:
-    return KeyTemplate(template)
-
-
-def make_key(template: str, /, **values: Any) -> str:
-    """The key ``@locked(template)`` would use for these argument values."""
-    return _compiled(template).render(values)
-
-
 # ============================================================================ responses
 
 
 def retry_after_seconds(exc: LockNotAcquired) -> int:
-    """Whole seconds for ``Retry-After``: the holder's remaining lease, rounded up, at least 1."""
+    """Whole seconds for ``Retry-After``: ``exc.retry_after`` (``@locked``'s estimate of when
+    the lock frees, see ``retry_after=``), rounded up, at least 1."""
     retry = getattr(exc, "retry_after", None)
     if retry is None or not math.isfinite(retry):
         return 1
@@ -293,19 +111,26 @@ def default_locked_response(request: HttpRequest, exc: LockNotAcquired) -> HttpR
     unavailable = isinstance(exc, QuorumError)
     status = 503 if unavailable else 423
     detail = (
-        "The lock service is unavailable; try again later." if unavailable
+        "The lock service is unavailable; try again later."
+        if unavailable
         else "This resource is being modified by another request; try again later."
     )
     response: HttpResponse
     if _wants_json(request):
         response = JsonResponse(
-            {"error": "unavailable" if unavailable else "locked", "detail": detail,
-             "retry_after": retry},
+            {
+                "error": "unavailable" if unavailable else "locked",
+                "detail": detail,
+                "retry_after": retry,
+            },
             status=status,
         )
     else:
-        response = HttpResponse(f"{detail} (retry in {retry} s)\n", status=status,
-                                content_type="text/plain; charset=utf-8")
+        response = HttpResponse(
+            f"{detail} (retry in {retry} s)\n",
+            status=status,
+            content_type="text/plain; charset=utf-8",
+        )
     response["Retry-After"] = str(retry)
     return response
 
@@ -324,21 +149,24 @@ def _import_handler(path: str) -> Callable[..., Any]:
 class _Call:
     """What one decorated call needs: key, request (views), owner and holder metadata."""
 
-    __slots__ = ("meta", "name", "owner", "request")
+    __slots__ = ("meta", "name", "owner", "request", "started")
 
     def __init__(self, name: str, request: Any, owner: Any, meta: dict[str, Any]) -> None:
         self.name = name
         self.request = request
         self.owner = owner
         self.meta = meta
+        self.started: float | None = None  # monotonic time the lock was taken
 
 
 class _Plan:
     """Per decorated function: signature, kind and the names a template may use."""
 
     def __init__(self, func: Callable[..., Any], template: KeyTemplate | None) -> None:
-        self.qualname = (f"{getattr(func, '__module__', '?')}."
-                         f"{getattr(func, '__qualname__', type(func).__name__)}")
+        self.qualname = (
+            f"{getattr(func, '__module__', '?')}."
+            f"{getattr(func, '__qualname__', type(func).__name__)}"
+        )
         try:
             # method_decorator hands us functools.partial(bound method) that wraps() the
             # unbound function: its own signature (without self) is the one to bind against.
@@ -358,8 +186,8 @@ class _Plan:
                     self.var_keyword = p.name
                 elif p.kind is not p.VAR_POSITIONAL:
                     names.add(p.name)
-        if template is not None and self.signature is not None and self.var_keyword is None:
-            missing = sorted(template.roots - names - {"request"})
+        if template is not None and self.signature is not None:
+            missing = template.unknown_fields(self.signature, also=("request", CLIENT_FIELD))
             if missing:
                 raise ValueError(
                     f"locked({template.template!r}) on {self.qualname}: no argument named "
@@ -368,8 +196,7 @@ class _Plan:
 
 
 def _is_request(arg: Any) -> bool:
-    return isinstance(arg, HttpRequest) or isinstance(getattr(arg, "_request", None),
-                                                      HttpRequest)
+    return isinstance(arg, HttpRequest) or isinstance(getattr(arg, "_request", None), HttpRequest)
 
 
 def _find_request(plan: _Plan, args: tuple[Any, ...]) -> Any:
@@ -382,32 +209,15 @@ def _find_request(plan: _Plan, args: tuple[Any, ...]) -> Any:
     return None
 
 
-def _base_request(request: Any) -> HttpRequest:
-    inner = getattr(request, "_request", None)
-    return inner if isinstance(inner, HttpRequest) else request
-
-
 def _request_owner(request: Any) -> object:
     """Reentrancy owner of a view: the request, not the thread. Under ASGI all sync views
     share one thread, so a thread owner would let a second request re-enter a lock the first
     still holds (e.g. while its streaming response runs)."""
-    base = _base_request(request)
+    base = base_request(request)
     owner = base.__dict__.get("_redlock_owner")
     if owner is None:
         owner = base.__dict__["_redlock_owner"] = object()
     return owner
-
-
-def _user_id(request: Any) -> Any:
-    """The user's pk when the user is already loaded (never a query of our own)."""
-    user = _base_request(request).__dict__.get("user")
-    if isinstance(user, LazyObject):
-        user = user._wrapped
-        if user is empty:
-            return None
-    if user is None or not getattr(user, "is_authenticated", False):
-        return None
-    return getattr(user, "pk", None)
 
 
 class Locked:
@@ -428,6 +238,8 @@ class Locked:
         reentrant: bool | None = None,
         renew_for: float | None = None,
         values: Mapping[str, Any] | None = None,
+        retry_after: float | Callable[[LockNotAcquired], float] | None = None,
+        using: str = "default",
     ) -> None:
         if callable(template):
             raise TypeError("@locked needs a key: write @locked('name:{arg}'), not @locked")
@@ -437,13 +249,18 @@ class Locked:
             raise TypeError("give locked() a key template or key=callable, not both")
         if key is not None and not callable(key):
             raise TypeError(f"key must be a callable returning the lock name, got {key!r}")
-        self.template = _compiled(template) if template is not None else None
+        self.template = compiled_template(template) if template is not None else None
         self.key = key
         self.ttl = None if ttl is None else check_positive("ttl", ttl)
-        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))
-                                 or math.isnan(wait) or wait < 0):
-            raise ValueError(f"wait must be seconds >= 0 (or None, or math.inf), got {wait!r}")
-        self.wait = wait
+        try:
+            self.wait = check_timeout(wait)
+        except (TypeError, ValueError) as exc:  # the core's rule, named as @locked's argument
+            raise type(exc)(f"wait (seconds >= 0, None or math.inf): {exc}") from None
+        if retry_after is not None and not callable(retry_after):
+            retry_after = check_positive("retry_after", retry_after, allow_zero=True)
+        self.retry_after = retry_after
+        #: How long this decorator's calls held their lock lately (the default Retry-After).
+        self._holds = HoldTimes()
         self.auto_renew = auto_renew
         self.fencing = bool(fencing)
         if on_locked is not None and not (callable(on_locked) or isinstance(on_locked, str)):
@@ -456,6 +273,8 @@ class Locked:
         self.reentrant = reentrant
         self.renew_for = renew_for
         self.values = dict(values or {})
+        #: The REDLOCK["BACKENDS"] alias the lock is taken on (get_locks(alias)).
+        self.backend = using
         self._plans: dict[Any, _Plan] = {}
         self._held: ContextVar[tuple[Any, ...]] = ContextVar(f"locked_{id(self)}", default=())
 
@@ -470,6 +289,7 @@ class Locked:
         clone.__dict__.update(self.__dict__)
         clone.values = {**self.values, **values}
         clone._plans = {}
+        clone._holds = HoldTimes()
         clone._held = ContextVar(f"locked_{id(clone)}", default=())
         return clone
 
@@ -499,11 +319,11 @@ class Locked:
                 name = self.template.template
         meta: dict[str, Any] = {}
         if request is not None:
-            base = _base_request(request)
+            base = base_request(request)
             meta["view"] = plan.qualname
             meta["path"] = base.path
             meta["method"] = base.method
-            user = _user_id(request)
+            user = user_pk(request)
             if user is not None:
                 meta["user"] = user
             owner: Any = _request_owner(request)
@@ -513,12 +333,14 @@ class Locked:
         meta.update(self.meta)
         return _Call(name, request, owner, meta)
 
-    def _namespace(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   request: Any) -> dict[str, Any]:
+    def _namespace(
+        self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
+    ) -> dict[str, Any]:
         namespace = dict(self.values)
         assert self.template is not None
-        if all(r in kwargs or (r == "request" and request is not None)
-               for r in self.template.roots):
+        if all(
+            r in kwargs or (r == "request" and request is not None) for r in self.template.roots
+        ):
             # Fast path (views: URL arguments arrive as keywords): no signature binding.
             namespace.update(kwargs)
         elif plan.signature is not None:
@@ -534,15 +356,31 @@ class Locked:
             namespace.update(kwargs)
         if request is not None:
             namespace.setdefault("request", request)
+            if CLIENT_FIELD in self.template.roots:
+                namespace.setdefault(CLIENT_FIELD, client_id(request))
         return namespace
+
+    def _locks(self) -> Any:
+        """The lock service calls of this decorator use (the one place to pick another)."""
+        return get_locks(self.backend)
+
+    def _async_locks(self) -> Any:
+        """The asyncio twin of :meth:`_locks`."""
+        return get_async_locks(self.backend)
 
     def _lock(self, redlock: Any, call: _Call) -> Any:
         auto_renew = self.auto_renew
         if auto_renew is None:
             auto_renew = bool(get_config().get("AUTO_RENEW", False))
         return redlock.lock(
-            call.name, self.ttl, auto_renew=auto_renew, fencing=self.fencing,
-            reentrant=self.reentrant, fair=self.fair, meta=call.meta, owner=call.owner,
+            call.name,
+            self.ttl,
+            auto_renew=auto_renew,
+            fencing=self.fencing,
+            reentrant=self.reentrant,
+            fair=self.fair,
+            meta={**call.meta, **self._holds.meta(_HOLD)},
+            owner=call.owner,
             renew_for=self.renew_for,
         )
 
@@ -555,6 +393,7 @@ class Locked:
 
     @staticmethod
     def _enter(lock: Any, call: _Call) -> tuple[Any, Any]:
+        call.started = time.monotonic()
         return _current.set(lock), _owner.set(call.owner)
 
     @staticmethod
@@ -562,10 +401,35 @@ class Locked:
         _current.reset(tokens[0])
         _owner.reset(tokens[1])
 
-    @staticmethod
-    def _busy(lock: Any) -> LockNotAcquired:
-        return LockNotAcquired(f"lock {lock.name!r} is held by another owner", lock.name,
-                               retry_after=lock.retry_after)
+    def _busy(self, lock: Any, holder: LockInfo | None = None) -> LockNotAcquired:
+        exc = LockNotAcquired(
+            f"lock {lock.name!r} is held by another owner", lock.name, retry_after=lock.retry_after
+        )
+        exc.retry_after = self._expected_wait(exc, holder)
+        return exc
+
+    def _asks_holder(self) -> bool:
+        """Whether a refused view should read the holder's metadata for its Retry-After (only
+        while this decorator knows no typical hold of its own)."""
+        return self.retry_after is None and self._holds.typical(_HOLD) is None
+
+    def _expected_wait(self, exc: LockNotAcquired, holder: LockInfo | None = None) -> float | None:
+        """When to try again: ``retry_after=`` (seconds, or a callable given the refusal
+        with the holder's remaining lease in ``exc.retry_after``); by default the typical
+        hold of this decorator's calls, else the one the holder published (minus what it has
+        held so far), never more than the holder's remaining lease (a 200 ms critical section
+        answers "1 s", not the 30 s lease)."""
+        lease = exc.retry_after
+        if callable(self.retry_after):
+            return check_positive("retry_after", self.retry_after(exc), allow_zero=True)
+        if self.retry_after is not None:
+            return self.retry_after
+        typical = self._holds.typical(_HOLD)
+        if typical is None and holder is not None:
+            typical = expected_free_in(holder.meta, holder.age, holder.ttl)
+        if typical is None:
+            return lease
+        return typical if lease is None else min(typical, lease)
 
     # -- not acquired --------------------------------------------------------------------------
 
@@ -592,17 +456,26 @@ class Locked:
                 raise exc
             return handler(exc)
         logger.info(
-            "lock %s busy: %s %s answered as locked (retry after %s s)", call.name,
-            call.meta.get("method"), call.meta.get("path"), retry_after_seconds(exc),
-            extra={"lock_name": call.name, "lock_event": "refused",
-                   "lock_retry_after": exc.retry_after},
+            "lock %s busy: %s %s answered as locked (retry after %s s)",
+            call.name,
+            call.meta.get("method"),
+            call.meta.get("path"),
+            retry_after_seconds(exc),
+            extra={
+                "lock_name": call.name,
+                "lock_event": "refused",
+                "lock_retry_after": exc.retry_after,
+            },
         )
         return self._view_handler()(call.request, exc)
 
     @staticmethod
     def _finish_response(response: Any, exc: LockNotAcquired) -> Any:
-        if (isinstance(response, HttpResponseBase) and response.status_code in (423, 429, 503)
-                and not response.has_header("Retry-After")):
+        if (
+            isinstance(response, HttpResponseBase)
+            and response.status_code in (423, 429, 503)
+            and not response.has_header("Retry-After")
+        ):
             response["Retry-After"] = str(retry_after_seconds(exc))
         return response
 
@@ -613,18 +486,28 @@ class Locked:
         """Release raised: log it; raise it for a plain call that otherwise succeeded (its
         caller must learn that the lock may not have been exclusive the whole time)."""
         if failed or call.request is not None:
-            logger.error("lock %s: release failed: %s", call.name, exc,
-                         extra={"lock_name": call.name, "lock_event": "release_failed"})
+            logger.error(
+                "lock %s: release failed: %s",
+                call.name,
+                exc,
+                extra={"lock_name": call.name, "lock_event": "release_failed"},
+            )
             return
         raise exc
 
+    def _record_hold(self, call: _Call) -> None:
+        if call.started is not None:
+            self._holds.record(_HOLD, time.monotonic() - call.started)
+
     def _release(self, lock: Any, call: _Call, *, failed: bool) -> None:
+        self._record_hold(call)
         try:
             lock.release()
         except Exception as exc:  # LockNotOwned / LockLost, or a node error
             self._release_failed(call, exc, failed=failed)
 
     async def _arelease(self, lock: Any, call: _Call, *, failed: bool) -> None:
+        self._record_hold(call)
         try:
             await lock.release()
         except Exception as exc:
@@ -651,13 +534,17 @@ class Locked:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
-            lock = self._lock(get_redlock(), call)
+            redlock = self._locks()
+            lock = self._lock(redlock, call)
             try:
                 acquired = lock.acquire(**self._acquire_args())
             except LockNotAcquired as exc:  # QuorumError: too few nodes answered
                 return self._finish_response(self._refused(call, exc), exc)
             if not acquired:
-                busy = self._busy(lock)
+                holder = None
+                if call.request is not None and self._asks_holder():
+                    holder = _quietly(redlock.lock_info, call.name)
+                busy = self._busy(lock, holder)
                 return self._finish_response(self._refused(call, busy), busy)
             tokens = self._enter(lock, call)
             try:
@@ -680,13 +567,19 @@ class Locked:
             if self.template is not None and self.template.needs_user:
                 await _resolve_user(_find_request(plan, args))
             call = self._call(plan, args, kwargs)
-            lock = self._lock(get_async_redlock(), call)
+            redlock = self._async_locks()
+            lock = self._lock(redlock, call)
             try:
                 acquired = await lock.acquire(**self._acquire_args())
             except LockNotAcquired as exc:
                 refusal: LockNotAcquired | None = exc
             else:
-                refusal = None if acquired else self._busy(lock)
+                refusal = None
+                if not acquired:
+                    holder = None
+                    if call.request is not None and self._asks_holder():
+                        holder = await _aquietly(redlock.lock_info, call.name)
+                    refusal = self._busy(lock, holder)
             if refusal is not None:
                 outcome = self._refused(call, refusal)
                 if inspect.isawaitable(outcome):
@@ -711,7 +604,7 @@ class Locked:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
-            lock = self._lock(get_redlock(), call)
+            lock = self._lock(self._locks(), call)
             if not lock.acquire(**self._acquire_args()):
                 raise self._busy(lock)
             try:
@@ -727,7 +620,7 @@ class Locked:
         @functools.wraps(func)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
-            lock = self._lock(get_async_redlock(), call)
+            lock = self._lock(self._async_locks(), call)
             if not await lock.acquire(**self._acquire_args()):
                 raise self._busy(lock)
             try:
@@ -747,16 +640,21 @@ class Locked:
             name = shorten(self.key())
         else:
             assert self.template is not None
-            name = self.template.render(self.values) if self.template.has_fields \
+            name = (
+                self.template.render(self.values)
+                if self.template.has_fields
                 else self.template.template
+            )
         frame = sys._getframe(2)
-        meta = {"code": f"{frame.f_code.co_filename}:{frame.f_lineno} "
-                        f"({frame.f_code.co_name})", **self.meta}
+        meta = {
+            "code": f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})",
+            **self.meta,
+        }
         return _Call(name, None, _owner.get(), meta)
 
     def __enter__(self) -> Any:
         call = self._standalone_call()
-        lock = self._lock(get_redlock(), call)
+        lock = self._lock(self._locks(), call)
         if not lock.acquire(**self._acquire_args()):
             raise self._busy(lock)
         self._held.set((*self._held.get(), (lock, call)))
@@ -770,7 +668,7 @@ class Locked:
 
     async def __aenter__(self) -> Any:
         call = self._standalone_call()
-        lock = self._lock(get_async_redlock(), call)
+        lock = self._lock(self._async_locks(), call)
         if not await lock.acquire(**self._acquire_args()):
             raise self._busy(lock)
         self._held.set((*self._held.get(), (lock, call)))
@@ -788,7 +686,7 @@ async def _resolve_user(request: Any) -> None:
     user from async code would be a synchronous query)."""
     if request is None:
         return
-    base = _base_request(request)
+    base = base_request(request)
     user = base.__dict__.get("user")
     if isinstance(user, LazyObject) and user._wrapped is empty:
         auser = getattr(base, "auser", None)
@@ -845,6 +743,7 @@ class _StreamRelease:
     def attach(self, response: StreamingHttpResponse) -> StreamingHttpResponse:
         content = response.streaming_content
         if response.is_async:
+
             async def agen() -> Any:
                 try:
                     async for chunk in content:  # type: ignore[union-attr]
@@ -854,6 +753,7 @@ class _StreamRelease:
 
             response.streaming_content = agen()
         else:
+
             def gen() -> Any:
                 try:
                     yield from content  # type: ignore[misc]
@@ -866,6 +766,27 @@ class _StreamRelease:
 
 
 _pending: set[asyncio.Task[Any]] = set()
+
+
+def _quietly(read: Callable[[str], Any], name: str) -> Any:
+    """``read(name)``, or None when the nodes cannot tell (the 423 goes out anyway)."""
+    try:
+        return read(name)
+    except Exception:
+        logger.debug("could not read the holder of %s", name, exc_info=True)
+        return None
+
+
+async def _aquietly(read: Callable[[str], Any], name: str) -> Any:
+    try:
+        return await read(name)
+    except Exception:
+        logger.debug("could not read the holder of %s", name, exc_info=True)
+        return None
+
+
+#: The one kind of hold a ``Locked`` records (its HoldTimes is per decorator).
+_HOLD = "call"
 
 
 async def _await(awaitable: Any) -> Any:
@@ -886,6 +807,8 @@ def locked(
     fair: bool = False,
     reentrant: bool | None = None,
     renew_for: float | None = None,
+    retry_after: float | Callable[[LockNotAcquired], float] | None = None,
+    using: str = "default",
 ) -> Locked:
     """Hold a distributed lock around a view, function, method or ``with`` block.
 
@@ -897,9 +820,24 @@ def locked(
     ``fencing``: draw a fencing token (``current_lock().fence``). ``on_locked``: for views,
     ``(request, exc) -> HttpResponse`` instead of the 423 response; for other callables
     ``(exc) -> value`` returned instead of raising :class:`LockNotAcquired`. ``meta``: extra
-    holder details for the admin page.
+    holder details for the admin page. ``retry_after``: seconds for the ``Retry-After`` of
+    a refused view (or a callable ``(exc) -> seconds``, ``exc.retry_after`` being the holder's
+    remaining lease); default: the typical hold of this decorator's calls, capped by that
+    lease. ``using``: the lock service, a ``REDLOCK["BACKENDS"]``
+    alias (default: the Redlock over ``NODES``).
     """
     return Locked(
-        template, ttl=ttl, wait=wait, auto_renew=auto_renew, fencing=fencing, key=key,
-        on_locked=on_locked, meta=meta, fair=fair, reentrant=reentrant, renew_for=renew_for,
+        template,
+        ttl=ttl,
+        wait=wait,
+        auto_renew=auto_renew,
+        fencing=fencing,
+        key=key,
+        on_locked=on_locked,
+        meta=meta,
+        fair=fair,
+        reentrant=reentrant,
+        renew_for=renew_for,
+        retry_after=retry_after,
+        using=using,
     )

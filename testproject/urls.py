@@ -11,8 +11,9 @@ urlpatterns = [
     path("profile/", views.profile, name="profile"),
     path("ledger/<str:account>/", views.ledger, name="ledger"),
     path("invoices/<int:invoice_id>/", views.InvoiceView.as_view(), name="invoice"),
-    path("async-invoices/<int:invoice_id>/", views.AsyncInvoiceView.as_view(),
-         name="async-invoice"),
+    path(
+        "async-invoices/<int:invoice_id>/", views.AsyncInvoiceView.as_view(), name="async-invoice"
+    ),
     path("exports/<slug:name>.csv", views.export, name="export"),
     path("async-exports/<slug:name>.csv", views.async_export, name="async-export"),
     path("ping/", views.ping, name="ping"),

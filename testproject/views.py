@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from django_redlock import locked
+from django_redlock import LockNotAcquired, locked
 from django_redlock.decorators import current_lock, retry_after_seconds
 
 # --------------------------------------------------------------------------- gates
@@ -76,14 +76,16 @@ async def _ahold(request: HttpRequest) -> None:
 
 def _report(start: float, **extra: object) -> JsonResponse:
     lock = current_lock()
-    return JsonResponse({
-        "lock": lock.name if lock is not None else None,
-        "fence": lock.fence if lock is not None else None,
-        "start": start,
-        "end": time.monotonic(),
-        "thread": threading.current_thread().name,
-        **extra,
-    })
+    return JsonResponse(
+        {
+            "lock": lock.name if lock is not None else None,
+            "fence": lock.fence if lock is not None else None,
+            "start": start,
+            "end": time.monotonic(),
+            "thread": threading.current_thread().name,
+            **extra,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- function views
@@ -146,9 +148,10 @@ class InvoiceView(View):
 
 
 class AsyncInvoiceView(View):
-    """Async class-based view (every handler async)."""
+    """Async class-based view (every handler async). Decorated directly: before Django 5.0,
+    ``method_decorator`` turns an ``async def`` into a sync method."""
 
-    @method_decorator(locked("invoice:{invoice_id}", ttl=10))
+    @locked("invoice:{invoice_id}", ttl=10)
     async def get(self, request: HttpRequest, invoice_id: int) -> JsonResponse:
         start = time.monotonic()
         await _ahold(request)
@@ -201,7 +204,7 @@ def ping_locked(request: HttpRequest) -> HttpResponse:
 # --------------------------------------------------------------------------- custom refusal
 
 
-def busy_response(request: HttpRequest, exc: Exception) -> JsonResponse:
+def busy_response(request: HttpRequest, exc: LockNotAcquired) -> JsonResponse:
     """An example ``REDLOCK["LOCKED_RESPONSE"] = "testproject.views.busy_response"``: the
     project's own error format (``Retry-After`` is added for 423/429/503 answers only)."""
     return JsonResponse({"code": "busy", "retry_after": retry_after_seconds(exc)}, status=409)

@@ -72,6 +72,8 @@ def redlock_settings(settings, redis_nodes):
     from django_redlock.conf import reset
 
     reset()
+
+
 # ---- end of Django layer block ----------------------------------------------------------------
 
 
@@ -132,8 +134,13 @@ def _sem_node_calls(nodes):
     found = []
     for node in nodes:
         stats = node.info("commandstats")
-        found.append({k[len("cmdstat_"):]: int(v["calls"]) for k, v in stats.items()
-                      if k.startswith("cmdstat_")})
+        found.append(
+            {
+                k[len("cmdstat_") :]: int(v["calls"])
+                for k, v in stats.items()
+                if k.startswith("cmdstat_")
+            }
+        )
     return found
 
 
@@ -165,8 +172,9 @@ class _SemEventLog:
     def wait_for(self, kind, name=None, timeout=5.0):
         """The first ``kind`` event (for ``name``), waiting up to ``timeout``; None if none."""
         with self._cond:
-            self._cond.wait_for(lambda: any(
-                e.kind == kind and name in (None, e.name) for e in self.events), timeout)
+            self._cond.wait_for(
+                lambda: any(e.kind == kind and name in (None, e.name) for e in self.events), timeout
+            )
         found = self.of(kind, name)
         return found[0] if found else None
 
@@ -205,12 +213,14 @@ def celery_broker_node():
 
 @pytest.fixture(scope="session")
 def celery_test_app(celery_broker_node):
-    """``testproject.celery_app.app`` pointed at ``celery_broker_node`` (visibility timeout 4 s,
-    so a message of a killed ``acks_late`` worker comes back within seconds)."""
+    """``testproject.celery_app.app`` pointed at ``celery_broker_node``. LockedTask acknowledges
+    late, so the Redis transport's visibility timeout stays long here (a message whose task
+    runs longer comes back while it runs); tests/test_celery_crash.py sets a short one on the
+    worker processes it kills."""
     pytest.importorskip("celery")
     from testproject.celery_app import app, configure
 
-    configure(app, celery_broker_node.url, visibility_timeout=4)
+    configure(app, celery_broker_node.url, visibility_timeout=600)
     yield app
     # Drop AsyncResults (their __del__ unsubscribes on the backend) while the node still runs.
     import gc

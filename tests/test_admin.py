@@ -521,6 +521,70 @@ def test_force_release_selected_locks(client, lock_releaser, holder, redis_nodes
         a.release()
 
 
+def test_release_by_pattern_across_pages(client, lock_releaser, holder, redis_nodes):
+    from django_redlock.admin import LockAdmin
+
+    locks = [holder.lock(f"report:{i:03d}") for i in range(12)] + [holder.lock("invoice:1")]
+    for lock in locks:
+        assert lock.acquire()
+    login(client, lock_releaser)
+    per_page, LockAdmin.list_per_page = LockAdmin.list_per_page, 5  # the matches span 3 pages
+    try:
+        listing = client.get(LIST + "?q=report:*").content.decode()
+        assert 'id="redlock-release-matching"' in listing and "Release all 12 matching" in listing
+        confirm = client.get(RELEASE + "?pattern=report:*")
+    finally:
+        LockAdmin.list_per_page = per_page
+    html = confirm.content.decode()
+    # How many and which, before anything is released.
+    assert "12 locks match <code>report:*</code>" in html
+    assert all(f">report:{i:03d}<" in html for i in range(12)) and "invoice:1" not in html
+    assert tokens(redis_nodes, "report:000") == [locks[0].token] * 3
+    # One field for the whole selection, however many match (the POST stays far below
+    # DATA_UPLOAD_MAX_NUMBER_FIELDS).
+    assert 'name="name"' not in html
+    (selection,) = re.findall(r'name="selection" value="([^"]+)"', html)
+    pairs = json.loads(unescape(selection))
+    assert sorted(pairs) == sorted([lock.name, lock.token] for lock in locks[:12])
+    done = client.post(RELEASE, {"selection": unescape(selection), "confirm": "yes"}, follow=True)
+    assert "Force-released 12 locks" in str(next(iter(done.context["messages"])))
+    assert all(tokens(redis_nodes, f"report:{i:03d}") == [None] * 3 for i in range(12))
+    assert tokens(redis_nodes, "invoice:1") == [locks[-1].token] * 3
+    # Each release audited on its own.
+    assert sorted(LogEntry.objects.values_list("object_id", flat=True)) == [
+        f"report:{i:03d}" for i in range(12)
+    ]
+
+
+def test_release_by_pattern_leaves_a_lock_that_changed_hands(client, lock_releaser, holder):
+    first = holder.lock("report:moved")
+    assert first.acquire()
+    login(client, lock_releaser)
+    html = client.get(RELEASE + "?pattern=report:*").content.decode()
+    (selection,) = re.findall(r'name="selection" value="([^"]+)"', html)
+    first.release()
+    second = holder.lock("report:moved")  # someone else took it after the confirmation
+    assert second.acquire()
+    done = client.post(RELEASE, {"selection": unescape(selection), "confirm": "yes"}, follow=True)
+    assert "another holder took them" in " ".join(str(m) for m in done.context["messages"])
+    assert second.check() is True
+    assert not LogEntry.objects.exists()
+    second.release()
+
+
+def test_release_by_pattern_needs_the_release_permission(client, lock_viewer, holder):
+    assert holder.lock("report:x").acquire()
+    login(client, lock_viewer)
+    assert client.get(RELEASE + "?pattern=report:*").status_code == 403
+    assert "redlock-release-matching" not in client.get(LIST + "?q=report:*").content.decode()
+
+
+def test_release_by_pattern_without_match(client, lock_releaser, admin_redlock_settings):
+    login(client, lock_releaser)
+    html = client.get(RELEASE + "?pattern=nothing:*").content.decode()
+    assert "No live lock matches <code>nothing:*</code>" in html
+
+
 def test_release_of_a_lock_that_changed_hands_is_refused(
     client, lock_releaser, holder, redis_nodes
 ):

@@ -157,6 +157,17 @@ class Holder:
         self.proc.wait(timeout=10)
 
 
+def log_in(page, live_server) -> str:
+    """Log the superuser ``operator`` in; returns the lock list's URL, where it lands."""
+    base = live_server.url + "/admin/django_redlock/lock/"
+    page.goto(live_server.url + "/admin/login/?next=/admin/django_redlock/lock/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_url(base)
+    return base
+
+
 def _luminance(css_color: str) -> float:
     r, g, b = (int(x) for x in re.findall(r"\d+", css_color)[:3])
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
@@ -207,13 +218,7 @@ def test_operator_force_releases_a_lock_held_by_another_process(
     try:
         token = holder.expect("ACQUIRED").split()[1]
         page = browser_page
-        base = live_server.url + "/admin/django_redlock/lock/"
-
-        page.goto(live_server.url + "/admin/login/?next=/admin/django_redlock/lock/")
-        page.fill("#id_username", "operator")
-        page.fill("#id_password", "s3cret-pw")
-        page.click("input[type=submit]")
-        page.wait_for_url(base)
+        base = log_in(page, live_server)
 
         row = page.locator(f'tr[data-key="{LOCK}"]')
         row.wait_for()
@@ -282,3 +287,156 @@ def test_operator_force_releases_a_lock_held_by_another_process(
     assert entry.user.username == "operator"
     assert "task_id='5f1c-77aa'" in entry.change_message
     assert f"pid={holder.proc.pid}" in entry.change_message
+
+
+LAYOUT_SHOTS = {
+    1280: REPO_ROOT / "docs" / "_static" / "admin-locks-1280.png",
+    390: REPO_ROOT / "docs" / "_static" / "admin-locks-phone.png",
+}
+
+
+@pytest.mark.parametrize("width", [1400, 1280, 390])
+def test_list_fits_desktop_widths_and_scrolls_on_a_phone(
+    browser_page,
+    live_server,
+    admin_redlock_settings,
+    redis_nodes,
+    django_user_model,
+    tmp_path,
+    transactional_db,
+    width,
+):
+    """Every column (Fence last) is inside the window at 1400 and 1280 px; on a phone the
+    table scrolls inside its own box and the page itself never scrolls sideways."""
+    django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
+    rl = Redlock(list(redis_nodes.urls), ttl=60.0)
+    locks = [
+        rl.lock(
+            f"nightly-report:2026-05:customer-{i:04d}:region-eu-west",
+            fencing=True,
+            meta={
+                "task": "reports.tasks.nightly_customer_report",
+                "task_id": f"5f1c77aa-0c2b-4d7e-9a51-{i:012d}",
+                "worker": "celery@worker-eu-west-1.internal.example.com",
+                "view": "shop.views.pay_invoice",
+                "user": "alice@example.com",
+            },
+        )
+        for i in range(3)
+    ]
+    for lock in locks:
+        assert lock.acquire()
+    try:
+        page = browser_page
+        page.set_viewport_size({"width": width, "height": 900})
+        log_in(page, live_server)
+        page.locator("#result_list").wait_for()
+        viewport = page.evaluate("document.documentElement.clientWidth")
+        # The page never scrolls sideways.
+        assert page.evaluate("document.documentElement.scrollWidth") <= viewport
+        fence = page.locator("th.column-fence")
+        box = fence.bounding_box()
+        assert box is not None
+        shot = tmp_path / f"admin-{width}.png"
+        target = LAYOUT_SHOTS.get(width)
+        if target is not None and (
+            os.environ.get("REDLOCK_UPDATE_SCREENSHOTS") == "1" or not target.exists()
+        ):
+            shot = target
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 5_000
+        search = page.locator("#searchbar").bounding_box()
+        assert search is not None and search["width"] >= 120  # usable on a phone too
+        results = page.locator("#changelist .results")
+        if width >= 1280:
+            # Nothing hidden behind the table box's own scrolling either.
+            inner = results.evaluate("el => [el.scrollWidth, el.clientWidth]")
+            assert inner[0] <= inner[1], inner
+            edge = results.evaluate("el => el.getBoundingClientRect().right")
+            assert box["x"] + box["width"] <= min(edge, viewport) + 0.5, (box, edge, viewport)
+        else:
+            # The table scrolls in its own box: scrolled to the end, Fence is in view.
+            assert results.evaluate("el => getComputedStyle(el).overflowX") in ("auto", "scroll")
+            results.evaluate("el => { el.scrollLeft = el.scrollWidth; }")
+            box = fence.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= viewport
+    finally:
+        for lock in locks:
+            lock.release()
+        rl.close()
+
+
+def test_operator_switches_to_the_database_backend_and_force_releases(
+    browser_page,
+    live_server,
+    admin_redlock_settings,
+    redis_nodes,
+    django_user_model,
+    transactional_db,
+):
+    """The lock-service selector: the operator switches from the Redlock to the database
+    backend, sees its locks with their holders and stuck flags, and force-releases one
+    through the confirmation page; the holder's lock is gone, its neighbour stays."""
+    from django.contrib.admin.models import LogEntry
+
+    from django_redlock.backends.database import DatabaseLocks
+    from tests.backends.cases import dead_pid
+
+    admin_redlock_settings.REDLOCK = {
+        **admin_redlock_settings.REDLOCK,
+        "STUCK_AFTER": 3600,
+        "BACKENDS": {
+            "db": {
+                "BACKEND": "django_redlock.backends.database.DatabaseLocks",
+                "OPTIONS": {"using": "default"},
+            }
+        },
+    }
+    django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
+    redis_lock = Redlock(list(redis_nodes.urls), ttl=60.0)
+    on_redis = redis_lock.lock("redis-only:1")
+    holder = DatabaseLocks("default")  # connections of its own, like another worker
+    report = holder.lock("db:report", ttl=60, meta={"task": "reports.nightly", "user": "ops"})
+    orphan = holder.lock("db:orphan", ttl=60, meta={"pid": dead_pid()})
+    assert on_redis.acquire(blocking=False)
+    assert report.acquire(blocking=False) and orphan.acquire(blocking=False)
+    try:
+        page = browser_page
+        base = log_in(page, live_server)
+        page.locator('tr[data-key="redis-only:1"]').wait_for()  # the default: the Redlock
+        assert page.locator('tr[data-key="db:report"]').count() == 0
+        page.click('#redlock-backends a:text-is("db")')
+        page.wait_for_url(base + "?using=db")
+        assert page.locator("#redlock-backends strong").inner_text() == "db"
+        row = page.locator('tr[data-key="db:report"]')
+        row.wait_for()
+        assert page.locator('tr[data-key="redis-only:1"]').count() == 0
+        holder_text = row.locator("td.field-holder").inner_text()
+        assert f":{os.getpid()}" in holder_text and "task reports.nightly" in holder_text
+        assert row.locator(".redlock-flag").count() == 0
+        gone = page.locator('tr[data-key="db:orphan"] .redlock-flag')
+        assert gone.inner_text() == "holder gone"
+        assert row.locator("td.field-nodes").inner_text() == "1/1"
+
+        row.locator("input.redlock-select").check()
+        page.click("#redlock-release-selected")
+        page.wait_for_url(base + "release/")
+        assert "db:report" in page.locator("#redlock-release-list").inner_text()
+        assert report.token == page.locator('input[name="token"]').get_attribute("value")
+        page.click("#redlock-confirm-release")
+        page.wait_for_url(base)  # back on the list, still on the database backend
+        assert (
+            "Force-released 1 lock: “db:report” (1/1 nodes)."
+            in page.locator("ul.messagelist").inner_text()
+        )
+        assert page.locator("#redlock-backends strong").inner_text() == "db"
+        assert page.locator('tr[data-key="db:report"]').count() == 0
+        assert page.locator('tr[data-key="db:orphan"]').count() == 1
+        assert not report.check() and orphan.check() and on_redis.check()
+    finally:
+        for lock in (orphan, on_redis):
+            if lock.held:
+                lock.release()
+        holder.close()
+        redis_lock.close()
+    assert LogEntry.objects.get(object_id="db:report").user.username == "operator"

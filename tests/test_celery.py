@@ -13,10 +13,12 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from typing import Any
 
 import pytest
+import redis
 from celery import signals as celery_signals
 from celery.worker import state as worker_state
 
@@ -26,6 +28,7 @@ from django_redlock.celery import (
     LockedTask,
     default_lock_key,
     release_held_locks,
+    task_dropped,
     task_skipped,
 )
 from django_redlock.signals import lock_contended
@@ -352,6 +355,30 @@ def test_worker_process_shutdown_releases_held_locks(worker, rl):
     assert release_held_locks() == 0
 
 
+def test_force_release_turns_the_running_tasks_held_false(worker, rl, redis_nodes):
+    """docs/celery.rst: after an operator's force release (from another process: a Redlock of
+    its own) ``self.lock.held`` turns False within about a round trip: the renewing holder
+    listens for the release notice (its next renewal is 10 s away, so only the notice can
+    explain a change within 0.5 s)."""
+    run = Run()
+    holder = tasks.critical.apply_async(
+        ("fr", run.id), {"gate": "hold"}, lock_ttl=30, lock_renew=True
+    )
+    run.started_by(holder.id)
+    from django_redlock.celery import _held
+
+    (lock,) = [lock for lock in _held.snapshot() if lock.name == "demo:fr"]
+    assert lock.held
+    operator = Redlock(list(redis_nodes.urls), ttl=10)
+    try:
+        assert operator.force_release("demo:fr") == 3
+        wait_until(lambda: not lock.held, timeout=0.5, what="held to turn False")
+    finally:
+        operator.close()
+        run.open("hold")
+        holder.get(timeout=TIMEOUT)
+
+
 def test_unreachable_lock_nodes_retry_instead_of_dropping(worker, rl, redis_nodes, retries):
     run = Run()
     warm = rl.lock("warm-up", ttl=1)  # the nodes know this client: no restart guard after
@@ -407,6 +434,123 @@ def test_dedupe_keeps_one_queued_and_one_running(worker, rl):
     fresh = tasks.critical_dedupe.delay("d", run.id)
     assert fresh.id not in (holder.id, queued.id)
     fresh.get(timeout=TIMEOUT)
+
+
+#: A queue no worker of these tests consumes: a task sent there stays queued.
+UNREAD_QUEUE = "redlock-test-unread"
+
+
+def test_revoking_a_queued_task_frees_its_dedupe_marker(
+    worker, rl, celery_test_app, celery_broker_node
+):
+    """docs/celery.rst: "revoking a queued task deletes it [the marker]", at once, not when a
+    worker reaches the revoked message: the task sits in a queue no worker reads."""
+    run = Run()
+    parked = tasks.critical_dedupe.apply_async(("rq", run.id), queue=UNREAD_QUEUE)
+    try:
+        assert rl.locked("demo:rq:queued")
+        assert tasks.critical_dedupe.delay("rq", run.id).id == parked.id  # merged, as promised
+        replies = celery_test_app.control.revoke(parked.id, reply=True, timeout=10, limit=1)
+        assert replies, "the worker did not confirm the revoke"
+        assert not rl.locked("demo:rq:queued")
+        fresh = tasks.critical_dedupe.delay("rq", run.id)
+        assert fresh.id != parked.id, "merged into a revoked task: this call's work is lost"
+        assert fresh.get(timeout=TIMEOUT)["task_id"] == fresh.id
+    finally:
+        broker = redis.Redis.from_url(celery_broker_node.url)
+        broker.delete(UNREAD_QUEUE, f"_kombu.binding.{UNREAD_QUEUE}")
+        broker.close()
+
+
+def test_dedupe_drop_and_raise_policies(worker, rl):
+    run = Run()
+    holder = tasks.critical_dedupe.delay("dp", run.id, gate="hold")
+    run.started_by(holder.id)
+    queued = tasks.critical_dedupe.delay("dp", run.id)
+    dropped: list[dict[str, Any]] = []
+
+    def on_dropped(sender=None, **kwargs: Any) -> None:
+        dropped.append(kwargs)
+
+    task_dropped.connect(on_dropped, weak=False)
+    try:
+        result = tasks.critical_dedupe.apply_async(("dp", run.id), lock_dedupe="drop")
+    finally:
+        task_dropped.disconnect(on_dropped)
+    assert result.state == "REJECTED" and result.id not in (holder.id, queued.id)
+    assert [(d["task_id"], d["queued_id"], d["lock_name"]) for d in dropped] == [
+        (result.id, queued.id, "demo:dp")
+    ]
+    with pytest.raises(LockNotAcquired, match="already queued for lock 'demo:dp'") as caught:
+        tasks.critical_dedupe.apply_async(("dp", run.id), lock_dedupe="raise")
+    assert queued.id in str(caught.value)
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    queued.get(timeout=TIMEOUT)
+    assert sorted(e["task_id"] for e in run.all("started")) == sorted([holder.id, queued.id])
+
+
+def test_one_task_per_busy_key_waits_the_others_are_rescheduled(worker, rl, retries):
+    run = Run()
+    holder = hold(run, "slot")
+    sent = [tasks.critical.delay("slot", run.id, hold=0.05) for _ in range(3)]
+    ids = {r.id for r in sent}
+    for result in sent:  # every one was turned away at least once
+        retries.wait(result.id, 1)
+    # Sample the worker's running requests while the holder keeps the key. An attempt that
+    # is turned away is active for a few milliseconds; one that sits waiting is active in
+    # samples 100 ms apart.
+    samples: list[set[str]] = []
+    for _ in range(60):
+        samples.append({r.id for r in worker_state.active_requests if r.id in ids})
+        info = rl.lock_info("demo:slot:waiter")
+        assert info is None or info.meta["task_id"] in ids
+        time.sleep(0.02)
+    sitting = [a & b for a, b in zip(samples, samples[5:], strict=False)]
+    assert max(len(s) for s in sitting) == 1  # one waits, and only one
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    for result in sent:
+        result.get(timeout=TIMEOUT)
+    assert_no_overlap(run.wait("intervals", 4))
+
+
+def test_project_defaults_fill_what_a_task_does_not_set(settings, redis_nodes):
+    settings.REDLOCK = {
+        "NODES": list(redis_nodes.urls),
+        "LOCKED_TASK": {"lock_ttl": 42, "on_locked": "wait", "lock_dedupe": "drop"},
+    }
+    options = tasks.bench_locked.lock_options()
+    assert options.ttl == 10  # the task's own lock_ttl wins
+    assert options.on_locked == "wait" and options.dedupe == "drop"  # project defaults
+    assert tasks.bench_locked.lock_options({"on_locked": "skip"}).on_locked == "skip"
+    assert tasks.critical_dedupe.lock_options().dedupe == "merge"  # its own True
+
+
+def test_task_attributes_refuse_nan_like_the_setting_and_per_call_options():
+    class NanTask(LockedTask):
+        name = "tests.nan_task"
+        lock_wait = float("nan")
+
+        def run(self):  # pragma: no cover - never runs
+            return None
+
+    with pytest.raises(ValueError, match=r"task tests\.nan_task: lock_wait must be a number"):
+        NanTask().lock_options()
+
+
+@pytest.mark.parametrize(
+    "override, text",
+    [
+        ({"wait": float("nan")}, "lock_wait must be a number, got nan"),
+        ({"retry_jitter": float("nan")}, "lock_retry_jitter must be a number, got nan"),
+        ({"ttl": float("inf")}, "lock_ttl must be finite"),
+        ({"dedupe": "sometimes"}, "lock_dedupe must be"),
+    ],
+)
+def test_per_call_options_refuse_nan_and_nonsense(override, text):
+    with pytest.raises(ValueError, match=text):
+        tasks.bench_locked.lock_options(override)
 
 
 # --------------------------------------------------------------------------- without a worker
@@ -494,6 +638,51 @@ def test_eager_calls_lock_too(rl, celery_test_app):
     assert tasks.critical.apply(("e", run.id)).get()["lock"] == "demo:e"
     assert tasks.critical("e", run.id)["held"]
     assert not rl.locked("demo:e")
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["s:{}", "s:{0}", "s:{key", "s:key}", "{key}{run}", "s:{account_id}"],
+)
+def test_per_call_lock_key_is_checked_like_locked_when_sent(celery_test_app, template):
+    """docs/celery.rst: per-call values are refused when the task is sent (ValueError) and
+    templates follow @locked's rules, including naming an argument of the task."""
+    with pytest.raises(ValueError, match=r"per-call options.*lock_key") as caught:
+        tasks.critical.apply_async(("k", "r"), lock_key=template)
+    assert repr(template) in str(caught.value)
+    with pytest.raises(ValueError, match=r"per-call options.*lock_key"):
+        tasks.critical.s("k", "r").set(lock_key=template).delay()
+    assert tasks.critical.lock_options({"key": "s:{key}:{run}"}).key == "s:{key}:{run}"
+
+
+def test_task_lock_key_is_checked_by_the_same_rules():
+    class MisnamedKey(LockedTask):
+        name = "tests.misnamed_key"
+        lock_key = "acct:{acount_id}"
+
+        def run(self, account_id):  # pragma: no cover - never runs
+            return account_id
+
+    class KwargsKey(MisnamedKey):
+        name = "tests.kwargs_key"
+
+        def run(self, **fields):  # pragma: no cover - never runs
+            return fields
+
+    with pytest.raises(ValueError, match=r"tests\.misnamed_key: lock_key 'acct:\{acount_id\}' "):
+        MisnamedKey().lock_options()
+    assert KwargsKey().lock_name(kwargs={"acount_id": 7}) == "acct:7"  # **kwargs: any name
+
+
+def test_bad_per_call_lock_key_in_a_raw_header_fails_the_task_in_the_worker(worker, rl):
+    """send_task bypasses LockedTask on the producer side: the worker applies the same check."""
+    run = Run()
+    result = tasks.critical.app.send_task(
+        "testproject.critical", ("k", run.id), headers={"redlock": {"key": "s:{}"}}
+    )
+    with pytest.raises(ValueError, match="positional"):
+        result.get(timeout=TIMEOUT)
+    assert run.all("started") == []
 
 
 def test_bad_options_are_refused_early():

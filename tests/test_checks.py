@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 from django.core.checks import Tags, run_checks
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_redlock.conf import get_redlock
@@ -13,8 +15,10 @@ from django_redlock.conf import get_redlock
 A, B, C = "redis://10.0.0.1:6379/0", "redis://10.0.0.2:6379/0", "redis://10.0.0.3:6379/0"
 GOOD = {"NODES": [A, B, C]}
 
-REDIS_CACHE = {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-               "LOCATION": "redis://10.0.0.9:6379/1"}
+REDIS_CACHE = {
+    "BACKEND": "django.core.cache.backends.redis.RedisCache",
+    "LOCATION": "redis://10.0.0.9:6379/1",
+}
 DJANGO_REDIS = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://10.0.0.8:6379/2"}
 LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 CACHES = {"default": LOCMEM, "locks": REDIS_CACHE, "dredis": DJANGO_REDIS, "local": LOCMEM}
@@ -22,8 +26,11 @@ CACHES = {"default": LOCMEM, "locks": REDIS_CACHE, "dredis": DJANGO_REDIS, "loca
 
 def messages(redlock, *, deploy=False, **more):
     with override_settings(REDLOCK=redlock, **more):
-        return [m for m in run_checks(include_deployment_checks=deploy)
-                if m.id and m.id.startswith("django_redlock.")]
+        return [
+            m
+            for m in run_checks(include_deployment_checks=deploy)
+            if m.id and m.id.startswith("django_redlock.")
+        ]
 
 
 def ids(redlock, **kwargs):
@@ -48,26 +55,32 @@ def test_missing_setting(settings):
     assert len(found) == 1 and "NODES" in found[0].hint
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("redis://x", ["django_redlock.E001"]),
-    ({}, ["django_redlock.E002"]),
-    ({"NODES": []}, ["django_redlock.E002"]),
-    ({"NODES": A}, ["django_redlock.E003"]),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("redis://x", ["django_redlock.E001"]),
+        ({}, ["django_redlock.E002"]),
+        ({"NODES": []}, ["django_redlock.E002"]),
+        ({"NODES": A}, ["django_redlock.E003"]),
+    ],
+)
 def test_shape(value, expected):
     assert ids(value) == expected
 
 
-@pytest.mark.parametrize("node, text", [
-    ("http://10.0.0.4:6379", "must start with redis://"),
-    ("redis://", "names no host"),
-    ("redis://10.0.0.4:99999/0", "invalid port"),
-    ("redis://10.0.0.4:6379/zero", "invalid database number"),
-    ({"url": "redis://10.0.0.4"}, "needs 'URL'"),
-    ({"URL": "redis://10.0.0.4", "OPTIONS": "password"}, "OPTIONS must be a dict"),
-    ({"URL": "redis://10.0.0.4", "OPTIONS": {"pasword": "x"}}, "pasword"),
-    (42, "a node must be a URL string"),
-])
+@pytest.mark.parametrize(
+    "node, text",
+    [
+        ("http://10.0.0.4:6379", "must start with redis://"),
+        ("redis://", "names no host"),
+        ("redis://10.0.0.4:99999/0", "invalid port"),
+        ("redis://10.0.0.4:6379/zero", "invalid database number"),
+        ({"url": "redis://10.0.0.4"}, "needs 'URL'"),
+        ({"URL": "redis://10.0.0.4", "OPTIONS": "password"}, "OPTIONS must be a dict"),
+        ({"URL": "redis://10.0.0.4", "OPTIONS": {"pasword": "x"}}, "pasword"),
+        (42, "a node must be a URL string"),
+    ],
+)
 def test_malformed_node(node, text):
     found = messages({"NODES": [A, B, node]})
     assert [m.id for m in found] == ["django_redlock.E004"]
@@ -75,19 +88,99 @@ def test_malformed_node(node, text):
     assert found[0].hint
 
 
-@pytest.mark.parametrize("node", [
-    "http://10.0.0.4:6379", {"url": "redis://10.0.0.4"}, 42, "cache:nope", "cache:local",
-])
+@pytest.mark.parametrize(
+    "node",
+    [
+        "http://10.0.0.4:6379",
+        {"url": "redis://10.0.0.4"},
+        42,
+        "cache:nope",
+        "cache:local",
+    ],
+)
 def test_what_the_checks_reject_get_redlock_rejects(node):
     with override_settings(REDLOCK={"NODES": [A, B, node]}, CACHES=CACHES):
-        with pytest.raises((TypeError, ValueError)):
+        found = [m for m in run_checks(tags=["django_redlock"]) if m.is_serious()]
+        with pytest.raises(ImproperlyConfigured) as caught:
             get_redlock()
+    # The same id and message as the check, for servers that never run the checks.
+    assert str(caught.value).startswith(f"{found[0].id}: {found[0].msg}")
+
+
+@pytest.mark.parametrize(
+    "redlock, text",
+    [
+        ({"NODES": "r"}, "django_redlock.E003"),
+        ({"NODES": [A, B, C], "RETRY_COUNT": 5000}, "RETRY_COUNT"),
+        ({"NODES": [A, B, C], "TTL": float("nan")}, "TTL"),
+        ({"NODES": [A, B, C], "LOCKED_TASK": {"lock_wait": float("nan")}}, "lock_wait"),
+    ],
+)
+def test_misconfigured_redlock_raises_improperly_configured_at_first_use(redlock, text):
+    with override_settings(REDLOCK=redlock):
+        (error,) = [m for m in run_checks(tags=["django_redlock"]) if m.is_serious()]
+        with pytest.raises(ImproperlyConfigured, match=re.escape(f"{error.id}: {error.msg}")):
+            get_redlock()
+    assert text in f"{error.id} {error.msg}"
+
+
+def test_checks_refuse_what_the_constructor_refuses():
+    """RETRY_COUNT=5000 used to pass `manage.py check` and fail at first use."""
+    from django_redlock import Redlock
+
+    with pytest.raises(ValueError) as caught:
+        Redlock([A], retry_count=5000)
+    found = messages({**GOOD, "RETRY_COUNT": 5000})
+    assert [m.id for m in found] == ["django_redlock.E008"]
+    assert "REDLOCK['RETRY_COUNT']" in found[0].msg and str(caught.value) in found[0].msg
+
+
+@pytest.mark.parametrize(
+    "options, text",
+    [
+        ("wait", "must be a dict"),
+        ({"lock_waits": 3}, "unknown options: lock_waits"),
+        ({"lock_key": "x"}, "unknown options: lock_key"),
+        ({"lock_wait": float("nan")}, "lock_wait must be"),
+        ({"lock_retry_jitter": float("nan")}, "lock_retry_jitter must be"),
+        ({"lock_ttl": -1}, "lock_ttl must be"),
+        ({"on_locked": "later"}, "on_locked must be one of"),
+        ({"lock_dedupe": "sometimes"}, "lock_dedupe must be"),
+        ({"lock_renew": "yes"}, "lock_renew must be True or False"),
+    ],
+)
+def test_locked_task_defaults_are_checked(options, text):
+    found = messages({**GOOD, "LOCKED_TASK": options})
+    assert [m.id for m in found] == ["django_redlock.E012"]
+    assert text in found[0].msg
+
+
+def test_locked_task_defaults_accept_every_option():
+    options = {
+        "lock_ttl": 60,
+        "on_locked": "wait",
+        "lock_wait": 5,
+        "lock_renew": False,
+        "lock_retry_counts": True,
+        "lock_max_retries": 3,
+        "lock_retry_delay": 0.5,
+        "lock_retry_jitter": 0,
+        "lock_dedupe": "drop",
+        "lock_dedupe_ttl": 100,
+    }
+    assert ids({**GOOD, "LOCKED_TASK": options}) == []
 
 
 def test_node_options_are_accepted():
-    node = {"URL": "rediss://10.0.0.4:6380/0",
-            "OPTIONS": {"password": "s3cret", "username": "app", "ssl_cert_reqs": "none",
-                        "socket_connect_timeout": 1}}
+    node = {
+        "URL": "rediss://10.0.0.4:6380/0",
+        "OPTIONS": {
+            "password": "s3cret",
+            "username": "app",
+            "ssl_cert_reqs": "none",
+            "socket_connect_timeout": 1,
+        },
+    }
     assert ids({"NODES": [A, B, node]}) == []
 
 
@@ -118,8 +211,9 @@ def test_duplicate_nodes():
 
 
 def test_cache_node_duplicating_a_url():
-    assert ids({"NODES": [A, "cache:locks", "redis://10.0.0.9:6379/1"]},
-               CACHES=CACHES) == ["django_redlock.E007"]
+    assert ids({"NODES": [A, "cache:locks", "redis://10.0.0.9:6379/1"]}, CACHES=CACHES) == [
+        "django_redlock.E007"
+    ]
 
 
 def test_duplicate_password_hidden():
@@ -137,7 +231,10 @@ def test_even_number_of_nodes(n):
 
 def test_single_node_is_a_deploy_warning():
     assert ids({"NODES": [A]}) == []
-    found = messages({"NODES": [A]}, deploy=True, )
+    found = messages(
+        {"NODES": [A]},
+        deploy=True,
+    )
     # deploy also pings; 10.0.0.1 does not answer, so E011 joins W004
     assert "django_redlock.W004" in [m.id for m in found]
     with override_settings(REDLOCK={"NODES": [A]}):
@@ -145,22 +242,25 @@ def test_single_node_is_a_deploy_warning():
     assert "django_redlock.W004" in security
 
 
-@pytest.mark.parametrize("values, text", [
-    ({"TTL": "ten"}, "TTL"),
-    ({"TTL": -1}, "TTL"),
-    ({"TTL": float("nan")}, "TTL"),
-    ({"NODE_TIMEOUT": 0}, "NODE_TIMEOUT"),
-    ({"RETRY_DELAY": -0.1}, "RETRY_DELAY"),
-    ({"RETRY_COUNT": 1.5}, "RETRY_COUNT"),
-    ({"RETRY_COUNT": True}, "RETRY_COUNT"),
-    ({"DRIFT_FACTOR": 0.6}, "DRIFT_FACTOR"),
-    ({"MAX_TTL": 0}, "MAX_TTL"),
-    ({"STUCK_AFTER": "soon"}, "STUCK_AFTER"),
-    ({"KEY_PREFIX": "locks*"}, "KEY_PREFIX"),
-    ({"KEY_PREFIX": ""}, "KEY_PREFIX"),
-    ({"META": ["x"]}, "META"),
-    ({"REENTRANT": "yes"}, "REENTRANT"),
-])
+@pytest.mark.parametrize(
+    "values, text",
+    [
+        ({"TTL": "ten"}, "TTL"),
+        ({"TTL": -1}, "TTL"),
+        ({"TTL": float("nan")}, "TTL"),
+        ({"NODE_TIMEOUT": 0}, "NODE_TIMEOUT"),
+        ({"RETRY_DELAY": -0.1}, "RETRY_DELAY"),
+        ({"RETRY_COUNT": 1.5}, "RETRY_COUNT"),
+        ({"RETRY_COUNT": True}, "RETRY_COUNT"),
+        ({"DRIFT_FACTOR": 0.6}, "DRIFT_FACTOR"),
+        ({"MAX_TTL": 0}, "MAX_TTL"),
+        ({"STUCK_AFTER": "soon"}, "STUCK_AFTER"),
+        ({"KEY_PREFIX": "locks*"}, "KEY_PREFIX"),
+        ({"KEY_PREFIX": ""}, "KEY_PREFIX"),
+        ({"META": ["x"]}, "META"),
+        ({"REENTRANT": "yes"}, "REENTRANT"),
+    ],
+)
 def test_invalid_values(values, text):
     found = messages({**GOOD, **values})
     assert [m.id for m in found] == ["django_redlock.E008"]
@@ -190,14 +290,19 @@ def test_unknown_setting_names():
 def test_locked_response():
     assert ids({**GOOD, "LOCKED_RESPONSE": "testproject.views.busy_response"}) == []
     assert ids({**GOOD, "LOCKED_RESPONSE": "testproject.views.nothing"}) == ["django_redlock.E010"]
-    assert ids({**GOOD, "LOCKED_RESPONSE": "testproject.settings.DEBUG"}) == [
-        "django_redlock.E010"]
+    assert ids({**GOOD, "LOCKED_RESPONSE": "testproject.settings.DEBUG"}) == ["django_redlock.E010"]
     assert ids({**GOOD, "LOCKED_RESPONSE": 42}) == ["django_redlock.E010"]
 
 
 def test_every_message_has_a_hint_or_explains_itself():
-    cases = [{"NODES": []}, {"NODES": A}, {"NODES": [A, A, "http://x"]}, {**GOOD, "TTL": -1},
-             {**GOOD, "TTLL": 1}, {"NODES": [A, B]}]
+    cases = [
+        {"NODES": []},
+        {"NODES": A},
+        {"NODES": [A, A, "http://x"]},
+        {**GOOD, "TTL": -1},
+        {**GOOD, "TTLL": 1},
+        {"NODES": [A, B]},
+    ]
     for case in cases:
         for m in messages(case):
             assert m.msg.endswith((".", ")")) or m.hint, m
@@ -229,9 +334,27 @@ def test_deploy_quorum_down(redis_cluster_factory):
 
 def test_deploy_ping_uses_credentials(redis_cluster_factory):
     cluster = redis_cluster_factory(3, password="s3cret")
-    nodes = [{"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "s3cret"}}
-             for n in cluster]
+    nodes = [
+        {"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "s3cret"}} for n in cluster
+    ]
     assert ids({"NODES": nodes}, deploy=True) == []
-    wrong = [{"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "nope"}}
-             for n in cluster]
+    wrong = [
+        {"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "nope"}} for n in cluster
+    ]
     assert ids({"NODES": wrong}, deploy=True) == ["django_redlock.E011"]
+
+
+@pytest.mark.usefixtures("db")
+def test_deploy_check_warns_about_evicting_nodes(redis_nodes):
+    nodes = list(redis_nodes.urls)
+    assert "django_redlock.W006" not in ids({"NODES": nodes}, deploy=True)
+    node = redis_nodes[2]
+    node.client().config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        found = messages({"NODES": nodes}, deploy=True)
+    finally:
+        node.client().config_set("maxmemory-policy", "noeviction")
+    (warning,) = [m for m in found if m.id == "django_redlock.W006"]
+    assert "REDLOCK node [2]" in warning.msg and "'allkeys-lru'" in warning.msg
+    assert "noeviction" in warning.hint
+    assert "django_redlock.W006" not in ids({"NODES": nodes})  # only with --deploy

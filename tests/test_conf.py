@@ -33,15 +33,29 @@ def test_config_merges_defaults_and_keeps_unknown_names(settings):
 def test_settings_reach_the_redlock(settings):
     settings.REDLOCK = {
         "NODES": ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"],
-        "KEY_PREFIX": "app", "TTL": 12.0, "NODE_TIMEOUT": 0.02, "RETRY_COUNT": 5,
-        "RETRY_DELAY": 0.1, "DRIFT_FACTOR": 0.02, "MAX_TTL": 120.0, "REENTRANT": False,
+        "KEY_PREFIX": "app",
+        "TTL": 12.0,
+        "NODE_TIMEOUT": 0.02,
+        "RETRY_COUNT": 5,
+        "RETRY_DELAY": 0.1,
+        "DRIFT_FACTOR": 0.02,
+        "MAX_TTL": 120.0,
+        "REENTRANT": False,
         "META": {"service": "web"},
     }
     rl = get_redlock()
     assert isinstance(rl, Redlock)
-    assert (rl.key_prefix, rl.ttl, rl.node_timeout, rl.retry_count, rl.retry_delay,
-            rl.drift_factor, rl.max_ttl, rl.reentrant, rl.meta) == (
-        "app", 12.0, 0.02, 5, 0.1, 0.02, 120.0, False, {"service": "web"})
+    assert (
+        rl.key_prefix,
+        rl.ttl,
+        rl.node_timeout,
+        rl.retry_count,
+        rl.retry_delay,
+        rl.drift_factor,
+        rl.max_ttl,
+        rl.reentrant,
+        rl.meta,
+    ) == ("app", 12.0, 0.02, 5, 0.1, 0.02, 120.0, False, {"service": "web"})
     assert rl.quorum == 2
 
 
@@ -65,12 +79,16 @@ def test_import_and_setup_do_no_io():
         "from django_redlock import get_redlock; get_redlock()\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings",
-           "REDLOCK_NODES": "redis://10.255.255.1:6379,redis://10.255.255.2:6379,"
-                            "redis://10.255.255.3:6379",
-           "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=120, cwd=REPO)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "REDLOCK_NODES": "redis://10.255.255.1:6379,redis://10.255.255.2:6379,"
+        "redis://10.255.255.3:6379",
+        "PYTHONPATH": str(REPO),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("ok")
 
@@ -109,20 +127,25 @@ def test_override_settings_rebuilds(redlock_settings, redis_nodes5):
 
 def test_caches_change_rebuilds(redlock_settings):
     first = get_redlock()
-    with override_settings(CACHES={"default": {
-            "BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}):
+    with override_settings(
+        CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    ):
         assert get_redlock() is not first
 
 
-@pytest.mark.parametrize("backend", [
-    "django.core.cache.backends.redis.RedisCache",
-    "django_redis.cache.RedisCache",
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "django.core.cache.backends.redis.RedisCache",
+        "django_redis.cache.RedisCache",
+    ],
+)
 def test_cache_alias_nodes_lock_for_real(settings, redis_nodes, backend):
     settings.CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        **{f"n{i}": {"BACKEND": backend, "LOCATION": url}
-           for i, url in enumerate(redis_nodes.urls)},
+        **{
+            f"n{i}": {"BACKEND": backend, "LOCATION": url} for i, url in enumerate(redis_nodes.urls)
+        },
     }
     settings.REDLOCK = {"NODES": ["cache:n0", "cache:n1", redis_nodes.urls[2]]}
     rl = get_redlock()
@@ -142,10 +165,12 @@ def test_cache_alias_errors(settings):
 
 def test_node_options_with_password(settings, redis_cluster_factory):
     cluster = redis_cluster_factory(3, password="s3cret")
-    settings.REDLOCK = {"NODES": [
-        {"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "s3cret"}}
-        for n in cluster
-    ]}
+    settings.REDLOCK = {
+        "NODES": [
+            {"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "s3cret"}}
+            for n in cluster
+        ]
+    }
     with get_redlock().lock("auth") as lock:
         assert lock.held
 

@@ -40,8 +40,9 @@ def script_calls(nodes) -> list[int]:
     out = []
     for node in nodes:
         stats = node.info("commandstats")
-        out.append(sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
-                       for c in ("eval", "evalsha")))
+        out.append(
+            sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
+        )
     return out
 
 
@@ -278,8 +279,13 @@ def test_release_in_another_process_wakes_the_waiter(
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     env.pop("DJANGO_SETTINGS_MODULE", None)
     code = textwrap.dedent(_HOLDER.format(urls=list(redis_nodes.urls)))
-    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
         try:
             assert _read_line(proc, 30) == "held"
             rl = make_async_redlock(redis_nodes)
@@ -418,9 +424,7 @@ def test_one_redlock_serves_successive_event_loops(
     wait_until(lambda: connected_clients(redis_nodes) == baseline)
 
 
-def test_unix_sockets_password_db_and_noscript(
-    redis_cluster_factory, make_async_redlock
-) -> None:
+def test_unix_sockets_password_db_and_noscript(redis_cluster_factory, make_async_redlock) -> None:
     """The handshake (AUTH, SELECT) over unix sockets, the EVAL fallback after the nodes lost
     their script cache, and a wrong password reported as ``auth``."""
     cluster = redis_cluster_factory(3, unix_socket=True, password="s3cret")

@@ -358,12 +358,14 @@ def test_concurrent_first_use_of_a_fresh_cluster(redis_nodes: RedisCluster, make
     """Eight threads take eight different names at once on a cluster nobody used yet (as
     when a new deployment's workers start together). Every node is healthy and every name is
     free, so every non-blocking attempt must succeed. Repeated on re-emptied nodes because
-    the failure is a race (it shows in most rounds)."""
+    the failure is a race (it shows in most rounds). A generous node_timeout: a node too slow
+    to answer the first contact (a loaded CI machine) rightly keeps the cluster from being
+    trusted as brand-new (docs/guarantees.rst), which is not the race tested here."""
     threads = 8
     for round_ in range(15):
         for node in redis_nodes:
             node.flush()
-        rl = make_redlock(redis_nodes)
+        rl = make_redlock(redis_nodes, node_timeout=1.0)
         errors: list[BaseException] = []
         results: list[bool] = []
         gate = threading.Barrier(threads)

@@ -59,7 +59,9 @@ def test_waiters_in_separate_processes_acquire_in_arrival_order(redis_nodes):
     assert holder.acquire(blocking=False)
     processes, results = _join_in_order(redis_nodes.urls, 8)
     holder.release()
-    order = [results.get(timeout=30) for _ in processes]
+    # By the time each waiter got the lock (CLOCK_MONOTONIC is one clock for every process):
+    # the queue's own order is the order its feeder threads flushed, not the order of put().
+    order = sorted((results.get(timeout=30) for _ in processes), key=lambda r: r[2])
     for process in processes:
         process.join(10)
     assert all(acquired for _, acquired, _ in order)
@@ -75,7 +77,7 @@ def test_dead_waiter_is_dropped_within_its_heartbeat(redis_nodes):
     processes[0].join(5)
     holder.release()
     released_at = time.monotonic()
-    order = [results.get(timeout=30) for _ in processes[1:]]
+    order = sorted((results.get(timeout=30) for _ in processes[1:]), key=lambda r: r[2])
     for process in processes[1:]:
         process.join(10)
     assert [index for index, _, _ in order] == [1, 2]

@@ -55,3 +55,69 @@ def test_core_sources_do_not_name_django_or_celery() -> None:
                     f"(from {'.' * node.level}{node.module or ''})"
                 )
     assert not offenders, offenders
+
+
+def test_no_import_cycle_inside_the_core() -> None:
+    """Modules of django_redlock/core/ import each other in one direction only: the graph of
+    their relative imports (lazy and TYPE_CHECKING ones included) has no cycle."""
+    core = Path(REPO_ROOT) / "django_redlock" / "core"
+    modules = {path.stem for path in core.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(core.glob("*.py")):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:  # "from . import scripts"
+                    deps.update(alias.name for alias in node.names if alias.name in modules)
+        graph[path.stem] = deps - {path.stem}
+    assert graph["redlock"] and graph["asyncio"], graph  # the parse found the imports
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join((*path, module)))
+        if module in done:
+            return
+        for dep in sorted(graph.get(module, ())):
+            visit(dep, (*path, module))
+        done.add(module)
+
+    for module in sorted(graph):
+        if module != "__init__":
+            visit(module, ())
+
+
+def test_integrations_import_only_what_the_core_exports() -> None:
+    """Outside django_redlock/core/, the package imports the core through
+    ``django_redlock.core`` (its ``__all__``), never its modules: the core may be rearranged
+    inside without touching the Django, Celery, admin or backend layers."""
+    import django_redlock.core
+
+    package = Path(REPO_ROOT) / "django_redlock"
+    exported = set(django_redlock.core.__all__)
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if "core" in path.relative_to(package).parts[:1]:
+            continue
+        depth = len(path.relative_to(package).parts) - 1  # levels below django_redlock/
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                target = "." * node.level + (node.module or "")
+                into_core = node.level == depth + 1 and (node.module or "").startswith("core")
+            else:
+                target = node.module or ""
+                into_core = target.startswith("django_redlock.core")
+            if not into_core:
+                continue
+            where = f"{path.relative_to(package)}:{node.lineno}"
+            if target.rstrip(".").endswith("core"):
+                missing = [a.name for a in node.names if a.name not in exported]
+                if missing:
+                    offenders.append(f"{where} imports unexported {missing}")
+            else:
+                offenders.append(f"{where} imports a core module ({target})")
+    assert not offenders, offenders

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import threading
 from decimal import Decimal
 from uuid import UUID
@@ -23,8 +24,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from django_redlock import LockNotAcquired, get_redlock, locked
-from django_redlock.core.validation import MAX_KEY_LENGTH
+from django_redlock.core import MAX_KEY_LENGTH
 from django_redlock.decorators import KeyTemplate, current_lock, make_key
+from django_redlock.keys import client_id
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
 
@@ -68,8 +70,10 @@ class TestKeys:
         assert make_key("post-{slug}", slug="a-b") == "post-a-b"
 
     def test_tags_for_none_and_bool(self):
-        keys = {make_key("k:{v}", v=v) for v in (None, "None", True, "True", False, "False",
-                                                  "%none", "")}
+        keys = {
+            make_key("k:{v}", v=v)
+            for v in (None, "None", True, "True", False, "False", "%none", "")
+        }
         assert len(keys) == 8
         assert make_key("k:{v}", v=None) == "k:%none"
 
@@ -131,8 +135,10 @@ class TestKeys:
         assert (key1 == key2) == (one == two)
 
     @hsettings(max_examples=200, deadline=None)
-    @given(st.one_of(st.none(), st.booleans(), st.text(), st.integers()),
-           st.one_of(st.none(), st.booleans(), st.text(), st.integers()))
+    @given(
+        st.one_of(st.none(), st.booleans(), st.text(), st.integers()),
+        st.one_of(st.none(), st.booleans(), st.text(), st.integers()),
+    )
     def test_distinct_values_never_collide_except_int_and_digits(self, x, y):
         if x == y and type(x) is type(y):
             return
@@ -147,6 +153,7 @@ class TestKeys:
 class TestDecoration:
     def test_missing_argument_fails_at_decoration_time(self):
         with pytest.raises(ValueError, match="no argument named oder_id"):
+
             @locked("order:{oder_id}")
             def pay(order_id):
                 pass
@@ -162,9 +169,11 @@ class TestDecoration:
 
     def test_usage_errors(self):
         with pytest.raises(TypeError, match=r"@locked\('name"):
+
             @locked
             def f():
                 pass
+
         with pytest.raises(TypeError, match="not both"):
             locked("k", key=lambda: "k")
         with pytest.raises(ValueError, match="wait"):
@@ -317,8 +326,13 @@ class TestContextManager:
     def test_with_block(self):
         with locked("cm") as lock:
             assert lock.held and is_locked("cm")
-            assert get_redlock().lock_info("cm").meta["code"].split(":")[0].endswith(
-                "test_decorators.py")
+            assert (
+                get_redlock()
+                .lock_info("cm")
+                .meta["code"]
+                .split(":")[0]
+                .endswith("test_decorators.py")
+            )
         assert not is_locked("cm")
 
     def test_with_values(self):
@@ -394,8 +408,7 @@ class TestViews:
 
     def test_html_preferred_gets_text(self, client):
         with held_by_someone_else("order:1"):
-            response = client.get(
-                "/orders/1/pay/", HTTP_ACCEPT="text/html,application/json;q=0.9")
+            response = client.get("/orders/1/pay/", HTTP_ACCEPT="text/html,application/json;q=0.9")
         assert response["Content-Type"].startswith("text/plain")
 
     def test_on_locked_callable(self):
@@ -418,7 +431,10 @@ class TestViews:
         assert response["Retry-After"] == "5"
 
     def test_locked_response_setting(self, client, settings, redlock_settings):
-        settings.REDLOCK = {**redlock_settings, "LOCKED_RESPONSE": "testproject.views.busy_response"}
+        settings.REDLOCK = {
+            **redlock_settings,
+            "LOCKED_RESPONSE": "testproject.views.busy_response",
+        }
         with held_by_someone_else("order:1", ttl=4):
             response = client.get("/orders/1/pay/")
         assert response.status_code == 409
@@ -654,7 +670,120 @@ class TestAsync:
             return admin_user
 
         request: HttpRequest = rf.get("/")
-        request.user = SimpleLazyObject(lambda: (_ for _ in ()).throw(
-            AssertionError("sync user load from async code")))
+        request.user = SimpleLazyObject(
+            lambda: (_ for _ in ()).throw(AssertionError("sync user load from async code"))
+        )
         request.auser = auser
         assert run(view(request)).content == f"p:{admin_user.pk}".encode()
+
+
+# =========================================================================== Retry-After, clients
+
+
+class TestRetryAfter:
+    def test_fixed_retry_after_instead_of_the_lease(self):
+        @locked("ra:{n}", retry_after=2)
+        def view(request, n):
+            return HttpResponse("ok")
+
+        with held_by_someone_else("ra:1", ttl=30):
+            response = view(rf.get("/"), n=1)
+        assert response.status_code == 423 and response["Retry-After"] == "2"
+
+    def test_callable_gets_the_refusal_with_the_remaining_lease(self):
+        seen = []
+
+        def tenth(exc):
+            seen.append(exc.retry_after)
+            return exc.retry_after / 10
+
+        @locked("ra:{n}", retry_after=tenth)
+        def view(request, n):
+            return HttpResponse("ok")
+
+        with held_by_someone_else("ra:2", ttl=30):
+            response = view(rf.get("/"), n=2)
+        assert 25 < seen[0] <= 30
+        assert response["Retry-After"] == str(math.ceil(seen[0] / 10))
+
+    def test_default_is_the_typical_hold_not_the_lease(self):
+        @locked("ra:{n}")
+        def view(request, n):
+            return HttpResponse("ok")
+
+        with held_by_someone_else("ra:3", ttl=30):
+            first = view(rf.get("/"), n=3)
+        # Before any hold of its own the decorator only knows the holder's lease.
+        assert 25 <= int(first["Retry-After"]) <= 30
+        assert view(rf.get("/"), n=4).status_code == 200  # a hold of a few milliseconds
+        with held_by_someone_else("ra:3", ttl=30):
+            second = view(rf.get("/"), n=3)
+        assert second["Retry-After"] == "1"
+
+    def test_a_fresh_process_reads_the_typical_hold_the_holder_published(self):
+        @locked("ra:{n}")
+        def view(request, n):
+            return HttpResponse("ok")
+
+        holder = get_redlock().lock("ra:7", 30, owner="someone-else", meta={"typical_hold": 0.2})
+        assert holder.acquire(blocking=False)
+        try:
+            response = view(rf.get("/"), n=7)  # this decorator never held its lock
+        finally:
+            holder.release()
+        assert response.status_code == 423 and response["Retry-After"] == "1"
+
+    def test_holders_publish_their_typical_hold(self):
+        @locked("ra:{n}")
+        def view(request, n):
+            return JsonResponse(dict(current_lock().meta))
+
+        view(rf.get("/"), n=5)
+        meta = json.loads(view(rf.get("/"), n=6).content)
+        assert 0 <= meta["typical_hold"] < 5
+
+    @pytest.mark.parametrize("bad", [float("nan"), -1, float("inf"), "soon"])
+    def test_bad_retry_after_is_refused(self, bad):
+        with pytest.raises((TypeError, ValueError), match="retry_after"):
+            locked("ra:x", retry_after=bad)
+
+    @pytest.mark.parametrize("bad", [float("nan"), -1, "soon"])
+    def test_bad_wait_is_refused(self, bad):
+        with pytest.raises((TypeError, ValueError), match="wait"):
+            locked("ra:x", wait=bad)
+
+
+class TestAnonymousClients:
+    def test_request_user_pk_lumps_anonymous_users_together(self):
+        from django.contrib.auth.models import AnonymousUser
+
+        a, b = rf.get("/", REMOTE_ADDR="10.0.0.1"), rf.get("/", REMOTE_ADDR="10.0.0.2")
+        a.user = b.user = AnonymousUser()
+        assert make_key("cart:{u}", u=None) == "cart:%none"  # what {request.user.pk} gives
+
+        keys = []
+
+        @locked("cart:{client}")
+        def view(request):
+            keys.append(current_lock().name)
+            return HttpResponse("ok")
+
+        view(a)
+        view(b)
+        assert keys == ["cart:ip%3A10.0.0.1", "cart:ip%3A10.0.0.2"]
+
+    def test_session_then_user(self, django_user_model, db):
+        from django.contrib.sessions.backends.db import SessionStore
+
+        request = rf.get("/", REMOTE_ADDR="10.0.0.1")
+        request.session = SessionStore(session_key="abc123def456ghi789")
+        assert client_id(request) == "session:abc123def456ghi789"
+        request.user = django_user_model.objects.create_user("c", password="x")
+        assert client_id(request) == f"user:{request.user.pk}"
+
+    def test_an_argument_named_client_wins(self):
+        @locked("x:{client}")
+        def view(request, client):
+            return HttpResponse(current_lock().name)
+
+        assert view(rf.get("/"), client="acme").content == b"x:acme"

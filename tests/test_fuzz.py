@@ -6,7 +6,8 @@ metadata or a Redlock setting, the answer is either a working lock or a clear ``
 example the nodes are scanned: no ``fuzz:lock:*`` key may be left (never a half-taken lock).
 The watchdog thread renews a lock through the whole run and must still be renewing it at the end.
 
-The regression tests at the end pin inputs that broke these rules once.
+The regression tests at the end pin inputs that broke these rules once (huge finite durations
+included: they are refused up front since issue 10, so the strategies draw them too).
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ FUZZ = settings(
     database=None,  # no .hypothesis/ directory in the checkout
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -524,6 +523,34 @@ def test_key_template_format_spec_errors_name_the_template(template, value) -> N
     with pytest.raises((TypeError, ValueError)) as info:
         make_key(template, x=value)
     assert_clear(info.value, template)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"ttl": 1e306},
+        {"ttl": 2147485.0, "node_timeout": 2147484.0},
+        {"ttl": 9223372038.0, "node_timeout": 9223372037.0},
+    ],
+    ids=["ttl-1e306", "node_timeout-24d", "node_timeout-292y"],
+)
+def test_huge_finite_durations_are_refused_or_work(cluster, clients, kwargs) -> None:
+    try:
+        r = Redlock(cluster.urls, key_prefix=PREFIX, **kwargs)
+    except ValueError as exc:
+        assert_clear(exc, *kwargs)
+        return
+    try:
+        lock = r.lock("huge-duration")
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        r.close()
+        left = leftovers(clients)
+        for c in clients:  # whatever was left has a TTL of weeks: remove it by hand
+            for key in c.scan_iter(match=f"{PREFIX}:lock:*"):
+                c.delete(key)
+    assert left == [[], [], []]
 
 
 # --------------------------------------------------------------------------- the watchdog

@@ -38,8 +38,10 @@ class TestList:
         assert "No live locks" in run("list")
 
     def test_table_and_pattern(self):
-        hold("order:1", meta={"view": "shop.views.pay", "method": "POST", "path": "/pay/1",
-                              "user": 7})
+        hold(
+            "order:1",
+            meta={"view": "shop.views.pay", "method": "POST", "path": "/pay/1", "user": 7},
+        )
         hold("report:x")
         out = run("list")
         assert "order:1" in out and "report:x" in out and "2 lock(s)" in out
@@ -59,8 +61,23 @@ class TestList:
     def test_stuck_flag(self, settings, redlock_settings):
         settings.REDLOCK = {**redlock_settings, "STUCK_AFTER": 0.001}
         hold("old")
-        assert "stuck" in run("list")
-        assert json.loads(run("list", "--json"))[0]["stuck"] is True
+        assert "held too long" in run("list")
+        (item,) = json.loads(run("list", "--json"))
+        assert item["stuck"] is True and item["flags"] == ["held too long"]
+
+    def test_holder_gone_flag_like_the_admin(self, redis_nodes):
+        # A real process on this host takes a lock and dies without releasing it.
+        script = (
+            "import sys; from django_redlock import Redlock; "
+            "rl = Redlock(sys.argv[1].split(','), ttl=30); "
+            "assert rl.lock('orphan').acquire(blocking=False)"
+        )
+        urls = ",".join(redis_nodes.urls)
+        subprocess.run([sys.executable, "-c", script, urls], check=True, timeout=60)
+        out = run("list")
+        assert re.search(r"orphan .* holder gone", out), out
+        (item,) = json.loads(run("list", "--json"))
+        assert "holder gone" in item["flags"]
 
 
 @pytest.mark.usefixtures("redlock_settings")
@@ -90,10 +107,51 @@ class TestRelease:
         assert not get_redlock().locked("order:4")
         assert sent == ["order:4"]
 
-    def test_force_nothing_there(self):
-        with pytest.raises(CommandError) as info:
+    def test_force_nothing_there(self, caplog):
+        with pytest.raises(CommandError, match="No node had a lock named 'ghost'") as info:
             run("release", "ghost", "--force")
         assert info.value.returncode == 1
+        assert not [r for r in caplog.records if r.name == "django_redlock.audit"]
+
+    def test_force_release_is_audited(self, caplog):
+        hold("order:5")
+        with caplog.at_level("WARNING", logger="django_redlock.audit"):
+            run("release", "order:5", "--force")
+        (record,) = [r for r in caplog.records if r.name == "django_redlock.audit"]
+        assert "released lock 'order:5' on 3 of 3 nodes" in record.getMessage()
+        assert "pid=" in record.getMessage()  # the holder, for the record
+
+    def test_pattern_lists_and_needs_yes(self):
+        for name in ("report:1", "report:2", "invoice:1"):
+            hold(name)
+        with pytest.raises(CommandError) as info:
+            run("release", "--pattern", "report:*")
+        assert info.value.returncode == 3 and "--yes" in str(info.value)
+        assert get_redlock().locked("report:1") and get_redlock().locked("report:2")
+
+    def test_pattern_with_yes_releases_each_match_and_audits_it(self, caplog):
+        for name in ("report:1", "report:2", "invoice:1"):
+            hold(name)
+        with caplog.at_level("WARNING", logger="django_redlock.audit"):
+            out = run("release", "--pattern", "report:*", "--yes")
+        assert "2 lock(s) match 'report:*'" in out and "Released 2 of 2 lock(s)." in out
+        assert "report:1" in out and "report:2" in out and "invoice:1" not in out
+        audited = sorted(
+            r.getMessage().split("'")[1] for r in caplog.records if r.name == "django_redlock.audit"
+        )
+        assert audited == ["report:1", "report:2"]
+        rl = get_redlock()
+        assert not rl.locked("report:1") and not rl.locked("report:2") and rl.locked("invoice:1")
+
+    def test_pattern_without_match(self):
+        with pytest.raises(CommandError, match="No live lock matches") as info:
+            run("release", "--pattern", "nothing:*", "--yes")
+        assert info.value.returncode == 1
+
+    def test_name_or_pattern(self):
+        with pytest.raises(CommandError) as info:
+            run("release", "x", "--pattern", "y*")
+        assert info.value.returncode == 2
 
 
 class TestCheck:
@@ -110,6 +168,26 @@ class TestCheck:
         assert data["status"] == "ok" and data["reachable"] == 3
         assert all(n["reachable"] and n["version"] for n in data["nodes"])
         assert data["clock_spread"] >= 0
+
+    def test_eviction_policy_is_shown(self, redlock_settings, redis_nodes):
+        node = redis_nodes[1]
+        node.client().config_set("maxmemory-policy", "volatile-lru")
+        out, as_json = StringIO(), StringIO()
+        try:
+            with pytest.raises(CommandError) as info:
+                call_command("redlock", "check", stdout=out)
+            with pytest.raises(CommandError):
+                call_command("redlock", "check", "--json", stdout=as_json)
+        finally:
+            node.client().config_set("maxmemory-policy", "noeviction")
+        assert info.value.returncode == 1 and str(info.value).startswith("DEGRADED")
+        assert f"django_redlock.W006: REDLOCK node [1] redis://127.0.0.1:{node.port}" in (
+            out.getvalue()
+        )
+        assert "'volatile-lru'" in out.getvalue()
+        (warning,) = json.loads(as_json.getvalue())["warnings"]
+        assert warning["id"] == "django_redlock.W006"
+        assert "OK:" in run("check")  # noeviction again: healthy
 
     def test_fresh_cluster_is_trusted_at_first_lock(self, settings, redis_cluster_factory):
         cluster = redis_cluster_factory(3)
@@ -131,7 +209,8 @@ class TestCheck:
             call_command("redlock", "check", stdout=out)
         assert info.value.returncode == 1
         assert "guarded" in out.getvalue() and "DEGRADED: 3/3 nodes reachable, 2 voting" in (
-            out.getvalue())
+            out.getvalue()
+        )
 
     def test_one_down_is_degraded(self, settings, redis_cluster_factory):
         cluster = redis_cluster_factory(3)
@@ -157,10 +236,20 @@ class TestCheck:
 
 
 def manage(*args, nodes):
-    env = {**os.environ, "REDLOCK_NODES": ",".join(nodes), "PYTHONPATH": str(REPO),
-           "DJANGO_SETTINGS_MODULE": "testproject.settings"}
-    return subprocess.run([sys.executable, "-m", "django", "redlock", *args], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    env = {
+        **os.environ,
+        "REDLOCK_NODES": ",".join(nodes),
+        "PYTHONPATH": str(REPO),
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "django", "redlock", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 def test_exit_codes_of_the_real_process(redis_cluster_factory):
@@ -179,3 +268,71 @@ def test_exit_codes_of_the_real_process(redis_cluster_factory):
     result = manage("check", nodes=cluster.urls)
     assert result.returncode == 2 and "CRITICAL" in result.stderr
     assert manage("bogus", nodes=cluster.urls).returncode == 2  # argparse usage error
+
+
+def test_list_works_in_a_project_without_the_admin_app(redis_nodes):
+    """The stuck rules the command shares with the admin page need no django.contrib.admin."""
+    script = (
+        "import sys, django\n"
+        "from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['django_redlock'], "
+        "REDLOCK={'NODES': sys.argv[1].split(',')})\n"
+        "django.setup()\n"
+        "from django.core.management import call_command\n"
+        "call_command('redlock', 'list')\n"
+        "assert 'django.contrib.admin.models' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, ",".join(redis_nodes.urls)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "No live locks" in done.stdout
+
+
+@pytest.mark.parametrize("action", [["check"], ["list"], ["release", "x", "--force"]])
+def test_unknown_using_alias_is_a_usage_error(redlock_settings, action):
+    """docs/usage.rst, exit codes: 2 is a usage error (1 would read as "degraded"); the
+    message lists the aliases there are."""
+    with pytest.raises(CommandError) as info:
+        run("--using", "no-such-alias", *action)
+    assert info.value.returncode == 2
+    assert "'no-such-alias'" in str(info.value) and "known: default" in str(info.value)
+
+
+BROKEN_NODES = {
+    "E003-string": ("redis://127.0.0.1:6399/0", "django_redlock.E003"),
+    "E002-empty": ([], "django_redlock.E002"),
+    "E004-bad-port": (["redis://127.0.0.1:99999/0"], "django_redlock.E004"),
+}
+
+
+@pytest.mark.parametrize("action", [["check"], ["list"], ["release", "x", "--force"]])
+@pytest.mark.parametrize("broken", BROKEN_NODES.values(), ids=list(BROKEN_NODES))
+def test_broken_setting_is_reported_with_its_check_id(settings, action, broken):
+    """docs/usage.rst: the command skips the system checks, so it still runs and reports a
+    broken setting: the check's id and message, exit 2 (no lock can be taken)."""
+    nodes, check_id = broken
+    settings.REDLOCK = {"NODES": nodes}
+    with pytest.raises(CommandError) as info:
+        run(*action)
+    assert info.value.returncode == 2
+    assert f"{check_id}: REDLOCK['NODES']" in str(info.value)
+
+
+def test_broken_setting_in_the_real_process_has_no_traceback():
+    """What a monitor sees: the check id on stderr, exit 2, no traceback."""
+    result = manage("check", nodes=["redis://127.0.0.1:99999/0"])
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "django_redlock.E004: REDLOCK['NODES'][0] is malformed" in result.stderr
+
+
+def test_unknown_using_alias_in_the_real_process_exits_2(redis_nodes):
+    result = manage("--using", "no-such-alias", "check", nodes=redis_nodes.urls)
+    assert result.returncode == 2, result.stderr
+    assert "'no-such-alias'" in result.stderr and "known: default" in result.stderr

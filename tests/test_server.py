@@ -42,10 +42,12 @@ class _QuietHandler(WSGIRequestHandler):
 @pytest.fixture
 def server(settings):
     settings.TESTPROJECT_GATES = True
-    httpd = make_server("127.0.0.1", 0, WSGIHandler(), server_class=_Server,
-                        handler_class=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                              daemon=True)
+    httpd = make_server(
+        "127.0.0.1", 0, WSGIHandler(), server_class=_Server, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield httpd.server_address
     httpd.shutdown()
@@ -70,8 +72,10 @@ def fire_two(address, path_a, path_b):
     """Start both requests at the same instant (a barrier); returns the two futures."""
     barrier = threading.Barrier(2)
     pool = ThreadPoolExecutor(2)
-    futures = [pool.submit(fetch, address, path_a, barrier),
-               pool.submit(fetch, address, path_b, barrier)]
+    futures = [
+        pool.submit(fetch, address, path_a, barrier),
+        pool.submit(fetch, address, path_b, barrier),
+    ]
     pool.shutdown(wait=False)
     return futures
 
@@ -83,7 +87,8 @@ def threads_blocked_in_acquire() -> int:
         while frame is not None:
             code = frame.f_code
             if code.co_name == "acquire" and code.co_filename.endswith(
-                    ("core/lock.py", "core\\lock.py")):
+                ("core/lock.py", "core\\lock.py")
+            ):
                 count += 1
                 break
             frame = frame.f_back
@@ -178,3 +183,73 @@ def test_streaming_holds_the_lock_until_the_stream_ends(server):
     status, _, body = first.result(TIMEOUT)
     assert status == 200 and body.count(b"\r\n") == 4
     assert fetch(server, "/exports/big.csv")[0] == 200
+
+
+# --------------------------------------------------------------------------- ASGI disconnect
+
+
+def test_asgi_streaming_releases_when_the_client_disconnects(settings):
+    """Django's ASGI handler learns of an ``http.disconnect`` while it streams an async
+    iterator and cancels the response: the lock is released then, not when the generator
+    would have ended (its gate is still closed here). A sync iterator under ASGI is consumed
+    whole before the first byte is sent (Django's own rule), so no disconnect reaches it:
+    docs/usage.rst says so."""
+    import asyncio
+
+    import django
+    from django.core.handlers.asgi import ASGIHandler
+
+    from django_redlock import get_redlock
+
+    settings.TESTPROJECT_GATES = True
+    g = uuid.uuid4().hex
+    path = "/async-exports/gone.csv"
+
+    async def scenario() -> tuple[bool, bool]:
+        inbox: asyncio.Queue = asyncio.Queue()
+        await inbox.put({"type": "http.request", "body": b"", "more_body": False})
+        first_chunk = asyncio.Event()
+
+        async def receive():
+            return await inbox.get()
+
+        async def send(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                first_chunk.set()
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": f"gate={g}".encode(),
+            "headers": [(b"host", b"testserver")],
+            "client": ("127.0.0.1", 50000),
+            "server": ("testserver", 80),
+        }
+        served = asyncio.create_task(ASGIHandler()(scope, receive, send))
+        await asyncio.wait_for(first_chunk.wait(), TIMEOUT)
+        held_while_streaming = await asyncio.to_thread(get_redlock().locked, "export:gone")
+        await inbox.put({"type": "http.disconnect"})
+        if not disconnect_cancels:
+            # Django 4.2 does not listen while it streams: the lock stays until the generator
+            # ends, which it does once its gate opens.
+            still_held = await asyncio.to_thread(get_redlock().locked, "export:gone")
+            assert still_held
+            gate(g).open()
+        await asyncio.wait_for(served, TIMEOUT)
+        held_after = await asyncio.to_thread(get_redlock().locked, "export:gone")
+        gate(g).open()  # let the abandoned generator's thread finish before the loop closes
+        return held_while_streaming, held_after
+
+    # Django 5.0 made ASGIHandler cancel a streaming response on http.disconnect.
+    disconnect_cancels = django.VERSION >= (5, 0)
+    try:
+        held_while_streaming, held_after = asyncio.run(scenario())
+    finally:
+        gate(g).open()
+    assert held_while_streaming
+    assert not held_after

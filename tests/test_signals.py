@@ -40,6 +40,7 @@ ALL = (lock_acquired, lock_released, lock_contended, lock_lost, lock_force_relea
 
 def test_acquired_and_released_carry_name_token_meta_and_timings():
     with capture(*ALL) as got:
+
         @locked("sig:{n}", meta={"purpose": "test"})
         def job(n):
             return get_redlock().lock_info(f"sig:{n}").token
@@ -124,3 +125,44 @@ def test_async_redlock_sends_the_same_signals():
         assert asyncio.run(job()) == "ok"
     assert [g[0] for g in got] == [lock_acquired, lock_released]
     assert got[0][1] is AsyncRedlock and got[0][2]["name"] == "asig"
+
+
+def test_force_release_of_an_unheld_lock_sends_no_force_released():
+    """docs/usage.rst: ``lock_force_released`` means an operator removed a lock; ``release
+    --force`` of a lock no node had is an error, not a release, so nothing is sent (an alert
+    wired to the signal must not fire for nothing)."""
+    from django.core.management import CommandError, call_command
+
+    assert not get_redlock().locked("sig:nobody")
+    with capture(lock_force_released) as got, pytest.raises(CommandError):
+        call_command("redlock", "release", "sig:nobody", "--force")
+    assert got == []
+
+
+@pytest.mark.django_db
+def test_admin_release_of_a_retaken_lock_sends_no_force_released(client):
+    """docs/admin.rst: a lock taken by another holder since the confirmation page was shown is
+    left alone and reported, and no ``lock_force_released`` is sent for it."""
+    import json
+
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("sig-admin", password="p"))
+    rl = get_redlock()
+    first = rl.lock("sig:retaken", ttl=60)
+    assert first.acquire(blocking=False)
+    stale = first.token
+    first.release()
+    second = rl.lock("sig:retaken", ttl=60)
+    assert second.acquire(blocking=False)
+    try:
+        with capture(lock_force_released) as got:
+            client.post(
+                "/admin/django_redlock/lock/release/",
+                {"selection": json.dumps([["sig:retaken", stale]]), "confirm": "yes"},
+                follow=True,
+            )
+        assert second.check()  # left alone
+        assert got == []
+    finally:
+        second.release()

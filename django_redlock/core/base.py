@@ -1,13 +1,14 @@
-"""Everything the sync and async clients share: configuration, keys, holder metadata, how
-the nodes' replies are judged, the lease table for reentrancy, and listing.
+"""The Redlock algorithm, written once for the sync and async clients: the configuration it
+runs with, and every operation as I/O-free steps (:class:`Send` / :class:`Pause`) that
+``redlock.py`` (sockets and poll) and ``asyncio.py`` (streams) drive. Read
+:meth:`RedlockBase._attempt_steps` against the spec top to bottom.
 
-The two clients differ only in how they talk to the nodes (``redlock.py`` with sockets and poll,
-``asyncio.py`` with streams) and how they wait.
+The other jobs of a client live next door and are mixed in: the key layout and commands
+(:mod:`.commands`), the lease table (:mod:`.leases`), listing and health (:mod:`.listing`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -16,31 +17,47 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
-from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from . import scripts
-from .errors import LockLost, LockNotOwned, QuorumError
+from .commands import KeyLayout
+from .errors import QuorumError
 from .events import Listener, LockEvent, emit
-from .info import LockInfo, NodeHealth, NodeLockState
+from .leases import DRIFT_FLOOR, LeaseTable
+from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, Node, NodeSpec, make_nodes, script_command
-from .resp import bulk
-from .validation import check_name, check_positive, check_prefix, check_timeout
+from .nodes import Failure, Node, NodeSpec, make_nodes
+from .resp import encode, encode_args
+from .validation import (
+    check_name,
+    check_node_timeout,
+    check_positive,
+    check_prefix,
+    check_retry_count,
+    check_timeout,
+)
 
-__all__ = ["DRIFT_FLOOR", "AcquireRequest", "RedlockBase", "Refusal"]
+__all__ = [
+    "DRIFT_FLOOR",
+    "AcquireRequest",
+    "Finally",
+    "Listen",
+    "Pause",
+    "RedlockBase",
+    "Refusal",
+    "Send",
+    "SendBatch",
+    "Steps",
+    "Wait",
+    "glob_escape",
+]
 
-#: Fixed part of the clock-drift allowance (the Redlock spec adds 2 ms for Redis' own expiry
-#: granularity).
-DRIFT_FLOOR = 0.002
+_T = TypeVar("_T")
 
-#: Largest ``retry_count``: beyond it, ask for a ``timeout`` instead.
-MAX_RETRY_COUNT = 1000
-
-#: Head start, in seconds, that a releaser gives processes its release woke (see
-#: ``_courtesy``): enough for a woken waiter's attempt to reach the nodes first.
-COURTESY = 0.003
+#: Builds one node's command from the connection it goes out on (sync or async): the
+#: arguments, or the command already encoded.
+AnyBuilder = Callable[[Node, Any], Sequence[Any] | bytes]
 
 _INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
 
@@ -58,9 +75,7 @@ if hasattr(os, "register_at_fork"):
 class Refusal:
     """Why one attempt did not produce a lock."""
 
-    def __init__(
-        self, failures: dict[str, str], answered: int, retry_after: float | None
-    ) -> None:
+    def __init__(self, failures: dict[str, str], answered: int, retry_after: float | None) -> None:
         self.failures = failures
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
@@ -77,6 +92,7 @@ class AcquireRequest:
         self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
     ) -> None:
         self.token = secrets.token_hex(16)
+        self._redlock, self._name = redlock, handle.name
         self.meta, meta_json = redlock._holder_meta(handle.meta)
         keys = redlock._acquire_keys(handle.name)
         script = scripts.ACQUIRE
@@ -86,16 +102,120 @@ class AcquireRequest:
             keys = keys + redlock._line_keys(handle.name)
             extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
         guard = str(int(redlock.max_ttl * 1000)) if redlock.restart_guard else "0"
-        head = ["EVALSHA", script.sha, len(keys), *keys, self.token, int(handle.ttl * 1000),
-                meta_json, "1" if handle.fencing else "0"]
-        self._head = b"*%d\r\n" % (len(head) + 2 + len(extra)) + b"".join(map(bulk, head))
-        self._tail = b"".join(map(bulk, [guard, *extra]))
+        head = [
+            "EVALSHA",
+            script.sha,
+            len(keys),
+            *keys,
+            self.token,
+            int(handle.ttl * 1000),
+            meta_json,
+            "1" if handle.fencing else "0",
+        ]
+        self._head = b"*%d\r\n" % (len(head) + 2 + len(extra)) + encode_args(head)
+        self._tail = encode_args([guard, *extra])
 
-    def command(self, run_id: str) -> bytes:
-        return self._head + bulk(run_id) + self._tail
+    def build(self, node: Node, wire: Any) -> bytes:
+        """The :data:`~.nodes.CommandBuilder` of this attempt (the run id is per wire)."""
+        run_id: bytes = wire.run_id_arg
+        return self._head + run_id + self._tail
+
+    def undo(self) -> bytes:
+        """The release of this attempt's token, for a node whose answer did not come in time
+        (sent behind the acquire on the same connection: see :func:`.nodes.fan_out`)."""
+        return encode(self._redlock._release_command(self._name, self.token))
 
 
-class RedlockBase:
+class Send:
+    """A step of the algorithm: send a command to every node at once (the driver's fan-out)
+    and resume with the replies in node order. ``late`` builds the undo for a node that does
+    not answer in time (see :func:`.nodes.fan_out`); ``undo_if_cancelled`` is the ``(name,
+    token)`` whose keys an async driver releases in the background when the caller is
+    cancelled while this step is on the wire."""
+
+    __slots__ = ("build", "late", "timeout", "undo_if_cancelled")
+
+    def __init__(
+        self,
+        build: AnyBuilder,
+        late: Callable[[], bytes] | None = None,
+        undo_if_cancelled: tuple[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.build = build
+        self.late = late
+        self.undo_if_cancelled = undo_if_cancelled
+        self.timeout = timeout  #: None: the node timeout
+
+
+def to_every_node(command: list[Any]) -> AnyBuilder:
+    """A builder sending the same command to every node."""
+    return lambda node, wire: command
+
+
+def to_each_node(commands: dict[int, list[Any]]) -> AnyBuilder:
+    """A builder sending each node its own command (keyed by ``id(node)``)."""
+    return lambda node, wire: commands[id(node)]
+
+
+class Pause:
+    """A step of the algorithm: wait ``seconds``, then resume (with None)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+class SendBatch:
+    """A step: pipeline ``commands`` to every node at once (one write per node); resume with
+    each node's replies in command order, or its :class:`~.nodes.Failure`. ``leases`` are the
+    leases the commands renew: the driver keeps their release from running meanwhile, and a
+    lease released before the batch went out gets a harmless ``PING`` instead."""
+
+    __slots__ = ("commands", "leases")
+
+    def __init__(self, commands: list[list[Any]], leases: list[Lease]) -> None:
+        self.commands = commands
+        self.leases = leases
+
+
+class Listen:
+    """A step: subscribe to release channel ``channel`` until the operation ends; resume with
+    the notice to wait on (the driver's :class:`~.waiting.ReleaseNotice`)."""
+
+    __slots__ = ("channel",)
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+
+
+class Wait:
+    """A step: wait on ``notice`` (from :class:`Listen`) for a release, at most ``seconds``."""
+
+    __slots__ = ("notice", "seconds")
+
+    def __init__(self, notice: Any, seconds: float) -> None:
+        self.notice = notice
+        self.seconds = seconds
+
+
+class Finally:
+    """A step: when the operation ends, however it ends, send ``send`` (cleanup that must go
+    out even when the caller is interrupted, e.g. leaving a fair lock's line)."""
+
+    __slots__ = ("send",)
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+
+
+#: The I/O-free steps of an operation: they yield what to do and receive its outcome; the
+#: return value is the operation's result. ``Redlock`` and ``AsyncRedlock`` each drive them.
+Steps = Generator[Send | SendBatch | Pause | Listen | Wait | Finally, Any, _T]
+
+
+class RedlockBase(KeyLayout, LeaseTable, Listing):
     """Configuration and decisions of the Redlock algorithm, without I/O."""
 
     #: The handle class :meth:`lock` returns.
@@ -120,15 +240,8 @@ class RedlockBase:
     ) -> None:
         self.key_prefix = check_prefix(key_prefix)
         self.ttl = check_positive("ttl", ttl)
-        self.node_timeout = check_positive("node_timeout", node_timeout)
-        if isinstance(retry_count, bool) or not isinstance(retry_count, int):
-            raise TypeError(f"retry_count must be an int, got {retry_count!r}")
-        if not 0 <= retry_count <= MAX_RETRY_COUNT:
-            raise ValueError(
-                f"retry_count must be between 0 and {MAX_RETRY_COUNT}, got {retry_count!r} "
-                "(for a longer wait pass a timeout)"
-            )
-        self.retry_count = retry_count
+        self.node_timeout = check_node_timeout(node_timeout)
+        self.retry_count = check_retry_count(retry_count)
         self.retry_delay = check_positive("retry_delay", retry_delay, allow_zero=True)
         self.drift_factor = check_positive("drift_factor", drift_factor, allow_zero=True)
         if self.drift_factor >= 0.5:
@@ -139,9 +252,7 @@ class RedlockBase:
         if self.ttl > self.max_ttl:
             raise ValueError(f"ttl {ttl!r} is longer than max_ttl {self.max_ttl!r}")
         if self.node_timeout >= self.ttl:
-            raise ValueError(
-                f"node_timeout {node_timeout!r} must be much smaller than ttl {ttl!r}"
-            )
+            raise ValueError(f"node_timeout {node_timeout!r} must be much smaller than ttl {ttl!r}")
         if meta is not None and not isinstance(meta, Mapping):
             raise TypeError(f"meta must be a dict, got {meta!r}")
         self.restart_guard = bool(restart_guard)
@@ -224,14 +335,15 @@ class RedlockBase:
 
     # -- judging replies ------------------------------------------------------------------------
 
-    def _margin(self, ttl: float) -> float:
-        return ttl * self.drift_factor + DRIFT_FLOOR
-
     def _granted(self, replies: list[Any]) -> list[Any]:
         return [r for r in replies if isinstance(r, list) and r[0] == 0]
 
     def _lease_if_valid(
-        self, handle: LockBase, owner: Hashable, request: AcquireRequest, replies: list[Any],
+        self,
+        handle: LockBase,
+        owner: Hashable,
+        request: AcquireRequest,
+        replies: list[Any],
         start: float,
     ) -> Lease | None:
         """The lease when a quorum granted it with validity left (validity measured after the
@@ -254,26 +366,16 @@ class RedlockBase:
         )
 
     def _all_fresh(self, replies: list[Any]) -> bool:
-        """A brand-new cluster: no node has a marker from before (each is guarded for a
-        missing marker, or up long enough to need no guard but never used), and some are
-        guarded.
+        """A brand-new cluster: every node is in its guard for a missing marker (none has
+        ever held a lock under this prefix, or all lost their data within the last max_ttl).
 
-        No node has ever held a lock under this prefix, so there is no lease to protect; the
-        caller trusts them all at once instead of idling for max_ttl (docs/guarantees).
+        There is no lease to protect, so the caller trusts them all at once instead of idling
+        for max_ttl (docs/guarantees). A single node that is fresh while another votes is
+        never trusted this way: it may have forgotten a lease the others still count on.
         """
         if not (self.restart_guard and self.trust_fresh_cluster):
             return False
-        guarded = False
-        for r in replies:
-            if not isinstance(r, list):
-                return False
-            if r[0] == 2:
-                if r[2] != 1:
-                    return False
-                guarded = True
-            elif len(r) < 3 or r[2] != -2:
-                return False
-        return guarded
+        return all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still
@@ -295,6 +397,164 @@ class RedlockBase:
         slack = spread * 1000 + 1
         return all(r[2] == 1 and r[3] + slack >= max(trusted_ages) for r in guarded)
 
+    def _contend_steps(
+        self,
+        handle: LockBase,
+        owner: Hashable,
+        blocking: bool,
+        deadline: float | None,
+        timeout: float | None,
+        start: float,
+    ) -> Steps[Lease | None]:
+        """Attempts until the lock is ours or the time is up: after the first refusal,
+        subscribe to the name's release channel and try again at once (a release between the
+        attempt and the subscription would otherwise go unnoticed); then wait for a release
+        notice, the holder's lease end or a random retry delay (:meth:`_pause_for`). A fair
+        lock draws its place in line first and leaves the line when done. No recursion: one
+        loop, each attempt one :meth:`_attempt_steps`."""
+        attempts = 0
+        notice = None
+        line = None
+        if handle.fair:
+            line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
+            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+        while True:
+            outcome = yield from self._attempt_steps(handle, owner, line)
+            if isinstance(outcome, Lease):
+                self._register(handle, outcome, time.monotonic() - start)
+                if outcome.auto_renew:
+                    self._start_renewal(outcome)
+                return outcome
+            attempts += 1
+            now = time.monotonic()
+            if self._out_of_time(blocking, attempts, timeout, deadline, now):
+                self._give_up(handle, outcome, now - start)
+                return None
+            if notice is None:
+                notice = yield Listen(self._channel(handle.name))
+                continue
+            yield Wait(notice, self._pause_for(handle, outcome, timeout, deadline, now))
+
+    def _attempt_steps(
+        self, handle: LockBase, owner: Hashable, line: tuple[str, int] | None = None
+    ) -> Steps[Lease | Refusal]:
+        """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
+
+        1. the same random token to every node at once, each bounded by ``node_timeout``;
+        2. a quorum (N/2+1) granted it and validity = ttl - elapsed - drift is left: ours
+           (with fencing, the agreed fence is written back to a quorum first);
+        3. otherwise undo it everywhere (also where the answer did not come in time: the SET
+           may have landed late; a late node gets the undo behind the acquire);
+        4. a brand-new cluster (every node fresh) is trusted and tried again once; a cluster
+           another client is trusting right now is tried again after a node timeout (up to
+           three times);
+        5. else the refusal says why, and when the lock frees up (retry with jitter is the
+           caller's loop: :meth:`_pause_for`).
+        """
+        settle, trusted = 3, False
+        while True:
+            request = AcquireRequest(self, handle, line)
+            cancel = (handle.name, request.token)
+            start = time.monotonic()
+            replies = yield Send(request.build, request.undo, cancel)
+            spread = time.monotonic() - start
+            lease = self._lease_if_valid(handle, owner, request, replies, start)
+            if lease is not None and lease.fence is not None:
+                command = self._fence_command(handle.name, request.token, lease.fence)
+                synced = yield Send(to_every_node(command), None, cancel)
+                valid = time.monotonic() < lease.valid_until
+                if sum(1 for r in synced if r == 1) < self.quorum or not valid:
+                    lease = None
+            if lease is not None:
+                return lease
+            if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
+                undo = self._release_command(handle.name, request.token)
+                yield Send(to_every_node(undo), None, cancel)
+            if not trusted and self._all_fresh(replies):
+                trusted = True
+                trust = yield Send(lambda n, wire: self._trust_command(wire.run_id))
+                if all(r == 1 for r in trust):
+                    settle = 0
+                    continue
+            if settle and self._settling(replies, spread):
+                # Another client is trusting this brand-new cluster right now.
+                settle -= 1
+                yield Pause(self.node_timeout)
+                continue
+            return self._refusal(replies)
+
+    # -- the other operations, as steps (one fan-out each) ---------------------------------------
+
+    def _locked_steps(self, name: str) -> Steps[bool]:
+        replies = yield Send(to_every_node(["EXISTS", self._key(check_name(name))]))
+        return sum(1 for r in replies if r == 1) >= self.quorum
+
+    def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
+        replies = yield Send(to_every_node(self._force_release_command(name, token)))
+        return self._judge_force_release(name, replies)
+
+    def _release_token_steps(self, name: str, token: str) -> Steps[int]:
+        replies = yield Send(to_every_node(self._release_command(check_name(name), token)))
+        return sum(1 for r in replies if isinstance(r, int) and r)
+
+    def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
+        command = self._extend_token_command(check_name(name), token, self._check_extend_ttl(ttl))
+        replies = yield Send(to_every_node(command))
+        return sum(1 for r in replies if r == 1) >= self.quorum
+
+    def _extend_steps(self, lease: Lease, ttl: float) -> Steps[bool]:
+        ttl = self._check_extend_ttl(ttl)
+        if lease.released or lease.lost or lease.foreign:
+            return False
+        start = time.monotonic()
+        replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
+        return self._judge_extend(lease, ttl, replies, start)
+
+    def _check_steps(self, lease: Lease) -> Steps[bool]:
+        if lease.released or lease.lost or lease.foreign:
+            return False
+        replies = yield Send(to_every_node(["HGET", self._key(lease.name), "token"]))
+        return self._judge_check(lease, replies)
+
+    def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
+        """One watchdog round over the due leases, in one pipelined fan-out (a silent node
+        costs one node timeout per round, not one per lease): per lease, when to renew it
+        next, or None to stop."""
+        now = time.monotonic()
+        batch = [lease for lease in leases if self._wants_renewal(lease, now)]
+        whens: dict[int, float | None] = {}
+        if batch:
+            start = time.monotonic()
+            commands = [self._extend_command(lease, lease.ttl) for lease in batch]
+            results = yield SendBatch(commands, batch)
+            judged = self._judge_renewals(batch, results, start)
+            whens = dict(zip(map(id, batch), judged, strict=True))
+        return [whens.get(id(lease)) for lease in leases]
+
+    def _list_steps(self, pattern: str) -> Steps[dict[str, list[tuple[Node, list[Any]]]]]:
+        """Every lock some node holds whose name matches the glob ``pattern``: each step reads
+        up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
+        busy node is not blocked), on all nodes at once. Returns each name's per-node
+        entries (see :meth:`_lock_info`)."""
+        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
+        found: dict[str, list[tuple[Node, list[Any]]]] = {}
+        while any(c is not None for c in cursors):
+            commands = {
+                id(node): self._list_command(cursor, pattern)
+                for node, cursor in zip(self.nodes, cursors, strict=True)
+            }
+            replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
+            self._list_step(cursors, replies, found)
+        return found
+
+    def _trust_cluster_steps(self) -> Steps[int]:
+        """``trust_cluster()``: refuse when a reachable node holds a lock (the operator's
+        assertion is false), else arm every reachable node's marker as trusted now."""
+        found = yield from self._list_steps("*")
+        self._refuse_trust([self._lock_info(name, found[name]) for name in sorted(found)])
+        replies = yield Send(lambda n, wire: self._trust_now_command(wire.run_id))
+        return sum(1 for r in replies if r == 1)
+
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
@@ -307,7 +567,7 @@ class RedlockBase:
                 held_pttls.append(max(int(reply[1]), 0))
                 failures[node.name] = "held"
             elif reply[0] == 2:
-                failures[node.name] = f"guarded for {int(reply[1]) / 1000:.1f}s after a restart"
+                failures[node.name] = _guard_reason(reply)
             elif reply[0] == 3:
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
@@ -324,11 +584,17 @@ class RedlockBase:
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""
         handle.retry_after = refusal.retry_after
-        emit(self.listeners, LockEvent(
-            "contended", handle.name, meta=handle.meta, waited=waited,
-            retry_after=refusal.retry_after,
-            reason=", ".join(f"{n}: {why}" for n, why in refusal.failures.items()),
-        ))
+        emit(
+            self.listeners,
+            LockEvent(
+                "contended",
+                handle.name,
+                meta=handle.meta,
+                waited=waited,
+                retry_after=refusal.retry_after,
+                reason=", ".join(f"{n}: {why}" for n, why in refusal.failures.items()),
+            ),
+        )
         if refusal.answered < self.quorum:
             raise QuorumError(
                 f"lock {handle.name!r}: only {refusal.answered} of {len(self.nodes)} nodes "
@@ -346,7 +612,11 @@ class RedlockBase:
         return None if math.isinf(timeout) else start + timeout
 
     def _out_of_time(
-        self, blocking: bool, attempts: int, timeout: float | None, deadline: float | None,
+        self,
+        blocking: bool,
+        attempts: int,
+        timeout: float | None,
+        deadline: float | None,
         now: float,
     ) -> bool:
         if not blocking:
@@ -356,7 +626,11 @@ class RedlockBase:
         return deadline is not None and now >= deadline
 
     def _pause_for(
-        self, handle: LockBase, refusal: Refusal, timeout: float | None, deadline: float | None,
+        self,
+        handle: LockBase,
+        refusal: Refusal,
+        timeout: float | None,
+        deadline: float | None,
         now: float,
     ) -> float:
         """How long to wait before the next attempt if no release notice comes first: until
@@ -377,112 +651,6 @@ class RedlockBase:
             delay = min(delay, deadline - now)
         return max(delay, 0.0)
 
-    # -- the lease table ------------------------------------------------------------------------
-
-    def _reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
-        """The owner's current lease of this name, one hold deeper, if reentry applies.
-
-        A nested hold may ask for renewal the outer one did not (a long job under a view's
-        lock): the lease is then renewed from now on. It cannot get a fence the outer
-        acquisition did not draw, so asking for one is an error rather than a silent None.
-        """
-        if not handle.reentrant:
-            return None
-        with self._leases_lock:
-            lease = self._leases.get(handle.name)
-            if lease is None or lease.owner != owner or lease.validity <= 0:
-                return None
-            if handle.fencing and lease.fence is None:
-                raise ValueError(
-                    f"lock {handle.name!r} is already held by this owner without fencing; a "
-                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
-                )
-            lease.count += 1
-            upgrade = handle.auto_renew and not lease.auto_renew
-            if upgrade:
-                lease.auto_renew = True
-        if upgrade:
-            self._start_renewal(lease)
-        return lease
-
-    def _start_renewal(self, lease: Lease) -> None:
-        """Hand an auto-renewed lease to this client's watchdog."""
-        raise NotImplementedError
-
-    def _register(self, handle: LockBase, lease: Lease, waited: float) -> None:
-        handle.retry_after = None
-        with self._leases_lock:
-            self._leases[lease.name] = lease
-        emit(self.listeners, LockEvent(
-            "acquired", lease.name, token=lease.token, meta=lease.meta, waited=waited,
-            fence=lease.fence,
-        ))
-
-    def _begin_release(self, lease: Lease) -> bool:
-        """Drop one hold; True when the last hold is gone and the nodes must be told."""
-        if lease.count <= 1 and lease.validity <= 0:
-            # Also when the watchdog has not run yet (the whole process was frozen): a lease
-            # that ran out is lost, whether or not another owner took the name since.
-            self._mark_lost(lease, "the lease ran out before release")
-        with self._leases_lock:
-            if lease.count > 1:
-                lease.count -= 1
-                return False
-            lease.released = True
-            if self._leases.get(lease.name) is lease:
-                del self._leases[lease.name]
-        return True
-
-    def _courtesy(self, name: str) -> float:
-        """Seconds this process should hold back before contending for ``name`` again: after
-        its release told waiting processes, they get a head start, else the releaser would win
-        every round (it needs no wake-up) and starve them."""
-        with self._leases_lock:
-            until = self._yield_until.pop(name, 0.0)
-        return max(until - time.monotonic(), 0.0)
-
-    def _finish_release(self, lease: Lease, replies: list[Any]) -> None:
-        if any(isinstance(r, int) and r > 1 for r in replies):
-            with self._leases_lock:
-                self._yield_until[lease.name] = time.monotonic() + COURTESY
-        emit(self.listeners, LockEvent(
-            "released", lease.name, token=lease.token, meta=lease.meta,
-            held=time.monotonic() - lease.acquired, fence=lease.fence, reason=lease.lost,
-        ))
-        if lease.lost:
-            raise LockLost(
-                f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name
-            )
-        refused = sum(1 for r in replies if r == 0)
-        if refused > len(self.nodes) - self.quorum:
-            emit(self.listeners, LockEvent(
-                "lost", lease.name, token=lease.token, meta=lease.meta,
-                held=time.monotonic() - lease.acquired, fence=lease.fence,
-                reason="the lease ran out before release",
-            ))
-            raise LockNotOwned(
-                f"lock {lease.name!r} was no longer ours on {refused} of {len(self.nodes)} nodes "
-                "(the lease ran out before release)",
-                lease.name,
-            )
-
-    def _extend_command(self, lease: Lease, ttl: float) -> list[Any]:
-        return self._extend_token_command(lease.name, lease.token, ttl)
-
-    def _extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
-        return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000)])
-
-    def _detach(self, lease: Lease) -> str:
-        """Stop tracking a lease here without releasing it: the process it was taken for
-        releases it by token. It is no longer renewed or reentered in this process."""
-        with self._leases_lock:
-            lease.released = True
-            if self._leases.get(lease.name) is lease:
-                del self._leases[lease.name]
-        if lease.leave_queue is not None:
-            lease.leave_queue()
-        return lease.token
-
     def _check_extend_ttl(self, ttl: float) -> float:
         ttl = check_positive("ttl", ttl)
         if ttl > self.max_ttl:
@@ -491,238 +659,14 @@ class RedlockBase:
             raise ValueError(f"ttl {ttl!r} must exceed node_timeout {self.node_timeout!r}")
         return ttl
 
-    def _judge_extend(self, lease: Lease, ttl: float, replies: list[Any], start: float) -> bool:
-        ours = sum(1 for r in replies if r == 1)
-        margin = self._margin(ttl)
-        if ours >= self.quorum and ttl - (time.monotonic() - start) - margin > 0 and not (
-            lease.released or lease.lost
-        ):
-            lease.valid_until = start + ttl - margin
-            lease.ttl = ttl
-            lease.last_renewal = start
-            return True
-        if sum(1 for r in replies if r == 0) > len(self.nodes) - self.quorum:
-            self._mark_lost(lease, "the token is gone from a quorum of nodes")
-        return False
 
-    def _judge_check(self, lease: Lease, replies: list[Any]) -> bool:
-        token = lease.token.encode()
-        if sum(1 for r in replies if r == token) >= self.quorum:
-            return True
-        if sum(1 for r in replies if not isinstance(r, Failure) and r != token) > (
-            len(self.nodes) - self.quorum
-        ):
-            self._mark_lost(lease, "the token is gone from a quorum of nodes")
-        return False
-
-    def _mark_lost(self, lease: Lease, why: str) -> None:
-        with self._leases_lock:
-            if lease.lost is not None or lease.released:
-                return
-            lease.lost = why
-            if self._leases.get(lease.name) is lease:
-                del self._leases[lease.name]
-        emit(self.listeners, LockEvent(
-            "lost", lease.name, token=lease.token, meta=lease.meta,
-            held=time.monotonic() - lease.acquired, fence=lease.fence, reason=why,
-        ))
-
-    def _judge_force_release(self, name: str, replies: list[Any]) -> int:
-        tokens = {r.decode() for r in replies if isinstance(r, bytes)}
-        removed = sum(1 for r in replies if isinstance(r, bytes))
-        with self._leases_lock:
-            lease = self._leases.get(name)
-        if lease is not None and lease.token in tokens:
-            self._mark_lost(lease, "force-released by an operator")
-        emit(self.listeners, LockEvent(
-            "force_released", name, token=next(iter(tokens), None), nodes=removed
-        ))
-        return removed
-
-    def _after_fork(self) -> None:
-        self._leases_lock = threading.Lock()
-        self._leases = {}
-        self._yield_until = {}
-
-    # -- keys and metadata ----------------------------------------------------------------------
-
-    def _key(self, name: str) -> str:
-        return f"{self.key_prefix}:lock:{name}"
-
-    def _acquire_keys(self, name: str) -> list[str]:
-        return [self._key(name), f"{self.key_prefix}:fence:{name}", self._node_key()]
-
-    def _line_keys(self, name: str) -> list[str]:
-        p = self.key_prefix
-        return [f"{p}:queue:{name}", f"{p}:beats:{name}", f"{p}:qseq:{name}"]
-
-    def _ticket_command(self, name: str) -> list[Any]:
-        return script_command(scripts.FAIR_TICKET, [self._line_keys(name)[2]], [])
-
-    def _leave_line_command(self, name: str, waiter: str) -> list[Any]:
-        return script_command(scripts.FAIR_LEAVE, self._line_keys(name)[:2], [waiter])
-
-    def _line(self, replies: list[Any]) -> tuple[str, int]:
-        """A new waiter's place: the largest ticket any node drew (quorums overlap, so a waiter
-        arriving after another finished joining always draws a larger one)."""
-        tickets = [r for r in replies if isinstance(r, int)]
-        return secrets.token_hex(8), max(tickets, default=0)
-
-    #: Marker fields a health probe reads (see ``scripts._GUARD``).
-    MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed")
-
-    def _node_key(self) -> str:
-        return f"{self.key_prefix}:node"
-
-    def _channel(self, name: str) -> str:
-        return f"{self.key_prefix}:released:{name}"
-
-    def _release_command(self, name: str, token: str) -> list[Any]:
-        return script_command(scripts.RELEASE, [self._key(name)], [token, self._channel(name)])
-
-    def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
-        return script_command(
-            scripts.FENCE_SYNC, [self._key(name), f"{self.key_prefix}:fence:{name}"],
-            [token, fence],
+def _guard_reason(reply: list[Any]) -> str:
+    """Why a node in its restart guard does not vote, and what an operator can do."""
+    seconds = f"{int(reply[1]) / 1000:.1f}s"
+    if reply[2] == 1:
+        return (
+            f"guarded for {seconds}: it has no lock data (new, flushed or restarted empty) and "
+            "not every node is new, so no node can vouch that nothing was held; if no lock is "
+            "held, `manage.py redlock trust` (Redlock.trust_cluster()) lets it vote now"
         )
-
-    def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
-        return script_command(scripts.FORCE_RELEASE, [self._key(check_name(name))],
-                              [self._channel(name), token or ""])
-
-    #: Lock hashes read per node per listing step.
-    LIST_BATCH = 1000
-    #: A listing step may take longer than a lock operation (up to LIST_BATCH locks).
-    LIST_TIMEOUT = 2.0
-
-    def _list_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
-        """The next listing step on a node, or a no-op once its SCAN is done (``cursor`` None),
-        so every step is one fan-out over all nodes."""
-        if cursor is None:
-            return ["PING"]
-        match = f"{self.key_prefix}:lock:{pattern}"
-        return script_command(scripts.LIST, [], [cursor, match, self.LIST_BATCH])
-
-    def _list_step(
-        self, cursors: list[bytes | None], replies: list[Any],
-        found: dict[str, list[tuple[Node, list[Any]]]],
-    ) -> None:
-        """Record one listing step's locks; advance each node's cursor (None when done or the
-        node failed: an unreachable node just contributes nothing)."""
-        skip = len(self.key_prefix) + 6  # "<prefix>:lock:"
-        for index, (cursor, reply) in enumerate(zip(cursors, replies, strict=True)):
-            if cursor is None:
-                continue
-            if not isinstance(reply, list) or len(reply) != 2:
-                cursors[index] = None
-                continue
-            node = self.nodes[index]
-            for entry in json.loads(reply[1]):
-                found.setdefault(entry[0][skip:], []).append((node, entry))
-            cursors[index] = None if reply[0] in (b"0", 0) else reply[0]
-
-    def _trust_command(self, run_id: str) -> list[Any]:
-        return script_command(scripts.TRUST, [self._node_key()], [run_id])
-
-    def _holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-        """The holder's details for the admin page, and their JSON (built from a cached part,
-        as this runs on every acquire)."""
-        pid = os.getpid()
-        if self._meta_cache is None or self._meta_cache[0] != pid:
-            fixed = {"host": self._host, "pid": pid, **self.meta}
-            self._meta_cache = (pid, fixed, json.dumps(fixed, default=str)[1:-1])
-        _, fixed, fixed_json = self._meta_cache
-        thread, now = threading.current_thread().name, time.time()
-        holder = {**fixed, "thread": thread, "acquired_at": now}
-        parts = [fixed_json, f'"thread": {json.dumps(thread)}', f'"acquired_at": {now!r}']
-        if meta:
-            holder.update(meta)
-            parts.append(json.dumps(dict(meta), default=str)[1:-1])
-        return holder, "{" + ", ".join(p for p in parts if p) + "}"
-
-    # -- listing --------------------------------------------------------------------------------
-
-    def _lock_info(self, name: str, states: list[tuple[Node, list[Any]]]) -> LockInfo:
-        """One lock from the nodes' listing entries ``[key, token, meta, fence, renewals,
-        acquired ms, lease ms, pttl ms]``."""
-        per_node = tuple(
-            NodeLockState(
-                node=node.name,
-                token=entry[1],
-                ttl=entry[7] / 1000,
-                renewals=int(entry[4]),
-                fence=int(entry[3]) or None,
-                acquired_at=_from_ms(entry[5]),
-                lease=int(entry[6]) / 1000 or None,
-            )
-            for node, entry in states
-        )
-        tokens = [s.token for s in per_node]
-        token = max(set(tokens), key=tokens.count)
-        mine = [s for s in per_node if s.token == token]
-        raw_meta = next(entry[2] for _, entry in states if entry[1] == token)
-        try:
-            meta = json.loads(raw_meta)
-        except ValueError:
-            meta = {}
-        ttls = sorted((s.ttl for s in mine), reverse=True)
-        # The lock is free once fewer than a quorum still hold it.
-        ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else 0.0
-        return LockInfo(
-            name=name,
-            token=token,
-            meta=meta if isinstance(meta, dict) else {"value": meta},
-            acquired_at=min((s.acquired_at for s in mine if s.acquired_at), default=None),
-            ttl=ttl,
-            nodes=len(mine),
-            total_nodes=len(self.nodes),
-            quorum=self.quorum,
-            fence=max((s.fence for s in mine if s.fence), default=None),
-            renewals=max(s.renewals for s in mine),
-            per_node=per_node,
-            lease=max((s.lease for s in mine if s.lease), default=None),
-        )
-
-    def _node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
-        """Health from what one node answered: ``latency``, ``time`` (sec, usec), ``sent``,
-        ``received`` (local wall clock), ``info``, ``marker`` (:attr:`MARKER_FIELDS`), ``keys``."""
-        info = probe["info"]
-        server_time = probe["time"]
-        node_now = int(server_time[0]) + int(server_time[1]) / 1e6
-        guarded_for = fresh = None
-        if self.restart_guard:
-            run_id, started, is_fresh, trusted, _ = probe["marker"]
-            if run_id is None or run_id.decode() != info.get("run_id"):
-                # The next acquire arms the marker from the node's start time.
-                guarded_for = max(self.max_ttl - float(info.get("uptime_in_seconds", 0)), 0.0)
-                fresh = run_id is None and guarded_for > 0
-            elif int(trusted or 0) > 0:
-                guarded_for, fresh = 0.0, False
-            else:
-                guarded_for = max(int(started) / 1000 + self.max_ttl - node_now, 0.0)
-                fresh = is_fresh == b"1" and guarded_for > 0
-        return NodeHealth(
-            node=node.name,
-            reachable=True,
-            latency=probe["latency"],
-            version=str(info.get("redis_version") or info.get("valkey_version")),
-            uptime=float(info.get("uptime_in_seconds", 0)),
-            run_id=info.get("run_id"),
-            used_memory=info.get("used_memory"),
-            lock_keys=probe["keys"],
-            clock_offset=node_now - (probe["sent"] + probe["received"]) / 2,
-            guarded_for=guarded_for,
-            fresh=fresh,
-        )
-
-
-def _from_ms(raw: Any) -> datetime | None:
-    if not raw:
-        return None
-    return datetime.fromtimestamp(int(raw) / 1000, tz=timezone.utc)
-
-
-def glob_escape(name: str) -> str:
-    """A glob matching exactly ``name`` (for SCAN MATCH). Redis' glob takes a backslash
-    escape; a bracket class would not do for ']' and '\\'."""
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in name)
+    return f"guarded for {seconds}: a new server process (restart or failover) may have lost leases"

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["LockLost", "LockNotAcquired", "LockNotOwned", "QuorumError", "RedlockError"]
+__all__ = [
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "QuorumError",
+    "RedlockError",
+    "TrustRefused",
+]
 
 
 class RedlockError(Exception):
@@ -63,3 +70,8 @@ class LockNotOwned(RedlockError):
 class LockLost(LockNotOwned):
     """A lock we held was lost before we released it: the lease ran out, renewal could not
     reach a quorum, or an operator force-released it."""
+
+
+class TrustRefused(RedlockError):
+    """``trust_cluster()`` refused: some reachable node holds a lock, so the operator's
+    assertion "no lock is held" is false, and trusting the nodes now could grant it twice."""

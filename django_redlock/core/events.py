@@ -43,9 +43,14 @@ def emit(listeners: list[Listener], event: LockEvent) -> None:
             "lock %s %s",
             event.name,
             event.kind,
-            extra={"lock_event": event.kind, "lock_name": event.name, "lock_token": event.token,
-                   "lock_reason": event.reason, "lock_waited": event.waited,
-                   "lock_held": event.held},
+            extra={
+                "lock_event": event.kind,
+                "lock_name": event.name,
+                "lock_token": event.token,
+                "lock_reason": event.reason,
+                "lock_waited": event.waited,
+                "lock_held": event.held,
+            },
         )
     for listener in list(listeners):
         try:

@@ -2,11 +2,92 @@
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["LockInfo", "NodeHealth", "NodeLockState"]
+__all__ = [
+    "HOLDER_PLACE",
+    "NODE_STATUSES",
+    "PID_SPACE",
+    "STALE_RENEWAL_FRACTION",
+    "STUCK_REASONS",
+    "LockInfo",
+    "NodeHealth",
+    "NodeLockState",
+    "process_gone",
+]
+
+#: A lock that has been renewed at least once is "not renewing" when its last renewal is
+#: longer ago than this fraction of its lease. The watchdog renews every third of the lease,
+#: so 2/3 means two renewals in a row did not happen.
+STALE_RENEWAL_FRACTION = 2 / 3
+
+#: Why a lock can be flagged as stuck, in display order: (code, short label, explanation).
+#: The one judgement the admin page and ``manage.py redlock list`` both show.
+STUCK_REASONS: tuple[tuple[str, str, str], ...] = (
+    ("old", "held too long", "held for longer than STUCK_AFTER"),
+    ("split", "split", "fewer than a quorum of nodes hold one token, or tokens differ"),
+    ("stale", "not renewing", "renewed before, but the last renewal is overdue"),
+    ("dead", "holder gone", "the holder process on this host no longer exists"),
+)
+
+#: What a node does in the next acquire (:attr:`NodeHealth.status`): ``voting``; ``guarded``
+#: (in its restart guard, not counted); ``down`` (unreachable).
+NODE_STATUSES = ("voting", "guarded", "down")
+
+_HOST = socket.gethostname()
+
+
+def _pid_space() -> str | None:
+    """This boot's id and this pid namespace (Linux): containers sharing the host's name
+    (host networking) have pid namespaces of their own, where another one's pid means
+    nothing."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot_id}/{namespace}"
+
+
+#: Holder metadata key: the boot and pid namespace the holder's ``pid`` belongs to.
+PID_SPACE = "pid_space"
+_SPACE = _pid_space()
+#: What every holder records about where its ``pid`` lives (empty where it cannot be known).
+HOLDER_PLACE: dict[str, str] = {} if _SPACE is None else {PID_SPACE: _SPACE}
+
+
+def process_gone(
+    meta: Mapping[str, Any], cache: dict[int, bool] | None = None, *, certain: bool = False
+) -> bool:
+    """True when the holder described by ``meta`` ran on this host and its process no longer
+    exists. A holder on another host, or one whose pid exists (possibly reused), counts as
+    alive. With ``certain`` (before freeing a lock rather than flagging it) the holder must
+    also have recorded this process's boot and pid namespace (:data:`PID_SPACE`). ``cache``
+    keeps lookups across the locks of one listing."""
+    pid = meta.get("pid")
+    if meta.get("host") != _HOST or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    if certain and (_SPACE is None or meta.get(PID_SPACE) != _SPACE):
+        return False
+    if cache is not None and pid in cache:
+        return cache[pid]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        gone = True
+    except OSError:  # EPERM: it exists, owned by another user
+        gone = False
+    else:
+        gone = False
+    if cache is not None:
+        cache[pid] = gone
+    return gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +147,31 @@ class LockInfo:
             return None
         return max((datetime.now(self.acquired_at.tzinfo) - self.acquired_at).total_seconds(), 0)
 
+    def stuck_reasons(
+        self,
+        stuck_after: float | None,
+        *,
+        now: float | None = None,
+        pid_cache: dict[int, bool] | None = None,
+    ) -> tuple[str, ...]:
+        """The codes of :data:`STUCK_REASONS` that apply (empty: not stuck). ``now`` is a
+        ``time.time()`` reading to judge ages against (one per listing); ``pid_cache`` keeps
+        process lookups across the locks of one listing."""
+        reasons = []
+        if stuck_after is not None and self.acquired_at is not None:
+            when = datetime.now(timezone.utc).timestamp() if now is None else now
+            if when - self.acquired_at.timestamp() > stuck_after:
+                reasons.append("old")
+        if self.split:
+            reasons.append("split")
+        lease = self.lease
+        overdue = lease is not None and lease - self.ttl > STALE_RENEWAL_FRACTION * lease
+        if self.renewals > 0 and overdue:
+            reasons.append("stale")
+        if process_gone(self.meta, pid_cache):
+            reasons.append("dead")
+        return tuple(reasons)
+
 
 @dataclass(frozen=True)
 class NodeHealth:
@@ -82,6 +188,20 @@ class NodeHealth:
     clock_offset: float | None = None  #: node clock minus local clock, seconds (RTT-corrected)
     guarded_for: float | None = None  #: seconds before the restart guard lets it vote
     #: True while the node's guard comes from a missing marker (never used, or restarted
-    #: empty); a brand-new cluster is trusted at once when every node is fresh.
+    #: empty); a brand-new cluster is trusted at once when every node is fresh (its nodes
+    #: then show ``guarded_for`` 0: they vote at the first lock).
     fresh: bool | None = None
     error: str | None = None
+    #: One of :data:`NODE_STATUSES`, judged with the whole cluster in view (``health()``);
+    #: left out, a reachable node with no guard votes (a one-node service such as a backend).
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            guarded = self.guarded_for is not None and self.guarded_for > 0
+            status = "down" if not self.reachable else "guarded" if guarded else "voting"
+            object.__setattr__(self, "status", status)
+
+    @property
+    def voting(self) -> bool:
+        return self.status == "voting"

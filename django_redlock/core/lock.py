@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import LockNotAcquired, LockNotOwned
+from .validation import check_timeout
 
-if TYPE_CHECKING:
-    from .redlock import Redlock
+__all__ = ["Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
 
-__all__ = ["Lease", "Lock", "LockBase", "current_owner"]
+
+class _Process:
+    """This process's id, kept current across fork (``os.getpid()`` is a system call, and
+    ``held``/``validity`` ask on every look at a lease)."""
+
+    pid = os.getpid()
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Process.forked)
 
 
 def current_owner() -> Hashable:
@@ -55,10 +69,19 @@ class Lease:
     io_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Releases this process's local queue for the name (sync client), if it used one.
     leave_queue: Any = field(default=None, repr=False)
+    #: Stops listening for an operator's force release (auto-renewed leases listen).
+    unwatch: Any = field(default=None, repr=False)
+    #: The process that acquired it; a forked child holds none of its parent's locks.
+    pid: int = field(default_factory=lambda: _Process.pid)
+
+    @property
+    def foreign(self) -> bool:
+        """Inherited through fork: this process must never touch it on the nodes."""
+        return self.pid != _Process.pid
 
     @property
     def validity(self) -> float:
-        if self.released or self.lost:
+        if self.released or self.lost or self.foreign:
             return 0.0
         return max(self.valid_until - time.monotonic(), 0.0)
 
@@ -139,8 +162,10 @@ class LockBase:
     def _resolve(self, blocking: bool | None, timeout: float | None) -> tuple[bool, float | None]:
         if self._lease is not None and not self._lease.released:
             raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
-        return (self.blocking if blocking is None else blocking,
-                self.timeout if timeout is None else timeout)
+        return (
+            self.blocking if blocking is None else blocking,
+            self.timeout if timeout is None else timeout,
+        )
 
     def _take_lease(self) -> Lease:
         lease = self._lease
@@ -150,9 +175,23 @@ class LockBase:
 
     def _not_acquired(self) -> LockNotAcquired:
         return LockNotAcquired(
-            f"lock {self.name!r} is held by another owner", self.name,
+            f"lock {self.name!r} is held by another owner",
+            self.name,
             retry_after=self.retry_after,
         )
+
+
+class SyncClient(Protocol):
+    """What a :class:`Lock` asks of the client that made it (:class:`~.redlock.Redlock`);
+    named here so the handle does not import the client that imports it."""
+
+    def _acquire(self, handle: Lock, *, blocking: bool, timeout: float | None) -> Lease | None: ...
+
+    def _release(self, lease: Lease) -> None: ...
+
+    def _extend(self, lease: Lease, ttl: float) -> bool: ...
+
+    def _check(self, lease: Lease) -> bool: ...
 
 
 class Lock(LockBase):
@@ -162,7 +201,7 @@ class Lock(LockBase):
     :meth:`extend` and :meth:`check`.
     """
 
-    redlock: Redlock
+    redlock: SyncClient
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock on a quorum of nodes.
@@ -172,8 +211,6 @@ class Lock(LockBase):
         the holder releases or its lease runs out. Returns False when someone else holds the
         lock; raises :class:`QuorumError` when too few nodes could answer at all.
         """
-        from .validation import check_timeout
-
         blocking, timeout = self._resolve(blocking, check_timeout(timeout))
         self._lease = self.redlock._acquire(self, blocking=blocking, timeout=timeout)
         return self._lease is not None

@@ -23,23 +23,27 @@ from typing import Any, Union
 from urllib.parse import urlsplit
 
 import redis
-from redis.connection import parse_url
+from redis.connection import parse_url as _parse_url
 
-from .resp import Incomplete, ReplyError, encode, parse
+from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
 
 __all__ = [
     "Failure",
     "Node",
     "NodeSpec",
+    "ProtocolError",
     "Wire",
     "WireError",
     "as_bytes",
     "as_eval",
+    "eval_form",
     "fan_out",
+    "fan_out_batch",
     "handshake",
     "make_nodes",
     "node_identity",
+    "os_failure",
     "parse_spec",
     "redact",
     "reply_failure",
@@ -49,9 +53,12 @@ __all__ = [
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
 #: (whose connection pool's settings are reused).
-NodeSpec = Union[str, Mapping[str, Any], "redis.Redis[Any]"]
+NodeSpec = Union[str, Mapping[str, Any], "redis.Redis"]
 
 _SCHEMES = ("redis", "rediss", "unix")
+
+#: redis-py's URL parser (untyped in redis-py): connection keyword arguments from a URL.
+parse_url: Callable[[str], dict[str, Any]] = _parse_url
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,29 @@ class Failure:
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
+
+class ProtocolError(ConnectionError):
+    """The peer sent something that is not a Redis reply: the address is not a Redis server
+    (or the connection is out of step). The connection can never be used again."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"not a Redis server (no RESP reply: {detail})")
+
+
+def os_failure(exc: OSError) -> Failure:
+    """The :class:`Failure` to report for a connection error."""
+    if isinstance(exc, ProtocolError):
+        return Failure("error", str(exc))
+    return Failure("refused", exc.strerror or str(exc))
+
+
+def parse_reply(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
+    """:func:`parse`, with garbage reported as :class:`ProtocolError`."""
+    try:
+        return parse(buf, pos)
+    except ValueError as exc:
+        raise ProtocolError(str(exc) or repr(bytes(buf[pos : pos + 20]))) from None
 
 
 class WireError(Exception):
@@ -84,6 +114,8 @@ class Wire:
     def __init__(self, node: Node, timeout: float) -> None:
         self.buf = bytearray()
         self.run_id = ""
+        self.run_id_arg = b""
+        self.fd = -1
         #: True once it served a command: a reused socket may have been closed by the node
         #: (restart, idle timeout) while it sat in the pool.
         self.reused = False
@@ -97,9 +129,7 @@ class Wire:
                 sock = socket.create_connection((params["host"], params["port"]), timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if params.get("ssl"):
-                    sock = node.ssl_context().wrap_socket(
-                        sock, server_hostname=params["host"]
-                    )
+                    sock = node.ssl_context().wrap_socket(sock, server_hostname=params["host"])
             self.sock = sock
             self._handshake(params)
         except WireError:
@@ -110,18 +140,22 @@ class Wire:
             raise WireError(Failure("timeout", "no answer while connecting")) from None
         except OSError as exc:
             self.close()
-            raise WireError(Failure("refused", exc.strerror or str(exc))) from None
+            raise WireError(os_failure(exc)) from None
         sock.settimeout(0)
+        #: Kept: the fan-out looks it up per reply, and a closed socket's would be -1.
+        self.fd = sock.fileno()
 
     def _handshake(self, params: Mapping[str, Any]) -> None:
         commands = handshake(params)
         self.sock.sendall(b"".join(encode(c) for c in commands))
         self.run_id = run_id_of([self.read_blocking() for _ in commands])
+        #: The run id as a RESP argument (every acquire sends it).
+        self.run_id_arg = bulk(self.run_id)
 
     def read_blocking(self) -> Any:
         while True:
             try:
-                value, pos = parse(self.buf)
+                value, pos = parse_reply(self.buf)
             except Incomplete:
                 data = self.sock.recv(65536)
                 if not data:
@@ -143,14 +177,9 @@ class Wire:
 
     def take(self) -> Any:
         """The next whole reply in the buffer; raises :class:`Incomplete` if there is none."""
-        value, pos = parse(self.buf)
+        value, pos = parse_reply(self.buf)
         del self.buf[:pos]
         return value
-
-    def poll_reply(self) -> Any:
-        """Read what has arrived; the reply once whole, else raises :class:`Incomplete`."""
-        self.feed()
-        return self.take()
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -168,8 +197,9 @@ def handshake(params: Mapping[str, Any]) -> list[list[Any]]:
     commands: list[list[Any]] = []
     if params.get("password") is not None:
         user = params.get("username")
-        commands.append(["AUTH", user, params["password"]] if user else
-                        ["AUTH", params["password"]])
+        commands.append(
+            ["AUTH", user, params["password"]] if user else ["AUTH", params["password"]]
+        )
     if params.get("db"):
         commands.append(["SELECT", params["db"]])
     commands.append(["INFO", "server"])
@@ -262,10 +292,15 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         if "path" in kwargs:
             url = f"unix://{kwargs.pop('path')}?db={kwargs.pop('db', 0)}"
         else:
-            scheme = "rediss" if "ssl" in spec.connection_pool.connection_class.__name__.lower() \
+            scheme = (
+                "rediss"
+                if "ssl" in spec.connection_pool.connection_class.__name__.lower()
                 else "redis"
-            url = f"{scheme}://{kwargs.pop('host', 'localhost')}:{kwargs.pop('port', 6379)}/" \
-                  f"{kwargs.pop('db', 0)}"
+            )
+            url = (
+                f"{scheme}://{kwargs.pop('host', 'localhost')}:{kwargs.pop('port', 6379)}/"
+                f"{kwargs.pop('db', 0)}"
+            )
         for drop in ("socket_timeout", "socket_connect_timeout", "decode_responses"):
             kwargs.pop(drop, None)
         return url, {k: v for k, v in kwargs.items() if k in ("username", "password")}
@@ -359,61 +394,77 @@ def as_bytes(command: Sequence[Any] | bytes) -> bytes:
     return command if isinstance(command, bytes) else encode(command)
 
 
-def as_eval(command: Sequence[Any] | bytes) -> bytes:
+def eval_form(command: Sequence[Any] | bytes) -> list[Any]:
     """The EVAL form of an EVALSHA command, for a node that answered NOSCRIPT (it restarted
     or flushed its script cache; this also caches the script again)."""
     args = list(parse(command)[0] if isinstance(command, bytes) else command)
     sha = args[1].decode() if isinstance(args[1], bytes) else args[1]
-    return encode(["EVAL", BODIES[sha], *args[2:]])
+    return ["EVAL", BODIES[sha], *args[2:]]
 
 
-def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> list[Any]:
+def as_eval(command: Sequence[Any] | bytes) -> bytes:
+    """:func:`eval_form`, encoded."""
+    return encode(eval_form(command))
+
+
+def fan_out(
+    nodes: Sequence[Node],
+    build: CommandBuilder,
+    timeout: float,
+    late: Callable[[], bytes] | None = None,
+) -> list[Any]:
     """Send one command to every node at once and collect the replies in node order.
 
     A reply is whatever the node returned; a node that failed or did not answer within
     ``timeout`` seconds yields a :class:`Failure`. A connection whose reply did not come in
     time is closed, so a late reply can never be read as the answer to a later command.
+
+    ``late`` builds the command that undoes the first one on a node that did not answer in
+    time: it goes out on that node's connection, behind the first command, before the
+    connection is closed. A node runs one connection's commands in order, so the undo cannot
+    overtake a command still queued there (a frozen node runs both when it wakes up); sent on
+    a new connection it could, and leave the first command's effect behind.
     """
-    replies: list[Any] = [Failure("timeout")] * len(nodes)
+    replies: list[Any] = [_TIMED_OUT] * len(nodes)
     pending: dict[int, tuple[int, Wire, Sequence[Any] | bytes]] = {}
     poller = select.poll()
-    encoded: dict[int, bytes] = {}
-
-    def _encoded(command: Sequence[Any] | bytes) -> bytes:
-        # Most commands are one object for every node: encode it once.
-        data = encoded.get(id(command))
-        if data is None:
-            data = encoded[id(command)] = as_bytes(command)
-        return data
+    # Most commands are one object for every node: encode it once.
+    last: Sequence[Any] | bytes | None = None
+    data = b""
 
     # Nodes with an open connection first: their commands are in flight while we still
     # connect to the others. All connecting together may take at most `timeout`.
     connect_deadline = time.monotonic() + timeout
-    order = sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
-
-    def send(index: int, timeout: float) -> None:
+    order: Sequence[int] = range(len(nodes))
+    for node in nodes:
+        if not node._idle:
+            order = sorted(order, key=lambda i: not nodes[i]._idle)
+            break
+    # One fresh try for a pooled socket that had gone stale (the node closed it while idle).
+    stale: list[int] = []
+    for index in order:
         node = nodes[index]
-        wire: Wire
         try:
-            wire = node.checkout(timeout)
+            wire = node.checkout(max(connect_deadline - time.monotonic(), 0.005))
         except WireError as exc:
             replies[index] = exc.failure
-            return
+            continue
         command = build(node, wire)
+        if command is not last:
+            last, data = command, as_bytes(command)
         try:
-            wire.sock.sendall(_encoded(command))
+            wire.sock.sendall(data)
         except OSError as exc:
             wire.close()
             if wire.reused:
-                send(index, timeout)  # the pooled socket had gone stale: one fresh try
+                stale.append(index)
             else:
-                replies[index] = Failure("refused", exc.strerror or str(exc))
-            return
-        pending[wire.fileno()] = (index, wire, command)
-        poller.register(wire.fileno(), select.POLLIN)
-
-    for index in order:
-        send(index, max(connect_deadline - time.monotonic(), 0.005))
+                replies[index] = os_failure(exc)
+            continue
+        pending[wire.fd] = (index, wire, command)
+        poller.register(wire.fd, select.POLLIN)
+    for index in stale:
+        _resend(nodes, index, build, replies, pending, poller, timeout)
     deadline = time.monotonic() + timeout
     while pending:
         # Past the deadline this still sweeps up replies that have already arrived.
@@ -422,30 +473,134 @@ def fan_out(nodes: Sequence[Node], build: CommandBuilder, timeout: float) -> lis
         if not events:
             break
         for fd, _ in events:
-            index, wire, command = pending.pop(fd)
-            poller.unregister(fd)
+            index, wire, command = pending[fd]
             try:
-                reply = wire.poll_reply()
+                wire.feed()
+                reply, pos = parse_reply(wire.buf)
             except Incomplete:
-                pending[fd] = (index, wire, command)
-                poller.register(fd, select.POLLIN)
-                continue
+                continue  # the rest of the reply is on its way
             except OSError as exc:
+                del pending[fd]
+                poller.unregister(fd)
                 wire.close()
                 if wire.reused and remaining > 0:
-                    send(index, remaining)  # closed while pooled: one fresh try
+                    _resend(nodes, index, build, replies, pending, poller, remaining)
                 else:
-                    replies[index] = Failure("refused", exc.strerror or str(exc))
+                    replies[index] = os_failure(exc)
                 continue
-            if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
-                # The node restarted or flushed its script cache: send the body once, which
-                # also caches it for the next EVALSHA.
-                wire.sock.sendall(as_eval(command))
-                pending[fd] = (index, wire, command)
-                poller.register(fd, select.POLLIN)
-                continue
+            del wire.buf[:pos]
+            if reply.__class__ is ReplyError:
+                if reply.code == "NOSCRIPT":
+                    # The node restarted or flushed its script cache: send the body once,
+                    # which also caches it for the next EVALSHA.
+                    wire.sock.sendall(as_eval(command))
+                    continue
+                reply = reply_failure(reply)
+            del pending[fd]
+            poller.unregister(fd)
             nodes[index].checkin(wire)
-            replies[index] = reply_failure(reply) if isinstance(reply, ReplyError) else reply
+            replies[index] = reply
+    if pending and late is not None:
+        undo = late()
+        for _, wire, _ in pending.values():
+            with contextlib.suppress(OSError):
+                wire.sock.sendall(undo)
     for _, wire, _ in pending.values():
         wire.close()
     return replies
+
+
+#: The reply of a node that did not answer in time (immutable: shared by every fan-out).
+_TIMED_OUT = Failure("timeout")
+
+
+def _resend(
+    nodes: Sequence[Node],
+    index: int,
+    build: CommandBuilder,
+    replies: list[Any],
+    pending: dict[int, tuple[int, Wire, Sequence[Any] | bytes]],
+    poller: Any,
+    timeout: float,
+) -> None:
+    """:func:`fan_out`'s one fresh try on a new connection, for a node whose pooled
+    connection had been closed while idle."""
+    node = nodes[index]
+    try:
+        wire = Wire(node, timeout)
+    except WireError as exc:
+        replies[index] = exc.failure
+        return
+    command = build(node, wire)
+    try:
+        wire.sock.sendall(as_bytes(command))
+    except OSError as exc:
+        wire.close()
+        replies[index] = os_failure(exc)
+        return
+    pending[wire.fd] = (index, wire, command)
+    poller.register(wire.fd, select.POLLIN)
+
+
+def fan_out_batch(
+    nodes: Sequence[Node], commands: Sequence[Sequence[Any]], timeout: float
+) -> list[list[Any] | Failure]:
+    """Pipeline ``commands`` to every node at once, in one write per node: per node, the
+    replies in command order, or the :class:`Failure` that cut it short.
+
+    Many operations cost one round trip to the slowest node that answers, bounded by
+    ``timeout`` (the watchdog renews every due lease this way, so a silent node costs one
+    timeout per round, not one per lease).
+    """
+    payload = b"".join(encode(c) for c in commands)
+    results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
+    #: fd -> (node index, wire, replies so far, positions of the replies still to come)
+    pending: dict[int, tuple[int, Wire, list[Any], deque[int]]] = {}
+    poller = select.poll()
+    connect_deadline = time.monotonic() + timeout
+    for index in sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle):
+        try:
+            wire = nodes[index].checkout(max(connect_deadline - time.monotonic(), 0.005))
+            wire.sock.sendall(payload)
+        except WireError as exc:
+            results[index] = exc.failure
+            continue
+        except OSError as exc:
+            wire.close()
+            results[index] = os_failure(exc)
+            continue
+        pending[wire.fileno()] = (index, wire, [None] * len(commands), deque(range(len(commands))))
+        poller.register(wire.fileno(), select.POLLIN)
+    deadline = time.monotonic() + timeout
+    while pending:
+        events = poller.poll(max(deadline - time.monotonic(), 0.0) * 1000)
+        if not events:
+            break
+        for fd, _ in events:
+            index, wire, replies, expected = pending[fd]
+            try:
+                wire.feed()
+                while expected:
+                    reply = wire.take()
+                    position = expected.popleft()
+                    if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
+                        # Its answer comes after the rest of the batch.
+                        wire.sock.sendall(as_eval(commands[position]))
+                        expected.append(position)
+                    elif isinstance(reply, ReplyError):
+                        replies[position] = reply_failure(reply)
+                    else:
+                        replies[position] = reply
+            except Incomplete:
+                continue
+            except OSError as exc:
+                wire.close()
+                results[index] = os_failure(exc)
+            else:
+                nodes[index].checkin(wire)
+                results[index] = replies
+            del pending[fd]
+            poller.unregister(fd)
+    for _, wire, _, _ in pending.values():
+        wire.close()
+    return results

@@ -10,18 +10,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Hashable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
-from .base import AcquireRequest, RedlockBase, Refusal, glob_escape
+from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
+from .listing import glob_escape
 from .lock import Lease, Lock, current_owner
-from .nodes import Failure, Node, fan_out
+from .nodes import Node, fan_out, fan_out_batch
 from .renewal import renewer
 from .validation import check_name
-from .waiting import LocalQueue, ReleaseNotice, ReleaseNotices
+from .waiting import HolderWatch, LocalQueue, ReleaseNotices
 
 __all__ = ["Redlock"]
+
+_T = TypeVar("_T")
 
 
 class Redlock(RedlockBase):
@@ -44,9 +47,7 @@ class Redlock(RedlockBase):
 
     def locked(self, name: str) -> bool:
         """Whether anyone holds ``name`` (a quorum of nodes has the key)."""
-        key = self._key(check_name(name))
-        replies = fan_out(self.nodes, lambda n, w: ("EXISTS", key), self.node_timeout)
-        return sum(1 for r in replies if r == 1) >= self.quorum
+        return self._drive(self._locked_steps(name))
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Remove ``name`` on every node whoever holds it; returns how many nodes had it.
@@ -55,39 +56,22 @@ class Redlock(RedlockBase):
         release of what they saw, not of whoever took the lock since). The former holder
         learns it lost the lock at its next renewal, check or release.
         """
-        command = self._force_release_command(name, token)
-        replies = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
-        return self._judge_force_release(name, replies)
+        return self._drive(self._force_release_steps(name, token))
 
     def release_token(self, name: str, token: str) -> int:
         """Release ``name`` where ``token`` still holds it (a lock handed over with
         :meth:`Lock.detach`); returns how many nodes it was removed from. Never touches
         another holder's copy."""
-        check_name(name)
-        return sum(1 for r in self._release_everywhere(name, token) if isinstance(r, int) and r)
+        return self._drive(self._release_token_steps(name, token))
 
     def extend_token(self, name: str, token: str, ttl: float) -> bool:
         """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it on a quorum."""
-        check_name(name)
-        command = self._extend_token_command(name, token, self._check_extend_ttl(ttl))
-        replies = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
-        return sum(1 for r in replies if r == 1) >= self.quorum
+        return self._drive(self._extend_token_steps(name, token, ttl))
 
     def live_locks(self, pattern: str = "*") -> Iterator[LockInfo]:
-        """Every lock some node holds whose name matches the glob ``pattern``, by name.
-
-        Each step reads up to ``LIST_BATCH`` locks per node in one script call (a SCAN step,
-        never KEYS, so a busy node is not blocked), on all nodes at once.
-        """
-        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
-        found: dict[str, list[tuple[Node, list[Any]]]] = {}
-        while any(c is not None for c in cursors):
-            replies = fan_out(
-                self.nodes, lambda n, w: self._list_command(cursors[self.nodes.index(n)],
-                                                            pattern),
-                self.LIST_TIMEOUT,
-            )
-            self._list_step(cursors, replies, found)
+        """Every lock some node holds whose name matches the glob ``pattern``, by name
+        (read ``LIST_BATCH`` locks per node per step, all nodes at once)."""
+        found = self._drive(self._list_steps(pattern))
         for name in sorted(found):
             yield self._lock_info(name, found[name])
 
@@ -99,7 +83,19 @@ class Redlock(RedlockBase):
     def health(self) -> list[NodeHealth]:
         """Reachability, latency, version, uptime, memory, lock keys, clock offset and
         restart-guard state of every node."""
-        return [self._probe(node) for node in self.nodes]
+        return self._judge_health([self._probe(node) for node in self.nodes])
+
+    def trust_cluster(self) -> int:
+        """Let every reachable node vote now, after checking that none holds a lock.
+
+        For an operator (``manage.py redlock trust``) or a test suite: a brand-new cluster with
+        a node down, or nodes flushed while one was unreachable, otherwise wait ``max_ttl``
+        before any lock, because no node can vouch that nothing was held. Raises
+        :class:`TrustRefused` when a reachable node holds a lock. Returns the number of nodes
+        armed (their restart-guard markers written as trusted from now). An unreachable node
+        is not armed; when it comes back empty it sits out its guard as usual.
+        """
+        return self._drive(self._trust_cluster_steps())
 
     def close(self) -> None:
         """Close every connection this Redlock opened (held locks stay held until their
@@ -117,14 +113,24 @@ class Redlock(RedlockBase):
             return lease
         start = time.monotonic()
         deadline = self._deadline(start, timeout)
-        if blocking:
-            time.sleep(min(self._courtesy(handle.name), (deadline or start + 1) - start))
+        courtesy = self._courtesy(handle.name) if blocking else 0.0
+        if courtesy:
+            time.sleep(min(courtesy, (deadline or start + 1) - start))
         queue = self._join_queue(handle.name) if blocking else None
-        try:
-            if queue is not None and not queue.enter(deadline):
+        if queue is not None:
+            try:
+                entered = queue.enter(deadline)
+            except BaseException:
+                self._drop_queue(handle.name, queue)
+                raise
+            if not entered:
+                self._drop_queue(handle.name, queue)
                 self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
                 return None
-            lease = self._contend(handle, owner, blocking, deadline, timeout, start)
+        try:
+            lease = self._drive(
+                self._contend_steps(handle, owner, blocking, deadline, timeout, start)
+            )
         except BaseException:
             if queue is not None:
                 self._leave_queue(handle.name, queue, None)
@@ -137,77 +143,37 @@ class Redlock(RedlockBase):
                 lease.leave_queue = lambda: self._leave_queue(handle.name, queue, lease)
         return lease
 
-    def _contend(
-        self, handle: Lock, owner: Hashable, blocking: bool, deadline: float | None,
-        timeout: float | None, start: float,
-    ) -> Lease | None:
-        attempts = 0
-        released: ReleaseNotice | None = None
-        line = None
-        if handle.fair:
-            command = self._ticket_command(handle.name)
-            line = self._line(fan_out(self.nodes, lambda n, w: command, self.node_timeout))
-        with contextlib.ExitStack() as stack:
-            if line is not None:
-                stack.callback(self._leave_line, handle.name, line[0])
+    def _drive(self, steps: Steps[_T]) -> _T:
+        """Run the algorithm's steps over sockets: each :class:`Send` is one fan-out, a
+        :class:`Listen` a subscription kept until the operation ends."""
+        reply: Any = None
+        cleanup: contextlib.ExitStack | None = None
+        try:
             while True:
-                outcome = self._attempt(handle, owner, line)
-                if isinstance(outcome, Lease):
-                    self._register(handle, outcome, time.monotonic() - start)
-                    if outcome.auto_renew:
-                        self._start_renewal(outcome)
-                    return outcome
-                attempts += 1
-                now = time.monotonic()
-                if self._out_of_time(blocking, attempts, timeout, deadline, now):
-                    self._give_up(handle, outcome, now - start)
-                    return None
-                if released is None:
-                    # Subscribe, then try again at once: a release between our first attempt
-                    # and the subscription would otherwise go unnoticed.
-                    channel = self._channel(handle.name)
-                    released = stack.enter_context(self._notices.listening(channel))
-                    continue
-                released.wait(self._pause_for(handle, outcome, timeout, deadline, now))
-
-    def _attempt(
-        self, handle: Lock, owner: Hashable, line: tuple[str, int] | None = None,
-        settle: int = 3,
-    ) -> Lease | Refusal:
-        request = AcquireRequest(self, handle, line)
-        start = time.monotonic()
-        replies = fan_out(
-            self.nodes, lambda node, wire: request.command(wire.run_id), self.node_timeout
-        )
-        spread = time.monotonic() - start
-        lease = self._lease_if_valid(handle, owner, request, replies, start)
-        if lease is not None and lease.fence is not None:
-            command = self._fence_command(handle.name, request.token, lease.fence)
-            synced = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
-            valid = time.monotonic() < lease.valid_until
-            if sum(1 for r in synced if r == 1) < self.quorum or not valid:
-                lease = None
-        if lease is not None:
-            return lease
-        if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
-            # Also nodes that timed out: the SET may have landed after we stopped waiting.
-            self._release_everywhere(handle.name, request.token)
-        if self._all_fresh(replies) and self._trust_all():
-            return self._attempt(handle, owner, line, settle=0)
-        if settle and self._settling(replies, spread):
-            time.sleep(self.node_timeout)
-            return self._attempt(handle, owner, line, settle - 1)
-        return self._refusal(replies)
-
-    def _leave_line(self, name: str, waiter: str) -> None:
-        command = self._leave_line_command(name, waiter)
-        fan_out(self.nodes, lambda n, w: command, self.node_timeout)
-
-    def _trust_all(self) -> bool:
-        replies = fan_out(
-            self.nodes, lambda n, wire: self._trust_command(wire.run_id), self.node_timeout
-        )
-        return all(r == 1 for r in replies)
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                reply = None
+                if isinstance(step, Send):
+                    timeout = self.node_timeout if step.timeout is None else step.timeout
+                    reply = fan_out(self.nodes, step.build, timeout, step.late)
+                elif isinstance(step, SendBatch):
+                    reply = self._send_batch(step)
+                elif isinstance(step, Wait):
+                    step.notice.wait(step.seconds)
+                elif isinstance(step, Pause):
+                    time.sleep(step.seconds)
+                else:
+                    cleanup = cleanup or contextlib.ExitStack()
+                    if isinstance(step, Listen):
+                        reply = cleanup.enter_context(self._notices.listening(step.channel))
+                    else:
+                        send = step.send
+                        cleanup.callback(fan_out, self.nodes, send.build, self.node_timeout)
+        finally:
+            if cleanup is not None:
+                cleanup.close()
 
     def _join_queue(self, name: str) -> LocalQueue:
         with self._queues_lock:
@@ -219,6 +185,11 @@ class Redlock(RedlockBase):
 
     def _leave_queue(self, name: str, queue: LocalQueue, lease: Lease | None) -> None:
         queue.leave(lease)
+        self._drop_queue(name, queue)
+
+    def _drop_queue(self, name: str, queue: LocalQueue) -> None:
+        """One user fewer (it left, or gave up before reaching the front); the queue goes
+        with its last user."""
         with self._queues_lock:
             queue.users -= 1
             if queue.users == 0 and self._queues.get(name) is queue:
@@ -242,48 +213,42 @@ class Redlock(RedlockBase):
         self._finish_release(lease, replies)
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
-        ttl = self._check_extend_ttl(ttl)
-        if lease.released or lease.lost:
-            return False
-        command = self._extend_command(lease, ttl)
-        start = time.monotonic()
-        replies = fan_out(self.nodes, lambda n, w: command, self.node_timeout)
-        return self._judge_extend(lease, ttl, replies, start)
+        return self._drive(self._extend_steps(lease, ttl))
 
     def _start_renewal(self, lease: Lease) -> None:
         renewer.add(self, lease)
+        # A long holder hears an operator's force release at once (not at its next renewal).
+        name, watch = self._channel(lease.name).encode(), HolderWatch(lease, self._mark_lost)
+        self._notices.watch(name, watch)
+        lease.unwatch = lambda: self._notices.unwatch(name, watch)
 
-    def _renew(self, lease: Lease) -> float | None:
-        """One watchdog turn: when to renew next, or None to stop."""
-        now = time.monotonic()
-        if lease.validity <= 0:
-            self._mark_lost(lease, "the lease ran out before it could be renewed "
-                                   "(was the process paused?)")
-            return None
-        if lease.renew_until is not None and now >= lease.renew_until:
-            return None
-        with lease.io_lock:
-            if lease.released:
-                return None
-            renewed = self._extend(lease, lease.ttl)
-        if renewed:
-            return time.monotonic() + lease.ttl / 3
-        if lease.lost:
-            return None
-        # No quorum this time: try again soon, while the lease still has validity.
-        return time.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01))
+    def _renew(self, leases: list[Lease]) -> list[float | None]:
+        return self._drive(self._renew_steps(leases))
+
+    def _send_batch(self, step: SendBatch) -> list[Any]:
+        # Each lease's io_lock is held while its renewal is on the wire: no release races a
+        # PEXPIRE, and nothing is sent for a lease released before this point.
+        for lease in step.leases:
+            lease.io_lock.acquire()
+        try:
+            commands = [
+                ["PING"] if lease.released else command
+                for lease, command in zip(step.leases, step.commands, strict=True)
+            ]
+            return fan_out_batch(self.nodes, commands, self.node_timeout)
+        finally:
+            for lease in step.leases:
+                lease.io_lock.release()
 
     def _check(self, lease: Lease) -> bool:
-        if lease.released or lease.lost:
-            return False
-        key = self._key(lease.name)
-        replies = fan_out(self.nodes, lambda n, w: ("HGET", key, "token"), self.node_timeout)
-        return self._judge_check(lease, replies)
+        return self._drive(self._check_steps(lease))
 
     def _after_fork(self) -> None:
         super()._after_fork()
         self._queues = {}
         self._queues_lock = threading.Lock()
+        # The parent's listener thread may have held its lock at the fork: a fresh one.
+        self._notices = ReleaseNotices(self.nodes, self.node_timeout)
 
     # -- listing and health ---------------------------------------------------------------------
 
@@ -300,11 +265,10 @@ class Redlock(RedlockBase):
                 "received": time.time(),
                 "info": node.client.info(),
                 "marker": node.client.hmget(self._node_key(), *self.MARKER_FIELDS),
-                "keys": sum(1 for _ in node.client.scan_iter(
-                    match=f"{self.key_prefix}:lock:*", count=1000)),
+                "keys": sum(
+                    1 for _ in node.client.scan_iter(match=f"{self.key_prefix}:lock:*", count=1000)
+                ),
             }
         except Exception as exc:
-            return NodeHealth(node=node.name, reachable=False,
-                              error=str(exc) or type(exc).__name__)
+            return NodeHealth(node=node.name, reachable=False, error=str(exc) or type(exc).__name__)
         return self._node_health(node, probe)
-

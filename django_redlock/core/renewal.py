@@ -1,5 +1,8 @@
 """The watchdog: one thread per process re-arms every auto-renewed lease (Redisson's idea).
 
+The leases due in a round are renewed together, one pipelined fan-out per Redlock, so a
+silent node costs one ``node_timeout`` per round, never one per lease.
+
 A lease is re-armed every ttl/3 while its holder holds it. When a renewal finds the token gone,
 or cannot reach a quorum before the lease runs out, the lease is marked lost: ``held`` turns
 False, a ``lost`` event fires and the next ``release()`` raises :class:`LockLost`. A holder that
@@ -14,27 +17,36 @@ import itertools
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .lock import Lease
 
-if TYPE_CHECKING:
-    from .redlock import Redlock
+__all__ = ["BATCH_WINDOW", "Renewer", "RenewingClient", "renewer"]
 
-__all__ = ["Renewer", "renewer"]
+#: Leases due within this many seconds of the first are renewed in the same round.
+BATCH_WINDOW = 0.05
+
+
+class RenewingClient(Protocol):
+    """What the watchdog asks of a client (:class:`~.redlock.Redlock`); named here so this
+    module does not import the client that imports it."""
+
+    def _renew(self, leases: list[Lease]) -> list[float | None]: ...
+
+    def _renewal_failed(self, leases: list[Lease]) -> None: ...
 
 
 class Renewer:
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._due: list[tuple[float, int, Redlock, Lease]] = []
+        self._due: list[tuple[float, int, RenewingClient, Lease]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def add(self, redlock: Redlock, lease: Lease) -> None:
+    def add(self, redlock: RenewingClient, lease: Lease) -> None:
         self._schedule(redlock, lease, time.monotonic() + lease.ttl / 3)
 
-    def _schedule(self, redlock: Redlock, lease: Lease, when: float) -> None:
+    def _schedule(self, redlock: RenewingClient, lease: Lease, when: float) -> None:
         with self._cond:
             heapq.heappush(self._due, (when, next(self._seq), redlock, lease))
             if self._thread is None:
@@ -50,16 +62,23 @@ class Renewer:
                 while not self._due or self._due[0][0] > time.monotonic():
                     timeout = self._due[0][0] - time.monotonic() if self._due else None
                     self._cond.wait(timeout)
-                _, _, redlock, lease = heapq.heappop(self._due)
-            if lease.released or lease.lost:
-                continue
-            try:
-                when = redlock._renew(lease)
-            except Exception:
-                redlock._mark_lost(lease, "renewal failed with an unexpected error")
-                when = None
-            if when is not None:
-                self._schedule(redlock, lease, when)
+                # Every lease due now or very soon goes in one round: renewed together, they
+                # stay together, and each round costs one fan-out per Redlock.
+                horizon = time.monotonic() + BATCH_WINDOW
+                groups: dict[int, tuple[RenewingClient, list[Lease]]] = {}
+                while self._due and self._due[0][0] <= horizon:
+                    _, _, redlock, lease = heapq.heappop(self._due)
+                    if not (lease.released or lease.lost):
+                        groups.setdefault(id(redlock), (redlock, []))[1].append(lease)
+            for redlock, leases in groups.values():
+                try:
+                    whens = redlock._renew(leases)
+                except Exception:
+                    redlock._renewal_failed(leases)
+                    continue
+                for lease, when in zip(leases, whens, strict=True):
+                    if when is not None:
+                        self._schedule(redlock, lease, when)
 
     def _after_fork(self) -> None:
         # The child inherits the heap but not the thread: it renews only what it acquires.

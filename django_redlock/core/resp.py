@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Incomplete", "ReplyError", "bulk", "encode", "parse"]
+__all__ = ["Incomplete", "ReplyError", "bulk", "encode", "encode_args", "parse"]
 
 
 class ReplyError(Exception):
@@ -25,21 +25,39 @@ class Incomplete(Exception):
     """The buffer does not yet hold a whole reply."""
 
 
+def _data(arg: Any) -> bytes:
+    cls = arg.__class__
+    if cls is str:
+        return arg.encode()  # type: ignore[no-any-return]
+    if cls is bytes:
+        return arg  # type: ignore[no-any-return]
+    if cls is int or isinstance(arg, int):
+        return b"%d" % arg
+    if isinstance(arg, bytes):
+        return bytes(arg)
+    return (arg if isinstance(arg, str) else str(arg)).encode()
+
+
 def bulk(arg: Any) -> bytes:
     """One argument as a RESP bulk string."""
-    if isinstance(arg, bytes):
-        data = arg
-    elif isinstance(arg, str):
-        data = arg.encode()
-    elif isinstance(arg, int):
-        data = b"%d" % arg
-    else:
-        data = str(arg).encode()
+    data = _data(arg)
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 def encode(args: Sequence[Any]) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(map(bulk, args))
+    """A whole command."""
+    return b"*%d\r\n" % len(args) + encode_args(args)
+
+
+def encode_args(args: Sequence[Any]) -> bytes:
+    """Arguments as bulk strings, without the array header (for a command assembled from
+    parts encoded once)."""
+    # One loop and one join, no call per argument: this runs for every command sent.
+    out = []
+    for arg in args:
+        data = arg.encode() if arg.__class__ is str else _data(arg)
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
 
 
 def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
@@ -47,28 +65,37 @@ def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
     end = buf.find(b"\r\n", pos)
     if end < 0:
         raise Incomplete
-    kind, line = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
-    pos = end + 2
-    if kind == b":":
-        return int(line), pos
-    if kind == b"$":
-        size = int(line)
+    kind = buf[pos]  # an int: no slice per reply on the hot path
+    if kind == 58:  # ":"
+        return int(buf[pos + 1 : end]), end + 2
+    if kind == 36:  # "$"
+        size = int(buf[pos + 1 : end])
+        pos = end + 2
         if size < 0:
             return None, pos
         if len(buf) < pos + size + 2:
             raise Incomplete
         return bytes(buf[pos : pos + size]), pos + size + 2
-    if kind == b"*":
-        count = int(line)
+    if kind == 42:  # "*"
+        count = int(buf[pos + 1 : end])
+        pos = end + 2
         if count < 0:
             return None, pos
         items = []
         for _ in range(count):
-            item, pos = parse(buf, pos)
-            items.append(item)
+            # Integers (the lock scripts' replies) inline: no call per item.
+            if pos < len(buf) and buf[pos] == 58:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    raise Incomplete
+                items.append(int(buf[pos + 1 : end]))
+                pos = end + 2
+            else:
+                item, pos = parse(buf, pos)
+                items.append(item)
         return items, pos
-    if kind == b"+":
-        return line, pos
-    if kind == b"-":
-        return ReplyError(line.decode(errors="replace")), pos
-    raise ValueError(f"unexpected RESP reply type {kind!r}")
+    if kind == 43:  # "+"
+        return bytes(buf[pos + 1 : end]), end + 2
+    if kind == 45:  # "-"
+        return ReplyError(bytes(buf[pos + 1 : end]).decode(errors="replace")), end + 2
+    raise ValueError(f"unexpected RESP reply type {bytes([kind])!r}")

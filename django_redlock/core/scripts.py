@@ -9,9 +9,10 @@ Key layout for a lock named ``name`` under prefix ``p``:
   ``acquired`` (server ms), ``ttl`` (ms). One key per lock keeps the admin listing a single
   SCAN and the lock and its metadata expire together.
 * ``p:fence:name`` - fencing counter (no TTL).
-* ``p:node``       - restart-guard marker of this node: ``run_id``, ``started`` (server ms),
-  ``fresh`` (1 when it had no marker), ``trusted`` (server ms it was trusted as new, or 0),
-  ``armed`` (server ms the marker was written).
+* ``p:node``       - restart-guard marker of this node: ``run_id``, ``started`` (server ms the
+  guard runs from: when the marker was armed), ``fresh`` (1 when it had no marker),
+  ``trusted`` (server ms it was trusted as new, or 0), ``armed`` (server ms the marker was
+  written).
 * ``p:queue:name``, ``p:beats:name``, ``p:qseq:name`` - a fair lock's line of waiters, their
   heartbeats and its ticket sequence (all expire when the line stays idle).
 * channel ``p:released:name`` - published on release, wakes waiters.
@@ -23,8 +24,19 @@ import hashlib
 from dataclasses import dataclass, field
 
 __all__ = [
-    "ACQUIRE", "BODIES", "EXTEND", "FAIR_ACQUIRE", "FAIR_LEAVE", "FAIR_TICKET", "FENCE_SYNC",
-    "FORCE_RELEASE", "LIST", "RELEASE", "TRUST", "Script",
+    "ACQUIRE",
+    "BODIES",
+    "EXTEND",
+    "FAIR_ACQUIRE",
+    "FAIR_LEAVE",
+    "FAIR_TICKET",
+    "FENCE_SYNC",
+    "FORCE_RELEASE",
+    "LIST",
+    "RELEASE",
+    "TRUST",
+    "TRUST_NOW",
+    "Script",
 ]
 
 #: Script bodies by SHA1, for the EVAL fallback when a node answers NOSCRIPT.
@@ -47,8 +59,7 @@ class Script:
 # Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms), ARGV[5] run_id of
 # the server this connection reached, ARGV[6] guard period ms ("0" = off). Returns early
 # {2, ms, fresh, armed_age} while this node may not vote (armed_age: ms since the marker was
-# written); sets trusted_age (ms since a brand-new cluster was trusted; -2 for a node that
-# never had a marker but is up longer than the guard; -1 otherwise).
+# written); sets trusted_age (ms since a brand-new cluster was trusted, else -1).
 _GUARD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -58,13 +69,13 @@ if guard > 0 then
   local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed')
   if m[1] ~= ARGV[5] or not (m[2] and m[4] and m[5]) then
     -- The marker is missing or was written by an earlier server process: this node lost
-    -- its data or restarted. Record when it started; each caller then keeps it out of its
-    -- quorum until its own guard period (its longest lease) has passed since then, so every
-    -- lease the node granted (or forgot) before the restart has run out. (A marker missing
-    -- fields was written by an older version: armed again the same way.)
-    local info = redis.call('INFO', 'server')
-    local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-    m = {ARGV[5], now - uptime * 1000, m[1] and '0' or '1', '0', now}
+    -- its data (restart, FLUSHALL, eviction) or is another server (a promoted replica), at
+    -- some moment up to now. Its uptime says nothing about when (a flush does not restart
+    -- it), so the guard runs from now: each caller keeps it out of its quorum until its own
+    -- guard period (its longest lease) has passed, so every lease the node granted (or
+    -- forgot) before has run out. fresh = 1 when no marker was left at all. (A marker
+    -- missing fields was written by an older version: armed again the same way.)
+    m = {ARGV[5], now, m[1] and '0' or '1', '0', now}
     redis.call('HSET', KEYS[3], 'run_id', m[1], 'started', m[2], 'fresh', m[3], 'trusted', 0,
                'armed', now)
   end
@@ -73,9 +84,6 @@ if guard > 0 then
     trusted_age = now - trusted
   elseif tonumber(m[2]) + guard > now then
     return {2, tonumber(m[2]) + guard - now, tonumber(m[3]), now - tonumber(m[5])}
-  elseif m[3] == '1' then
-    -- Up longer than the guard, but without a marker until now: never used by this prefix.
-    trusted_age = -2
   end
 end
 """
@@ -121,8 +129,7 @@ return {0, fence, trusted_age}
 #         {2, ms, fresh, armed_age} restart guard: this node may not vote for ms more;
 #                    fresh = 1 while the guard comes from a missing marker (never used, or
 #                    restarted empty); armed_age = ms since the marker was written
-# trusted_age: ms since this node was trusted as part of a brand-new cluster, -2 if it never
-#              had a marker (and needs no guard: up long enough), -1 otherwise
+# trusted_age: ms since this node was trusted as part of a brand-new cluster, -1 otherwise
 ACQUIRE = Script(_GUARD + _HELD + _TAKE)
 
 # Draw a place in a fair lock's queue: the caller takes the largest number a quorum returned.
@@ -255,6 +262,21 @@ if redis.call('HGET', KEYS[1], 'run_id') == ARGV[1] then
   return 1
 end
 return 0
+"""
+)
+
+# Arm this node's marker as trusted now: an operator asserted that no lock is held (`manage.py
+# redlock trust`), so the node may vote at once whatever its guard said.
+# KEYS[1] node marker
+# ARGV[1] run_id of the server this connection reached
+# Returns 1.
+TRUST_NOW = Script(
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'started', now, 'fresh', 0, 'trusted', now,
+           'armed', now)
+return 1
 """
 )
 

@@ -8,11 +8,35 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-__all__ = ["MAX_KEY_LENGTH", "check_name", "check_positive", "check_prefix", "check_timeout"]
+__all__ = [
+    "MAX_DURATION",
+    "MAX_KEY_LENGTH",
+    "MAX_NODE_TIMEOUT",
+    "MAX_RETRY_COUNT",
+    "check_name",
+    "check_node_timeout",
+    "check_positive",
+    "check_prefix",
+    "check_retry_count",
+    "check_timeout",
+]
 
 #: Longest lock name accepted (characters). Longer names are almost always a bug (a whole
 #: request body used as key); the Django layer hashes long keys before they get here.
 MAX_KEY_LENGTH = 512
+
+
+#: Longest duration accepted (seconds; one year): leases, max_ttl, delays, heartbeats and finite
+#: waits. Milliseconds of it fit every integer the nodes and the OS take (PEXPIRE, poll(),
+#: Condition.wait), so nothing accepted here can overflow later, after a key was written.
+MAX_DURATION = 365 * 86400.0
+
+#: Longest ``node_timeout`` (seconds): a per-node wait is meant to be a few tens of ms; beyond
+#: a minute it is a mistake (and poll() takes at most ~24 days in ms).
+MAX_NODE_TIMEOUT = 60.0
+
+#: Largest ``retry_count``: beyond it, ask for a ``timeout`` instead.
+MAX_RETRY_COUNT = 1000
 
 
 def _encodable(label: str, text: str) -> None:
@@ -62,12 +86,32 @@ def _number(label: str, value: object) -> float:
     return number
 
 
-def check_positive(label: str, value: object, *, allow_zero: bool = False) -> float:
+def check_positive(
+    label: str, value: object, *, allow_zero: bool = False, maximum: float = MAX_DURATION
+) -> float:
+    """Seconds, finite, > 0 (or >= 0 with ``allow_zero``) and at most ``maximum``."""
     number = _number(label, value)
     if number < 0 or (number == 0 and not allow_zero) or math.isinf(number):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{label} must be finite and {bound}, got {value!r}")
+    if number > maximum:
+        raise ValueError(f"{label} must be at most {maximum:g} seconds, got {value!r}")
     return number
+
+
+def check_node_timeout(value: object) -> float:
+    return check_positive("node_timeout", value, maximum=MAX_NODE_TIMEOUT)
+
+
+def check_retry_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"retry_count must be an int, got {value!r}")
+    if not 0 <= value <= MAX_RETRY_COUNT:
+        raise ValueError(
+            f"retry_count must be between 0 and {MAX_RETRY_COUNT}, got {value!r} "
+            "(for a longer wait pass a timeout)"
+        )
+    return value
 
 
 def check_timeout(value: object) -> float | None:
@@ -77,4 +121,9 @@ def check_timeout(value: object) -> float | None:
     number = _number("timeout", value)
     if number < 0:
         raise ValueError(f"timeout must be >= 0 or None, got {value!r}")
+    if MAX_DURATION < number < math.inf:
+        raise ValueError(
+            f"timeout must be at most {MAX_DURATION:g} seconds, got {value!r} "
+            "(float('inf') waits for ever)"
+        )
     return number

@@ -18,16 +18,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .lock import Lease
 from .nodes import Node, Wire, WireError
 from .resp import Incomplete, encode
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-__all__ = ["NOTICE_GRACE", "LocalQueue", "ReleaseNotice", "ReleaseNotices", "Tally"]
+__all__ = [
+    "NOTICE_GRACE",
+    "RECONNECT_DELAY",
+    "HolderWatch",
+    "Listener",
+    "LocalQueue",
+    "ReleaseNotice",
+    "ReleaseNotices",
+    "Tally",
+]
 
 
 class LocalQueue:
@@ -58,8 +67,11 @@ class LocalQueue:
                         self._cond.notify_all()
                         return False
                     if self._line[0] is ticket and self._lease is not None:
-                        wait = self._lease.validity if wait is None else min(
-                            wait, self._lease.validity)
+                        wait = (
+                            self._lease.validity
+                            if wait is None
+                            else min(wait, self._lease.validity)
+                        )
                     self._cond.wait(wait)
             except BaseException:
                 self._line.remove(ticket)
@@ -81,6 +93,28 @@ class LocalQueue:
             if lease is None or self._lease is lease:
                 self._busy, self._lease = False, None
                 self._cond.notify_all()
+
+
+class Listener(Protocol):
+    """Told each release a channel announces: the node's index and the released token."""
+
+    def hear(self, node: int, token: bytes) -> None: ...
+
+
+class HolderWatch:
+    """A holder's ear on its own lock's channel: an operator's force release publishes the
+    token it removed, so the holder learns at once that the lock is gone (``held`` turns
+    False) instead of at its next renewal. Its own release publishes its token too, after
+    the lease was marked released, which this ignores."""
+
+    def __init__(self, lease: Lease, lost: Callable[[Lease, str], None]) -> None:
+        self._lease = lease
+        self._token = lease.token.encode()
+        self._lost = lost
+
+    def hear(self, node: int, token: bytes) -> None:
+        if token == self._token and not (self._lease.released or self._lease.lost):
+            self._lost(self._lease, "force-released by an operator")
 
 
 #: How long a waiter that heard a release on some nodes waits for the rest of a quorum to
@@ -134,8 +168,17 @@ class ReleaseNotice(Tally):
             self.reset()
 
 
+#: Seconds between attempts to reconnect a subscriber connection that dropped.
+RECONNECT_DELAY = 0.1
+
+
 class ReleaseNotices:
-    """Subscribes to release channels on every node and wakes local waiters."""
+    """Subscribes to release channels on every node and wakes local waiters.
+
+    One listener thread per instance while anyone listens; it survives any connection error
+    (a dropped subscriber connection is opened again and its channels subscribed again), and
+    :meth:`close` stops it and closes its wake-up pipe.
+    """
 
     def __init__(self, nodes: Sequence[Node], timeout: float) -> None:
         self._nodes = nodes
@@ -143,12 +186,11 @@ class ReleaseNotices:
         self._quorum = len(nodes) // 2 + 1
         self._lock = threading.Lock()
         self._wires: dict[int, Wire] = {}  # node index -> subscriber connection
-        self._waiters: dict[bytes, list[ReleaseNotice]] = {}
+        self._waiters: dict[bytes, list[Listener]] = {}
         self._confirmed: dict[bytes, set[int]] = {}
         self._confirm = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        self._pid = os.getpid()
+        self._wake_w = -1  #: the running thread's wake-up pipe (write end)
 
     @contextlib.contextmanager
     def listening(self, channel: str) -> Iterator[ReleaseNotice]:
@@ -156,53 +198,71 @@ class ReleaseNotices:
         be reached within the node timeout."""
         name = channel.encode()
         event = ReleaseNotice(self._quorum)
-        with self._lock:
-            self._fork_check()
-            first = name not in self._waiters
-            self._waiters.setdefault(name, []).append(event)
-            if first:
-                self._confirmed[name] = set()
-                self._connect_all()
-                for wire in self._wires.values():
-                    self._send(wire, ["SUBSCRIBE", name])
-                deadline = time.monotonic() + self._timeout
-                while len(self._confirmed.get(name, ())) < len(self._wires):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._confirm.wait(remaining)
+        self.watch(name, event, confirm=True)
         try:
             yield event
         finally:
-            with self._lock:
-                waiters = self._waiters.get(name, [])
-                if event in waiters:
-                    waiters.remove(event)
-                if not waiters and name in self._waiters:
-                    del self._waiters[name]
-                    self._confirmed.pop(name, None)
-                    for wire in self._wires.values():
-                        self._send(wire, ["UNSUBSCRIBE", name])
+            self.unwatch(name, event)
+
+    def watch(self, name: bytes, listener: Listener, *, confirm: bool = False) -> None:
+        """Pass what channel ``name`` announces to ``listener.hear(node, token)`` until
+        :meth:`unwatch`; with ``confirm``, wait (up to the node timeout) until the nodes
+        confirmed the subscription."""
+        with self._lock:
+            first = name not in self._waiters
+            self._waiters.setdefault(name, []).append(listener)
+            if not first:
+                return
+            self._confirmed[name] = set()
+            fresh = self._connect_all()
+            for index, wire in self._wires.items():
+                if index not in fresh:
+                    self._send(wire, ["SUBSCRIBE", name])
+            self._start()
+            deadline = time.monotonic() + self._timeout
+            while confirm and len(self._confirmed.get(name, ())) < len(self._wires):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._confirm.wait(remaining)
+
+    def unwatch(self, name: bytes, listener: Listener) -> None:
+        with self._lock:
+            listeners = self._waiters.get(name, [])
+            if listener in listeners:
+                listeners.remove(listener)
+            if not listeners and name in self._waiters:
+                del self._waiters[name]
+                self._confirmed.pop(name, None)
+                for wire in self._wires.values():
+                    self._send(wire, ["UNSUBSCRIBE", name])
 
     def close(self) -> None:
-        """Drop the subscriber connections (waiters then fall back to the lease timer)."""
+        """Drop the subscriber connections and stop the listener thread (waiters then fall
+        back to the lease timer; the next waiter starts it again)."""
         with self._lock:
             for wire in self._wires.values():
                 wire.close()
             self._wires = {}
-            if self._thread is not None:
+            thread, self._thread = self._thread, None
+            if thread is not None:
                 os.write(self._wake_w, b"x")
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(1.0)
 
-    def _fork_check(self) -> None:
-        if self._pid != os.getpid():
-            # The parent's subscriber sockets and thread are not ours.
-            self._wires, self._waiters, self._confirmed = {}, {}, {}
-            self._thread = None
-            self._wake_r, self._wake_w = os.pipe()
-            self._pid = os.getpid()
+    def _start(self) -> None:
+        if self._thread is None:
+            wake_r, self._wake_w = os.pipe()
+            self._thread = threading.Thread(
+                target=self._run, args=(wake_r, self._wake_w), name="redlock-release-notices"
+            )
+            self._thread.daemon = True
+            self._thread.start()
 
-    def _connect_all(self) -> None:
-        changed = False
+    def _connect_all(self) -> set[int]:
+        """Open the missing subscriber connections, each subscribed to every channel with
+        waiters; returns the new ones."""
+        fresh: set[int] = set()
         for index, node in enumerate(self._nodes):
             if index in self._wires:
                 continue
@@ -211,16 +271,12 @@ class ReleaseNotices:
             except WireError:
                 continue  # that node's waiters fall back to the lease timer
             self._wires[index] = wire
-            for name in self._waiters:
-                self._send(wire, ["SUBSCRIBE", name])
-            changed = True
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="redlock-release-notices", daemon=True
-            )
-            self._thread.start()
-        elif changed:
+            if self._waiters:
+                self._send(wire, ["SUBSCRIBE", *self._waiters])
+            fresh.add(index)
+        if fresh and self._thread is not None:
             os.write(self._wake_w, b"x")
+        return fresh
 
     def _send(self, wire: Wire, command: list[object]) -> None:
         try:
@@ -228,25 +284,42 @@ class ReleaseNotices:
         except OSError:
             wire.close()
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                wires = {wire.fileno(): (index, wire) for index, wire in self._wires.items()}
-            poller = select.poll()
-            poller.register(self._wake_r, select.POLLIN)
-            for fd in wires:
-                poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll():
-                if fd == self._wake_r:
-                    os.read(self._wake_r, 64)
-                    continue
-                index, wire = wires[fd]
-                try:
-                    self._drain(index, wire)
-                except (OSError, ValueError):
-                    with self._lock:
-                        wire.close()
-                        self._wires.pop(index, None)
+    def _run(self, wake_r: int, wake_w: int) -> None:
+        me = threading.current_thread()
+        reconnect_at = 0.0
+        try:
+            while True:
+                with self._lock:
+                    if self._thread is not me:
+                        return  # closed (or replaced after a close)
+                    for index, wire in list(self._wires.items()):
+                        if wire.fileno() < 0:  # closed after a failed send
+                            del self._wires[index]
+                    missing = bool(self._waiters) and len(self._wires) < len(self._nodes)
+                    if missing and time.monotonic() >= reconnect_at:
+                        self._connect_all()
+                        reconnect_at = time.monotonic() + RECONNECT_DELAY
+                    wires = {wire.fileno(): (index, wire) for index, wire in self._wires.items()}
+                    missing = bool(self._waiters) and len(self._wires) < len(self._nodes)
+                poller = select.poll()
+                poller.register(wake_r, select.POLLIN)
+                for fd in wires:
+                    poller.register(fd, select.POLLIN)
+                for fd, _ in poller.poll(RECONNECT_DELAY * 1000 if missing else None):
+                    if fd == wake_r:
+                        os.read(wake_r, 64)
+                        continue
+                    index, wire = wires[fd]
+                    try:
+                        self._drain(index, wire)
+                    except OSError:  # reset, closed, or not RESP: connect again
+                        with self._lock:
+                            wire.close()
+                            if self._wires.get(index) is wire:
+                                del self._wires[index]
+        finally:
+            os.close(wake_r)
+            os.close(wake_w)
 
     def _drain(self, index: int, wire: Wire) -> None:
         wire.feed()
@@ -259,9 +332,10 @@ class ReleaseNotices:
                 continue
             kind, channel = message[0], message[1]
             with self._lock:
-                if kind == b"message":
-                    for notice in self._waiters.get(channel, ()):
-                        notice.hear(index, message[2])
-                elif kind == b"subscribe" and channel in self._confirmed:
+                if kind == b"subscribe" and channel in self._confirmed:
                     self._confirmed[channel].add(index)
                     self._confirm.notify_all()
+                listeners = list(self._waiters.get(channel, ())) if kind == b"message" else []
+            # Outside the lock: a listener may act on the lock (a holder marks it lost).
+            for listener in listeners:
+                listener.hear(index, message[2])

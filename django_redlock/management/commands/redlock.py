@@ -4,26 +4,42 @@ Exit codes (documented in docs/usage.rst, "Management command"):
 
 ==  ==============================================================================
 0   success (``check``: every node reachable and voting)
-1   ``release``: no such lock / no node had it; ``check``: degraded (a node is
-    unreachable or held back by the restart guard, but a quorum is fine)
+1   ``release``: no such lock / no node had it / nothing matches ``--pattern``;
+    ``check``: degraded (a node is unreachable or held back by the restart guard, but a
+    quorum is fine; or a node may evict keys, W006)
 2   ``check``: fewer than a quorum of nodes reachable (or allowed to vote by the restart
-    guard): no lock can be taken now; also argparse usage errors
-3   ``release`` without ``--force`` refused to take a live lock from its holder
+    guard): no lock can be taken now; any action: the ``REDLOCK`` setting is broken (the
+    message gives the system check's id); also usage errors (argparse, an unknown
+    ``--using`` alias: the message lists the known ones)
+3   ``release`` without ``--force`` refused to take a live lock from its holder, or
+    ``release --pattern`` without ``--yes``
 ==  ==============================================================================
+
+Every release is logged (logger ``django_redlock.audit``, level WARNING) with the lock, the
+holder's metadata and the operator's OS user.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_redlock.conf import get_config, get_redlock
+from django_redlock.admin_views import REASON_LABELS, build_rows, describe_holder
+from django_redlock.backends.registry import get_locks
+from django_redlock.checks import eviction_warnings, node_eviction_policies
+from django_redlock.conf import get_config
+from django_redlock.core import TrustRefused
 
-OK, NOT_FOUND, DEGRADED, QUORUM_LOST, REFUSED = 0, 1, 1, 2, 3
+audit = logging.getLogger("django_redlock.audit")
+
+OK, NOT_FOUND, DEGRADED, QUORUM_LOST, BROKEN_SETTING, USAGE, REFUSED = 0, 1, 1, 2, 2, 2, 3
 
 
 def _seconds(value: float | None) -> str:
@@ -59,60 +75,152 @@ class Command(BaseCommand):
     requires_system_checks = ()
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--using",
+            default="default",
+            help='lock service: a REDLOCK["BACKENDS"] alias (default: the Redlock over NODES)',
+        )
         sub = parser.add_subparsers(dest="action", required=True, metavar="{list,release,check}")
         p_list = sub.add_parser("list", help="live locks across the nodes")
         p_list.add_argument("--pattern", default="*", help="glob on lock names (default *)")
-        p_list.add_argument("--json", action="store_true", dest="as_json",
-                            help="machine-readable output")
-        p_rel = sub.add_parser("release", help="remove a lock (needs --force while it is held)")
-        p_rel.add_argument("key", help="lock name, as `redlock list` shows it")
-        p_rel.add_argument("--force", action="store_true",
-                           help="remove it whoever holds it; the holder loses its lock")
+        p_list.add_argument(
+            "--json", action="store_true", dest="as_json", help="machine-readable output"
+        )
+        p_rel = sub.add_parser(
+            "release",
+            help="remove a lock (needs --force while it is held) or every lock matching "
+            "--pattern (needs --yes)",
+        )
+        p_rel.add_argument("key", nargs="?", help="lock name, as `redlock list` shows it")
+        p_rel.add_argument(
+            "--force",
+            action="store_true",
+            help="remove it whoever holds it; the holder loses its lock",
+        )
+        p_rel.add_argument("--pattern", help="glob on lock names: release every match")
+        p_rel.add_argument(
+            "--yes", action="store_true", help="with --pattern: release without asking"
+        )
         p_check = sub.add_parser("check", help="per-node health, restart guard and clocks")
-        p_check.add_argument("--json", action="store_true", dest="as_json",
-                             help="machine-readable output")
+        p_check.add_argument(
+            "--json", action="store_true", dest="as_json", help="machine-readable output"
+        )
+        p_trust = sub.add_parser(
+            "trust", help="let every reachable node vote now (asserts that no lock is held)"
+        )
+        p_trust.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    def do_trust(self, *, yes: bool = False, **_: Any) -> None:
+        """Arm the restart-guard markers as trusted (Redlock.trust_cluster): for a new cluster
+        with a node down, which otherwise waits max_ttl because no node can vouch that
+        nothing was held. Exit 3 when refused (a lock is held, or not confirmed)."""
+        redlock = self.redlock
+        if not hasattr(redlock, "trust_cluster"):
+            raise CommandError(
+                "'trust' is for a Redlock over Redis nodes (the restart guard); "
+                f"{type(redlock).__name__} has no restart guard.",
+                returncode=USAGE,
+            )
+        if not yes:
+            answer = input(
+                f"Let every reachable node of {len(redlock.nodes)} vote at once? Only safe when "
+                "no lock is held anywhere (the command checks the reachable nodes). [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                raise CommandError("Not confirmed; nothing changed.", returncode=REFUSED)
+        try:
+            armed = redlock.trust_cluster()
+        except TrustRefused as exc:
+            raise CommandError(str(exc), returncode=REFUSED) from None
+        self.stdout.write(
+            self.style.SUCCESS(f"Trusted {armed} of {len(redlock.nodes)} node(s); they vote now.")
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        try:  # the lock service this command works on (the one place it is picked)
+            self.redlock = get_locks(options["using"])
+        except ImproperlyConfigured as exc:  # its message starts with the check id
+            raise CommandError(
+                f"The REDLOCK setting is broken, no lock can be taken: {exc}",
+                returncode=BROKEN_SETTING,
+            ) from None
+        except (ValueError, TypeError, ImportError) as exc:  # unknown alias, bad BACKENDS entry
+            raise CommandError(f"--using {options['using']!r}: {exc}", returncode=USAGE) from None
         getattr(self, f"do_{action}")(**options)
 
     # -- list ------------------------------------------------------------------------------
 
     def do_list(self, *, pattern: str, as_json: bool = False, **_: Any) -> None:
-        redlock = get_redlock()
-        stuck_after = float(get_config().get("STUCK_AFTER") or 0)
-        locks = list(redlock.live_locks(pattern))
+        redlock = self.redlock
+        # The admin page's rows: the same "stuck" reasons (held too long, split, not
+        # renewing, holder gone), judged by the same code.
+        rows = build_rows(redlock, redlock.live_locks(pattern), get_config().get("STUCK_AFTER"))
+        locks = [row.info for row in rows]
+        reasons = {row.info.name: [REASON_LABELS[code] for code in row.reasons] for row in rows}
         if as_json:
-            self.stdout.write(_dumps([
-                {
-                    "name": i.name, "token": i.token, "meta": i.meta,
-                    "acquired_at": _iso(i.acquired_at), "age": i.age, "ttl": i.ttl,
-                    "nodes": i.nodes, "total_nodes": i.total_nodes, "quorum": i.quorum,
-                    "fence": i.fence, "renewals": i.renewals, "split": i.split,
-                    "stuck": bool(stuck_after and (i.age or 0) > stuck_after),
-                }
-                for i in locks
-            ]))
+            self.stdout.write(
+                _dumps(
+                    [
+                        {
+                            "name": i.name,
+                            "token": i.token,
+                            "meta": i.meta,
+                            "acquired_at": _iso(i.acquired_at),
+                            "age": i.age,
+                            "ttl": i.ttl,
+                            "nodes": i.nodes,
+                            "total_nodes": i.total_nodes,
+                            "quorum": i.quorum,
+                            "fence": i.fence,
+                            "renewals": i.renewals,
+                            "split": i.split,
+                            "stuck": bool(reasons[i.name]),
+                            "flags": reasons[i.name],
+                        }
+                        for i in locks
+                    ]
+                )
+            )
             return
         if not locks:
             self.stdout.write(f"No live locks matching {pattern!r}.")
             return
-        rows = [("NAME", "HOLDER", "AGE", "TTL", "NODES", "FENCE", "FLAGS")]
+        table = [("NAME", "HOLDER", "AGE", "TTL", "NODES", "FENCE", "STUCK")]
         for i in locks:
-            flags = []
-            if i.split:
-                flags.append("split")
-            if stuck_after and (i.age or 0) > stuck_after:
-                flags.append("stuck")
-            rows.append((i.name, _holder(i.meta), _seconds(i.age), _seconds(i.ttl),
-                         f"{i.nodes}/{i.total_nodes}", str(i.fence or "-"), ",".join(flags)))
-        self._table(rows)
+            flags = reasons[i.name]
+            table.append(
+                (
+                    i.name,
+                    _holder(i.meta),
+                    _seconds(i.age),
+                    _seconds(i.ttl),
+                    f"{i.nodes}/{i.total_nodes}",
+                    str(i.fence or "-"),
+                    ", ".join(flags),
+                )
+            )
+        self._table(table)
         self.stdout.write(f"{len(locks)} lock(s).")
 
     # -- release ---------------------------------------------------------------------------
 
-    def do_release(self, *, key: str, force: bool = False, **_: Any) -> None:
-        redlock = get_redlock()
+    def do_release(
+        self,
+        *,
+        key: str | None = None,
+        force: bool = False,
+        pattern: str | None = None,
+        yes: bool = False,
+        **_: Any,
+    ) -> None:
+        if (key is None) == (pattern is None):
+            raise CommandError("Give a lock name or --pattern (one of them).", returncode=USAGE)
+        redlock = self.redlock
+        if pattern is not None:
+            self._release_matching(redlock, pattern, yes=yes)
+            return
+        assert key is not None
         if not force:
             info = redlock.lock_info(key)
             if info is None:
@@ -125,67 +233,129 @@ class Command(BaseCommand):
                 "to do it anyway.",
                 returncode=REFUSED,
             )
+        info = redlock.lock_info(key)
         removed = redlock.force_release(key)
         total = len(redlock.nodes)
         if removed == 0:
-            raise CommandError(f"No node had a lock named {key!r}; nothing released.",
-                               returncode=NOT_FOUND)
-        self.stdout.write(self.style.SUCCESS(
-            f"Released {key!r} on {removed} of {total} node(s)."
-        ))
+            raise CommandError(
+                f"No node had a lock named {key!r}; nothing released.", returncode=NOT_FOUND
+            )
+        self._audit(key, removed, total, info)
+        self.stdout.write(self.style.SUCCESS(f"Released {key!r} on {removed} of {total} node(s)."))
+
+    def _release_matching(self, redlock: Any, pattern: str, *, yes: bool) -> None:
+        """Every live lock matching ``pattern``, listed first; released (each one only from
+        the holder listed) with ``--yes``."""
+        locks = list(redlock.live_locks(pattern))
+        if not locks:
+            raise CommandError(f"No live lock matches {pattern!r}.", returncode=NOT_FOUND)
+        self.stdout.write(f"{len(locks)} lock(s) match {pattern!r}:")
+        for info in locks:
+            self.stdout.write(f"  {info.name}  ({_holder(info.meta)}, {_seconds(info.age)} old)")
+        if not yes:
+            raise CommandError(
+                f"Not released: rerun with --yes to release these {len(locks)} lock(s) from "
+                "their holders.",
+                returncode=REFUSED,
+            )
+        total = len(redlock.nodes)
+        released = 0
+        for info in locks:
+            # The token compare on the nodes leaves a holder that took the lock since alone.
+            removed = redlock.force_release(info.name, token=info.token)
+            if removed:
+                released += 1
+                self._audit(info.name, removed, total, info)
+            else:
+                self.stdout.write(f"  {info.name}: not released (freed or taken by another since)")
+        self.stdout.write(self.style.SUCCESS(f"Released {released} of {len(locks)} lock(s)."))
+
+    @staticmethod
+    def _audit(name: str, removed: int, total: int, info: Any) -> None:
+        audit.warning(
+            "manage.py redlock release by %s: released lock %r on %s of %s nodes; holder: %s",
+            _operator(),
+            name,
+            removed,
+            total,
+            describe_holder(info) if info is not None else "unknown",
+        )
 
     # -- check -----------------------------------------------------------------------------
 
     def do_check(self, *, as_json: bool = False, **_: Any) -> None:
-        redlock = get_redlock()
+        redlock = self.redlock
         health = redlock.health()
         quorum = redlock.quorum
         reachable = [h for h in health if h.reachable]
-        fresh = {h.node for h in health if h.reachable and h.guarded_for and h.fresh}
-        # A brand-new cluster (no node ever held a lock under this prefix) is guarded until
-        # the first acquire, which trusts every node at once (TRUST_FRESH_CLUSTER).
-        trusted_at_first_lock = (
-            redlock.restart_guard and redlock.trust_fresh_cluster
-            and len(fresh) == len(health)
-        )
-        voting = [h for h in reachable if not h.guarded_for or trusted_at_first_lock]
+        # The core judges each node with the whole cluster in view (as the admin page shows
+        # it): a brand-new cluster's nodes vote, trusted at the first acquire.
+        voting = [h for h in health if h.voting]
+        trusted_at_first_lock = any(h.voting and h.fresh for h in health)
         offsets = [h.clock_offset for h in reachable if h.clock_offset is not None]
         spread = (max(offsets) - min(offsets)) if len(offsets) > 1 else 0.0
+        # The same W006 warnings as `manage.py check --deploy`.
+        eviction = eviction_warnings(node_eviction_policies())
         if len(reachable) < quorum or len(voting) < quorum:
             status, code = "CRITICAL", QUORUM_LOST
-        elif len(voting) < len(health):
+        elif len(voting) < len(health) or eviction:
             status, code = "DEGRADED", DEGRADED
         else:
             status, code = "OK", OK
-        summary = (f"{status}: {len(reachable)}/{len(health)} nodes reachable, "
-                   f"{len(voting)} voting, quorum {quorum}, clock spread {spread * 1000:.1f} ms")
+        summary = (
+            f"{status}: {len(reachable)}/{len(health)} nodes reachable, "
+            f"{len(voting)} voting, quorum {quorum}, clock spread {spread * 1000:.1f} ms"
+        )
         if as_json:
-            self.stdout.write(_dumps({
-                "status": status.lower(), "quorum": quorum, "reachable": len(reachable),
-                "voting": len(voting), "clock_spread": spread,
-                "fresh_cluster": trusted_at_first_lock,
-                "nodes": [h.__dict__ for h in health],
-            }))
+            self.stdout.write(
+                _dumps(
+                    {
+                        "status": status.lower(),
+                        "quorum": quorum,
+                        "reachable": len(reachable),
+                        "voting": len(voting),
+                        "clock_spread": spread,
+                        "fresh_cluster": trusted_at_first_lock,
+                        "nodes": [h.__dict__ for h in health],
+                        "warnings": [{"id": m.id, "msg": m.msg} for m in eviction],
+                    }
+                )
+            )
         else:
-            rows = [("NODE", "REACHABLE", "LATENCY", "VERSION", "UPTIME", "GUARD", "CLOCK",
-                     "LOCKS")]
+            rows = [
+                ("NODE", "REACHABLE", "LATENCY", "VERSION", "UPTIME", "GUARD", "CLOCK", "LOCKS")
+            ]
             for h in health:
                 if not h.reachable:
                     rows.append((h.node, "no", "-", "-", "-", "-", "-", h.error or ""))
                     continue
-                if not h.guarded_for:
-                    guard = "ready"
-                elif trusted_at_first_lock:
+                if h.voting and h.fresh:
                     guard = "fresh (trusted at first lock)"
+                elif h.voting:
+                    guard = "ready"
                 else:
                     guard = f"guarded {_seconds(h.guarded_for)}"
                 clock = f"{h.clock_offset * 1000:+.1f}ms" if h.clock_offset is not None else "-"
-                rows.append((h.node, "yes", f"{(h.latency or 0) * 1000:.2f}ms",
-                             h.version or "?", _seconds(h.uptime), guard, clock,
-                             str(h.lock_keys if h.lock_keys is not None else "-")))
+                rows.append(
+                    (
+                        h.node,
+                        "yes",
+                        f"{(h.latency or 0) * 1000:.2f}ms",
+                        h.version or "?",
+                        _seconds(h.uptime),
+                        guard,
+                        clock,
+                        str(h.lock_keys if h.lock_keys is not None else "-"),
+                    )
+                )
             self._table(rows)
-            style = self.style.SUCCESS if code == OK else (
-                self.style.WARNING if code == DEGRADED else self.style.ERROR)
+            for message in eviction:
+                self.stdout.write(self.style.WARNING(f"{message.id}: {message.msg}"))
+            style = (
+                self.style.SUCCESS
+                if code == OK
+                else (self.style.WARNING if code == DEGRADED else self.style.ERROR)
+            )
             self.stdout.write(style(summary))
         if code != OK:
             raise CommandError(summary, returncode=code)
@@ -195,8 +365,16 @@ class Command(BaseCommand):
     def _table(self, rows: Sequence[Sequence[str]]) -> None:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
-            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                              .rstrip())
+            self.stdout.write(
+                "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            )
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name (containers without a passwd entry)
+        return "unknown user"
 
 
 def _dumps(value: Any) -> str:

@@ -1,0 +1,684 @@
+"""The lock-manager interface every backend offers, and the parts all backends share.
+
+:class:`LockManager` / :class:`LockHandle` write down the interface the Redlock class has
+(``lock()``, ``locked``, ``live_locks``, ``lock_info``, ``force_release``, ``health``,
+``close``; a handle with ``acquire/release/extend/check/held/validity/token/fence``), so the
+decorator, the Celery task base, the admin page and the management command work with any of
+them. :class:`BackendLocks` implements everything that does not depend on the service (input
+checks, tokens, holder metadata, held/validity bookkeeping, events, the renewal thread, the
+context manager); a backend supplies six small primitives (``_take``, ``_give_back``,
+``_renew``, ``_still_held``, ``_remove``, ``_infos``). :class:`AsyncLocks` turns any backend
+into its asyncio twin by running the blocking calls in worker threads: the services' clients
+(database drivers, kazoo, HTTP) are blocking, and one adapter beats three async copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+
+from ..core import (
+    HOLDER_PLACE,
+    MAX_DURATION,
+    MAX_KEY_LENGTH,
+    LockEvent,
+    LockInfo,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    NodeHealth,
+    NodeLockState,
+    check_positive,
+    check_retry_count,
+    check_timeout,
+    emit,
+)
+from ..core import check_name as core_check_name
+
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "AsyncBackendLock",
+    "AsyncLocks",
+    "BackendLock",
+    "BackendLocks",
+    "Grant",
+    "LockHandle",
+    "LockManager",
+    "ServiceNode",
+    "check_name",
+]
+
+#: Longest lock name: the core's limit, which the database column and the ZooKeeper/etcd
+#: paths all take.
+MAX_NAME_LENGTH = MAX_KEY_LENGTH
+
+
+@runtime_checkable
+class LockHandle(Protocol):
+    """One lock name, held or not: what ``manager.lock(name)`` returns."""
+
+    name: str
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool: ...
+    def release(self) -> None: ...
+    def extend(self, ttl: float | None = None) -> bool: ...
+    def check(self) -> bool: ...
+    @property
+    def held(self) -> bool: ...
+    @property
+    def validity(self) -> float: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def fence(self) -> int | None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class LockManager(Protocol):
+    """A lock service: :class:`~django_redlock.Redlock` and every backend here."""
+
+    def lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Any: ...
+    def locked(self, name: str) -> bool: ...
+    def live_locks(self, pattern: str = "*") -> Iterable[LockInfo]: ...
+    def lock_info(self, name: str) -> LockInfo | None: ...
+    def force_release(self, name: str, token: str | None = None) -> int: ...
+    def health(self) -> list[NodeHealth]: ...
+    def close(self) -> None: ...
+
+
+def check_name(name: object) -> str:
+    """The core's lock-name rule, plus no NUL: database columns, ZooKeeper paths and etcd
+    keys cannot carry one."""
+    name = core_check_name(name)
+    if "\x00" in name:
+        raise ValueError(f"lock name must not contain NUL: {name!r}")
+    return name
+
+
+def holder_meta(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Who holds the lock (shown on the admin page), plus what the caller added."""
+    meta: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "thread": threading.current_thread().name,
+        **HOLDER_PLACE,  # so "holder gone" is judged as for the Redlock's holders
+    }
+    meta.update(extra or {})
+    return meta
+
+
+@dataclass(frozen=True)
+class ServiceNode:
+    """The service as the one "node" the admin page and the management command list."""
+
+    name: str
+
+
+@dataclass(eq=False)
+class Grant:
+    """One acquisition: what a backend hands back when it granted the lock."""
+
+    name: str
+    token: str
+    ttl: float
+    valid_until: float  #: time.monotonic() deadline; inf while a session holds it (ZooKeeper)
+    meta: dict[str, Any]
+    fence: int | None = None
+    acquired: float = field(default_factory=time.monotonic)
+    released: bool = False
+    lost: str | None = None
+    #: Backend-private state (the ZooKeeper node path, the etcd lease, a held connection).
+    state: Any = None
+    stop_renewal: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def validity(self) -> float:
+        if self.released or self.lost:
+            return 0.0
+        return max(self.valid_until - time.monotonic(), 0.0)
+
+
+class BackendLock:
+    """The handle every backend returns (the same surface as :class:`~django_redlock.Lock`)."""
+
+    def __init__(
+        self,
+        manager: BackendLocks,
+        name: str,
+        *,
+        ttl: float,
+        auto_renew: bool,
+        fencing: bool,
+        blocking: bool,
+        timeout: float | None,
+        meta: dict[str, Any],
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> None:
+        self.manager = manager
+        self.redlock = manager  # the name the integrations use for the lock's manager
+        self.name = name
+        self.ttl = ttl
+        self.auto_renew = auto_renew
+        self.fencing = fencing
+        self.blocking = blocking
+        self.timeout = timeout
+        self.meta = meta
+        #: Who asked (kept for the integrations; these locks are not reentrant, so it
+        #: decides nothing).
+        self.owner = owner
+        self.renew_for = renew_for
+        self.retry_after: float | None = None
+        self._grant: Grant | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {'held' if self.held else 'not held'}>"
+
+    @property
+    def held(self) -> bool:
+        """Local view: acquired, not released, not lost, and validity left."""
+        return self._grant is not None and self._grant.validity > 0
+
+    @property
+    def validity(self) -> float:
+        """Seconds of validity left by the local monotonic clock (inf for a session lock)."""
+        return self._grant.validity if self._grant is not None else 0.0
+
+    @property
+    def token(self) -> str | None:
+        return self._grant.token if self._grant is not None else None
+
+    @property
+    def fence(self) -> int | None:
+        return self._grant.fence if self._grant is not None else None
+
+    @property
+    def lost(self) -> str | None:
+        return self._grant.lost if self._grant is not None else None
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock. ``blocking=False``: one attempt; otherwise wait up to ``timeout``
+        seconds (None: the handle's timeout, else the retry policy, as on the Redlock: at most
+        ``retry_count`` x ``retry_delay`` seconds; ``float("inf")``: for ever), woken when the
+        holder releases. False when someone else holds it."""
+        if self._grant is not None and not self._grant.released:
+            raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        self._grant = self.manager._acquire(self, blocking, timeout)
+        return self._grant is not None
+
+    def release(self) -> None:
+        """Give the lock back: :class:`LockNotOwned` if it was no longer ours,
+        :class:`LockLost` if we knew it was lost."""
+        grant = self._take_grant()
+        self._grant = None
+        self.manager._release(grant)
+
+    def extend(self, ttl: float | None = None) -> bool:
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl)."""
+        grant = self._take_grant()
+        return self.manager._extend(grant, self.ttl if ttl is None else check_positive("ttl", ttl))
+
+    def check(self) -> bool:
+        """Ask the service whether our token still holds the lock (a round trip)."""
+        grant = self._grant
+        return grant is not None and not grant.lost and self.manager._still_held(grant)
+
+    def detach(self) -> str:
+        """Hand the lock to another process: this handle forgets it (no release, no renewal
+        here) and returns the token the new owner frees it with,
+        ``manager.release_token(name, token)``."""
+        grant = self._take_grant()
+        self._grant = None
+        grant.stop_renewal.set()
+        grant.released = True
+        return grant.token
+
+    def _take_grant(self) -> Grant:
+        if self._grant is None or self._grant.released:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
+        return self._grant
+
+    def __enter__(self) -> BackendLock:
+        if not self.acquire():
+            raise LockNotAcquired(
+                f"lock {self.name!r} is held by another owner",
+                self.name,
+                retry_after=self.retry_after,
+            )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class BackendLocks:
+    """Everything a backend shares; subclasses implement the service primitives below."""
+
+    lock_class = BackendLock
+    #: Whether waiters are served in arrival order (``lock(fair=True)`` is accepted).
+    fair = False
+    #: Longest lease a lock may ask for (Redlock caps it for its restart guard; these
+    #: services keep their state through restarts, so nothing caps it here).
+    max_ttl = math.inf
+    #: What the management command and the admin page read of a Redlock: one service that
+    #: decides alone (its own replication is its business), no restart guard.
+    quorum = 1
+    restart_guard = False
+    trust_fresh_cluster = False
+
+    #: Redlock's clock-drift allowance; these services time leases themselves.
+    drift_factor = 0.0
+
+    @property
+    def node_name(self) -> str:
+        """How the service is named in listings (the one "node" of LockInfo/NodeHealth)."""
+        return self.service
+
+    @property
+    def nodes(self) -> list[ServiceNode]:
+        return [ServiceNode(self.node_name)]
+
+    def _info(
+        self,
+        name: str,
+        token: str,
+        meta: Mapping[str, Any],
+        *,
+        acquired_at: datetime | None,
+        ttl: float,
+        lease: float | None,
+        fence: int | None,
+        renewals: int = 0,
+    ) -> LockInfo:
+        """A LockInfo for this single-authority service (one "node", quorum one)."""
+        state = NodeLockState(self.node_name, token, ttl, renewals, fence, acquired_at, lease)
+        return LockInfo(
+            name=name,
+            token=token,
+            meta=dict(meta),
+            acquired_at=acquired_at,
+            ttl=ttl,
+            nodes=1,
+            total_nodes=1,
+            quorum=1,
+            fence=fence,
+            renewals=renewals,
+            per_node=(state,),
+            lease=lease,
+        )
+
+    #: Shown in NodeHealth and error messages.
+    service = "lock service"
+
+    def __init__(
+        self, *, ttl: float = 30.0, retry_count: int = 3, retry_delay: float = 0.2
+    ) -> None:
+        self.ttl = check_positive("ttl", ttl)
+        self.retry_count = check_retry_count(retry_count)
+        self.retry_delay = check_positive("retry_delay", retry_delay, allow_zero=True)
+        if retry_count * self.retry_delay > MAX_DURATION:
+            raise ValueError(
+                f"retry_count {retry_count!r} x retry_delay {retry_delay!r} is longer than a year "
+                "(for a longer wait pass a timeout)"
+            )
+        self.listeners: list[Any] = []
+
+    # -- the primitives a backend implements ----------------------------------------------------
+
+    def _take(
+        self, handle: BackendLock, token: str, blocking: bool, deadline: float | None
+    ) -> Grant | None:
+        """Take ``handle.name`` for ``token`` (waiting until ``deadline`` when blocking),
+        or None. Sets ``handle.retry_after`` when it knows when the holder's lease ends."""
+        raise NotImplementedError
+
+    def _give_back(self, grant: Grant) -> bool:
+        """Delete the lock if ``grant.token`` still holds it; whether it did."""
+        raise NotImplementedError
+
+    def _renew(self, grant: Grant, ttl: float) -> bool | float:
+        """Re-arm the lease for ``ttl`` seconds if the token still holds it: True, or the
+        seconds the service granted when it cannot grant ``ttl``; False when not held."""
+        raise NotImplementedError
+
+    def _still_held(self, grant: Grant) -> bool:
+        raise NotImplementedError
+
+    def _adopt(self, name: str, token: str) -> Grant | None:
+        """A Grant for the current hold of ``name`` if ``token`` is its holder (a lock
+        detached in another process), else None."""
+        raise NotImplementedError
+
+    def _remove(self, name: str, token: str | None) -> int:
+        """Delete ``name`` whoever holds it (only ``token``'s hold, when given): 1 or 0."""
+        raise NotImplementedError
+
+    def _infos(self, pattern: str) -> Iterable[LockInfo]:
+        """The live locks whose name matches ``pattern`` (any order)."""
+        raise NotImplementedError
+
+    def locked(self, name: str) -> bool:
+        return self.lock_info(name) is not None
+
+    def unusable_reason(self) -> str | None:
+        """Why the configured service can never hold a lock, or None (system check E106)."""
+        return None
+
+    def health(self) -> list[NodeHealth]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connections this manager opened."""
+
+    # -- the interface --------------------------------------------------------------------------
+
+    def lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        reentrant: bool | None = None,
+        fair: bool = False,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> BackendLock:
+        """A handle on lock ``name``; nothing is sent until it is acquired.
+
+        The Redlock options are accepted where the service can honour them: ``fair=True``
+        where waiters are served in arrival order (:attr:`fair`), ``renew_for`` caps
+        auto-renewal, ``owner`` is kept; ``reentrant=True`` is refused (no backend here
+        counts reentrant holds).
+        """
+        check_name(name)
+        lease = self.ttl if ttl is None else check_positive("ttl", ttl)
+        if timeout is not None:
+            timeout = check_timeout(timeout)
+        if meta is not None:
+            if not isinstance(meta, Mapping):
+                raise TypeError(f"meta must be a dict, got {meta!r}")
+            bad = [k for k in meta if not isinstance(k, str)]
+            if bad:
+                raise TypeError(f"meta keys must be str, got {bad[0]!r} in {meta!r}")
+        if reentrant:
+            raise ValueError(f"{type(self).__name__} locks are not reentrant (reentrant=True)")
+        if fair and not self.fair:
+            raise ValueError(f"{type(self).__name__} does not serve waiters in order (fair=True)")
+        if renew_for is not None:
+            renew_for = check_positive("renew_for", renew_for)
+        return self.lock_class(
+            self,
+            name,
+            ttl=lease,
+            auto_renew=bool(auto_renew),
+            fencing=bool(fencing),
+            blocking=bool(blocking),
+            timeout=timeout,
+            meta=dict(meta or {}),
+            owner=owner,
+            renew_for=renew_for,
+        )
+
+    def release_token(self, name: str, token: str) -> int:
+        """Release ``name`` if ``token`` still holds it (a lock handed over with
+        :meth:`BackendLock.detach`): 1, or 0 when another holder has it by now."""
+        check_name(name)
+        return self._remove(name, token)
+
+    def extend_token(self, name: str, token: str, ttl: float) -> bool:
+        """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it."""
+        check_name(name)
+        grant = self._adopt(name, token)
+        return grant is not None and bool(self._renew(grant, check_positive("ttl", ttl)))
+
+    def live_locks(self, pattern: str = "*") -> Iterator[LockInfo]:
+        """Every live lock whose name matches the glob ``pattern``, by name."""
+        if not isinstance(pattern, str):
+            raise TypeError(f"pattern must be a str, got {pattern!r}")
+        return iter(sorted(self._infos(pattern), key=lambda info: info.name))
+
+    def lock_info(self, name: str) -> LockInfo | None:
+        check_name(name)
+        return next((i for i in self._infos(glob_escape(name)) if i.name == name), None)
+
+    def force_release(self, name: str, token: str | None = None) -> int:
+        """Remove ``name`` whoever holds it (only ``token``'s hold, when given); 1 or 0.
+        The former holder learns it lost the lock at its next renewal, check or release."""
+        check_name(name)
+        removed = self._remove(name, token)
+        if removed:
+            self._emit(LockEvent("force_released", name, token=token, nodes=removed))
+        return removed
+
+    # -- shared logic ---------------------------------------------------------------------------
+
+    def _acquire(self, handle: BackendLock, blocking: bool, timeout: float | None) -> Grant | None:
+        start = time.monotonic()
+        if timeout is None:
+            # The Redlock's retry policy: it pauses at most retry_delay before each of its
+            # retry_count retries. A waiter here is woken by the release instead of retrying,
+            # so it waits that long at most; no retries means one attempt.
+            timeout = self.retry_count * self.retry_delay
+            blocking = blocking and timeout > 0
+        deadline = None if math.isinf(timeout) else start + timeout
+        handle.retry_after = None
+        grant = self._take(handle, secrets.token_hex(16), blocking, deadline)
+        waited = time.monotonic() - start
+        if grant is None:
+            self._emit(
+                LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)
+            )
+            return None
+        self._emit(
+            LockEvent(
+                "acquired",
+                handle.name,
+                token=grant.token,
+                meta=grant.meta,
+                waited=waited,
+                fence=grant.fence,
+            )
+        )
+        if handle.auto_renew:
+            until = None if handle.renew_for is None else time.monotonic() + handle.renew_for
+            threading.Thread(
+                target=self._keep_renewing,
+                args=(grant, until),
+                name=f"lock-renew:{grant.name}",
+                daemon=True,
+            ).start()
+        return grant
+
+    def _grant(
+        self,
+        handle: BackendLock,
+        token: str,
+        meta: dict[str, Any],
+        *,
+        started: float,
+        fence: int | None = None,
+        state: Any = None,
+    ) -> Grant:
+        """The Grant for a lock just taken; its validity counts from before the request."""
+        return Grant(
+            handle.name, token, handle.ttl, started + handle.ttl, meta, fence=fence, state=state
+        )
+
+    def _release(self, grant: Grant) -> None:
+        grant.stop_renewal.set()
+        if grant.released:
+            return
+        held = time.monotonic() - grant.acquired
+        if grant.lost is None and self._give_back(grant):
+            grant.released = True
+            self._emit(
+                LockEvent("released", grant.name, token=grant.token, meta=grant.meta, held=held)
+            )
+            return
+        self._mark_lost(grant, "the lock was no longer ours at release")
+        grant.released = True
+        raise LockLost(f"lock {grant.name!r} was lost before release: {grant.lost}", grant.name)
+
+    def _extend(self, grant: Grant, ttl: float) -> bool:
+        if grant.released or grant.lost:
+            return False
+        started = time.monotonic()
+        renewed = self._renew(grant, ttl)
+        if renewed:
+            if not math.isinf(grant.valid_until):  # a session lock has no lease end
+                grant.valid_until = started + (ttl if renewed is True else float(renewed))
+            return True
+        if not self._still_held(grant):
+            self._mark_lost(grant, "the lock was taken or removed before it could be extended")
+        return False
+
+    def _keep_renewing(self, grant: Grant, until: float | None) -> None:
+        """Re-arm the lease every ttl/3 while held (one thread per auto-renewed lock), until
+        ``until`` (monotonic) when renewal is capped."""
+        while not grant.stop_renewal.wait(grant.ttl / 3):
+            if grant.released or grant.lost or (until is not None and time.monotonic() >= until):
+                return
+            if grant.validity <= 0:
+                self._mark_lost(grant, "the lease ran out before it could be renewed")
+                return
+            try:
+                self._extend(grant, grant.ttl)
+            except Exception as exc:  # the service is unreachable: retry while validity lasts
+                if grant.validity <= 0:
+                    self._mark_lost(grant, f"renewal failed: {exc}")
+                    return
+
+    def _mark_lost(self, grant: Grant, reason: str) -> None:
+        if grant.lost is not None or grant.released:
+            return
+        grant.lost = reason
+        grant.stop_renewal.set()
+        held = time.monotonic() - grant.acquired
+        self._emit(
+            LockEvent(
+                "lost",
+                grant.name,
+                token=grant.token,
+                meta=grant.meta,
+                held=held,
+                fence=grant.fence,
+                reason=reason,
+            )
+        )
+
+    def _emit(self, event: LockEvent) -> None:
+        emit(self.listeners, event)
+
+
+def glob_escape(name: str) -> str:
+    """``name`` as a glob that matches only itself."""
+    return "".join(f"[{c}]" if c in "*?[]\\" else c for c in name)
+
+
+def utc_from_micros(micros: int | None) -> datetime | None:
+    return None if micros is None else datetime.fromtimestamp(micros / 1e6, timezone.utc)
+
+
+# -- asyncio ------------------------------------------------------------------------------------
+
+
+class AsyncBackendLock:
+    """The asyncio handle: ``await lock.acquire()``, ``async with manager.lock(name):``."""
+
+    def __init__(self, handle: BackendLock) -> None:
+        self._handle = handle
+        self.name = handle.name
+
+    def __getattr__(self, attribute: str) -> Any:
+        # held, validity, token, fence, lost, retry_after, ttl, meta: local reads.
+        return getattr(self._handle, attribute)
+
+    def __repr__(self) -> str:
+        return f"<Async{self._handle!r}"[:-1] + ">"
+
+    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        return await asyncio.to_thread(self._handle.acquire, blocking, timeout)
+
+    async def release(self) -> None:
+        await asyncio.to_thread(self._handle.release)
+
+    async def extend(self, ttl: float | None = None) -> bool:
+        return await asyncio.to_thread(self._handle.extend, ttl)
+
+    async def check(self) -> bool:
+        return await asyncio.to_thread(self._handle.check)
+
+    async def __aenter__(self) -> AsyncBackendLock:
+        if not await self.acquire():
+            raise LockNotAcquired(
+                f"lock {self.name!r} is held by another owner",
+                self.name,
+                retry_after=self._handle.retry_after,
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class AsyncLocks:
+    """The asyncio twin of a backend: the same names, awaitable (blocking calls run in worker
+    threads, so the event loop never waits on the service)."""
+
+    def __init__(self, manager: BackendLocks) -> None:
+        self.manager = manager
+        self.listeners = manager.listeners
+
+    def lock(self, name: str, ttl: float | None = None, **options: Any) -> AsyncBackendLock:
+        return AsyncBackendLock(self.manager.lock(name, ttl, **options))
+
+    async def locked(self, name: str) -> bool:
+        return await asyncio.to_thread(self.manager.locked, name)
+
+    async def live_locks(self, pattern: str = "*") -> list[LockInfo]:
+        return await asyncio.to_thread(lambda: list(self.manager.live_locks(pattern)))
+
+    async def lock_info(self, name: str) -> LockInfo | None:
+        return await asyncio.to_thread(self.manager.lock_info, name)
+
+    async def force_release(self, name: str, token: str | None = None) -> int:
+        return await asyncio.to_thread(self.manager.force_release, name, token)
+
+    async def health(self) -> list[NodeHealth]:
+        return await asyncio.to_thread(self.manager.health)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.manager.close)

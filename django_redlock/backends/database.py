@@ -1,0 +1,548 @@
+"""Locks in a database table (Django ORM: SQLite, PostgreSQL, MySQL/MariaDB).
+
+The table (:class:`~django_redlock.models.DatabaseLock`, shipped with a migration) has one row
+per held lock: a unique ``name`` (the unique index of seed 002 is what makes a second holder
+fail), the holder's ``token``, metadata, ``fence`` and the lease's end ``expires_us``. Every
+time is read from the DATABASE clock inside the statement (``NOW_US`` below), never from a
+client, so clients with skewed clocks agree on when a lease ended.
+
+* acquire: ``INSERT`` if absent (insert wins); otherwise one ``UPDATE ... WHERE name = %s AND
+  expires_us <= now`` takes an expired row over atomically;
+* release / extend / check compare the token in the statement's ``WHERE``;
+* fences come from a counter row per name (:class:`DatabaseLockFence`) bumped in the same
+  transaction that grants the lock, so they increase strictly in grant order and survive the
+  lock row's deletion;
+* all of it runs on connections of this backend's own (one per thread, autocommit), never the
+  caller's: a lock is neither committed nor rolled back with the caller's ``atomic()`` block
+  or ``ATOMIC_REQUESTS`` transaction;
+* waiting: on PostgreSQL a release sends ``NOTIFY`` and waiters ``LISTEN``; elsewhere a bounded
+  backoff (5 ms doubling to ``max_poll``, never past the holder's lease end).
+
+``pessimistic=True`` (PostgreSQL, MySQL/MariaDB) also holds ``SELECT ... FOR UPDATE`` on a
+mutex row in a transaction of its own connection for the lock's whole life: waiters queue in
+the database's lock manager instead of polling, and a holder whose connection dies (crash,
+SIGKILL) frees the lock at once instead of after its lease. Trade-offs (docs/backends.rst): one
+database connection and one open transaction per held lock (PostgreSQL's VACUUM cannot clean
+behind a long one; ``idle_in_transaction_session_timeout`` ends it), a network partition leaves
+the lock held until the server notices the dead connection, and every user of a name must use
+the same mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from ..core import LockInfo, NodeHealth
+from .base import BackendLock, BackendLocks, Grant, holder_meta, utc_from_micros
+
+__all__ = ["DatabaseLocks"]
+
+T = TypeVar("T")
+
+LOCKS = "django_redlock_databaselock"
+FENCES = "django_redlock_databaselockfence"
+MUTEXES = "django_redlock_databaselockmutex"
+CHANNEL = "django_redlock"
+
+#: The database's clock in microseconds since the epoch, as one SQL expression per vendor
+#: (constant within a statement: statement_timestamp(), NOW(6), julianday('now')).
+NOW_US = {
+    "postgresql": "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)",
+    "mysql": "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
+    "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
+}
+#: Insert a row unless its unique key exists (0 rows affected then, no error).
+INSERT_ABSENT = {
+    "postgresql": "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING",
+    "mysql": "INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
+    "sqlite": "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING",
+}
+#: Add one to a name's fence counter, creating it at 1.
+BUMP_FENCE = {
+    "postgresql": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
+    f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1",
+    "mysql": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
+    "ON DUPLICATE KEY UPDATE value = value + 1",
+    "sqlite": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
+    f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1",
+}
+BEGIN = {"postgresql": "BEGIN", "mysql": "START TRANSACTION", "sqlite": "BEGIN IMMEDIATE"}
+
+#: Tries of a step the database rolled back as a deadlock victim.
+DEADLOCK_RETRIES = 5
+
+LOCK_COLUMNS = "name, token, meta, fence, acquired_us, expires_us, lease_us, renewals"
+
+
+def private_memory_database(name: str) -> bool:
+    """Whether an SQLite NAME opens a database private to each connection: ``:memory:``, or
+    a ``mode=memory`` URI without ``cache=shared`` (Django's own in-memory test database
+    shares its cache, so it is fine)."""
+    if name == ":memory:":
+        return True
+    query = name.partition("?")[2].split("&") if name.startswith("file:") else []
+    return "mode=memory" in query and "cache=shared" not in query
+
+
+class DatabaseLocks(BackendLocks):
+    """Locks in the ``DATABASES[using]`` database (see the module docstring).
+
+    ``OPTIONS``: ``using`` (a DATABASES alias, default ``"default"``), ``ttl`` (default lease,
+    seconds), ``pessimistic`` (bool), ``max_poll`` (longest sleep between two attempts while
+    waiting without LISTEN/NOTIFY, seconds), ``retry_count``/``retry_delay`` (how long
+    ``acquire(timeout=None)`` waits, as on the Redlock).
+    """
+
+    service = "database"
+
+    @property
+    def node_name(self) -> str:
+        return f"{self.vendor}:{self.using}"
+
+    def __init__(
+        self,
+        using: str = "default",
+        *,
+        ttl: float = 30.0,
+        pessimistic: bool = False,
+        max_poll: float = 0.2,
+        retry_count: int = 3,
+        retry_delay: float = 0.2,
+    ) -> None:
+        from django.db import connections
+
+        super().__init__(ttl=ttl, retry_count=retry_count, retry_delay=retry_delay)
+        if not isinstance(using, str) or using not in connections.settings:
+            raise ValueError(f"DatabaseLocks: using={using!r} names no database in DATABASES")
+        self.using = using
+        self.vendor = connections[using].vendor
+        if self.vendor not in NOW_US:
+            raise ValueError(f"DatabaseLocks: database {using!r} ({self.vendor}) is not supported")
+        if pessimistic and self.vendor == "sqlite":
+            raise ValueError("DatabaseLocks: pessimistic=True needs PostgreSQL or MySQL/MariaDB")
+        self.pessimistic = bool(pessimistic)
+        self.max_poll = float(max_poll)
+        self._now = NOW_US[self.vendor]
+        self._local = threading.local()
+        self._opened: list[Any] = []
+        self._opened_lock = threading.Lock()
+        self._listener: _Listener | None = None
+        self._listener_lock = threading.Lock()
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def unusable_reason(self) -> str | None:
+        """Why this database cannot hold locks at all, or None (system check E106)."""
+        from django.db import connections
+
+        name = str(connections[self.using].settings_dict.get("NAME") or "")
+        if self.vendor == "sqlite" and private_memory_database(name):
+            return (
+                f"DatabaseLocks: database {self.using!r} is an in-memory SQLite database "
+                f"({name!r}) that every connection sees as its own empty copy; the lock "
+                "connections would not see each other's locks. Use a file, or a shared-cache "
+                "URI such as 'file:locks?mode=memory&cache=shared' (one process only)."
+            )
+        return None
+
+    def _connection(self) -> Any:
+        """This thread's own connection (autocommit), separate from Django's."""
+        wrapper = getattr(self._local, "wrapper", None)
+        if wrapper is None:
+            wrapper = self._local.wrapper = self._open()
+        return wrapper
+
+    def _open(self) -> Any:
+        from django.core.exceptions import ImproperlyConfigured
+        from django.db import connections
+        from django.db.utils import load_backend
+
+        reason = self.unusable_reason()
+        if reason:  # checked here too: a test runner may swap the NAME after the checks ran
+            raise ImproperlyConfigured(reason)
+
+        settings_dict = copy.deepcopy(connections[self.using].settings_dict)
+        if self.vendor == "mysql":
+            # No gap locks, and a non-matching UPDATE lets go of the row at once: fewer
+            # deadlocks between a release and a fencing attempt.
+            settings_dict.setdefault("OPTIONS", {})["isolation_level"] = "read committed"
+        backend = load_backend(settings_dict["ENGINE"])
+        wrapper = backend.DatabaseWrapper(settings_dict, alias=f"{self.using}:locks")
+        wrapper.inc_thread_sharing()  # close() may run in another thread
+        with self._opened_lock:
+            self._opened.append(wrapper)
+        return wrapper
+
+    def _sql(self, sql: str, params: Iterable[Any] = (), *, fetch: bool = False) -> Any:
+        """Run one statement on this thread's connection: rows (fetch) or the row count."""
+        from django.db import Error
+
+        wrapper = self._connection()
+        try:
+            with wrapper.cursor() as cursor:
+                cursor.execute(sql.replace("NOW_US", self._now), list(params))
+                return cursor.fetchall() if fetch else cursor.rowcount
+        except Error:
+            wrapper.close()  # a broken connection is reopened by the next statement
+            raise
+
+    # -- acquiring ------------------------------------------------------------------------------
+
+    def _take(
+        self, handle: BackendLock, token: str, blocking: bool, deadline: float | None
+    ) -> Grant | None:
+        meta = holder_meta(handle.meta)
+        mutex = None
+        if self.pessimistic:
+            mutex = self._hold_mutex(handle.name, blocking, deadline)
+            if mutex is None:
+                return None
+        try:
+            grant = self._contend(
+                handle, token, meta, blocking and mutex is None, deadline, force=mutex is not None
+            )
+        except BaseException:
+            if mutex is not None:
+                _end_mutex(mutex)
+            raise
+        if grant is None and mutex is not None:
+            _end_mutex(mutex)
+        elif grant is not None:
+            grant.state = mutex
+        return grant
+
+    def _contend(
+        self,
+        handle: BackendLock,
+        token: str,
+        meta: dict[str, Any],
+        blocking: bool,
+        deadline: float | None,
+        *,
+        force: bool,
+    ) -> Grant | None:
+        pause = 0.005
+        wake = self._listen(handle.name) if blocking and self.vendor == "postgresql" else None
+        try:
+            while True:
+                started = time.monotonic()
+                fence = self._retrying(self._attempt, handle, token, meta, force=force)
+                if fence is not False:
+                    return self._grant(handle, token, meta, started=started, fence=fence)
+                handle.retry_after = self._time_left(handle.name)
+                now = time.monotonic()
+                if not blocking or (deadline is not None and now >= deadline):
+                    return None
+                limit = self.max_poll if wake is None else 1.0
+                if handle.retry_after is not None:
+                    limit = min(limit, handle.retry_after + 0.001)
+                wait = min(pause if wake is None else limit, limit)
+                if deadline is not None:
+                    wait = min(wait, deadline - now)
+                if wake is not None:
+                    wake.wait(wait)
+                    wake.clear()
+                else:
+                    time.sleep(wait)
+                    pause = min(pause * 2, self.max_poll)
+        finally:
+            if wake is not None and self._listener is not None:
+                self._listener.forget(handle.name, wake)
+
+    def _retrying(self, step: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``step`` again when the database chose it as a deadlock victim (its
+        transaction was rolled back, so running it again is safe)."""
+        from django.db import OperationalError
+
+        for attempt in range(DEADLOCK_RETRIES):
+            try:
+                return step(*args, **kwargs)
+            except OperationalError as exc:
+                cause = exc.__cause__
+                code = getattr(cause, "sqlstate", None) or (cause.args[:1] if cause else None)
+                if code not in ("40P01", "40001", (1213,)) or attempt == DEADLOCK_RETRIES - 1:
+                    raise
+                time.sleep(0.001 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _attempt(
+        self, handle: BackendLock, token: str, meta: dict[str, Any], *, force: bool
+    ) -> int | bool | None:
+        """One try: the fence (None without fencing) when granted, False when held."""
+        row = [handle.name, token, json.dumps(meta, default=str)]
+        lease_us = int(handle.ttl * 1_000_000)
+        if not handle.fencing:
+            return None if self._insert_or_take(row, None, lease_us, force) else False
+        self._sql(BEGIN[self.vendor])
+        try:
+            self._sql(BUMP_FENCE[self.vendor], [handle.name])
+            fence = self._sql(
+                f"SELECT value FROM {FENCES} WHERE name = %s", [handle.name], fetch=True
+            )[0][0]
+            granted = self._insert_or_take(row, fence, lease_us, force)
+        except BaseException:
+            self._sql("ROLLBACK")
+            raise
+        self._sql("COMMIT" if granted else "ROLLBACK")
+        return int(fence) if granted else False
+
+    def _insert_or_take(
+        self, row: list[Any], fence: int | None, lease_us: int, force: bool
+    ) -> bool:
+        """Insert the lock row; if one exists, take it over when its lease ended (or when
+        ``force``: the pessimistic mutex proves its holder is gone). One statement each."""
+        values = "%s, %s, %s, %s, NOW_US, NOW_US + %s, %s, 0"
+        params = [*row, fence, lease_us, lease_us]
+        insert = INSERT_ABSENT[self.vendor].format(table=LOCKS, columns=LOCK_COLUMNS, values=values)
+        if self._sql(insert, params):
+            return True
+        expired = "" if force else " AND expires_us <= NOW_US"
+        taken = self._sql(
+            f"UPDATE {LOCKS} SET token = %s, meta = %s, fence = %s, acquired_us = NOW_US, "
+            f"expires_us = NOW_US + %s, lease_us = %s, renewals = 0 WHERE name = %s{expired}",
+            [row[1], row[2], fence, lease_us, lease_us, row[0]],
+        )
+        return bool(taken)
+
+    def _time_left(self, name: str) -> float | None:
+        rows = self._sql(
+            f"SELECT expires_us - NOW_US FROM {LOCKS} WHERE name = %s", [name], fetch=True
+        )
+        return max(rows[0][0] / 1e6, 0.0) if rows else None
+
+    def _hold_mutex(self, name: str, blocking: bool, deadline: float | None) -> Any:
+        """A connection in a transaction holding FOR UPDATE on ``name``'s mutex row, or None
+        when another holder has it (NOWAIT, or the lock wait ran out)."""
+        from django.db import OperationalError
+
+        # Read first: inserting a duplicate would wait for the holder's row lock on MySQL.
+        if not self._sql(f"SELECT 1 FROM {MUTEXES} WHERE name = %s", [name], fetch=True):
+            insert = INSERT_ABSENT[self.vendor].format(table=MUTEXES, columns="name", values="%s")
+            self._sql(insert, [name])
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        if self.vendor == "postgresql":  # lock_timeout 0 = wait for ever
+            wait = f"SET LOCAL lock_timeout = {0 if left is None else math.ceil(left * 1000)}"
+        else:  # whole seconds only; a year stands for ever
+            seconds = 31536000 if left is None else math.ceil(left)
+            wait = f"SET SESSION innodb_lock_wait_timeout = {seconds}"
+        nowait = "" if blocking else " NOWAIT"
+        wrapper = self._open()
+        try:
+            with wrapper.cursor() as cursor:
+                cursor.execute(BEGIN[self.vendor])
+                cursor.execute(wait)
+                cursor.execute(
+                    f"SELECT name FROM {MUTEXES} WHERE name = %s FOR UPDATE{nowait}", [name]
+                )
+        except OperationalError:
+            wrapper.close()
+            return None
+        except BaseException:
+            wrapper.close()
+            raise
+        return wrapper
+
+    # -- holding --------------------------------------------------------------------------------
+
+    def _give_back(self, grant: Grant) -> bool:
+        try:
+            return self._retrying(self._delete, grant)
+        finally:
+            if grant.state is not None:
+                _end_mutex(grant.state)
+
+    def _delete(self, grant: Grant) -> bool:
+        if self.vendor == "postgresql":
+            # The DELETE and the wake-up of the waiters in one statement.
+            rows = self._sql(
+                f"WITH gone AS (DELETE FROM {LOCKS} WHERE name = %s AND token = %s "
+                f"RETURNING name) SELECT pg_notify(%s, name) FROM gone",
+                [grant.name, grant.token, CHANNEL],
+                fetch=True,
+            )
+            return bool(rows)
+        delete = f"DELETE FROM {LOCKS} WHERE name = %s AND token = %s"
+        return bool(self._sql(delete, [grant.name, grant.token]))
+
+    def _renew(self, grant: Grant, ttl: float) -> bool:
+        lease_us = int(ttl * 1_000_000)
+        return bool(
+            self._sql(
+                f"UPDATE {LOCKS} SET expires_us = NOW_US + %s, lease_us = %s, "
+                "renewals = renewals + 1 WHERE name = %s AND token = %s AND expires_us > NOW_US",
+                [lease_us, lease_us, grant.name, grant.token],
+            )
+        )
+
+    def _still_held(self, grant: Grant) -> bool:
+        rows = self._sql(
+            f"SELECT 1 FROM {LOCKS} WHERE name = %s AND token = %s AND expires_us > NOW_US",
+            [grant.name, grant.token],
+            fetch=True,
+        )
+        return bool(rows)
+
+    def _adopt(self, name: str, token: str) -> Grant | None:
+        meta: dict[str, Any] = {}
+        return Grant(name, token, self.ttl, time.monotonic() + self.ttl, meta)
+
+    def _remove(self, name: str, token: str | None) -> int:
+        where, params = (
+            ("name = %s", [name]) if token is None else ("name = %s AND token = %s", [name, token])
+        )
+        removed = self._sql(f"DELETE FROM {LOCKS} WHERE {where}", params)
+        if removed and self.vendor == "postgresql":
+            self._sql("SELECT pg_notify(%s, %s)", [CHANNEL, name], fetch=True)
+        return int(bool(removed))
+
+    def locked(self, name: str) -> bool:
+        from .base import check_name
+
+        rows = self._sql(
+            f"SELECT 1 FROM {LOCKS} WHERE name = %s AND expires_us > NOW_US",
+            [check_name(name)],
+            fetch=True,
+        )
+        return bool(rows)
+
+    def _infos(self, pattern: str) -> Iterable[LockInfo]:
+        rows = self._sql(
+            "SELECT name, token, meta, fence, acquired_us, expires_us - NOW_US, lease_us, "
+            f"renewals FROM {LOCKS} WHERE expires_us > NOW_US",
+            fetch=True,
+        )
+        for name, token, meta, fence, acquired_us, left_us, lease_us, renewals in rows:
+            if fnmatch.fnmatchcase(name, pattern):
+                yield self._info(
+                    name,
+                    token,
+                    json.loads(meta),
+                    acquired_at=utc_from_micros(acquired_us),
+                    ttl=left_us / 1e6,
+                    lease=lease_us / 1e6,
+                    fence=fence,
+                    renewals=renewals,
+                )
+
+    def health(self) -> list[NodeHealth]:
+        node = self.node_name
+        try:
+            started = time.perf_counter()
+            rows = self._sql(f"SELECT NOW_US, (SELECT COUNT(*) FROM {LOCKS})", fetch=True)
+            latency = time.perf_counter() - started
+            version = self._connection().connection and _server_version(self._connection())
+        except Exception as exc:
+            return [NodeHealth(node=node, reachable=False, error=str(exc) or type(exc).__name__)]
+        db_now, count = rows[0]
+        return [
+            NodeHealth(
+                node=node,
+                reachable=True,
+                latency=latency,
+                version=version,
+                lock_keys=int(count),
+                clock_offset=db_now / 1e6 - time.time(),
+            )
+        ]
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+        for wrapper in opened:
+            wrapper.close()
+        self._local = threading.local()
+
+    # -- LISTEN / NOTIFY ------------------------------------------------------------------------
+
+    def _listen(self, name: str) -> threading.Event:
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = _Listener(self._open())
+            listener = self._listener
+        return listener.subscribe(name)
+
+
+def _end_mutex(wrapper: Any) -> None:
+    """End a pessimistic lock's transaction: the next waiter gets the row. ROLLBACK first:
+    closing alone lets the server drop the row lock only when it notices the closed socket,
+    after a quick re-acquire may already have been refused."""
+    from django.db import Error
+
+    try:
+        with wrapper.cursor() as cursor:
+            cursor.execute("ROLLBACK")
+    except Error:  # the connection is already gone, and its row lock with it
+        pass
+    finally:
+        wrapper.close()
+
+
+def _server_version(wrapper: Any) -> str:
+    with wrapper.cursor() as cursor:
+        cursor.execute(
+            "SELECT sqlite_version()" if wrapper.vendor == "sqlite" else "SELECT VERSION()"
+        )
+        return str(cursor.fetchone()[0])
+
+
+class _Listener:
+    """One PostgreSQL connection per DatabaseLocks that LISTENs and wakes the waiters of a
+    released name (a waiter registers before its attempt, so no release is missed)."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self._wrapper = wrapper
+        self._waiters: dict[str, set[threading.Event]] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+        wrapper.ensure_connection()
+        wrapper.connection.execute(f"LISTEN {CHANNEL}")
+        self._thread = threading.Thread(target=self._run, name="lock-listen", daemon=True)
+        self._thread.start()
+
+    def subscribe(self, name: str) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(name, set()).add(event)
+        return event
+
+    def forget(self, name: str, event: threading.Event) -> None:
+        with self._lock:
+            waiters = self._waiters.get(name)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[name]
+
+    def _run(self) -> None:
+        connection = self._wrapper.connection
+        while not self._stopped:
+            try:
+                for notice in connection.notifies(timeout=0.5):
+                    with self._lock:
+                        waiters = list(self._waiters.get(notice.payload, ()))
+                    for event in waiters:
+                        event.set()
+            except Exception:
+                if self._stopped:
+                    return
+                # The connection broke: wake everyone (they re-try and fall back to timeouts).
+                with self._lock:
+                    everyone = [e for group in self._waiters.values() for e in group]
+                for event in everyone:
+                    event.set()
+                return
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._thread.join(2)
+        self._wrapper.close()

@@ -1,0 +1,341 @@
+"""Locks on etcd (v3 API through etcd's JSON gateway over HTTP; stdlib only).
+
+etcd's own lock recipe (``concurrency.Mutex``): each contender grants a lease of ``ttl``
+seconds and puts ``<root>/<name>/<lease id>`` under it in a transaction that only creates the
+key (compare ``create_revision == 0``). The key with the lowest create revision holds the lock;
+every other contender watches only the key created just before its own and re-checks when it
+is deleted (FIFO, no herd). The create revision is the fence: etcd's revision counter only
+grows, for every key, for ever.
+
+The lease is the lock's life: a holder that crashes stops sending keepalives and etcd deletes
+its key when the lease runs out; ``auto_renew`` sends a keepalive every ttl/3; ``extend``
+sends one (etcd leases keep the TTL they were granted with, so ``extend(ttl)`` re-arms the
+lease for at most that TTL).
+
+No maintained Python client for the v3 API installs cleanly today (``etcd3`` needs an old
+protobuf and is unmaintained); the JSON gateway is part of every etcd server and keeps the
+dependency list empty.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import http.client
+import json
+import math
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from ..core import LockInfo, NodeHealth
+from .base import (
+    BackendLock,
+    BackendLocks,
+    Grant,
+    check_name,
+    holder_meta,
+    utc_from_micros,
+)
+
+__all__ = ["EtcdError", "EtcdLocks"]
+
+
+class EtcdError(RuntimeError):
+    """etcd answered with an error, or could not be reached on any endpoint."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _text(value: str) -> str:
+    return base64.b64decode(value).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    """The range_end that makes a range cover every key starting with ``prefix``."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return base64.b64encode(bytes(raw)).decode()
+
+
+class _Gateway:
+    """POSTs JSON to the v3 gateway over one keep-alive connection per thread, trying the
+    endpoints in turn when one fails."""
+
+    def __init__(self, endpoints: list[str], timeout: float) -> None:
+        self.endpoints = endpoints
+        self.timeout = timeout
+        self._local = threading.local()
+
+    def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        errors = []
+        for endpoint in self.endpoints:
+            try:
+                return self._post(endpoint, path, body, timeout or self.timeout)
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(endpoint)
+                errors.append(f"{endpoint}: {exc}")
+        raise EtcdError(f"etcd unreachable ({'; '.join(errors)})")
+
+    def _connection(self, endpoint: str, timeout: float) -> http.client.HTTPConnection:
+        pool = self._local.__dict__.setdefault("pool", {})
+        connection = pool.get(endpoint)
+        if connection is None:
+            url = urlsplit(endpoint)
+            factory = (
+                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+            )
+            connection = pool[endpoint] = factory(
+                url.hostname or "127.0.0.1", url.port, timeout=timeout
+            )
+        connection.timeout = timeout
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout)
+        return connection
+
+    def _drop(self, endpoint: str) -> None:
+        connection = self._local.__dict__.get("pool", {}).pop(endpoint, None)
+        if connection is not None:
+            connection.close()
+
+    def _post(
+        self, endpoint: str, path: str, body: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        connection = self._connection(endpoint, timeout)
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        payload: dict[str, Any] = json.loads(response.read() or b"{}")
+        if response.status != 200:
+            raise EtcdError(f"etcd {path}: HTTP {response.status}: {payload.get('error', payload)}")
+        return payload
+
+    def watch_delete(self, endpoint: str, key: str, revision: int, timeout: float | None) -> bool:
+        """Wait until ``key`` is deleted after ``revision`` (True) or ``timeout`` passes."""
+        url = urlsplit(endpoint)
+        connection = http.client.HTTPConnection(
+            url.hostname or "127.0.0.1", url.port, timeout=timeout
+        )
+        try:
+            body = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
+            connection.request("POST", "/v3/watch", json.dumps(body))
+            response = connection.getresponse()
+            while True:
+                line = response.readline()
+                if not line:
+                    return False
+                events = json.loads(line).get("result", {}).get("events", [])
+                if any(event.get("type") == "DELETE" for event in events):
+                    return True
+        except TimeoutError:
+            return False
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        for connection in self._local.__dict__.get("pool", {}).values():
+            connection.close()
+        self._local = threading.local()
+
+
+class EtcdLocks(BackendLocks):
+    """Locks on etcd. ``OPTIONS``: ``endpoints`` (list of client URLs), ``root`` (key prefix,
+    default ``/django_redlock``), ``ttl`` (default lease, seconds; etcd counts whole seconds),
+    ``request_timeout`` (seconds per request, default 5)."""
+
+    service = "etcd"
+
+    @property
+    def node_name(self) -> str:
+        return ",".join(self.endpoints)
+
+    fair = True  # each waiter watches the key created just before its own
+
+    def __init__(
+        self,
+        endpoints: list[str] | str,
+        *,
+        root: str = "/django_redlock",
+        ttl: float = 30.0,
+        request_timeout: float = 5.0,
+        retry_count: int = 3,
+        retry_delay: float = 0.2,
+    ) -> None:
+        super().__init__(ttl=ttl, retry_count=retry_count, retry_delay=retry_delay)
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        if not endpoints or not all(
+            isinstance(e, str) and urlsplit(e).scheme in ("http", "https") for e in endpoints
+        ):
+            raise ValueError(f"EtcdLocks: endpoints must be http(s) URLs, got {endpoints!r}")
+        if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
+            raise ValueError(f"EtcdLocks: root must look like /locks, got {root!r}")
+        self.endpoints = list(endpoints)
+        self.root = root
+        self.gateway = _Gateway(self.endpoints, float(request_timeout))
+
+    def _prefix(self, name: str) -> str:
+        return f"{self.root}/{quote(name, safe='')}/"
+
+    def _range(self, prefix: str, **options: Any) -> dict[str, Any]:
+        body = {"key": _b64(prefix), "range_end": _prefix_end(prefix), **options}
+        return self.gateway.post("/v3/kv/range", body)
+
+    def _if_created(self, key: str, revision: int | str | None, then: dict[str, Any]) -> Any:
+        """One transaction: ``then`` if the key (base64) has this create revision (0: the key
+        does not exist). The reply tells ``succeeded`` and the header's revision."""
+        compare = {
+            "key": key,
+            "target": "CREATE",
+            "result": "EQUAL",
+            "create_revision": str(revision),
+        }
+        return self.gateway.post("/v3/kv/txn", {"compare": [compare], "success": [then]})
+
+    def _first(self, name: str) -> dict[str, Any] | None:
+        """The holder's key-value of ``name`` (lowest create revision), or None."""
+        reply = self._range(self._prefix(name), sort_order="ASCEND", sort_target="CREATE", limit=1)
+        kvs = reply.get("kvs", [])
+        return kvs[0] if kvs else None
+
+    # -- acquiring ------------------------------------------------------------------------------
+
+    def _take(
+        self, handle: BackendLock, token: str, blocking: bool, deadline: float | None
+    ) -> Grant | None:
+        meta = holder_meta(handle.meta)
+        started = time.monotonic()
+        lease = self.gateway.post("/v3/lease/grant", {"TTL": max(math.ceil(handle.ttl), 1)})["ID"]
+        key = f"{self._prefix(handle.name)}{int(lease):x}"
+        try:
+            value = json.dumps(
+                {"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)}
+            )
+            put = {"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease}}
+            reply = self._if_created(_b64(key), 0, put)
+            fence = int(reply["header"]["revision"])
+            while True:
+                before = self._range(
+                    self._prefix(handle.name),
+                    sort_order="DESCEND",
+                    sort_target="CREATE",
+                    limit=1,
+                    max_create_revision=fence - 1,
+                )
+                kvs = before.get("kvs", [])
+                if not kvs:
+                    break  # nobody created before us: ours
+                if not blocking:
+                    self._revoke(lease)
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._revoke(lease)
+                    return None
+                # Watch only the key just before ours, from the revision we read it at.
+                self.gateway.watch_delete(
+                    self.endpoints[0], _text(kvs[0]["key"]), int(before["header"]["revision"]), left
+                )
+        except BaseException:
+            self._revoke(lease, quiet=True)
+            raise
+        return self._grant(handle, token, meta, started=started, fence=fence, state=(key, lease))
+
+    def _revoke(self, lease: str, quiet: bool = False) -> None:
+        try:
+            self.gateway.post("/v3/lease/revoke", {"ID": lease})
+        except EtcdError:
+            if not quiet:
+                raise
+
+    # -- holding --------------------------------------------------------------------------------
+
+    def _give_back(self, grant: Grant) -> bool:
+        key, lease = grant.state
+        reply = self._if_created(
+            _b64(key), grant.fence, {"request_delete_range": {"key": _b64(key)}}
+        )
+        self._revoke(lease, quiet=True)
+        return bool(reply.get("succeeded"))
+
+    def _renew(self, grant: Grant, ttl: float) -> bool | float:
+        if not self._still_held(grant):
+            return False
+        reply = self.gateway.post("/v3/lease/keepalive", {"ID": grant.state[1]})
+        granted = int(reply.get("result", {}).get("TTL", 0))
+        return min(float(granted), ttl) if granted > 0 else False
+
+    def _still_held(self, grant: Grant) -> bool:
+        reply = self.gateway.post("/v3/kv/range", {"key": _b64(grant.state[0])})
+        kvs = reply.get("kvs", [])
+        return bool(kvs) and int(kvs[0]["create_revision"]) == grant.fence
+
+    def _adopt(self, name: str, token: str) -> Grant | None:
+        first = self._first(name)
+        if first is None or json.loads(_text(first["value"]))["token"] != token:
+            return None
+        state = (_text(first["key"]), first.get("lease", "0"))
+        fence = int(first["create_revision"])
+        return Grant(name, token, self.ttl, time.monotonic(), {}, fence=fence, state=state)
+
+    def _remove(self, name: str, token: str | None) -> int:
+        first = self._first(name)
+        if first is None:
+            return 0
+        if token is not None and json.loads(_text(first["value"]))["token"] != token:
+            return 0
+        delete = {"request_delete_range": {"key": first["key"]}}
+        reply = self._if_created(first["key"], first["create_revision"], delete)
+        return 1 if reply.get("succeeded") else 0
+
+    def locked(self, name: str) -> bool:
+        return self._first(check_name(name)) is not None
+
+    def _infos(self, pattern: str) -> Iterable[LockInfo]:
+        reply = self._range(f"{self.root}/", sort_order="ASCEND", sort_target="CREATE")
+        holders: dict[str, dict[str, Any]] = {}
+        for kv in reply.get("kvs", []):
+            name = unquote(_text(kv["key"])[len(self.root) + 1 :].rsplit("/", 1)[0])
+            holders.setdefault(name, kv)  # ascending create revision: the first is the holder
+        for name, kv in holders.items():
+            if not fnmatch.fnmatchcase(name, pattern):
+                continue
+            data = json.loads(_text(kv["value"]))
+            lease = self.gateway.post("/v3/lease/timetolive", {"ID": kv.get("lease", "0")})
+            yield self._info(
+                name,
+                data["token"],
+                data["meta"],
+                acquired_at=utc_from_micros(data.get("acquired_us")),
+                ttl=max(float(lease.get("TTL", 0)), 0.0),
+                lease=float(lease.get("grantedTTL", 0)) or None,
+                fence=int(kv["create_revision"]),
+                renewals=0,
+            )
+
+    def health(self) -> list[NodeHealth]:
+        result = []
+        for endpoint in self.endpoints:
+            try:
+                started = time.perf_counter()
+                status = self.gateway._post(
+                    endpoint, "/v3/maintenance/status", {}, self.gateway.timeout
+                )
+                latency = time.perf_counter() - started
+            except Exception as exc:
+                result.append(
+                    NodeHealth(node=endpoint, reachable=False, error=str(exc) or type(exc).__name__)
+                )
+                continue
+            result.append(
+                NodeHealth(
+                    node=endpoint, reachable=True, latency=latency, version=status.get("version")
+                )
+            )
+        return result
+
+    def close(self) -> None:
+        self.gateway.close()

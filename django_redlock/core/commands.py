@@ -1,0 +1,118 @@
+"""Key names and the commands of every lock operation, for one key prefix (the key layout is
+documented in :mod:`.scripts`). One place builds them, so the sync and async clients and the
+listing never spell a key twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from . import scripts
+from .info import HOLDER_PLACE
+from .lock import Lease
+from .nodes import script_command
+from .validation import check_name
+
+__all__ = ["KeyLayout"]
+
+
+class KeyLayout:
+    """Keys, channels and commands of a Redlock client (a part of :class:`.base.RedlockBase`)."""
+
+    key_prefix: str
+    meta: dict[str, Any]
+    _host: str
+    _meta_cache: tuple[int, dict[str, Any], str] | None
+
+    def _key(self, name: str) -> str:
+        return f"{self.key_prefix}:lock:{name}"
+
+    def _acquire_keys(self, name: str) -> list[str]:
+        return [self._key(name), f"{self.key_prefix}:fence:{name}", self._node_key()]
+
+    def _line_keys(self, name: str) -> list[str]:
+        p = self.key_prefix
+        return [f"{p}:queue:{name}", f"{p}:beats:{name}", f"{p}:qseq:{name}"]
+
+    def _ticket_command(self, name: str) -> list[Any]:
+        return script_command(scripts.FAIR_TICKET, [self._line_keys(name)[2]], [])
+
+    def _leave_line_command(self, name: str, waiter: str) -> list[Any]:
+        return script_command(scripts.FAIR_LEAVE, self._line_keys(name)[:2], [waiter])
+
+    def _line(self, replies: list[Any]) -> tuple[str, int]:
+        """A new waiter's place: the largest ticket any node drew (quorums overlap, so a waiter
+        arriving after another finished joining always draws a larger one)."""
+        tickets = [r for r in replies if isinstance(r, int)]
+        return secrets.token_hex(8), max(tickets, default=0)
+
+    #: Marker fields a health probe reads (see ``scripts._GUARD``).
+    MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed")
+
+    def _node_key(self) -> str:
+        return f"{self.key_prefix}:node"
+
+    def _channel(self, name: str) -> str:
+        return f"{self.key_prefix}:released:{name}"
+
+    def _release_command(self, name: str, token: str) -> list[Any]:
+        return script_command(scripts.RELEASE, [self._key(name)], [token, self._channel(name)])
+
+    def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
+        return script_command(
+            scripts.FENCE_SYNC,
+            [self._key(name), f"{self.key_prefix}:fence:{name}"],
+            [token, fence],
+        )
+
+    def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
+        return script_command(
+            scripts.FORCE_RELEASE, [self._key(check_name(name))], [self._channel(name), token or ""]
+        )
+
+    #: Lock hashes read per node per listing step.
+    LIST_BATCH = 1000
+
+    #: A listing step may take longer than a lock operation (up to LIST_BATCH locks).
+    LIST_TIMEOUT = 2.0
+
+    def _list_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
+        """The next listing step on a node, or a no-op once its SCAN is done (``cursor`` None),
+        so every step is one fan-out over all nodes."""
+        if cursor is None:
+            return ["PING"]
+        match = f"{self.key_prefix}:lock:{pattern}"
+        return script_command(scripts.LIST, [], [cursor, match, self.LIST_BATCH])
+
+    def _trust_command(self, run_id: str) -> list[Any]:
+        return script_command(scripts.TRUST, [self._node_key()], [run_id])
+
+    def _trust_now_command(self, run_id: str) -> list[Any]:
+        return script_command(scripts.TRUST_NOW, [self._node_key()], [run_id])
+
+    def _extend_command(self, lease: Lease, ttl: float) -> list[Any]:
+        return self._extend_token_command(lease.name, lease.token, ttl)
+
+    def _extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
+        return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000)])
+
+    def _holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+        """The holder's details for the admin page, and their JSON (built from a cached part,
+        as this runs on every acquire)."""
+        pid = os.getpid()
+        if self._meta_cache is None or self._meta_cache[0] != pid:
+            fixed = {"host": self._host, "pid": pid, **HOLDER_PLACE, **self.meta}
+            self._meta_cache = (pid, fixed, json.dumps(fixed, default=str)[1:-1])
+        _, fixed, fixed_json = self._meta_cache
+        thread, now = threading.current_thread().name, time.time()
+        holder = {**fixed, "thread": thread, "acquired_at": now}
+        parts = [fixed_json, f'"thread": {json.dumps(thread)}', f'"acquired_at": {now!r}']
+        if meta:
+            holder.update(meta)
+            parts.append(json.dumps(dict(meta), default=str)[1:-1])
+        return holder, "{" + ", ".join(p for p in parts if p) + "}"

@@ -1,0 +1,257 @@
+"""The leases this process holds: reentrancy, registration, release, the judgement of
+renewals and checks, and loss (a part of :class:`.base.RedlockBase`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+from .errors import LockLost, LockNotOwned
+from .events import Listener, LockEvent, emit
+from .lock import Lease, LockBase
+from .nodes import Failure, Node
+
+__all__ = ["COURTESY", "DRIFT_FLOOR", "LeaseTable"]
+
+#: Fixed part of the clock-drift allowance (the Redlock spec adds 2 ms for Redis' own expiry
+#: granularity).
+DRIFT_FLOOR = 0.002
+
+#: Head start, in seconds, that a releaser gives processes its release woke (see
+#: ``_courtesy``): enough for a woken waiter's attempt to reach the nodes first.
+COURTESY = 0.003
+
+
+class LeaseTable:
+    """The lease table of a Redlock client and what happens to a lease after it was granted."""
+
+    nodes: list[Node]
+    quorum: int
+    drift_factor: float
+    listeners: list[Listener]
+    _leases: dict[str, Lease]
+    _leases_lock: threading.Lock
+    _yield_until: dict[str, float]
+
+    def _margin(self, ttl: float) -> float:
+        return ttl * self.drift_factor + DRIFT_FLOOR
+
+    def _reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
+        """The owner's current lease of this name, one hold deeper, if reentry applies.
+
+        A nested hold may ask for renewal the outer one did not (a long job under a view's
+        lock): the lease is then renewed from now on. It cannot get a fence the outer
+        acquisition did not draw, so asking for one is an error rather than a silent None.
+        """
+        if not handle.reentrant:
+            return None
+        with self._leases_lock:
+            lease = self._leases.get(handle.name)
+            if lease is None or lease.owner != owner or lease.validity <= 0:
+                return None
+            if handle.fencing and lease.fence is None:
+                raise ValueError(
+                    f"lock {handle.name!r} is already held by this owner without fencing; a "
+                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
+                )
+            lease.count += 1
+            upgrade = handle.auto_renew and not lease.auto_renew
+            if upgrade:
+                lease.auto_renew = True
+        if upgrade:
+            self._start_renewal(lease)
+        return lease
+
+    def _start_renewal(self, lease: Lease) -> None:
+        """Hand an auto-renewed lease to this client's watchdog."""
+        raise NotImplementedError
+
+    def _register(self, handle: LockBase, lease: Lease, waited: float) -> None:
+        handle.retry_after = None
+        with self._leases_lock:
+            self._leases[lease.name] = lease
+        emit(
+            self.listeners,
+            LockEvent(
+                "acquired",
+                lease.name,
+                token=lease.token,
+                meta=lease.meta,
+                waited=waited,
+                fence=lease.fence,
+            ),
+        )
+
+    def _begin_release(self, lease: Lease) -> bool:
+        """Drop one hold; True when the last hold is gone and the nodes must be told (never
+        from a forked child: the parent still holds the lock)."""
+        if lease.foreign:
+            return False
+        if lease.count <= 1 and lease.validity <= 0:
+            # Also when the watchdog has not run yet (the whole process was frozen): a lease
+            # that ran out is lost, whether or not another owner took the name since.
+            self._mark_lost(lease, "the lease ran out before release")
+        with self._leases_lock:
+            if lease.count > 1:
+                lease.count -= 1
+                return False
+            lease.released = True
+            if self._leases.get(lease.name) is lease:
+                del self._leases[lease.name]
+        return True
+
+    def _courtesy(self, name: str) -> float:
+        """Seconds this process should hold back before contending for ``name`` again: after
+        its release told waiting processes, they get a head start, else the releaser would win
+        every round (it needs no wake-up) and starve them."""
+        if not self._yield_until:  # the common case: nobody was woken; no lock, no sleep
+            return 0.0
+        with self._leases_lock:
+            until = self._yield_until.pop(name, 0.0)
+        return max(until - time.monotonic(), 0.0)
+
+    def _stop_watching(self, lease: Lease) -> None:
+        unwatch, lease.unwatch = lease.unwatch, None
+        if unwatch is not None:
+            unwatch()
+
+    def _finish_release(self, lease: Lease, replies: list[Any]) -> None:
+        self._stop_watching(lease)
+        if any(isinstance(r, int) and r > 1 for r in replies):
+            now = time.monotonic()
+            with self._leases_lock:
+                # Entries live a few ms: dropping the run-out ones keeps the table to the
+                # names released just now (per-entity names would otherwise pile up).
+                for name in [n for n, until in self._yield_until.items() if until <= now]:
+                    del self._yield_until[name]
+                self._yield_until[lease.name] = now + COURTESY
+        self._lease_event("released", lease, lease.lost)
+        if lease.lost:
+            raise LockLost(f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name)
+        refused = sum(1 for r in replies if r == 0)
+        if refused > len(self.nodes) - self.quorum:
+            self._lease_event("lost", lease, "the lease ran out before release")
+            raise LockNotOwned(
+                f"lock {lease.name!r} was no longer ours on {refused} of {len(self.nodes)} nodes "
+                "(the lease ran out before release)",
+                lease.name,
+            )
+
+    def _detach(self, lease: Lease) -> str:
+        """Stop tracking a lease here without releasing it: the process it was taken for
+        releases it by token. It is no longer renewed or reentered in this process."""
+        with self._leases_lock:
+            lease.released = True
+            if self._leases.get(lease.name) is lease:
+                del self._leases[lease.name]
+        if lease.leave_queue is not None:
+            lease.leave_queue()
+        self._stop_watching(lease)
+        return lease.token
+
+    def _judge_extend(self, lease: Lease, ttl: float, replies: list[Any], start: float) -> bool:
+        ours = sum(1 for r in replies if r == 1)
+        margin = self._margin(ttl)
+        if (
+            ours >= self.quorum
+            and ttl - (time.monotonic() - start) - margin > 0
+            and not (lease.released or lease.lost)
+        ):
+            lease.valid_until = start + ttl - margin
+            lease.ttl = ttl
+            lease.last_renewal = start
+            return True
+        if sum(1 for r in replies if r == 0) > len(self.nodes) - self.quorum:
+            self._mark_lost(lease, "the token is gone from a quorum of nodes")
+        return False
+
+    def _wants_renewal(self, lease: Lease, now: float) -> bool:
+        """Whether the watchdog renews ``lease`` now (False: it stops renewing it)."""
+        if lease.released or lease.lost:
+            return False
+        if lease.validity <= 0:
+            self._mark_lost(
+                lease, "the lease ran out before it could be renewed (was the process paused?)"
+            )
+            return False
+        return lease.renew_until is None or now < lease.renew_until
+
+    def _judge_renewals(
+        self, leases: Sequence[Lease], results: list[Any], start: float
+    ) -> list[float | None]:
+        """Per lease of one batched renewal: when to renew it next, or None to stop.
+        ``results`` holds each node's replies in lease order (or its Failure)."""
+        whens: list[float | None] = []
+        for position, lease in enumerate(leases):
+            replies = [r[position] if isinstance(r, list) else r for r in results]
+            if self._judge_extend(lease, lease.ttl, replies, start):
+                whens.append(time.monotonic() + lease.ttl / 3)
+            elif lease.lost or lease.released:
+                whens.append(None)
+            else:
+                # No quorum this time: try again soon, while the lease still has validity.
+                whens.append(time.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01)))
+        return whens
+
+    def _judge_check(self, lease: Lease, replies: list[Any]) -> bool:
+        token = lease.token.encode()
+        if sum(1 for r in replies if r == token) >= self.quorum:
+            return True
+        if sum(1 for r in replies if not isinstance(r, Failure) and r != token) > (
+            len(self.nodes) - self.quorum
+        ):
+            self._mark_lost(lease, "the token is gone from a quorum of nodes")
+        return False
+
+    def _mark_lost(self, lease: Lease, why: str) -> None:
+        with self._leases_lock:
+            if lease.lost is not None or lease.released:
+                return
+            lease.lost = why
+            if self._leases.get(lease.name) is lease:
+                del self._leases[lease.name]
+        self._stop_watching(lease)
+        self._lease_event("lost", lease, why)
+
+    def _lease_event(
+        self, kind: Literal["released", "lost"], lease: Lease, reason: str | None
+    ) -> None:
+        """Tell the listeners about the end of a hold (released or lost)."""
+        emit(
+            self.listeners,
+            LockEvent(
+                kind,
+                lease.name,
+                token=lease.token,
+                meta=lease.meta,
+                held=time.monotonic() - lease.acquired,
+                fence=lease.fence,
+                reason=reason,
+            ),
+        )
+
+    def _judge_force_release(self, name: str, replies: list[Any]) -> int:
+        tokens = {r.decode() for r in replies if isinstance(r, bytes)}
+        removed = sum(1 for r in replies if isinstance(r, bytes))
+        with self._leases_lock:
+            lease = self._leases.get(name)
+        if lease is not None and lease.token in tokens:
+            self._mark_lost(lease, "force-released by an operator")
+        if removed:  # nothing removed (not held, or held by another token now): no release
+            emit(
+                self.listeners,
+                LockEvent("force_released", name, token=next(iter(tokens), None), nodes=removed),
+            )
+        return removed
+
+    def _after_fork(self) -> None:
+        self._leases_lock = threading.Lock()
+        self._leases = {}
+        self._yield_until = {}
+
+    def _renewal_failed(self, leases: Sequence[Lease]) -> None:
+        """A renewal round raised: its leases cannot be vouched for any more."""
+        for lease in leases:
+            self._mark_lost(lease, "renewal failed with an unexpected error")

@@ -1,0 +1,161 @@
+"""What the nodes hold, read back for the admin page, the CLI and monitoring: live locks and
+node health (a part of :class:`.base.RedlockBase`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+from .errors import TrustRefused
+from .info import LockInfo, NodeHealth, NodeLockState
+from .nodes import Node
+
+__all__ = ["Listing", "glob_escape"]
+
+
+class Listing:
+    """Live locks and node health, judged from the nodes' answers."""
+
+    key_prefix: str
+    nodes: list[Node]
+    quorum: int
+    max_ttl: float
+    restart_guard: bool
+    trust_fresh_cluster: bool
+
+    def _list_step(
+        self,
+        cursors: list[bytes | None],
+        replies: list[Any],
+        found: dict[str, list[tuple[Node, list[Any]]]],
+    ) -> None:
+        """Record one listing step's locks; advance each node's cursor (None when done or the
+        node failed: an unreachable node just contributes nothing)."""
+        skip = len(self.key_prefix) + 6  # "<prefix>:lock:"
+        for index, (cursor, reply) in enumerate(zip(cursors, replies, strict=True)):
+            if cursor is None:
+                continue
+            if not isinstance(reply, list) or len(reply) != 2:
+                cursors[index] = None
+                continue
+            node = self.nodes[index]
+            for entry in json.loads(reply[1]):
+                found.setdefault(entry[0][skip:], []).append((node, entry))
+            cursors[index] = None if reply[0] in (b"0", 0) else reply[0]
+
+    def _lock_info(self, name: str, states: list[tuple[Node, list[Any]]]) -> LockInfo:
+        """One lock from the nodes' listing entries ``[key, token, meta, fence, renewals,
+        acquired ms, lease ms, pttl ms]``."""
+        per_node = tuple(
+            NodeLockState(
+                node=node.name,
+                token=entry[1],
+                ttl=entry[7] / 1000,
+                renewals=int(entry[4]),
+                fence=int(entry[3]) or None,
+                acquired_at=_from_ms(entry[5]),
+                lease=int(entry[6]) / 1000 or None,
+            )
+            for node, entry in states
+        )
+        tokens = [s.token for s in per_node]
+        token = max(set(tokens), key=tokens.count)
+        mine = [s for s in per_node if s.token == token]
+        raw_meta = next(entry[2] for _, entry in states if entry[1] == token)
+        try:
+            meta = json.loads(raw_meta)
+        except ValueError:
+            meta = {}
+        ttls = sorted((s.ttl for s in mine), reverse=True)
+        # The lock is free once fewer than a quorum still hold it.
+        ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else 0.0
+        return LockInfo(
+            name=name,
+            token=token,
+            meta=meta if isinstance(meta, dict) else {"value": meta},
+            acquired_at=min((s.acquired_at for s in mine if s.acquired_at), default=None),
+            ttl=ttl,
+            nodes=len(mine),
+            total_nodes=len(self.nodes),
+            quorum=self.quorum,
+            fence=max((s.fence for s in mine if s.fence), default=None),
+            renewals=max(s.renewals for s in mine),
+            per_node=per_node,
+            lease=max((s.lease for s in mine if s.lease), default=None),
+        )
+
+    def _judge_health(self, health: list[NodeHealth]) -> list[NodeHealth]:
+        """Each node's :attr:`NodeHealth.status`, with the whole cluster in view: the nodes of
+        a brand-new cluster (every node reachable and fresh) vote at the first lock, which
+        trusts them all, so they are not shown as guarded."""
+        new_cluster = (
+            self.restart_guard
+            and self.trust_fresh_cluster
+            and all(h.reachable and h.guarded_for and h.fresh for h in health)
+        )
+        judged = []
+        for h in health:
+            if not h.reachable:
+                judged.append(h)
+            elif new_cluster:
+                judged.append(replace(h, guarded_for=0.0, status="voting"))
+            else:
+                judged.append(replace(h, status="guarded" if h.guarded_for else "voting"))
+        return judged
+
+    def _node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
+        """Health from what one node answered: ``latency``, ``time`` (sec, usec), ``sent``,
+        ``received`` (local wall clock), ``info``, ``marker`` (:attr:`MARKER_FIELDS`), ``keys``."""
+        info = probe["info"]
+        server_time = probe["time"]
+        node_now = int(server_time[0]) + int(server_time[1]) / 1e6
+        guarded_for = fresh = None
+        if self.restart_guard:
+            run_id, started, is_fresh, trusted, _ = probe["marker"]
+            if run_id is None or run_id.decode() != info.get("run_id"):
+                # The next acquire arms the marker: the guard runs from then.
+                guarded_for, fresh = self.max_ttl, run_id is None
+            elif int(trusted or 0) > 0:
+                guarded_for, fresh = 0.0, False
+            else:
+                guarded_for = max(int(started) / 1000 + self.max_ttl - node_now, 0.0)
+                fresh = is_fresh == b"1" and guarded_for > 0
+        return NodeHealth(
+            node=node.name,
+            reachable=True,
+            latency=probe["latency"],
+            version=str(info.get("redis_version") or info.get("valkey_version")),
+            uptime=float(info.get("uptime_in_seconds", 0)),
+            run_id=info.get("run_id"),
+            used_memory=info.get("used_memory"),
+            lock_keys=probe["keys"],
+            clock_offset=node_now - (probe["sent"] + probe["received"]) / 2,
+            guarded_for=guarded_for,
+            fresh=fresh,
+        )
+
+    def _refuse_trust(self, held: Sequence[LockInfo]) -> None:
+        """``trust_cluster()`` asserts that no lock is held: refuse when a node says one is."""
+        if held:
+            names = ", ".join(repr(i.name) for i in held[:5])
+            raise TrustRefused(
+                f"{len(held)} lock(s) held on the reachable nodes ({names}"
+                f"{', ...' if len(held) > 5 else ''}): trusting the nodes now could grant a "
+                "lock twice. Wait until they are released (or force-release them) first.",
+                held[0].name,
+            )
+
+
+def _from_ms(raw: Any) -> datetime | None:
+    if not raw:
+        return None
+    return datetime.fromtimestamp(int(raw) / 1000, tz=timezone.utc)
+
+
+def glob_escape(name: str) -> str:
+    """A glob matching exactly ``name`` (for SCAN MATCH). Redis' glob takes a backslash
+    escape; a bracket class would not do for ']' and '\\'."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in name)

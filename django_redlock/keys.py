@@ -1,0 +1,274 @@
+"""Lock keys from templates like ``"order:{order_id}"``, shared by ``@locked`` and
+``LockedTask`` (neither integration imports the other), and the per-client key of views
+whose users may be anonymous (:func:`client_id`, the ``{client}`` template field).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import re
+import string
+from collections.abc import Callable, Iterable, Mapping
+from datetime import date, datetime
+from datetime import time as dtime
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+from django.http import HttpRequest
+from django.utils.functional import LazyObject, empty
+
+from .core import MAX_KEY_LENGTH
+
+__all__ = [
+    "CLIENT_FIELD",
+    "KeyTemplate",
+    "base_request",
+    "client_id",
+    "compiled_template",
+    "make_key",
+    "shorten",
+    "user_pk",
+]
+
+#: The template field ``@locked`` fills with :func:`client_id` of the view's request.
+CLIENT_FIELD = "client"
+
+
+#: Always escaped in values: the escape character itself, the separator convention, glob
+#: characters (so ``redlock list --pattern`` matches what you mean), and format braces.
+_ALWAYS = "%:*?[]\\{}"
+#: Suffix marker of a hashed key; '%' followed by a lowercase letter never comes from a value.
+_HASH_MARK = "%sha256-"
+_TAGS = {None: "%none", True: "%true", False: "%false"}
+
+
+def _escaper(extra: str) -> Callable[[str], str]:
+    chars = "".join(sorted(set(_ALWAYS) | set(extra)))
+    needs = re.compile(f"[{re.escape(chars)}\\s\\x00-\\x1f\\x7f]")
+
+    def escape_char(c: str) -> str:
+        return "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+
+    def escape(text: str) -> str:
+        if not needs.search(text) and text.isprintable():
+            return text
+        return "".join(
+            escape_char(c) if (needs.match(c) or not c.isprintable()) else c for c in text
+        )
+
+    return escape
+
+
+class KeyTemplate:
+    """A lock-key template like ``"order:{order_id}"`` compiled once.
+
+    Values are rendered so that two different inputs never give the same key:
+
+    * strings are kept readable, with ``%``, ``:``, glob characters, braces, whitespace and
+      control characters, and every punctuation character that separates two fields in the
+      template, percent-escaped (``"a:b"`` -> ``a%3Ab``);
+    * ``None``, ``True`` and ``False`` become the tags ``%none``, ``%true``, ``%false`` (a
+      string can never produce them, as its ``%`` is escaped);
+    * integers, UUIDs, decimals, dates and enums render as their canonical text. An int and the
+      string of its digits (``42`` and ``"42"``) deliberately give the *same* key: they name
+      the same resource whichever way a URL converter or a JSON round trip typed it, and two
+      keys for one resource would break mutual exclusion (see docs/usage.rst);
+    * model instances and objects without a ``__str__`` of their own are refused (their text
+      is not an identity): use an attribute, ``{order.pk}``.
+
+    Two fields must be separated by at least one punctuation character (checked here), so the
+    key can be split back into its values. Keys longer than the core's limit keep a readable
+    prefix and end in ``%sha256-<hex digest of the whole key>``.
+    """
+
+    def __init__(self, template: str) -> None:
+        if not isinstance(template, str):
+            raise TypeError(f"a lock key template must be a str, got {template!r}")
+        if not template:
+            raise ValueError("a lock key template must not be empty")
+        self.template = template
+        self.parts: list[tuple[str, str | None, str, str | None]] = []
+        self.roots: set[str] = set()
+        separators: list[str] = []
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise ValueError(f"lock key template {template!r} is malformed: {exc}") from None
+        seen_field = False
+        for literal, field, spec, conversion in parsed:
+            if seen_field and field is not None:
+                punct = [c for c in literal if not c.isalnum() and c != "%"]
+                if not punct:
+                    raise ValueError(
+                        f"lock key template {template!r}: fields must be separated by a "
+                        f"punctuation character (e.g. ':'), got {literal!r} before {{{field}}}; "
+                        "otherwise different values could give the same key"
+                    )
+                separators.extend(punct)
+            if field is None:
+                self.parts.append((literal, None, "", None))
+                continue
+            if not field or field[0].isdigit():
+                raise ValueError(
+                    f"lock key template {template!r}: {{{field}}} is positional; name an "
+                    "argument instead, e.g. {order_id} or {request.user.pk}"
+                )
+            if spec and "{" in spec:
+                raise ValueError(
+                    f"lock key template {template!r}: nested fields in a format "
+                    f"spec are not supported ({{{field}:{spec}}})"
+                )
+            root = re.split(r"[.\[]", field, maxsplit=1)[0]
+            self.roots.add(root)
+            self.parts.append((literal, field, spec or "", conversion))
+            seen_field = True
+        self._escape = _escaper("".join(separators))
+        self._formatter = string.Formatter()
+        #: Whether the template reads ``request.user`` or ``{client}`` (async views resolve
+        #: the user first).
+        self.needs_user = CLIENT_FIELD in self.roots or any(
+            f is not None and re.match(r"request\.user\b", f) for _, f, _, _ in self.parts
+        )
+
+    def __repr__(self) -> str:
+        return f"KeyTemplate({self.template!r})"
+
+    @property
+    def has_fields(self) -> bool:
+        return bool(self.roots)
+
+    def unknown_fields(self, signature: inspect.Signature, also: Iterable[str] = ()) -> list[str]:
+        """The fields that name no argument of ``signature`` (nor one of ``also``), sorted;
+        none when it takes ``**kwargs`` (any name may arrive there). Checked when a template
+        meets its function, so a misspelt field fails at import, not at the first call."""
+        params = signature.parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return []
+        names = {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
+        return sorted(self.roots - names - set(also))
+
+    def render(self, namespace: Mapping[str, Any]) -> str:
+        out: list[str] = []
+        for literal, field, spec, conversion in self.parts:
+            out.append(literal)
+            if field is None:
+                continue
+            try:
+                value = self._formatter.get_field(field, (), namespace)[0]
+            except KeyError as exc:
+                names = ", ".join(sorted(namespace)) or "none"
+                raise ValueError(
+                    f"lock key template {self.template!r}: no argument {exc.args[0]!r} "
+                    f"(available: {names})"
+                ) from None
+            except (AttributeError, IndexError, TypeError) as exc:
+                raise ValueError(
+                    f"lock key template {self.template!r}: cannot read {{{field}}}: {exc}"
+                ) from None
+            if conversion or spec:
+                try:
+                    if conversion:
+                        value = self._formatter.convert_field(value, conversion)
+                    text = format(value, spec) if spec else None
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(
+                        f"lock key template {self.template!r}: cannot format {{{field}}} "
+                        f"({type(value).__name__}): {exc}"
+                    ) from None
+                if text is not None:
+                    out.append(self._escape(text))
+                    continue
+            out.append(self.encode(value, field))
+        return shorten("".join(out))
+
+    def encode(self, value: Any, field: str = "?") -> str:
+        if isinstance(value, str):
+            return self._escape(value)
+        if value is None or isinstance(value, bool):
+            return _TAGS[value]
+        if isinstance(value, Enum):
+            return self.encode(value.value, field)
+        if isinstance(value, int):
+            return self._escape(str(int(value)))
+        if isinstance(value, (datetime, date, dtime)):
+            return self._escape(value.isoformat())
+        if isinstance(value, (float, Decimal, UUID)):
+            return self._escape(str(value))
+        if _is_model(value):
+            raise TypeError(
+                f"lock key template {self.template!r}: {{{field}}} is a "
+                f"{type(value).__name__} instance; use one of its fields, e.g. {{{field}.pk}}"
+            )
+        if type(value).__str__ is object.__str__:  # type: ignore[comparison-overlap]
+            raise TypeError(
+                f"lock key template {self.template!r}: {{{field}}} is a "
+                f"{type(value).__name__} without a __str__, so it has no stable text; use one "
+                "of its attributes"
+            )
+        return self._escape(str(value))
+
+
+def _is_model(value: Any) -> bool:
+    from django.db.models import Model
+
+    return isinstance(value, Model)
+
+
+def shorten(key: str) -> str:
+    """``key`` itself, or (over the core's length limit) a readable prefix plus a SHA-256."""
+    if len(key) <= MAX_KEY_LENGTH:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return key[: MAX_KEY_LENGTH - len(_HASH_MARK) - len(digest)] + _HASH_MARK + digest
+
+
+@functools.lru_cache(maxsize=256)
+def compiled_template(template: str) -> KeyTemplate:
+    return KeyTemplate(template)
+
+
+def make_key(template: str, /, **values: Any) -> str:
+    """The key ``@locked(template)`` would use for these argument values."""
+    return compiled_template(template).render(values)
+
+
+def base_request(request: Any) -> HttpRequest:
+    inner = getattr(request, "_request", None)
+    return inner if isinstance(inner, HttpRequest) else request
+
+
+def user_pk(request: Any) -> Any:
+    """The user's pk when the user is already loaded (never a query of our own)."""
+    user = base_request(request).__dict__.get("user")
+    if isinstance(user, LazyObject):
+        user = user._wrapped
+        if user is empty:
+            return None
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    return getattr(user, "pk", None)
+
+
+def client_id(request: Any) -> str:
+    """Who is asking, as a key part that never lumps anonymous users together:
+    ``user:<pk>`` for an authenticated user (already loaded), else ``session:<key>`` when the
+    client sent a session cookie, else ``ip:<REMOTE_ADDR>``.
+
+    ``{request.user.pk}`` renders ``%none`` for every anonymous user, so they all share one
+    key; ``{client}`` in a view's template (or ``client_id(request)`` in a ``key=``
+    callable) gives each visitor their own. Behind a proxy, REMOTE_ADDR is the proxy's
+    address unless a middleware sets the client's.
+    """
+    base = base_request(request)
+    user = user_pk(base)
+    if user is not None:
+        return f"user:{user}"
+    session = base.__dict__.get("session")
+    key = getattr(session, "session_key", None) if session is not None else None
+    if key:
+        return f"session:{key}"
+    return f"ip:{base.META.get('REMOTE_ADDR') or 'unknown'}"

@@ -1,0 +1,91 @@
+"""The options of :class:`~django_redlock.celery.LockedTask` and their rules, free of Celery so
+the system checks can judge ``REDLOCK["LOCKED_TASK"]`` with the very code the task runs.
+
+Numbers go through the core's validators (``django_redlock.core.check_positive``), the same
+the ``Redlock`` constructor and ``@locked`` use: NaN, infinities and out-of-range values are
+refused everywhere with the same message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .core import check_positive
+
+__all__ = [
+    "CALL_OPTIONS",
+    "DEDUPE_POLICIES",
+    "HEADER_FIELDS",
+    "ON_LOCKED",
+    "SETTING_OPTIONS",
+    "check_task_options",
+    "header_values",
+]
+
+#: The accepted ``on_locked`` policies.
+ON_LOCKED = ("retry", "wait", "skip", "raise")
+#: Enqueue-time duplicate policies of ``lock_dedupe`` (``True`` means ``"merge"``).
+DEDUPE_POLICIES = ("merge", "drop", "raise")
+
+#: Per-call option (apply_async keyword / signature option / task attribute) -> field of the
+#: ``redlock`` message header and of ``LockOptions``.
+CALL_OPTIONS = {
+    "lock_key": "key",
+    "lock_ttl": "ttl",
+    "on_locked": "on_locked",
+    "lock_wait": "wait",
+    "lock_renew": "renew",
+    "lock_retry_counts": "retry_counts",
+    "lock_max_retries": "max_retries",
+    "lock_retry_delay": "retry_delay",
+    "lock_retry_jitter": "retry_jitter",
+    "lock_dedupe": "dedupe",
+    "lock_dedupe_ttl": "dedupe_ttl",
+}
+HEADER_FIELDS = {v: k for k, v in CALL_OPTIONS.items()}
+#: Options a project may default in ``REDLOCK["LOCKED_TASK"]`` (a key is per task).
+SETTING_OPTIONS = tuple(name for name in CALL_OPTIONS if name != "lock_key")
+
+_BOOLEANS = ("renew", "retry_counts")
+
+
+def header_values(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"lock_ttl": 5, ...}`` (option names) as header fields ``{"ttl": 5, ...}``."""
+    return {CALL_OPTIONS[k]: v for k, v in options.items() if k in CALL_OPTIONS}
+
+
+def check_task_options(values: Mapping[str, Any], where: str, *, per_call: bool = False) -> None:
+    """Raise ValueError/TypeError naming ``where`` and the option for a bad value in
+    ``values`` (header field names; None means "not given"). A ``per_call`` key travels in
+    the JSON message header, so it must be a template, not a callable."""
+    on_locked = values.get("on_locked")
+    if on_locked is not None and on_locked not in ON_LOCKED:
+        raise ValueError(f"{where}: on_locked must be one of {ON_LOCKED}, got {on_locked!r}")
+    try:
+        for name in ("ttl", "retry_delay", "dedupe_ttl", "wait", "retry_jitter"):
+            value = values.get(name)
+            if value is not None:
+                check_positive(
+                    HEADER_FIELDS[name], value, allow_zero=name in ("wait", "retry_jitter")
+                )
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+    for name in _BOOLEANS:
+        value = values.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{where}: {HEADER_FIELDS[name]} must be True or False, got {value!r}")
+    retries = values.get("max_retries")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
+    ):
+        raise ValueError(f"{where}: lock_max_retries must be an int >= 0 or None, got {retries!r}")
+    dedupe = values.get("dedupe")
+    if dedupe is not None and not isinstance(dedupe, bool) and dedupe not in DEDUPE_POLICIES:
+        raise ValueError(
+            f"{where}: lock_dedupe must be True, False or one of {DEDUPE_POLICIES}, got {dedupe!r}"
+        )
+    key = values.get("key")
+    if key is not None and not isinstance(key, str) and (per_call or not callable(key)):
+        kinds = "a str template" if per_call else "a str template or a callable"
+        raise TypeError(f"{where}: lock_key must be {kinds}, got {key!r}")

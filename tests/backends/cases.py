@@ -1,0 +1,506 @@
+"""Checks every lock backend must pass, written once and run by each backend's test file.
+
+The ``test_*`` functions are imported into each backend's test module, which provides the
+fixtures they take: ``make`` (builds a manager in this process), ``name`` (a fresh lock name)
+and ``wake_within`` (how soon a release must wake a waiter there). The multi-process helpers
+also take ``spec`` (how tests/backends/contender.py builds the same backend in a child
+process) and ``env`` (the child's environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from html import unescape as html_unescape
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned
+from django_redlock.backends.base import AsyncLocks, LockManager, glob_escape
+from tests.faults.history import find_overlaps, load_events, load_holds
+from tests.helpers import REPO_ROOT
+
+Make = Callable[..., Any]
+
+
+@contextlib.contextmanager
+def managers(build: Make) -> Iterator[Make]:
+    """A ``make`` fixture's body: ``build(**options)`` made managers, closed at the end."""
+    made: list[Any] = []
+
+    def make(**options: Any) -> Any:
+        made.append(build(**options))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for locks in made:
+            locks.close()
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited (a holder that is gone)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def svc_settings(entry: dict[str, Any]) -> dict[str, Any]:
+    """``REDLOCK`` naming backend ``entry`` "svc" beside a Redlock default."""
+    return {"NODES": ["redis://127.0.0.1:6379/0"], "BACKENDS": {"svc": entry}}
+
+
+@contextlib.contextmanager
+def another_holder(entry: dict[str, Any]) -> Iterator[Any]:
+    """Backend ``entry`` built apart from the registry's: a holder other than the admin's
+    or the management command's own manager."""
+    from django_redlock.backends.registry import build_backend
+
+    other = build_backend("svc", entry)
+    try:
+        yield other
+    finally:
+        other.close()
+
+
+def admin_round_trip(admin_client: Any, entry: dict[str, Any], name: str) -> None:
+    """The admin page, switched to backend ``entry`` (alias "svc"), lists its locks with
+    their holders and stuck flags, shows one's details, force-releases one through the
+    confirmation page, and releases the rest by pattern."""
+    from django.test import override_settings
+
+    redlock = svc_settings(entry)
+    url = "/admin/django_redlock/lock/"
+    with another_holder(entry) as other:
+        alive = other.lock(f"{name}/alive", ttl=30, meta={"job": "round-trip"})
+        gone = other.lock(f"{name}/gone", ttl=30, meta={"pid": dead_pid()})
+        assert alive.acquire(blocking=False) and gone.acquire(blocking=False)
+        with override_settings(REDLOCK={**redlock, "STUCK_AFTER": 3600}):
+            html = admin_client.get(url, {"using": "svc", "q": name}).content.decode()
+            assert "<strong>svc</strong>" in html and '<a href="?using=default">' in html
+            rows = dict(re.findall(r'<tr[^>]*data-key="([^"]+)"(.*?)</tr>', html, re.S))
+            assert set(rows) == {alive.name, gone.name}, set(rows)
+            assert f":{os.getpid()}" in rows[alive.name]  # the holder's host:pid
+            assert "redlock-flag" not in rows[alive.name]
+            assert '<span class="redlock-flag">holder gone</span>' in rows[gone.name]
+            detail = admin_client.get(url + "detail/", {"name": alive.name})  # still on svc
+            assert detail.status_code == 200 and alive.token in detail.content.decode()
+        with override_settings(REDLOCK={**redlock, "STUCK_AFTER": 0.001}):
+            html = admin_client.get(url, {"q": name}).content.decode()  # still "svc"
+            assert html.count('<span class="redlock-flag">held too long</span>') == 2
+            # Force release of one lock: the confirmation page, then the POST it makes.
+            confirm = admin_client.get(url + "release/", {"name": alive.name}).content.decode()
+            assert "redlock-release-list" in confirm and alive.name in confirm
+            assert f'name="token" value="{alive.token}"' in confirm
+            admin_client.post(
+                url + "release/", {"name": alive.name, "token": alive.token, "confirm": "yes"}
+            )
+            assert not alive.check() and other.locked(gone.name)
+            with pytest.raises(LockLost):
+                alive.release()
+            # Release by pattern: its confirmation lists the matches and posts them back.
+            again = other.lock(f"{name}/again", ttl=30)
+            assert again.acquire(blocking=False)
+            page = admin_client.get(url + "release/", {"pattern": f"{name}/*"}).content.decode()
+            assert "2 locks match" in page and gone.name in page and again.name in page
+            selection = html_unescape(re.search(r'name="selection" value="([^"]*)"', page)[1])
+            assert sorted(json.loads(selection)) == sorted(
+                [[gone.name, gone.token], [again.name, again.token]]
+            )
+            done = admin_client.post(
+                url + "release/", {"selection": selection, "confirm": "yes"}, follow=True
+            )
+            assert "Force-released 2 locks" in done.content.decode()
+            assert list(other.live_locks(f"{name}/*")) == []
+            assert not gone.check() and not again.check()
+
+
+def cli_round_trip(entry: dict[str, Any], name: str) -> None:
+    """``manage.py redlock --using svc`` on backend ``entry``: list (table and JSON, with the
+    holder-gone and held-too-long flags), check, release (``--force``) and release
+    ``--pattern`` (``--yes``)."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+    from django.test import override_settings
+
+    def run(*args: str) -> str:
+        out = StringIO()
+        call_command("redlock", "--using", "svc", *args, stdout=out)
+        return out.getvalue()
+
+    redlock = svc_settings(entry)
+    with another_holder(entry) as other:
+        alive = other.lock(f"{name}/alive", ttl=30, meta={"job": "cli"})
+        gone = other.lock(f"{name}/gone", ttl=30, meta={"pid": dead_pid()})
+        spare = other.lock(f"{name}/spare", ttl=30)
+        assert alive.acquire(blocking=False) and gone.acquire(blocking=False)
+        assert spare.acquire(blocking=False)
+        with override_settings(REDLOCK={**redlock, "STUCK_AFTER": 3600}):
+            rows = {
+                r["name"]: r for r in json.loads(run("list", "--pattern", f"{name}/*", "--json"))
+            }
+            assert {n: r["token"] for n, r in rows.items()} == {
+                lock.name: lock.token for lock in (alive, gone, spare)
+            }
+            assert rows[alive.name]["flags"] == [] and not rows[alive.name]["stuck"]
+            assert rows[gone.name]["flags"] == ["holder gone"] and rows[gone.name]["stuck"]
+            table = run("list", "--pattern", f"{name}/*")
+            assert re.search(rf"{re.escape(gone.name)} .*holder gone", table), table
+            assert "3 lock(s)" in table
+            assert "OK: 1/1" in run("check")
+        with override_settings(REDLOCK={**redlock, "STUCK_AFTER": 0.001}):
+            rows = {
+                r["name"]: r for r in json.loads(run("list", "--pattern", f"{name}/*", "--json"))
+            }
+            assert all("held too long" in r["flags"] for r in rows.values()), rows
+            with pytest.raises(CommandError, match="--force"):
+                run("release", alive.name)
+            assert alive.check()
+            assert f"Released {alive.name!r} on 1 of 1 node(s)" in run(
+                "release", alive.name, "--force"
+            )
+            assert not alive.check() and gone.check() and spare.check()
+            with pytest.raises(CommandError, match="--yes") as refused:
+                run("release", "--pattern", f"{name}/*")
+            assert refused.value.returncode == 3 and gone.check() and spare.check()
+            out = run("release", "--pattern", f"{name}/*", "--yes")
+            assert "2 lock(s) match" in out and "Released 2 of 2 lock(s)." in out
+            assert list(other.live_locks(f"{name}/*")) == []
+            assert not gone.check() and not spare.check()
+
+
+def child(spec: dict[str, Any], env: dict[str, str] | None = None, **popen: Any) -> Any:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.backends.contender", json.dumps(spec)],
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+        **popen,
+    )
+
+
+def test_basics(make: Make, name: str) -> None:
+    """Acquire, exclusion, check, extend, release, info, token-compared release."""
+    locks = make()
+    assert isinstance(locks, LockManager)
+    a = locks.lock(name, ttl=5, fencing=True, meta={"job": "basics"})
+    b = locks.lock(name, ttl=5, fencing=True)
+    assert a.acquire(blocking=False)
+    assert a.held and a.validity > 0 and a.token and a.fence is not None
+    assert not b.acquire(blocking=False)  # one holder at a time
+    assert locks.locked(name)
+    assert a.check() and a.extend(5)
+    info = locks.lock_info(name)
+    assert info is not None and info.token == a.token and info.fence == a.fence
+    assert info.meta["job"] == "basics" and info.meta["pid"] == os.getpid()
+    assert [i.name for i in locks.live_locks(name)] == [name]
+    assert name not in [i.name for i in locks.live_locks(name + "-other*")]
+    first = a.fence
+    a.release()
+    assert not a.held and not locks.locked(name) and locks.lock_info(name) is None
+    with pytest.raises(LockNotOwned):
+        a.release()
+    with b:  # the context manager
+        assert b.held and b.fence > first  # fences increase after the row was deleted
+    assert not locks.locked(name)
+    assert locks.health()[0].reachable
+
+
+def test_expiry_and_loss(make: Make, name: str) -> None:
+    """A lease runs out: the next holder takes it over; the old holder's release raises
+    LockLost and leaves the new holder alone."""
+    locks = make()
+    old = locks.lock(name, ttl=0.5, fencing=True)
+    assert old.acquire(blocking=False)
+    new = locks.lock(name, ttl=5, fencing=True)
+    assert new.acquire(timeout=5)  # woken at the old lease's end at the latest
+    assert new.fence > old.fence
+    assert not old.held and not old.check() and not old.extend()
+    with pytest.raises(LockLost):
+        old.release()
+    assert new.check() and locks.lock_info(name).token == new.token
+    new.release()
+
+
+def test_force_release(make: Make, name: str) -> None:
+    locks = make()
+    lost: list[Any] = []
+    locks.listeners.append(lambda e: lost.append(e.kind))
+    lock = locks.lock(name, ttl=5)
+    assert lock.acquire(blocking=False)
+    assert locks.force_release(name, token="not-the-holder") == 0
+    assert locks.locked(name)
+    assert locks.force_release(name) == 1
+    assert "force_released" in lost
+    assert not locks.locked(name) and not lock.check()
+    with pytest.raises(LockLost):
+        lock.release()
+    assert locks.force_release(name) == 0
+
+
+def test_bad_input(make: Make, name: str) -> None:
+    locks = make()
+    for bad, error in [
+        ("", ValueError),
+        (None, TypeError),
+        (b"bytes", TypeError),
+        ("x" * 600, ValueError),
+    ]:
+        with pytest.raises(error):
+            locks.lock(bad)
+    with pytest.raises(ValueError, match="ttl"):
+        locks.lock(name, ttl=0)
+    with pytest.raises(ValueError, match="ttl"):
+        locks.lock(name, ttl=float("nan"))
+    for huge in (float("inf"), 1e306):
+        with pytest.raises(ValueError, match="ttl"):
+            locks.lock(name, ttl=huge)
+    with pytest.raises(TypeError, match="meta"):
+        locks.lock(name, meta=["not", "a", "dict"])
+    with pytest.raises(ValueError, match="timeout"):
+        locks.lock(name).acquire(timeout=-1)
+    with pytest.raises(ValueError, match="reentrant"):
+        locks.lock(name, reentrant=True)
+    if not locks.fair:
+        with pytest.raises(ValueError, match="fair"):
+            locks.lock(name, fair=True)
+    assert not locks.locked(name) and locks.lock_info(name) is None  # nothing half-taken
+
+
+def test_handover(make: Make, name: str) -> None:
+    """detach() in one manager, extend_token/release_token in another (how LockedTask hands
+    an enqueue-time lock to the worker)."""
+    locks, other = make(), make()
+    lock = locks.lock(name, ttl=5)
+    assert lock.acquire(blocking=False)
+    token = lock.detach()
+    assert not lock.held and locks.locked(name)
+    assert other.extend_token(name, token, 5)
+    assert not other.extend_token(name, "someone-else", 5)
+    assert other.release_token(name, "someone-else") == 0 and locks.locked(name)
+    assert other.release_token(name, token) == 1
+    assert not locks.locked(name) and not other.extend_token(name, token, 5)
+
+
+def test_auto_renew(make: Make, name: str) -> None:
+    locks = make()
+    lock = locks.lock(name, ttl=0.6, auto_renew=True)
+    assert lock.acquire(blocking=False)
+    deadline = time.monotonic() + 1.5  # more than two leases
+    while time.monotonic() < deadline:
+        assert lock.held
+        time.sleep(0.1)
+    assert lock.check()
+    lock.release()
+    assert not locks.locked(name)
+
+
+def test_waiter_wakes_on_release(make: Make, name: str, wake_within: float) -> None:
+    """A blocked waiter gets the lock soon after the release, long before the lease ends."""
+    locks = make()
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    got = threading.Event()
+    times: list[float] = []
+
+    def wait() -> None:
+        lock = make().lock(name, ttl=5)
+        assert lock.acquire(timeout=20)
+        times.append(time.monotonic())
+        got.set()
+        lock.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)  # let the waiter block (a waiter that is late only waits less)
+    released = time.monotonic()
+    holder.release()
+    assert got.wait(20)
+    thread.join()
+    assert times[0] - released < wake_within, times[0] - released
+
+
+def test_timeout_none_is_the_retry_policy(make: Make, name: str) -> None:
+    """``acquire(timeout=None)`` waits like the Redlock's retry policy (at most retry_count x
+    retry_delay, woken by a release), ``retry_count=0`` is one attempt, ``float("inf")``
+    waits for ever; ``with`` raises LockNotAcquired once the policy gives up."""
+    holder = make().lock(name, ttl=60)
+    assert holder.acquire(blocking=False)
+    locks = make(retry_count=2, retry_delay=0.3)
+    start = time.monotonic()
+    assert not locks.lock(name, ttl=5).acquire()  # the handle's and the call's timeout: None
+    waited = time.monotonic() - start
+    assert 0.55 <= waited < 5, waited
+    with pytest.raises(LockNotAcquired):
+        with locks.lock(name, ttl=5):
+            pass
+    start = time.monotonic()
+    assert not make(retry_count=0).lock(name, ttl=5).acquire()
+    assert time.monotonic() - start < 0.5
+
+    def waiter(handle: Any) -> tuple[threading.Thread, list[bool]]:
+        result: list[bool] = []
+        thread = threading.Thread(target=lambda: result.append(handle.acquire()))
+        thread.start()
+        time.sleep(0.5)  # let it block (a waiter that is late only waits less)
+        assert result == [], "it should still be waiting"
+        return thread, result
+
+    patient = make(retry_count=3, retry_delay=20).lock(name, ttl=5)
+    thread, result = waiter(patient)
+    holder.release()  # wakes the policy's waiter long before its 60 s
+    thread.join(30)
+    assert result == [True] and patient.held
+    forever = make(retry_count=0).lock(name, ttl=5, timeout=float("inf"))
+    thread, result = waiter(forever)  # retry_count=0 does not apply to an explicit timeout
+    patient.release()
+    thread.join(30)
+    assert result == [True] and forever.held
+    forever.release()
+    assert not locks.locked(name)
+
+
+def test_names(make: Make) -> None:
+    """Any name up to 512 characters but NUL, glob and path characters included."""
+    locks = make()
+    tag = secrets.token_hex(4)
+    for name in (f"{tag}:" + "ü/ *?[]%\\" * 60)[:512], f"{tag}:/a b/../c?", f"{tag}:*":
+        lock = locks.lock(name, ttl=5)
+        assert lock.acquire(blocking=False), name
+        assert [i.name for i in locks.live_locks(glob_escape(name))] == [name]
+        assert locks.lock_info(name).token == lock.token
+        assert locks.force_release(name) == 1 and not locks.locked(name)
+    with pytest.raises(ValueError, match="NUL"):
+        locks.lock(f"{tag}:a\x00b")
+    with pytest.raises(ValueError, match="513"):
+        locks.lock("x" * 513)
+
+
+def test_not_connected_until_used(make_dead: Make, name: str) -> None:
+    """Building a backend opens no connection: one pointing at a dead address builds at once
+    (the system checks build every backend) and fails only when used."""
+    start = time.monotonic()
+    dead = make_dead()
+    assert time.monotonic() - start < 0.5
+    assert not dead.health()[0].reachable
+    with pytest.raises(Exception):  # each client has its own error type
+        dead.lock(name).acquire(blocking=False)
+    dead.close()
+
+
+def test_waiters_are_served_in_arrival_order(
+    make: Make, name: str, queue_length: Callable[[Any, str], int]
+) -> None:
+    """Each waiter watches only its predecessor: served first come, first served."""
+    locks = make()
+    holder = locks.lock(name)
+    assert holder.acquire(blocking=False)
+    order: list[int] = []
+    threads = []
+    for i in range(4):
+        queued = queue_length(locks, name)
+
+        def wait(i: int = i) -> None:
+            lock = make().lock(name)
+            assert lock.acquire(timeout=30)
+            order.append(i)
+            lock.release()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 10
+        while queue_length(locks, name) == queued:  # its node/key is queued
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert order == [0, 1, 2, 3]
+
+
+def test_async_twin(make: Make, name: str) -> None:
+    async def run() -> None:
+        locks = AsyncLocks(make())
+        async with locks.lock(name, ttl=5, fencing=True) as lock:
+            assert lock.held and lock.fence is not None
+            assert await locks.locked(name)
+            assert await lock.check() and await lock.extend(5)
+            other = locks.lock(name, ttl=5, blocking=False)
+            assert not await other.acquire()
+            with pytest.raises(LockNotAcquired):
+                async with other:
+                    pass
+            infos = await locks.live_locks(name)
+            assert [i.token for i in infos] == [lock.token]
+        assert not await locks.locked(name)
+        assert (await locks.health())[0].reachable
+        await locks.close()
+
+    asyncio.run(run())
+
+
+def contention(spec: dict[str, Any], env: dict[str, str], tmp: Path, processes: int = 4) -> None:
+    """``processes`` children each do ``rounds`` read-pause-write cycles under the lock: no
+    two valid holds overlap, fences strictly increase in grant order, no update is lost."""
+    counter = tmp / "counter"
+    counter.write_text("0")
+    history = tmp / "history"
+    history.mkdir()
+    procs = [
+        child(
+            {
+                **spec,
+                "mode": "contend",
+                "counter": str(counter),
+                "history": str(history / f"{i}.jsonl"),
+            },
+            env,
+        )
+        for i in range(processes)
+    ]
+    for proc in procs:
+        assert proc.wait(180) == 0
+    holds = load_holds(load_events(history))
+    assert len(holds) == processes * spec["rounds"]
+    assert all(h.outcome == "ok" for h in holds), [h.outcome for h in holds]
+    assert not find_overlaps(holds), [str(o) for o in find_overlaps(holds)]
+    fences = [h.fence for h in sorted(holds, key=lambda h: h.acquired_at)]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+    assert int(counter.read_text()) == processes * spec["rounds"]
+
+
+def holder_killed(make: Make, spec: dict[str, Any], env: dict[str, str], bound: float) -> float:
+    """A holder is SIGKILLed: the lock is taken by someone else within ``bound`` seconds."""
+    proc = child({**spec, "mode": "hold"}, env, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("acquired"), line
+        fence = int(line.split()[1])
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(10)
+        lock = make().lock(spec["name"], ttl=5, fencing=True)
+        assert lock.acquire(timeout=bound + 10)
+        recovered = time.monotonic() - killed
+        assert lock.fence > fence
+        lock.release()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert recovered <= bound, f"recovered after {recovered:.2f} s, bound {bound} s"
+    return recovered

@@ -1,0 +1,144 @@
+"""Real ZooKeeper and etcd servers for the backend tests, started from the Debian packages
+(``zookeeper``, ``etcd-server``) on free loopback ports with a temporary data directory.
+
+Without the package the fixture skips with the reason (a failure under REDLOCK_REQUIRE_ALL=1,
+see tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+ZOOKEEPER_JARS = "/usr/share/java"
+ZOOKEEPER_CLASSPATH = [
+    "zookeeper.jar",
+    "zookeeper-jute.jar",
+    "slf4j-api.jar",
+    "slf4j-nop.jar",
+    "netty-handler.jar",
+    "netty-common.jar",
+    "netty-buffer.jar",
+    "netty-transport.jar",
+    "netty-resolver.jar",
+    "netty-codec.jar",
+    "netty-transport-native-epoll.jar",
+    "netty-transport-native-unix-common.jar",
+    "metrics-core.jar",
+    "snappy-java.jar",
+]
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    address: str
+    data_dir: str
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(server: Server, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}")
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", server.port), 0.5),
+        ):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"server did not listen on {server.port} within {timeout} s")
+
+
+@contextlib.contextmanager
+def _serving(command: list[str], port: int, address: str, data: str) -> Iterator[Server]:
+    """Run ``command`` until the block ends; the data directory goes with it."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(process, port, address, data)
+    try:
+        _wait_for_port(server)
+        yield server
+    finally:
+        server.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def zookeeper() -> Iterator[Server]:
+    """A standalone ZooKeeper with tickTime 500 ms (sessions of 1 to 10 s allowed)."""
+    java = shutil.which("java")
+    jar = os.path.join(ZOOKEEPER_JARS, "zookeeper.jar")
+    if java is None or not os.path.exists(jar):
+        pytest.skip("ZooKeeper is not installed (Debian package 'zookeeper': java + zookeeper.jar)")
+    classpath = [os.path.join(ZOOKEEPER_JARS, j) for j in ZOOKEEPER_CLASSPATH]
+    classpath = [p for p in classpath if glob.glob(p)]
+    data = tempfile.mkdtemp(prefix="redlock-zk-")
+    port = free_port()
+    command = [
+        java,
+        "-Dzookeeper.admin.enableServer=false",
+        "-Dzookeeper.4lw.commands.whitelist=srvr,ruok",
+        "-Xmx256m",
+        "-cp",
+        ":".join(classpath),
+        "org.apache.zookeeper.server.ZooKeeperServerMain",
+        str(port),
+        data,
+        "500",
+    ]
+    with _serving(command, port, f"127.0.0.1:{port}", data) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def etcd() -> Iterator[Server]:
+    """A single-member etcd (v3 API, JSON gateway on the client URL)."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("etcd is not installed (Debian package 'etcd-server')")
+    data = tempfile.mkdtemp(prefix="redlock-etcd-")
+    port, peer = free_port(), free_port()
+    client_url, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
+    command = [
+        binary,
+        "--name",
+        "redlock-test",
+        "--data-dir",
+        data,
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        f"redlock-test={peer_url}",
+        "--log-level",
+        "error",
+    ]
+    with _serving(command, port, client_url, data) as server:
+        yield server

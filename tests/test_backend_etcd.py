@@ -1,0 +1,131 @@
+"""The etcd lock backend against a real etcd server started for this module."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from django_redlock.backends.etcd import EtcdError, EtcdLocks
+from tests.backends import cases, servers
+from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_async_twin,
+    test_auto_renew,
+    test_bad_input,
+    test_basics,
+    test_expiry_and_loss,
+    test_force_release,
+    test_handover,
+    test_names,
+    test_not_connected_until_used,
+    test_timeout_none_is_the_retry_policy,
+    test_waiter_wakes_on_release,
+    test_waiters_are_served_in_arrival_order,
+)
+
+
+@pytest.fixture(scope="module")
+def etcd_server():
+    with servers.etcd() as server:
+        yield server
+
+
+@pytest.fixture
+def root() -> str:
+    return f"/redlock-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make(etcd_server, root):
+    with cases.managers(
+        lambda **options: EtcdLocks([etcd_server.address], root=root, **options)
+    ) as make:
+        yield make
+
+
+@pytest.fixture
+def make_dead():
+    return lambda: EtcdLocks(f"http://127.0.0.1:{servers.free_port()}", request_timeout=1.0)
+
+
+@pytest.fixture
+def queue_length():
+    return lambda locks, name: int(locks._range(locks._prefix(name), count_only=True)["count"])
+
+
+@pytest.fixture
+def wake_within() -> float:
+    return 0.2
+
+
+@pytest.fixture
+def name() -> str:
+    return f"etcd/{uuid.uuid4().hex[:8]}"
+
+
+def spec(etcd_server, root, name):
+    return {
+        "backend": "django_redlock.backends.etcd.EtcdLocks",
+        "options": {"endpoints": [etcd_server.address], "root": root},
+        "name": name,
+        "rounds": 15,
+    }
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match="endpoints"):
+        EtcdLocks(["127.0.0.1:2379"])
+    with pytest.raises(ValueError, match="root"):
+        EtcdLocks("http://127.0.0.1:2379", root="locks/")
+
+
+def test_unreachable_is_a_clear_error(name) -> None:
+    locks = EtcdLocks(f"http://127.0.0.1:{servers.free_port()}", request_timeout=1)
+    with pytest.raises(EtcdError, match="unreachable"):
+        locks.lock(name).acquire(blocking=False)
+    assert not locks.health()[0].reachable
+
+
+def test_contention_across_processes(etcd_server, root, name, tmp_path: Path) -> None:
+    cases.contention(spec(etcd_server, root, name), {}, tmp_path)
+
+
+def test_holder_sigkill_recovered_within_one_lease(make, etcd_server, root, name) -> None:
+    # etcd's shortest lease is about 2 s (1.5 x the election timeout, rounded up).
+    cases.holder_killed(make, {**spec(etcd_server, root, name), "ttl": 2.0}, {}, bound=2.0 + 1.5)
+
+
+@pytest.mark.django_db
+def test_admin_lists_and_force_releases(admin_client, etcd_server, root, name) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.etcd.EtcdLocks",
+        "OPTIONS": {"endpoints": [etcd_server.address], "root": root},
+    }
+    cases.admin_round_trip(admin_client, entry, name)
+
+
+@pytest.mark.django_db
+def test_management_command_round_trip(etcd_server, root, name) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.etcd.EtcdLocks",
+        "OPTIONS": {"endpoints": [etcd_server.address], "root": root},
+    }
+    cases.cli_round_trip(entry, name)
+
+
+def test_auto_renew_outlives_the_servers_shortest_lease(make, name) -> None:
+    """etcd grants at least its minimum lease (about 2 s), so only a keepalive keeps a 2 s
+    lock alive for 5 s; without auto_renew the same lock is gone by then."""
+    locks = make()
+    renewed = locks.lock(name, ttl=2, auto_renew=True)
+    plain = locks.lock(f"{name}-plain", ttl=2)
+    assert renewed.acquire(blocking=False) and plain.acquire(blocking=False)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert renewed.held
+        time.sleep(0.2)
+    assert renewed.check() and locks.locked(name)
+    assert not plain.check() and not locks.locked(plain.name)
+    renewed.release()

@@ -1,0 +1,194 @@
+"""The ZooKeeper lock backend against a real ZooKeeper server started for this module."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kazoo", reason="kazoo is not installed (extra 'zookeeper')")
+
+from kazoo.client import KazooClient
+
+from django_redlock import LockLost
+from django_redlock.backends.zookeeper import ZooKeeperLocks
+from tests.backends import cases, servers
+from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_async_twin,
+    test_auto_renew,
+    test_bad_input,
+    test_basics,
+    test_force_release,
+    test_handover,
+    test_names,
+    test_not_connected_until_used,
+    test_timeout_none_is_the_retry_policy,
+    test_waiter_wakes_on_release,
+    test_waiters_are_served_in_arrival_order,
+)
+
+
+@pytest.fixture(scope="module")
+def zk_server():
+    with servers.zookeeper() as server:
+        yield server
+
+
+@pytest.fixture
+def root() -> str:
+    return f"/redlock-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make(zk_server, root):
+    with cases.managers(
+        lambda **options: ZooKeeperLocks(
+            zk_server.address, root=root, **{"session_timeout": 4.0, **options}
+        )
+    ) as make:
+        yield make
+
+
+@pytest.fixture
+def make_dead():
+    return lambda: ZooKeeperLocks(f"127.0.0.1:{servers.free_port()}", connect_timeout=1.0)
+
+
+@pytest.fixture
+def queue_length():
+    return lambda locks, name: len(locks._zk().get_children(locks._dir(name)))
+
+
+@pytest.fixture
+def wake_within() -> float:
+    return 0.2
+
+
+@pytest.fixture
+def name() -> str:
+    return f"zk/{uuid.uuid4().hex[:8]}"  # a "/" in a name is fine: names are quoted
+
+
+def spec(zk_server, root, name, **options):
+    return {
+        "backend": "django_redlock.backends.zookeeper.ZooKeeperLocks",
+        "options": {"hosts": zk_server.address, "root": root, **options},
+        "name": name,
+        "rounds": 15,
+    }
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match="root"):
+        ZooKeeperLocks("127.0.0.1:1", root="relative")
+    with pytest.raises(ValueError, match="hosts"):
+        ZooKeeperLocks("")
+
+
+def test_session_loss_is_lock_loss(make, zk_server, name) -> None:
+    locks = make()
+    events: list[str] = []
+    lost = threading.Event()
+    locks.listeners.append(lambda e: (events.append(e.kind), e.kind == "lost" and lost.set()))
+    lock = locks.lock(name)
+    assert lock.acquire(blocking=False) and lock.held
+    # Expire the session the ZooKeeper way: another client connects with the same session
+    # id and password, then closes it.
+    session_id, password = locks.client.client_id
+    intruder = KazooClient(zk_server.address, client_id=(session_id, password))
+    intruder.start(5)
+    intruder.stop()
+    intruder.close()
+    assert lost.wait(15), events
+    assert not lock.held and lock.lost
+    with pytest.raises(LockLost):
+        lock.release()
+    other = make().lock(name)
+    assert other.acquire(timeout=10)
+    other.release()
+
+
+def test_session_lock_has_no_lease(make, name) -> None:
+    """validity is infinite while connected; extend() only confirms the node."""
+    lock = make().lock(name, ttl=1)
+    assert lock.acquire(blocking=False)
+    assert lock.validity == float("inf") and lock.held
+    time.sleep(1.2)  # longer than the ttl: nothing runs out
+    assert lock.held and lock.check() and lock.extend(1)
+    assert lock.validity == float("inf")
+    lock.release()
+
+
+EDGE_NAMES = [".", "..", "...", ".x", "%2E", "/", "a/../b", "zookeeper", "x" * 512, "\u00fc" * 512]
+
+
+@pytest.mark.parametrize("edge", EDGE_NAMES, ids=lambda n: repr(n[:12]))
+def test_accepts_any_name_but_nul(make, edge) -> None:
+    """docs/backends.rst: "Lock names are at most 512 characters (any but NUL)", also the
+    names ZooKeeper reads as path steps ("." and "..") or reserves ("zookeeper" at the top)."""
+    locks = make()
+    lock = locks.lock(edge)
+    assert lock.acquire(blocking=False)
+    assert locks.locked(edge)
+    assert not make().lock(edge).acquire(blocking=False)  # it excludes another holder
+    assert [i.name for i in locks.live_locks()] == [edge]  # listed under its own name
+    lock.release()
+    assert not locks.locked(edge)
+    assert make().lock(edge).acquire(blocking=False)
+
+
+def test_dot_names_are_distinct_locks(make) -> None:
+    """The names ".", ".." and the ones their escapes spell are four locks, each listed as
+    itself."""
+    locks = make()
+    names = [".", "..", "%2E", "%2E%2E"]
+    held = [locks.lock(n) for n in names]
+    assert all(lock.acquire(blocking=False) for lock in held)
+    assert sorted(i.name for i in locks.live_locks()) == sorted(names)
+    for lock in held:
+        lock.release()
+
+
+def test_lock_nodes_keep_their_names(make, zk_server, root) -> None:
+    """Names other than "." and ".." map to the same znode as before (percent-encoded, dots
+    kept), so a lock held by an older version's process excludes this one's."""
+    locks = make()
+    lock = locks.lock("a.b/c d")
+    assert lock.acquire(blocking=False)
+    client = KazooClient(zk_server.address)
+    client.start(10)
+    try:
+        assert client.get_children(root) == ["a.b%2Fc%20d"]
+    finally:
+        client.stop()
+        client.close()
+    lock.release()
+
+
+def test_contention_across_processes(zk_server, root, name, tmp_path: Path) -> None:
+    cases.contention(spec(zk_server, root, name), {}, tmp_path)
+
+
+def test_holder_sigkill_recovered_within_one_session_timeout(make, zk_server, root, name) -> None:
+    cases.holder_killed(make, spec(zk_server, root, name, session_timeout=2.0), {}, bound=2.0 + 1.5)
+
+
+@pytest.mark.django_db
+def test_admin_lists_and_force_releases(admin_client, zk_server, root, name) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.zookeeper.ZooKeeperLocks",
+        "OPTIONS": {"hosts": zk_server.address, "root": root},
+    }
+    cases.admin_round_trip(admin_client, entry, name)
+
+
+@pytest.mark.django_db
+def test_management_command_round_trip(zk_server, root, name) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.zookeeper.ZooKeeperLocks",
+        "OPTIONS": {"hosts": zk_server.address, "root": root},
+    }
+    cases.cli_round_trip(entry, name)
