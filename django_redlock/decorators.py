@@ -32,7 +32,14 @@ from django.utils.module_loading import import_string
 
 from .backends.registry import get_async_locks, get_locks
 from .conf import get_config
-from .core import LockInfo, LockNotAcquired, QuorumError, check_positive, check_timeout
+from .core import (
+    LockInfo,
+    LockNotAcquired,
+    QuorumError,
+    check_meta,
+    check_positive,
+    check_timeout,
+)
 from .holders import HoldTimes, expected_free_in
 from .keys import (
     CLIENT_FIELD,
@@ -266,9 +273,7 @@ class Locked:
         if on_locked is not None and not (callable(on_locked) or isinstance(on_locked, str)):
             raise TypeError(f"on_locked must be a callable or a dotted path, got {on_locked!r}")
         self.on_locked = on_locked
-        if meta is not None and not isinstance(meta, Mapping):
-            raise TypeError(f"meta must be a dict, got {meta!r}")
-        self.meta = dict(meta or {})
+        self.meta = check_meta(meta)
         self.fair = bool(fair)
         self.reentrant = reentrant
         self.renew_for = renew_for

@@ -24,20 +24,20 @@ import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from ..core import (
     HOLDER_PLACE,
     MAX_DURATION,
     MAX_KEY_LENGTH,
+    Lock,
     LockEvent,
     LockInfo,
     LockLost,
     LockNotAcquired,
-    LockNotOwned,
     NodeHealth,
     NodeLockState,
+    check_meta,
     check_positive,
     check_retry_count,
     check_timeout,
@@ -160,8 +160,10 @@ class Grant:
         return max(self.valid_until - time.monotonic(), 0.0)
 
 
-class BackendLock:
-    """The handle every backend returns (the same surface as :class:`~django_redlock.Lock`)."""
+class BackendLock(Lock):
+    """The handle every backend returns: the Redlock's :class:`~django_redlock.Lock` (the
+    same surface and bookkeeping), talking to a :class:`BackendLocks` instead of the nodes.
+    Its lease is the backend's :class:`Grant`."""
 
     def __init__(
         self,
@@ -177,107 +179,23 @@ class BackendLock:
         owner: Hashable | None = None,
         renew_for: float | None = None,
     ) -> None:
+        # owner is kept for the integrations; these locks are not reentrant, so it decides
+        # nothing.
+        super().__init__(
+            manager,
+            name,
+            ttl=ttl,
+            auto_renew=auto_renew,
+            fencing=fencing,
+            reentrant=False,
+            fair=False,
+            blocking=blocking,
+            timeout=timeout,
+            meta=meta,
+            owner=owner,
+            renew_for=renew_for,
+        )
         self.manager = manager
-        self.redlock = manager  # the name the integrations use for the lock's manager
-        self.name = name
-        self.ttl = ttl
-        self.auto_renew = auto_renew
-        self.fencing = fencing
-        self.blocking = blocking
-        self.timeout = timeout
-        self.meta = meta
-        #: Who asked (kept for the integrations; these locks are not reentrant, so it
-        #: decides nothing).
-        self.owner = owner
-        self.renew_for = renew_for
-        self.retry_after: float | None = None
-        self._grant: Grant | None = None
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} {'held' if self.held else 'not held'}>"
-
-    @property
-    def held(self) -> bool:
-        """Local view: acquired, not released, not lost, and validity left."""
-        return self._grant is not None and self._grant.validity > 0
-
-    @property
-    def validity(self) -> float:
-        """Seconds of validity left by the local monotonic clock (inf for a session lock)."""
-        return self._grant.validity if self._grant is not None else 0.0
-
-    @property
-    def token(self) -> str | None:
-        return self._grant.token if self._grant is not None else None
-
-    @property
-    def fence(self) -> int | None:
-        return self._grant.fence if self._grant is not None else None
-
-    @property
-    def lost(self) -> str | None:
-        return self._grant.lost if self._grant is not None else None
-
-    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Take the lock. ``blocking=False``: one attempt; otherwise wait up to ``timeout``
-        seconds (None: the handle's timeout, else the retry policy, as on the Redlock: at most
-        ``retry_count`` x ``retry_delay`` seconds; ``float("inf")``: for ever), woken when the
-        holder releases. False when someone else holds it."""
-        if self._grant is not None and not self._grant.released:
-            raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
-        blocking = self.blocking if blocking is None else blocking
-        timeout = self.timeout if timeout is None else check_timeout(timeout)
-        self._grant = self.manager._acquire(self, blocking, timeout)
-        return self._grant is not None
-
-    def release(self) -> None:
-        """Give the lock back: :class:`LockNotOwned` if it was no longer ours,
-        :class:`LockLost` if we knew it was lost."""
-        grant = self._take_grant()
-        self._grant = None
-        self.manager._release(grant)
-
-    def extend(self, ttl: float | None = None) -> bool:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl)."""
-        grant = self._take_grant()
-        return self.manager._extend(grant, self.ttl if ttl is None else check_positive("ttl", ttl))
-
-    def check(self) -> bool:
-        """Ask the service whether our token still holds the lock (a round trip)."""
-        grant = self._grant
-        return grant is not None and not grant.lost and self.manager._still_held(grant)
-
-    def detach(self) -> str:
-        """Hand the lock to another process: this handle forgets it (no release, no renewal
-        here) and returns the token the new owner frees it with,
-        ``manager.release_token(name, token)``."""
-        grant = self._take_grant()
-        self._grant = None
-        grant.stop_renewal.set()
-        grant.released = True
-        return grant.token
-
-    def _take_grant(self) -> Grant:
-        if self._grant is None or self._grant.released:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
-        return self._grant
-
-    def __enter__(self) -> BackendLock:
-        if not self.acquire():
-            raise LockNotAcquired(
-                f"lock {self.name!r} is held by another owner",
-                self.name,
-                retry_after=self.retry_after,
-            )
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
 
 
 class BackendLocks:
@@ -427,12 +345,7 @@ class BackendLocks:
         lease = self.ttl if ttl is None else check_positive("ttl", ttl)
         if timeout is not None:
             timeout = check_timeout(timeout)
-        if meta is not None:
-            if not isinstance(meta, Mapping):
-                raise TypeError(f"meta must be a dict, got {meta!r}")
-            bad = [k for k in meta if not isinstance(k, str)]
-            if bad:
-                raise TypeError(f"meta keys must be str, got {bad[0]!r} in {meta!r}")
+        details = check_meta(meta)
         if reentrant:
             raise ValueError(f"{type(self).__name__} locks are not reentrant (reentrant=True)")
         if fair and not self.fair:
@@ -447,7 +360,7 @@ class BackendLocks:
             fencing=bool(fencing),
             blocking=bool(blocking),
             timeout=timeout,
-            meta=dict(meta or {}),
+            meta=details,
             owner=owner,
             renew_for=renew_for,
         )
@@ -485,7 +398,9 @@ class BackendLocks:
 
     # -- shared logic ---------------------------------------------------------------------------
 
-    def _acquire(self, handle: BackendLock, blocking: bool, timeout: float | None) -> Grant | None:
+    def _acquire(
+        self, handle: BackendLock, *, blocking: bool, timeout: float | None
+    ) -> Grant | None:
         start = time.monotonic()
         if timeout is None:
             # The Redlock's retry policy: it pauses at most retry_delay before each of its
@@ -553,6 +468,7 @@ class BackendLocks:
         raise LockLost(f"lock {grant.name!r} was lost before release: {grant.lost}", grant.name)
 
     def _extend(self, grant: Grant, ttl: float) -> bool:
+        ttl = check_positive("ttl", ttl)
         if grant.released or grant.lost:
             return False
         started = time.monotonic()
@@ -564,6 +480,15 @@ class BackendLocks:
         if not self._still_held(grant):
             self._mark_lost(grant, "the lock was taken or removed before it could be extended")
         return False
+
+    def _check(self, grant: Grant) -> bool:
+        return not grant.lost and self._still_held(grant)
+
+    def _detach(self, grant: Grant) -> str:
+        """Forget a grant handed to another process (no release, no renewal here)."""
+        grant.stop_renewal.set()
+        grant.released = True
+        return grant.token
 
     def _keep_renewing(self, grant: Grant, until: float | None) -> None:
         """Re-arm the lease every ttl/3 while held (one thread per auto-renewed lock), until

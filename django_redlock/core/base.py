@@ -30,6 +30,7 @@ from .lock import Lease, LockBase
 from .nodes import Failure, Node, NodeSpec, make_nodes
 from .resp import encode, encode_args
 from .validation import (
+    check_meta,
     check_name,
     check_node_timeout,
     check_positive,
@@ -253,14 +254,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             raise ValueError(f"ttl {ttl!r} is longer than max_ttl {self.max_ttl!r}")
         if self.node_timeout >= self.ttl:
             raise ValueError(f"node_timeout {node_timeout!r} must be much smaller than ttl {ttl!r}")
-        if meta is not None and not isinstance(meta, Mapping):
-            raise TypeError(f"meta must be a dict, got {meta!r}")
+        details = check_meta(meta, str_keys=False)
         self.restart_guard = bool(restart_guard)
         self.trust_fresh_cluster = bool(trust_fresh_cluster)
         self.reentrant = bool(reentrant)
         #: A fair lock's waiter that stops refreshing its place for this long is dropped.
         self.fair_heartbeat = check_positive("fair_heartbeat", fair_heartbeat)
-        self.meta = dict(meta or {})
+        self.meta = details
         self.nodes: list[Node] = make_nodes(nodes, node_timeout=self.node_timeout)
         self.quorum = len(self.nodes) // 2 + 1
         self._leases: dict[str, Lease] = {}
@@ -310,12 +310,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             )
         if lease_ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} for lock {name!r} must exceed node_timeout")
-        if meta is not None:
-            if not isinstance(meta, Mapping):
-                raise TypeError(f"meta must be a dict, got {meta!r}")
-            bad = [k for k in meta if not isinstance(k, str)]
-            if bad:
-                raise TypeError(f"meta keys must be str, got {bad[0]!r} in {meta!r}")
+        details = check_meta(meta)
         if renew_for is not None:
             check_positive("renew_for", renew_for)
         return self.lock_class(
@@ -328,7 +323,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             fair=bool(fair),
             blocking=bool(blocking),
             timeout=check_timeout(timeout),
-            meta=dict(meta or {}),
+            meta=details,
             owner=owner,
             renew_for=renew_for,
         )

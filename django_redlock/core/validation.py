@@ -6,13 +6,16 @@ Everything here runs before any network call, so bad input can never leave a loc
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from numbers import Real
+from typing import Any
 
 __all__ = [
     "MAX_DURATION",
     "MAX_KEY_LENGTH",
     "MAX_NODE_TIMEOUT",
     "MAX_RETRY_COUNT",
+    "check_meta",
     "check_name",
     "check_node_timeout",
     "check_positive",
@@ -127,3 +130,17 @@ def check_timeout(value: object) -> float | None:
             "(float('inf') waits for ever)"
         )
     return number
+
+
+def check_meta(meta: object, *, str_keys: bool = True) -> dict[str, Any]:
+    """Holder details for the admin page: a dict (with ``str_keys``, of str keys: they become
+    JSON); a copy is returned. None is an empty dict."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta must be a dict, got {meta!r}")
+    if str_keys:
+        bad = [k for k in meta if not isinstance(k, str)]
+        if bad:
+            raise TypeError(f"meta keys must be str, got {bad[0]!r} in {meta!r}")
+    return dict(meta)

@@ -167,7 +167,7 @@ def test_pessimistic_cut_connection_is_a_lost_lock(make, name) -> None:
 
     holder = make(pessimistic=True).lock(name, ttl=30)
     assert holder.acquire(blocking=False)
-    mutex = holder._grant.state  # the holder's FOR UPDATE connection
+    mutex = holder._lease.state  # the holder's FOR UPDATE connection
     if connection.vendor == "postgresql":
         cut = "SELECT pg_terminate_backend(%s)", [mutex.connection.info.backend_pid]
     else:
