@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from ..core import LockInfo, NodeHealth
@@ -207,42 +207,89 @@ class EtcdLocks(BackendLocks):
         self, handle: BackendLock, token: str, blocking: bool, deadline: float | None
     ) -> Grant | None:
         meta = holder_meta(handle.meta)
-        started = time.monotonic()
-        lease = self.gateway.post("/v3/lease/grant", {"TTL": max(math.ceil(handle.ttl), 1)})["ID"]
-        key = f"{self._prefix(handle.name)}{int(lease):x}"
-        try:
-            value = json.dumps(
-                {"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)}
-            )
-            put = {"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease}}
-            reply = self._if_created(_b64(key), 0, put)
-            fence = int(reply["header"]["revision"])
-            while True:
-                before = self._range(
-                    self._prefix(handle.name),
-                    sort_order="DESCEND",
-                    sort_target="CREATE",
-                    limit=1,
-                    max_create_revision=fence - 1,
+        ttl = max(math.ceil(handle.ttl), 1)
+        value = _b64(
+            json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
+        )
+        while True:
+            started = time.monotonic()
+            lease = self.gateway.post("/v3/lease/grant", {"TTL": ttl})["ID"]
+            key = f"{self._prefix(handle.name)}{int(lease):x}"
+            try:
+                put = {"request_put": {"key": _b64(key), "value": value, "lease": lease}}
+                fence = int(self._if_created(_b64(key), 0, put)["header"]["revision"])
+                turn = self._wait_turn(
+                    handle.name, key, lease, fence, ttl, blocking, deadline, started
                 )
-                kvs = before.get("kvs", [])
-                if not kvs:
-                    break  # nobody created before us: ours
-                if not blocking:
-                    self._revoke(lease)
-                    return None
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    self._revoke(lease)
-                    return None
-                # Watch only the key just before ours, from the revision we read it at.
-                self.gateway.watch_delete(
-                    self.endpoints[0], _text(kvs[0]["key"]), int(before["header"]["revision"]), left
+            except BaseException:
+                self._revoke(lease, quiet=True)
+                raise
+            if turn is None:
+                self._revoke(lease)
+                return None
+            if turn is not False:
+                return self._grant(
+                    handle, token, meta, started=turn, fence=fence, state=(key, lease)
                 )
-        except BaseException:
+            # Our lease ran out while we waited (a paused process): our place in the line is
+            # gone, so take a new one behind whoever queued meanwhile.
             self._revoke(lease, quiet=True)
-            raise
-        return self._grant(handle, token, meta, started=started, fence=fence, state=(key, lease))
+
+    def _wait_turn(
+        self,
+        name: str,
+        key: str,
+        lease: str,
+        fence: int,
+        ttl: int,
+        blocking: bool,
+        deadline: float | None,
+        granted: float,
+    ) -> float | Literal[False] | None:
+        """Wait until no key of ``name`` was created before ours. Returns when our lease
+        counts from (``granted``, or its last refresh after a wait), False when our key
+        vanished while we waited, None when we gave up."""
+        waited = False
+        while True:
+            before = self._range(
+                self._prefix(name),
+                sort_order="DESCEND",
+                sort_target="CREATE",
+                limit=1,
+                max_create_revision=fence - 1,
+            )
+            kvs = before.get("kvs", [])
+            if not kvs:
+                if not waited:
+                    return granted
+                # Ours only if our own key outlived the wait: refresh its lease, then look.
+                refreshed = time.monotonic()
+                return refreshed if self._keep_alive(lease) and self._exists(key, fence) else False
+            left = None if deadline is None else deadline - time.monotonic()
+            if not blocking or (left is not None and left <= 0):
+                return None
+            # A waiter's key lives on its own lease: keep it alive, or the key vanishes from
+            # the line and, with nobody left before it, the waiter would "win" a lock it no
+            # longer has a key for.
+            if not self._keep_alive(lease):
+                return False
+            waited = True
+            # Watch only the key just before ours, from the revision we read it at, waking
+            # in time for the next keepalive.
+            wait = ttl / 3 if left is None else min(left, ttl / 3)
+            self.gateway.watch_delete(
+                self.endpoints[0], _text(kvs[0]["key"]), int(before["header"]["revision"]), wait
+            )
+
+    def _keep_alive(self, lease: str) -> float:
+        """Refresh ``lease``; the seconds etcd granted, 0 when it is gone."""
+        reply = self.gateway.post("/v3/lease/keepalive", {"ID": lease})
+        return float(reply.get("result", {}).get("TTL", 0))
+
+    def _exists(self, key: str, fence: int | None) -> bool:
+        reply = self.gateway.post("/v3/kv/range", {"key": _b64(key)})
+        kvs = reply.get("kvs", [])
+        return bool(kvs) and int(kvs[0]["create_revision"]) == fence
 
     def _revoke(self, lease: str, quiet: bool = False) -> None:
         try:
@@ -264,14 +311,11 @@ class EtcdLocks(BackendLocks):
     def _renew(self, grant: Grant, ttl: float) -> bool | float:
         if not self._still_held(grant):
             return False
-        reply = self.gateway.post("/v3/lease/keepalive", {"ID": grant.state[1]})
-        granted = int(reply.get("result", {}).get("TTL", 0))
-        return min(float(granted), ttl) if granted > 0 else False
+        granted = self._keep_alive(grant.state[1])
+        return min(granted, ttl) if granted > 0 else False
 
     def _still_held(self, grant: Grant) -> bool:
-        reply = self.gateway.post("/v3/kv/range", {"key": _b64(grant.state[0])})
-        kvs = reply.get("kvs", [])
-        return bool(kvs) and int(kvs[0]["create_revision"]) == grant.fence
+        return self._exists(grant.state[0], grant.fence)
 
     def _adopt(self, name: str, token: str) -> Grant | None:
         first = self._first(name)

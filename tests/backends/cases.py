@@ -333,6 +333,29 @@ def test_waiter_wakes_on_release(make: Make, name: str, wake_within: float) -> N
     assert times[0] - released < wake_within, times[0] - released
 
 
+def test_a_waiter_that_waits_longer_than_its_ttl_still_excludes(make: Make, name: str) -> None:
+    """A waiter blocked for longer than its own lease gets a lock that is really held: valid,
+    checked by the service, and refused to a third client (etcd once let its waiter's lease
+    run out in the queue and handed it a lock whose key was gone)."""
+    holder = make().lock(name, ttl=5)
+    assert holder.acquire(blocking=False)
+    waiter = make().lock(name, ttl=1)
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(waiter.acquire(timeout=30)))
+    thread.start()
+    # Longer than the waiter's lease (etcd grants at least 2 s): it must keep its place.
+    time.sleep(3.5)
+    holder.release()
+    thread.join(30)
+    assert result == [True]
+    try:
+        assert waiter.held and waiter.validity > 0
+        assert waiter.check()
+        assert not make().lock(name, ttl=5).acquire(blocking=False)
+    finally:
+        waiter.release()
+
+
 def test_timeout_none_is_the_retry_policy(make: Make, name: str) -> None:
     """``acquire(timeout=None)`` waits like the Redlock's retry policy (at most retry_count x
     retry_delay, woken by a release), ``retry_count=0`` is one attempt, ``float("inf")``
