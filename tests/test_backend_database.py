@@ -81,7 +81,7 @@ def _run_cases(kind: str, tmp_path: Path, expect: int) -> None:
 
 
 def test_database_backend_on_sqlite(tmp_path: Path) -> None:
-    _run_cases("sqlite", tmp_path, expect=21)  # the 4 pessimistic cases and the NOTIFY one skip
+    _run_cases("sqlite", tmp_path, expect=23)  # the 5 pessimistic cases and the NOTIFY one skip
 
 
 @pytest.mark.postgres
@@ -89,7 +89,7 @@ def test_database_backend_on_postgres(tmp_path: Path) -> None:
     reason = _unreachable("postgres")
     if reason:
         pytest.skip(reason)
-    _run_cases("postgres", tmp_path, expect=26)
+    _run_cases("postgres", tmp_path, expect=29)
 
 
 @pytest.mark.mysql
@@ -97,4 +97,4 @@ def test_database_backend_on_mysql(tmp_path: Path) -> None:
     reason = _unreachable("mysql")
     if reason:
         pytest.skip(reason)
-    _run_cases("mysql", tmp_path, expect=25)
+    _run_cases("mysql", tmp_path, expect=28)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 
 import pytest
@@ -102,6 +103,17 @@ def test_async_alias() -> None:
         asyncio.run(run())
 
 
+E104 = "django_redlock.E104"
+ZK = {
+    "BACKEND": "django_redlock.backends.zookeeper.ZooKeeperLocks",
+    "OPTIONS": {"hosts": "127.0.0.1:2181"},
+}
+ETCD = {
+    "BACKEND": "django_redlock.backends.etcd.EtcdLocks",
+    "OPTIONS": {"endpoints": ["http://127.0.0.1:2379"]},
+}
+
+
 def ids(messages) -> list[str]:
     return sorted(m.id for m in messages if m.id.startswith("django_redlock.E1"))
 
@@ -110,6 +122,7 @@ def ids(messages) -> list[str]:
     ("backends", "expected"),
     [
         ({"db": DB}, []),
+        ({"zk": ZK, "etcd": ETCD}, []),
         (["not", "a", "dict"], ["django_redlock.E101"]),
         ({"db": {"OPTIONS": {}}}, ["django_redlock.E102"]),
         ({"db": {"BACKEND": "django_redlock.backends.nope.NoLocks"}}, ["django_redlock.E103"]),
@@ -123,6 +136,13 @@ def ids(messages) -> list[str]:
         ({"db": {**DB, "TIMEOUT": 3}}, ["django_redlock.E104"]),
         ({"db": {**DB, "OPTIONS": {"retry_count": -1}}}, ["django_redlock.E104"]),
         ({"db": {**DB, "OPTIONS": {"retry_delay": "0.2"}}}, ["django_redlock.E104"]),
+        ({"db": {**DB, "OPTIONS": {"max_poll": -1}}}, ["django_redlock.E104"]),
+        ({"db": {**DB, "OPTIONS": {"max_poll": 0}}}, ["django_redlock.E104"]),
+        ({"db": {**DB, "OPTIONS": {"pessimistic": "no"}}}, ["django_redlock.E104"]),
+        ({"zk": {**ZK, "OPTIONS": {**ZK["OPTIONS"], "session_timeout": -5}}}, [E104]),
+        ({"zk": {**ZK, "OPTIONS": {**ZK["OPTIONS"], "connect_timeout": math.nan}}}, [E104]),
+        ({"etcd": {**ETCD, "OPTIONS": {**ETCD["OPTIONS"], "request_timeout": -1}}}, [E104]),
+        ({"etcd": {**ETCD, "OPTIONS": {**ETCD["OPTIONS"], "request_timeout": 0}}}, [E104]),
     ],
 )
 def test_checks(backends, expected) -> None:
@@ -132,6 +152,20 @@ def test_checks(backends, expected) -> None:
     for message in messages:
         if message.id in expected:
             assert "REDLOCK['BACKENDS']" in message.msg or "BACKENDS" in message.msg
+
+
+def test_sqlite_with_atomic_requests_is_warned_about(monkeypatch) -> None:
+    """W101: under ATOMIC_REQUESTS a view that wrote holds SQLite's only write lock, so its
+    lock cannot be released until the request ends."""
+    from django.db import connections
+
+    assert connections["default"].vendor == "sqlite"
+    with override_settings(REDLOCK=redlock_with({"db": DB})):
+        monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", False)
+        assert not [m for m in checks.run_checks(tags=["django_redlock"]) if m.id.endswith("W101")]
+        monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+        found = [m for m in checks.run_checks(tags=["django_redlock"]) if m.id.endswith("W101")]
+    assert len(found) == 1 and "'db'" in found[0].msg and "ATOMIC_REQUESTS" in found[0].msg
 
 
 def test_deploy_check_reports_an_unreachable_service() -> None:

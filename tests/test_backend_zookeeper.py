@@ -25,6 +25,7 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_force_release,
     test_handover,
     test_names,
+    test_names_that_a_collation_would_equate_are_distinct_locks,
     test_not_connected_until_used,
     test_timeout_none_is_the_retry_policy,
     test_waiter_wakes_on_release,

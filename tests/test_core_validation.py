@@ -97,6 +97,26 @@ def test_longest_name_is_accepted(redis_nodes, untouched) -> None:
         rl.close()
 
 
+TOKEN_CASES = [
+    (5, TypeError, r"\b5\b"),
+    (b"tok", TypeError, r"b'tok'"),
+    ("", ValueError, r"empty"),
+]
+
+
+@pytest.mark.parametrize(
+    ("token", "exc", "match"), TOKEN_CASES, ids=[repr(c[0]) for c in TOKEN_CASES]
+)
+def test_bad_token(redis_nodes, untouched, token, exc, match) -> None:
+    rl = Redlock(redis_nodes.urls)
+    try:
+        _raises(untouched, exc, match, lambda: rl.release_token("t", token))
+        _raises(untouched, exc, match, lambda: rl.extend_token("t", token, 5))
+        _raises(untouched, exc, match, lambda: rl.force_release("t", token))
+    finally:
+        rl.close()
+
+
 # --------------------------------------------------------------------------- numbers
 
 TTL_CASES = [

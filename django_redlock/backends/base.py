@@ -41,6 +41,7 @@ from ..core import (
     check_positive,
     check_retry_count,
     check_timeout,
+    check_token,
     emit,
 )
 from ..core import check_name as core_check_name
@@ -369,13 +370,14 @@ class BackendLocks:
         """Release ``name`` if ``token`` still holds it (a lock handed over with
         :meth:`BackendLock.detach`): 1, or 0 when another holder has it by now."""
         check_name(name)
-        return self._remove(name, token)
+        return self._remove(name, check_token(token))
 
     def extend_token(self, name: str, token: str, ttl: float) -> bool:
         """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it."""
         check_name(name)
-        grant = self._adopt(name, token)
-        return grant is not None and bool(self._renew(grant, check_positive("ttl", ttl)))
+        ttl = check_positive("ttl", ttl)
+        grant = self._adopt(name, check_token(token))
+        return grant is not None and bool(self._renew(grant, ttl))
 
     def live_locks(self, pattern: str = "*") -> Iterator[LockInfo]:
         """Every live lock whose name matches the glob ``pattern``, by name."""
@@ -391,7 +393,7 @@ class BackendLocks:
         """Remove ``name`` whoever holds it (only ``token``'s hold, when given); 1 or 0.
         The former holder learns it lost the lock at its next renewal, check or release."""
         check_name(name)
-        removed = self._remove(name, token)
+        removed = self._remove(name, None if token is None else check_token(token))
         if removed:
             self._emit(LockEvent("force_released", name, token=token, nodes=removed))
         return removed

@@ -1,4 +1,5 @@
-"""System checks for ``REDLOCK["BACKENDS"]`` (ids E101-E106, listed in docs/checks.rst).
+"""System checks for ``REDLOCK["BACKENDS"]`` (ids E101-E106 and W101, listed in
+docs/checks.rst).
 
 Building a backend opens no connection, so the settings checks build each one to let its
 constructor judge the options; only the deploy check (``check --deploy``) talks to the
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Warning, register
 
 from ..conf import get_config
 from .registry import build_backend
@@ -66,7 +67,8 @@ def _entries() -> tuple[dict[str, Any], list[CheckMessage]]:
 def check_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E101 malformed BACKENDS, E102 entry without BACKEND, E103 backend path that does not
     import, E104 options the backend refuses (missing, unknown or bad values), E106 a
-    database that cannot hold locks (a private in-memory SQLite database)."""
+    database that cannot hold locks (a private in-memory SQLite database), W101 a database
+    setting under which the locks misbehave (SQLite with ATOMIC_REQUESTS)."""
     entries, messages = _entries()
     for alias, entry in entries.items():
         try:
@@ -89,6 +91,18 @@ def check_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             reason = getattr(backend, "unusable_reason", lambda: None)()
             if reason:
                 messages.append(_error(106, f"REDLOCK['BACKENDS'][{alias!r}]: {reason}"))
+            caveat = getattr(backend, "caveat", lambda: None)()
+            if caveat:
+                messages.append(
+                    Warning(
+                        f"REDLOCK['BACKENDS'][{alias!r}]: {caveat}",
+                        hint="Turn ATOMIC_REQUESTS off for that database and release locks "
+                        "outside transaction.atomic() blocks that write, or use PostgreSQL or "
+                        "MySQL/MariaDB.",
+                        obj=OBJ,
+                        id="django_redlock.W101",
+                    )
+                )
             backend.close()
     return messages
 

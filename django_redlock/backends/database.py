@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..core import LockInfo, NodeHealth
+from ..core import LockInfo, NodeHealth, check_positive
 from .base import BackendLock, BackendLocks, Grant, holder_meta, utc_from_micros
 
 __all__ = ["DatabaseLocks"]
@@ -125,10 +125,14 @@ class DatabaseLocks(BackendLocks):
         self.vendor = connections[using].vendor
         if self.vendor not in NOW_US:
             raise ValueError(f"DatabaseLocks: database {using!r} ({self.vendor}) is not supported")
+        if not isinstance(pessimistic, bool):
+            raise TypeError(
+                f"DatabaseLocks: pessimistic must be True or False, got {pessimistic!r}"
+            )
         if pessimistic and self.vendor == "sqlite":
             raise ValueError("DatabaseLocks: pessimistic=True needs PostgreSQL or MySQL/MariaDB")
-        self.pessimistic = bool(pessimistic)
-        self.max_poll = float(max_poll)
+        self.pessimistic = pessimistic
+        self.max_poll = check_positive("max_poll", max_poll)
         self._now = NOW_US[self.vendor]
         self._local = threading.local()
         self._opened: list[Any] = []
@@ -149,6 +153,20 @@ class DatabaseLocks(BackendLocks):
                 f"({name!r}) that every connection sees as its own empty copy; the lock "
                 "connections would not see each other's locks. Use a file, or a shared-cache "
                 "URI such as 'file:locks?mode=memory&cache=shared' (one process only)."
+            )
+        return None
+
+    def caveat(self) -> str | None:
+        """A setting under which these locks misbehave, or None (system check W101)."""
+        from django.db import connections
+
+        if self.vendor == "sqlite" and connections[self.using].settings_dict.get("ATOMIC_REQUESTS"):
+            return (
+                f"DatabaseLocks: SQLite database {self.using!r} has ATOMIC_REQUESTS=True. SQLite "
+                "has one writer: a view that writes holds the write lock until its request "
+                "ends, so releasing the view's lock (a write on the lock's own connection) "
+                "waits for it, fails with 'database is locked' after the busy timeout, and the "
+                "lock stays held until its lease ends."
             )
         return None
 
@@ -335,6 +353,10 @@ class DatabaseLocks(BackendLocks):
         nowait = "" if blocking else " NOWAIT"
         wrapper = self._open()
         try:
+            wrapper.ensure_connection()  # reading the server's kind must not open and close it
+            if left is not None and self.vendor == "mysql" and wrapper.mysql_is_mariadb:
+                # MariaDB can stop the statement itself at the fraction of a second.
+                wait += f", SESSION max_statement_time = {left:.3f}"
             with wrapper.cursor() as cursor:
                 cursor.execute(BEGIN[self.vendor])
                 cursor.execute(wait)

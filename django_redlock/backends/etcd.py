@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
-from ..core import LockInfo, NodeHealth
+from ..core import LockInfo, NodeHealth, check_positive
 from .base import (
     BackendLock,
     BackendLocks,
@@ -175,7 +175,7 @@ class EtcdLocks(BackendLocks):
             raise ValueError(f"EtcdLocks: root must look like /locks, got {root!r}")
         self.endpoints = list(endpoints)
         self.root = root
-        self.gateway = _Gateway(self.endpoints, float(request_timeout))
+        self.gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
 
     def _prefix(self, name: str) -> str:
         return f"{self.root}/{quote(name, safe='')}/"

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, unquote
 
-from ..core import LockInfo, NodeHealth
+from ..core import LockInfo, NodeHealth, check_positive
 from .base import (
     BackendLock,
     BackendLocks,
@@ -88,8 +88,8 @@ class ZooKeeperLocks(BackendLocks):
             )
         self.hosts = hosts
         self.root = root
-        self.session_timeout = float(session_timeout)
-        self.connect_timeout = float(connect_timeout)
+        self.session_timeout = check_positive("session_timeout", session_timeout)
+        self.connect_timeout = check_positive("connect_timeout", connect_timeout)
         self.client = KazooClient(hosts=hosts, timeout=self.session_timeout)
         self.client.add_listener(self._on_state)
         self._grants: weakref.WeakSet[Grant] = weakref.WeakSet()

@@ -37,6 +37,7 @@ from .validation import (
     check_prefix,
     check_retry_count,
     check_timeout,
+    check_token,
 )
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "check_prefix",
     "check_retry_count",
     "check_timeout",
+    "check_token",
     "emit",
     "glob_escape",
     "node_identity",

@@ -37,6 +37,7 @@ from .validation import (
     check_prefix,
     check_retry_count,
     check_timeout,
+    check_token,
 )
 
 __all__ = [
@@ -485,15 +486,18 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return sum(1 for r in replies if r == 1) >= self.quorum
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
+        token = None if token is None else check_token(token)
         replies = yield Send(to_every_node(self._force_release_command(name, token)))
         return self._judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
-        replies = yield Send(to_every_node(self._release_command(check_name(name), token)))
+        command = self._release_command(check_name(name), check_token(token))
+        replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
-        command = self._extend_token_command(check_name(name), token, self._check_extend_ttl(ttl))
+        ttl = self._check_extend_ttl(ttl)
+        command = self._extend_token_command(check_name(name), check_token(token), ttl)
         replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if r == 1) >= self.quorum
 

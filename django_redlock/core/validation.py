@@ -22,6 +22,7 @@ __all__ = [
     "check_prefix",
     "check_retry_count",
     "check_timeout",
+    "check_token",
 ]
 
 #: Longest lock name accepted (characters). Longer names are almost always a bug (a whole
@@ -130,6 +131,15 @@ def check_timeout(value: object) -> float | None:
             "(float('inf') waits for ever)"
         )
     return number
+
+
+def check_token(token: object) -> str:
+    """A holder's token as :attr:`Lock.token` or ``detach()`` handed it out: a non-empty str."""
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a str, got {token!r}")
+    if not token:
+        raise ValueError("token must not be empty")
+    return token
 
 
 def check_meta(meta: object, *, str_keys: bool = True) -> dict[str, Any]:

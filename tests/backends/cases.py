@@ -277,6 +277,15 @@ def test_bad_input(make: Make, name: str) -> None:
     if not locks.fair:
         with pytest.raises(ValueError, match="fair"):
             locks.lock(name, fair=True)
+    for token, error in [(5, TypeError), (b"tok", TypeError), ("", ValueError)]:
+        with pytest.raises(error, match="token"):
+            locks.release_token(name, token)
+        with pytest.raises(error, match="token"):
+            locks.extend_token(name, token, 5)
+        with pytest.raises(error, match="token"):
+            locks.force_release(name, token)
+    with pytest.raises(ValueError, match="ttl"):
+        locks.extend_token(name, "some-token", float("nan"))
     assert not locks.locked(name) and locks.lock_info(name) is None  # nothing half-taken
 
 
@@ -410,6 +419,26 @@ def test_names(make: Make) -> None:
         locks.lock(f"{tag}:a\x00b")
     with pytest.raises(ValueError, match="513"):
         locks.lock("x" * 513)
+
+
+def test_names_that_a_collation_would_equate_are_distinct_locks(make: Make) -> None:
+    """Names differing only in case, accents or trailing spaces are different locks (a
+    case- and accent-insensitive column once made them one on MariaDB)."""
+    locks = make()
+    tag = secrets.token_hex(4)
+    for held, other in (("Invoice:42", "invoice:42"), ("report", "report "), ("café", "cafe")):
+        held, other = f"{tag}:{held}", f"{tag}:{other}"
+        lock = locks.lock(held, ttl=5)
+        assert lock.acquire(blocking=False)
+        try:
+            assert not locks.locked(other) and locks.lock_info(other) is None
+            assert [i.name for i in locks.live_locks(glob_escape(other))] == []
+            assert locks.force_release(other) == 0 and lock.check()
+            free = locks.lock(other, ttl=5)
+            assert free.acquire(blocking=False), other
+            free.release()
+        finally:
+            lock.release()
 
 
 def test_not_connected_until_used(make_dead: Make, name: str) -> None:

@@ -26,6 +26,7 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_force_release,
     test_handover,
     test_names,
+    test_names_that_a_collation_would_equate_are_distinct_locks,
     test_timeout_none_is_the_retry_policy,
     test_waiter_wakes_on_release,
 )
@@ -127,6 +128,25 @@ def test_pessimistic_holder_sigkill_frees_at_once(make, name) -> None:
     """The dead holder's connection ends its transaction: free long before its 30 s lease."""
     spec, env = child_spec(name, pessimistic=True)
     cases.holder_killed(lambda: make(pessimistic=True), {**spec, "ttl": 30.0}, env, bound=5.0)
+
+
+@pytest.mark.skipif(not PESSIMISTIC, reason="SQLite has no SELECT ... FOR UPDATE")
+def test_pessimistic_wait_honours_a_fraction_of_a_second(make, name) -> None:
+    """A blocked pessimistic acquire gives up at its timeout, not at the next whole second
+    (MariaDB's innodb_lock_wait_timeout counts whole seconds; MySQL's does, too)."""
+    locks = make(pessimistic=True)
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    whole_seconds = connection.vendor == "mysql" and not connection.mysql_is_mariadb
+    try:
+        for timeout in (0.2, 0.6):
+            start = time.monotonic()
+            assert not locks.lock(name, ttl=5).acquire(timeout=timeout)
+            waited = time.monotonic() - start
+            expected = 1.0 if whole_seconds else timeout
+            assert expected <= waited < expected + 0.3, (timeout, waited)
+    finally:
+        holder.release()
 
 
 @pytest.mark.skipif(not PESSIMISTIC, reason="SQLite has no SELECT ... FOR UPDATE")
