@@ -16,7 +16,9 @@ default) or, with ``--pool prefork``, as a ``celery worker`` subprocess. Scenari
 
 ``burst``     (``--burst``) the issue's scenario on a prefork worker with 4 processes: 20 tasks
               on one key, each holding it 100 ms, against the serial ideal (20 x 100 ms),
-              with the default ``on_locked="retry"`` and with ``"wait"``; the same burst
+              with the default ``on_locked="retry"`` on a fresh worker (no process has
+              finished a hold, so no holder knows its typical hold) and once every process
+              has, and with ``"wait"``; the same burst
               while 20 tasks on other keys are sent (those must not wait for the burst);
               and the peers celery-once and celery-singleton, which do not serialize a
               burst at all: they drop (celery-once) or merge (celery-singleton) the
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -142,7 +145,19 @@ def burst(
     from testproject.celery_app import app
 
     rows: list[tuple[str, dict[str, float]]] = []
+
+    def one_key(options: dict[str, Any]) -> list[Callable[[], Any]]:
+        key = f"burst-{uuid.uuid4().hex[:6]}"
+        return [lambda: tasks.bench_locked.apply_async((key, hold), **options)] * n
+
     with worker(app, "prefork", 4, env, include="testproject.bench_tasks"):
+        # A fresh worker first: no process has held a key, so no holder knows its typical hold.
+        rows.append(
+            (
+                "LockedTask retry (default), one key, cold worker",
+                run_batch(broker, one_key({}), 300),
+            )
+        )
         warm = [lambda i=i: tasks.bench_locked.delay(f"warm{i}", hold) for i in range(8)]
         run_batch(broker, warm, 120)
         # Every process has held a key once, so holders publish their typical hold.
@@ -152,13 +167,7 @@ def burst(
             ("LockedTask wait", {"on_locked": "wait", "lock_wait": 60}),
         ]
         for label, options in policies:
-            key = f"burst-{uuid.uuid4().hex[:6]}"
-            sends = [
-                lambda key=key, options=options: tasks.bench_locked.apply_async(
-                    (key, hold), **options
-                )
-            ] * n
-            rows.append((f"{label}, one key", run_batch(broker, sends, 300)))
+            rows.append((f"{label}, one key", run_batch(broker, one_key(options), 300)))
         others = [
             lambda i=i: tasks.bench_locked.delay(f"other-{uuid.uuid4().hex[:6]}-{i}", hold)
             for i in range(n)

@@ -98,8 +98,12 @@ task_dropped = Signal(name="task_dropped")
 DEFAULT_TTL = 30.0
 DEFAULT_WAIT = 30.0
 DEFAULT_RETRY_JITTER = 0.5
-#: Countdown of a lock retry when the holder's typical hold is unknown (doubles per retry).
+#: Countdown of a lock retry when the holder's typical hold is unknown (doubles per retry,
+#: up to :data:`MAX_UNKNOWN_HOLD_DELAY`).
 UNKNOWN_HOLD_DELAY = 0.25
+#: Longest countdown while the typical hold is unknown (a fresh worker's first burst): a
+#: blind backoff that kept doubling left a burst of short tasks idle for seconds between holds.
+MAX_UNKNOWN_HOLD_DELAY = 1.0
 #: Later lock retries spread over up to this many typical holds (1, 2, 4, ... per retry).
 MAX_SPREAD = 4
 #: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
@@ -806,11 +810,18 @@ class LockedTask(Task):
         doubling = 2 ** min(lock_retries, _MAX_DOUBLINGS)
         typical = holder.get(TYPICAL_HOLD) or _hold_times.typical(self.name)
         if opts.retry_delay is not None or not typical:
-            base = (opts.retry_delay or UNKNOWN_HOLD_DELAY) * doubling
+            if opts.retry_delay is not None:
+                base = opts.retry_delay * doubling
+            else:
+                base = min(UNKNOWN_HOLD_DELAY * doubling, MAX_UNKNOWN_HOLD_DELAY)
             delay = min(base, lease) if lease > 0 else base
             delay = max(delay, 0.05) * (1 + random.uniform(0, opts.retry_jitter))
         else:
-            free_in = expected_free_in(holder, holder.get("age"), lease) if lease > 0 else 0.0
+            # The holder's own typical hold, else what this process saw of this task's holds:
+            # a holder in a process that has not finished a hold yet publishes none, and its
+            # remaining lease would send every retry far past its real end.
+            estimate = {**holder, TYPICAL_HOLD: typical}
+            free_in = expected_free_in(estimate, holder.get("age"), lease) if lease > 0 else 0.0
             spread = float(typical) * min(doubling, MAX_SPREAD) * (1 + opts.retry_jitter)
             delay = max(free_in + random.uniform(0, spread), 0.02)
         return round(delay, 3)

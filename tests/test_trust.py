@@ -120,6 +120,19 @@ def test_manage_redlock_trust_asks_first(trust_settings, monkeypatch) -> None:
     assert "Trusted 2 of 3" in _call("trust")
 
 
+def test_manage_redlock_trust_without_a_terminal_is_refused_not_a_traceback(
+    trust_settings, monkeypatch
+) -> None:
+    def closed_stdin(prompt: str) -> str:
+        raise EOFError  # what input() does when stdin is /dev/null or closed
+
+    monkeypatch.setattr("builtins.input", closed_stdin)
+    with pytest.raises(CommandError, match="--yes") as info:
+        _call("trust")
+    assert info.value.returncode == 3
+    assert all(b"trusted" not in m or m[b"trusted"] == b"0" for m in _markers(trust_settings))
+
+
 def test_manage_redlock_trust_refuses_while_a_lock_is_held(trust_settings) -> None:
     from django_redlock import get_redlock
 

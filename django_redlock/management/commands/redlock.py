@@ -122,10 +122,19 @@ class Command(BaseCommand):
                 returncode=USAGE,
             )
         if not yes:
-            answer = input(
-                f"Let every reachable node of {len(redlock.nodes)} vote at once? Only safe when "
-                "no lock is held anywhere (the command checks the reachable nodes). [y/N] "
-            )
+            try:
+                answer = input(
+                    f"Let every reachable node of {len(redlock.nodes)} vote at once? Only safe "
+                    "when no lock is held anywhere (the command checks the reachable nodes). "
+                    "[y/N] "
+                )
+            except EOFError:  # no terminal (a script, stdin closed): nobody said yes
+                self.stdout.write("")
+                raise CommandError(
+                    "Not confirmed (no answer on standard input; pass --yes in scripts); "
+                    "nothing changed.",
+                    returncode=REFUSED,
+                ) from None
             if answer.strip().lower() not in ("y", "yes"):
                 raise CommandError("Not confirmed; nothing changed.", returncode=REFUSED)
         try:
