@@ -73,6 +73,8 @@ def configure_django() -> None:
     import django
     from django.conf import settings
 
+    from testproject.databases import server_database
+
     if settings.configured:
         return
     sqlite = os.environ.get("REDLOCK_BENCH_SQLITE") or str(
@@ -84,25 +86,9 @@ def configure_django() -> None:
             "NAME": sqlite,
             "OPTIONS": {"timeout": 30},
         },
-        "postgres": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": BENCH_DB,
-            "HOST": os.environ.get("REDLOCK_PG_HOST", "127.0.0.1"),
-            "USER": "postgres",
-        },
-        "mysql": {
-            "ENGINE": "django.db.backends.mysql",
-            "NAME": BENCH_DB,
-            "HOST": os.environ.get("REDLOCK_MYSQL_HOST", "127.0.0.1"),
-            "USER": "root",
-        },
+        "postgres": server_database("postgres", BENCH_DB),
+        "mysql": server_database("mysql", BENCH_DB),
     }
-    try:
-        import MySQLdb  # noqa: F401
-    except ImportError:
-        import pymysql
-
-        pymysql.install_as_MySQLdb()
     settings.configure(
         DATABASES=databases,
         INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_redlock"],

@@ -340,7 +340,7 @@ class LockedTask(Task):
     abstract = True  # Celery < 5 compatibility; ignored by Celery 5
     # Acknowledge after the run, and requeue when the pool process dies: with Celery's early
     # acknowledgement a worker killed mid-task loses the task for good. The lock keeps the
-    # redelivered copy from overlapping a run that is still going (see _own_dead_attempt).
+    # redelivered copy from overlapping a run that is still going (see _contend).
     acks_late = True
     reject_on_worker_lost = True
     lock_key: Any = None
@@ -621,10 +621,11 @@ class LockedTask(Task):
             meta=meta,
         )
         wait = opts.effective_wait()
+        holder: dict[str, Any] | None = None
         try:
-            acquired = lock.acquire(
-                blocking=wait > 0, timeout=wait if wait > 0 else None
-            ) or self._contend(redlock, lock, request, opts, name)
+            acquired = lock.acquire(blocking=wait > 0, timeout=wait if wait > 0 else None)
+            if not acquired:
+                acquired, holder = self._contend(redlock, lock, request, opts, name)
         except QuorumError as exc:
             # Too few nodes answered: nobody knows whether the key is free. "retry" and "skip"
             # re-schedule (a skip needs a holder to skip for); "wait" and "raise" fail.
@@ -637,7 +638,7 @@ class LockedTask(Task):
             raise
         if not acquired:
             return self._locked_out(
-                redlock, lock, request, header, opts, name, lock_retries, args, kwargs
+                redlock, lock, request, header, opts, name, lock_retries, args, kwargs, holder
             )
         self._release_queued(redlock, request, header, final=True)
         # Not an attribute of the request: Celery copies unknown request attributes into the
@@ -698,9 +699,13 @@ class LockedTask(Task):
         lock_retries: int,
         args: Any,
         kwargs: Any,
+        holder: dict[str, Any] | None,
     ) -> Any:
+        """Apply ``on_locked``; ``holder`` is the holder as :meth:`_contend` just read it (None:
+        read it now)."""
         policy = opts.on_locked
-        holder = _holder(redlock, name)
+        if holder is None:
+            holder = _holder(redlock, name)
         exc = LockNotAcquired(
             f"task {self.name}[{request.id}]: lock {name!r} is held by {_describe(holder)}",
             name,
@@ -742,13 +747,14 @@ class LockedTask(Task):
 
     def _contend(
         self, redlock: Redlock, lock: Any, request: Any, opts: LockOptions, name: str
-    ) -> bool:
+    ) -> tuple[bool, dict[str, Any] | None]:
         """After a refused attempt: True if the lock was taken after all, because its holder
         was this task's own earlier attempt in a process that is gone, or (``on_locked=
         "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
-        the holder let go while it waited."""
+        the holder let go while it waited. Also the holder it read, while that is still the
+        latest word (nothing was released or waited for since), else None."""
         if _eager(request):
-            return False
+            return False, None
         holder = _holder(redlock, name)
         if (
             request.id
@@ -767,21 +773,23 @@ class LockedTask(Task):
                 holder.get("pid"),
                 freed,
             )
-            return bool(lock.acquire(blocking=False))
+            return bool(lock.acquire(blocking=False)), None
         if opts.on_locked != "retry" or opts.wait or not holder:
-            return False
-        return self._wait_in_slot(redlock, lock, request, name, holder)
+            return False, holder
+        waited = self._wait_in_slot(redlock, lock, request, name, holder)
+        return (False, holder) if waited is None else (waited, None)
 
     def _wait_in_slot(
         self, redlock: Redlock, lock: Any, request: Any, name: str, holder: Mapping[str, Any]
-    ) -> bool:
+    ) -> bool | None:
         """Block for the lock if no other task of this key is blocking for it already (one
         worker slot per key waits, woken by the release; the others are re-scheduled). The
         wait ends with the holder's current lease, and after :data:`MAX_SLOT_WAIT`: a long
-        hold is waited for by re-scheduling, not by a blocked slot."""
+        hold is waited for by re-scheduling, not by a blocked slot. Whether the lock was
+        taken; None when this task did not wait (the slot is taken)."""
         slot_name = name + WAITER_SUFFIX
         if len(slot_name) > MAX_KEY_LENGTH:
-            return False
+            return None
         wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
         slot = redlock.lock(
             slot_name,
@@ -792,9 +800,9 @@ class LockedTask(Task):
         )
         try:
             if not slot.acquire(blocking=False):
-                return False
+                return None
         except QuorumError:
-            return False
+            return None
         try:
             return bool(lock.acquire(blocking=True, timeout=wait))
         finally:
@@ -820,7 +828,7 @@ class LockedTask(Task):
             # The holder's own typical hold, else what this process saw of this task's holds:
             # a holder in a process that has not finished a hold yet publishes none, and its
             # remaining lease would send every retry far past its real end.
-            estimate = {**holder, TYPICAL_HOLD: typical}
+            estimate = {TYPICAL_HOLD: typical}
             free_in = expected_free_in(estimate, holder.get("age"), lease) if lease > 0 else 0.0
             spread = float(typical) * min(doubling, MAX_SPREAD) * (1 + opts.retry_jitter)
             delay = max(free_in + random.uniform(0, spread), 0.02)

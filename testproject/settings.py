@@ -54,30 +54,10 @@ TEMPLATES = [
 ]
 
 _DB = os.environ.get("REDLOCK_TEST_DB", "sqlite")
-if _DB == "postgres":
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": "test",
-            "HOST": "127.0.0.1",
-            "USER": "postgres",
-        }
-    }
-elif _DB == "mysql":
-    try:
-        import MySQLdb  # noqa: F401  (mysqlclient, when installed)
-    except ImportError:  # PyMySQL: pure Python, nothing to compile
-        import pymysql
+if _DB in ("postgres", "mysql"):
+    from testproject.databases import server_database
 
-        pymysql.install_as_MySQLdb()
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.mysql",
-            "NAME": "test",
-            "HOST": "127.0.0.1",
-            "USER": "root",
-        }
-    }
+    DATABASES = {"default": server_database(_DB, "test")}
 else:
     DATABASES = {
         "default": {

@@ -8,8 +8,9 @@ import pytest as _pytest  # noqa: E402
 # ---- REDLOCK_REQUIRE_ALL=1 (set by .ci/run): a skipped test is a failed test --------------
 @_pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """CI installs every optional service (Chromium, PostgreSQL, MariaDB), so a test that
-    still skips means something is missing there: report it as a failure, not a skip."""
+    """CI provides every optional service (.ci/run installs Chromium, ZooKeeper, etcd and
+    RabbitMQ, and starts PostgreSQL and MariaDB), so a test that still skips means something
+    is missing there: report it as a failure, not a skip."""
     outcome = yield
     report = outcome.get_result()
     if (

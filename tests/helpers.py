@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from django_redlock.testing import RedisCluster, RedisNode
+from testproject.databases import server_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "redlock"
@@ -117,3 +118,41 @@ def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[st
 
 def cluster_urls(cluster: RedisCluster) -> list[str]:
     return list(cluster.urls)
+
+
+# ---- the database servers (PostgreSQL, MariaDB/MySQL) of the database tests -------------------
+
+
+def database_unreachable(kind: str) -> str | None:
+    """Why the ``kind`` ("postgres" or "mysql") server of testproject/databases.py cannot be
+    used, or None when it can."""
+    host = server_database(kind, "test")["HOST"]
+    try:
+        if kind == "postgres":
+            import psycopg
+
+            psycopg.connect(host=host, user="postgres", dbname="test", connect_timeout=3).close()
+        else:
+            import pymysql
+
+            pymysql.connect(host=host, user="root", database="test", connect_timeout=3).close()
+    except ImportError as exc:
+        return f"no driver for {kind}: {exc}"
+    except Exception as exc:
+        return f"{kind} at {host} is not reachable: {exc}"
+    return None
+
+
+def run_pytest(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """pytest in a child process from the repository root (without the cache and the
+    hypothesis plugin, which alone takes seconds to import): its exit code and its output."""
+    plugins_off = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "-q", *plugins_off],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result.returncode, result.stdout + result.stderr

@@ -215,7 +215,8 @@ def test_locked_async_function_on_the_alias() -> None:
 def test_locked_task_takes_the_lock_on_lock_using() -> None:
     """LockedTask(lock_using=alias) locks on that backend (run in-process with apply();
     tests/test_celery.py covers the worker machinery, which does not depend on the backend)."""
-    celery = pytest.importorskip("celery")
+    import celery
+
     from django_redlock.celery import LockedTask
 
     app = celery.Celery("backend-registry", broker="memory://", backend="cache+memory://")

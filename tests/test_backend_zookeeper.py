@@ -8,10 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("kazoo", reason="kazoo is not installed (extra 'zookeeper')")
-
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient  # in the test extra: a missing kazoo is an error here
 
 from django_redlock import LockLost
 from django_redlock.backends.zookeeper import ZooKeeperLocks

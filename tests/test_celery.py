@@ -25,12 +25,10 @@ from celery.worker import state as worker_state
 
 from django_redlock import LockNotAcquired, QuorumError, Redlock
 from django_redlock.celery import (
-    DEFAULT_DEDUPE_TTL,
     MAX_UNKNOWN_HOLD_DELAY,
     SKIPPED,
     UNKNOWN_HOLD_DELAY,
     LockedTask,
-    LockOptions,
     default_lock_key,
     release_held_locks,
     task_dropped,
@@ -699,30 +697,25 @@ def test_bad_options_are_refused_early():
         tasks.critical.lock_options({"key": 42})
 
 
-#: LockedTask's defaults for on_locked="retry" (what _countdown sees for a plain task).
-DEFAULT_RETRY_OPTIONS = LockOptions(
-    key=None,
-    ttl=None,
-    on_locked="retry",
-    wait=None,
-    renew=False,
-    retry_counts=False,
-    max_retries=None,
-    retry_delay=None,
-    retry_jitter=0.5,
-    dedupe=False,
-    dedupe_ttl=DEFAULT_DEDUPE_TTL,
-)
+@pytest.fixture
+def hold_times(monkeypatch):
+    """A fresh record of typical holds for this process (no task has finished a hold)."""
+    from django_redlock import celery as celery_module
+    from django_redlock.holders import HoldTimes
+
+    fresh = HoldTimes()
+    monkeypatch.setattr(celery_module, "_hold_times", fresh)
+    return fresh
 
 
-def test_retry_countdown_without_a_known_hold_stays_short() -> None:
+def test_retry_countdown_without_a_known_hold_stays_short(hold_times) -> None:
     """Until some holder has published its typical hold (a fresh worker's first burst), the
     countdown doubles from UNKNOWN_HOLD_DELAY but never past MAX_UNKNOWN_HOLD_DELAY (plus
     jitter): a blind backoff that kept doubling up to the 30 s lease once left a cold burst
     of 100 ms tasks idle for seconds between holds. An explicit lock_retry_delay keeps its
     plain exponential backoff, capped by the holder's lease."""
-    opts = DEFAULT_RETRY_OPTIONS
     task = tasks.bench_locked
+    opts = task.lock_options()  # the defaults: on_locked="retry", no lock_retry_delay
     holder = {"ttl": 30.0}  # a holder that never said how long it usually holds
     countdowns = [task._countdown(opts, retries, holder) for retries in range(12)]
     assert countdowns[0] >= UNKNOWN_HOLD_DELAY
@@ -732,20 +725,15 @@ def test_retry_countdown_without_a_known_hold_stays_short() -> None:
 
 
 def test_retry_countdown_uses_this_process_typical_hold_when_the_holder_has_none(
-    monkeypatch,
+    hold_times,
 ) -> None:
     """A holder in a process that has not finished a hold yet publishes no typical hold; a
     retrying task that knows the typical hold of its own kind comes back about then, not at
     the end of the holder's 30 s lease (a fresh worker's burst once idled ~10 s that way)."""
-    from django_redlock import celery as celery_module
-    from django_redlock.holders import HoldTimes
-
-    hold_times = HoldTimes()
-    monkeypatch.setattr(celery_module, "_hold_times", hold_times)
     task = tasks.bench_locked
     for _ in range(5):
         hold_times.record(task.name, 0.1)
-    opts = DEFAULT_RETRY_OPTIONS
+    opts = task.lock_options()
     holder = {"ttl": 30.0, "age": 0.02}  # no typical hold in the holder's metadata
     countdowns = [task._countdown(opts, retries, holder) for retries in range(6)]
     assert max(countdowns) < 1.0, countdowns

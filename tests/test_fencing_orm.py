@@ -13,9 +13,6 @@ import multiprocessing
 import os
 import re
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 import uuid
 
@@ -27,7 +24,7 @@ from django.db.models import F
 
 from django_redlock.fencing import afenced_update, fenced_update
 from testproject.models import Account
-from tests.helpers import REPO_ROOT
+from tests.helpers import database_unreachable, run_pytest
 
 CTX = multiprocessing.get_context("fork")
 
@@ -204,84 +201,20 @@ def test_story_paused_holder_write_is_rejected(redis_nodes, make_redlock) -> Non
 
 # ---------------------------------------------------------------- the other databases
 
-_SERVERS = {
-    "postgres": "PostgreSQL at 127.0.0.1 (user postgres, db test)",
-    "mysql": "MariaDB/MySQL at 127.0.0.1 (user root, db test)",
-}
-
-_BOOT = textwrap.dedent("""
-    import os, sys
-    if os.environ["REDLOCK_TEST_DB"] == "mysql":
-        try:
-            import MySQLdb  # noqa: F401  (mysqlclient)
-        except ImportError:
-            import pymysql
-            pymysql.install_as_MySQLdb()
-    import pytest
-    sys.exit(pytest.main(sys.argv[1:]))
-""")
-
-
-def _unreachable(kind: str) -> str | None:
-    """Why the server cannot be used, or None when it can."""
-    try:
-        if kind == "postgres":
-            import psycopg
-
-            psycopg.connect(
-                host="127.0.0.1", user="postgres", dbname="test", connect_timeout=3
-            ).close()
-        else:
-            try:
-                import MySQLdb as driver
-            except ImportError:
-                import pymysql as driver
-            driver.connect(
-                host="127.0.0.1", user="root", database="test", connect_timeout=3
-            ).close()
-    except ImportError as exc:
-        return f"no driver for {_SERVERS[kind]}: {exc}"
-    except Exception as exc:
-        return f"{_SERVERS[kind]} is not reachable: {exc}"
-    return None
-
 
 def _run_on(kind: str) -> None:
     if os.environ.get("REDLOCK_TEST_DB", "sqlite") != "sqlite":
         pytest.skip("already running against a database server")
-    reason = _unreachable(kind)
+    reason = database_unreachable(kind)
     if reason:
-        if os.environ.get("REDLOCK_REQUIRE_ALL") == "1":
-            pytest.fail(f"REDLOCK_REQUIRE_ALL=1 but {reason}")
-        pytest.skip(reason)
+        pytest.skip(reason)  # a failure under REDLOCK_REQUIRE_ALL=1 (tests/conftest.py)
     env = dict(os.environ)
     env["REDLOCK_TEST_DB"] = kind
     # pytest-django appends this to the test database's name (test_test_<suffix>): several
     # runs on one server (engineers, CI jobs) never create or drop each other's database.
     env["TOX_PARALLEL_ENV"] = f"redlock{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _BOOT,
-            "tests/test_fencing_orm.py",
-            "-k",
-            "story or rules",
-            # hypothesis' plugin alone takes seconds to import and is not used here
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:hypothesispytest",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    code, output = run_pytest(["tests/test_fencing_orm.py", "-k", "story or rules"], env, 180)
+    assert code == 0, output[-4000:]
     summary = re.search(r"(\d+) passed", output)
     assert summary and int(summary.group(1)) >= 7 and "skipped" not in output, output[-2000:]
 

@@ -29,7 +29,6 @@ from typing import Any, Protocol, runtime_checkable
 from ..core import (
     HOLDER_PLACE,
     MAX_DURATION,
-    MAX_KEY_LENGTH,
     Lock,
     LockEvent,
     LockInfo,
@@ -47,7 +46,6 @@ from ..core import (
 from ..core import check_name as core_check_name
 
 __all__ = [
-    "MAX_NAME_LENGTH",
     "AsyncBackendLock",
     "AsyncLocks",
     "BackendLock",
@@ -58,10 +56,6 @@ __all__ = [
     "ServiceNode",
     "check_name",
 ]
-
-#: Longest lock name: the core's limit, which the database column and the ZooKeeper/etcd
-#: paths all take.
-MAX_NAME_LENGTH = MAX_KEY_LENGTH
 
 
 @runtime_checkable
@@ -196,7 +190,6 @@ class BackendLock(Lock):
             owner=owner,
             renew_for=renew_for,
         )
-        self.manager = manager
 
 
 class BackendLocks:
@@ -211,8 +204,6 @@ class BackendLocks:
     #: What the management command and the admin page read of a Redlock: one service that
     #: decides alone (its own replication is its business), no restart guard.
     quorum = 1
-    restart_guard = False
-    trust_fresh_cluster = False
 
     #: Redlock's clock-drift allowance; these services time leases themselves.
     drift_factor = 0.0
@@ -344,8 +335,7 @@ class BackendLocks:
         """
         check_name(name)
         lease = self.ttl if ttl is None else check_positive("ttl", ttl)
-        if timeout is not None:
-            timeout = check_timeout(timeout)
+        timeout = check_timeout(timeout)
         details = check_meta(meta)
         if reentrant:
             raise ValueError(f"{type(self).__name__} locks are not reentrant (reentrant=True)")
@@ -479,8 +469,7 @@ class BackendLocks:
             if not math.isinf(grant.valid_until):  # a session lock has no lease end
                 grant.valid_until = started + (ttl if renewed is True else float(renewed))
             return True
-        if not self._still_held(grant):
-            self._mark_lost(grant, "the lock was taken or removed before it could be extended")
+        self._mark_lost(grant, "the lock was taken or removed before it could be extended")
         return False
 
     def _check(self, grant: Grant) -> bool:

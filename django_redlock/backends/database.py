@@ -198,6 +198,27 @@ class DatabaseLocks(BackendLocks):
             self._opened.append(wrapper)
         return wrapper
 
+    def _forget(self, wrapper: Any) -> None:
+        """Close a connection of :meth:`_open` for good (``close()`` need not close it again)."""
+        wrapper.close()
+        with self._opened_lock:
+            if wrapper in self._opened:
+                self._opened.remove(wrapper)
+
+    def _end_mutex(self, wrapper: Any) -> None:
+        """End a pessimistic lock's transaction: the next waiter gets the row. ROLLBACK first:
+        closing alone lets the server drop the row lock only when it notices the closed
+        socket, after a quick re-acquire may already have been refused."""
+        from django.db import Error
+
+        try:
+            with wrapper.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+        except Error:  # the connection is already gone, and its row lock with it
+            pass
+        finally:
+            self._forget(wrapper)
+
     def _sql(self, sql: str, params: Iterable[Any] = (), *, fetch: bool = False) -> Any:
         """Run one statement on this thread's connection: rows (fetch) or the row count."""
         from django.db import Error
@@ -228,10 +249,10 @@ class DatabaseLocks(BackendLocks):
             )
         except BaseException:
             if mutex is not None:
-                _end_mutex(mutex)
+                self._end_mutex(mutex)
             raise
         if grant is None and mutex is not None:
-            _end_mutex(mutex)
+            self._end_mutex(mutex)
         elif grant is not None:
             grant.state = mutex
         return grant
@@ -364,10 +385,10 @@ class DatabaseLocks(BackendLocks):
                     f"SELECT name FROM {MUTEXES} WHERE name = %s FOR UPDATE{nowait}", [name]
                 )
         except OperationalError:
-            wrapper.close()
+            self._forget(wrapper)
             return None
         except BaseException:
-            wrapper.close()
+            self._forget(wrapper)
             raise
         return wrapper
 
@@ -378,7 +399,7 @@ class DatabaseLocks(BackendLocks):
             return self._retrying(self._delete, grant)
         finally:
             if grant.state is not None:
-                _end_mutex(grant.state)
+                self._end_mutex(grant.state)
 
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":
@@ -492,21 +513,6 @@ class DatabaseLocks(BackendLocks):
                 self._listener = _Listener(self._open())
             listener = self._listener
         return listener.subscribe(name)
-
-
-def _end_mutex(wrapper: Any) -> None:
-    """End a pessimistic lock's transaction: the next waiter gets the row. ROLLBACK first:
-    closing alone lets the server drop the row lock only when it notices the closed socket,
-    after a quick re-acquire may already have been refused."""
-    from django.db import Error
-
-    try:
-        with wrapper.cursor() as cursor:
-            cursor.execute("ROLLBACK")
-    except Error:  # the connection is already gone, and its row lock with it
-        pass
-    finally:
-        wrapper.close()
 
 
 def _server_version(wrapper: Any) -> str:

@@ -12,32 +12,10 @@ NAME = os.environ.get("REDLOCK_BACKEND_DB_NAME", "test")
 #: A test database of our own: several runs on one server never drop each other's.
 TEST_NAME = os.environ.get("REDLOCK_BACKEND_TEST_DB", f"test_redlock_backends_{os.getpid()}")
 
-if KIND == "postgres":
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": NAME,
-            "HOST": os.environ.get("REDLOCK_PG_HOST", "127.0.0.1"),
-            "USER": "postgres",
-            "TEST": {"NAME": TEST_NAME},
-        }
-    }
-elif KIND == "mysql":
-    try:
-        import MySQLdb  # noqa: F401  (mysqlclient, when installed)
-    except ImportError:
-        import pymysql
+if KIND in ("postgres", "mysql"):
+    from testproject.databases import server_database
 
-        pymysql.install_as_MySQLdb()
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.mysql",
-            "NAME": NAME,
-            "HOST": os.environ.get("REDLOCK_MYSQL_HOST", "127.0.0.1"),
-            "USER": "root",
-            "TEST": {"NAME": TEST_NAME},
-        }
-    }
+    DATABASES = {"default": server_database(KIND, NAME, TEST={"NAME": TEST_NAME})}
 else:  # a file, so that child processes share it (an in-memory test database is per process)
     DATABASES = {
         "default": {

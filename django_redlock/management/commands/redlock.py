@@ -1,4 +1,4 @@
-"""``manage.py redlock list|release|check``: inspect and manage the live locks.
+"""``manage.py redlock list|release|check|trust``: inspect and manage the live locks.
 
 Exit codes (documented in docs/usage.rst, "Management command"):
 
@@ -80,7 +80,9 @@ class Command(BaseCommand):
             default="default",
             help='lock service: a REDLOCK["BACKENDS"] alias (default: the Redlock over NODES)',
         )
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{list,release,check}")
+        sub = parser.add_subparsers(
+            dest="action", required=True, metavar="{list,release,check,trust}"
+        )
         p_list = sub.add_parser("list", help="live locks across the nodes")
         p_list.add_argument("--pattern", default="*", help="glob on lock names (default *)")
         p_list.add_argument(
