@@ -473,3 +473,33 @@ def test_concurrent_first_use_of_a_fresh_cluster(
             return await asyncio.gather(*(take(i) for i in range(8)))
 
         assert asyncio.run(main()) == [True] * 8, f"round {round_}"
+
+
+def test_a_listener_that_unwatches_while_hearing_does_not_hide_the_next_one() -> None:
+    """A holder's watch that hears its own force release unwatches itself from inside the
+    notice; the next listener on the channel (a waiter) must still hear it (the notice loop
+    once iterated the live list and skipped it)."""
+    from types import SimpleNamespace
+
+    from django_redlock.core.asyncio import _Notices
+
+    loop = asyncio.new_event_loop()
+    try:
+        notices = _Notices(SimpleNamespace(nodes=[]), loop)  # type: ignore[arg-type]
+        heard: list[str] = []
+
+        class Watch:
+            def __init__(self, label: str, leave: bool) -> None:
+                self.label, self.leave = label, leave
+
+            def hear(self, node: int, token: bytes) -> None:
+                heard.append(self.label)
+                if self.leave:
+                    notices.unwatch(b"chan", self)
+
+        notices.watch(b"chan", Watch("holder", leave=True))
+        notices.watch(b"chan", Watch("waiter", leave=False))
+        notices._on_message(0, [b"message", b"chan", b"token"])
+        assert heard == ["holder", "waiter"]
+    finally:
+        loop.close()

@@ -508,7 +508,9 @@ class _Notices:
             return
         kind, channel = message[0], message[1]
         if kind == b"message":
-            for notice in self._waiters.get(channel, ()):
+            # A copy: a listener may unwatch itself while hearing (a holder marking its lock
+            # lost), which must not hide the next one.
+            for notice in list(self._waiters.get(channel, ())):
                 notice.hear(index, message[2])
         elif kind == b"subscribe":
             confirmed = self._confirmed.get(channel)
