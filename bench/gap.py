@@ -1,0 +1,193 @@
+"""Where a 5-node cycle's time goes: the library against the same commands sent by hand.
+
+    python bench/gap.py              # 4 interleaved rounds of 2,000 cycles per row
+    python bench/gap.py --rounds 2 --cycles 1000
+
+One process, five ``redis-server`` nodes started here, rows run in interleaved rounds so a
+burst of foreign load touches every row a little. Rows:
+
+``floor``          the bench's raw-socket floor: ``SET NX PX`` then ``DEL``, no Lua
+``our commands``   our exact acquire and release scripts (restart guard on, holder metadata,
+                   fresh token per cycle) written to the same sockets with one ``poll`` loop:
+                   the nodes' share of our cycle, with no library code around it
+``django-redlock`` ``lock.acquire()`` + ``release()`` through the public API
+``redis-py Lock``  one node, for the ratio the speed target is stated against
+
+Per row: p50 of the cycle, and the client's user and system CPU per cycle (``getrusage``),
+which separates the Python work from the kernel's (sends that wake the nodes, ``poll``).
+Then the nodes' own time per command (``INFO commandstats``) for our scripts and for the
+string commands a ``SET NX PX`` layout would use. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import select
+import sys
+import time
+from collections.abc import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _p in (ROOT, HERE):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import peers  # noqa: E402
+import redis  # noqa: E402
+
+from django_redlock import Redlock  # noqa: E402
+from django_redlock.core import scripts  # noqa: E402
+from django_redlock.core.base import AcquireRequest  # noqa: E402
+from django_redlock.core.resp import encode, parse  # noqa: E402
+from django_redlock.testing import RedisCluster  # noqa: E402
+
+TTL = 10.0
+
+
+def measure(cycle: Callable[[], object], n: int) -> tuple[list[float], float, float]:
+    """(cycle times in µs, user CPU s, system CPU s) of ``n`` cycles."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        cycle()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return samples, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+
+
+def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
+    """One cycle of our own commands over the Redlock's pooled sockets, with no library code
+    but building the commands (a new token and metadata per attempt, as the library does)."""
+    handle = rl.lock(name, ttl=TTL)
+    handle.acquire()  # opens one connection per node, learns the run ids, arms the markers
+    handle.release()
+    wires = [node._idle[0] for node in rl.nodes]
+    poller = select.poll()
+    for wire in wires:
+        poller.register(wire.fd, select.POLLIN)
+    by_fd = {wire.fd: wire for wire in wires}
+
+    def fan_out(payloads: list[bytes]) -> None:
+        for wire, payload in zip(wires, payloads, strict=True):
+            wire.sock.send(payload)
+        left = len(wires)
+        while left:
+            for fd, _ in poller.poll(1000):
+                parse(by_fd[fd].sock.recv(65536))
+                left -= 1
+
+    def cycle() -> None:
+        request = AcquireRequest(rl, handle)
+        fan_out([request.build(node, wire) for node, wire in zip(rl.nodes, wires, strict=True)])
+        fan_out([encode(rl._release_command(name, request.token))] * len(wires))
+
+    return cycle
+
+
+def server_cost(port: int, cycles: int) -> dict[str, float]:
+    """µs of the node's own time per cycle (``INFO commandstats``), ours and a string layout."""
+    client = redis.Redis(port=port)
+    run_id = client.info("server")["run_id"]
+    meta = '{"host": "bench", "pid": 1, "thread": "MainThread", "acquired_at": 1.0}'
+    token = os.urandom(16).hex()
+    keys = ["gap:lock:k", "gap:fence:k", "gap:node"]
+    guard = 60_000
+    client.evalsha(scripts.ACQUIRE.sha, 3, *keys, token, 10_000, meta, "0", run_id, guard)
+    client.hset("gap:node", "trusted", 1)  # votes from now on
+    client.delete(keys[0])
+    release_string = client.script_load(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) "
+        "return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1]) end return 0"
+    )
+
+    def total(send: Callable[[], object]) -> float:
+        client.config_resetstat()
+        for _ in range(cycles):
+            send()
+        stats = client.info("commandstats")
+        return (
+            sum(v["usec"] for k, v in stats.items() if k not in ("cmdstat_config|resetstat",))
+            / cycles
+        )
+
+    ours = total(
+        lambda: (
+            client.evalsha(scripts.ACQUIRE.sha, 3, *keys, token, 10_000, meta, "0", run_id, guard),
+            client.evalsha(scripts.RELEASE.sha, 1, keys[0], token, "gap:released:k"),
+        )
+    )
+    string = total(
+        lambda: (
+            client.set("gap:s", token + meta, nx=True, px=10_000),
+            client.hget("gap:node", "armed"),
+            client.evalsha(release_string, 1, "gap:s", token + meta, "gap:released:k"),
+        )
+    )
+    client.close()
+    return {"our scripts": ours, "SET NX PX + HGET marker + GET/DEL script": string}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cycles", type=int, default=2000, help="per row per round")
+    args = parser.parse_args(argv)
+    with RedisCluster(5) as cluster:
+        rl = Redlock(cluster.urls, key_prefix="gap-ours", ttl=TTL)
+        floor = peers.RawFloor(cluster.urls, "gap-floor")
+        floor_handle = floor.handle("k")
+        redis_py = peers.RedisPyLock(cluster.urls[:1], "gap-redis-py")
+        redis_py_handle = redis_py.handle("k")
+        ours_handle = rl.lock("k", ttl=TTL)
+        rows: dict[str, Callable[[], object]] = {
+            "floor: raw sockets (5 nodes)": lambda: (
+                floor.acquire(floor_handle, 1.0),
+                floor.release(floor_handle),
+            ),
+            "our commands by hand (5 nodes)": by_hand(rl, "by-hand"),
+            "django-redlock (5 nodes)": lambda: (
+                ours_handle.acquire(),
+                ours_handle.release(),
+            ),
+            "redis-py Lock (1 node)": lambda: (
+                redis_py.acquire(redis_py_handle, 1.0),
+                redis_py.release(redis_py_handle),
+            ),
+        }
+        for cycle in rows.values():
+            for _ in range(200):
+                cycle()
+        results: dict[str, tuple[list[float], float, float]] = {k: ([], 0.0, 0.0) for k in rows}
+        for i in range(args.rounds):
+            print(f"  .. round {i + 1}/{args.rounds}", file=sys.stderr, flush=True)
+            for label, cycle in rows.items():
+                s, u, k = measure(cycle, args.cycles)
+                old = results[label]
+                results[label] = (old[0] + s, old[1] + u, old[2] + k)
+        redis_py_p50 = sorted(results["redis-py Lock (1 node)"][0])[
+            len(results["redis-py Lock (1 node)"][0]) // 2
+        ]
+        print()
+        print(f"{'row':32} {'p50 µs':>7} {'user µs':>8} {'sys µs':>7} {'vs redis-py':>12}")
+        for label, (samples, user, system) in results.items():
+            n = len(samples)
+            p50 = sorted(samples)[n // 2]
+            print(
+                f"{label:32} {p50:7.0f} {user / n * 1e6:8.0f} {system / n * 1e6:7.0f} "
+                f"{p50 / redis_py_p50:11.2f}x"
+            )
+        print()
+        print("node time per cycle, one node, one command per round trip (INFO commandstats):")
+        for label, usec in server_cost(cluster[0].port, 5000).items():
+            print(f"  {label:44} {usec:6.2f} µs")
+        rl.close()
+        floor.close()
+        redis_py.close()
+
+
+if __name__ == "__main__":
+    main()
