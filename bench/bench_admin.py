@@ -40,6 +40,8 @@ def fill(
     the first ``renewed`` fraction were renewed once. Leases are 15 min with 10 min left, so
     nothing expires during the bench and the "not renewing" rule must read every renewed
     lock's lease length (its worst case with a core whose LockInfo lacks it)."""
+    from django_redlock.core.commands import lock_value
+
     now_ms = int(time.time() * 1000)
     for client in clients:
         pipe = client.pipeline(transaction=False)
@@ -56,18 +58,15 @@ def fill(
                 "user": "alice",
             }
             key = f"{prefix}:lock:{name}"
-            pipe.hset(
-                key,
-                mapping={
-                    "token": token,
-                    "meta": json.dumps(meta, separators=(",", ":")),
-                    "fence": i,
-                    "renewals": i % 3,
-                    "acquired": acquired,
-                    "ttl": 600_000,
-                },
+            value = lock_value(
+                token,
+                ttl_ms=600_000,
+                meta_json=json.dumps(meta, separators=(",", ":")),
+                fence=i,
+                renewals=i % 3,
+                acquired_ms=acquired,
             )
-            pipe.pexpire(key, 600_000)
+            pipe.set(key, value, px=600_000)
             if len(pipe) >= 2000:
                 pipe.execute()
         pipe.execute()

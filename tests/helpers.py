@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from django_redlock.core.commands import lock_fields, lock_value
 from django_redlock.testing import RedisCluster, RedisNode
 from testproject.databases import server_database
 
@@ -37,8 +38,8 @@ def lock_keys(nodes: Iterable[RedisNode], prefix: str = PREFIX) -> list[dict[str
         with node_client(node) as c:
             keys: dict[str, tuple[int, str]] = {}
             for raw in c.keys(f"{prefix}:lock:*"):
-                token = c.hget(raw, "token")
-                keys[raw.decode()] = (c.pttl(raw), token.decode() if token else "")
+                value = c.get(raw)
+                keys[raw.decode()] = (c.pttl(raw), lock_fields(value)["token"] if value else "")
             found.append(keys)
     return found
 
@@ -59,9 +60,20 @@ def tokens_on_nodes(
     out: list[str | None] = []
     for node in nodes:
         with node_client(node) as c:
-            raw = c.hget(f"{prefix}:lock:{name}", "token")
-            out.append(raw.decode() if raw is not None else None)
+            raw = c.get(f"{prefix}:lock:{name}")
+            out.append(lock_fields(raw)["token"] if raw is not None else None)
     return out
+
+
+def occupy(node: RedisNode, name: str, ms: int = 5000, token: str = "stale-lease") -> None:
+    """Another holder's copy of lock ``name`` on one node, for ``ms`` milliseconds."""
+    with node_client(node) as c:
+        c.set(f"{PREFIX}:lock:{name}", lock_value(token, ttl_ms=ms), px=ms)
+
+
+def vacate(node: RedisNode, name: str) -> None:
+    with node_client(node) as c:
+        c.delete(f"{PREFIX}:lock:{name}")
 
 
 def pttls_on_nodes(nodes: Iterable[RedisNode], name: str, prefix: str = PREFIX) -> list[int]:

@@ -32,6 +32,7 @@ from django_redlock.admin_views import (
     holder_summary,
     search_pattern,
 )
+from django_redlock.core.commands import lock_fields, lock_value
 from django_redlock.models import Lock
 from django_redlock.signals import lock_force_released
 
@@ -62,8 +63,8 @@ def tokens(redis_nodes, name: str) -> list[str | None]:
     out = []
     for node in redis_nodes:
         with node.client(socket_timeout=5) as c:
-            raw = c.hget(f"redlock:lock:{name}", "token")
-            out.append(raw.decode() if raw is not None else None)
+            raw = c.get(f"redlock:lock:{name}")
+            out.append(lock_fields(raw)["token"] if raw is not None else None)
     return out
 
 
@@ -82,18 +83,14 @@ def write_lock(
     with node.client(socket_timeout=5) as c:
         now_ms = int(time.time() * 1000)
         key = f"redlock:lock:{name}"
-        c.hset(
-            key,
-            mapping={
-                "token": token,
-                "meta": json.dumps(meta or {"host": "elsewhere", "pid": 1}),
-                "fence": 0,
-                "renewals": renewals,
-                "acquired": now_ms,
-                "ttl": lease_ms or ttl_ms,
-            },
+        value = lock_value(
+            token,
+            ttl_ms=lease_ms or ttl_ms,
+            meta_json=json.dumps(meta or {"host": "elsewhere", "pid": 1}),
+            renewals=renewals,
+            acquired_ms=now_ms,
         )
-        c.pexpire(key, ttl_ms)
+        c.set(key, value, px=ttl_ms)
 
 
 def row_keys(response) -> list[str]:

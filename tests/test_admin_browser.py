@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from django_redlock import Redlock
+from django_redlock.core.commands import lock_value
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -201,18 +202,13 @@ def test_operator_force_releases_a_lock_held_by_another_process(
     assert view_lock.acquire()
     with redis_nodes[0].client(socket_timeout=5) as c:
         now_ms = int(time.time() * 1000)
-        c.hset(
-            "redlock:lock:import:catalog",
-            mapping={
-                "token": "a1b2c3",
-                "meta": '{"host": "worker-7", "pid": 4242, "thread": "MainThread"}',
-                "fence": 0,
-                "renewals": 0,
-                "acquired": now_ms - 95_000,
-                "ttl": 120_000,
-            },
+        value = lock_value(
+            "a1b2c3",
+            ttl_ms=120_000,
+            meta_json='{"host": "worker-7", "pid": 4242, "thread": "MainThread"}',
+            acquired_ms=now_ms - 95_000,
         )
-        c.pexpire("redlock:lock:import:catalog", 25_000)
+        c.set("redlock:lock:import:catalog", value, px=25_000)
 
     holder = Holder(urls, LOCK)
     try:

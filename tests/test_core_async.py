@@ -24,6 +24,7 @@ import pytest
 
 from django_redlock import LockLost, LockNotAcquired, LockNotOwned, QuorumError
 from django_redlock.core.asyncio import AsyncLock, AsyncRedlock
+from django_redlock.core.commands import lock_fields
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
     REPO_ROOT,
@@ -216,7 +217,7 @@ def test_auto_renew_keeps_a_short_lease_and_stops_at_release(
             assert lock.held
             assert all(p > 0 for p in pttls_on_nodes(redis_nodes, "renewed"))
         with node_client(redis_nodes[0]) as c:
-            assert int(c.hget("redlock:lock:renewed", "renewals")) >= 2
+            assert int(lock_fields(c.get("redlock:lock:renewed"))["renewals"]) >= 2
         await lock.release()
         calls = script_calls(redis_nodes)
         await asyncio.sleep(0.4)  # more than one renewal period
@@ -436,7 +437,7 @@ def test_unix_sockets_password_db_and_noscript(redis_cluster_factory, make_async
         assert await lock.acquire(blocking=False)
         for node in cluster:
             with node.client(db=2, socket_timeout=5) as c:
-                assert c.hget("redlock:lock:unix", "token").decode() == lock.token
+                assert lock_fields(c.get("redlock:lock:unix"))["token"] == lock.token
         await lock.release()
         for node in cluster:
             with node.client(socket_timeout=5) as c:

@@ -11,7 +11,7 @@ import pytest
 
 from django_redlock import QuorumError
 from django_redlock.testing import RedisCluster
-from tests.helpers import node_client, warm_up
+from tests.helpers import node_client, occupy, warm_up
 
 CTX = multiprocessing.get_context("fork")
 
@@ -102,9 +102,7 @@ def test_fences_keep_increasing_after_a_majority_restarted_empty(
     # next acquire, so the fence can only come from the two restarted nodes' counters.
     cluster[0].restart(empty=True)
     cluster[2].restart(empty=True)
-    with node_client(cluster[1]) as c:
-        c.hset("redlock:lock:fence:restart", mapping={"token": "someone-else"})
-        c.pexpire("redlock:lock:fence:restart", 5000)
+    occupy(cluster[1], "fence:restart", token="someone-else")
     lock = rl.lock("fence:restart", fencing=True)
     with pytest.raises(QuorumError, match="guarded"):  # guarded for max_ttl after their start
         lock.acquire(blocking=False)

@@ -18,27 +18,16 @@ import pytest
 
 from django_redlock import LockNotOwned, QuorumError
 from django_redlock.testing import RedisCluster
-from tests.helpers import node_client, tokens_on_nodes, warm_up
-
-
-def _occupy(node, name: str, ms: int = 5000, token: str = "stale-lease") -> None:
-    with node_client(node) as c:
-        c.hset(f"redlock:lock:{name}", mapping={"token": token})
-        c.pexpire(f"redlock:lock:{name}", ms)
-
-
-def _vacate(node, name: str) -> None:
-    with node_client(node) as c:
-        c.delete(f"redlock:lock:{name}")
+from tests.helpers import occupy, tokens_on_nodes, vacate, warm_up
 
 
 def _hold_on_first_three(cluster: RedisCluster, rl, name: str, ttl: float):
     for node in cluster.nodes[3:]:
-        _occupy(cluster[cluster.nodes.index(node)], name)
+        occupy(cluster[cluster.nodes.index(node)], name)
     lock = rl.lock(name, ttl=ttl)
     assert lock.acquire(blocking=False)
     for node in cluster.nodes[3:]:
-        _vacate(node, name)
+        vacate(node, name)
     assert tokens_on_nodes(cluster, name) == [lock.token] * 3 + [None, None]
     return lock
 

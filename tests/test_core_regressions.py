@@ -16,28 +16,17 @@ import pytest
 
 from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.core import validation
-from tests.helpers import node_client, tokens_on_nodes, wait_until, warm_up
+from tests.helpers import node_client, occupy, tokens_on_nodes, vacate, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
 
 
-def _occupy(node, name: str, ms: int = 5000) -> None:
-    with node_client(node) as c:
-        c.hset(f"redlock:lock:{name}", mapping={"token": "stale-lease"})
-        c.pexpire(f"redlock:lock:{name}", ms)
-
-
-def _vacate(node, name: str) -> None:
-    with node_client(node) as c:
-        c.delete(f"redlock:lock:{name}")
-
-
 def _hold_on_first_two(cluster, rl, name: str, ttl: float):
     """A lock held on exactly nodes 0 and 1 of 3 (a bare quorum)."""
-    _occupy(cluster[2], name)
+    occupy(cluster[2], name)
     lock = rl.lock(name, ttl=ttl)
     assert lock.acquire(blocking=False)
-    _vacate(cluster[2], name)
+    vacate(cluster[2], name)
     assert tokens_on_nodes(cluster, name) == [lock.token, lock.token, None]
     return lock
 

@@ -512,7 +512,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False
-        replies = yield Send(to_every_node(["HGET", self._key(lease.name), "token"]))
+        replies = yield Send(to_every_node(["GET", self._key(lease.name)]))
         return self._judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:

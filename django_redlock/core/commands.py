@@ -18,7 +18,29 @@ from .lock import Lease
 from .nodes import script_command
 from .validation import check_name
 
-__all__ = ["KeyLayout"]
+__all__ = ["KeyLayout", "lock_fields", "lock_value"]
+
+
+def lock_value(
+    token: str,
+    *,
+    ttl_ms: int,
+    meta_json: str = "{}",
+    fence: int = 0,
+    renewals: int = 0,
+    acquired_ms: int | None = None,
+) -> str:
+    """A lock key's value, as :mod:`.scripts` reads it (``acquired_ms`` defaults to now)."""
+    acquired = int(time.time() * 1000) if acquired_ms is None else acquired_ms
+    return f"{token} {fence} {renewals} {acquired} {ttl_ms}\n{meta_json}"
+
+
+def lock_fields(value: bytes | str) -> dict[str, str]:
+    """A lock key's value read back (``GET``): ``token``, ``fence``, ``renewals``,
+    ``acquired`` (ms), ``ttl`` (ms) and ``meta`` (JSON), as :mod:`.scripts` writes them."""
+    text = value.decode() if isinstance(value, bytes) else value
+    header, _, meta = text.partition("\n")
+    return {**dict(zip(scripts.VALUE_FIELDS, header.split(" "), strict=True)), "meta": meta}
 
 
 class KeyLayout:

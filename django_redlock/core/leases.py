@@ -196,12 +196,14 @@ class LeaseTable:
         return whens
 
     def _judge_check(self, lease: Lease, replies: list[Any]) -> bool:
-        token = lease.token.encode()
-        if sum(1 for r in replies if r == token) >= self.quorum:
+        """``replies``: each node's lock value (``GET``), which starts with the holder's token
+        and a space."""
+        head = lease.token.encode() + b" "
+        ours = sum(1 for r in replies if isinstance(r, bytes) and r.startswith(head))
+        if ours >= self.quorum:
             return True
-        if sum(1 for r in replies if not isinstance(r, Failure) and r != token) > (
-            len(self.nodes) - self.quorum
-        ):
+        answered = sum(1 for r in replies if not isinstance(r, Failure))
+        if answered - ours > len(self.nodes) - self.quorum:
             self._mark_lost(lease, "the token is gone from a quorum of nodes")
         return False
 

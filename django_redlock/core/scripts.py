@@ -5,14 +5,17 @@ Each script is atomic on its node, which is what makes "check the token, then ac
 
 Key layout for a lock named ``name`` under prefix ``p``:
 
-* ``p:lock:name``  - hash: ``token``, ``meta`` (JSON holder metadata), ``fence``, ``renewals``,
-  ``acquired`` (server ms), ``ttl`` (ms). One key per lock keeps the admin listing a single
-  SCAN and the lock and its metadata expire together.
+* ``p:lock:name``  - string ``"<token> <fence> <renewals> <acquired ms> <lease ms>\n<meta JSON>"``
+  (see :data:`VALUE_FIELDS`). A string, so an uncontended acquire is a plain
+  ``SET NX PX`` (no script on the hot path); one key per lock keeps the admin listing a single
+  SCAN, and the lock and its metadata expire together. ``acquired`` is the wall clock of
+  whoever wrote it (the acquiring client, or the node when a script took the lock).
 * ``p:fence:name`` - fencing counter (no TTL).
 * ``p:node``       - restart-guard marker of this node: ``run_id``, ``started`` (server ms the
   guard runs from: when the marker was armed), ``fresh`` (1 when it had no marker),
   ``trusted`` (server ms it was trusted as new, or 0), ``armed`` (server ms the marker was
-  written).
+  written), ``id`` (server µs the marker was written: names this version of the marker, so
+  a connection that saw it vote can tell, with one ``HMGET``, that it is still the same).
 * ``p:queue:name``, ``p:beats:name``, ``p:qseq:name`` - a fair lock's line of waiters, their
   heartbeats and its ticket sequence (all expire when the line stays idle).
 * channel ``p:released:name`` - published on release, wakes waiters.
@@ -36,8 +39,12 @@ __all__ = [
     "RELEASE",
     "TRUST",
     "TRUST_NOW",
+    "VALUE_FIELDS",
     "Script",
 ]
+
+#: The lock value's header, in order, before the newline and the metadata JSON.
+VALUE_FIELDS = ("token", "fence", "renewals", "acquired", "ttl")
 
 #: Script bodies by SHA1, for the EVAL fallback when a node answers NOSCRIPT.
 BODIES: dict[str, str] = {}
@@ -55,18 +62,28 @@ class Script:
         BODIES[self.sha] = self.body
 
 
+# Splits a lock value (see the module docstring) into token, fence, renewals, acquired, ttl,
+# meta; nil for a value that is not one.
+_FIELDS = """
+local function fields(v)
+  return string.match(v, '^(%S+) (%d+) (%d+) (%d+) (%d+)\\n(.*)$')
+end
+"""
+
 # Shared opening of both acquire scripts: the server clock, then the restart guard.
 # Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms), ARGV[5] run_id of
 # the server this connection reached, ARGV[6] guard period ms ("0" = off). Returns early
 # {2, ms, fresh, armed_age} while this node may not vote (armed_age: ms since the marker was
-# written); sets trusted_age (ms since a brand-new cluster was trusted, else -1).
+# written); sets trusted_age (ms since a brand-new cluster was trusted, else -1) and marker
+# (the marker's id, which the caller keeps to check the node with an HMGET next time).
 _GUARD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local guard = tonumber(ARGV[6])
 local trusted_age = -1
+local marker = false
 if guard > 0 then
-  local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed')
+  local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed', 'id')
   if m[1] ~= ARGV[5] or not (m[2] and m[4] and m[5]) then
     -- The marker is missing or was written by an earlier server process: this node lost
     -- its data (restart, FLUSHALL, eviction) or is another server (a promoted replica), at
@@ -75,10 +92,15 @@ if guard > 0 then
     -- guard period (its longest lease) has passed, so every lease the node granted (or
     -- forgot) before has run out. fresh = 1 when no marker was left at all. (A marker
     -- missing fields was written by an older version: armed again the same way.)
-    m = {ARGV[5], now, m[1] and '0' or '1', '0', now}
+    m = {ARGV[5], now, m[1] and '0' or '1', '0', now, t[1] .. string.format('%06d', t[2])}
     redis.call('HSET', KEYS[3], 'run_id', m[1], 'started', m[2], 'fresh', m[3], 'trusted', 0,
-               'armed', now)
+               'armed', now, 'id', m[6])
+  elseif not m[6] then
+    -- A marker from before markers had ids: name it, without arming it again.
+    m[6] = t[1] .. string.format('%06d', t[2])
+    redis.call('HSET', KEYS[3], 'id', m[6])
   end
+  marker = m[6]
   local trusted = tonumber(m[4])
   if trusted > 0 then
     trusted_age = now - trusted
@@ -88,22 +110,26 @@ if guard > 0 then
 end
 """
 
-# Shared middle of both acquire scripts: the lock is taken. By us, when this is a command sent
-# again on a new connection after the first one's reply was lost (its SET may have landed):
+# Shared middle of both acquire scripts: the lock is taken. By us, when our plain SET landed
+# before this script ran (the node's marker had changed since this connection saw it vote), or
+# when this is a command sent again on a new connection after the first one's reply was lost:
 # then it is our grant, so the caller neither misses it nor leaves it behind.
-# Uses KEYS[1] lock hash, ARGV[1] token. Returns {0, fence, trusted_age} or {1, pttl, ...}.
+# Uses KEYS[1] lock, ARGV[1] token. Returns {0, fence, trusted_age, marker} or {1, pttl, ...}.
 _HELD = """
-local holder = redis.call('HGET', KEYS[1], 'token')
-if holder == ARGV[1] then
-  return {0, tonumber(redis.call('HGET', KEYS[1], 'fence') or '0'), trusted_age}
-elseif holder then
-  return {1, redis.call('PTTL', KEYS[1]), trusted_age}
+local held = redis.call('GET', KEYS[1])
+if held then
+  local holder, fence = fields(held)
+  if holder == ARGV[1] then
+    return {0, tonumber(fence), trusted_age, marker}
+  end
+  return {1, redis.call('PTTL', KEYS[1]), trusted_age, marker}
 end
 """
 
 # Shared end of both acquire scripts: take the free lock, drawing a fence if asked.
-# Uses KEYS[1] lock hash, KEYS[2] fencing counter, ARGV[1] token, ARGV[2] ttl ms,
-# ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence. Returns {0, fence, trusted_age}.
+# Uses KEYS[1] lock, KEYS[2] fencing counter, ARGV[1] token, ARGV[2] ttl ms,
+# ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence.
+# Returns {0, fence, trusted_age, marker}.
 _TAKE = """
 local fence = 0
 if ARGV[4] == '1' then
@@ -114,23 +140,25 @@ if ARGV[4] == '1' then
   end
   fence = redis.call('INCR', KEYS[2])
 end
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'meta', ARGV[3], 'fence', fence,
-           'renewals', 0, 'acquired', now, 'ttl', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {0, fence, trusted_age}
+-- %d: a number concatenated as is would be written as 1.7955604547e+15.
+redis.call('SET', KEYS[1], string.format('%s %d 0 %d %s\\n', ARGV[1], fence, now, ARGV[2])
+           .. ARGV[3], 'PX', ARGV[2])
+return {0, fence, trusted_age, marker}
 """
 
-# Take the lock if it is free.
-# KEYS[1] lock hash, KEYS[2] fencing counter, KEYS[3] node marker
+# Take the lock if it is free (the full check; an uncontended acquire on a node whose marker
+# this connection saw vote is a plain SET NX PX instead: see base.AcquireRequest).
+# KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] node marker
 # ARGV[1] token, ARGV[2] ttl ms, ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence,
 # ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)
-# Returns {0, fence, trusted_age} taken (fence 0 when not fencing)
-#         {1, pttl, trusted_age} held by another owner; pttl = ms until its lease ends
+# Returns {0, fence, trusted_age, marker} taken (fence 0 when not fencing)
+#         {1, pttl, trusted_age, marker} held by another owner; pttl = ms until its lease ends
 #         {2, ms, fresh, armed_age} restart guard: this node may not vote for ms more;
 #                    fresh = 1 while the guard comes from a missing marker (never used, or
 #                    restarted empty); armed_age = ms since the marker was written
 # trusted_age: ms since this node was trusted as part of a brand-new cluster, -1 otherwise
-ACQUIRE = Script(_GUARD + _HELD + _TAKE)
+# marker: the id of the node's marker (false with the guard off)
+ACQUIRE = Script(_FIELDS + _GUARD + _HELD + _TAKE)
 
 # Draw a place in a fair lock's queue: the caller takes the largest number a quorum returned.
 # KEYS[1] queue sequence counter
@@ -143,7 +171,8 @@ FAIR_TICKET = Script("return redis.call('INCR', KEYS[1])")
 # ARGV[1..6] as ACQUIRE, ARGV[7] waiter id, ARGV[8] ticket, ARGV[9] heartbeat ms
 # Returns as ACQUIRE, plus {3, -2, trusted_age} queued behind an earlier waiter
 FAIR_ACQUIRE = Script(
-    _GUARD
+    _FIELDS
+    + _GUARD
     + """
 -- Waiters whose heartbeat ran out are dead: drop them so they cannot block the line.
 local dead = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
@@ -165,7 +194,7 @@ redis.call('PEXPIRE', KEYS[6], ttl)
     + _HELD
     + """
 if redis.call('ZRANGE', KEYS[4], 0, 0)[1] ~= ARGV[7] then
-  return {3, -2, trusted_age}
+  return {3, -2, trusted_age, marker}
 end
 redis.call('ZREM', KEYS[4], ARGV[7])
 redis.call('ZREM', KEYS[5], ARGV[7])
@@ -183,17 +212,20 @@ return redis.call('ZREM', KEYS[1], ARGV[1])
 )
 
 # Raise this node's fencing counter to the fence the quorum agreed on.
-# KEYS[1] lock hash, KEYS[2] fencing counter
+# KEYS[1] lock, KEYS[2] fencing counter
 # ARGV[1] token, ARGV[2] fence
-# Returns 1 when our token holds the lock here (its hash then records the fence), else 0.
+# Returns 1 when our token holds the lock here (its value then records the fence), else 0.
 FENCE_SYNC = Script(
-    """
+    _FIELDS
+    + """
 local fence = tonumber(ARGV[2])
 if tonumber(redis.call('GET', KEYS[2]) or '0') < fence then
   redis.call('SET', KEYS[2], fence)
 end
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'fence', fence)
+local token, _, renewals, acquired, ttl, meta = fields(redis.call('GET', KEYS[1]) or '')
+if token == ARGV[1] then
+  redis.call('SET', KEYS[1], table.concat({token, ARGV[2], renewals, acquired, ttl}, ' ')
+             .. '\\n' .. meta, 'KEEPTTL')
   return 1
 end
 return 0
@@ -201,16 +233,17 @@ return 0
 )
 
 # Re-arm the lease if the lock is still ours.
-# KEYS[1] lock hash
+# KEYS[1] lock
 # ARGV[1] token, ARGV[2] ttl ms
 # Returns 1 when extended, 0 when the token is not ours (or the key is gone).
 EXTEND = Script(
-    """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  -- Expiry last: whatever the ttl, the hash is never left without one.
-  redis.call('HSET', KEYS[1], 'ttl', ARGV[2])
-  redis.call('HINCRBY', KEYS[1], 'renewals', 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    _FIELDS
+    + """
+local token, fence, renewals, acquired, _, meta = fields(redis.call('GET', KEYS[1]) or '')
+if token == ARGV[1] then
+  -- One SET with PX: the value is never left without an expiry.
+  local header = string.format('%s %s %d %s %s', token, fence, renewals + 1, acquired, ARGV[2])
+  redis.call('SET', KEYS[1], header .. '\\n' .. meta, 'PX', ARGV[2])
   return 1
 end
 return 0
@@ -218,13 +251,14 @@ return 0
 )
 
 # Delete the lock if it is still ours and wake whoever waits for it.
-# KEYS[1] lock hash
+# KEYS[1] lock
 # ARGV[1] token, ARGV[2] release channel
 # Returns 1 + the number of subscribers told (processes waiting) when deleted, 0 when the
 # token is not ours (the holder's key is left alone).
 RELEASE = Script(
     """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held and string.match(held, '^(%S+) ') == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
@@ -233,12 +267,13 @@ return 0
 )
 
 # Delete the lock whoever holds it (admin / operator action) and wake waiters.
-# KEYS[1] lock hash
+# KEYS[1] lock
 # ARGV[1] release channel, ARGV[2] the token to remove, or "" for whichever holds it
 # Returns the token that was removed, or false when there was no lock (or another token).
 FORCE_RELEASE = Script(
-    """
-local token = redis.call('HGET', KEYS[1], 'token')
+    _FIELDS
+    + """
+local token = fields(redis.call('GET', KEYS[1]) or '')
 if token and (ARGV[2] == '' or token == ARGV[2]) then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[1], token)
@@ -275,7 +310,7 @@ TRUST_NOW = Script(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'started', now, 'fresh', 0, 'trusted', now,
-           'armed', now)
+           'armed', now, 'id', t[1] .. string.format('%06d', t[2]))
 return 1
 """
 )
@@ -286,16 +321,16 @@ return 1
 # ARGV[1] SCAN cursor, ARGV[2] MATCH pattern, ARGV[3] COUNT
 # Returns {next cursor, JSON list of [key, token, meta, fence, renewals, acquired, ttl, pttl]}
 LIST = Script(
-    """
-local step = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3], 'TYPE', 'hash')
+    _FIELDS
+    + """
+local step = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3], 'TYPE', 'string')
 local out = {}
 for _, key in ipairs(step[2]) do
-  local f = redis.call('HMGET', key, 'token', 'meta', 'fence', 'renewals', 'acquired', 'ttl')
+  local token, fence, renewals, acquired, ttl, meta = fields(redis.call('GET', key) or '')
   local pttl = redis.call('PTTL', key)
-  if f[1] and pttl > 0 then
+  if token and pttl > 0 then
     -- Numbers stay strings: cjson would round a 16-digit fence to 14 digits.
-    out[#out + 1] = {key, f[1], f[2] or '{}', f[3] or '0', f[4] or '0', f[5] or '0',
-                     f[6] or '0', pttl}
+    out[#out + 1] = {key, token, meta, fence, renewals, acquired, ttl, pttl}
   end
 end
 if #out == 0 then

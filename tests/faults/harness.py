@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from django_redlock.core.commands import lock_fields
 from django_redlock.testing import RedisCluster
 
 from .history import Hold, Overlap, find_overlaps, load_events, load_holds
@@ -419,8 +420,8 @@ class Harness:
             with self.cluster[i].client(socket_timeout=5) as c:
                 keys = {}
                 for raw in c.scan_iter(match=f"{PREFIX}:lock:*"):
-                    token = c.hget(raw, "token")
-                    keys[raw.decode()] = token.decode() if token else ""
+                    value = c.get(raw)
+                    keys[raw.decode()] = lock_fields(value)["token"] if value else ""
                 out.append(keys)
         return out
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from django_redlock.core import scripts
+from django_redlock.core.commands import lock_fields, lock_value
 
 from .harness import _CTX, PREFIX, Harness, Profile, ScenarioResult, WorkerSpec
 from .history import HistoryWriter
@@ -271,7 +272,9 @@ def restart_guard(p: Profile) -> ScenarioResult:
 
 
 _DEL_IF_TOKEN = """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if string.match(redis.call('GET', KEYS[1]) or '', '^(%S+) ') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
 return 0
 """
 
@@ -300,7 +303,8 @@ def key_deleted(p: Profile) -> ScenarioResult:
             delete = clients[0].register_script(_DEL_IF_TOKEN)
             deadline = time.monotonic() + p.seconds(3.0)
             while time.monotonic() < deadline:
-                tokens = [c.hget(key, "token") for c in clients]
+                values = [c.get(key) for c in clients]
+                tokens = [lock_fields(v)["token"].encode() if v else None for v in values]
                 token = tokens[1]
                 holder = token is not None and token == tokens[2]
                 if holder and tokens[0] == token and token.decode() not in deleted:
@@ -337,8 +341,7 @@ def key_deleted_bare(p: Profile) -> ScenarioResult:
             CLIENTS, WorkerSpec(h.urls, kw, ttl=2.0, auto_renew=True, mode="poll", hold=(1.5, 1.5))
         )
         with h.cluster[2].client(socket_timeout=5) as c:
-            c.hset(key, mapping={"token": "COMPETITOR"})
-            c.pexpire(key, 10_000)
+            c.set(key, lock_value("COMPETITOR", ttl_ms=10_000), px=10_000)
         h.begin()
         for _ in range(p.rounds(1)):
             ev = h.pump(10.0, until=lambda e: e[0] == "holding")
@@ -351,8 +354,7 @@ def key_deleted_bare(p: Profile) -> ScenarioResult:
                 h.faults += c.eval(_DEL_IF_TOKEN, 1, key, ev[3])
             h.sleep(2.0)
             with h.cluster[2].client(socket_timeout=5) as c:  # set up the next round
-                c.hset(key, mapping={"token": "COMPETITOR"})
-                c.pexpire(key, 10_000)
+                c.set(key, lock_value("COMPETITOR", ttl_ms=10_000), px=10_000)
         h.stop_clients()
         return h.result(
             "key_deleted_bare", "Key deleted on one node of a bare-quorum (2 of 3) hold"
@@ -534,8 +536,7 @@ def _reset_directed(h: Harness, kw: dict[str, Any]) -> dict[str, Any]:
             key = f"{PREFIX}:lock:{name}"
             for i in foreign:
                 with h.cluster[i].client(socket_timeout=5) as c:
-                    c.hset(key, mapping={"token": "FOREIGN"})
-                    c.pexpire(key, 5000)
+                    c.set(key, lock_value("FOREIGN", ttl_ms=5000), px=5000)
             for i in reset:
                 h.proxies[i].armed = 1
             lock = rl.lock(name, ttl=5.0)
