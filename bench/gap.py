@@ -7,7 +7,7 @@ One process, five ``redis-server`` nodes started here, rows run in interleaved r
 burst of foreign load touches every row a little. Rows:
 
 ``floor``          the bench's raw-socket floor: ``SET NX PX`` then ``DEL``, no Lua
-``our commands``   our exact acquire and release scripts (restart guard on, holder metadata,
+``our commands``   our exact acquire and release commands (restart guard on, holder metadata,
                    fresh token per cycle) written to the same sockets with one ``poll`` loop:
                    the nodes' share of our cycle, with no library code around it
 ``django-redlock`` ``lock.acquire()`` + ``release()`` through the public API
@@ -15,8 +15,8 @@ burst of foreign load touches every row a little. Rows:
 
 Per row: p50 of the cycle, and the client's user and system CPU per cycle (``getrusage``),
 which separates the Python work from the kernel's (sends that wake the nodes, ``poll``).
-Then the nodes' own time per command (``INFO commandstats``) for our scripts and for the
-string commands a ``SET NX PX`` layout would use. Nothing here is a test.
+Then one node's own time per cycle (``INFO commandstats``) for the full acquire script and
+for the plain ``SET`` an uncontended acquire sends. Nothing here is a test.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ import redis  # noqa: E402
 from django_redlock import Redlock  # noqa: E402
 from django_redlock.core import scripts  # noqa: E402
 from django_redlock.core.base import AcquireRequest  # noqa: E402
-from django_redlock.core.resp import encode, parse  # noqa: E402
+from django_redlock.core.commands import lock_value  # noqa: E402
+from django_redlock.core.resp import Incomplete, encode  # noqa: E402
 from django_redlock.testing import RedisCluster  # noqa: E402
 
 TTL = 10.0
@@ -71,25 +72,33 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
         poller.register(wire.fd, select.POLLIN)
     by_fd = {wire.fd: wire for wire in wires}
 
-    def fan_out(payloads: list[bytes]) -> None:
+    def fan_out(payloads: list[bytes], count: int) -> None:
         for wire, payload in zip(wires, payloads, strict=True):
             wire.sock.send(payload)
         left = len(wires)
         while left:
             for fd, _ in poller.poll(1000):
-                parse(by_fd[fd].sock.recv(65536))
+                wire = by_fd[fd]
+                wire.buf += wire.sock.recv(65536)
+                try:
+                    wire.take_many(count)
+                except Incomplete:
+                    continue
                 left -= 1
 
     def cycle() -> None:
         request = AcquireRequest(rl, handle)
-        fan_out([request.build(node, wire) for node, wire in zip(rl.nodes, wires, strict=True)])
-        fan_out([encode(rl._release_command(name, request.token))] * len(wires))
+        acquire = [request.build(node, wire) for node, wire in zip(rl.nodes, wires, strict=True)]
+        fan_out([a.data for a in acquire], acquire[0].count)
+        fan_out([encode(rl._release_command(name, request.token))] * len(wires), 1)
 
     return cycle
 
 
 def server_cost(port: int, cycles: int) -> dict[str, float]:
-    """µs of the node's own time per cycle (``INFO commandstats``), ours and a string layout."""
+    """µs of the node's own time per cycle (``INFO commandstats``): the full acquire script
+    (a connection's first acquire on a node, fencing, a changed marker) and the plain ``SET``
+    of every other uncontended acquire, each with the release script."""
     client = redis.Redis(port=port)
     run_id = client.info("server")["run_id"]
     meta = '{"host": "bench", "pid": 1, "thread": "MainThread", "acquired_at": 1.0}'
@@ -99,10 +108,6 @@ def server_cost(port: int, cycles: int) -> dict[str, float]:
     client.evalsha(scripts.ACQUIRE.sha, 3, *keys, token, 10_000, meta, "0", run_id, guard)
     client.hset("gap:node", "trusted", 1)  # votes from now on
     client.delete(keys[0])
-    release_string = client.script_load(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) "
-        "return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1]) end return 0"
-    )
 
     def total(send: Callable[[], object]) -> float:
         client.config_resetstat()
@@ -114,21 +119,24 @@ def server_cost(port: int, cycles: int) -> dict[str, float]:
             / cycles
         )
 
-    ours = total(
+    release = (scripts.RELEASE.sha, 1, keys[0], token, "gap:released:k")
+    script = total(
         lambda: (
             client.evalsha(scripts.ACQUIRE.sha, 3, *keys, token, 10_000, meta, "0", run_id, guard),
-            client.evalsha(scripts.RELEASE.sha, 1, keys[0], token, "gap:released:k"),
+            client.evalsha(*release),
         )
     )
-    string = total(
+    value = lock_value(token, ttl_ms=10_000, meta_json=meta)
+    plain = total(
         lambda: (
-            client.set("gap:s", token + meta, nx=True, px=10_000),
-            client.hget("gap:node", "armed"),
-            client.evalsha(release_string, 1, "gap:s", token + meta, "gap:released:k"),
+            client.set(keys[0], value, nx=True, px=10_000),
+            client.pttl(keys[0]),
+            client.hmget(keys[2], "run_id", "id"),
+            client.evalsha(*release),
         )
     )
     client.close()
-    return {"our scripts": ours, "SET NX PX + HGET marker + GET/DEL script": string}
+    return {"full acquire script + release": script, "SET NX PX + PTTL + HMGET + release": plain}
 
 
 def main(argv: list[str] | None = None) -> None:

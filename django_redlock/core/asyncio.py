@@ -54,11 +54,13 @@ from .lock import Lease, LockBase, current_owner
 from .nodes import (
     Failure,
     Node,
+    Pipelined,
     ProtocolError,
     WireError,
     as_bytes,
     as_eval,
     eval_form,
+    fold,
     handshake,
     os_failure,
     parse_reply,
@@ -81,7 +83,7 @@ SLOW_TIMEOUT = 2.0
 _TIMEOUT = Failure("timeout")
 
 #: Builds one node's command from the connection it will go out on (it may need the run id).
-CommandBuilder = Callable[[Node, "_Wire"], Sequence[Any] | bytes]
+CommandBuilder = Callable[[Node, "_Wire"], Sequence[Any] | bytes | Pipelined]
 
 
 # -- connections ---------------------------------------------------------------------------------
@@ -103,6 +105,10 @@ class _Wire(asyncio.Protocol):
         self.run_id = ""
         #: The run id as a RESP argument (every acquire sends it).
         self.run_id_arg = b""
+        #: As :attr:`.nodes.Wire.vote_marker`.
+        self.vote_marker: bytes | None = None
+        #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
+        self.trusted_at: float | None = None
         #: True once it served a command: a pooled connection may have been closed by the node.
         self.reused = False
         self.closed = False
@@ -162,13 +168,37 @@ class _Wire(asyncio.Protocol):
     def usable(self) -> bool:
         return not self.closed and self.transport is not None and not self.transport.is_closing()
 
-    def send(self, command: Sequence[Any] | bytes, callback: Callable[[Any], None]) -> None:
+    def send(
+        self, command: Sequence[Any] | bytes | Pipelined, callback: Callable[[Any], None]
+    ) -> None:
         """Send one command; ``callback`` gets its reply (or the ``OSError``)."""
         if not self.usable():
             callback(ConnectionResetError("connection closed"))
             return
         self.waiters.append(callback)
         self.transport.write(as_bytes(command))  # type: ignore[union-attr]
+
+    def send_many(self, data: bytes, count: int, callback: Callable[[Any], None]) -> None:
+        """Send ``count`` commands encoded in ``data`` in one write; ``callback`` gets the
+        list of their replies, or the ``OSError``, once."""
+        if not self.usable():
+            callback(ConnectionResetError("connection closed"))
+            return
+        replies: list[Any] = []
+
+        def collect(reply: Any) -> None:
+            if len(replies) >= count:
+                return  # the group already reported an error
+            if isinstance(reply, OSError):
+                replies.extend([reply] * count)
+                callback(reply)
+                return
+            replies.append(reply)
+            if len(replies) == count:
+                callback(replies)
+
+        self.waiters.extend([collect] * count)
+        self.transport.write(data)  # type: ignore[union-attr]
 
     def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
         """Pipeline commands in one write; the futures resolve to the replies (or the
@@ -587,7 +617,7 @@ class _FanOut:
         self.late = late
         self.replies: list[Any] = [_TIMEOUT] * len(nodes)
         self.wires: list[_Wire | None] = [None] * len(nodes)  #: awaiting a reply on it
-        self.commands: list[Sequence[Any] | bytes] = [()] * len(nodes)
+        self.commands: list[Sequence[Any] | bytes | Pipelined] = [()] * len(nodes)
         self.tasks: dict[int, asyncio.Task[_Wire]] = {}  #: connecting
         self.left = len(nodes)
         self.finished = False
@@ -637,10 +667,13 @@ class _FanOut:
                 task.cancel()
         return self.replies
 
-    def _send(self, index: int, wire: _Wire, command: Sequence[Any]) -> None:
+    def _send(self, index: int, wire: _Wire, command: Sequence[Any] | bytes | Pipelined) -> None:
         self.wires[index] = wire
         self.commands[index] = command
-        wire.send(command, functools.partial(self._deliver, index))
+        if isinstance(command, Pipelined) and command.count > 1:
+            wire.send_many(command.data, command.count, functools.partial(self._deliver, index))
+        else:
+            wire.send(command, functools.partial(self._deliver, index))
 
     def _connect(self, index: int) -> None:
         task = self.state.spawn(_open_wire(self.nodes[index], self.state.loop))
@@ -688,7 +721,9 @@ class _FanOut:
             return
         self.wires[index] = None
         self.state.checkin(index, wire)
-        self._final(index, reply_failure(reply) if isinstance(reply, ReplyError) else reply)
+        if isinstance(reply, ReplyError):
+            reply = reply_failure(reply)
+        self._final(index, fold(self.commands[index], wire, reply))
 
     def _final(self, index: int, reply: Any) -> None:
         self.replies[index] = reply

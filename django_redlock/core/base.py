@@ -21,13 +21,13 @@ from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from . import scripts
-from .commands import KeyLayout
+from .commands import KeyLayout, lock_value
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable
 from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, Node, NodeSpec, make_nodes
+from .nodes import Failure, Node, NodeSpec, Pipelined, make_nodes
 from .resp import encode, encode_args
 from .validation import (
     check_meta,
@@ -59,7 +59,7 @@ _T = TypeVar("_T")
 
 #: Builds one node's command from the connection it goes out on (sync or async): the
 #: arguments, or the command already encoded.
-AnyBuilder = Callable[[Node, Any], Sequence[Any] | bytes]
+AnyBuilder = Callable[[Node, Any], Sequence[Any] | bytes | Pipelined]
 
 _INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
 
@@ -84,10 +84,17 @@ class Refusal:
 
 
 class AcquireRequest:
-    """One attempt's token, holder metadata and script, encoded once for every node.
+    """One attempt's token, holder metadata and commands, encoded once for every node.
 
-    Only the server's run id differs between nodes, so the command is kept as the encoded
-    parts around it. For a fair lock, ``line`` is the caller's ``(waiter id, ticket)``.
+    On a connection that has seen its node vote, an uncontended acquire is a plain
+    ``SET key value NX PX ttl``, pipelined with ``PTTL`` (for the refusal) and, with the restart
+    guard on, a read of the node's marker: Redis runs one connection's commands in order, so
+    the marker is read after the ``SET``. When the marker is the one this connection saw vote
+    (same server, same marker id), nothing was lost since, and the ``SET``'s answer is the
+    node's vote. Otherwise (:data:`MARKER_CHANGED`) the caller sends the full acquire script
+    to that node, which judges the guard and the trust of a new cluster, and which sees our
+    own ``SET`` as our grant if it landed. Fencing and fair locks always use their script.
+    The script's answer tells the marker's id, kept on the connection for the next attempt.
     """
 
     def __init__(
@@ -97,35 +104,104 @@ class AcquireRequest:
         self._redlock, self._name = redlock, handle.name
         self.meta, meta_json = redlock._holder_meta(handle.meta)
         keys = redlock._acquire_keys(handle.name)
+        ttl_ms = int(handle.ttl * 1000)
+        self._guarded = redlock.restart_guard
+        self._fast: Pipelined | None = None
+        if line is None and not handle.fencing:
+            fast: list[list[Any]] = [
+                [
+                    "SET",
+                    keys[0],
+                    lock_value(self.token, ttl_ms=ttl_ms, meta_json=meta_json),
+                    "NX",
+                    "PX",
+                    ttl_ms,
+                ],
+                ["PTTL", keys[0]],
+            ]
+            if self._guarded:
+                fast.append(["HMGET", keys[2], "run_id", "id"])
+            self._fast = Pipelined(b"".join(encode(c) for c in fast), len(fast), self._fold_fast)
         script = scripts.ACQUIRE
         extra: list[Any] = []
         if line is not None:
             script = scripts.FAIR_ACQUIRE
             keys = keys + redlock._line_keys(handle.name)
             extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
-        guard = str(int(redlock.max_ttl * 1000)) if redlock.restart_guard else "0"
+        guard = str(int(redlock.max_ttl * 1000)) if self._guarded else "0"
         head = [
             "EVALSHA",
             script.sha,
             len(keys),
             *keys,
             self.token,
-            int(handle.ttl * 1000),
+            ttl_ms,
             meta_json,
             "1" if handle.fencing else "0",
         ]
         self._head = b"*%d\r\n" % (len(head) + 2 + len(extra)) + encode_args(head)
         self._tail = encode_args([guard, *extra])
 
-    def build(self, node: Node, wire: Any) -> bytes:
-        """The :data:`~.nodes.CommandBuilder` of this attempt (the run id is per wire)."""
-        run_id: bytes = wire.run_id_arg
-        return self._head + run_id + self._tail
+    def build(self, node: Node, wire: Any) -> Pipelined:
+        """The :data:`~.nodes.CommandBuilder` of this attempt."""
+        if self._fast is not None and (wire.vote_marker is not None or not self._guarded):
+            return self._fast
+        return self.script(node, wire)
+
+    def script(self, node: Node, wire: Any) -> Pipelined:
+        """The full acquire script (the run id is per wire)."""
+        return Pipelined(self._head + wire.run_id_arg + self._tail, 1, _fold_script)
+
+    def recheck(self, answered: list[Node]) -> AnyBuilder:
+        """The builder of a second round, after some node's marker changed: the full script
+        to every node that answered the first round, so the guard and trust judgements see
+        every node at one moment (the script counts our own ``SET`` as our grant), and a
+        harmless ``PING`` to the nodes that did not answer: their first command may still be
+        queued (with its undo behind it), and a script on a new connection could overtake
+        both."""
+        ids = {id(node) for node in answered}
+        return lambda node, wire: self.script(node, wire) if id(node) in ids else _PING
+
+    def _fold_fast(self, wire: Any, replies: list[Any]) -> Any:
+        for reply in replies:
+            if isinstance(reply, Failure):
+                return reply
+        if self._guarded:
+            run_id, marker = replies[2]
+            if marker is None or marker != wire.vote_marker or run_id.decode() != wire.run_id:
+                wire.vote_marker = None
+                return MARKER_CHANGED
+        # The marker is unchanged, so is its trust: its age has grown by the time since.
+        trusted = wire.trusted_at
+        age = -1 if trusted is None else int((time.monotonic() - trusted) * 1000)
+        if replies[0] is not None:  # +OK: taken
+            return [0, 0, age, None]
+        return [1, replies[1], age, None]
 
     def undo(self) -> bytes:
         """The release of this attempt's token, for a node whose answer did not come in time
         (sent behind the acquire on the same connection: see :func:`.nodes.fan_out`)."""
         return encode(self._redlock._release_command(self._name, self.token))
+
+
+def _fold_script(wire: Any, replies: list[Any]) -> Any:
+    """An acquire script's answer; a node that votes (taken or held) names its marker, which
+    the connection keeps for the plain ``SET`` of the next attempt, with when (on this
+    process's clock) the node was trusted as part of a new cluster, which :meth:`_settling`
+    compares."""
+    reply = replies[0]
+    if isinstance(reply, list) and reply[0] in (0, 1) and len(reply) > 3:
+        wire.vote_marker = reply[3] if isinstance(reply[3], bytes) else None
+        trusted_age = reply[2]
+        wire.trusted_at = None if trusted_age < 0 else time.monotonic() - trusted_age / 1000
+    return reply
+
+
+#: The answer of a node whose restart-guard marker is not the one this connection saw vote:
+#: it gets the full acquire script (:meth:`AcquireRequest.recheck`).
+MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
+
+_PING = encode(["PING"])
 
 
 class Send:
@@ -453,6 +529,15 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             cancel = (handle.name, request.token)
             start = time.monotonic()
             replies = yield Send(request.build, request.undo, cancel)
+            if any(r is MARKER_CHANGED for r in replies):
+                answered = {
+                    i
+                    for i, r in enumerate(replies)
+                    if r is MARKER_CHANGED or not isinstance(r, Failure)
+                }
+                recheck = request.recheck([self.nodes[i] for i in answered])
+                again = yield Send(recheck, request.undo, cancel)
+                replies = [again[i] if i in answered else r for i, r in enumerate(replies)]
             spread = time.monotonic() - start
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:

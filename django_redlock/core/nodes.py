@@ -32,6 +32,7 @@ __all__ = [
     "Failure",
     "Node",
     "NodeSpec",
+    "Pipelined",
     "ProtocolError",
     "Wire",
     "WireError",
@@ -40,6 +41,7 @@ __all__ = [
     "eval_form",
     "fan_out",
     "fan_out_batch",
+    "fold",
     "handshake",
     "make_nodes",
     "node_identity",
@@ -95,6 +97,21 @@ def parse_reply(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
         raise ProtocolError(str(exc) or repr(bytes(buf[pos : pos + 20]))) from None
 
 
+class Pipelined:
+    """Commands written to one node at once (``data``, ``count`` replies) whose replies
+    ``fold(wire, replies)`` turns into the node's one answer. It is given the connection the
+    replies came back on, which may remember something about the node (the acquire keeps the
+    id of the restart-guard marker it saw vote there). Error replies arrive as
+    :class:`Failure`. A single ``EVALSHA`` (``count`` 1) gets the ``NOSCRIPT`` retry."""
+
+    __slots__ = ("count", "data", "fold")
+
+    def __init__(self, data: bytes, count: int, fold: Callable[[Any, list[Any]], Any]) -> None:
+        self.data = data
+        self.count = count
+        self.fold = fold
+
+
 class WireError(Exception):
     """A node failed during a lock command; carries the :class:`Failure` to report."""
 
@@ -115,6 +132,11 @@ class Wire:
         self.buf = bytearray()
         self.run_id = ""
         self.run_id_arg = b""
+        #: The id of the node's restart-guard marker when it last voted on this connection
+        #: (see ``base.AcquireRequest``); None until then, and once it changed.
+        self.vote_marker: bytes | None = None
+        #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
+        self.trusted_at: float | None = None
         self.fd = -1
         #: True once it served a command: a reused socket may have been closed by the node
         #: (restart, idle timeout) while it sat in the pool.
@@ -180,6 +202,16 @@ class Wire:
         value, pos = parse_reply(self.buf)
         del self.buf[:pos]
         return value
+
+    def take_many(self, count: int) -> list[Any]:
+        """The next ``count`` whole replies, or :class:`Incomplete` (nothing taken) until all
+        of them are in the buffer."""
+        values, pos = [], 0
+        for _ in range(count):
+            value, pos = parse_reply(self.buf, pos)
+            values.append(value)
+        del self.buf[:pos]
+        return values
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -381,28 +413,35 @@ def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
 
 
 #: Builds one node's command from the wire it will go out on (it may need the run id): the
-#: arguments, or the command already encoded (the hot path encodes the shared part once).
-CommandBuilder = Callable[[Node, Wire], Union[Sequence[Any], bytes]]  # noqa: UP007
+#: arguments, the command already encoded (the hot path encodes the shared part once), or
+#: several commands with one answer (:class:`Pipelined`).
+CommandBuilder = Callable[[Node, Wire], Union[Sequence[Any], bytes, Pipelined]]  # noqa: UP007
 
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
     return ["EVALSHA", script.sha, len(keys), *keys, *args]
 
 
-def as_bytes(command: Sequence[Any] | bytes) -> bytes:
+def as_bytes(command: Sequence[Any] | bytes | Pipelined) -> bytes:
     """A command ready for the socket (some come already encoded)."""
-    return command if isinstance(command, bytes) else encode(command)
+    if isinstance(command, bytes):
+        return command
+    if isinstance(command, Pipelined):
+        return command.data
+    return encode(command)
 
 
-def eval_form(command: Sequence[Any] | bytes) -> list[Any]:
+def eval_form(command: Sequence[Any] | bytes | Pipelined) -> list[Any]:
     """The EVAL form of an EVALSHA command, for a node that answered NOSCRIPT (it restarted
     or flushed its script cache; this also caches the script again)."""
+    if isinstance(command, Pipelined):
+        command = command.data
     args = list(parse(command)[0] if isinstance(command, bytes) else command)
     sha = args[1].decode() if isinstance(args[1], bytes) else args[1]
     return ["EVAL", BODIES[sha], *args[2:]]
 
 
-def as_eval(command: Sequence[Any] | bytes) -> bytes:
+def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
     """:func:`eval_form`, encoded."""
     return encode(eval_form(command))
 
@@ -426,10 +465,10 @@ def fan_out(
     a new connection it could, and leave the first command's effect behind.
     """
     replies: list[Any] = [_TIMED_OUT] * len(nodes)
-    pending: dict[int, tuple[int, Wire, Sequence[Any] | bytes]] = {}
+    pending: _Pending = {}
     poller = select.poll()
     # Most commands are one object for every node: encode it once.
-    last: Sequence[Any] | bytes | None = None
+    last: Sequence[Any] | bytes | Pipelined | None = None
     data = b""
 
     # Nodes with an open connection first: their commands are in flight while we still
@@ -461,7 +500,7 @@ def fan_out(
             else:
                 replies[index] = os_failure(exc)
             continue
-        pending[wire.fd] = (index, wire, command)
+        pending[wire.fd] = (index, wire, command, _count(command))
         poller.register(wire.fd, select.POLLIN)
     for index in stale:
         _resend(nodes, index, build, replies, pending, poller, timeout)
@@ -473,10 +512,10 @@ def fan_out(
         if not events:
             break
         for fd, _ in events:
-            index, wire, command = pending[fd]
+            index, wire, command, count = pending[fd]
             try:
                 wire.feed()
-                reply, pos = parse_reply(wire.buf)
+                reply: Any = wire.take() if count == 1 else wire.take_many(count)
             except Incomplete:
                 continue  # the rest of the reply is on its way
             except OSError as exc:
@@ -488,7 +527,6 @@ def fan_out(
                 else:
                     replies[index] = os_failure(exc)
                 continue
-            del wire.buf[:pos]
             if reply.__class__ is ReplyError:
                 if reply.code == "NOSCRIPT":
                     # The node restarted or flushed its script cache: send the body once,
@@ -499,13 +537,13 @@ def fan_out(
             del pending[fd]
             poller.unregister(fd)
             nodes[index].checkin(wire)
-            replies[index] = reply
+            replies[index] = fold(command, wire, reply)
     if pending and late is not None:
         undo = late()
-        for _, wire, _ in pending.values():
+        for _, wire, _, _ in pending.values():
             with contextlib.suppress(OSError):
                 wire.sock.sendall(undo)
-    for _, wire, _ in pending.values():
+    for _, wire, _, _ in pending.values():
         wire.close()
     return replies
 
@@ -513,13 +551,30 @@ def fan_out(
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out).
 _TIMED_OUT = Failure("timeout")
 
+#: A fan-out's nodes still to answer, by socket: (node index, wire, command, replies due).
+_Pending = dict[int, tuple[int, "Wire", Any, int]]
+
+
+def _count(command: Any) -> int:
+    return command.count if isinstance(command, Pipelined) else 1
+
+
+def fold(command: Any, wire: Any, reply: Any) -> Any:
+    """A node's answer to ``command``: the reply itself, or a :class:`Pipelined` command's
+    folded replies (``reply`` is then the list of them, or the one reply)."""
+    if command.__class__ is not Pipelined:
+        return reply
+    if command.count == 1:
+        return command.fold(wire, [reply])
+    return command.fold(wire, [reply_failure(r) if r.__class__ is ReplyError else r for r in reply])
+
 
 def _resend(
     nodes: Sequence[Node],
     index: int,
     build: CommandBuilder,
     replies: list[Any],
-    pending: dict[int, tuple[int, Wire, Sequence[Any] | bytes]],
+    pending: _Pending,
     poller: Any,
     timeout: float,
 ) -> None:
@@ -538,7 +593,7 @@ def _resend(
         wire.close()
         replies[index] = os_failure(exc)
         return
-    pending[wire.fd] = (index, wire, command)
+    pending[wire.fd] = (index, wire, command, _count(command))
     poller.register(wire.fd, select.POLLIN)
 
 

@@ -271,12 +271,12 @@ class Harness:
         nodes: int = 3,
         *,
         proxies: bool = False,
-        marker: bytes | None = None,
+        markers: tuple[bytes, ...] = (),
         **node_kwargs: Any,
     ) -> None:
         self.cluster = RedisCluster(nodes, **node_kwargs)
         self.proxies = (
-            [Proxy((node.host, node.port), marker=marker) for node in self.cluster]
+            [Proxy((node.host, node.port), markers=markers) for node in self.cluster]
             if proxies
             else []
         )

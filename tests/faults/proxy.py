@@ -2,9 +2,9 @@
 
 * ``delay``: every reply from the node is held back this many seconds before it is forwarded
   (a slow network / an overloaded node whose replies still arrive, late).
-* ``reset``: a request containing ``marker`` (e.g. the SHA of the acquire script) is forwarded
-  to the node, the node's reply is read and thrown away, and the client's connection is reset
-  (RST). The command *did* run on the node; the client never learns its outcome. This is the
+* ``reset``: a request containing one of ``markers`` (e.g. the SHA of the acquire script) is
+  forwarded to the node, the node's reply is read and thrown away, and the client's
+  connection is reset (RST). The command *did* run on the node; the client never learns its outcome. This is the
   "connection reset after the SET was sent" fault: the client must not count that node as
   granted, and its cleanup must remove its own token only.
 
@@ -27,9 +27,9 @@ __all__ = ["Proxy"]
 
 
 class Proxy:
-    def __init__(self, upstream: tuple[str, int], *, marker: bytes | None = None) -> None:
+    def __init__(self, upstream: tuple[str, int], *, markers: tuple[bytes, ...] = ()) -> None:
         self.upstream = upstream
-        self.marker = marker
+        self.markers = markers
         self.delay = 0.0
         self.armed: int | None = 0
         self.probability = 0.0
@@ -50,7 +50,7 @@ class Proxy:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _should_reset(self, data: bytes) -> bool:
-        if self.marker is None or self.marker not in data:
+        if not any(marker in data for marker in self.markers):
             return False
         with self._lock:
             if self.armed is None:
