@@ -15,7 +15,14 @@ import pytest
 
 from django_redlock import LockNotAcquired, LockNotOwned, QuorumError
 from django_redlock.testing import RedisCluster
-from tests.helpers import all_keys, lock_keys, pttls_on_nodes, tokens_on_nodes, wait_until
+from tests.helpers import (
+    all_keys,
+    lock_keys,
+    pttls_on_nodes,
+    tokens_on_nodes,
+    wait_until,
+    warm_up,
+)
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
@@ -116,6 +123,28 @@ def test_non_blocking_is_one_attempt_with_retry_after(
     assert abs(contender.retry_after - remaining) < 0.1, (contender.retry_after, remaining)
     assert 1.2 < contender.retry_after <= 1.55
     h.release()
+
+
+def test_an_uncontended_blocking_acquire_costs_what_a_non_blocking_one_does(
+    redis_nodes: RedisCluster, make_redlock, node_calls
+) -> None:
+    """A blocking acquire of a name nobody wants is one plain SET per node (its connections
+    saw the nodes vote), as a non-blocking one is: no script, no subscription, no thread."""
+    rl = make_redlock(redis_nodes)
+    warm_up(rl)
+    threads = threading.active_count()
+    for blocking in (False, True):
+        before = node_calls(redis_nodes)
+        lock = rl.lock("uncontended")
+        assert lock.acquire(timeout=5) if blocking else lock.acquire(blocking=False)
+        after = node_calls(redis_nodes)
+        lock.release()
+        sent = [
+            {c: a.get(c, 0) - b.get(c, 0) for c in ("set", "evalsha", "subscribe")}
+            for b, a in zip(before, after, strict=True)
+        ]
+        assert sent == [{"set": 1, "evalsha": 0, "subscribe": 0}] * 3, (blocking, sent)
+    assert threading.active_count() == threads
 
 
 def test_blocking_with_timeout_gives_up_after_about_timeout(

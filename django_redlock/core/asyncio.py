@@ -106,7 +106,7 @@ class _Wire(asyncio.Protocol):
         #: The run id as a RESP argument (every acquire sends it).
         self.run_id_arg = b""
         #: As :attr:`.nodes.Wire.vote_marker`.
-        self.vote_marker: bytes | None = None
+        self.vote_marker: list[bytes] | None = None
         #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
         self.trusted_at: float | None = None
         #: True once it served a command: a pooled connection may have been closed by the node.
@@ -1067,6 +1067,14 @@ class AsyncRedlock(RedlockBase):
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
         state = self._state()
+        first: Refusal | None = None
+        if blocking and not handle.fair and handle.name not in state.queues:
+            alone = await self._drive(self._alone_steps(handle, owner, start))
+            if isinstance(alone, Lease):
+                if alone.auto_renew:
+                    await state.notices.ready()
+                return alone
+            first = alone
         queue = self._join_queue(state, handle.name) if blocking else None
         if queue is not None:
             try:
@@ -1076,11 +1084,13 @@ class AsyncRedlock(RedlockBase):
                 raise
             if not entered:
                 self._drop_queue(state, handle.name, queue)
-                self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
+                self._give_up(
+                    handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
+                )
                 return None
         try:
             lease = await self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, timeout, start)
+                self._contend_steps(handle, owner, blocking, deadline, timeout, start, first)
             )
             if lease is not None and lease.auto_renew:
                 # Its force-release watch is subscribed before the holder goes on.

@@ -101,46 +101,22 @@ class AcquireRequest:
         self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
     ) -> None:
         self.token = secrets.token_hex(16)
-        self._redlock, self._name = redlock, handle.name
-        self.meta, meta_json = redlock._holder_meta(handle.meta)
-        keys = redlock._acquire_keys(handle.name)
-        ttl_ms = int(handle.ttl * 1000)
+        self._redlock, self._handle, self._line = redlock, handle, line
+        self._name = handle.name
+        self.meta, self._meta_json = redlock._holder_meta(handle.meta)
+        self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
         self._fast: Pipelined | None = None
+        self._script: tuple[bytes, bytes] | None = None
         if line is None and not handle.fencing:
-            fast: list[list[Any]] = [
-                [
-                    "SET",
-                    keys[0],
-                    lock_value(self.token, ttl_ms=ttl_ms, meta_json=meta_json),
-                    "NX",
-                    "PX",
-                    ttl_ms,
-                ],
-                ["PTTL", keys[0]],
-            ]
+            key = redlock._key(handle.name).encode()
+            value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
+            data = _set_and_pttl(key, value.encode(), self._ttl_ms)
+            count = 2
             if self._guarded:
-                fast.append(["HMGET", keys[2], "run_id", "id"])
-            self._fast = Pipelined(b"".join(encode(c) for c in fast), len(fast), self._fold_fast)
-        script = scripts.ACQUIRE
-        extra: list[Any] = []
-        if line is not None:
-            script = scripts.FAIR_ACQUIRE
-            keys = keys + redlock._line_keys(handle.name)
-            extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
-        guard = str(int(redlock.max_ttl * 1000)) if self._guarded else "0"
-        head = [
-            "EVALSHA",
-            script.sha,
-            len(keys),
-            *keys,
-            self.token,
-            ttl_ms,
-            meta_json,
-            "1" if handle.fencing else "0",
-        ]
-        self._head = b"*%d\r\n" % (len(head) + 2 + len(extra)) + encode_args(head)
-        self._tail = encode_args([guard, *extra])
+                data += redlock._marker_read
+                count = 3
+            self._fast = Pipelined(data, count, self._fold_fast)
 
     def build(self, node: Node, wire: Any) -> Pipelined:
         """The :data:`~.nodes.CommandBuilder` of this attempt."""
@@ -149,8 +125,34 @@ class AcquireRequest:
         return self.script(node, wire)
 
     def script(self, node: Node, wire: Any) -> Pipelined:
-        """The full acquire script (the run id is per wire)."""
-        return Pipelined(self._head + wire.run_id_arg + self._tail, 1, _fold_script)
+        """The full acquire script (the run id is per wire; encoded at the first use, as most
+        attempts never send it)."""
+        if self._script is None:
+            redlock, handle, line = self._redlock, self._handle, self._line
+            keys = redlock._acquire_keys(handle.name)
+            script = scripts.ACQUIRE
+            extra: list[Any] = []
+            if line is not None:
+                script = scripts.FAIR_ACQUIRE
+                keys = keys + redlock._line_keys(handle.name)
+                extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
+            guard = str(int(redlock.max_ttl * 1000)) if self._guarded else "0"
+            head = [
+                "EVALSHA",
+                script.sha,
+                len(keys),
+                *keys,
+                self.token,
+                self._ttl_ms,
+                self._meta_json,
+                "1" if handle.fencing else "0",
+            ]
+            self._script = (
+                b"*%d\r\n" % (len(head) + 2 + len(extra)) + encode_args(head),
+                encode_args([guard, *extra]),
+            )
+        head_bytes, tail = self._script
+        return Pipelined(head_bytes + wire.run_id_arg + tail, 1, _fold_script)
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
         """The builder of a second round, after some node's marker changed: the full script
@@ -164,13 +166,12 @@ class AcquireRequest:
 
     def _fold_fast(self, wire: Any, replies: list[Any]) -> Any:
         for reply in replies:
-            if isinstance(reply, Failure):
+            if reply.__class__ is Failure:
                 return reply
-        if self._guarded:
-            run_id, marker = replies[2]
-            if marker is None or marker != wire.vote_marker or run_id.decode() != wire.run_id:
-                wire.vote_marker = None
-                return MARKER_CHANGED
+        # [run id, marker id] as this connection saw them when the node voted.
+        if self._guarded and replies[2] != wire.vote_marker:
+            wire.vote_marker = None
+            return MARKER_CHANGED
         # The marker is unchanged, so is its trust: its age has grown by the time since.
         trusted = wire.trusted_at
         age = -1 if trusted is None else int((time.monotonic() - trusted) * 1000)
@@ -191,7 +192,8 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
     compares."""
     reply = replies[0]
     if isinstance(reply, list) and reply[0] in (0, 1) and len(reply) > 3:
-        wire.vote_marker = reply[3] if isinstance(reply[3], bytes) else None
+        marker = reply[3]
+        wire.vote_marker = [wire.run_id.encode(), marker] if isinstance(marker, bytes) else None
         trusted_age = reply[2]
         wire.trusted_at = None if trusted_age < 0 else time.monotonic() - trusted_age / 1000
     return reply
@@ -202,6 +204,16 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
 MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 
 _PING = encode(["PING"])
+
+
+def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
+    """``SET key value NX PX ttl`` and ``PTTL key``, encoded in one step (this runs on every
+    uncontended acquire)."""
+    ttl = b"%d" % ttl_ms
+    return (
+        b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$2\r\nNX\r\n$2\r\nPX\r\n"
+        b"$%d\r\n%s\r\n*2\r\n$4\r\nPTTL\r\n$%d\r\n%s\r\n"
+    ) % (len(key), key, len(value), value, len(ttl), ttl, len(key), key)
 
 
 class Send:
@@ -344,6 +356,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         self._leases_lock = threading.Lock()
         self._yield_until: dict[str, float] = {}
         self._host = socket.gethostname()
+        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
+        self._marker_read = encode(["HMGET", self._node_key(), "run_id", "id"])
         self._meta_cache: tuple[int, dict[str, Any], str] | None = None
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
@@ -477,13 +491,15 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         deadline: float | None,
         timeout: float | None,
         start: float,
+        first: Refusal | None = None,
     ) -> Steps[Lease | None]:
         """Attempts until the lock is ours or the time is up: after the first refusal,
         subscribe to the name's release channel and try again at once (a release between the
         attempt and the subscription would otherwise go unnoticed); then wait for a release
         notice, the holder's lease end or a random retry delay (:meth:`_pause_for`). A fair
-        lock draws its place in line first and leaves the line when done. No recursion: one
-        loop, each attempt one :meth:`_attempt_steps`."""
+        lock draws its place in line first and leaves the line when done. ``first`` is the
+        refusal of an attempt already made (:meth:`_alone_steps`). No recursion: one loop,
+        each attempt one :meth:`_attempt_steps`."""
         attempts = 0
         notice = None
         line = None
@@ -491,12 +507,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
             yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
         while True:
-            outcome = yield from self._attempt_steps(handle, owner, line)
+            if first is None:
+                outcome = yield from self._attempt_steps(handle, owner, line)
+            else:
+                outcome, first = first, None
             if isinstance(outcome, Lease):
-                self._register(handle, outcome, time.monotonic() - start)
-                if outcome.auto_renew:
-                    self._start_renewal(outcome)
-                return outcome
+                return self._won(handle, outcome, start)
             attempts += 1
             now = time.monotonic()
             if self._out_of_time(blocking, attempts, timeout, deadline, now):
@@ -506,6 +522,22 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 notice = yield Listen(self._channel(handle.name))
                 continue
             yield Wait(notice, self._pause_for(handle, outcome, timeout, deadline, now))
+
+    def _alone_steps(
+        self, handle: LockBase, owner: Hashable, start: float
+    ) -> Steps[Lease | Refusal]:
+        """A blocking acquire's first attempt while no other thread (or task) of this process
+        wants the name: one attempt, as a non-blocking acquire makes, without lining up in
+        the local queue, which exists to line up this process's own contenders. A refusal is
+        then :meth:`_contend_steps`' first attempt, made in line."""
+        outcome = yield from self._attempt_steps(handle, owner)
+        return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
+
+    def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
+        self._register(handle, lease, time.monotonic() - start)
+        if lease.auto_renew:
+            self._start_renewal(lease)
+        return lease
 
     def _attempt_steps(
         self, handle: LockBase, owner: Hashable, line: tuple[str, int] | None = None

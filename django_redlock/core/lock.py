@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import Hashable
@@ -12,24 +11,10 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from .errors import LockNotAcquired, LockNotOwned
+from .process import ThisProcess
 from .validation import check_timeout
 
 __all__ = ["Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
-
-
-class _Process:
-    """This process's id, kept current across fork (``os.getpid()`` is a system call, and
-    ``held``/``validity`` ask on every look at a lease)."""
-
-    pid = os.getpid()
-
-    @classmethod
-    def forked(cls) -> None:
-        cls.pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_Process.forked)
 
 
 def current_owner() -> Hashable:
@@ -72,12 +57,12 @@ class Lease:
     #: Stops listening for an operator's force release (auto-renewed leases listen).
     unwatch: Any = field(default=None, repr=False)
     #: The process that acquired it; a forked child holds none of its parent's locks.
-    pid: int = field(default_factory=lambda: _Process.pid)
+    pid: int = field(default_factory=lambda: ThisProcess.pid)
 
     @property
     def foreign(self) -> bool:
         """Inherited through fork: this process must never touch it on the nodes."""
-        return self.pid != _Process.pid
+        return self.pid != ThisProcess.pid
 
     @property
     def validity(self) -> float:

@@ -11,7 +11,6 @@ threads share them without contention, and a forked child opens its own.
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import socket
 import ssl
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.connection import parse_url as _parse_url
 
+from .process import ThisProcess
 from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
 
@@ -132,9 +132,9 @@ class Wire:
         self.buf = bytearray()
         self.run_id = ""
         self.run_id_arg = b""
-        #: The id of the node's restart-guard marker when it last voted on this connection
-        #: (see ``base.AcquireRequest``); None until then, and once it changed.
-        self.vote_marker: bytes | None = None
+        #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
+        #: this connection (see ``base.AcquireRequest``); None until then, and once it changed.
+        self.vote_marker: list[bytes] | None = None
         #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
         self.trusted_at: float | None = None
         self.fd = -1
@@ -198,8 +198,12 @@ class Wire:
         self.buf += data
 
     def take(self) -> Any:
-        """The next whole reply in the buffer; raises :class:`Incomplete` if there is none."""
-        value, pos = parse_reply(self.buf)
+        """The next whole reply in the buffer; raises :class:`Incomplete` if there is none
+        (:class:`ProtocolError` for garbage)."""
+        try:
+            value, pos = parse(self.buf)
+        except ValueError as exc:
+            raise ProtocolError(str(exc) or repr(bytes(self.buf[:20]))) from None
         del self.buf[:pos]
         return value
 
@@ -207,9 +211,12 @@ class Wire:
         """The next ``count`` whole replies, or :class:`Incomplete` (nothing taken) until all
         of them are in the buffer."""
         values, pos = [], 0
-        for _ in range(count):
-            value, pos = parse_reply(self.buf, pos)
-            values.append(value)
+        try:
+            for _ in range(count):
+                value, pos = parse(self.buf, pos)
+                values.append(value)
+        except ValueError as exc:
+            raise ProtocolError(str(exc) or repr(bytes(self.buf[pos : pos + 20]))) from None
         del self.buf[:pos]
         return values
 
@@ -275,7 +282,7 @@ class Node:
         self.node_timeout = node_timeout
         self._ssl_context: ssl.SSLContext | None = None
         self._idle: deque[Wire] = deque()
-        self._pid = os.getpid()
+        self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
         self.client = redis.Redis.from_url(url, **slow)
@@ -283,15 +290,17 @@ class Node:
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
 
-    def checkout(self, timeout: float) -> Wire:
-        if self._pid != os.getpid():
+    def checkout(self, deadline: float) -> Wire:
+        """A pooled connection, or a new one (which may take until ``deadline``, on the
+        monotonic clock, and at least 5 ms)."""
+        if self._pid != ThisProcess.pid:
             # Inherited sockets belong to the parent's conversations with the node.
             self._idle = deque()
-            self._pid = os.getpid()
+            self._pid = ThisProcess.pid
         try:
             return self._idle.pop()
         except IndexError:
-            return Wire(self, timeout)
+            return Wire(self, max(deadline - time.monotonic(), 0.005))
 
     def checkin(self, wire: Wire) -> None:
         wire.reused = True
@@ -484,7 +493,7 @@ def fan_out(
     for index in order:
         node = nodes[index]
         try:
-            wire = node.checkout(max(connect_deadline - time.monotonic(), 0.005))
+            wire = node.checkout(connect_deadline)
         except WireError as exc:
             replies[index] = exc.failure
             continue
@@ -537,7 +546,7 @@ def fan_out(
             del pending[fd]
             poller.unregister(fd)
             nodes[index].checkin(wire)
-            replies[index] = fold(command, wire, reply)
+            replies[index] = fold(command, wire, reply) if command.__class__ is Pipelined else reply
     if pending and late is not None:
         undo = late()
         for _, wire, _, _ in pending.values():
@@ -615,7 +624,7 @@ def fan_out_batch(
     connect_deadline = time.monotonic() + timeout
     for index in sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle):
         try:
-            wire = nodes[index].checkout(max(connect_deadline - time.monotonic(), 0.005))
+            wire = nodes[index].checkout(connect_deadline)
             wire.sock.sendall(payload)
         except WireError as exc:
             results[index] = exc.failure

@@ -116,6 +116,12 @@ class Redlock(RedlockBase):
         courtesy = self._courtesy(handle.name) if blocking else 0.0
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
+        first: Refusal | None = None
+        if blocking and not handle.fair and handle.name not in self._queues:
+            alone = self._drive(self._alone_steps(handle, owner, start))
+            if isinstance(alone, Lease):
+                return alone
+            first = alone
         queue = self._join_queue(handle.name) if blocking else None
         if queue is not None:
             try:
@@ -125,11 +131,13 @@ class Redlock(RedlockBase):
                 raise
             if not entered:
                 self._drop_queue(handle.name, queue)
-                self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
+                self._give_up(
+                    handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
+                )
                 return None
         try:
             lease = self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, timeout, start)
+                self._contend_steps(handle, owner, blocking, deadline, timeout, start, first)
             )
         except BaseException:
             if queue is not None:

@@ -81,15 +81,26 @@ def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
         pos = end + 2
         if count < 0:
             return None, pos
-        items = []
+        items: list[Any] = []
         for _ in range(count):
-            # Integers (the lock scripts' replies) inline: no call per item.
-            if pos < len(buf) and buf[pos] == 58:
+            # Integers and strings (the lock scripts' and the marker read's replies) inline:
+            # no call per item.
+            kind = buf[pos] if pos < len(buf) else 0
+            if kind == 58 or kind == 36:
                 end = buf.find(b"\r\n", pos)
                 if end < 0:
                     raise Incomplete
-                items.append(int(buf[pos + 1 : end]))
+                number = int(buf[pos + 1 : end])
                 pos = end + 2
+                if kind == 58:
+                    items.append(number)
+                elif number < 0:
+                    items.append(None)
+                elif len(buf) < pos + number + 2:
+                    raise Incomplete
+                else:
+                    items.append(bytes(buf[pos : pos + number]))
+                    pos += number + 2
             else:
                 item, pos = parse(buf, pos)
                 items.append(item)
