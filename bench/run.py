@@ -423,8 +423,7 @@ def measure_handoff(
     key = f"handoff-{uuid.uuid4().hex[:8]}"
     per_worker: list[list[tuple[float, float, float]]] = [[] for _ in range(workers)]
     failed = 0
-    # The nodes count the commands each attempt runs: ours' acquire script calls TIME once
-    # per node per attempt, the SET-NX libraries call SET. Nothing else uses these nodes now.
+    # The nodes count the commands each attempt runs (below). Nothing else uses these nodes now.
     stats = [redis.Redis.from_url(u) for u in urls]
     for s in stats:
         s.config_resetstat()
@@ -484,7 +483,9 @@ def measure_handoff(
         failed = sum(fails)
         if errs:
             raise RuntimeError(errs[0])
-    command = "cmdstat_time" if kind == "ours" else "cmdstat_set"
+    # Every attempt of ours reads the restart-guard marker once per node (HMGET: after its
+    # plain SET, or inside the acquire script); the peers' attempts are one SET each.
+    command = "cmdstat_hmget" if kind == "ours" else "cmdstat_set"
     calls = sum(s.info("commandstats").get(command, {}).get("calls", 0) for s in stats)
     for s in stats:
         s.close()
