@@ -5,6 +5,7 @@ rule that no lock key ever exists without an expiry."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import socket
@@ -415,3 +416,20 @@ def test_concurrent_first_use_of_a_fresh_cluster(redis_nodes: RedisCluster, make
             w.join(10)
         assert not errors, f"round {round_}: {errors[0]}"
         assert results == [True] * threads, f"round {round_}: {results}"
+
+
+def test_lock_events_reach_the_log_without_listeners(
+    redis_nodes: RedisCluster, make_redlock, caplog
+) -> None:
+    """Events are built only for someone: a listener, or the ``django_redlock`` logger at the
+    event's level (DEBUG for acquired/released)."""
+    rl = make_redlock(redis_nodes)
+    assert rl.listeners == []
+    with rl.lock("logged"):
+        pass
+    assert not [r for r in caplog.records if getattr(r, "lock_name", None) == "logged"]
+    caplog.set_level(logging.DEBUG, logger="django_redlock")
+    with rl.lock("logged"):
+        pass
+    kinds = [r.lock_event for r in caplog.records if getattr(r, "lock_name", None) == "logged"]
+    assert kinds == ["acquired", "released"]

@@ -27,8 +27,8 @@ from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable
 from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, Node, NodeSpec, Pipelined, make_nodes
-from .resp import encode, encode_args
+from .nodes import Failure, Node, NodeSpec, Pipelined, make_nodes, reply_failure
+from .resp import ReplyError, encode, encode_args
 from .validation import (
     check_meta,
     check_name,
@@ -166,8 +166,8 @@ class AcquireRequest:
 
     def _fold_fast(self, wire: Any, replies: list[Any]) -> Any:
         for reply in replies:
-            if reply.__class__ is Failure:
-                return reply
+            if reply.__class__ is ReplyError:
+                return reply_failure(reply)
         # [run id, marker id] as this connection saw them when the node voted.
         if self._guarded and replies[2] != wire.vote_marker:
             wire.vote_marker = None

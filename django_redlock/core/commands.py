@@ -50,6 +50,7 @@ class KeyLayout:
     meta: dict[str, Any]
     _host: str
     _meta_cache: tuple[int, dict[str, Any], str] | None
+    _thread_json: tuple[str | None, str] = (None, "")
 
     def _key(self, name: str) -> str:
         return f"{self.key_prefix}:lock:{name}"
@@ -133,7 +134,9 @@ class KeyLayout:
         _, fixed, fixed_json = self._meta_cache
         thread, now = threading.current_thread().name, time.time()
         holder = {**fixed, "thread": thread, "acquired_at": now}
-        parts = [fixed_json, f'"thread": {json.dumps(thread)}', f'"acquired_at": {now!r}']
+        if self._thread_json[0] != thread:  # one entry: a thread mostly locks again and again
+            self._thread_json = (thread, f'"thread": {json.dumps(thread)}')
+        parts = [fixed_json, self._thread_json[1], f'"acquired_at": {now!r}']
         if meta:
             holder.update(meta)
             parts.append(json.dumps(dict(meta), default=str)[1:-1])

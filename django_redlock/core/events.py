@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["EventKind", "Listener", "LockEvent", "emit"]
+__all__ = ["EventKind", "Listener", "LockEvent", "emit", "heard"]
 
 logger = logging.getLogger("django_redlock")
 
@@ -35,8 +35,18 @@ class LockEvent:
 Listener = Callable[[LockEvent], None]
 
 
+def _level(kind: EventKind) -> int:
+    return logging.WARNING if kind in ("lost", "force_released") else logging.DEBUG
+
+
+def heard(listeners: list[Listener], kind: EventKind) -> bool:
+    """Whether an event of ``kind`` reaches anyone (a listener or the log): the hot path
+    builds its ``acquired`` and ``released`` events only then."""
+    return bool(listeners) or logger.isEnabledFor(_level(kind))
+
+
 def emit(listeners: list[Listener], event: LockEvent) -> None:
-    level = logging.WARNING if event.kind in ("lost", "force_released") else logging.DEBUG
+    level = _level(event.kind)
     if logger.isEnabledFor(level):
         logger.log(
             level,

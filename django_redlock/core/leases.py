@@ -9,7 +9,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
 from .errors import LockLost, LockNotOwned
-from .events import Listener, LockEvent, emit
+from .events import Listener, LockEvent, emit, heard
 from .lock import Lease, LockBase
 from .nodes import Failure, Node
 
@@ -72,17 +72,18 @@ class LeaseTable:
         handle.retry_after = None
         with self._leases_lock:
             self._leases[lease.name] = lease
-        emit(
-            self.listeners,
-            LockEvent(
-                "acquired",
-                lease.name,
-                token=lease.token,
-                meta=lease.meta,
-                waited=waited,
-                fence=lease.fence,
-            ),
-        )
+        if heard(self.listeners, "acquired"):
+            emit(
+                self.listeners,
+                LockEvent(
+                    "acquired",
+                    lease.name,
+                    token=lease.token,
+                    meta=lease.meta,
+                    waited=waited,
+                    fence=lease.fence,
+                ),
+            )
 
     def _begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told (never
@@ -221,6 +222,8 @@ class LeaseTable:
         self, kind: Literal["released", "lost"], lease: Lease, reason: str | None
     ) -> None:
         """Tell the listeners about the end of a hold (released or lost)."""
+        if not heard(self.listeners, kind):
+            return
         emit(
             self.listeners,
             LockEvent(

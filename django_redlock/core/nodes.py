@@ -101,8 +101,9 @@ class Pipelined:
     """Commands written to one node at once (``data``, ``count`` replies) whose replies
     ``fold(wire, replies)`` turns into the node's one answer. It is given the connection the
     replies came back on, which may remember something about the node (the acquire keeps the
-    id of the restart-guard marker it saw vote there). Error replies arrive as
-    :class:`Failure`. A single ``EVALSHA`` (``count`` 1) gets the ``NOSCRIPT`` retry."""
+    id of the restart-guard marker it saw vote there). A single command's error reply
+    arrives as a :class:`Failure` (after the ``NOSCRIPT`` retry of an ``EVALSHA``); several
+    commands' replies arrive as parsed, error replies as :class:`~.resp.ReplyError`."""
 
     __slots__ = ("count", "data", "fold")
 
@@ -573,9 +574,7 @@ def fold(command: Any, wire: Any, reply: Any) -> Any:
     folded replies (``reply`` is then the list of them, or the one reply)."""
     if command.__class__ is not Pipelined:
         return reply
-    if command.count == 1:
-        return command.fold(wire, [reply])
-    return command.fold(wire, [reply_failure(r) if r.__class__ is ReplyError else r for r in reply])
+    return command.fold(wire, [reply] if command.count == 1 else reply)
 
 
 def _resend(
