@@ -409,16 +409,7 @@ class BackendLocks:
                 LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)
             )
             return None
-        self._emit(
-            LockEvent(
-                "acquired",
-                handle.name,
-                token=grant.token,
-                meta=grant.meta,
-                waited=waited,
-                fence=grant.fence,
-            )
-        )
+        self._emit(LockEvent.of_acquisition(grant, waited))
         if handle.auto_renew:
             until = None if handle.renew_for is None else time.monotonic() + handle.renew_for
             threading.Thread(
@@ -502,18 +493,7 @@ class BackendLocks:
             return
         grant.lost = reason
         grant.stop_renewal.set()
-        held = time.monotonic() - grant.acquired
-        self._emit(
-            LockEvent(
-                "lost",
-                grant.name,
-                token=grant.token,
-                meta=grant.meta,
-                held=held,
-                fence=grant.fence,
-                reason=reason,
-            )
-        )
+        self._emit(LockEvent.of_end("lost", grant, reason))
 
     def _emit(self, event: LockEvent) -> None:
         emit(self.listeners, event)

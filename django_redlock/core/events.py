@@ -7,6 +7,7 @@ raises is logged and skipped, so a broken listener can never break locking.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,6 +31,30 @@ class LockEvent:
     reason: str | None = None  #: why it was lost / not acquired
     retry_after: float | None = None  #: contended: seconds until the holder's lease ends
     nodes: int | None = None  #: force_released: nodes the key was removed from
+
+    @classmethod
+    def of_acquisition(cls, hold: Any, waited: float) -> LockEvent:
+        """The ``acquired`` event of a lease (or a backend's grant): anything with ``name``,
+        ``token``, ``meta`` and ``fence``."""
+        return cls(
+            "acquired", hold.name, token=hold.token, meta=hold.meta, waited=waited, fence=hold.fence
+        )
+
+    @classmethod
+    def of_end(
+        cls, kind: Literal["released", "lost"], hold: Any, reason: str | None = None
+    ) -> LockEvent:
+        """The end of a hold (as :meth:`of_acquisition`, plus ``acquired``, its
+        ``time.monotonic()`` start)."""
+        return cls(
+            kind,
+            hold.name,
+            token=hold.token,
+            meta=hold.meta,
+            held=time.monotonic() - hold.acquired,
+            fence=hold.fence,
+            reason=reason,
+        )
 
 
 Listener = Callable[[LockEvent], None]

@@ -73,17 +73,7 @@ class LeaseTable:
         with self._leases_lock:
             self._leases[lease.name] = lease
         if heard(self.listeners, "acquired"):
-            emit(
-                self.listeners,
-                LockEvent(
-                    "acquired",
-                    lease.name,
-                    token=lease.token,
-                    meta=lease.meta,
-                    waited=waited,
-                    fence=lease.fence,
-                ),
-            )
+            emit(self.listeners, LockEvent.of_acquisition(lease, waited))
 
     def _begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told (never
@@ -222,20 +212,8 @@ class LeaseTable:
         self, kind: Literal["released", "lost"], lease: Lease, reason: str | None
     ) -> None:
         """Tell the listeners about the end of a hold (released or lost)."""
-        if not heard(self.listeners, kind):
-            return
-        emit(
-            self.listeners,
-            LockEvent(
-                kind,
-                lease.name,
-                token=lease.token,
-                meta=lease.meta,
-                held=time.monotonic() - lease.acquired,
-                fence=lease.fence,
-                reason=reason,
-            ),
-        )
+        if heard(self.listeners, kind):
+            emit(self.listeners, LockEvent.of_end(kind, lease, reason))
 
     def _judge_force_release(self, name: str, replies: list[Any]) -> int:
         tokens = {r.decode() for r in replies if isinstance(r, bytes)}
