@@ -182,7 +182,7 @@ class AcquireRequest:
     def undo(self) -> bytes:
         """The release of this attempt's token, for a node whose answer did not come in time
         (sent behind the acquire on the same connection: see :func:`.nodes.fan_out`)."""
-        return encode(self._redlock._release_command(self._name, self.token))
+        return self._redlock._release_command(self._name, self.token)
 
 
 def _fold_script(wire: Any, replies: list[Any]) -> Any:
@@ -238,7 +238,7 @@ class Send:
         self.timeout = timeout  #: None: the node timeout
 
 
-def to_every_node(command: list[Any]) -> AnyBuilder:
+def to_every_node(command: list[Any] | bytes) -> AnyBuilder:
     """A builder sending the same command to every node."""
     return lambda node, wire: command
 

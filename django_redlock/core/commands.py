@@ -16,6 +16,7 @@ from . import scripts
 from .info import HOLDER_PLACE
 from .lock import Lease
 from .nodes import script_command
+from .resp import encode_args
 from .validation import check_name
 
 __all__ = ["KeyLayout", "lock_fields", "lock_value"]
@@ -41,6 +42,10 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
     text = value.decode() if isinstance(value, bytes) else value
     header, _, meta = text.partition("\n")
     return {**dict(zip(scripts.VALUE_FIELDS, header.split(" "), strict=True)), "meta": meta}
+
+
+#: ``EVALSHA <RELEASE> 1`` of a six-part command; the key, token and channel follow.
+_RELEASE_HEAD = b"*6\r\n" + encode_args(["EVALSHA", scripts.RELEASE.sha, 1])
 
 
 class KeyLayout:
@@ -83,8 +88,17 @@ class KeyLayout:
     def _channel(self, name: str) -> str:
         return f"{self.key_prefix}:released:{name}"
 
-    def _release_command(self, name: str, token: str) -> list[Any]:
-        return script_command(scripts.RELEASE, [self._key(name)], [token, self._channel(name)])
+    def _release_command(self, name: str, token: str) -> bytes:
+        """``RELEASE`` of ``token``, encoded (it runs on every release)."""
+        key, channel, value = self._key(name).encode(), self._channel(name).encode(), token.encode()
+        return _RELEASE_HEAD + b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+            len(key),
+            key,
+            len(value),
+            value,
+            len(channel),
+            channel,
+        )
 
     def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
         return script_command(
