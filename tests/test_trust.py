@@ -6,6 +6,7 @@ once after checking that no lock is held. Real nodes throughout."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from io import StringIO
 
 import pytest
@@ -161,3 +162,55 @@ def test_check_command_and_health_agree_on_a_new_cluster(settings, redis_cluster
         assert [h.status for h in get_redlock().health()] == ["voting"] * 3
     finally:
         reset()
+
+
+def test_a_late_trust_does_not_trust_a_node_flushed_since(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """A client saw a brand-new cluster and was delayed before its TRUST went out (a process
+    pause, a slow link). Meanwhile the cluster was trusted by another client, a lock was taken
+    on a bare quorum {A, B}, and A was flushed and re-armed (guarded again). The late TRUST
+    must not make A vote: it trusts only the marker the attempt saw fresh, not whatever
+    marker A has now (a FLUSHALL keeps the server's run id)."""
+    cluster = redis_cluster_factory(3)
+    a, _, c = cluster.nodes
+    late, holder, other = (make_redlock(cluster, ttl=10, max_ttl=10) for _ in range(3))
+    at_trust, go = threading.Event(), threading.Event()
+    build_trust = late._trust_command
+
+    def delayed(*args):
+        at_trust.set()
+        go.wait(10)
+        return build_trust(*args)
+
+    late._trust_command = delayed
+    outcome: list[object] = []
+
+    def take() -> None:
+        try:
+            outcome.append(late.lock("k").acquire(blocking=False))
+        except QuorumError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=take)
+    t.start()
+    assert at_trust.wait(5), "the late client never saw a brand-new cluster"
+    with holder.lock("warm-up"):  # trusts the new cluster itself
+        pass
+    c.pause()
+    try:
+        held = holder.lock("k", ttl=10)
+        assert held.acquire(blocking=False)  # on A and B only
+    finally:
+        c.resume()
+    a.flush()
+    with other.lock("other"):  # on B and C; A's marker is armed again (guarded, fresh)
+        pass
+    with node_client(a) as client:
+        assert client.hget("redlock:node", "fresh") == b"1"
+    go.set()
+    t.join(10)
+    # Refused while the holder's lease still runs (A lost its copy: the holder keeps only B,
+    # a bare-quorum limit the guard cannot fix, but nobody else may get the lock either).
+    assert outcome == [False], "a late TRUST made a flushed node vote: double grant"
+    assert held.validity > 0

@@ -451,6 +451,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             renew_until=None if handle.renew_for is None else start + handle.renew_for,
         )
 
+    def _trust_builder(self, replies: list[Any]) -> AnyBuilder:
+        """TRUST for each node, naming the marker this attempt saw fresh there (a node
+        flushed and armed again since has another marker and is not trusted)."""
+        seen = {id(node): r[4] for node, r in zip(self.nodes, replies, strict=True)}
+        return lambda node, wire: self._trust_command(wire.run_id, seen[id(node)])
+
     def _all_fresh(self, replies: list[Any]) -> bool:
         """A brand-new cluster: every node is in its guard for a missing marker (none has
         ever held a lock under this prefix, or all lost their data within the last max_ttl).
@@ -585,8 +591,9 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 yield Send(to_every_node(undo), None, cancel)
             if not trusted and self._all_fresh(replies):
                 trusted = True
-                trust = yield Send(lambda n, wire: self._trust_command(wire.run_id))
-                if all(r == 1 for r in trust):
+                # Each node's marker as this attempt saw it fresh: only that one is trusted.
+                trust = yield Send(self._trust_builder(replies))
+                if any(r == 1 for r in trust):  # a node it could not trust stays guarded
                     settle = 0
                     continue
             if settle and self._settling(replies, spread):

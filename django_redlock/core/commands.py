@@ -126,8 +126,8 @@ class KeyLayout:
         match = f"{self.key_prefix}:lock:{pattern}"
         return script_command(scripts.LIST, [], [cursor, match, self.LIST_BATCH])
 
-    def _trust_command(self, run_id: str) -> list[Any]:
-        return script_command(scripts.TRUST, [self._node_key()], [run_id])
+    def _trust_command(self, run_id: str, marker: bytes) -> list[Any]:
+        return script_command(scripts.TRUST, [self._node_key()], [run_id, marker])
 
     def _trust_now_command(self, run_id: str) -> list[Any]:
         return script_command(scripts.TRUST_NOW, [self._node_key()], [run_id])

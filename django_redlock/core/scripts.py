@@ -71,11 +71,12 @@ end
 """
 
 # Shared opening of both acquire scripts: the server clock, then the restart guard.
-# Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms), ARGV[5] run_id of
-# the server this connection reached, ARGV[6] guard period ms ("0" = off). Returns early
-# {2, ms, fresh, armed_age} while this node may not vote (armed_age: ms since the marker was
-# written); sets trusted_age (ms since a brand-new cluster was trusted, else -1) and marker
-# (the marker's id, which the caller keeps to check the node with an HMGET next time).
+# Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms, id), ARGV[5]
+# run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off). Returns
+# early {2, ms, fresh, armed_age, marker} while this node may not vote (armed_age: ms since
+# the marker was written; marker: its id, which a TRUST must name); sets trusted_age (ms
+# since a brand-new cluster was trusted, else -1) and marker (the marker's id, which the
+# caller keeps to check the node with an HMGET next time).
 _GUARD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -105,7 +106,7 @@ if guard > 0 then
   if trusted > 0 then
     trusted_age = now - trusted
   elseif tonumber(m[2]) + guard > now then
-    return {2, tonumber(m[2]) + guard - now, tonumber(m[3]), now - tonumber(m[5])}
+    return {2, tonumber(m[2]) + guard - now, tonumber(m[3]), now - tonumber(m[5]), m[6]}
   end
 end
 """
@@ -153,9 +154,9 @@ return {0, fence, trusted_age, marker}
 # ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)
 # Returns {0, fence, trusted_age, marker} taken (fence 0 when not fencing)
 #         {1, pttl, trusted_age, marker} held by another owner; pttl = ms until its lease ends
-#         {2, ms, fresh, armed_age} restart guard: this node may not vote for ms more;
-#                    fresh = 1 while the guard comes from a missing marker (never used, or
-#                    restarted empty); armed_age = ms since the marker was written
+#         {2, ms, fresh, armed_age, marker} restart guard: this node may not vote for ms
+#                    more; fresh = 1 while the guard comes from a missing marker (never used,
+#                    or restarted empty); armed_age = ms since the marker was written
 # trusted_age: ms since this node was trusted as part of a brand-new cluster, -1 otherwise
 # marker: the id of the node's marker (false with the guard off)
 ACQUIRE = Script(_FIELDS + _GUARD + _HELD + _TAKE)
@@ -284,13 +285,16 @@ return false
 )
 
 # Mark this node usable now: used when every node of a cluster reports it has never been
-# used (a brand-new cluster has no leases to protect).
+# used (a brand-new cluster has no leases to protect). Only the marker the caller saw fresh
+# is trusted: a node flushed and armed again since (a FLUSHALL keeps the run id) has a new
+# marker id, and a late TRUST must not make it vote.
 # KEYS[1] node marker
-# ARGV[1] run_id the caller saw on this node
-# Returns 1 when the marker was set by this very server process and is now trusted, else 0.
+# ARGV[1] run_id the caller saw on this node, ARGV[2] the marker id it saw
+# Returns 1 when that very marker is still there and is now trusted, else 0.
 TRUST = Script(
     """
-if redis.call('HGET', KEYS[1], 'run_id') == ARGV[1] then
+local m = redis.call('HMGET', KEYS[1], 'run_id', 'id')
+if m[1] == ARGV[1] and m[2] == ARGV[2] then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HSET', KEYS[1], 'trusted', now, 'fresh', 0)
