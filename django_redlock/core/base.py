@@ -102,7 +102,6 @@ class AcquireRequest:
     ) -> None:
         self.token = secrets.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
-        self._name = handle.name
         self.meta, self._meta_json = redlock._holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
@@ -182,7 +181,7 @@ class AcquireRequest:
     def undo(self) -> bytes:
         """The release of this attempt's token, for a node whose answer did not come in time
         (sent behind the acquire on the same connection: see :func:`.nodes.fan_out`)."""
-        return self._redlock._release_command(self._name, self.token)
+        return self._redlock._release_command(self._handle.name, self.token)
 
 
 def _fold_script(wire: Any, replies: list[Any]) -> Any:

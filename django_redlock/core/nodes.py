@@ -201,10 +201,7 @@ class Wire:
     def take(self) -> Any:
         """The next whole reply in the buffer; raises :class:`Incomplete` if there is none
         (:class:`ProtocolError` for garbage)."""
-        try:
-            value, pos = parse(self.buf)
-        except ValueError as exc:
-            raise ProtocolError(str(exc) or repr(bytes(self.buf[:20]))) from None
+        value, pos = parse_reply(self.buf)
         del self.buf[:pos]
         return value
 
@@ -212,12 +209,9 @@ class Wire:
         """The next ``count`` whole replies, or :class:`Incomplete` (nothing taken) until all
         of them are in the buffer."""
         values, pos = [], 0
-        try:
-            for _ in range(count):
-                value, pos = parse(self.buf, pos)
-                values.append(value)
-        except ValueError as exc:
-            raise ProtocolError(str(exc) or repr(bytes(self.buf[pos : pos + 20]))) from None
+        for _ in range(count):
+            value, pos = parse_reply(self.buf, pos)
+            values.append(value)
         del self.buf[:pos]
         return values
 
