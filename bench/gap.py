@@ -8,9 +8,12 @@ burst of foreign load touches every row a little. Rows:
 
 ``floor``          the bench's raw-socket floor: ``SET NX PX`` then ``DEL``, no Lua
 ``our commands``   our exact acquire and release commands (restart guard on, holder metadata,
-                   fresh token per cycle) written to the same sockets with one ``poll`` loop:
-                   the nodes' share of our cycle, with no library code around it
-``django-redlock`` ``lock.acquire()`` + ``release()`` through the public API
+                   fresh token per cycle) written to sockets of their own with one ``poll``
+                   loop that waits for every node: the nodes' share of our cycle, with no
+                   library code around it
+``django-redlock`` ``lock.acquire()`` + ``release()`` through the public API, which stop
+                   waiting once a quorum answered (the slower nodes' replies are read by the
+                   next operation on their connections)
 ``redis-py Lock``  one node, for the ratio the speed target is stated against
 
 Per row: p50 of the cycle, and the client's user and system CPU per cycle (``getrusage``),
@@ -66,7 +69,9 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
     handle = rl.lock(name, ttl=TTL)
     handle.acquire()  # opens one connection per node, learns the run ids, arms the markers
     handle.release()
-    wires = [node._idle[0] for node in rl.nodes]
+    rl.locked(name)  # waits for every node: no connection still owes a reply
+    # Taken out of the pool: the library's own row must not share them.
+    wires = [node._idle.pop() for node in rl.nodes]
     poller = select.poll()
     for wire in wires:
         poller.register(wire.fd, select.POLLIN)
@@ -146,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with RedisCluster(5) as cluster:
         rl = Redlock(cluster.urls, key_prefix="gap-ours", ttl=TTL)
+        hand_rl = Redlock(cluster.urls, key_prefix="gap-hand", ttl=TTL)
         floor = peers.RawFloor(cluster.urls, "gap-floor")
         floor_handle = floor.handle("k")
         redis_py = peers.RedisPyLock(cluster.urls[:1], "gap-redis-py")
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                 floor.acquire(floor_handle, 1.0),
                 floor.release(floor_handle),
             ),
-            "our commands by hand (5 nodes)": by_hand(rl, "by-hand"),
+            "our commands by hand (5 nodes)": by_hand(hand_rl, "by-hand"),
             "django-redlock (5 nodes)": lambda: (
                 ours_handle.acquire(),
                 ours_handle.release(),
@@ -193,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, usec in server_cost(cluster[0].port, 5000).items():
             print(f"  {label:44} {usec:6.2f} µs")
         rl.close()
+        hand_rl.close()
         floor.close()
         redis_py.close()
 

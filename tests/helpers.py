@@ -104,6 +104,9 @@ def warm_up(redlock: Any, name: str = "warm-up") -> None:
     lock = redlock.lock(name)
     assert lock.acquire(blocking=False), "warm-up acquire failed on a healthy cluster"
     lock.release()
+    # An acquire and a release end once a quorum answered; this asks every node and waits for
+    # all of them, so none is still working through the warm-up when a fault is injected.
+    redlock.locked(name)
 
 
 def commands_processed(nodes: Iterable[RedisNode]) -> list[int]:

@@ -198,6 +198,12 @@ def test_force_release_turns_holder_held_false_async(redis_nodes, make_redlock) 
 # ---- 7. the restart guard survives rolling restarts ----------------------------------------
 
 
+def _armed_after_warm_up(rl, node, name: str) -> bool:
+    warm_up(rl, name)
+    with node_client(node) as client:
+        return bool(client.exists("redlock:node"))
+
+
 def test_restart_guard_survives_rolling_restarts(redis_cluster_factory, make_redlock) -> None:
     cluster = redis_cluster_factory(3)
     kw = {"ttl": 0.8, "max_ttl": 1.0, "node_timeout": 0.1}
@@ -206,7 +212,9 @@ def test_restart_guard_survives_rolling_restarts(redis_cluster_factory, make_red
     warm_up(a_rl)
     for index in range(3):  # a rolling upgrade, restarts spaced beyond max_ttl
         cluster[index].restart(empty=True)
-        warm_up(a_rl, f"arm-{index}")  # the other two vote; this arms the marker
+        # The other two vote; an acquire arms the restarted node's marker. It ends once those
+        # two granted, so the restarted node may first be reached by the next acquire.
+        wait_until(lambda i=index: _armed_after_warm_up(a_rl, cluster[i], f"arm-{i}"))
         time.sleep(1.2)  # the guard of the restarted node runs out (a duration, not a sync)
     a = _hold_on_first_two(cluster, a_rl, "rolling", ttl=0.8)
     cluster[0].restart(empty=True)

@@ -6,9 +6,10 @@ table, events) comes from :mod:`.base`; only the talking and the waiting differ.
 
 Talking. Each node gets lean connections (an :class:`asyncio.Protocol` parsing RESP with the
 sans-IO :mod:`.resp`, the same handshake as the sync ``Wire``: AUTH, SELECT, INFO for the run
-id). A fan-out writes the command to every node, then waits for all replies at once with one
-deadline (``node_timeout``); a connection whose reply did not come in time is aborted, never
-reused. Connections are pooled per node *and per event loop* (asyncio transports belong to the
+id). A fan-out writes the command to every node, then waits for the replies at once with one
+deadline (``node_timeout``), or until a quorum granted an acquire or removed a released key;
+a connection whose reply did not come in time is aborted (after the undo of what it carried),
+never reused. Connections are pooled per node *and per event loop* (asyncio transports belong to the
 loop that opened them; Django's ``async_to_sync`` runs each call in a fresh loop). A loop's
 connections, subscriber and renewal task are closed when that loop shuts down
 (``asyncio.run``/asgiref cancel the loop's tasks; a tiny keeper task per loop does the cleanup)
@@ -113,6 +114,10 @@ class _Wire(asyncio.Protocol):
         self.reused = False
         self.closed = False
         self.waiters: deque[Callable[[Any], None]] = deque()
+        #: Commands of fan-outs that stopped waiting (a quorum was reached) still to be
+        #: answered, oldest first: (when sent, on the loop's clock; its undo). As
+        #: :attr:`.nodes.Wire.due`.
+        self.owed: deque[tuple[float, Callable[[], bytes] | None]] = deque()
         self.push: Callable[[Any], None] | None = None
         self.on_lost: Callable[[_Wire], None] | None = None
 
@@ -211,6 +216,22 @@ class _Wire(asyncio.Protocol):
         self.waiters.extend(functools.partial(_settle, f) for f in futures)
         self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
         return futures
+
+    def overdue(self, now: float, timeout: float) -> bool:
+        """Whether a command it still owes has waited longer than ``timeout``."""
+        return bool(self.owed) and self.owed[0][0] + timeout <= now
+
+    def abandon(self, late: Callable[[], bytes] | None) -> None:
+        """Give the connection up after sending the undo of every command it still owes
+        (``late`` builds the current one's) behind them: see :meth:`.nodes.Wire.abandon`."""
+        lates = [undo for _, undo in self.owed if undo is not None]
+        if late is not None:
+            lates.append(late)
+        if lates and self.usable():
+            self.transport.write(b"".join(undo() for undo in lates))  # type: ignore[union-attr]
+            self.close()  # flushes the undo; the late reply is never read
+        else:
+            self.abort()
 
     def abort(self, error: OSError | None = None) -> None:
         """Drop the connection at once: a reply we stopped waiting for must never be read as
@@ -592,11 +613,15 @@ class _FanOut:
         "build",
         "commands",
         "deadline",
+        "decided",
+        "enough",
         "finished",
         "late",
         "left",
         "nodes",
+        "owing",
         "replies",
+        "sent",
         "state",
         "tasks",
         "timeout",
@@ -610,11 +635,16 @@ class _FanOut:
         state: _LoopState,
         build: CommandBuilder,
         late: Callable[[], bytes] | None = None,
+        enough: Callable[[list[Any]], bool] | None = None,
     ) -> None:
         self.nodes = nodes
         self.state = state
         self.build = build
         self.late = late
+        self.enough = enough
+        self.decided = False  #: ``enough`` ended the wait
+        self.owing: set[int] = set()  #: nodes whose connection went back to the pool owing
+        self.sent = 0.0
         self.replies: list[Any] = [_TIMEOUT] * len(nodes)
         self.wires: list[_Wire | None] = [None] * len(nodes)  #: awaiting a reply on it
         self.commands: list[Sequence[Any] | bytes | Pipelined] = [()] * len(nodes)
@@ -628,6 +658,7 @@ class _FanOut:
     async def run(self, timeout: float) -> list[Any]:
         loop = self.state.loop
         self.timeout = timeout
+        self.sent = loop.time()
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
@@ -641,7 +672,7 @@ class _FanOut:
             self._connect(index)
         self.deadline = loop.time() + (2 * timeout if connecting else timeout)
         try:
-            while self.left:
+            while self.left and not self.decided:
                 remaining = self.deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -653,16 +684,17 @@ class _FanOut:
                     timer.cancel()
         finally:
             self.finished = True
-            undo = None
-            for wire in self.wires:
+            now = loop.time()
+            for index, wire in enumerate(self.wires):
                 if wire is None:
                     continue
-                if self.late is not None and wire.usable():
-                    undo = undo or self.late()
-                    wire.transport.write(undo)  # type: ignore[union-attr]
-                    wire.close()  # flushes the undo; the late reply is never read
+                if self.decided and wire.usable() and not wire.overdue(now, timeout):
+                    # Its reply still comes to _deliver, which reads it and moves on.
+                    wire.owed.append((self.sent, self.late))
+                    self.owing.add(index)
+                    self.state.checkin(index, wire)
                 else:
-                    wire.abort()
+                    wire.abandon(self.late)
             for task in self.tasks.values():
                 task.cancel()
         return self.replies
@@ -700,6 +732,8 @@ class _FanOut:
 
     def _deliver(self, index: int, reply: Any) -> None:
         if self.finished:
+            if index in self.owing:
+                self._owed_reply(index, reply)
             return
         wire = self.wires[index]
         assert wire is not None
@@ -725,11 +759,33 @@ class _FanOut:
             reply = reply_failure(reply)
         self._final(index, fold(self.commands[index], wire, reply))
 
+    def _owed_reply(self, index: int, reply: Any) -> None:
+        """The reply of a node this fan-out stopped waiting for: the connection owed it."""
+        wire = self.wires[index]
+        assert wire is not None
+        if isinstance(reply, OSError):
+            self.owing.discard(index)  # the connection is gone, and what it owed with it
+            return
+        if _noscript(reply):
+            # Sent again with its body: its answer now comes after every command sent since.
+            wire.owed.rotate(-1)
+            wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
+            return
+        self.owing.discard(index)
+        if wire.owed:
+            wire.owed.popleft()
+        if isinstance(reply, ReplyError):
+            reply = reply_failure(reply)
+        # Read for what it tells the connection (a changed restart-guard marker).
+        fold(self.commands[index], wire, reply)
+
     def _final(self, index: int, reply: Any) -> None:
         self.replies[index] = reply
         self.left -= 1
-        if not self.left and self.waiter is not None:
-            _settle(self.waiter, None)
+        if not self.left or (self.enough is not None and self.enough(self.replies)):
+            self.decided = bool(self.left)
+            if self.waiter is not None:
+                _settle(self.waiter, None)
 
 
 class _LoopState:
@@ -994,8 +1050,10 @@ class AsyncRedlock(RedlockBase):
         build: CommandBuilder,
         timeout: float | None = None,
         late: Callable[[], bytes] | None = None,
+        enough: Callable[[list[Any]], bool] | None = None,
     ) -> list[Any]:
-        """Send one command to every node at once and collect the replies in node order.
+        """Send one command to every node at once and collect the replies in node order
+        (``enough`` may end the wait early: see :func:`.nodes.fan_out`).
 
         A node that failed or did not answer in time yields a :class:`Failure`. Pooled
         connections answer within ``timeout``; a node that needs a new connection gets another
@@ -1003,7 +1061,7 @@ class AsyncRedlock(RedlockBase):
         ``late()`` was sent on it (the undo: see :func:`.nodes.fan_out`).
         """
         state = self._state()
-        return await _FanOut(self.nodes, state, build, late).run(
+        return await _FanOut(self.nodes, state, build, late, enough).run(
             self.node_timeout if timeout is None else timeout
         )
 
@@ -1140,7 +1198,7 @@ class AsyncRedlock(RedlockBase):
 
     async def _send(self, step: Send) -> list[Any]:
         try:
-            return await self._fan_out(step.build, step.timeout, step.late)
+            return await self._fan_out(step.build, step.timeout, step.late, step.enough)
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             state = self._state()
@@ -1177,7 +1235,7 @@ class AsyncRedlock(RedlockBase):
 
     async def _release_everywhere(self, name: str, token: str) -> list[Any]:
         command = self._release_command(name, token)
-        return await self._fan_out(lambda n, w: command)
+        return await self._fan_out(lambda n, w: command, None, None, self._released_by_quorum)
 
     async def _release(self, lease: Lease) -> None:
         if not self._begin_release(lease):

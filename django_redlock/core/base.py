@@ -217,12 +217,13 @@ def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
 
 class Send:
     """A step of the algorithm: send a command to every node at once (the driver's fan-out)
-    and resume with the replies in node order. ``late`` builds the undo for a node that does
-    not answer in time (see :func:`.nodes.fan_out`); ``undo_if_cancelled`` is the ``(name,
-    token)`` whose keys an async driver releases in the background when the caller is
-    cancelled while this step is on the wire."""
+    and resume with the replies in node order. ``enough(replies)`` may end the wait before
+    every node answered (see :func:`.nodes.fan_out`). ``late`` builds the undo for a node that
+    does not answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys an async
+    driver releases in the background when the caller is cancelled while this step is on the
+    wire."""
 
-    __slots__ = ("build", "late", "timeout", "undo_if_cancelled")
+    __slots__ = ("build", "enough", "late", "timeout", "undo_if_cancelled")
 
     def __init__(
         self,
@@ -230,11 +231,13 @@ class Send:
         late: Callable[[], bytes] | None = None,
         undo_if_cancelled: tuple[str, str] | None = None,
         timeout: float | None = None,
+        enough: Callable[[list[Any]], bool] | None = None,
     ) -> None:
         self.build = build
         self.late = late
         self.undo_if_cancelled = undo_if_cancelled
         self.timeout = timeout  #: None: the node timeout
+        self.enough = enough
 
 
 def to_every_node(command: list[Any] | bytes) -> AnyBuilder:
@@ -423,6 +426,17 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _granted(self, replies: list[Any]) -> list[Any]:
         return [r for r in replies if isinstance(r, list) and r[0] == 0]
 
+    def _granted_by_quorum(self, replies: list[Any]) -> bool:
+        """An acquire's wait ends once a quorum granted it: the lock is ours whatever the
+        slower nodes answer (validity is measured from before the first send)."""
+        return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.quorum
+
+    def _released_by_quorum(self, replies: list[Any]) -> bool:
+        """A release's wait ends once a quorum removed the key: the lock is free for others
+        and cannot be reported as lost any more (a slower node removes its copy as it gets
+        to it)."""
+        return sum(1 for r in replies if r.__class__ is int and r > 0) >= self.quorum
+
     def _lease_if_valid(
         self,
         handle: LockBase,
@@ -551,7 +565,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
         1. the same random token to every node at once, each bounded by ``node_timeout``;
         2. a quorum (N/2+1) granted it and validity = ttl - elapsed - drift is left: ours
-           (with fencing, the agreed fence is written back to a quorum first);
+           (with fencing, the agreed fence is written back to a quorum first); the wait ends
+           as soon as a quorum granted, so a slower minority never sets the pace;
         3. otherwise undo it everywhere (also where the answer did not come in time: the SET
            may have landed late; a late node gets the undo behind the acquire);
         4. a brand-new cluster (every node fresh) is trusted and tried again once; a cluster
@@ -565,8 +580,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             request = AcquireRequest(self, handle, line)
             cancel = (handle.name, request.token)
             start = time.monotonic()
-            replies = yield Send(request.build, request.undo, cancel)
-            if any(r is MARKER_CHANGED for r in replies):
+            replies = yield Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
+            if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
                 answered = {
                     i
                     for i, r in enumerate(replies)

@@ -3,9 +3,10 @@
 A fan-out writes the command to every node first and then waits on all sockets at once (poll)
 against one deadline. The requests are in flight at the same time, so an operation costs one
 round trip to the slowest node that answers (bounded by ``node_timeout``), not the sum over
-nodes, and it needs no thread: no pool is built per call (pottery's cost) and no node waits for
-the previous one (redlock-py's). Idle connections are kept per node in a lock-free deque, so
-threads share them without contention, and a forked child opens its own.
+nodes; an acquire or release that already has its quorum does not wait for the rest. It needs
+no thread: no pool is built per call (pottery's cost) and no node waits for the previous one
+(redlock-py's). Idle connections are kept per node in a lock-free deque, so threads share them
+without contention, and a forked child opens its own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
 
 __all__ = [
+    "Due",
     "Failure",
     "Node",
     "NodeSpec",
@@ -121,6 +123,27 @@ class WireError(Exception):
         self.failure = failure
 
 
+class Due:
+    """A reply a connection owes for ``command`` (``count`` replies, parsed and folded into
+    :attr:`reply` once they are in), with ``late``, the undo to send behind the command if the
+    connection is given up before it answers. A fan-out that stopped waiting (a quorum was
+    reached) leaves its dues on the pooled connection; the next user of the connection reads
+    them first."""
+
+    __slots__ = ("command", "count", "late", "reply", "sent")
+
+    def __init__(self, command: Any, late: Callable[[], bytes] | None, sent: float) -> None:
+        self.command = command
+        self.count = command.count if command.__class__ is Pipelined else 1
+        self.late = late
+        self.sent = sent
+        self.reply: Any = OWED
+
+
+#: :attr:`Due.reply` until the reply is in.
+OWED: Any = object()
+
+
 class Wire:
     """One plain socket to a node, used for lock commands only.
 
@@ -139,6 +162,8 @@ class Wire:
         #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
         self.trusted_at: float | None = None
         self.fd = -1
+        #: The replies this connection owes, oldest first (Redis answers in order).
+        self.due: deque[Due] = deque()
         #: True once it served a command: a reused socket may have been closed by the node
         #: (restart, idle timeout) while it sat in the pool.
         self.reused = False
@@ -214,6 +239,39 @@ class Wire:
             values.append(value)
         del self.buf[:pos]
         return values
+
+    def settle(self) -> None:
+        """Fold every whole reply in the buffer into the :class:`Due` it answers, oldest
+        first; raises :class:`Incomplete` at the first one still on its way. A script the node
+        no longer knows (``NOSCRIPT``: it restarted or flushed its script cache) is sent again
+        with its body, which also caches it for the next ``EVALSHA``, and owed anew."""
+        due = self.due
+        while due:
+            entry = due[0]
+            reply = self.take() if entry.count == 1 else self.take_many(entry.count)
+            due.popleft()
+            if reply.__class__ is ReplyError:
+                if reply.code == "NOSCRIPT":
+                    self.sock.sendall(as_eval(entry.command))
+                    due.append(entry)
+                    continue
+                reply = reply_failure(reply)
+            entry.reply = fold(entry.command, self, reply)
+
+    def overdue(self, now: float, timeout: float) -> bool:
+        """Whether its oldest unanswered command has waited longer than ``timeout``."""
+        return bool(self.due) and self.due[0].sent + timeout <= now
+
+    def abandon(self) -> None:
+        """Give the connection up: send the undo of every command it still owes behind it
+        (the node runs one connection's commands in order, so the undo cannot overtake a
+        command still queued there; on a new connection it could, and leave the command's
+        effect behind), then close it, so a late reply is never read as another's."""
+        undo = b"".join(entry.late() for entry in self.due if entry.late is not None)
+        if undo:
+            with contextlib.suppress(OSError):
+                self.sock.sendall(undo)
+        self.close()
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -455,21 +513,25 @@ def fan_out(
     build: CommandBuilder,
     timeout: float,
     late: Callable[[], bytes] | None = None,
+    enough: Callable[[list[Any]], bool] | None = None,
 ) -> list[Any]:
     """Send one command to every node at once and collect the replies in node order.
 
     A reply is whatever the node returned; a node that failed or did not answer within
-    ``timeout`` seconds yields a :class:`Failure`. A connection whose reply did not come in
-    time is closed, so a late reply can never be read as the answer to a later command.
+    ``timeout`` seconds yields a :class:`Failure`. ``enough(replies)`` may end the wait
+    before every node answered (an acquire a quorum granted): the others' replies still
+    count as timed out here, and their connections go back to the pool owing them, so the
+    slowest node never sets the pace. The next user of such a connection reads what it owes
+    first (:meth:`Wire.settle`).
 
-    ``late`` builds the command that undoes the first one on a node that did not answer in
-    time: it goes out on that node's connection, behind the first command, before the
-    connection is closed. A node runs one connection's commands in order, so the undo cannot
-    overtake a command still queued there (a frozen node runs both when it wakes up); sent on
-    a new connection it could, and leave the first command's effect behind.
+    A connection whose reply did not come in time is given up (:meth:`Wire.abandon`): the
+    undo that ``late`` builds goes out behind the command first, so it cannot overtake a
+    command still queued there (a frozen node runs both when it wakes up), and the late
+    reply is never read as the answer to a later command.
     """
     replies: list[Any] = [_TIMED_OUT] * len(nodes)
-    pending: _Pending = {}
+    #: fd -> (node index, wire, what this fan-out waits for on it)
+    waiting: dict[int, tuple[int, Wire, Due]] = {}
     poller = select.poll()
     # Most commands are one object for every node: encode it once.
     last: Sequence[Any] | bytes | Pipelined | None = None
@@ -477,7 +539,8 @@ def fan_out(
 
     # Nodes with an open connection first: their commands are in flight while we still
     # connect to the others. All connecting together may take at most `timeout`.
-    connect_deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    connect_deadline = now + timeout
     order: Sequence[int] = range(len(nodes))
     for node in nodes:
         if not node._idle:
@@ -504,63 +567,55 @@ def fan_out(
             else:
                 replies[index] = os_failure(exc)
             continue
-        pending[wire.fd] = (index, wire, command, _count(command))
+        due = Due(command, late, now)
+        wire.due.append(due)
+        waiting[wire.fd] = (index, wire, due)
         poller.register(wire.fd, select.POLLIN)
     for index in stale:
-        _resend(nodes, index, build, replies, pending, poller, timeout)
+        _resend(nodes, index, build, late, replies, waiting, poller, timeout)
     deadline = time.monotonic() + timeout
-    while pending:
+    in_time = False
+    while waiting:
         # Past the deadline this still sweeps up replies that have already arrived.
         remaining = max(deadline - time.monotonic(), 0.0)
         events = poller.poll(remaining * 1000)
         if not events:
             break
         for fd, _ in events:
-            index, wire, command, count = pending[fd]
+            index, wire, due = waiting[fd]
             try:
                 wire.feed()
-                reply: Any = wire.take() if count == 1 else wire.take_many(count)
+                wire.settle()
             except Incomplete:
-                continue  # the rest of the reply is on its way
+                if due.reply is OWED:
+                    continue  # the rest of the reply is on its way
             except OSError as exc:
-                del pending[fd]
+                del waiting[fd]
                 poller.unregister(fd)
                 wire.close()
                 if wire.reused and remaining > 0:
-                    _resend(nodes, index, build, replies, pending, poller, remaining)
+                    _resend(nodes, index, build, late, replies, waiting, poller, remaining)
                 else:
                     replies[index] = os_failure(exc)
                 continue
-            if reply.__class__ is ReplyError:
-                if reply.code == "NOSCRIPT":
-                    # The node restarted or flushed its script cache: send the body once,
-                    # which also caches it for the next EVALSHA.
-                    wire.sock.sendall(as_eval(command))
-                    continue
-                reply = reply_failure(reply)
-            del pending[fd]
+            del waiting[fd]
             poller.unregister(fd)
             nodes[index].checkin(wire)
-            replies[index] = fold(command, wire, reply) if command.__class__ is Pipelined else reply
-    if pending and late is not None:
-        undo = late()
-        for _, wire, _, _ in pending.values():
-            with contextlib.suppress(OSError):
-                wire.sock.sendall(undo)
-    for _, wire, _, _ in pending.values():
-        wire.close()
+            replies[index] = due.reply
+        if enough is not None and waiting and enough(replies):
+            in_time = True
+            break
+    now = time.monotonic()
+    for index, wire, _ in waiting.values():
+        if in_time and not wire.overdue(now, timeout):
+            nodes[index].checkin(wire)
+        else:
+            wire.abandon()
     return replies
 
 
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out).
 _TIMED_OUT = Failure("timeout")
-
-#: A fan-out's nodes still to answer, by socket: (node index, wire, command, replies due).
-_Pending = dict[int, tuple[int, "Wire", Any, int]]
-
-
-def _count(command: Any) -> int:
-    return command.count if isinstance(command, Pipelined) else 1
 
 
 def fold(command: Any, wire: Any, reply: Any) -> Any:
@@ -575,8 +630,9 @@ def _resend(
     nodes: Sequence[Node],
     index: int,
     build: CommandBuilder,
+    late: Callable[[], bytes] | None,
     replies: list[Any],
-    pending: _Pending,
+    waiting: dict[int, tuple[int, Wire, Due]],
     poller: Any,
     timeout: float,
 ) -> None:
@@ -595,7 +651,9 @@ def _resend(
         wire.close()
         replies[index] = os_failure(exc)
         return
-    pending[wire.fd] = (index, wire, command, _count(command))
+    due = Due(command, late, time.monotonic())
+    wire.due.append(due)
+    waiting[wire.fd] = (index, wire, due)
     poller.register(wire.fd, select.POLLIN)
 
 
@@ -611,10 +669,11 @@ def fan_out_batch(
     """
     payload = b"".join(encode(c) for c in commands)
     results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
-    #: fd -> (node index, wire, replies so far, positions of the replies still to come)
-    pending: dict[int, tuple[int, Wire, list[Any], deque[int]]] = {}
+    #: fd -> (node index, wire, what this batch waits for on it)
+    waiting: dict[int, tuple[int, Wire, list[Due]]] = {}
     poller = select.poll()
-    connect_deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    connect_deadline = now + timeout
     for index in sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle):
         try:
             wire = nodes[index].checkout(connect_deadline)
@@ -626,38 +685,33 @@ def fan_out_batch(
             wire.close()
             results[index] = os_failure(exc)
             continue
-        pending[wire.fileno()] = (index, wire, [None] * len(commands), deque(range(len(commands))))
-        poller.register(wire.fileno(), select.POLLIN)
+        dues = [Due(command, None, now) for command in commands]
+        wire.due.extend(dues)
+        waiting[wire.fd] = (index, wire, dues)
+        poller.register(wire.fd, select.POLLIN)
     deadline = time.monotonic() + timeout
-    while pending:
+    while waiting:
         events = poller.poll(max(deadline - time.monotonic(), 0.0) * 1000)
         if not events:
             break
         for fd, _ in events:
-            index, wire, replies, expected = pending[fd]
+            index, wire, dues = waiting[fd]
             try:
                 wire.feed()
-                while expected:
-                    reply = wire.take()
-                    position = expected.popleft()
-                    if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
-                        # Its answer comes after the rest of the batch.
-                        wire.sock.sendall(as_eval(commands[position]))
-                        expected.append(position)
-                    elif isinstance(reply, ReplyError):
-                        replies[position] = reply_failure(reply)
-                    else:
-                        replies[position] = reply
+                wire.settle()
             except Incomplete:
-                continue
+                if any(due.reply is OWED for due in dues):
+                    continue
             except OSError as exc:
+                del waiting[fd]
+                poller.unregister(fd)
                 wire.close()
                 results[index] = os_failure(exc)
-            else:
-                nodes[index].checkin(wire)
-                results[index] = replies
-            del pending[fd]
+                continue
+            del waiting[fd]
             poller.unregister(fd)
-    for _, wire, _, _ in pending.values():
-        wire.close()
+            nodes[index].checkin(wire)
+            results[index] = [due.reply for due in dues]
+    for _, wire, _ in waiting.values():
+        wire.abandon()
     return results

@@ -165,7 +165,7 @@ class Redlock(RedlockBase):
                 reply = None
                 if isinstance(step, Send):
                     timeout = self.node_timeout if step.timeout is None else step.timeout
-                    reply = fan_out(self.nodes, step.build, timeout, step.late)
+                    reply = fan_out(self.nodes, step.build, timeout, step.late, step.enough)
                 elif isinstance(step, SendBatch):
                     reply = self._send_batch(step)
                 elif isinstance(step, Wait):
@@ -207,7 +207,9 @@ class Redlock(RedlockBase):
 
     def _release_everywhere(self, name: str, token: str) -> list[Any]:
         command = self._release_command(name, token)
-        return fan_out(self.nodes, lambda n, w: command, self.node_timeout)
+        return fan_out(
+            self.nodes, lambda n, w: command, self.node_timeout, None, self._released_by_quorum
+        )
 
     def _release(self, lease: Lease) -> None:
         if not self._begin_release(lease):

@@ -1,0 +1,143 @@
+"""A slow or frozen minority of nodes never sets the pace: an acquire ends once a quorum granted
+it and a release once a quorum removed the key. The slower nodes' connections go back to the
+pool owing their replies; what they carried still runs in order on the node (no orphan key),
+and a connection that owes a reply for longer than ``node_timeout`` is given up with the undo
+of what it carried sent behind it. Real redis-server processes, SIGSTOP for the freeze."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from django_redlock import AsyncRedlock
+from tests.helpers import tokens_on_nodes, wait_until, warm_up
+
+pytestmark = pytest.mark.faults
+
+
+def _sets_run(node) -> int:
+    """How many plain ``SET`` commands the node has run (the uncontended acquire's)."""
+    return int(node.info("commandstats").get("cmdstat_set", {}).get("calls", 0))
+
+
+@contextlib.contextmanager
+def _third_node_frozen(cluster, names: list[str], sets: int) -> Iterator[None]:
+    """Node 2 frozen (SIGSTOP) inside the block. On leaving, it resumes and runs the ``sets``
+    plain SETs queued meanwhile, and none of ``names`` is left on it: what ran behind each SET
+    on the same connection removed it again."""
+    frozen = cluster[2]
+    sets_before = _sets_run(frozen)
+    frozen.pause()
+    try:
+        yield
+    finally:
+        frozen.resume()
+        wait_until(
+            lambda: (
+                _sets_run(frozen) >= sets_before + sets
+                and all(tokens_on_nodes(cluster, name)[2] is None for name in names)
+            ),
+            timeout=2.0,
+        )
+
+
+def test_acquire_and_release_do_not_wait_for_a_frozen_minority(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=2.0)
+    warm_up(rl)
+    # The release goes out behind the SET on the frozen node's connection.
+    with _third_node_frozen(cluster, ["pace"], sets=1):
+        lock = rl.lock("pace")
+        started = time.monotonic()
+        assert lock.acquire(blocking=False)
+        assert tokens_on_nodes(cluster[:2], "pace") == [lock.token, lock.token]
+        lock.release()
+        # Waiting for the frozen node would take node_timeout (2 s) per step.
+        assert time.monotonic() - started < 1.0
+        assert tokens_on_nodes(cluster[:2], "pace") == [None, None]
+
+
+def test_a_connection_owing_past_node_timeout_is_given_up_with_its_undo(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.2)
+    warm_up(rl)
+    # The second acquire gives the frozen node's connection up, sending the undo of both SETs
+    # behind them: the node removes both when it wakes, while both locks stay held on the
+    # quorum that granted them.
+    with _third_node_frozen(cluster, ["first", "second"], sets=2):
+        first = rl.lock("first")
+        assert first.acquire(blocking=False)
+        time.sleep(0.25)  # the frozen node's connection now owes a reply older than 0.2 s
+        second = rl.lock("second")
+        assert second.acquire(blocking=False)
+    assert tokens_on_nodes(cluster[:2], "first") == [first.token] * 2
+    assert tokens_on_nodes(cluster[:2], "second") == [second.token] * 2
+    first.release()
+    second.release()
+    assert tokens_on_nodes(cluster, "first") == tokens_on_nodes(cluster, "second") == [None] * 3
+
+
+async def _warm_up_async(rl: AsyncRedlock) -> None:
+    """As :func:`tests.helpers.warm_up`, on the loop the test then uses."""
+    async with rl.lock("warm-up"):
+        pass
+    await rl.locked("warm-up")  # waits for every node: no connection still owes a reply
+
+
+def test_acquire_and_release_do_not_wait_for_a_frozen_minority_async(
+    redis_cluster_factory,
+) -> None:
+    cluster = redis_cluster_factory(3)
+
+    async def main() -> None:
+        rl = AsyncRedlock(cluster.urls, node_timeout=2.0)
+        try:
+            await _warm_up_async(rl)
+            with _third_node_frozen(cluster, ["pace"], sets=1):
+                lock = rl.lock("pace")
+                started = time.monotonic()
+                assert await lock.acquire(blocking=False)
+                assert tokens_on_nodes(cluster[:2], "pace") == [lock.token, lock.token]
+                await lock.release()
+                assert time.monotonic() - started < 1.0
+                assert tokens_on_nodes(cluster[:2], "pace") == [None, None]
+        finally:
+            await rl.close()
+
+    asyncio.run(main())
+
+
+def test_a_connection_owing_past_node_timeout_is_given_up_with_its_undo_async(
+    redis_cluster_factory,
+) -> None:
+    cluster = redis_cluster_factory(3)
+
+    async def main() -> None:
+        rl = AsyncRedlock(cluster.urls, node_timeout=0.2)
+        try:
+            await _warm_up_async(rl)
+            with _third_node_frozen(cluster, ["first", "second"], sets=2):
+                first = rl.lock("first", ttl=30)
+                assert await first.acquire(blocking=False)
+                await asyncio.sleep(0.25)  # the connection now owes a reply older than 0.2 s
+                second = rl.lock("second", ttl=30)
+                assert await second.acquire(blocking=False)
+            assert tokens_on_nodes(cluster[:2], "first") == [first.token] * 2
+            assert tokens_on_nodes(cluster[:2], "second") == [second.token] * 2
+            await first.release()
+            await second.release()
+            await rl.locked("first")
+            assert tokens_on_nodes(cluster, "first") == [None] * 3
+            assert tokens_on_nodes(cluster, "second") == [None] * 3
+        finally:
+            await rl.close()
+
+    asyncio.run(main())
