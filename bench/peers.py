@@ -97,7 +97,7 @@ def _version(dist: str) -> str:
         if os.path.isdir(target):
             for name in os.listdir(target):
                 if name.endswith(".dist-info"):
-                    return name.rsplit("-", 1)[0].split("-", 1)[-1]
+                    return name.removesuffix(".dist-info").split("-", 1)[-1]
         return "?"
 
 

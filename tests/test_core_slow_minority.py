@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from django_redlock import AsyncRedlock
+from django_redlock.core.nodes import Wire
 from tests.helpers import tokens_on_nodes, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
@@ -141,3 +142,56 @@ def test_a_connection_owing_past_node_timeout_is_given_up_with_its_undo_async(
             await rl.close()
 
     asyncio.run(main())
+
+
+def test_a_release_goes_out_behind_its_acquire_on_the_same_connection(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """Even when another idle connection to the slow node is first in the pool, the release
+    takes the one that still owes the acquire's reply, so the node runs them in order."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=2.0)
+    warm_up(rl)
+    node = rl.nodes[2]
+    node.checkin(Wire(node, 1.0))  # a second idle connection to the node
+    with _third_node_frozen(cluster, ["behind"], sets=1):
+        lock = rl.lock("behind")
+        assert lock.acquire(blocking=False)
+        owing = node._idle[-1]
+        assert len(owing.due) == 1
+        other = node._idle[0]
+        node._idle.remove(other)
+        node.checkin(other)  # now first in line
+        lock.release()
+        assert len(owing.due) == 2 and not other.due
+
+
+def test_a_release_overtaking_its_acquire_on_another_connection_undoes_it_there(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """The connection that still owes the acquire's reply is busy elsewhere when the lock is
+    released (another thread has it: taken out of the pool here), so the release goes out on
+    another connection and may overtake the acquire on the node. Whoever then reads the
+    acquire's reply sends the undo behind it on that connection."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.3)
+    warm_up(rl)
+    node, frozen = rl.nodes[2], cluster[2]
+    sets_before = _sets_run(frozen)
+    frozen.pause()
+    try:
+        lock = rl.lock("overtaken", ttl=30)
+        assert lock.acquire(blocking=False)
+        token = lock.token
+        busy = node._idle.pop()  # the connection owing the acquire's reply, in use elsewhere
+        assert busy.due, "the frozen node's connection should still owe the acquire's reply"
+        lock.release()  # its connection to the frozen node times out: the node never gets it
+    finally:
+        frozen.resume()
+    # The node runs the acquire on waking: the key is back, with nobody holding it...
+    wait_until(lambda: _sets_run(frozen) > sets_before)
+    assert tokens_on_nodes(cluster, "overtaken")[2] == token
+    # ...until the busy connection is used again and reads the acquire's reply.
+    node.checkin(busy)
+    assert rl.locked("overtaken") is False
+    wait_until(lambda: tokens_on_nodes(cluster, "overtaken") == [None] * 3, timeout=2.0)

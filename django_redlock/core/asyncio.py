@@ -53,6 +53,7 @@ from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase, current_owner
 from .nodes import (
+    Due,
     Failure,
     Node,
     Pipelined,
@@ -115,9 +116,8 @@ class _Wire(asyncio.Protocol):
         self.closed = False
         self.waiters: deque[Callable[[Any], None]] = deque()
         #: Commands of fan-outs that stopped waiting (a quorum was reached) still to be
-        #: answered, oldest first: (when sent, on the loop's clock; its undo). As
-        #: :attr:`.nodes.Wire.due`.
-        self.owed: deque[tuple[float, Callable[[], bytes] | None]] = deque()
+        #: answered, oldest first (sent on the loop's clock). As :attr:`.nodes.Wire.due`.
+        self.owed: deque[Due] = deque()
         self.push: Callable[[Any], None] | None = None
         self.on_lost: Callable[[_Wire], None] | None = None
 
@@ -219,12 +219,12 @@ class _Wire(asyncio.Protocol):
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether a command it still owes has waited longer than ``timeout``."""
-        return bool(self.owed) and self.owed[0][0] + timeout <= now
+        return bool(self.owed) and self.owed[0].sent + timeout <= now
 
     def abandon(self, late: Callable[[], bytes] | None) -> None:
         """Give the connection up after sending the undo of every command it still owes
         (``late`` builds the current one's) behind them: see :meth:`.nodes.Wire.abandon`."""
-        lates = [undo for _, undo in self.owed if undo is not None]
+        lates = [due.late for due in self.owed if due.late is not None]
         if late is not None:
             lates.append(late)
         if lates and self.usable():
@@ -246,6 +246,14 @@ class _Wire(asyncio.Protocol):
         if self.transport is not None:
             with contextlib.suppress(RuntimeError):
                 self.transport.close()
+
+
+#: A connection that still owes a reply, and that reply (as :data:`.nodes.Owing`).
+_Owing = tuple[_Wire, Due]
+
+
+def _ignore(reply: Any) -> None:
+    pass
 
 
 def _noscript(reply: Any) -> bool:
@@ -620,6 +628,7 @@ class _FanOut:
         "left",
         "nodes",
         "owing",
+        "owing_out",
         "replies",
         "sent",
         "state",
@@ -636,6 +645,7 @@ class _FanOut:
         build: CommandBuilder,
         late: Callable[[], bytes] | None = None,
         enough: Callable[[list[Any]], bool] | None = None,
+        left: dict[int, _Owing] | None = None,
     ) -> None:
         self.nodes = nodes
         self.state = state
@@ -643,7 +653,10 @@ class _FanOut:
         self.late = late
         self.enough = enough
         self.decided = False  #: ``enough`` ended the wait
-        self.owing: set[int] = set()  #: nodes whose connection went back to the pool owing
+        #: What the connections of nodes not heard in time owe, once they went back to the
+        #: pool (also listed in ``left``, for the caller).
+        self.owing: dict[int, Due] = {}
+        self.owing_out = left
         self.sent = 0.0
         self.replies: list[Any] = [_TIMEOUT] * len(nodes)
         self.wires: list[_Wire | None] = [None] * len(nodes)  #: awaiting a reply on it
@@ -655,7 +668,8 @@ class _FanOut:
         self.deadline = 0.0
         self.timeout = 0.0
 
-    async def run(self, timeout: float) -> list[Any]:
+    async def run(self, timeout: float, behind: Mapping[int, _Owing] | None = None) -> list[Any]:
+        """``behind``: as :func:`.nodes.fan_out`'s."""
         loop = self.state.loop
         self.timeout = timeout
         self.sent = loop.time()
@@ -663,7 +677,12 @@ class _FanOut:
         # connect to the others.
         connecting = []
         for index, node in enumerate(self.nodes):
-            wire = self.state.checkout(index)
+            owing = behind.get(index) if behind else None
+            wire = None if owing is None else self.state.reclaim(index, owing[0])
+            if owing is not None and wire is None:
+                owing[1].unwanted = True
+            if wire is None:
+                wire = self.state.checkout(index)
             if wire is None:
                 connecting.append(index)
             else:
@@ -690,8 +709,11 @@ class _FanOut:
                     continue
                 if self.decided and wire.usable() and not wire.overdue(now, timeout):
                     # Its reply still comes to _deliver, which reads it and moves on.
-                    wire.owed.append((self.sent, self.late))
-                    self.owing.add(index)
+                    due = Due(self.commands[index], self.late, self.sent)
+                    wire.owed.append(due)
+                    self.owing[index] = due
+                    if self.owing_out is not None:
+                        self.owing_out[index] = (wire, due)
                     self.state.checkin(index, wire)
                 else:
                     wire.abandon(self.late)
@@ -764,20 +786,24 @@ class _FanOut:
         wire = self.wires[index]
         assert wire is not None
         if isinstance(reply, OSError):
-            self.owing.discard(index)  # the connection is gone, and what it owed with it
+            self.owing.pop(index, None)  # the connection is gone, and what it owed with it
             return
+        due = self.owing[index]
         if _noscript(reply):
             # Sent again with its body: its answer now comes after every command sent since.
-            wire.owed.rotate(-1)
+            wire.owed.remove(due)
+            wire.owed.append(due)
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
-        self.owing.discard(index)
-        if wire.owed:
-            wire.owed.popleft()
+        del self.owing[index]
+        wire.owed.remove(due)
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         # Read for what it tells the connection (a changed restart-guard marker).
         fold(self.commands[index], wire, reply)
+        if due.unwanted and due.late is not None:
+            # Released meanwhile on another connection, which may have overtaken it.
+            wire.send(due.late(), _ignore)
 
     def _final(self, index: int, reply: Any) -> None:
         self.replies[index] = reply
@@ -823,6 +849,14 @@ class _LoopState:
             if not wire.closed:
                 return wire
         return None
+
+    def reclaim(self, index: int, wire: _Wire) -> _Wire | None:
+        """``wire`` taken out of the pool if it is idle there."""
+        idle = self.idle[index]
+        if wire.closed or wire not in idle:
+            return None
+        idle.remove(wire)
+        return wire
 
     def checkin(self, index: int, wire: _Wire) -> None:
         wire.reused = True
@@ -1051,9 +1085,11 @@ class AsyncRedlock(RedlockBase):
         timeout: float | None = None,
         late: Callable[[], bytes] | None = None,
         enough: Callable[[list[Any]], bool] | None = None,
+        left: dict[int, _Owing] | None = None,
+        behind: Mapping[int, _Owing] | None = None,
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
-        (``enough`` may end the wait early: see :func:`.nodes.fan_out`).
+        (``enough``, ``left`` and ``behind``: see :func:`.nodes.fan_out`).
 
         A node that failed or did not answer in time yields a :class:`Failure`. Pooled
         connections answer within ``timeout``; a node that needs a new connection gets another
@@ -1061,8 +1097,8 @@ class AsyncRedlock(RedlockBase):
         ``late()`` was sent on it (the undo: see :func:`.nodes.fan_out`).
         """
         state = self._state()
-        return await _FanOut(self.nodes, state, build, late, enough).run(
-            self.node_timeout if timeout is None else timeout
+        return await _FanOut(self.nodes, state, build, late, enough, left).run(
+            self.node_timeout if timeout is None else timeout, behind
         )
 
     async def _call(
@@ -1198,7 +1234,7 @@ class AsyncRedlock(RedlockBase):
 
     async def _send(self, step: Send) -> list[Any]:
         try:
-            return await self._fan_out(step.build, step.timeout, step.late, step.enough)
+            return await self._fan_out(step.build, step.timeout, step.late, step.enough, step.left)
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             state = self._state()
@@ -1233,9 +1269,13 @@ class AsyncRedlock(RedlockBase):
 
     # -- holding --------------------------------------------------------------------------------
 
-    async def _release_everywhere(self, name: str, token: str) -> list[Any]:
+    async def _release_everywhere(
+        self, name: str, token: str, behind: Mapping[int, _Owing] | None = None
+    ) -> list[Any]:
         command = self._release_command(name, token)
-        return await self._fan_out(lambda n, w: command, None, None, self._released_by_quorum)
+        return await self._fan_out(
+            lambda n, w: command, enough=self._released_by_quorum, behind=behind
+        )
 
     async def _release(self, lease: Lease) -> None:
         if not self._begin_release(lease):
@@ -1256,7 +1296,8 @@ class AsyncRedlock(RedlockBase):
         if renewing is not None:
             # A renewal is on the wire: let it land first, so no PEXPIRE follows the release.
             await asyncio.wrap_future(renewing)
-        return await self._release_everywhere(lease.name, lease.token)
+        behind, lease.behind = lease.behind, None
+        return await self._release_everywhere(lease.name, lease.token, behind)
 
     async def _extend(self, lease: Lease, ttl: float) -> bool:
         return await self._drive(self._extend_steps(lease, ttl))

@@ -218,12 +218,12 @@ def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
 class Send:
     """A step of the algorithm: send a command to every node at once (the driver's fan-out)
     and resume with the replies in node order. ``enough(replies)`` may end the wait before
-    every node answered (see :func:`.nodes.fan_out`). ``late`` builds the undo for a node that
-    does not answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys an async
-    driver releases in the background when the caller is cancelled while this step is on the
-    wire."""
+    every node answered (see :func:`.nodes.fan_out`); the driver then lists in ``left`` the
+    connections that still owe a reply. ``late`` builds the undo for a node that does not
+    answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys an async driver
+    releases in the background when the caller is cancelled while this step is on the wire."""
 
-    __slots__ = ("build", "enough", "late", "timeout", "undo_if_cancelled")
+    __slots__ = ("build", "enough", "late", "left", "timeout", "undo_if_cancelled")
 
     def __init__(
         self,
@@ -238,6 +238,7 @@ class Send:
         self.undo_if_cancelled = undo_if_cancelled
         self.timeout = timeout  #: None: the node timeout
         self.enough = enough
+        self.left: dict[int, Any] = {}
 
 
 def to_every_node(command: list[Any] | bytes) -> AnyBuilder:
@@ -431,6 +432,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         slower nodes answer (validity is measured from before the first send)."""
         return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.quorum
 
+    def _synced(self, replies: list[Any]) -> bool:
+        """A fence written back to a quorum holding our token."""
+        return sum(1 for r in replies if r == 1) >= self.quorum
+
     def _released_by_quorum(self, replies: list[Any]) -> bool:
         """A release's wait ends once a quorum removed the key: the lock is free for others
         and cannot be reported as lost any more (a slower node removes its copy as it gets
@@ -580,7 +585,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             request = AcquireRequest(self, handle, line)
             cancel = (handle.name, request.token)
             start = time.monotonic()
-            replies = yield Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
+            send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
+            replies = yield send
             if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
                 answered = {
                     i
@@ -594,11 +600,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:
                 command = self._fence_command(handle.name, request.token, lease.fence)
-                synced = yield Send(to_every_node(command), None, cancel)
+                synced = yield Send(to_every_node(command), None, cancel, None, self._synced)
                 valid = time.monotonic() < lease.valid_until
-                if sum(1 for r in synced if r == 1) < self.quorum or not valid:
+                if not self._synced(synced) or not valid:
                     lease = None
             if lease is not None:
+                # The release goes out behind the acquire where it is still on its way.
+                lease.behind = send.left
                 return lease
             if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
                 undo = self._release_command(handle.name, request.token)

@@ -34,6 +34,7 @@ __all__ = [
     "Failure",
     "Node",
     "NodeSpec",
+    "Owing",
     "Pipelined",
     "ProtocolError",
     "Wire",
@@ -128,9 +129,11 @@ class Due:
     :attr:`reply` once they are in), with ``late``, the undo to send behind the command if the
     connection is given up before it answers. A fan-out that stopped waiting (a quorum was
     reached) leaves its dues on the pooled connection; the next user of the connection reads
-    them first."""
+    them first. ``unwanted``: the command's issuer gave up what it did (the lock was released
+    on another connection, which may have overtaken it), so whoever reads the reply sends the
+    undo behind it."""
 
-    __slots__ = ("command", "count", "late", "reply", "sent")
+    __slots__ = ("command", "count", "late", "reply", "sent", "unwanted")
 
     def __init__(self, command: Any, late: Callable[[], bytes] | None, sent: float) -> None:
         self.command = command
@@ -138,6 +141,7 @@ class Due:
         self.late = late
         self.sent = sent
         self.reply: Any = OWED
+        self.unwanted = False
 
 
 #: :attr:`Due.reply` until the reply is in.
@@ -257,6 +261,9 @@ class Wire:
                     continue
                 reply = reply_failure(reply)
             entry.reply = fold(entry.command, self, reply)
+            if entry.unwanted and entry.late is not None:
+                self.sock.sendall(entry.late())
+                due.append(Due(b"", None, time.monotonic()))
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether its oldest unanswered command has waited longer than ``timeout``."""
@@ -281,6 +288,10 @@ class Wire:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+#: A connection that still owes the reply of a command, and that reply (see :func:`fan_out`).
+Owing = tuple[Wire, Due]
 
 
 def handshake(params: Mapping[str, Any]) -> list[list[Any]]:
@@ -358,6 +369,15 @@ class Node:
     def checkin(self, wire: Wire) -> None:
         wire.reused = True
         self._idle.append(wire)
+
+    def reclaim(self, wire: Wire) -> bool:
+        """Take ``wire`` out of the pool if it is idle there (another thread may be using it,
+        or it was given up)."""
+        try:
+            self._idle.remove(wire)
+        except ValueError:
+            return False
+        return True
 
     def ssl_context(self) -> ssl.SSLContext:
         if self._ssl_context is None:
@@ -514,15 +534,22 @@ def fan_out(
     timeout: float,
     late: Callable[[], bytes] | None = None,
     enough: Callable[[list[Any]], bool] | None = None,
+    left: dict[int, Owing] | None = None,
+    behind: Mapping[int, Owing] | None = None,
 ) -> list[Any]:
     """Send one command to every node at once and collect the replies in node order.
 
     A reply is whatever the node returned; a node that failed or did not answer within
     ``timeout`` seconds yields a :class:`Failure`. ``enough(replies)`` may end the wait
     before every node answered (an acquire a quorum granted): the others' replies still
-    count as timed out here, and their connections go back to the pool owing them, so the
-    slowest node never sets the pace. The next user of such a connection reads what it owes
-    first (:meth:`Wire.settle`).
+    count as timed out here, and their connections go back to the pool owing them (listed in
+    ``left``), so the slowest node never sets the pace. The next user of such a connection
+    reads what it owes first (:meth:`Wire.settle`).
+
+    ``behind`` lists connections that owe the reply of a command this one ends (a release
+    after an acquire that did not wait for every node). The command goes out behind it on the
+    same connection when that is idle, so the node runs them in order; when another thread
+    has it, the earlier command is marked unwanted, and whoever reads its reply sends its undo.
 
     A connection whose reply did not come in time is given up (:meth:`Wire.abandon`): the
     undo that ``late`` builds goes out behind the command first, so it cannot overtake a
@@ -550,11 +577,17 @@ def fan_out(
     stale: list[int] = []
     for index in order:
         node = nodes[index]
-        try:
-            wire = node.checkout(connect_deadline)
-        except WireError as exc:
-            replies[index] = exc.failure
-            continue
+        owing = behind.get(index) if behind else None
+        if owing is not None and node.reclaim(owing[0]):
+            wire = owing[0]
+        else:
+            if owing is not None:
+                owing[1].unwanted = True
+            try:
+                wire = node.checkout(connect_deadline)
+            except WireError as exc:
+                replies[index] = exc.failure
+                continue
         command = build(node, wire)
         if command is not last:
             last, data = command, as_bytes(command)
@@ -606,9 +639,11 @@ def fan_out(
             in_time = True
             break
     now = time.monotonic()
-    for index, wire, _ in waiting.values():
+    for index, wire, due in waiting.values():
         if in_time and not wire.overdue(now, timeout):
             nodes[index].checkin(wire)
+            if left is not None:
+                left[index] = (wire, due)
         else:
             wire.abandon()
     return replies

@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock, current_owner
-from .nodes import Node, fan_out, fan_out_batch
+from .nodes import Node, Owing, fan_out, fan_out_batch
 from .renewal import renewer
 from .validation import check_name
 from .waiting import HolderWatch, LocalQueue, ReleaseNotices
@@ -165,7 +165,9 @@ class Redlock(RedlockBase):
                 reply = None
                 if isinstance(step, Send):
                     timeout = self.node_timeout if step.timeout is None else step.timeout
-                    reply = fan_out(self.nodes, step.build, timeout, step.late, step.enough)
+                    reply = fan_out(
+                        self.nodes, step.build, timeout, step.late, step.enough, step.left
+                    )
                 elif isinstance(step, SendBatch):
                     reply = self._send_batch(step)
                 elif isinstance(step, Wait):
@@ -205,10 +207,16 @@ class Redlock(RedlockBase):
 
     # -- holding --------------------------------------------------------------------------------
 
-    def _release_everywhere(self, name: str, token: str) -> list[Any]:
+    def _release_everywhere(
+        self, name: str, token: str, behind: Mapping[int, Owing] | None = None
+    ) -> list[Any]:
         command = self._release_command(name, token)
         return fan_out(
-            self.nodes, lambda n, w: command, self.node_timeout, None, self._released_by_quorum
+            self.nodes,
+            lambda n, w: command,
+            self.node_timeout,
+            enough=self._released_by_quorum,
+            behind=behind,
         )
 
     def _release(self, lease: Lease) -> None:
@@ -216,7 +224,8 @@ class Redlock(RedlockBase):
             return
         try:
             with lease.io_lock:
-                replies = self._release_everywhere(lease.name, lease.token)
+                behind, lease.behind = lease.behind, None
+                replies = self._release_everywhere(lease.name, lease.token, behind)
         finally:
             if lease.leave_queue is not None:
                 lease.leave_queue()
