@@ -14,8 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from django_redlock import AsyncRedlock
+from django_redlock.core.lock import Lease
 from django_redlock.core.nodes import Wire
-from tests.helpers import tokens_on_nodes, wait_until, warm_up
+from django_redlock.core.waiting import HolderWatch
+from tests.helpers import node_client, tokens_on_nodes, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
 
@@ -195,3 +197,72 @@ def test_a_release_overtaking_its_acquire_on_another_connection_undoes_it_there(
     node.checkin(busy)
     assert rl.locked("overtaken") is False
     wait_until(lambda: tokens_on_nodes(cluster, "overtaken") == [None] * 3, timeout=2.0)
+
+
+def _evals_run(node) -> int:
+    """How many ``EVAL`` commands the node has run (a release or an undo sends its body)."""
+    return int(node.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+
+
+def test_an_overtaken_acquire_is_undone_when_its_connection_goes_back_owing(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """The connection owing the acquire's reply is busy elsewhere at the release; the thread
+    that has it puts it back in the pool still owing (its own fan-out ended at a quorum). It
+    sends the undo behind the acquire then, before anyone reads the late reply (nobody may
+    ever read it: the pool has other connections)."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=2.0)
+    warm_up(rl)
+    node, frozen = rl.nodes[2], cluster[2]
+    node.checkin(Wire(node, 1.0))  # a second idle connection to the node
+    sets_before, evals_before = _sets_run(frozen), _evals_run(frozen)
+    frozen.pause()
+    try:
+        lock = rl.lock("overtaken", ttl=30)
+        assert lock.acquire(blocking=False)
+        busy = node._idle.pop()  # owes the acquire's reply, in use by another thread
+        lock.release()  # goes out on the other connection
+        node.checkin(busy)  # the other thread's fan-out uses it and ends at a quorum
+        other = rl.lock("other", ttl=30)
+        assert other.acquire(blocking=False)
+        assert len(busy.due) == 3  # the acquire, the other acquire, and the undo behind them
+        while node._idle:  # nobody reads these connections again
+            node._idle.pop().close()
+    finally:
+        frozen.resume()
+    wait_until(lambda: _sets_run(frozen) >= sets_before + 2)
+    # The release (on the other connection) and the undo (behind the acquire) both ran.
+    wait_until(lambda: _evals_run(frozen) >= evals_before + 2)
+    assert tokens_on_nodes(cluster, "overtaken") == [None] * 3
+    other.release()
+
+
+def test_a_release_does_not_depend_on_the_script_cache(redis_cluster_factory, make_redlock) -> None:
+    """A slow node whose script cache is empty (a restart, SCRIPT FLUSH) still runs a release
+    that arrives after the client stopped waiting: the release sends the script's body, so no
+    NOSCRIPT waits for someone to read it and retry."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=2.0)
+    warm_up(rl)
+    with node_client(cluster[2]) as client:
+        client.script_flush()
+    with _third_node_frozen(cluster, ["uncached"], sets=1):
+        lock = rl.lock("uncached")
+        assert lock.acquire(blocking=False)
+        lock.release()
+
+
+def test_a_late_undo_of_a_minority_copy_is_not_a_force_release() -> None:
+    """An auto-renewed holder's own undo of a copy on a node that answered late publishes its
+    token on that node, as a force release does on every node that had it: the holder counts
+    the lock as force-released only once a quorum of nodes announced its token."""
+    lease = Lease(name="watched", token="t" * 32, ttl=30.0, owner=None, valid_until=1e18)
+    lost: list[str] = []
+    watch = HolderWatch(lease, lambda lease, why: lost.append(why), quorum=2)
+    watch.hear(2, b"another-token")
+    watch.hear(2, lease.token.encode())  # the undo on the node that answered late
+    watch.hear(2, lease.token.encode())
+    assert lost == []
+    watch.hear(0, lease.token.encode())  # a second node: a quorum of 3 announced it
+    assert lost == ["force-released by an operator"]

@@ -217,6 +217,13 @@ class _Wire(asyncio.Protocol):
         self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
         return futures
 
+    def undo_unwanted(self) -> None:
+        """As :meth:`.nodes.Wire.undo_unwanted`."""
+        for due in list(self.owed):
+            if due.unwanted and due.late is not None:
+                late, due.late = due.late, None
+                self.send(late(), _ignore)
+
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether a command it still owes has waited longer than ``timeout``."""
         return bool(self.owed) and self.owed[0].sent + timeout <= now
@@ -709,6 +716,7 @@ class _FanOut:
                     continue
                 if self.decided and wire.usable() and not wire.overdue(now, timeout):
                     # Its reply still comes to _deliver, which reads it and moves on.
+                    wire.undo_unwanted()
                     due = Due(self.commands[index], self.late, self.sent)
                     wire.owed.append(due)
                     self.owing[index] = due
@@ -803,7 +811,8 @@ class _FanOut:
         fold(self.commands[index], wire, reply)
         if due.unwanted and due.late is not None:
             # Released meanwhile on another connection, which may have overtaken it.
-            wire.send(due.late(), _ignore)
+            late, due.late = due.late, None
+            wire.send(late(), _ignore)
 
     def _final(self, index: int, reply: Any) -> None:
         self.replies[index] = reply
@@ -881,7 +890,9 @@ class _LoopState:
         self.notices.close()
         for idle in self.idle:
             while idle:
-                idle.pop().close()
+                wire = idle.pop()
+                wire.undo_unwanted()
+                wire.close()
         if not self.keeper.done() and self.keeper is not _current_task():
             self.keeper.cancel()
 
@@ -1311,7 +1322,8 @@ class AsyncRedlock(RedlockBase):
         state = self._state()
         self._renew_later(state, lease)
         # A long holder hears an operator's force release at once (not at its next renewal).
-        name, watch = self._channel(lease.name).encode(), HolderWatch(lease, self._mark_lost)
+        name = self._channel(lease.name).encode()
+        watch = HolderWatch(lease, self._mark_lost, self.quorum)
         state.notices.watch(name, watch)
         lease.unwatch = functools.partial(_on_loop, state.loop, state.notices.unwatch, name, watch)
 

@@ -44,8 +44,12 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
     return {**dict(zip(scripts.VALUE_FIELDS, header.split(" "), strict=True)), "meta": meta}
 
 
-#: ``EVALSHA <RELEASE> 1`` of a six-part command; the key, token and channel follow.
-_RELEASE_HEAD = b"*6\r\n" + encode_args(["EVALSHA", scripts.RELEASE.sha, 1])
+#: ``EVAL <RELEASE> 1`` of a six-part command; the key, token and channel follow. The body
+#: rather than its SHA: a release (or an undo) may be the last command a connection carries
+#: before nobody reads it for a while (an acquire and a release stop waiting at a quorum), so
+#: it must not depend on the node's script cache; a ``NOSCRIPT`` there would not be retried
+#: in time.
+_RELEASE_HEAD = b"*6\r\n" + encode_args(["EVAL", scripts.RELEASE.body, 1])
 
 
 class KeyLayout:

@@ -262,8 +262,23 @@ class Wire:
                 reply = reply_failure(reply)
             entry.reply = fold(entry.command, self, reply)
             if entry.unwanted and entry.late is not None:
-                self.sock.sendall(entry.late())
-                due.append(Due(b"", None, time.monotonic()))
+                self._undo(entry)
+
+    def _undo(self, entry: Due) -> None:
+        late, entry.late = entry.late, None
+        assert late is not None
+        self.sock.sendall(late())
+        self.due.append(Due(b"", None, time.monotonic()))
+
+    def undo_unwanted(self) -> None:
+        """Send, behind everything it carries, the undo of each command it carried whose
+        issuer gave it up (a lock released on another connection, which may have overtaken
+        the acquire on the node); once each. Whoever holds the connection does this: when it
+        reads the replies, when it puts the connection back in the pool owing, when it
+        closes it."""
+        for entry in list(self.due):
+            if entry.unwanted and entry.late is not None:
+                self._undo(entry)
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether its oldest unanswered command has waited longer than ``timeout``."""
@@ -396,7 +411,10 @@ class Node:
 
     def close(self) -> None:
         while self._idle:
-            self._idle.pop().close()
+            wire = self._idle.pop()
+            with contextlib.suppress(OSError):
+                wire.undo_unwanted()
+            wire.close()
         self.client.close()
 
 
@@ -578,11 +596,17 @@ def fan_out(
     for index in order:
         node = nodes[index]
         owing = behind.get(index) if behind else None
-        if owing is not None and node.reclaim(owing[0]):
+        if owing is not None and not node.reclaim(owing[0]):
+            # Another thread has that connection: whoever holds it next sends the undo
+            # behind the acquire. It may have come back before it could see the mark.
+            owing[1].unwanted = True
+            if node.reclaim(owing[0]):
+                owing[1].unwanted = False
+            else:
+                owing = None
+        if owing is not None:
             wire = owing[0]
         else:
-            if owing is not None:
-                owing[1].unwanted = True
             try:
                 wire = node.checkout(connect_deadline)
             except WireError as exc:
@@ -641,6 +665,11 @@ def fan_out(
     now = time.monotonic()
     for index, wire, due in waiting.values():
         if in_time and not wire.overdue(now, timeout):
+            try:
+                wire.undo_unwanted()
+            except OSError:
+                wire.close()
+                continue
             nodes[index].checkin(wire)
             if left is not None:
                 left[index] = (wire, due)

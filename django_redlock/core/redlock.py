@@ -237,7 +237,8 @@ class Redlock(RedlockBase):
     def _start_renewal(self, lease: Lease) -> None:
         renewer.add(self, lease)
         # A long holder hears an operator's force release at once (not at its next renewal).
-        name, watch = self._channel(lease.name).encode(), HolderWatch(lease, self._mark_lost)
+        name = self._channel(lease.name).encode()
+        watch = HolderWatch(lease, self._mark_lost, self.quorum)
         self._notices.watch(name, watch)
         lease.unwatch = lambda: self._notices.unwatch(name, watch)
 

@@ -101,22 +101,6 @@ class Listener(Protocol):
     def hear(self, node: int, token: bytes) -> None: ...
 
 
-class HolderWatch:
-    """A holder's ear on its own lock's channel: an operator's force release publishes the
-    token it removed, so the holder learns at once that the lock is gone (``held`` turns
-    False) instead of at its next renewal. Its own release publishes its token too, after
-    the lease was marked released, which this ignores."""
-
-    def __init__(self, lease: Lease, lost: Callable[[Lease, str], None]) -> None:
-        self._lease = lease
-        self._token = lease.token.encode()
-        self._lost = lost
-
-    def hear(self, node: int, token: bytes) -> None:
-        if token == self._token and not (self._lease.released or self._lease.lost):
-            self._lost(self._lease, "force-released by an operator")
-
-
 #: How long a waiter that heard a release on some nodes waits for the rest of a quorum to
 #: announce it too before trying anyway (the releasing contender may have held only a few).
 NOTICE_GRACE = 0.005
@@ -143,6 +127,28 @@ class Tally:
     def reset(self) -> None:
         self.heard = self.freed = False
         self._nodes.clear()
+
+
+class HolderWatch:
+    """A holder's ear on its own lock's channel: an operator's force release publishes the
+    token it removed on every node that had it, so once a quorum of nodes announced it the
+    holder learns that the lock is gone (``held`` turns False) instead of at its next
+    renewal. Fewer nodes are not enough: the holder's own undo of a copy on a node that
+    answered its acquire late publishes the token too (see :func:`.nodes.fan_out`), and so
+    does its own release, after the lease was marked released, which this ignores."""
+
+    def __init__(self, lease: Lease, lost: Callable[[Lease, str], None], quorum: int) -> None:
+        self._lease = lease
+        self._token = lease.token.encode()
+        self._lost = lost
+        self._removed = Tally(quorum)
+
+    def hear(self, node: int, token: bytes) -> None:
+        if token != self._token or self._lease.released or self._lease.lost:
+            return
+        self._removed.hear(node, token)
+        if self._removed.freed:
+            self._lost(self._lease, "force-released by an operator")
 
 
 class ReleaseNotice(Tally):
