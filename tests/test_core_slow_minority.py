@@ -266,3 +266,72 @@ def test_a_late_undo_of_a_minority_copy_is_not_a_force_release() -> None:
     assert lost == []
     watch.hear(0, lease.token.encode())  # a second node: a quorum of 3 announced it
     assert lost == ["force-released by an operator"]
+
+
+def test_a_connection_given_up_stays_open_until_the_node_ran_what_it_carries(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """More is queued on a frozen node's connection than the node reads at once (Redis reads
+    16 KB per turn). Closing the connection while its replies are still coming would reset it,
+    and the node would drop what it had not read yet: most of the acquires would run, their
+    undos not. The connection is given up with the undos behind, kept open and read, and
+    closed once the node answered everything."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=1.0)
+    warm_up(rl)
+    frozen = cluster[2]
+    names = [f"queued-{i}" for i in range(150)]
+    locks = [rl.lock(name, meta={"pad": "x" * 200}) for name in names]
+    frozen.pause()
+    try:
+        for lock in locks:  # each ends at the quorum; the frozen node's connection owes them
+            assert lock.acquire(blocking=False)
+        assert rl.locked("other") is False  # waits for every node: gives that connection up
+    finally:
+        frozen.resume()
+
+    def undone() -> bool:
+        rl.locked("other")  # every operation reads the connections being given up
+        with node_client(frozen) as client:
+            return _sets_run(frozen) >= 150 and not client.keys("redlock:lock:queued-*")
+
+    wait_until(undone, timeout=5.0)
+    assert [tokens_on_nodes(cluster[:2], name) for name in names] == [
+        [lock.token] * 2 for lock in locks
+    ]
+
+
+def test_a_connection_given_up_stays_open_until_the_node_ran_what_it_carries_async(
+    redis_cluster_factory,
+) -> None:
+    cluster = redis_cluster_factory(3)
+    frozen = cluster[2]
+    names = [f"queued-{i}" for i in range(150)]
+
+    def undone() -> bool:
+        with node_client(frozen) as client:
+            return _sets_run(frozen) >= 150 and not client.keys("redlock:lock:queued-*")
+
+    async def main() -> None:
+        rl = AsyncRedlock(cluster.urls, node_timeout=1.0)
+        try:
+            await _warm_up_async(rl)
+            locks = [rl.lock(name, meta={"pad": "x" * 200}) for name in names]
+            frozen.pause()
+            try:
+                for lock in locks:
+                    assert await lock.acquire(blocking=False)
+                assert await rl.locked("other") is False  # gives that connection up
+            finally:
+                frozen.resume()
+            deadline = time.monotonic() + 5.0
+            while not undone():  # the loop reads the connection being given up meanwhile
+                assert time.monotonic() < deadline, "the undos did not all run"
+                await asyncio.sleep(0.02)
+            assert [tokens_on_nodes(cluster[:2], name) for name in names] == [
+                [lock.token] * 2 for lock in locks
+            ]
+        finally:
+            await rl.close()
+
+    asyncio.run(main())

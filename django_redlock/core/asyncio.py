@@ -53,6 +53,7 @@ from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase, current_owner
 from .nodes import (
+    DRAIN_FOR,
     Due,
     Failure,
     Node,
@@ -142,6 +143,8 @@ class _Wire(asyncio.Protocol):
                     self.push(value)
                 elif self.waiters:
                     self.waiters.popleft()(value)
+                    if self.closed and not self.waiters:
+                        self.close()  # given up, and now everything is answered
                 else:
                     raise ProtocolError("a reply nobody asked for")
         except Incomplete:
@@ -177,11 +180,11 @@ class _Wire(asyncio.Protocol):
         self, command: Sequence[Any] | bytes | Pipelined, callback: Callable[[Any], None]
     ) -> None:
         """Send one command; ``callback`` gets its reply (or the ``OSError``)."""
-        if not self.usable():
+        if self.transport is None or self.transport.is_closing():
             callback(ConnectionResetError("connection closed"))
             return
         self.waiters.append(callback)
-        self.transport.write(as_bytes(command))  # type: ignore[union-attr]
+        self.transport.write(as_bytes(command))
 
     def send_many(self, data: bytes, count: int, callback: Callable[[Any], None]) -> None:
         """Send ``count`` commands encoded in ``data`` in one write; ``callback`` gets the
@@ -230,15 +233,21 @@ class _Wire(asyncio.Protocol):
 
     def abandon(self, late: Callable[[], bytes] | None) -> None:
         """Give the connection up after sending the undo of every command it still owes
-        (``late`` builds the current one's) behind them: see :meth:`.nodes.Wire.abandon`."""
+        (``late`` builds the current one's) behind them; it is never used again, and closed
+        once the node answered everything (or after :data:`.nodes.DRAIN_FOR` seconds), not
+        at once: see :meth:`.nodes.Node.abandon`."""
+        if not self.usable():
+            self.abort()
+            return
         lates = [due.late for due in self.owed if due.late is not None]
         if late is not None:
             lates.append(late)
-        if lates and self.usable():
-            self.transport.write(b"".join(undo() for undo in lates))  # type: ignore[union-attr]
-            self.close()  # flushes the undo; the late reply is never read
-        else:
-            self.abort()
+        for undo in lates:
+            self.send(undo(), _ignore)
+        self.closed = True  # not usable any more, but still read
+        self.loop.call_later(DRAIN_FOR, self.abort)
+        if not self.waiters:
+            self.close()
 
     def abort(self, error: OSError | None = None) -> None:
         """Drop the connection at once: a reply we stopped waiting for must never be read as

@@ -30,6 +30,7 @@ from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
 
 __all__ = [
+    "DRAIN_FOR",
     "Due",
     "Failure",
     "Node",
@@ -284,16 +285,15 @@ class Wire:
         """Whether its oldest unanswered command has waited longer than ``timeout``."""
         return bool(self.due) and self.due[0].sent + timeout <= now
 
-    def abandon(self) -> None:
-        """Give the connection up: send the undo of every command it still owes behind it
-        (the node runs one connection's commands in order, so the undo cannot overtake a
-        command still queued there; on a new connection it could, and leave the command's
-        effect behind), then close it, so a late reply is never read as another's."""
-        undo = b"".join(entry.late() for entry in self.due if entry.late is not None)
-        if undo:
-            with contextlib.suppress(OSError):
-                self.sock.sendall(undo)
-        self.close()
+    def send_undos(self) -> None:
+        """Send the undo of every command it still owes behind it (the node runs one
+        connection's commands in order, so the undo cannot overtake a command still queued
+        there; on a new connection it could, and leave the command's effect behind)."""
+        lates = [entry.late for entry in self.due if entry.late is not None]
+        if lates:
+            self.sock.sendall(b"".join(late() for late in lates))
+            now = time.monotonic()
+            self.due.extend(Due(b"", None, now) for _ in lates)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -304,6 +304,10 @@ class Wire:
             with contextlib.suppress(OSError):
                 sock.close()
 
+
+#: How long a connection given up stays open to be read (:meth:`Node.abandon`): a lease
+#: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
+DRAIN_FOR = 60.0
 
 #: A connection that still owes the reply of a command, and that reply (see :func:`fan_out`).
 Owing = tuple[Wire, Due]
@@ -361,6 +365,9 @@ class Node:
         self.node_timeout = node_timeout
         self._ssl_context: ssl.SSLContext | None = None
         self._idle: deque[Wire] = deque()
+        #: Connections given up, kept open (and read) until the node has run what they
+        #: carry: see :meth:`abandon`.
+        self._draining: deque[tuple[Wire, float]] = deque()
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
@@ -375,7 +382,10 @@ class Node:
         if self._pid != ThisProcess.pid:
             # Inherited sockets belong to the parent's conversations with the node.
             self._idle = deque()
+            self._draining = deque()
             self._pid = ThisProcess.pid
+        if self._draining:
+            self._sweep()
         try:
             return self._idle.pop()
         except IndexError:
@@ -384,6 +394,37 @@ class Node:
     def checkin(self, wire: Wire) -> None:
         wire.reused = True
         self._idle.append(wire)
+
+    def abandon(self, wire: Wire) -> None:
+        """Give a connection up (it owes a reply older than the node timeout): the undo of
+        every command it carries goes out behind them, and it is never used again. It is not
+        closed yet: closing a socket whose replies are still coming resets the connection, and
+        the node then drops what it has not read (a frozen node: the commands and the undos
+        queued behind them). It is read, and closed once the node answered everything or after
+        :data:`DRAIN_FOR` seconds, by the next :meth:`checkout`."""
+        try:
+            wire.send_undos()
+        except OSError:
+            wire.close()
+            return
+        self._draining.append((wire, time.monotonic() + DRAIN_FOR))
+
+    def _sweep(self) -> None:
+        for _ in range(len(self._draining)):
+            try:
+                wire, until = self._draining.popleft()
+            except IndexError:  # another thread swept it
+                return
+            try:
+                wire.feed()
+                wire.settle()
+            except Incomplete:
+                if time.monotonic() < until:
+                    self._draining.append((wire, until))
+                    continue
+            except OSError:
+                pass
+            wire.close()
 
     def reclaim(self, wire: Wire) -> bool:
         """Take ``wire`` out of the pool if it is idle there (another thread may be using it,
@@ -415,6 +456,8 @@ class Node:
             with contextlib.suppress(OSError):
                 wire.undo_unwanted()
             wire.close()
+        while self._draining:
+            self._draining.pop()[0].close()
         self.client.close()
 
 
@@ -569,7 +612,7 @@ def fan_out(
     same connection when that is idle, so the node runs them in order; when another thread
     has it, the earlier command is marked unwanted, and whoever reads its reply sends its undo.
 
-    A connection whose reply did not come in time is given up (:meth:`Wire.abandon`): the
+    A connection whose reply did not come in time is given up (:meth:`Node.abandon`): the
     undo that ``late`` builds goes out behind the command first, so it cannot overtake a
     command still queued there (a frozen node runs both when it wakes up), and the late
     reply is never read as the answer to a later command.
@@ -674,7 +717,7 @@ def fan_out(
             if left is not None:
                 left[index] = (wire, due)
         else:
-            wire.abandon()
+            nodes[index].abandon(wire)
     return replies
 
 
@@ -776,6 +819,6 @@ def fan_out_batch(
             poller.unregister(fd)
             nodes[index].checkin(wire)
             results[index] = [due.reply for due in dues]
-    for _, wire, _ in waiting.values():
-        wire.abandon()
+    for index, wire, _ in waiting.values():
+        nodes[index].abandon(wire)
     return results
