@@ -335,3 +335,27 @@ def test_a_connection_given_up_stays_open_until_the_node_ran_what_it_carries_asy
             await rl.close()
 
     asyncio.run(main())
+
+
+def test_a_late_noscript_does_not_run_an_ended_acquire(redis_cluster_factory, make_redlock) -> None:
+    """A slow node's script cache was flushed: the acquire script it gets answers NOSCRIPT
+    after the acquire ended at the quorum and the lock was released. Sending the script
+    again then would take the lock for nobody; the command did not run, so nothing is done."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=2.0)
+    warm_up(rl)
+    node, frozen = rl.nodes[2], cluster[2]
+    with node_client(frozen) as client:
+        client.script_flush()
+    for wire in node._idle:
+        wire.vote_marker = None  # as on a new connection: the acquire sends the full script
+    frozen.pause()
+    try:
+        lock = rl.lock("noscript")
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        frozen.resume()
+    for _ in range(2):  # reads the late NOSCRIPT, and whatever would be sent after it
+        assert rl.locked("noscript") is False
+    assert tokens_on_nodes(cluster, "noscript") == [None] * 3

@@ -805,15 +805,10 @@ class _FanOut:
         if isinstance(reply, OSError):
             self.owing.pop(index, None)  # the connection is gone, and what it owed with it
             return
-        due = self.owing[index]
-        if _noscript(reply):
-            # Sent again with its body: its answer now comes after every command sent since.
-            wire.owed.remove(due)
-            wire.owed.append(due)
-            wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
-            return
-        del self.owing[index]
+        due = self.owing.pop(index)
         wire.owed.remove(due)
+        if _noscript(reply):
+            return  # it did not run; run now, it could outlive what the fan-out decided
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         # Read for what it tells the connection (a changed restart-guard marker).

@@ -132,9 +132,9 @@ class Due:
     reached) leaves its dues on the pooled connection; the next user of the connection reads
     them first. ``unwanted``: the command's issuer gave up what it did (the lock was released
     on another connection, which may have overtaken it), so whoever reads the reply sends the
-    undo behind it."""
+    undo behind it. ``left``: nobody waits for the reply any more (the operation ended)."""
 
-    __slots__ = ("command", "count", "late", "reply", "sent", "unwanted")
+    __slots__ = ("command", "count", "late", "left", "reply", "sent", "unwanted")
 
     def __init__(self, command: Any, late: Callable[[], bytes] | None, sent: float) -> None:
         self.command = command
@@ -143,6 +143,7 @@ class Due:
         self.sent = sent
         self.reply: Any = OWED
         self.unwanted = False
+        self.left = False
 
 
 #: :attr:`Due.reply` until the reply is in.
@@ -256,10 +257,13 @@ class Wire:
             reply = self.take() if entry.count == 1 else self.take_many(entry.count)
             due.popleft()
             if reply.__class__ is ReplyError:
-                if reply.code == "NOSCRIPT":
+                if reply.code == "NOSCRIPT" and not entry.left:
                     self.sock.sendall(as_eval(entry.command))
                     due.append(entry)
                     continue
+                # A script of an operation that ended did not run: running it now, after the
+                # operation decided without it (an acquire's lock may be released by now),
+                # would leave its effect behind.
                 reply = reply_failure(reply)
             entry.reply = fold(entry.command, self, reply)
             if entry.unwanted and entry.late is not None:
@@ -707,6 +711,7 @@ def fan_out(
             break
     now = time.monotonic()
     for index, wire, due in waiting.values():
+        due.left = True
         if in_time and not wire.overdue(now, timeout):
             try:
                 wire.undo_unwanted()
@@ -819,6 +824,8 @@ def fan_out_batch(
             poller.unregister(fd)
             nodes[index].checkin(wire)
             results[index] = [due.reply for due in dues]
-    for index, wire, _ in waiting.values():
+    for index, wire, dues in waiting.values():
+        for due in dues:
+            due.left = True
         nodes[index].abandon(wire)
     return results
