@@ -359,3 +359,29 @@ def test_a_late_noscript_does_not_run_an_ended_acquire(redis_cluster_factory, ma
     for _ in range(2):  # reads the late NOSCRIPT, and whatever would be sent after it
         assert rl.locked("noscript") is False
     assert tokens_on_nodes(cluster, "noscript") == [None] * 3
+
+
+def test_a_release_that_could_not_reach_a_node_goes_out_with_the_next_operation(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """The connection that carried the acquire to a frozen node breaks, and the release finds
+    no connection to it (connecting times out while the node is frozen): the release is kept
+    and sent ahead of the next operation that reaches the node."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.3)
+    warm_up(rl)
+    node, frozen = rl.nodes[2], cluster[2]
+    sets_before = _sets_run(frozen)
+    frozen.pause()
+    try:
+        lock = rl.lock("unreached", ttl=30)
+        assert lock.acquire(blocking=False)
+        node._idle.pop().close()  # the acquire's connection breaks (it still runs on the node)
+        lock.release()  # no connection to the frozen node: connecting times out
+        assert node.later
+    finally:
+        frozen.resume()
+    wait_until(lambda: _sets_run(frozen) > sets_before)
+    assert rl.locked("unreached") is False  # reaches the node, the release ahead of it
+    assert not node.later
+    wait_until(lambda: tokens_on_nodes(cluster, "unreached") == [None] * 3, timeout=2.0)

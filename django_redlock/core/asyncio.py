@@ -54,6 +54,7 @@ from .listing import glob_escape
 from .lock import Lease, LockBase, current_owner
 from .nodes import (
     DRAIN_FOR,
+    TIMED_OUT,
     Due,
     Failure,
     Node,
@@ -67,6 +68,7 @@ from .nodes import (
     handshake,
     os_failure,
     parse_reply,
+    reached,
     reply_failure,
     run_id_of,
 )
@@ -83,7 +85,9 @@ _T = TypeVar("_T")
 #: redis-py socket timeout.
 SLOW_TIMEOUT = 2.0
 
-_TIMEOUT = Failure("timeout")
+#: The reply of a node whose connection was still being opened when a fan-out ended: the
+#: command never reached it (see :func:`.nodes.reached`).
+_NOT_CONNECTED = Failure("timeout", "no answer while connecting")
 
 #: Builds one node's command from the connection it will go out on (it may need the run id).
 CommandBuilder = Callable[[Node, "_Wire"], Sequence[Any] | bytes | Pipelined]
@@ -674,7 +678,7 @@ class _FanOut:
         self.owing: dict[int, Due] = {}
         self.owing_out = left
         self.sent = 0.0
-        self.replies: list[Any] = [_TIMEOUT] * len(nodes)
+        self.replies: list[Any] = [TIMED_OUT] * len(nodes)
         self.wires: list[_Wire | None] = [None] * len(nodes)  #: awaiting a reply on it
         self.commands: list[Sequence[Any] | bytes | Pipelined] = [()] * len(nodes)
         self.tasks: dict[int, asyncio.Task[_Wire]] = {}  #: connecting
@@ -734,13 +738,20 @@ class _FanOut:
                     self.state.checkin(index, wire)
                 else:
                     wire.abandon(self.late)
-            for task in self.tasks.values():
+            for index, task in self.tasks.items():
                 task.cancel()
+                self.replies[index] = _NOT_CONNECTED
         return self.replies
 
     def _send(self, index: int, wire: _Wire, command: Sequence[Any] | bytes | Pipelined) -> None:
         self.wires[index] = wire
         self.commands[index] = command
+        later = self.nodes[index].later
+        while later:  # what could not reach the node before: see Node.later
+            try:
+                wire.send(later.popleft(), _ignore)
+            except IndexError:  # another loop's thread took it
+                break
         if isinstance(command, Pipelined) and command.count > 1:
             wire.send_many(command.data, command.count, functools.partial(self._deliver, index))
         else:
@@ -1288,9 +1299,13 @@ class AsyncRedlock(RedlockBase):
         self, name: str, token: str, behind: Mapping[int, _Owing] | None = None
     ) -> list[Any]:
         command = self._release_command(name, token)
-        return await self._fan_out(
+        replies = await self._fan_out(
             lambda n, w: command, enough=self._released_by_quorum, behind=behind
         )
+        for node, reply in zip(self.nodes, replies, strict=True):
+            if not reached(reply):
+                node.later.append(command)
+        return replies
 
     async def _release(self, lease: Lease) -> None:
         if not self._begin_release(lease):

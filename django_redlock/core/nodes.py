@@ -31,6 +31,7 @@ from .scripts import BODIES, Script
 
 __all__ = [
     "DRAIN_FOR",
+    "TIMED_OUT",
     "Due",
     "Failure",
     "Node",
@@ -51,6 +52,7 @@ __all__ = [
     "node_identity",
     "os_failure",
     "parse_spec",
+    "reached",
     "redact",
     "reply_failure",
     "run_id_of",
@@ -372,6 +374,10 @@ class Node:
         #: Connections given up, kept open (and read) until the node has run what they
         #: carry: see :meth:`abandon`.
         self._draining: deque[tuple[Wire, float]] = deque()
+        #: Releases that could not reach the node (no connection, or it broke): the next
+        #: operation that reaches it sends them first (:meth:`send_later`). A release checks
+        #: its token, so sending it late never touches another holder's lock.
+        self.later: deque[bytes] = deque(maxlen=10_000)
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
@@ -429,6 +435,27 @@ class Node:
             except OSError:
                 pass
             wire.close()
+
+    def send_later(self, wire: Wire) -> None:
+        """Send on ``wire`` what could not reach the node before (see :attr:`later`)."""
+        pending = []
+        while self.later:
+            try:
+                pending.append(self.later.popleft())
+            except IndexError:  # another thread took them
+                break
+        if not pending:
+            return
+        try:
+            wire.sock.sendall(b"".join(pending))
+        except OSError:
+            self.later.extend(pending)
+            raise
+        now = time.monotonic()
+        for _ in pending:
+            due = Due(b"", None, now)
+            due.left = True
+            wire.due.append(due)
 
     def reclaim(self, wire: Wire) -> bool:
         """Take ``wire`` out of the pool if it is idle there (another thread may be using it,
@@ -621,7 +648,7 @@ def fan_out(
     command still queued there (a frozen node runs both when it wakes up), and the late
     reply is never read as the answer to a later command.
     """
-    replies: list[Any] = [_TIMED_OUT] * len(nodes)
+    replies: list[Any] = [TIMED_OUT] * len(nodes)
     #: fd -> (node index, wire, what this fan-out waits for on it)
     waiting: dict[int, tuple[int, Wire, Due]] = {}
     poller = select.poll()
@@ -663,6 +690,8 @@ def fan_out(
         if command is not last:
             last, data = command, as_bytes(command)
         try:
+            if node.later:
+                node.send_later(wire)
             wire.sock.sendall(data)
         except OSError as exc:
             wire.close()
@@ -726,8 +755,15 @@ def fan_out(
     return replies
 
 
-#: The reply of a node that did not answer in time (immutable: shared by every fan-out).
-_TIMED_OUT = Failure("timeout")
+#: The reply of a node that did not answer in time (immutable: shared by every fan-out): the
+#: command went out to it, and runs there when the node gets to it.
+TIMED_OUT = Failure("timeout")
+
+
+def reached(reply: Any) -> bool:
+    """Whether a fan-out's command reached the node (answered, or queued there): a
+    :class:`Failure` other than :data:`TIMED_OUT` means no connection, or a broken one."""
+    return reply.__class__ is not Failure or reply is TIMED_OUT
 
 
 def fold(command: Any, wire: Any, reply: Any) -> Any:
@@ -758,6 +794,7 @@ def _resend(
         return
     command = build(node, wire)
     try:
+        node.send_later(wire)
         wire.sock.sendall(as_bytes(command))
     except OSError as exc:
         wire.close()

@@ -17,7 +17,7 @@ from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, W
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock, current_owner
-from .nodes import Node, Owing, fan_out, fan_out_batch
+from .nodes import Node, Owing, fan_out, fan_out_batch, reached
 from .renewal import renewer
 from .validation import check_name
 from .waiting import HolderWatch, LocalQueue, ReleaseNotices
@@ -211,13 +211,17 @@ class Redlock(RedlockBase):
         self, name: str, token: str, behind: Mapping[int, Owing] | None = None
     ) -> list[Any]:
         command = self._release_command(name, token)
-        return fan_out(
+        replies = fan_out(
             self.nodes,
             lambda n, w: command,
             self.node_timeout,
             enough=self._released_by_quorum,
             behind=behind,
         )
+        for node, reply in zip(self.nodes, replies, strict=True):
+            if not reached(reply):
+                node.later.append(command)
+        return replies
 
     def _release(self, lease: Lease) -> None:
         if not self._begin_release(lease):
