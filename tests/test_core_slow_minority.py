@@ -168,6 +168,17 @@ def test_a_release_goes_out_behind_its_acquire_on_the_same_connection(
         assert len(owing.due) == 2 and not other.due
 
 
+def _frozen_third_node(redis_cluster_factory, make_redlock):
+    """A warmed-up 3-node client with a short node timeout, node 2 frozen (the caller resumes
+    it): (cluster, redlock, SETs node 2 had run before)."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.3)
+    warm_up(rl)
+    sets_before = _sets_run(cluster[2])
+    cluster[2].pause()
+    return cluster, rl, sets_before
+
+
 def test_a_release_overtaking_its_acquire_on_another_connection_undoes_it_there(
     redis_cluster_factory, make_redlock
 ) -> None:
@@ -175,12 +186,8 @@ def test_a_release_overtaking_its_acquire_on_another_connection_undoes_it_there(
     released (another thread has it: taken out of the pool here), so the release goes out on
     another connection and may overtake the acquire on the node. Whoever then reads the
     acquire's reply sends the undo behind it on that connection."""
-    cluster = redis_cluster_factory(3)
-    rl = make_redlock(cluster, node_timeout=0.3)
-    warm_up(rl)
+    cluster, rl, sets_before = _frozen_third_node(redis_cluster_factory, make_redlock)
     node, frozen = rl.nodes[2], cluster[2]
-    sets_before = _sets_run(frozen)
-    frozen.pause()
     try:
         lock = rl.lock("overtaken", ttl=30)
         assert lock.acquire(blocking=False)
@@ -367,12 +374,8 @@ def test_a_release_that_could_not_reach_a_node_goes_out_with_the_next_operation(
     """The connection that carried the acquire to a frozen node breaks, and the release finds
     no connection to it (connecting times out while the node is frozen): the release is kept
     and sent ahead of the next operation that reaches the node."""
-    cluster = redis_cluster_factory(3)
-    rl = make_redlock(cluster, node_timeout=0.3)
-    warm_up(rl)
+    cluster, rl, sets_before = _frozen_third_node(redis_cluster_factory, make_redlock)
     node, frozen = rl.nodes[2], cluster[2]
-    sets_before = _sets_run(frozen)
-    frozen.pause()
     try:
         lock = rl.lock("unreached", ttl=30)
         assert lock.acquire(blocking=False)
