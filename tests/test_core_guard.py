@@ -18,7 +18,7 @@ import pytest
 
 from django_redlock import LockNotOwned, QuorumError
 from django_redlock.testing import RedisCluster
-from tests.helpers import occupy, tokens_on_nodes, vacate, warm_up
+from tests.helpers import node_client, occupy, tokens_on_nodes, vacate, wait_until, warm_up
 
 
 def _hold_on_first_three(cluster: RedisCluster, rl, name: str, ttl: float):
@@ -130,6 +130,15 @@ def test_whole_cluster_emptied_within_a_lease_looks_brand_new(
             b.acquire(blocking=False)
 
 
+def _probed(rl, node) -> bool:
+    """One acquire+release by ``rl``; True once ``node`` holds a restart-guard marker."""
+    probe = rl.lock("guard:other")
+    if probe.acquire(blocking=False):
+        probe.release()
+    with node_client(node) as client:
+        return bool(client.exists("redlock:node"))
+
+
 @pytest.mark.faults
 def test_guard_period_is_not_shortened_by_a_client_with_a_smaller_max_ttl(
     redis_cluster_factory, make_redlock
@@ -144,10 +153,9 @@ def test_guard_period_is_not_shortened_by_a_client_with_a_smaller_max_ttl(
     warm_up(short_rl)
     a = _hold_on_first_three(cluster, long_rl, "guard:mixed", ttl=8.0)
     cluster[0].restart(empty=True)
-    # A short-lease client reaches the restarted node first (any lock name will do).
-    probe = short_rl.lock("guard:other")
-    if probe.acquire(blocking=False):
-        probe.release()
+    # A short-lease client reaches the restarted node first (any lock name will do). An
+    # acquire ends once the others granted it, so it may take more than one to reach it.
+    wait_until(lambda: _probed(short_rl, cluster[0]))
     # The short client's guard (0.5 s) has passed; the long client's own (10 s) has not.
     time.sleep(0.6)
     assert short_rl.health()[0].guarded_for == 0
