@@ -68,7 +68,6 @@ from .nodes import (
     handshake,
     os_failure,
     parse_reply,
-    reached,
     reply_failure,
     run_id_of,
 )
@@ -1302,9 +1301,7 @@ class AsyncRedlock(RedlockBase):
         replies = await self._fan_out(
             lambda n, w: command, enough=self._released_by_quorum, behind=behind
         )
-        for node, reply in zip(self.nodes, replies, strict=True):
-            if not reached(reply):
-                node.later.append(command)
+        self._keep_unreached(command, replies)
         return replies
 
     async def _release(self, lease: Lease) -> None:

@@ -27,7 +27,7 @@ from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable
 from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, Node, NodeSpec, Pipelined, make_nodes, reply_failure
+from .nodes import Failure, Node, NodeSpec, Pipelined, make_nodes, reached, reply_failure
 from .resp import ReplyError, encode, encode_args
 from .validation import (
     check_meta,
@@ -430,7 +430,14 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _granted_by_quorum(self, replies: list[Any]) -> bool:
         """An acquire's wait ends once a quorum granted it: the lock is ours whatever the
         slower nodes answer (validity is measured from before the first send)."""
-        return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.quorum
+        return len(self._granted(replies)) >= self.quorum
+
+    def _keep_unreached(self, release: bytes, replies: list[Any]) -> None:
+        """A release that could not reach a node goes out with the next operation that
+        reaches it (:attr:`.nodes.Node.later`)."""
+        for node, reply in zip(self.nodes, replies, strict=True):
+            if not reached(reply):
+                node.later.append(release)
 
     def _synced(self, replies: list[Any]) -> bool:
         """A fence written back to a quorum holding our token."""

@@ -274,8 +274,17 @@ class Wire:
     def _undo(self, entry: Due) -> None:
         late, entry.late = entry.late, None
         assert late is not None
-        self.sock.sendall(late())
-        self.due.append(Due(b"", None, time.monotonic()))
+        self.send_unowned([late()])
+
+    def send_unowned(self, commands: list[bytes]) -> None:
+        """Send encoded commands no operation waits for (undos, late releases): their replies
+        are owed like any other, read and dropped by whoever reads the connection next."""
+        self.sock.sendall(b"".join(commands))
+        now = time.monotonic()
+        for _ in commands:
+            due = Due(b"", None, now)
+            due.left = True
+            self.due.append(due)
 
     def undo_unwanted(self) -> None:
         """Send, behind everything it carries, the undo of each command it carried whose
@@ -295,11 +304,9 @@ class Wire:
         """Send the undo of every command it still owes behind it (the node runs one
         connection's commands in order, so the undo cannot overtake a command still queued
         there; on a new connection it could, and leave the command's effect behind)."""
-        lates = [entry.late for entry in self.due if entry.late is not None]
+        lates = [entry.late() for entry in self.due if entry.late is not None]
         if lates:
-            self.sock.sendall(b"".join(late() for late in lates))
-            now = time.monotonic()
-            self.due.extend(Due(b"", None, now) for _ in lates)
+            self.send_unowned(lates)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -447,15 +454,10 @@ class Node:
         if not pending:
             return
         try:
-            wire.sock.sendall(b"".join(pending))
+            wire.send_unowned(pending)
         except OSError:
             self.later.extend(pending)
             raise
-        now = time.monotonic()
-        for _ in pending:
-            due = Due(b"", None, now)
-            due.left = True
-            wire.due.append(due)
 
     def reclaim(self, wire: Wire) -> bool:
         """Take ``wire`` out of the pool if it is idle there (another thread may be using it,

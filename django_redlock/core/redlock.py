@@ -17,7 +17,7 @@ from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, W
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock, current_owner
-from .nodes import Node, Owing, fan_out, fan_out_batch, reached
+from .nodes import Node, Owing, fan_out, fan_out_batch
 from .renewal import renewer
 from .validation import check_name
 from .waiting import HolderWatch, LocalQueue, ReleaseNotices
@@ -218,9 +218,7 @@ class Redlock(RedlockBase):
             enough=self._released_by_quorum,
             behind=behind,
         )
-        for node, reply in zip(self.nodes, replies, strict=True):
-            if not reached(reply):
-                node.later.append(command)
+        self._keep_unreached(command, replies)
         return replies
 
     def _release(self, lease: Lease) -> None:
