@@ -17,6 +17,7 @@ from django_redlock import AsyncRedlock
 from django_redlock.core.lock import Lease
 from django_redlock.core.nodes import Wire
 from django_redlock.core.waiting import HolderWatch
+from tests.faults.proxy import Proxy
 from tests.helpers import node_client, tokens_on_nodes, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
@@ -388,3 +389,135 @@ def test_a_release_that_could_not_reach_a_node_goes_out_with_the_next_operation(
     assert rl.locked("unreached") is False  # reaches the node, the release ahead of it
     assert not node.later
     wait_until(lambda: tokens_on_nodes(cluster, "unreached") == [None] * 3, timeout=2.0)
+
+
+@contextlib.contextmanager
+def _third_node_behind_a_proxy(cluster) -> Iterator[tuple[list[str], Proxy]]:
+    """The cluster's URLs with node 2 reached through a :class:`Proxy`, and the proxy."""
+    proxy = Proxy((cluster[2].host, cluster[2].port))
+    try:
+        yield [*cluster.urls[:2], proxy.url], proxy
+    finally:
+        proxy.close()
+
+
+def _cut_before_the_node_reads(proxy: Proxy) -> None:
+    """What the proxy keeps never reaches the node: the connections are cut (as by
+    ``CLIENT KILL``, a load balancer or a failing link) after what came before them ran."""
+    proxy.drop_all()
+    proxy.let_through()
+
+
+async def _reach_the_node_until_gone(rl: AsyncRedlock, cluster, name: str) -> None:
+    """Operations reach every node (the loop reads them between) until ``name`` is gone from
+    every node; at most 2 s."""
+    deadline = time.monotonic() + 2.0
+    while tokens_on_nodes(cluster, name) != [None] * 3:
+        assert time.monotonic() < deadline, f"{name!r} was left on a node"
+        assert await rl.locked("other") is False
+        await asyncio.sleep(0.02)
+
+
+def test_a_release_left_on_a_connection_that_is_cut_goes_out_with_the_next_operation(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """The release stopped waiting at the quorum; the third node's connection still owed its
+    reply and was cut before the node read the release (the acquire before it had run there).
+    It is sent again ahead of the next operation that reaches the node."""
+    cluster = redis_cluster_factory(3)
+    with _third_node_behind_a_proxy(cluster) as (urls, proxy):
+        rl = make_redlock(urls, node_timeout=2.0)
+        warm_up(rl)
+        lock = rl.lock("cut", ttl=30)
+        assert lock.acquire(blocking=False)
+        token = lock.token
+        wait_until(lambda: tokens_on_nodes(cluster, "cut") == [token] * 3)
+        proxy.held = True
+        lock.release()
+        assert tokens_on_nodes(cluster, "cut") == [None, None, token]
+        _cut_before_the_node_reads(proxy)
+        assert rl.locked("other") is False  # reaches the node, the release ahead of it
+        wait_until(lambda: tokens_on_nodes(cluster, "cut") == [None] * 3, timeout=2.0)
+
+
+def test_a_release_left_on_a_connection_that_is_cut_goes_out_with_the_next_operation_async(
+    redis_cluster_factory,
+) -> None:
+    cluster = redis_cluster_factory(3)
+
+    async def main(urls: list[str], proxy: Proxy) -> None:
+        rl = AsyncRedlock(urls, node_timeout=2.0)
+        try:
+            await _warm_up_async(rl)
+            lock = rl.lock("cut", ttl=30)
+            assert await lock.acquire(blocking=False)
+            token = lock.token
+            wait_until(lambda: tokens_on_nodes(cluster, "cut") == [token] * 3)
+            proxy.held = True
+            await lock.release()
+            assert tokens_on_nodes(cluster, "cut") == [None, None, token]
+            _cut_before_the_node_reads(proxy)
+            await _reach_the_node_until_gone(rl, cluster, "cut")
+        finally:
+            await rl.close()
+
+    with _third_node_behind_a_proxy(cluster) as (urls, proxy):
+        asyncio.run(main(urls, proxy))
+
+
+def test_an_overtaken_acquire_whose_connection_is_cut_is_undone_on_another(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """The release went out on another connection (the acquire's was in use elsewhere) and
+    overtook the acquire, which the node ran after it; then the acquire's connection was cut
+    before anyone read its reply. The acquire's undo goes out on another connection."""
+    cluster = redis_cluster_factory(3)
+    with _third_node_behind_a_proxy(cluster) as (urls, proxy):
+        rl = make_redlock(urls, node_timeout=2.0)
+        warm_up(rl)
+        node = rl.nodes[2]
+        proxy.hold_open()  # the acquire waits in the proxy
+        lock = rl.lock("overtaken-then-cut", ttl=30)
+        assert lock.acquire(blocking=False)
+        token = lock.token
+        busy = node._idle.pop()  # the connection owing the acquire's reply, in use elsewhere
+        assert busy.due
+        lock.release()  # on a new connection, which the proxy lets through
+        assert tokens_on_nodes(cluster, "overtaken-then-cut") == [None] * 3
+        proxy.let_through()
+        wait_until(lambda: tokens_on_nodes(cluster, "overtaken-then-cut")[2] == token)
+        _cut_before_the_node_reads(proxy)
+        node.checkin(busy)
+        assert rl.locked("other") is False  # reaches the node, the undo ahead of it
+        wait_until(lambda: tokens_on_nodes(cluster, "overtaken-then-cut") == [None] * 3)
+
+
+def test_an_overtaken_acquire_whose_connection_is_cut_is_undone_on_another_async(
+    redis_cluster_factory,
+) -> None:
+    cluster = redis_cluster_factory(3)
+    name = "overtaken-then-cut"
+
+    async def main(urls: list[str], proxy: Proxy) -> None:
+        rl = AsyncRedlock(urls, node_timeout=2.0)
+        try:
+            await _warm_up_async(rl)
+            state = rl._state()
+            proxy.hold_open()
+            lock = rl.lock(name, ttl=30)
+            assert await lock.acquire(blocking=False)
+            token = lock.token
+            busy = state.idle[2].pop()  # in use elsewhere
+            assert busy.owed
+            await lock.release()
+            assert tokens_on_nodes(cluster, name) == [None] * 3
+            proxy.let_through()
+            wait_until(lambda: tokens_on_nodes(cluster, name)[2] == token)
+            _cut_before_the_node_reads(proxy)
+            state.checkin(2, busy)
+            await _reach_the_node_until_gone(rl, cluster, name)
+        finally:
+            await rl.close()
+
+    with _third_node_behind_a_proxy(cluster) as (urls, proxy):
+        asyncio.run(main(urls, proxy))

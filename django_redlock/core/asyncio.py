@@ -70,6 +70,7 @@ from .nodes import (
     parse_reply,
     reply_failure,
     run_id_of,
+    unfinished,
 )
 from .renewal import BATCH_WINDOW
 from .resp import Incomplete, ReplyError, bulk, encode
@@ -104,8 +105,10 @@ class _Wire(asyncio.Protocol):
     message goes to ``push`` instead.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, later: deque[bytes]) -> None:
         self.loop = loop
+        #: The node's :attr:`.nodes.Node.later`: what must still reach it if this is cut.
+        self.later = later
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.run_id = ""
@@ -223,12 +226,17 @@ class _Wire(asyncio.Protocol):
         self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
         return futures
 
+    def send_unowned(self, command: bytes) -> None:
+        """Send a release or an undo no operation waits for; cut before it answered, it goes
+        out with the next operation that reaches the node (as :attr:`.nodes.Due.again`)."""
+        self.send(command, functools.partial(_again_if_cut, self.later, command))
+
     def undo_unwanted(self) -> None:
         """As :meth:`.nodes.Wire.undo_unwanted`."""
         for due in list(self.owed):
             if due.unwanted and due.late is not None:
                 late, due.late = due.late, None
-                self.send(late(), _ignore)
+                self.send_unowned(late())
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether a command it still owes has waited longer than ``timeout``."""
@@ -246,7 +254,7 @@ class _Wire(asyncio.Protocol):
         if late is not None:
             lates.append(late)
         for undo in lates:
-            self.send(undo(), _ignore)
+            self.send_unowned(undo())
         self.closed = True  # not usable any more, but still read
         self.loop.call_later(DRAIN_FOR, self.abort)
         if not self.waiters:
@@ -271,8 +279,9 @@ class _Wire(asyncio.Protocol):
 _Owing = tuple[_Wire, Due]
 
 
-def _ignore(reply: Any) -> None:
-    pass
+def _again_if_cut(later: deque[bytes], command: bytes, reply: Any) -> None:
+    if isinstance(reply, OSError):
+        later.append(command)
 
 
 def _noscript(reply: Any) -> bool:
@@ -292,20 +301,22 @@ async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
     params = node.params
     wire: _Wire | None = None
     try:
+
+        def protocol() -> _Wire:
+            return _Wire(loop, node.later)
+
         if "path" in params:
-            _, wire = await loop.create_unix_connection(lambda: _Wire(loop), params["path"])
+            _, wire = await loop.create_unix_connection(protocol, params["path"])
         elif params.get("ssl"):
             _, wire = await loop.create_connection(
-                lambda: _Wire(loop),
+                protocol,
                 params["host"],
                 params["port"],
                 ssl=node.ssl_context(),
                 server_hostname=params["host"],
             )
         else:
-            _, wire = await loop.create_connection(
-                lambda: _Wire(loop), params["host"], params["port"]
-            )
+            _, wire = await loop.create_connection(protocol, params["host"], params["port"])
         replies = []
         for waiter in wire.request_many(handshake(params)):
             reply = await waiter
@@ -643,6 +654,7 @@ class _FanOut:
         "decided",
         "enough",
         "finished",
+        "idempotent",
         "late",
         "left",
         "nodes",
@@ -665,12 +677,14 @@ class _FanOut:
         late: Callable[[], bytes] | None = None,
         enough: Callable[[list[Any]], bool] | None = None,
         left: dict[int, _Owing] | None = None,
+        idempotent: bool = False,
     ) -> None:
         self.nodes = nodes
         self.state = state
         self.build = build
         self.late = late
         self.enough = enough
+        self.idempotent = idempotent  #: as :func:`.nodes.fan_out`'s
         self.decided = False  #: ``enough`` ended the wait
         #: What the connections of nodes not heard in time owe, once they went back to the
         #: pool (also listed in ``left``, for the caller).
@@ -729,7 +743,10 @@ class _FanOut:
                 if self.decided and wire.usable() and not wire.overdue(now, timeout):
                     # Its reply still comes to _deliver, which reads it and moves on.
                     wire.undo_unwanted()
-                    due = Due(self.commands[index], self.late, self.sent)
+                    command = self.commands[index]
+                    again = as_bytes(command) if self.idempotent else None
+                    due = Due(command, self.late, self.sent, again)
+                    due.left = True
                     wire.owed.append(due)
                     self.owing[index] = due
                     if self.owing_out is not None:
@@ -748,7 +765,7 @@ class _FanOut:
         later = self.nodes[index].later
         while later:  # what could not reach the node before: see Node.later
             try:
-                wire.send(later.popleft(), _ignore)
+                wire.send_unowned(later.popleft())
             except IndexError:  # another loop's thread took it
                 break
         if isinstance(command, Pipelined) and command.count > 1:
@@ -783,6 +800,9 @@ class _FanOut:
         if self.finished:
             if index in self.owing:
                 self._owed_reply(index, reply)
+            elif self.idempotent and isinstance(reply, OSError):
+                # A connection given up was cut before the node ran the command.
+                self.nodes[index].later.append(as_bytes(self.commands[index]))
             return
         wire = self.wires[index]
         assert wire is not None
@@ -813,7 +833,11 @@ class _FanOut:
         wire = self.wires[index]
         assert wire is not None
         if isinstance(reply, OSError):
-            self.owing.pop(index, None)  # the connection is gone, and what it owed with it
+            # Cut before it answered: nothing queued on it runs any more.
+            cut = self.owing.pop(index, None)
+            if cut is not None:
+                wire.owed.remove(cut)
+                wire.later.extend(unfinished([cut]))
             return
         due = self.owing.pop(index)
         wire.owed.remove(due)
@@ -826,7 +850,7 @@ class _FanOut:
         if due.unwanted and due.late is not None:
             # Released meanwhile on another connection, which may have overtaken it.
             late, due.late = due.late, None
-            wire.send(late(), _ignore)
+            wire.send_unowned(late())
 
     def _final(self, index: int, reply: Any) -> None:
         self.replies[index] = reply
@@ -1112,9 +1136,10 @@ class AsyncRedlock(RedlockBase):
         enough: Callable[[list[Any]], bool] | None = None,
         left: dict[int, _Owing] | None = None,
         behind: Mapping[int, _Owing] | None = None,
+        idempotent: bool = False,
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
-        (``enough``, ``left`` and ``behind``: see :func:`.nodes.fan_out`).
+        (``enough``, ``left``, ``behind`` and ``idempotent``: see :func:`.nodes.fan_out`).
 
         A node that failed or did not answer in time yields a :class:`Failure`. Pooled
         connections answer within ``timeout``; a node that needs a new connection gets another
@@ -1122,7 +1147,7 @@ class AsyncRedlock(RedlockBase):
         ``late()`` was sent on it (the undo: see :func:`.nodes.fan_out`).
         """
         state = self._state()
-        return await _FanOut(self.nodes, state, build, late, enough, left).run(
+        return await _FanOut(self.nodes, state, build, late, enough, left, idempotent).run(
             self.node_timeout if timeout is None else timeout, behind
         )
 
@@ -1259,7 +1284,14 @@ class AsyncRedlock(RedlockBase):
 
     async def _send(self, step: Send) -> list[Any]:
         try:
-            return await self._fan_out(step.build, step.timeout, step.late, step.enough, step.left)
+            return await self._fan_out(
+                step.build,
+                step.timeout,
+                step.late,
+                step.enough,
+                step.left,
+                idempotent=step.idempotent,
+            )
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             state = self._state()
@@ -1299,7 +1331,7 @@ class AsyncRedlock(RedlockBase):
     ) -> list[Any]:
         command = self._release_command(name, token)
         replies = await self._fan_out(
-            lambda n, w: command, enough=self._released_by_quorum, behind=behind
+            lambda n, w: command, enough=self._released_by_quorum, behind=behind, idempotent=True
         )
         self._keep_unreached(command, replies)
         return replies

@@ -221,9 +221,11 @@ class Send:
     every node answered (see :func:`.nodes.fan_out`); the driver then lists in ``left`` the
     connections that still owe a reply. ``late`` builds the undo for a node that does not
     answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys an async driver
-    releases in the background when the caller is cancelled while this step is on the wire."""
+    releases in the background when the caller is cancelled while this step is on the wire.
+    ``idempotent``: the command may run twice (a release, an undo; see
+    :func:`.nodes.fan_out`)."""
 
-    __slots__ = ("build", "enough", "late", "left", "timeout", "undo_if_cancelled")
+    __slots__ = ("build", "enough", "idempotent", "late", "left", "timeout", "undo_if_cancelled")
 
     def __init__(
         self,
@@ -232,12 +234,14 @@ class Send:
         undo_if_cancelled: tuple[str, str] | None = None,
         timeout: float | None = None,
         enough: Callable[[list[Any]], bool] | None = None,
+        idempotent: bool = False,
     ) -> None:
         self.build = build
         self.late = late
         self.undo_if_cancelled = undo_if_cancelled
         self.timeout = timeout  #: None: the node timeout
         self.enough = enough
+        self.idempotent = idempotent
         self.left: dict[int, Any] = {}
 
 
@@ -617,7 +621,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 return lease
             if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
                 undo = self._release_command(handle.name, request.token)
-                yield Send(to_every_node(undo), None, cancel)
+                yield Send(to_every_node(undo), None, cancel, idempotent=True)
             if not trusted and self._all_fresh(replies):
                 trusted = True
                 # Each node's marker as this attempt saw it fresh: only that one is trusted.
@@ -645,7 +649,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
         command = self._release_command(check_name(name), check_token(token))
-        replies = yield Send(to_every_node(command))
+        replies = yield Send(to_every_node(command), idempotent=True)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:

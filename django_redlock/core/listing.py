@@ -69,6 +69,10 @@ class Listing:
             meta = json.loads(raw_meta)
         except ValueError:
             meta = {}
+        fences = [s.fence for s in mine if s.fence]
+        # The holder's fence is on a quorum of its nodes once its acquire returned; a slower
+        # node may still show the one it proposed until the write-back reaches it.
+        agreed = [f for f in set(fences) if fences.count(f) >= self.quorum]
         ttls = sorted((s.ttl for s in mine), reverse=True)
         # The lock is free once fewer than a quorum still hold it.
         ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else 0.0
@@ -81,7 +85,7 @@ class Listing:
             nodes=len(mine),
             total_nodes=len(self.nodes),
             quorum=self.quorum,
-            fence=max((s.fence for s in mine if s.fence), default=None),
+            fence=agreed[0] if agreed else max(fences, default=None),
             renewals=max(s.renewals for s in mine),
             per_node=per_node,
             lease=max((s.lease for s in mine if s.lease), default=None),

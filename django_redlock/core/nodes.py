@@ -17,7 +17,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import urlsplit
@@ -134,15 +134,25 @@ class Due:
     reached) leaves its dues on the pooled connection; the next user of the connection reads
     them first. ``unwanted``: the command's issuer gave up what it did (the lock was released
     on another connection, which may have overtaken it), so whoever reads the reply sends the
-    undo behind it. ``left``: nobody waits for the reply any more (the operation ended)."""
+    undo behind it. ``left``: nobody waits for the reply any more (the operation ended).
+    ``again``: the command itself, encoded, when running it twice does no harm (a release or
+    an undo: token-checked deletes); if the connection is cut before it answers, the command
+    goes out again with the next operation that reaches the node (:meth:`Node.lose`)."""
 
-    __slots__ = ("command", "count", "late", "left", "reply", "sent", "unwanted")
+    __slots__ = ("again", "command", "count", "late", "left", "reply", "sent", "unwanted")
 
-    def __init__(self, command: Any, late: Callable[[], bytes] | None, sent: float) -> None:
+    def __init__(
+        self,
+        command: Any,
+        late: Callable[[], bytes] | None,
+        sent: float,
+        again: bytes | None = None,
+    ) -> None:
         self.command = command
         self.count = command.count if command.__class__ is Pipelined else 1
         self.late = late
         self.sent = sent
+        self.again = again
         self.reply: Any = OWED
         self.unwanted = False
         self.left = False
@@ -150,6 +160,23 @@ class Due:
 
 #: :attr:`Due.reply` until the reply is in.
 OWED: Any = object()
+
+
+def unfinished(dues: Iterable[Due]) -> list[bytes]:
+    """What must still reach the node when a connection is cut (the node closed it,
+    ``CLIENT KILL``, a failed link) before it answered ``dues`` of operations that ended:
+    their releases and undos (:attr:`Due.again`), and the undo of a command its issuer gave up
+    (:attr:`Due.unwanted`). Once the node closed the connection, nothing queued on it runs any
+    more, so these may go out on another one."""
+    kept = []
+    for due in dues:
+        if not due.left:
+            continue  # its operation still waits: it resends, or reports the failure
+        if due.again is not None:
+            kept.append(due.again)
+        elif due.unwanted and due.late is not None:
+            kept.append(due.late())
+    return kept
 
 
 class Wire:
@@ -278,13 +305,15 @@ class Wire:
 
     def send_unowned(self, commands: list[bytes]) -> None:
         """Send encoded commands no operation waits for (undos, late releases): their replies
-        are owed like any other, read and dropped by whoever reads the connection next."""
-        self.sock.sendall(b"".join(commands))
+        are owed like any other, read and dropped by whoever reads the connection next.
+        Owed before they are sent: if sending fails, the connection is lost with them
+        (:meth:`Node.lose`)."""
         now = time.monotonic()
-        for _ in commands:
-            due = Due(b"", None, now)
+        for command in commands:
+            due = Due(b"", None, now, again=command)
             due.left = True
             self.due.append(due)
+        self.sock.sendall(b"".join(commands))
 
     def undo_unwanted(self) -> None:
         """Send, behind everything it carries, the undo of each command it carried whose
@@ -300,13 +329,12 @@ class Wire:
         """Whether its oldest unanswered command has waited longer than ``timeout``."""
         return bool(self.due) and self.due[0].sent + timeout <= now
 
-    def send_undos(self) -> None:
-        """Send the undo of every command it still owes behind it (the node runs one
-        connection's commands in order, so the undo cannot overtake a command still queued
-        there; on a new connection it could, and leave the command's effect behind)."""
-        lates = [entry.late() for entry in self.due if entry.late is not None]
-        if lates:
-            self.send_unowned(lates)
+    def undos(self) -> list[bytes]:
+        """The undo of every command it still owes (sent behind them when the connection is
+        given up: the node runs one connection's commands in order, so the undo cannot
+        overtake a command still queued there; on a new connection it could, and leave the
+        command's effect behind)."""
+        return [entry.late() for entry in self.due if entry.late is not None]
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -419,12 +447,21 @@ class Node:
         the node then drops what it has not read (a frozen node: the commands and the undos
         queued behind them). It is read, and closed once the node answered everything or after
         :data:`DRAIN_FOR` seconds, by the next :meth:`checkout`."""
+        undos = wire.undos()
         try:
-            wire.send_undos()
+            if undos:
+                wire.send_unowned(undos)
         except OSError:
-            wire.close()
+            self.later.extend(undos)
+            self.lose(wire)
             return
         self._draining.append((wire, time.monotonic() + DRAIN_FOR))
+
+    def lose(self, wire: Wire) -> None:
+        """Close a connection that broke: what it carried for operations that ended and must
+        still reach the node (:func:`unfinished`) goes out with the next operation."""
+        self.later.extend(unfinished(wire.due))
+        wire.close()
 
     def _sweep(self) -> None:
         for _ in range(len(self._draining)):
@@ -440,7 +477,8 @@ class Node:
                     self._draining.append((wire, until))
                     continue
             except OSError:
-                pass
+                self.lose(wire)
+                continue
             wire.close()
 
     def send_later(self, wire: Wire) -> None:
@@ -630,6 +668,7 @@ def fan_out(
     enough: Callable[[list[Any]], bool] | None = None,
     left: dict[int, Owing] | None = None,
     behind: Mapping[int, Owing] | None = None,
+    idempotent: bool = False,
 ) -> list[Any]:
     """Send one command to every node at once and collect the replies in node order.
 
@@ -644,6 +683,9 @@ def fan_out(
     after an acquire that did not wait for every node). The command goes out behind it on the
     same connection when that is idle, so the node runs them in order; when another thread
     has it, the earlier command is marked unwanted, and whoever reads its reply sends its undo.
+
+    ``idempotent``: the command may run twice (a release). Left owing on a connection that is
+    then cut, it goes out again with the next operation that reaches the node (:attr:`Due.again`).
 
     A connection whose reply did not come in time is given up (:meth:`Node.abandon`): the
     undo that ``late`` builds goes out behind the command first, so it cannot overtake a
@@ -696,18 +738,18 @@ def fan_out(
                 node.send_later(wire)
             wire.sock.sendall(data)
         except OSError as exc:
-            wire.close()
+            node.lose(wire)
             if wire.reused:
                 stale.append(index)
             else:
                 replies[index] = os_failure(exc)
             continue
-        due = Due(command, late, now)
+        due = Due(command, late, now, data if idempotent else None)
         wire.due.append(due)
         waiting[wire.fd] = (index, wire, due)
         poller.register(wire.fd, select.POLLIN)
     for index in stale:
-        _resend(nodes, index, build, late, replies, waiting, poller, timeout)
+        _resend(nodes, index, build, late, replies, waiting, poller, timeout, idempotent)
     deadline = time.monotonic() + timeout
     in_time = False
     while waiting:
@@ -727,9 +769,11 @@ def fan_out(
             except OSError as exc:
                 del waiting[fd]
                 poller.unregister(fd)
-                wire.close()
+                nodes[index].lose(wire)
                 if wire.reused and remaining > 0:
-                    _resend(nodes, index, build, late, replies, waiting, poller, remaining)
+                    _resend(
+                        nodes, index, build, late, replies, waiting, poller, remaining, idempotent
+                    )
                 else:
                     replies[index] = os_failure(exc)
                 continue
@@ -747,7 +791,7 @@ def fan_out(
             try:
                 wire.undo_unwanted()
             except OSError:
-                wire.close()
+                nodes[index].lose(wire)
                 continue
             nodes[index].checkin(wire)
             if left is not None:
@@ -785,6 +829,7 @@ def _resend(
     waiting: dict[int, tuple[int, Wire, Due]],
     poller: Any,
     timeout: float,
+    idempotent: bool,
 ) -> None:
     """:func:`fan_out`'s one fresh try on a new connection, for a node whose pooled
     connection had been closed while idle."""
@@ -795,14 +840,15 @@ def _resend(
         replies[index] = exc.failure
         return
     command = build(node, wire)
+    data = as_bytes(command)
     try:
         node.send_later(wire)
-        wire.sock.sendall(as_bytes(command))
+        wire.sock.sendall(data)
     except OSError as exc:
-        wire.close()
+        node.lose(wire)
         replies[index] = os_failure(exc)
         return
-    due = Due(command, late, time.monotonic())
+    due = Due(command, late, time.monotonic(), data if idempotent else None)
     wire.due.append(due)
     waiting[wire.fd] = (index, wire, due)
     poller.register(wire.fd, select.POLLIN)
@@ -833,7 +879,7 @@ def fan_out_batch(
             results[index] = exc.failure
             continue
         except OSError as exc:
-            wire.close()
+            nodes[index].lose(wire)
             results[index] = os_failure(exc)
             continue
         dues = [Due(command, None, now) for command in commands]
@@ -856,7 +902,7 @@ def fan_out_batch(
             except OSError as exc:
                 del waiting[fd]
                 poller.unregister(fd)
-                wire.close()
+                nodes[index].lose(wire)
                 results[index] = os_failure(exc)
                 continue
             del waiting[fd]

@@ -166,7 +166,13 @@ class Redlock(RedlockBase):
                 if isinstance(step, Send):
                     timeout = self.node_timeout if step.timeout is None else step.timeout
                     reply = fan_out(
-                        self.nodes, step.build, timeout, step.late, step.enough, step.left
+                        self.nodes,
+                        step.build,
+                        timeout,
+                        step.late,
+                        step.enough,
+                        step.left,
+                        idempotent=step.idempotent,
                     )
                 elif isinstance(step, SendBatch):
                     reply = self._send_batch(step)
@@ -217,6 +223,7 @@ class Redlock(RedlockBase):
             self.node_timeout,
             enough=self._released_by_quorum,
             behind=behind,
+            idempotent=True,
         )
         self._keep_unreached(command, replies)
         return replies

@@ -2,6 +2,10 @@
 
 * ``delay``: every reply from the node is held back this many seconds before it is forwarded
   (a slow network / an overloaded node whose replies still arrive, late).
+* ``held``: requests from the clients are kept in the proxy, not forwarded, until it is
+  cleared (a connection cut, or a node that stopped reading, after what came before ran);
+  :meth:`drop_all` while held drops them with their connections. :meth:`hold_open` holds
+  the connections open now only, :meth:`let_through` ends every hold.
 * ``reset``: a request containing one of ``markers`` (e.g. the SHA of the acquire script) is
   forwarded to the node, the node's reply is read and thrown away, and the client's
   connection is reset (RST). The command *did* run on the node; the client never learns its outcome. This is the
@@ -31,6 +35,8 @@ class Proxy:
         self.upstream = upstream
         self.markers = markers
         self.delay = 0.0
+        self.held = False
+        self._held_clients: set[socket.socket] = set()
         self.armed: int | None = 0
         self.probability = 0.0
         self.resets = 0  #: resets injected so far
@@ -86,13 +92,21 @@ class Proxy:
         """Both directions of one connection in one thread (request/reply traffic), so a
         reset closes sockets no other thread is blocked on: the RST goes out at once."""
         reset_pending = False
+        kept = b""
         try:
             while True:
-                readable, _, _ = select.select([client, server], [], [])
+                if kept and not self._holds(client):
+                    server.sendall(kept)
+                    kept = b""
+                # While requests are kept, look again now and then for the hold to end.
+                readable, _, _ = select.select([client, server], [], [], 0.01 if kept else None)
                 if client in readable:
                     data = client.recv(65536)
                     if not data:
                         break
+                    if kept or self._holds(client):
+                        kept += data
+                        continue
                     if self._should_reset(data):
                         reset_pending = True
                     server.sendall(data)
@@ -114,6 +128,18 @@ class Proxy:
             with self._lock:
                 self._conns.discard(sock)
             _reset(sock)
+
+    def _holds(self, client: socket.socket) -> bool:
+        return self.held or client in self._held_clients
+
+    def hold_open(self) -> None:
+        """Hold the requests of the connections open now (new ones go through)."""
+        with self._lock:
+            self._held_clients = set(self._conns)
+
+    def let_through(self) -> None:
+        self.held = False
+        self._held_clients = set()
 
     def drop_all(self) -> None:
         """End every open connection (as a node restart would): shutdown wakes the pump
