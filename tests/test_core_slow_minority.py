@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 
@@ -185,26 +186,36 @@ def test_a_release_overtaking_its_acquire_on_another_connection_undoes_it_there(
 ) -> None:
     """The connection that still owes the acquire's reply is busy elsewhere when the lock is
     released (another thread has it: taken out of the pool here), so the release goes out on
-    another connection and may overtake the acquire on the node. Whoever then reads the
+    another connection and overtakes the acquire on the node. Whoever then reads the
     acquire's reply sends the undo behind it on that connection."""
-    cluster, rl, sets_before = _frozen_third_node(redis_cluster_factory, make_redlock)
-    node, frozen = rl.nodes[2], cluster[2]
-    try:
-        lock = rl.lock("overtaken", ttl=30)
-        assert lock.acquire(blocking=False)
-        token = lock.token
-        busy = node._idle.pop()  # the connection owing the acquire's reply, in use elsewhere
-        assert busy.due, "the frozen node's connection should still owe the acquire's reply"
-        lock.release()  # its connection to the frozen node times out: the node never gets it
-    finally:
-        frozen.resume()
-    # The node runs the acquire on waking: the key is back, with nobody holding it...
-    wait_until(lambda: _sets_run(frozen) > sets_before)
-    assert tokens_on_nodes(cluster, "overtaken")[2] == token
-    # ...until the busy connection is used again and reads the acquire's reply.
-    node.checkin(busy)
-    assert rl.locked("overtaken") is False
-    wait_until(lambda: tokens_on_nodes(cluster, "overtaken") == [None] * 3, timeout=2.0)
+    cluster = redis_cluster_factory(3)
+    with _third_node_behind_a_proxy(cluster) as (urls, proxy):
+        rl = make_redlock(urls, node_timeout=2.0)
+        warm_up(rl)
+        busy = _release_overtakes_acquire(rl, cluster, proxy, "overtaken")
+        # The key is back on the node, with nobody holding it, until the busy connection is
+        # used again and reads the acquire's reply.
+        rl.nodes[2].checkin(busy)
+        assert rl.locked("overtaken") is False
+        wait_until(lambda: tokens_on_nodes(cluster, "overtaken") == [None] * 3, timeout=2.0)
+
+
+def _release_overtakes_acquire(rl, cluster, proxy: Proxy, name: str) -> Wire:
+    """Node 2 (behind ``proxy``) runs a lock's release before its acquire: the acquire waits
+    in the proxy, and its connection is in use elsewhere (taken out of the pool: returned)
+    when the release goes out, on a new connection the proxy lets through. Returns once the
+    node ran the acquire (its key is back there)."""
+    proxy.hold_open()
+    lock = rl.lock(name, ttl=30)
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    busy = rl.nodes[2]._idle.pop()
+    assert busy.due, "the connection should still owe the acquire's reply"
+    lock.release()
+    assert tokens_on_nodes(cluster, name) == [None] * 3
+    proxy.let_through()
+    wait_until(lambda: tokens_on_nodes(cluster, name)[2] == token)
+    return busy
 
 
 def _evals_run(node) -> int:
@@ -475,19 +486,9 @@ def test_an_overtaken_acquire_whose_connection_is_cut_is_undone_on_another(
     with _third_node_behind_a_proxy(cluster) as (urls, proxy):
         rl = make_redlock(urls, node_timeout=2.0)
         warm_up(rl)
-        node = rl.nodes[2]
-        proxy.hold_open()  # the acquire waits in the proxy
-        lock = rl.lock("overtaken-then-cut", ttl=30)
-        assert lock.acquire(blocking=False)
-        token = lock.token
-        busy = node._idle.pop()  # the connection owing the acquire's reply, in use elsewhere
-        assert busy.due
-        lock.release()  # on a new connection, which the proxy lets through
-        assert tokens_on_nodes(cluster, "overtaken-then-cut") == [None] * 3
-        proxy.let_through()
-        wait_until(lambda: tokens_on_nodes(cluster, "overtaken-then-cut")[2] == token)
+        busy = _release_overtakes_acquire(rl, cluster, proxy, "overtaken-then-cut")
         _cut_before_the_node_reads(proxy)
-        node.checkin(busy)
+        rl.nodes[2].checkin(busy)
         assert rl.locked("other") is False  # reaches the node, the undo ahead of it
         wait_until(lambda: tokens_on_nodes(cluster, "overtaken-then-cut") == [None] * 3)
 
@@ -521,3 +522,173 @@ def test_an_overtaken_acquire_whose_connection_is_cut_is_undone_on_another_async
 
     with _third_node_behind_a_proxy(cluster) as (urls, proxy):
         asyncio.run(main(urls, proxy))
+
+
+def _in_a_forked_child(check) -> bool:
+    """``check()`` run in a forked child."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"1" if check() else b"0")
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        result = answer.read()
+    os.waitpid(pid, 0)
+    return result == b"1"
+
+
+def test_a_silent_node_costs_one_connect_timeout_not_one_per_operation(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """A node that stays frozen: once a connection attempt to it timed out, operations count
+    it as failed at once (trying again in each would cost each ``node_timeout``) while a
+    background thread tries to reconnect; when the node answers again it is used again."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.5)
+    warm_up(rl)
+    frozen, node = cluster[2], rl.nodes[2]
+    names = [f"silent-{i}" for i in range(20)]
+    frozen.pause()
+    try:
+        assert rl.locked("other") is False  # gives the pooled connection up after 0.5 s
+        started = time.monotonic()
+        for name in names:
+            lock = rl.lock(name, ttl=30)
+            assert lock.acquire(blocking=False)
+            lock.release()
+        # One connection attempt timed out (0.5 s); forty would have taken 20 s.
+        assert time.monotonic() - started < 1.0
+        failure = node.unreachable()
+        assert failure is not None and "reconnecting in the background" in str(failure)
+        # A forked child has no reconnector thread: it starts over with the node.
+        assert _in_a_forked_child(lambda: node.unreachable() is None)
+    finally:
+        frozen.resume()
+    wait_until(lambda: node.unreachable() is None, timeout=3.0)
+    lock = rl.lock("back", ttl=30)
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    wait_until(lambda: tokens_on_nodes(cluster, "back") == [token] * 3)
+    lock.release()
+    wait_until(lambda: all(tokens_on_nodes(cluster, n) == [None] * 3 for n in [*names, "back"]))
+
+
+def test_a_silent_node_costs_one_connect_timeout_not_one_per_operation_async(
+    redis_cluster_factory,
+) -> None:
+    cluster = redis_cluster_factory(3)
+    frozen = cluster[2]
+
+    async def main() -> None:
+        rl = AsyncRedlock(cluster.urls, node_timeout=0.5)
+        node = rl.nodes[2]
+        try:
+            await _warm_up_async(rl)
+            frozen.pause()
+            try:
+                assert await rl.locked("other") is False  # gives the pooled connection up
+                started = time.monotonic()
+                for _ in range(10):  # each waits for every node, connecting included
+                    assert await rl.locked("other") is False
+                assert time.monotonic() - started < 1.5  # ten attempts would take 10 s
+                assert node.unreachable() is not None
+            finally:
+                frozen.resume()
+            deadline = time.monotonic() + 3.0
+            while node.unreachable() is not None:
+                assert time.monotonic() < deadline, "the node was not reached again"
+                await asyncio.sleep(0.02)
+            # An acquire decided by a quorum does not wait for a connection still opening;
+            # one that waits for every node opens this loop's connection to it again.
+            assert await rl.locked("other") is False
+            lock = rl.lock("back", ttl=30)
+            assert await lock.acquire(blocking=False)
+            token = lock.token
+            wait_until(lambda: tokens_on_nodes(cluster, "back") == [token] * 3)
+            await lock.release()
+        finally:
+            await rl.close()
+
+    asyncio.run(main())
+
+
+def test_a_silent_node_does_not_hold_up_new_subscriptions(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """A waiter subscribes to the lock's release channel on every node and waits for the
+    subscriptions to be confirmed before it waits: not by a silent node (its subscriber
+    connection dates from before the freeze), which would cost each new name node_timeout."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.5)
+    warm_up(rl)
+    with rl._notices.listening("before"):  # subscriber connections to every node
+        pass
+    frozen, node = cluster[2], rl.nodes[2]
+    frozen.pause()
+    try:
+        assert rl.locked("other") is False  # gives the pooled connection up
+        assert rl.locked("other") is False  # a connection attempt times out: silent
+        assert node.unreachable() is not None
+        started = time.monotonic()
+        for i in range(5):
+            with rl._notices.listening(f"channel-{i}"):
+                pass
+        assert time.monotonic() - started < 0.5  # five confirmations waited for: 2.5 s
+    finally:
+        frozen.resume()
+
+
+def test_a_silent_node_does_not_hold_up_new_subscriptions_async(redis_cluster_factory) -> None:
+    cluster = redis_cluster_factory(3)
+    frozen = cluster[2]
+
+    async def main() -> None:
+        rl = AsyncRedlock(cluster.urls, node_timeout=0.5)
+        try:
+            await _warm_up_async(rl)
+            notices = rl._state().notices
+            async with notices.listening("before"):
+                pass
+            frozen.pause()
+            try:
+                assert await rl.locked("other") is False  # gives the pooled connection up
+                assert await rl.locked("other") is False  # a connection attempt times out
+                assert rl.nodes[2].unreachable() is not None
+                started = time.monotonic()
+                for i in range(5):
+                    async with notices.listening(f"channel-{i}"):
+                        pass
+                assert time.monotonic() - started < 0.5
+            finally:
+                frozen.resume()
+        finally:
+            await rl.close()
+
+    asyncio.run(main())
+
+
+def test_the_reconnected_node_gets_the_releases_it_missed_without_another_operation(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """A lock held on every node is released while one of them is silent: the release is
+    kept, and the connection the reconnector opens once the node answers again sends it,
+    with no further operation by the application."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.5)
+    warm_up(rl)
+    lock = rl.lock("missed", ttl=30)
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    wait_until(lambda: tokens_on_nodes(cluster, "missed") == [token] * 3)
+    frozen, node = cluster[2], rl.nodes[2]
+    frozen.pause()
+    try:
+        assert rl.locked("other") is False  # gives the pooled connection up
+        assert rl.locked("other") is False  # a connection attempt times out: silent
+        lock.release()  # cannot reach the silent node: kept
+        assert list(node.later) and node.unreachable() is not None
+    finally:
+        frozen.resume()
+    wait_until(lambda: tokens_on_nodes(cluster, "missed") == [None] * 3, timeout=3.0)
+    assert node.unreachable() is None and not node.later

@@ -75,7 +75,14 @@ from .nodes import (
 from .renewal import BATCH_WINDOW
 from .resp import Incomplete, ReplyError, bulk, encode
 from .validation import check_name, check_timeout
-from .waiting import NOTICE_GRACE, RECONNECT_DELAY, HolderWatch, Listener, Tally
+from .waiting import (
+    NOTICE_GRACE,
+    RECONNECT_DELAY,
+    HolderWatch,
+    Listener,
+    Tally,
+    confirmations_due,
+)
 
 __all__ = ["AsyncLock", "AsyncRedlock"]
 
@@ -293,11 +300,25 @@ def _settle(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
-async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
-    """Connect and shake hands (AUTH, SELECT, INFO server for the run id).
+async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float) -> _Wire:
+    """Connect and shake hands (AUTH, SELECT, INFO server for the run id) within ``timeout``
+    seconds. Raises :class:`WireError` (at once while the node is unreachable: see
+    :meth:`.nodes.Node.connect`); cancelling aborts the connection."""
+    failure = node.unreachable()
+    if failure is not None:
+        raise WireError(failure)
+    try:
+        return await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
+    except asyncio.TimeoutError:
+        node.went_silent()
+        raise WireError(_NOT_CONNECTED) from None
+    except WireError as exc:
+        if exc.failure.reason == "timeout":
+            node.went_silent()
+        raise
 
-    Raises :class:`WireError`; the caller bounds the time (cancelling aborts the connection).
-    """
+
+async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
     params = node.params
     wire: _Wire | None = None
     try:
@@ -334,7 +355,7 @@ async def _open_wire(node: Node, loop: asyncio.AbstractEventLoop) -> _Wire:
         if wire is not None:
             wire.abort()
         if isinstance(exc, TimeoutError):
-            raise WireError(Failure("timeout", "no answer while connecting")) from None
+            raise WireError(_NOT_CONNECTED) from None
         raise WireError(os_failure(exc)) from None
     except BaseException:
         if wire is not None:
@@ -526,7 +547,8 @@ class _Notices:
                 for index, wire in self._wires.items():
                     if index not in fresh:
                         self._send(wire, ["SUBSCRIBE", name])
-            while len(self._confirmed.get(name, ())) < len(self._wires):
+            due = confirmations_due(self._wires, self._redlock.nodes)
+            while len(self._confirmed.get(name, ())) < due:
                 remaining = deadline - self._loop.time()
                 if remaining <= 0:
                     break
@@ -570,10 +592,7 @@ class _Notices:
             if not missing:
                 return set()
             opened = await asyncio.gather(
-                *(
-                    asyncio.wait_for(_open_wire(self._redlock.nodes[i], self._loop), timeout)
-                    for i in missing
-                ),
+                *(_open_wire(self._redlock.nodes[i], self._loop, timeout) for i in missing),
                 return_exceptions=True,
             )
             fresh: set[int] = set()
@@ -754,8 +773,7 @@ class _FanOut:
                     self.state.checkin(index, wire)
                 else:
                     wire.abandon(self.late)
-            for index, task in self.tasks.items():
-                task.cancel()
+            for index in self.tasks:
                 self.replies[index] = _NOT_CONNECTED
         return self.replies
 
@@ -774,7 +792,8 @@ class _FanOut:
             wire.send(command, functools.partial(self._deliver, index))
 
     def _connect(self, index: int) -> None:
-        task = self.state.spawn(_open_wire(self.nodes[index], self.state.loop))
+        # Not cancelled when a quorum decides first: the connection goes to the pool.
+        task = self.state.spawn(_open_wire(self.nodes[index], self.state.loop, self.timeout))
         self.tasks[index] = task
         task.add_done_callback(functools.partial(self._connected, index))
 
@@ -1164,9 +1183,10 @@ class AsyncRedlock(RedlockBase):
         wire = state.checkout(index)
         if wire is None:
             try:
-                wire = await asyncio.wait_for(_open_wire(self.nodes[index], state.loop), timeout)
+                wire = await _open_wire(self.nodes[index], state.loop, timeout)
             except WireError as exc:
-                raise ConnectionError(str(exc.failure)) from None
+                error = asyncio.TimeoutError if exc.failure is _NOT_CONNECTED else ConnectionError
+                raise error(str(exc.failure)) from None
         return wire
 
     async def _ask(

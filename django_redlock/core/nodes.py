@@ -26,6 +26,7 @@ import redis
 from redis.connection import parse_url as _parse_url
 
 from .process import ThisProcess
+from .reconnect import reconnector
 from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
 
@@ -413,6 +414,10 @@ class Node:
         #: operation that reaches it sends them first (:meth:`send_later`). A release checks
         #: its token, so sending it late never touches another holder's lock.
         self.later: deque[bytes] = deque(maxlen=10_000)
+        #: ``(process id, time.monotonic())`` of the connection attempt that timed out, until
+        #: the node is reached again: operations then count it as failed at once
+        #: (:meth:`unreachable`). A forked child has no reconnector: it starts over.
+        self._silent: tuple[int, float] | None = None
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
@@ -423,9 +428,11 @@ class Node:
 
     def checkout(self, deadline: float) -> Wire:
         """A pooled connection, or a new one (which may take until ``deadline``, on the
-        monotonic clock, and at least 5 ms)."""
+        monotonic clock, and at least 5 ms). Raises :class:`WireError` at once while the
+        node is unreachable (:meth:`unreachable`)."""
         if self._pid != ThisProcess.pid:
-            # Inherited sockets belong to the parent's conversations with the node.
+            # Inherited sockets belong to the parent's conversations with the node, and the
+            # parent's reconnector is not running here.
             self._idle = deque()
             self._draining = deque()
             self._pid = ThisProcess.pid
@@ -434,7 +441,62 @@ class Node:
         try:
             return self._idle.pop()
         except IndexError:
-            return Wire(self, max(deadline - time.monotonic(), 0.005))
+            return self.connect(max(deadline - time.monotonic(), 0.005))
+
+    def connect(self, timeout: float) -> Wire:
+        """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
+        while the node is unreachable)."""
+        failure = self.unreachable()
+        if failure is not None:
+            raise WireError(failure)
+        try:
+            return Wire(self, timeout)
+        except WireError as exc:
+            if exc.failure.reason == "timeout":
+                self.went_silent()
+            raise
+
+    def unreachable(self) -> Failure | None:
+        """Why an operation must not wait to connect to the node now: a connection attempt
+        timed out and the node has not been reached since. Trying again in every operation
+        would make each wait ``node_timeout`` while the node stays silent (frozen, or its
+        packets dropped); the reconnector tries instead."""
+        silent = self._silent
+        if silent is None or silent[0] != ThisProcess.pid:
+            return None
+        return Failure(
+            "timeout",
+            f"no answer while connecting for {time.monotonic() - silent[1]:.1f} s"
+            " (reconnecting in the background)",
+        )
+
+    def went_silent(self) -> None:
+        """A connection attempt timed out: hand the node to the reconnector."""
+        if self.unreachable() is None:
+            self._silent = (ThisProcess.pid, time.monotonic())
+            reconnector.watch(self)
+
+    def reconnect(self) -> bool:
+        """One attempt of the reconnector; True once the node is reached (or no longer
+        waited for: :meth:`close`). The new connection carries what could not reach the node
+        meanwhile, and goes to the pool."""
+        if self.unreachable() is None:
+            return True
+        try:
+            wire = Wire(self, self.node_timeout)
+        except WireError:
+            return False
+        if self.unreachable() is None:  # closed meanwhile
+            wire.close()
+            return True
+        try:
+            self.send_later(wire)
+        except OSError:
+            wire.close()
+            return False
+        self.checkin(wire)
+        self._silent = None
+        return True
 
     def checkin(self, wire: Wire) -> None:
         wire.reused = True
@@ -522,6 +584,8 @@ class Node:
         return self._ssl_context
 
     def close(self) -> None:
+        reconnector.forget(self)
+        self._silent = None
         while self._idle:
             wire = self._idle.pop()
             with contextlib.suppress(OSError):
@@ -835,7 +899,7 @@ def _resend(
     connection had been closed while idle."""
     node = nodes[index]
     try:
-        wire = Wire(node, timeout)
+        wire = node.connect(timeout)
     except WireError as exc:
         replies[index] = exc.failure
         return

@@ -25,7 +25,7 @@ from .nodes import Node, Wire, WireError
 from .resp import Incomplete, encode
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
     "NOTICE_GRACE",
@@ -36,6 +36,7 @@ __all__ = [
     "ReleaseNotice",
     "ReleaseNotices",
     "Tally",
+    "confirmations_due",
 ]
 
 
@@ -178,6 +179,13 @@ class ReleaseNotice(Tally):
 RECONNECT_DELAY = 0.1
 
 
+def confirmations_due(subscribed: Iterable[int], nodes: Sequence[Node]) -> int:
+    """How many of the nodes with a subscriber connection (``subscribed``, by index) a new
+    subscription waits to be confirmed by: not those unreachable now (a lock operation's
+    connection attempt timed out), whose confirmation would only come after the timeout."""
+    return sum(1 for index in subscribed if nodes[index].unreachable() is None)
+
+
 class ReleaseNotices:
     """Subscribes to release channels on every node and wakes local waiters.
 
@@ -226,7 +234,8 @@ class ReleaseNotices:
                     self._send(wire, ["SUBSCRIBE", name])
             self._start()
             deadline = time.monotonic() + self._timeout
-            while confirm and len(self._confirmed.get(name, ())) < len(self._wires):
+            due = confirmations_due(self._wires, self._nodes)
+            while confirm and len(self._confirmed.get(name, ())) < due:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -273,7 +282,7 @@ class ReleaseNotices:
             if index in self._wires:
                 continue
             try:
-                wire = Wire(node, self._timeout)
+                wire = node.connect(self._timeout)
             except WireError:
                 continue  # that node's waiters fall back to the lease timer
             self._wires[index] = wire
