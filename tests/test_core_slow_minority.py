@@ -10,16 +10,17 @@ import asyncio
 import contextlib
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import pytest
 
-from django_redlock import AsyncRedlock
+from django_redlock import AsyncRedlock, Redlock
 from django_redlock.core.lock import Lease
-from django_redlock.core.nodes import Wire
+from django_redlock.core.nodes import TIMED_OUT, Failure, Wire
 from django_redlock.core.waiting import HolderWatch
 from tests.faults.proxy import Proxy
-from tests.helpers import node_client, tokens_on_nodes, wait_until, warm_up
+from tests.helpers import node_client, run_python, tokens_on_nodes, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
 
@@ -691,4 +692,63 @@ def test_the_reconnected_node_gets_the_releases_it_missed_without_another_operat
     finally:
         frozen.resume()
     wait_until(lambda: tokens_on_nodes(cluster, "missed") == [None] * 3, timeout=3.0)
-    assert node.unreachable() is None and not node.later
+    wait_until(lambda: node.unreachable() is None)  # the reconnector's attempt is over
+    assert not node.later
+    # It read their answers before it counted the node as back (an asyncio client would
+    # never read that connection, and one cut with them unanswered keeps them for next time).
+    assert [wire.due for wire in node._idle] == [deque()]
+
+
+def test_kept_releases_and_a_connection_closing_under_them_do_not_spin_the_loop(
+    redis_cluster_factory,
+) -> None:
+    """The asyncio client sends the releases kept for a node ahead of an operation on a
+    connection the node has just closed (``CLIENT KILL``; the loop has not yet run its
+    ``connection_lost``): each fails at once and is kept again, for the next connection,
+    instead of being taken and put back forever (an outside test saw the loop spin at 100 %
+    CPU, every task hung). Run apart: a spinning loop cannot be interrupted."""
+    cluster = redis_cluster_factory(3)
+    result = run_python(
+        f"""
+        import asyncio
+        from django_redlock import AsyncRedlock
+
+        async def main():
+            rl = AsyncRedlock({cluster.urls!r}, node_timeout=0.5)
+            assert await rl.locked("warm-up") is False
+            wire = rl._state().idle[2][-1]
+            wire.transport.close()  # closing; connection_lost comes at the next loop turn
+            rl.nodes[2].later.append(rl._release_command("kept", "t" * 32))
+            assert await rl.locked("other") is False
+            print("done", len(rl.nodes[2].later))
+            await rl.close()
+
+        asyncio.run(main())
+        """,
+        timeout=20,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["done", "0"]  # sent on the connection opened instead
+
+
+def test_a_failed_attempt_sends_its_undo_behind_an_acquire_still_owed() -> None:
+    """An acquire a quorum granted ends without the slower node's answer; if the attempt then
+    fails (the fence was not written back to a quorum, or no validity was left), its undo
+    must go out behind the acquire on the connection that still owes it, as a release does:
+    on another connection it could overtake the acquire, which would then take the lock on
+    that node for nobody (an outside test: fenced locks, a node frozen with SCRIPT FLUSH
+    queued, 5 keys left in 26 runs). The algorithm's steps, driven by hand."""
+    rl = Redlock([f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)], restart_guard=False)
+    steps = rl._attempt_steps(rl.lock("owed", fencing=True), "holder")
+    acquire = next(steps)
+    acquire.left[2] = ("the slow node's connection", "its acquire")  # as a driver fills it
+    fence_sync = steps.send([[0, 5, -1, None], [0, 6, -1, None], TIMED_OUT])
+    assert fence_sync.enough == rl._synced
+    undo = steps.send([0, 0, TIMED_OUT])  # the token no longer holds a quorum
+    assert undo.idempotent and undo.behind == acquire.left
+    # A node the undo could not reach (its connection was cut) gets it with the next
+    # operation that reaches it, as a release.
+    with pytest.raises(StopIteration):
+        steps.send([1, 1, Failure("refused", "connection closed by the node")])
+    assert [list(node.later) for node in rl.nodes] == [[], [], [undo.build(rl.nodes[2], None)]]
+    rl.close()

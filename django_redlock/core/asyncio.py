@@ -725,6 +725,9 @@ class _FanOut:
         loop = self.state.loop
         self.timeout = timeout
         self.sent = loop.time()
+        # Set before sending: a pooled connection found closed while sending gets one fresh
+        # try within it (see _deliver).
+        self.deadline = self.sent + timeout
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
@@ -741,7 +744,7 @@ class _FanOut:
                 self._send(index, wire, self.build(node, wire))
         for index in connecting:
             self._connect(index)
-        self.deadline = loop.time() + (2 * timeout if connecting else timeout)
+        self.deadline = max(self.deadline, loop.time() + (2 * timeout if connecting else timeout))
         try:
             while self.left and not self.decided:
                 remaining = self.deadline - loop.time()
@@ -780,12 +783,8 @@ class _FanOut:
     def _send(self, index: int, wire: _Wire, command: Sequence[Any] | bytes | Pipelined) -> None:
         self.wires[index] = wire
         self.commands[index] = command
-        later = self.nodes[index].later
-        while later:  # what could not reach the node before: see Node.later
-            try:
-                wire.send_unowned(later.popleft())
-            except IndexError:  # another loop's thread took it
-                break
+        for kept in self.nodes[index].take_later():  # see Node.later
+            wire.send_unowned(kept)
         if isinstance(command, Pipelined) and command.count > 1:
             wire.send_many(command.data, command.count, functools.partial(self._deliver, index))
         else:
@@ -1310,7 +1309,8 @@ class AsyncRedlock(RedlockBase):
                 step.late,
                 step.enough,
                 step.left,
-                idempotent=step.idempotent,
+                step.behind,
+                step.idempotent,
             )
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.

@@ -222,10 +222,20 @@ class Send:
     connections that still owe a reply. ``late`` builds the undo for a node that does not
     answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys an async driver
     releases in the background when the caller is cancelled while this step is on the wire.
-    ``idempotent``: the command may run twice (a release, an undo; see
+    ``idempotent``: the command may run twice (a release, an undo); ``behind``: connections
+    that still owe the reply of a command this one ends, for it to go out behind (both: see
     :func:`.nodes.fan_out`)."""
 
-    __slots__ = ("build", "enough", "idempotent", "late", "left", "timeout", "undo_if_cancelled")
+    __slots__ = (
+        "behind",
+        "build",
+        "enough",
+        "idempotent",
+        "late",
+        "left",
+        "timeout",
+        "undo_if_cancelled",
+    )
 
     def __init__(
         self,
@@ -235,8 +245,10 @@ class Send:
         timeout: float | None = None,
         enough: Callable[[list[Any]], bool] | None = None,
         idempotent: bool = False,
+        behind: Mapping[int, Any] | None = None,
     ) -> None:
         self.build = build
+        self.behind = behind
         self.late = late
         self.undo_if_cancelled = undo_if_cancelled
         self.timeout = timeout  #: None: the node timeout
@@ -621,7 +633,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 return lease
             if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
                 undo = self._release_command(handle.name, request.token)
-                yield Send(to_every_node(undo), None, cancel, idempotent=True)
+                # Behind the acquire where it is still on its way, as a release goes; kept
+                # for a node it could not reach, as a release is.
+                undone = yield Send(
+                    to_every_node(undo), None, cancel, idempotent=True, behind=send.left
+                )
+                self._keep_unreached(undo, undone)
             if not trusted and self._all_fresh(replies):
                 trusted = True
                 # Each node's marker as this attempt saw it fresh: only that one is trusted.
@@ -650,6 +667,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
         command = self._release_command(check_name(name), check_token(token))
         replies = yield Send(to_every_node(command), idempotent=True)
+        self._keep_unreached(command, replies)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:

@@ -316,6 +316,20 @@ class Wire:
             self.due.append(due)
         self.sock.sendall(b"".join(commands))
 
+    def settle_within(self, timeout: float) -> None:
+        """Read until every reply it owes is in; raises :class:`Incomplete` after ``timeout``
+        seconds (``OSError`` for a broken connection)."""
+        deadline = time.monotonic() + timeout
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        while self.due:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(remaining * 1000):
+                raise Incomplete
+            self.feed()
+            with contextlib.suppress(Incomplete):
+                self.settle()
+
     def undo_unwanted(self) -> None:
         """Send, behind everything it carries, the undo of each command it carried whose
         issuer gave it up (a lock released on another connection, which may have overtaken
@@ -478,8 +492,10 @@ class Node:
 
     def reconnect(self) -> bool:
         """One attempt of the reconnector; True once the node is reached (or no longer
-        waited for: :meth:`close`). The new connection carries what could not reach the node
-        meanwhile, and goes to the pool."""
+        waited for: :meth:`close`). The new connection sends what could not reach the node
+        meanwhile and reads the answers before the node counts as back (an asyncio client
+        never reads this connection, and a connection cut with them unanswered keeps them
+        for the next try); then it goes to the pool."""
         if self.unreachable() is None:
             return True
         try:
@@ -491,8 +507,9 @@ class Node:
             return True
         try:
             self.send_later(wire)
-        except OSError:
-            wire.close()
+            wire.settle_within(self.node_timeout)
+        except (OSError, Incomplete):
+            self.lose(wire)  # what it carries goes out again with the next try
             return False
         self.checkin(wire)
         self._silent = None
@@ -545,12 +562,7 @@ class Node:
 
     def send_later(self, wire: Wire) -> None:
         """Send on ``wire`` what could not reach the node before (see :attr:`later`)."""
-        pending = []
-        while self.later:
-            try:
-                pending.append(self.later.popleft())
-            except IndexError:  # another thread took them
-                break
+        pending = self.take_later()
         if not pending:
             return
         try:
@@ -558,6 +570,17 @@ class Node:
         except OSError:
             self.later.extend(pending)
             raise
+
+    def take_later(self) -> list[bytes]:
+        """Everything in :attr:`later`, taken out before it is sent: a send that fails puts
+        its command back, for the next connection."""
+        pending = []
+        while self.later:
+            try:
+                pending.append(self.later.popleft())
+            except IndexError:  # another thread took them
+                break
+        return pending
 
     def reclaim(self, wire: Wire) -> bool:
         """Take ``wire`` out of the pool if it is idle there (another thread may be using it,

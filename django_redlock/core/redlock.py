@@ -172,7 +172,8 @@ class Redlock(RedlockBase):
                         step.late,
                         step.enough,
                         step.left,
-                        idempotent=step.idempotent,
+                        step.behind,
+                        step.idempotent,
                     )
                 elif isinstance(step, SendBatch):
                     reply = self._send_batch(step)
