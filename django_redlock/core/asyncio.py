@@ -240,10 +240,9 @@ class _Wire(asyncio.Protocol):
 
     def undo_unwanted(self) -> None:
         """As :meth:`.nodes.Wire.undo_unwanted`."""
-        for due in list(self.owed):
+        for due in self.owed:
             if due.unwanted and due.late is not None:
-                late, due.late = due.late, None
-                self.send_unowned(late())
+                self.send_unowned(due.take_undo())
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether a command it still owes has waited longer than ``timeout``."""
@@ -867,8 +866,7 @@ class _FanOut:
         fold(self.commands[index], wire, reply)
         if due.unwanted and due.late is not None:
             # Released meanwhile on another connection, which may have overtaken it.
-            late, due.late = due.late, None
-            wire.send_unowned(late())
+            wire.send_unowned(due.take_undo())
 
     def _final(self, index: int, reply: Any) -> None:
         self.replies[index] = reply

@@ -158,6 +158,12 @@ class Due:
         self.unwanted = False
         self.left = False
 
+    def take_undo(self) -> bytes:
+        """The undo of an unwanted command, once (``late`` is cleared)."""
+        late, self.late = self.late, None
+        assert late is not None
+        return late()
+
 
 #: :attr:`Due.reply` until the reply is in.
 OWED: Any = object()
@@ -297,12 +303,7 @@ class Wire:
                 reply = reply_failure(reply)
             entry.reply = fold(entry.command, self, reply)
             if entry.unwanted and entry.late is not None:
-                self._undo(entry)
-
-    def _undo(self, entry: Due) -> None:
-        late, entry.late = entry.late, None
-        assert late is not None
-        self.send_unowned([late()])
+                self.send_unowned([entry.take_undo()])
 
     def send_unowned(self, commands: list[bytes]) -> None:
         """Send encoded commands no operation waits for (undos, late releases): their replies
@@ -336,9 +337,9 @@ class Wire:
         the acquire on the node); once each. Whoever holds the connection does this: when it
         reads the replies, when it puts the connection back in the pool owing, when it
         closes it."""
-        for entry in list(self.due):
-            if entry.unwanted and entry.late is not None:
-                self._undo(entry)
+        undos = [entry.take_undo() for entry in self.due if entry.unwanted and entry.late]
+        if undos:
+            self.send_unowned(undos)
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether its oldest unanswered command has waited longer than ``timeout``."""
@@ -531,8 +532,7 @@ class Node:
             if undos:
                 wire.send_unowned(undos)
         except OSError:
-            self.later.extend(undos)
-            self.lose(wire)
+            self.lose(wire)  # the undos were owed: lose keeps them
             return
         self._draining.append((wire, time.monotonic() + DRAIN_FOR))
 
@@ -561,15 +561,11 @@ class Node:
             wire.close()
 
     def send_later(self, wire: Wire) -> None:
-        """Send on ``wire`` what could not reach the node before (see :attr:`later`)."""
+        """Send on ``wire`` what could not reach the node before (see :attr:`later`). If
+        sending fails, they are owed by ``wire``: :meth:`lose` keeps them again."""
         pending = self.take_later()
-        if not pending:
-            return
-        try:
+        if pending:
             wire.send_unowned(pending)
-        except OSError:
-            self.later.extend(pending)
-            raise
 
     def take_later(self) -> list[bytes]:
         """Everything in :attr:`later`, taken out before it is sent: a send that fails puts
@@ -821,9 +817,7 @@ def fan_out(
         if command is not last:
             last, data = command, as_bytes(command)
         try:
-            if node.later:
-                node.send_later(wire)
-            wire.sock.sendall(data)
+            due = _send_owed(node, wire, command, data, late, now, idempotent)
         except OSError as exc:
             node.lose(wire)
             if wire.reused:
@@ -831,8 +825,6 @@ def fan_out(
             else:
                 replies[index] = os_failure(exc)
             continue
-        due = Due(command, late, now, data if idempotent else None)
-        wire.due.append(due)
         waiting[wire.fd] = (index, wire, due)
         poller.register(wire.fd, select.POLLIN)
     for index in stale:
@@ -907,6 +899,25 @@ def fold(command: Any, wire: Any, reply: Any) -> Any:
     return command.fold(wire, [reply] if command.count == 1 else reply)
 
 
+def _send_owed(
+    node: Node,
+    wire: Wire,
+    command: Any,
+    data: bytes,
+    late: Callable[[], bytes] | None,
+    sent: float,
+    idempotent: bool,
+) -> Due:
+    """Send a fan-out's command (``data``, encoded) on ``wire``, behind what could not reach
+    the node before; the reply it now owes (raises ``OSError``)."""
+    if node.later:
+        node.send_later(wire)
+    wire.sock.sendall(data)
+    due = Due(command, late, sent, data if idempotent else None)
+    wire.due.append(due)
+    return due
+
+
 def _resend(
     nodes: Sequence[Node],
     index: int,
@@ -927,16 +938,12 @@ def _resend(
         replies[index] = exc.failure
         return
     command = build(node, wire)
-    data = as_bytes(command)
     try:
-        node.send_later(wire)
-        wire.sock.sendall(data)
+        due = _send_owed(node, wire, command, as_bytes(command), late, time.monotonic(), idempotent)
     except OSError as exc:
         node.lose(wire)
         replies[index] = os_failure(exc)
         return
-    due = Due(command, late, time.monotonic(), data if idempotent else None)
-    wire.due.append(due)
     waiting[wire.fd] = (index, wire, due)
     poller.register(wire.fd, select.POLLIN)
 

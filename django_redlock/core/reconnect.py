@@ -70,7 +70,7 @@ class Reconnector:
                     self._cond.wait(pause)
 
     def _after_fork(self) -> None:
-        # The child has no thread; its nodes start over (see Node.checkout).
+        # The child has no thread; its nodes start over (see Node.unreachable).
         self.__init__()  # type: ignore[misc]
 
 
