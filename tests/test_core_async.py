@@ -480,13 +480,11 @@ def test_a_listener_that_unwatches_while_hearing_does_not_hide_the_next_one() ->
     """A holder's watch that hears its own force release unwatches itself from inside the
     notice; the next listener on the channel (a waiter) must still hear it (the notice loop
     once iterated the live list and skipped it)."""
-    from types import SimpleNamespace
-
-    from django_redlock.core.asyncio import _Notices
+    from django_redlock.core.aiowaiting import AsyncReleaseNotices
 
     loop = asyncio.new_event_loop()
     try:
-        notices = _Notices(SimpleNamespace(nodes=[]), loop)  # type: ignore[arg-type]
+        notices = AsyncReleaseNotices([], 0.05, loop)
         heard: list[str] = []
 
         class Watch:

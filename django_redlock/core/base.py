@@ -1,7 +1,8 @@
 """The Redlock algorithm, written once for the sync and async clients: the configuration it
-runs with, and every operation as I/O-free steps (:class:`Send` / :class:`Pause`) that
-``redlock.py`` (sockets and poll) and ``asyncio.py`` (streams) drive. Read
-:meth:`RedlockBase._attempt_steps` against the spec top to bottom.
+runs with, and every operation as I/O-free steps (:class:`Send` / :class:`Pause`) that two
+small drivers run: :mod:`.redlock` over :mod:`.nodes` and :mod:`.waiting` (sockets and poll,
+threads), :mod:`.asyncio` over :mod:`.aionodes` and :mod:`.aiowaiting` (asyncio protocols,
+tasks). Read :meth:`RedlockBase._attempt_steps` against the spec top to bottom.
 
 The other jobs of a client live next door and are mixed in: the key layout and commands
 (:mod:`.commands`), the lease table (:mod:`.leases`), listing and health (:mod:`.listing`).

@@ -1,0 +1,614 @@
+"""Connections to the nodes for the asyncio client (the twin of :mod:`.nodes`).
+
+Each node gets lean connections (an :class:`asyncio.Protocol` parsing RESP with the sans-IO
+:mod:`.resp`, the same handshake as the sync ``Wire``: AUTH, SELECT, INFO for the run id). A
+fan-out writes the command to every node, then waits for the replies at once with one
+deadline (``node_timeout``), or until a quorum granted an acquire or removed a released key;
+a connection whose reply did not come in time is given up (after the undo of what it
+carried), never reused. Connections are pooled per node *and per event loop* (asyncio
+transports belong to the loop that opened them; Django's ``async_to_sync`` runs each call in a
+fresh loop): :class:`LoopPool`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import socket
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .nodes import (
+    DRAIN_FOR,
+    TIMED_OUT,
+    Due,
+    Failure,
+    Node,
+    Pipelined,
+    ProtocolError,
+    WireError,
+    as_bytes,
+    as_eval,
+    fold,
+    handshake,
+    os_failure,
+    parse_reply,
+    reply_failure,
+    run_id_of,
+    unfinished,
+)
+from .resp import Incomplete, ReplyError, bulk, encode
+
+__all__ = [
+    "NOT_CONNECTED",
+    "SLOW_TIMEOUT",
+    "AsyncFanOut",
+    "AsyncOwing",
+    "AsyncWire",
+    "CommandBuilder",
+    "LoopPool",
+    "noscript",
+    "open_wire",
+    "parse_info",
+]
+
+#: Per-command timeout of the slow operations (listing, health), like the sync client's
+#: redis-py socket timeout.
+SLOW_TIMEOUT = 2.0
+
+#: The reply of a node whose connection was still being opened when a fan-out ended: the
+#: command never reached it (see :func:`.nodes.reached`).
+NOT_CONNECTED = Failure("timeout", "no answer while connecting")
+
+#: Builds one node's command from the connection it will go out on (it may need the run id).
+CommandBuilder = Callable[[Node, "AsyncWire"], Sequence[Any] | bytes | Pipelined]
+
+
+class AsyncWire(asyncio.Protocol):
+    """One connection to a node on one event loop.
+
+    Replies are parsed as they arrive and handed, in order, to the callbacks of the commands
+    sent (no future, no extra loop turn per reply). A lost or aborted connection hands each
+    outstanding callback the ``OSError`` as its reply. In push mode (a subscriber), every
+    message goes to ``push`` instead.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, later: deque[bytes]) -> None:
+        self.loop = loop
+        #: The node's :attr:`.nodes.Node.later`: what must still reach it if this is cut.
+        self.later = later
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.run_id = ""
+        #: The run id as a RESP argument (every acquire sends it).
+        self.run_id_arg = b""
+        #: As :attr:`.nodes.Wire.vote_marker`.
+        self.vote_marker: list[bytes] | None = None
+        #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
+        self.trusted_at: float | None = None
+        #: True once it served a command: a pooled connection may have been closed by the node.
+        self.reused = False
+        self.closed = False
+        self.waiters: deque[Callable[[Any], None]] = deque()
+        #: Commands of fan-outs that stopped waiting (a quorum was reached) still to be
+        #: answered, oldest first (sent on the loop's clock). As :attr:`.nodes.Wire.due`.
+        self.owed: deque[Due] = deque()
+        self.push: Callable[[Any], None] | None = None
+        self.on_lost: Callable[[AsyncWire], None] | None = None
+
+    # protocol callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        try:
+            while pos < len(buf):
+                value, pos = parse_reply(buf, pos)
+                if self.push is not None:
+                    self.push(value)
+                elif self.waiters:
+                    self.waiters.popleft()(value)
+                    if self.closed and not self.waiters:
+                        self.close()  # given up, and now everything is answered
+                else:
+                    raise ProtocolError("a reply nobody asked for")
+        except Incomplete:
+            pass
+        except ProtocolError as exc:
+            # Out of step with the node: this connection can never be trusted again.
+            self.abort(exc)
+            return
+        del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        error = (
+            exc
+            if isinstance(exc, OSError)
+            else ConnectionResetError("connection closed by the node")
+        )
+        self._fail(error)
+        if self.on_lost is not None:
+            self.on_lost(self)
+
+    def _fail(self, error: OSError) -> None:
+        self.closed = True
+        waiters, self.waiters = self.waiters, deque()
+        for waiter in waiters:
+            waiter(error)
+
+    # use
+
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def send(
+        self, command: Sequence[Any] | bytes | Pipelined, callback: Callable[[Any], None]
+    ) -> None:
+        """Send one command; ``callback`` gets its reply (or the ``OSError``)."""
+        if self.transport is None or self.transport.is_closing():
+            callback(ConnectionResetError("connection closed"))
+            return
+        self.waiters.append(callback)
+        self.transport.write(as_bytes(command))
+
+    def send_many(self, data: bytes, count: int, callback: Callable[[Any], None]) -> None:
+        """Send ``count`` commands encoded in ``data`` in one write; ``callback`` gets the
+        list of their replies, or the ``OSError``, once."""
+        if not self.usable():
+            callback(ConnectionResetError("connection closed"))
+            return
+        replies: list[Any] = []
+
+        def collect(reply: Any) -> None:
+            if len(replies) >= count:
+                return  # the group already reported an error
+            if isinstance(reply, OSError):
+                replies.extend([reply] * count)
+                callback(reply)
+                return
+            replies.append(reply)
+            if len(replies) == count:
+                callback(replies)
+
+        self.waiters.extend([collect] * count)
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
+        """Pipeline commands in one write; the futures resolve to the replies (or the
+        ``OSError``)."""
+        futures: list[asyncio.Future[Any]] = [self.loop.create_future() for _ in commands]
+        if not self.usable():
+            for future in futures:
+                future.set_result(ConnectionResetError("connection closed"))
+            return futures
+        self.waiters.extend(functools.partial(settle, f) for f in futures)
+        self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
+        return futures
+
+    def send_unowned(self, command: bytes) -> None:
+        """Send a release or an undo no operation waits for; cut before it answered, it goes
+        out with the next operation that reaches the node (as :attr:`.nodes.Due.again`)."""
+        self.send(command, functools.partial(_again_if_cut, self.later, command))
+
+    def undo_unwanted(self) -> None:
+        """As :meth:`.nodes.Wire.undo_unwanted`."""
+        for due in self.owed:
+            if due.unwanted and due.late is not None:
+                self.send_unowned(due.take_undo())
+
+    def overdue(self, now: float, timeout: float) -> bool:
+        """Whether a command it still owes has waited longer than ``timeout``."""
+        return bool(self.owed) and self.owed[0].sent + timeout <= now
+
+    def abandon(self, late: Callable[[], bytes] | None) -> None:
+        """Give the connection up after sending the undo of every command it still owes
+        (``late`` builds the current one's) behind them; it is never used again, and closed
+        once the node answered everything (or after :data:`.nodes.DRAIN_FOR` seconds), not
+        at once: see :meth:`.nodes.Node.abandon`."""
+        if not self.usable():
+            self.abort()
+            return
+        lates = [due.late for due in self.owed if due.late is not None]
+        if late is not None:
+            lates.append(late)
+        for undo in lates:
+            self.send_unowned(undo())
+        self.closed = True  # not usable any more, but still read
+        self.loop.call_later(DRAIN_FOR, self.abort)
+        if not self.waiters:
+            self.close()
+
+    def abort(self, error: OSError | None = None) -> None:
+        """Drop the connection at once: a reply we stopped waiting for must never be read as
+        the answer to a later command."""
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is already closed
+                self.transport.abort()
+        self._fail(error or ConnectionAbortedError("connection aborted"))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):
+                self.transport.close()
+
+
+#: A connection that still owes a reply, and that reply (as :data:`.nodes.Owing`).
+AsyncOwing = tuple[AsyncWire, Due]
+
+
+def _again_if_cut(later: deque[bytes], command: bytes, reply: Any) -> None:
+    if isinstance(reply, OSError):
+        later.append(command)
+
+
+def noscript(reply: Any) -> bool:
+    return isinstance(reply, ReplyError) and reply.code == "NOSCRIPT"
+
+
+def settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float) -> AsyncWire:
+    """Connect and shake hands (AUTH, SELECT, INFO server for the run id) within ``timeout``
+    seconds. Raises :class:`WireError` (at once while the node is unreachable: see
+    :meth:`.nodes.Node.connect`); cancelling aborts the connection."""
+    failure = node.unreachable()
+    if failure is not None:
+        raise WireError(failure)
+    try:
+        return await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
+    except asyncio.TimeoutError:
+        node.went_silent()
+        raise WireError(NOT_CONNECTED) from None
+    except WireError as exc:
+        if exc.failure.reason == "timeout":
+            node.went_silent()
+        raise
+
+
+async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire:
+    params = node.params
+    wire: AsyncWire | None = None
+    try:
+
+        def protocol() -> AsyncWire:
+            return AsyncWire(loop, node.later)
+
+        if "path" in params:
+            _, wire = await loop.create_unix_connection(protocol, params["path"])
+        elif params.get("ssl"):
+            _, wire = await loop.create_connection(
+                protocol,
+                params["host"],
+                params["port"],
+                ssl=node.ssl_context(),
+                server_hostname=params["host"],
+            )
+        else:
+            _, wire = await loop.create_connection(protocol, params["host"], params["port"])
+        replies = []
+        for waiter in wire.request_many(handshake(params)):
+            reply = await waiter
+            if isinstance(reply, OSError):
+                raise reply
+            replies.append(reply)
+        wire.run_id = run_id_of(replies)
+        wire.run_id_arg = bulk(wire.run_id)
+        return wire
+    except WireError:
+        if wire is not None:
+            wire.abort()
+        raise
+    except OSError as exc:
+        if wire is not None:
+            wire.abort()
+        if isinstance(exc, TimeoutError):
+            raise WireError(NOT_CONNECTED) from None
+        raise WireError(os_failure(exc)) from None
+    except BaseException:
+        if wire is not None:
+            wire.abort()
+        raise
+
+
+def parse_info(raw: Any) -> dict[str, Any]:
+    """INFO's ``key:value`` lines; numbers as int/float like redis-py's ``info()``."""
+    info: dict[str, Any] = {}
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else ""
+    for line in text.splitlines():
+        if not line or line.startswith("#") or ":" not in line:
+            continue
+        key, value = line.split(":", 1)
+        try:
+            info[key] = int(value)
+        except ValueError:
+            try:
+                info[key] = float(value)
+            except ValueError:
+                info[key] = value
+    return info
+
+
+class LoopPool:
+    """One event loop's idle connections per node, and the background tasks that use them
+    (kept referenced: the loop holds tasks only weakly)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, nodes: int) -> None:
+        self.loop = loop
+        self.idle: list[list[AsyncWire]] = [[] for _ in range(nodes)]
+        self.background: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    def checkout(self, index: int) -> AsyncWire | None:
+        idle = self.idle[index]
+        while idle:
+            wire = idle.pop()
+            if not wire.closed:
+                return wire
+        return None
+
+    def reclaim(self, index: int, wire: AsyncWire) -> AsyncWire | None:
+        """``wire`` taken out of the pool if it is idle there."""
+        idle = self.idle[index]
+        if wire.closed or wire not in idle:
+            return None
+        idle.remove(wire)
+        return wire
+
+    def checkin(self, index: int, wire: AsyncWire) -> None:
+        wire.reused = True
+        if self.closed:
+            wire.close()
+        else:
+            self.idle[index].append(wire)
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """A background task kept alive until it ends."""
+        task: asyncio.Task[Any] = self.loop.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
+
+    def close(self) -> None:
+        """Close the idle connections (from the loop's thread), after the undos they owe;
+        connections checked in later are closed at once."""
+        self.closed = True
+        for idle in self.idle:
+            while idle:
+                wire = idle.pop()
+                wire.undo_unwanted()
+                wire.close()
+
+
+class AsyncFanOut:
+    """One command to every node; replies are collected by the connections' callbacks as they
+    arrive, and the caller is woken once, when the last one is in or the deadline passed."""
+
+    __slots__ = (
+        "build",
+        "commands",
+        "deadline",
+        "decided",
+        "enough",
+        "finished",
+        "idempotent",
+        "late",
+        "left",
+        "nodes",
+        "owing",
+        "owing_out",
+        "pool",
+        "replies",
+        "sent",
+        "tasks",
+        "timeout",
+        "waiter",
+        "wires",
+    )
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        pool: LoopPool,
+        build: CommandBuilder,
+        late: Callable[[], bytes] | None = None,
+        enough: Callable[[list[Any]], bool] | None = None,
+        left: dict[int, AsyncOwing] | None = None,
+        idempotent: bool = False,
+    ) -> None:
+        self.nodes = nodes
+        self.pool = pool
+        self.build = build
+        self.late = late
+        self.enough = enough
+        self.idempotent = idempotent  #: as :func:`.nodes.fan_out`'s
+        self.decided = False  #: ``enough`` ended the wait
+        #: What the connections of nodes not heard in time owe, once they went back to the
+        #: pool (also listed in ``left``, for the caller).
+        self.owing: dict[int, Due] = {}
+        self.owing_out = left
+        self.sent = 0.0
+        self.replies: list[Any] = [TIMED_OUT] * len(nodes)
+        self.wires: list[AsyncWire | None] = [None] * len(nodes)  #: awaiting a reply on it
+        self.commands: list[Sequence[Any] | bytes | Pipelined] = [()] * len(nodes)
+        self.tasks: dict[int, asyncio.Task[AsyncWire]] = {}  #: connecting
+        self.left = len(nodes)
+        self.finished = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.deadline = 0.0
+        self.timeout = 0.0
+
+    async def run(
+        self, timeout: float, behind: Mapping[int, AsyncOwing] | None = None
+    ) -> list[Any]:
+        """``behind``: as :func:`.nodes.fan_out`'s."""
+        loop = self.pool.loop
+        self.timeout = timeout
+        self.sent = loop.time()
+        # Set before sending: a pooled connection found closed while sending gets one fresh
+        # try within it (see _deliver).
+        self.deadline = self.sent + timeout
+        # Nodes with an open connection first: their commands are in flight while we still
+        # connect to the others.
+        connecting = []
+        for index, node in enumerate(self.nodes):
+            owing = behind.get(index) if behind else None
+            wire = None if owing is None else self.pool.reclaim(index, owing[0])
+            if owing is not None and wire is None:
+                owing[1].unwanted = True
+            if wire is None:
+                wire = self.pool.checkout(index)
+            if wire is None:
+                connecting.append(index)
+            else:
+                self._send(index, wire, self.build(node, wire))
+        for index in connecting:
+            self._connect(index)
+        self.deadline = max(self.deadline, loop.time() + (2 * timeout if connecting else timeout))
+        try:
+            while self.left and not self.decided:
+                remaining = self.deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self.waiter = waiter = loop.create_future()
+                timer = loop.call_later(remaining, settle, waiter, None)
+                try:
+                    await waiter
+                finally:
+                    timer.cancel()
+        finally:
+            self.finished = True
+            now = loop.time()
+            for index, wire in enumerate(self.wires):
+                if wire is None:
+                    continue
+                if self.decided and wire.usable() and not wire.overdue(now, timeout):
+                    # Its reply still comes to _deliver, which reads it and moves on.
+                    wire.undo_unwanted()
+                    command = self.commands[index]
+                    again = as_bytes(command) if self.idempotent else None
+                    due = Due(command, self.late, self.sent, again)
+                    due.left = True
+                    wire.owed.append(due)
+                    self.owing[index] = due
+                    if self.owing_out is not None:
+                        self.owing_out[index] = (wire, due)
+                    self.pool.checkin(index, wire)
+                else:
+                    wire.abandon(self.late)
+            for index in self.tasks:
+                self.replies[index] = NOT_CONNECTED
+        return self.replies
+
+    def _send(
+        self, index: int, wire: AsyncWire, command: Sequence[Any] | bytes | Pipelined
+    ) -> None:
+        self.wires[index] = wire
+        self.commands[index] = command
+        for kept in self.nodes[index].take_later():  # see Node.later
+            wire.send_unowned(kept)
+        if isinstance(command, Pipelined) and command.count > 1:
+            wire.send_many(command.data, command.count, functools.partial(self._deliver, index))
+        else:
+            wire.send(command, functools.partial(self._deliver, index))
+
+    def _connect(self, index: int) -> None:
+        # Not cancelled when a quorum decides first: the connection goes to the pool.
+        task = self.pool.spawn(open_wire(self.nodes[index], self.pool.loop, self.timeout))
+        self.tasks[index] = task
+        task.add_done_callback(functools.partial(self._connected, index))
+
+    def _connected(self, index: int, task: asyncio.Task[AsyncWire]) -> None:
+        if self.tasks.get(index) is task:
+            del self.tasks[index]
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None and self.finished:
+            self.pool.checkin(index, task.result())  # too late for us; the next one uses it
+        elif self.finished:
+            return
+        elif error is None:
+            wire = task.result()
+            self._send(index, wire, self.build(self.nodes[index], wire))
+        elif isinstance(error, WireError):
+            self._final(index, error.failure)
+        else:
+            self._final(index, Failure("error", str(error) or type(error).__name__))
+
+    def _deliver(self, index: int, reply: Any) -> None:
+        if self.finished:
+            if index in self.owing:
+                self._owed_reply(index, reply)
+            elif self.idempotent and isinstance(reply, OSError):
+                # A connection given up was cut before the node ran the command.
+                self.nodes[index].later.append(as_bytes(self.commands[index]))
+            return
+        wire = self.wires[index]
+        assert wire is not None
+        if isinstance(reply, OSError):
+            self.wires[index] = None
+            wire.abort()
+            loop = self.pool.loop
+            if wire.reused and loop.time() < self.deadline:
+                # Closed while pooled (node restart, idle timeout): one fresh try.
+                self._connect(index)
+                self.deadline = max(self.deadline, loop.time() + self.timeout)
+            else:
+                self._final(index, os_failure(reply))
+            return
+        if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
+            # The node restarted or flushed its script cache: send the body once, which also
+            # caches it for the next EVALSHA.
+            wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
+            return
+        self.wires[index] = None
+        self.pool.checkin(index, wire)
+        if isinstance(reply, ReplyError):
+            reply = reply_failure(reply)
+        self._final(index, fold(self.commands[index], wire, reply))
+
+    def _owed_reply(self, index: int, reply: Any) -> None:
+        """The reply of a node this fan-out stopped waiting for: the connection owed it."""
+        wire = self.wires[index]
+        assert wire is not None
+        if isinstance(reply, OSError):
+            # Cut before it answered: nothing queued on it runs any more.
+            cut = self.owing.pop(index, None)
+            if cut is not None:
+                wire.owed.remove(cut)
+                wire.later.extend(unfinished([cut]))
+            return
+        due = self.owing.pop(index)
+        wire.owed.remove(due)
+        if noscript(reply):
+            return  # it did not run; run now, it could outlive what the fan-out decided
+        if isinstance(reply, ReplyError):
+            reply = reply_failure(reply)
+        # Read for what it tells the connection (a changed restart-guard marker).
+        fold(self.commands[index], wire, reply)
+        if due.unwanted and due.late is not None:
+            # Released meanwhile on another connection, which may have overtaken it.
+            wire.send_unowned(due.take_undo())
+
+    def _final(self, index: int, reply: Any) -> None:
+        self.replies[index] = reply
+        self.left -= 1
+        if not self.left or (self.enough is not None and self.enough(self.replies)):
+            self.decided = bool(self.left)
+            if self.waiter is not None:
+                settle(self.waiter, None)
