@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_redlock import get_redlock
+from django_redlock.core.commands import lock_value
 from django_redlock.signals import lock_force_released
+from tests.helpers import PREFIX, node_client
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,9 +61,18 @@ class TestList:
         assert item["fence"] and 0 < item["ttl"] <= 10 and not item["split"]
         assert item["meta"]["pid"] == os.getpid()
 
-    def test_stuck_flag(self, settings, redlock_settings):
-        settings.REDLOCK = {**redlock_settings, "STUCK_AFTER": 0.001}
-        hold("old")
+    def test_stuck_flag(self, settings, redlock_settings, redis_nodes):
+        settings.REDLOCK = {**redlock_settings, "STUCK_AFTER": 0.5}
+        # Another holder's lock, taken a second ago: its age is what STUCK_AFTER judges (a
+        # lock taken here and listed within the same millisecond would be 0 s old).
+        taken = int(time.time() * 1000) - 1000
+        for node in redis_nodes:
+            with node_client(node) as c:
+                c.set(
+                    f"{PREFIX}:lock:old",
+                    lock_value("t", ttl_ms=10_000, acquired_ms=taken),
+                    px=10_000,
+                )
         assert "held too long" in run("list")
         (item,) = json.loads(run("list", "--json"))
         assert item["stuck"] is True and item["flags"] == ["held too long"]
