@@ -435,7 +435,7 @@ class AsyncFanOut:
         self.build = build
         self.late = late
         self.enough = enough
-        self.idempotent = idempotent  #: as :func:`.nodes.fan_out`'s
+        self.idempotent = idempotent  #: as :class:`.fanout.FanOut`'s
         self.decided = False  #: ``enough`` ended the wait
         #: What the connections of nodes not heard in time owe, once they went back to the
         #: pool (also listed in ``left``, for the caller).
@@ -455,7 +455,7 @@ class AsyncFanOut:
     async def run(
         self, timeout: float, behind: Mapping[int, AsyncOwing] | None = None
     ) -> list[Any]:
-        """``behind``: as :func:`.nodes.fan_out`'s."""
+        """``behind``: as :class:`.fanout.FanOut`'s."""
         loop = self.pool.loop
         self.timeout = timeout
         self.sent = loop.time()

@@ -308,12 +308,12 @@ class AsyncRedlock(RedlockBase):
         idempotent: bool = False,
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
-        (``enough``, ``left``, ``behind`` and ``idempotent``: see :func:`.nodes.fan_out`).
+        (``enough``, ``left``, ``behind`` and ``idempotent``: see :class:`.fanout.FanOut`).
 
         A node that failed or did not answer in time yields a :class:`Failure`. Pooled
         connections answer within ``timeout``; a node that needs a new connection gets another
         ``timeout`` to connect. A connection whose reply did not come in time is aborted, after
-        ``late()`` was sent on it (the undo: see :func:`.nodes.fan_out`).
+        ``late()`` was sent on it (the undo: see :class:`.fanout.FanOut`).
         """
         state = self._state()
         return await AsyncFanOut(self.nodes, state, build, late, enough, left, idempotent).run(

@@ -181,7 +181,7 @@ class AcquireRequest:
 
     def undo(self) -> bytes:
         """The release of this attempt's token, for a node whose answer did not come in time
-        (sent behind the acquire on the same connection: see :func:`.nodes.fan_out`)."""
+        (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`)."""
         return self._redlock._release_command(self._handle.name, self.token)
 
 
@@ -219,13 +219,13 @@ def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
 class Send:
     """A step of the algorithm: send a command to every node at once (the driver's fan-out)
     and resume with the replies in node order. ``enough(replies)`` may end the wait before
-    every node answered (see :func:`.nodes.fan_out`); the driver then lists in ``left`` the
+    every node answered (see :class:`.fanout.FanOut`); the driver then lists in ``left`` the
     connections that still owe a reply. ``late`` builds the undo for a node that does not
     answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys an async driver
     releases in the background when the caller is cancelled while this step is on the wire.
     ``idempotent``: the command may run twice (a release, an undo); ``behind``: connections
     that still owe the reply of a command this one ends, for it to go out behind (both: see
-    :func:`.nodes.fan_out`)."""
+    :class:`.fanout.FanOut`)."""
 
     __slots__ = (
         "behind",

@@ -57,7 +57,7 @@ class Lease:
     #: Stops listening for an operator's force release (auto-renewed leases listen).
     unwatch: Any = field(default=None, repr=False)
     #: Connections that still owed the acquire's reply when it returned (a quorum had
-    #: granted it): the release goes out behind it there (see :func:`.nodes.fan_out`).
+    #: granted it): the release goes out behind it there (see :class:`.fanout.FanOut`).
     behind: Any = field(default=None, repr=False)
     #: The process that acquired it; a forked child holds none of its parent's locks.
     pid: int = field(default_factory=lambda: ThisProcess.pid)

@@ -1,12 +1,8 @@
-"""Connections to the Redis nodes and the concurrent fan-out every lock operation uses.
+"""Connections to the Redis nodes: lean sockets for lock commands (:class:`Wire`), the replies
+each one owes (:class:`Due`), and one :class:`Node` per server with its pool.
 
-A fan-out writes the command to every node first and then waits on all sockets at once (poll)
-against one deadline. The requests are in flight at the same time, so an operation costs one
-round trip to the slowest node that answers (bounded by ``node_timeout``), not the sum over
-nodes; an acquire or release that already has its quorum does not wait for the rest. It needs
-no thread: no pool is built per call (pottery's cost) and no node waits for the previous one
-(redlock-py's). Idle connections are kept per node in a lock-free deque, so threads share them
-without contention, and a forked child opens its own.
+Idle connections are kept per node in a lock-free deque, so threads share them without
+contention, and a forked child opens its own. The fan-out over them is :mod:`.fanout`.
 """
 
 from __future__ import annotations
@@ -32,6 +28,7 @@ from .scripts import BODIES, Script
 
 __all__ = [
     "DRAIN_FOR",
+    "OWED",
     "TIMED_OUT",
     "Due",
     "Failure",
@@ -45,8 +42,6 @@ __all__ = [
     "as_bytes",
     "as_eval",
     "eval_form",
-    "fan_out",
-    "fan_out_batch",
     "fold",
     "handshake",
     "make_nodes",
@@ -366,7 +361,8 @@ class Wire:
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
 DRAIN_FOR = 60.0
 
-#: A connection that still owes the reply of a command, and that reply (see :func:`fan_out`).
+#: A connection that still owes the reply of a command, and that reply (see
+#: :class:`.fanout.FanOut`).
 Owing = tuple[Wire, Due]
 
 
@@ -709,12 +705,6 @@ def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
     return [Node(spec, node_timeout=node_timeout) for spec in specs]
 
 
-#: Builds one node's command from the wire it will go out on (it may need the run id): the
-#: arguments, the command already encoded (the hot path encodes the shared part once), or
-#: several commands with one answer (:class:`Pipelined`).
-CommandBuilder = Callable[[Node, Wire], Union[Sequence[Any], bytes, Pipelined]]  # noqa: UP007
-
-
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
     return ["EVALSHA", script.sha, len(keys), *keys, *args]
 
@@ -743,143 +733,6 @@ def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
     return encode(eval_form(command))
 
 
-def fan_out(
-    nodes: Sequence[Node],
-    build: CommandBuilder,
-    timeout: float,
-    late: Callable[[], bytes] | None = None,
-    enough: Callable[[list[Any]], bool] | None = None,
-    left: dict[int, Owing] | None = None,
-    behind: Mapping[int, Owing] | None = None,
-    idempotent: bool = False,
-) -> list[Any]:
-    """Send one command to every node at once and collect the replies in node order.
-
-    A reply is whatever the node returned; a node that failed or did not answer within
-    ``timeout`` seconds yields a :class:`Failure`. ``enough(replies)`` may end the wait
-    before every node answered (an acquire a quorum granted): the others' replies still
-    count as timed out here, and their connections go back to the pool owing them (listed in
-    ``left``), so the slowest node never sets the pace. The next user of such a connection
-    reads what it owes first (:meth:`Wire.settle`).
-
-    ``behind`` lists connections that owe the reply of a command this one ends (a release
-    after an acquire that did not wait for every node). The command goes out behind it on the
-    same connection when that is idle, so the node runs them in order; when another thread
-    has it, the earlier command is marked unwanted, and whoever reads its reply sends its undo.
-
-    ``idempotent``: the command may run twice (a release). Left owing on a connection that is
-    then cut, it goes out again with the next operation that reaches the node (:attr:`Due.again`).
-
-    A connection whose reply did not come in time is given up (:meth:`Node.abandon`): the
-    undo that ``late`` builds goes out behind the command first, so it cannot overtake a
-    command still queued there (a frozen node runs both when it wakes up), and the late
-    reply is never read as the answer to a later command.
-    """
-    replies: list[Any] = [TIMED_OUT] * len(nodes)
-    #: fd -> (node index, wire, what this fan-out waits for on it)
-    waiting: dict[int, tuple[int, Wire, Due]] = {}
-    poller = select.poll()
-    # Most commands are one object for every node: encode it once.
-    last: Sequence[Any] | bytes | Pipelined | None = None
-    data = b""
-
-    # Nodes with an open connection first: their commands are in flight while we still
-    # connect to the others. All connecting together may take at most `timeout`.
-    now = time.monotonic()
-    connect_deadline = now + timeout
-    order: Sequence[int] = range(len(nodes))
-    for node in nodes:
-        if not node._idle:
-            order = sorted(order, key=lambda i: not nodes[i]._idle)
-            break
-    # One fresh try for a pooled socket that had gone stale (the node closed it while idle).
-    stale: list[int] = []
-    for index in order:
-        node = nodes[index]
-        owing = behind.get(index) if behind else None
-        if owing is not None and not node.reclaim(owing[0]):
-            # Another thread has that connection: whoever holds it next sends the undo
-            # behind the acquire. It may have come back before it could see the mark.
-            owing[1].unwanted = True
-            if node.reclaim(owing[0]):
-                owing[1].unwanted = False
-            else:
-                owing = None
-        if owing is not None:
-            wire = owing[0]
-        else:
-            try:
-                wire = node.checkout(connect_deadline)
-            except WireError as exc:
-                replies[index] = exc.failure
-                continue
-        command = build(node, wire)
-        if command is not last:
-            last, data = command, as_bytes(command)
-        try:
-            due = _send_owed(node, wire, command, data, late, now, idempotent)
-        except OSError as exc:
-            node.lose(wire)
-            if wire.reused:
-                stale.append(index)
-            else:
-                replies[index] = os_failure(exc)
-            continue
-        waiting[wire.fd] = (index, wire, due)
-        poller.register(wire.fd, select.POLLIN)
-    for index in stale:
-        _resend(nodes, index, build, late, replies, waiting, poller, timeout, idempotent)
-    deadline = time.monotonic() + timeout
-    in_time = False
-    while waiting:
-        # Past the deadline this still sweeps up replies that have already arrived.
-        remaining = max(deadline - time.monotonic(), 0.0)
-        events = poller.poll(remaining * 1000)
-        if not events:
-            break
-        for fd, _ in events:
-            index, wire, due = waiting[fd]
-            try:
-                wire.feed()
-                wire.settle()
-            except Incomplete:
-                if due.reply is OWED:
-                    continue  # the rest of the reply is on its way
-            except OSError as exc:
-                del waiting[fd]
-                poller.unregister(fd)
-                nodes[index].lose(wire)
-                if wire.reused and remaining > 0:
-                    _resend(
-                        nodes, index, build, late, replies, waiting, poller, remaining, idempotent
-                    )
-                else:
-                    replies[index] = os_failure(exc)
-                continue
-            del waiting[fd]
-            poller.unregister(fd)
-            nodes[index].checkin(wire)
-            replies[index] = due.reply
-        if enough is not None and waiting and enough(replies):
-            in_time = True
-            break
-    now = time.monotonic()
-    for index, wire, due in waiting.values():
-        due.left = True
-        if in_time and not wire.overdue(now, timeout):
-            try:
-                wire.undo_unwanted()
-            except OSError:
-                nodes[index].lose(wire)
-                continue
-            nodes[index].checkin(wire)
-            if left is not None:
-                left[index] = (wire, due)
-        else:
-            nodes[index].abandon(wire)
-    return replies
-
-
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out): the
 #: command went out to it, and runs there when the node gets to it.
 TIMED_OUT = Failure("timeout")
@@ -897,114 +750,3 @@ def fold(command: Any, wire: Any, reply: Any) -> Any:
     if command.__class__ is not Pipelined:
         return reply
     return command.fold(wire, [reply] if command.count == 1 else reply)
-
-
-def _send_owed(
-    node: Node,
-    wire: Wire,
-    command: Any,
-    data: bytes,
-    late: Callable[[], bytes] | None,
-    sent: float,
-    idempotent: bool,
-) -> Due:
-    """Send a fan-out's command (``data``, encoded) on ``wire``, behind what could not reach
-    the node before; the reply it now owes (raises ``OSError``)."""
-    if node.later:
-        node.send_later(wire)
-    wire.sock.sendall(data)
-    due = Due(command, late, sent, data if idempotent else None)
-    wire.due.append(due)
-    return due
-
-
-def _resend(
-    nodes: Sequence[Node],
-    index: int,
-    build: CommandBuilder,
-    late: Callable[[], bytes] | None,
-    replies: list[Any],
-    waiting: dict[int, tuple[int, Wire, Due]],
-    poller: Any,
-    timeout: float,
-    idempotent: bool,
-) -> None:
-    """:func:`fan_out`'s one fresh try on a new connection, for a node whose pooled
-    connection had been closed while idle."""
-    node = nodes[index]
-    try:
-        wire = node.connect(timeout)
-    except WireError as exc:
-        replies[index] = exc.failure
-        return
-    command = build(node, wire)
-    try:
-        due = _send_owed(node, wire, command, as_bytes(command), late, time.monotonic(), idempotent)
-    except OSError as exc:
-        node.lose(wire)
-        replies[index] = os_failure(exc)
-        return
-    waiting[wire.fd] = (index, wire, due)
-    poller.register(wire.fd, select.POLLIN)
-
-
-def fan_out_batch(
-    nodes: Sequence[Node], commands: Sequence[Sequence[Any]], timeout: float
-) -> list[list[Any] | Failure]:
-    """Pipeline ``commands`` to every node at once, in one write per node: per node, the
-    replies in command order, or the :class:`Failure` that cut it short.
-
-    Many operations cost one round trip to the slowest node that answers, bounded by
-    ``timeout`` (the watchdog renews every due lease this way, so a silent node costs one
-    timeout per round, not one per lease).
-    """
-    payload = b"".join(encode(c) for c in commands)
-    results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
-    #: fd -> (node index, wire, what this batch waits for on it)
-    waiting: dict[int, tuple[int, Wire, list[Due]]] = {}
-    poller = select.poll()
-    now = time.monotonic()
-    connect_deadline = now + timeout
-    for index in sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle):
-        try:
-            wire = nodes[index].checkout(connect_deadline)
-            wire.sock.sendall(payload)
-        except WireError as exc:
-            results[index] = exc.failure
-            continue
-        except OSError as exc:
-            nodes[index].lose(wire)
-            results[index] = os_failure(exc)
-            continue
-        dues = [Due(command, None, now) for command in commands]
-        wire.due.extend(dues)
-        waiting[wire.fd] = (index, wire, dues)
-        poller.register(wire.fd, select.POLLIN)
-    deadline = time.monotonic() + timeout
-    while waiting:
-        events = poller.poll(max(deadline - time.monotonic(), 0.0) * 1000)
-        if not events:
-            break
-        for fd, _ in events:
-            index, wire, dues = waiting[fd]
-            try:
-                wire.feed()
-                wire.settle()
-            except Incomplete:
-                if any(due.reply is OWED for due in dues):
-                    continue
-            except OSError as exc:
-                del waiting[fd]
-                poller.unregister(fd)
-                nodes[index].lose(wire)
-                results[index] = os_failure(exc)
-                continue
-            del waiting[fd]
-            poller.unregister(fd)
-            nodes[index].checkin(wire)
-            results[index] = [due.reply for due in dues]
-    for index, wire, dues in waiting.values():
-        for due in dues:
-            due.left = True
-        nodes[index].abandon(wire)
-    return results

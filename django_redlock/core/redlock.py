@@ -14,10 +14,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock, current_owner
-from .nodes import Node, Owing, fan_out, fan_out_batch
+from .nodes import Node, Owing
 from .renewal import renewer
 from .validation import check_name
 from .waiting import HolderWatch, LocalQueue, ReleaseNotices
@@ -42,6 +43,7 @@ class Redlock(RedlockBase):
         self._queues: dict[str, LocalQueue] = {}
         self._queues_lock = threading.Lock()
         self._notices = ReleaseNotices(self.nodes, self.node_timeout)
+        self._rounds = Rounds(self.nodes, self.node_timeout)
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -164,11 +166,9 @@ class Redlock(RedlockBase):
                     return done.value  # type: ignore[no-any-return]
                 reply = None
                 if isinstance(step, Send):
-                    timeout = self.node_timeout if step.timeout is None else step.timeout
-                    reply = fan_out(
-                        self.nodes,
+                    reply = self._rounds.fan_out(
                         step.build,
-                        timeout,
+                        step.timeout,
                         step.late,
                         step.enough,
                         step.left,
@@ -187,7 +187,7 @@ class Redlock(RedlockBase):
                         reply = cleanup.enter_context(self._notices.listening(step.channel))
                     else:
                         send = step.send
-                        cleanup.callback(fan_out, self.nodes, send.build, self.node_timeout)
+                        cleanup.callback(self._rounds.fan_out, send.build)
         finally:
             if cleanup is not None:
                 cleanup.close()
@@ -218,10 +218,8 @@ class Redlock(RedlockBase):
         self, name: str, token: str, behind: Mapping[int, Owing] | None = None
     ) -> list[Any]:
         command = self._release_command(name, token)
-        replies = fan_out(
-            self.nodes,
+        replies = self._rounds.fan_out(
             lambda n, w: command,
-            self.node_timeout,
             enough=self._released_by_quorum,
             behind=behind,
             idempotent=True,
@@ -277,8 +275,10 @@ class Redlock(RedlockBase):
         super()._after_fork()
         self._queues = {}
         self._queues_lock = threading.Lock()
-        # The parent's listener thread may have held its lock at the fork: a fresh one.
+        # The parent's listener thread may have held its lock at the fork: a fresh one, and
+        # fresh rounds (a parent's thread may have been leading one).
         self._notices = ReleaseNotices(self.nodes, self.node_timeout)
+        self._rounds = Rounds(self.nodes, self.node_timeout)
 
     # -- listing and health ---------------------------------------------------------------------
 

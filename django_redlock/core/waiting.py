@@ -135,7 +135,7 @@ class HolderWatch:
     token it removed on every node that had it, so once a quorum of nodes announced it the
     holder learns that the lock is gone (``held`` turns False) instead of at its next
     renewal. Fewer nodes are not enough: the holder's own undo of a copy on a node that
-    answered its acquire late publishes the token too (see :func:`.nodes.fan_out`), and so
+    answered its acquire late publishes the token too (see :class:`.fanout.FanOut`), and so
     does its own release, after the lease was marked released, which this ignores."""
 
     def __init__(self, lease: Lease, lost: Callable[[Lease, str], None], quorum: int) -> None:

@@ -1,0 +1,552 @@
+"""The sync client's fan-out: one command to every node at once, shared by the threads that
+fan out at the same moment.
+
+A fan-out writes the command to every node first and then waits on all sockets at once (poll)
+against one deadline. The requests are in flight at the same time, so an operation costs one
+round trip to the slowest node that answers (bounded by ``node_timeout``), not the sum over
+nodes; an acquire or release that already has its quorum does not wait for the rest. It needs
+no thread of its own: no pool is built per call (pottery's cost) and no node waits for the
+previous one (redlock-py's).
+
+Rounds. Threads of one process that fan out while another thread's fan-out is on the wire
+queue up; when that thread's operation is decided, the queue goes out as the next
+:class:`Round`, led by its first thread. A round carries every queued command to a node in one
+write on one connection and reads their replies together, so eight threads each taking their
+own lock cost the kernel and the nodes about one fan-out per round instead of eight (each
+``send`` and ``recv`` on a socket is a system call, and with many threads each one also hands
+the GIL around). Every thread still gets its answer as soon as its own operation is decided,
+and an operation that must wait for a slow node is served by its own thread (the round is
+handed on from thread to thread) while the next round goes out on other connections: one slow
+node never holds up another thread's operation.
+"""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .nodes import (
+    OWED,
+    TIMED_OUT,
+    Due,
+    Failure,
+    Incomplete,
+    Node,
+    Owing,
+    Pipelined,
+    Wire,
+    WireError,
+    as_bytes,
+    os_failure,
+)
+from .resp import encode
+
+__all__ = ["FanOut", "Round", "Rounds", "fan_out_batch"]
+
+#: Builds one node's command from the wire it will go out on (it may need the run id): the
+#: arguments, the command already encoded (the hot path encodes the shared part once), or
+#: several commands with one answer (:class:`~.nodes.Pipelined`).
+CommandBuilder = Callable[[Node, Wire], Sequence[Any] | bytes | Pipelined]
+
+# What a thread waiting on its fan-out is woken for (FanOut.role).
+_DONE, _LEAD, _SERVE = "done", "lead", "serve"
+
+
+class FanOut:
+    """One operation's command to every node, and its replies in node order.
+
+    A reply is whatever the node returned; a node that failed or did not answer in time
+    yields a :class:`~.nodes.Failure`. ``enough(replies)``, asked once a majority of nodes
+    answered, may end the wait before every node did (an acquire a quorum granted, a release a
+    quorum removed): the others' replies still count as timed out,
+    their connections go back to the pool owing them, listed in ``left`` (``node index ->
+    (wire, due)``), and the next user of such a connection reads what it owes first
+    (:meth:`~.nodes.Wire.settle`), so the slowest node never sets the pace.
+
+    ``behind`` lists connections that owe the reply of a command this one ends (a release
+    after an acquire that did not wait for every node). The command goes out behind it on the
+    same connection when that is idle, so the node runs them in order; when another thread
+    has it, the earlier command is marked unwanted, and whoever reads its reply sends its undo.
+
+    ``late`` builds the undo sent behind the command on a connection given up before it
+    answered (:meth:`~.nodes.Node.abandon`), so the undo cannot overtake a command still
+    queued there (a frozen node runs both when it wakes up), and the late reply is never read
+    as the answer to a later command. ``idempotent``: the command may run twice (a release);
+    left owing on a connection that is then cut, it goes out again with the next operation
+    that reaches the node (:attr:`~.nodes.Due.again`).
+    """
+
+    __slots__ = (
+        "batch",
+        "behind",
+        "build",
+        "enough",
+        "finished",
+        "idempotent",
+        "in_time",
+        "last",
+        "late",
+        "left",
+        "majority",
+        "pending",
+        "replies",
+        "role",
+        "round",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        nodes: int,
+        build: CommandBuilder,
+        late: Callable[[], bytes] | None = None,
+        enough: Callable[[list[Any]], bool] | None = None,
+        left: dict[int, Owing] | None = None,
+        behind: Mapping[int, Owing] | None = None,
+        idempotent: bool = False,
+    ) -> None:
+        self.build = build
+        self.late = late
+        self.enough = enough
+        self.left = left
+        self.behind = behind
+        self.idempotent = idempotent
+        self.replies: list[Any] = [TIMED_OUT] * nodes
+        #: Nodes whose answer the operation still waits for.
+        self.pending = nodes
+        #: ``pending`` once a majority answered: ``enough`` (a quorum granted, or removed the
+        #: key) cannot hold before.
+        self.majority = nodes - (nodes // 2 + 1)
+        self.finished = False
+        #: ``enough`` ended it before every node answered.
+        self.in_time = False
+        #: The last command built and its encoding: most commands are one object for every
+        #: node, encoded once.
+        self.last: tuple[Any, bytes] | None = None
+        self.round: Round | None = None
+        # Sharing a round with other threads: why this op's thread is woken, the lock it
+        # sleeps on, and the ops it leads when it is woken to lead.
+        self.role = ""
+        self.wake: threading.Lock | None = None
+        self.batch: list[FanOut] | None = None
+
+    def answer(self, index: int, reply: Any) -> bool:
+        """A node answered (or failed); whether that decides the operation."""
+        self.replies[index] = reply
+        self.pending -= 1
+        if not self.pending:
+            self.finished = True
+        elif (
+            self.pending <= self.majority and self.enough is not None and self.enough(self.replies)
+        ):
+            self.finished = self.in_time = True
+        return self.finished
+
+
+#: One connection of a round: the node it goes to, the connection, and the round's commands
+#: on it still to be answered, oldest first (``(fan-out, due)``).
+_Carried = tuple[int, Wire, list[tuple[FanOut, Due]]]
+
+
+class Round:
+    """Fan-outs sent together: on each node, one connection carries all their commands in one
+    write (a fan-out whose ``behind`` names an idle connection gets that one), and whoever
+    serves the round reads the replies for all of them.
+
+    One thread at a time serves it: the first until its own operation is decided, then the
+    thread of an operation still waiting (:meth:`serve` hands it on). The last one puts the
+    connections back, owing what the nodes have not answered yet, or gives them up.
+    """
+
+    def __init__(self, nodes: Sequence[Node], ops: list[FanOut], timeout: float) -> None:
+        self.nodes = nodes
+        self.ops = ops
+        self.timeout = timeout
+        #: fd -> a connection that still owes some of the round's replies
+        self.carried: dict[int, _Carried] = {}
+        self.poller = select.poll()
+        self.sent = False
+        self.deadline = 0.0
+        #: The nodes for which some fan-out names the connection it must go out on
+        #: (``behind``).
+        self.claimed: set[int] = set()
+        for op in ops:
+            if op.behind:
+                self.claimed.update(op.behind)
+
+    def serve(self, me: FanOut, then: Callable[[], None] | None = None) -> None:
+        """Send the round (the first time), then read replies for every fan-out of it until
+        ``me`` is decided, waking the others' threads as theirs are; call ``then`` (the
+        leader hands the queue over); hand the round on to the thread of a fan-out still
+        waiting, or end it. On an error (an interrupt in this thread) every fan-out of the
+        round ends with what it has, so no other thread waits for it."""
+        try:
+            if not self.sent:
+                self._send_all()
+            self._read_until(me)
+        except BaseException:
+            self._end_all()
+            self._close()
+            raise
+        finally:
+            if then is not None:
+                then()
+        for op in self.ops:
+            if not op.finished:
+                op.role = _SERVE
+                op.round = self
+                _wake(op)
+                return
+        self._close()
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def _send_all(self) -> None:
+        self.sent = True
+        nodes = self.nodes
+        now = time.monotonic()
+        connect_deadline = now + self.timeout
+        # Nodes with an open connection first: their commands are in flight while we still
+        # connect to the others. All connecting together may take at most `timeout`.
+        order: Sequence[int] = range(len(nodes))
+        for node in nodes:
+            if not node._idle:
+                order = sorted(order, key=lambda i: not nodes[i]._idle)
+                break
+        # One fresh try for a pooled socket that had gone stale (the node closed it while idle).
+        stale: list[tuple[int, list[FanOut]]] = []
+        claimed = self.claimed
+        alone: list[tuple[Wire | None, list[FanOut]]] = [(None, self.ops)]
+        for index in order:
+            node = nodes[index]
+            for wire, ops in self._claim(index) if index in claimed else alone:
+                if wire is None:
+                    try:
+                        wire = node.checkout(connect_deadline)
+                    except WireError as exc:
+                        self._fail(index, ops, exc.failure)
+                        continue
+                try:
+                    self._send(index, wire, ops, now)
+                except OSError as exc:
+                    node.lose(wire)
+                    if wire.reused:
+                        stale.append((index, ops))
+                    else:
+                        self._fail(index, ops, os_failure(exc))
+        for index, ops in stale:
+            self._resend(index, ops, self.timeout)
+        self.deadline = time.monotonic() + self.timeout
+
+    def _claim(self, index: int) -> list[tuple[Wire | None, list[FanOut]]]:
+        """The round's fan-outs grouped by the connection they go out on to node ``index``:
+        the idle one that owes the reply of the command a fan-out ends (``behind``), else
+        one taken from the pool (``None``)."""
+        node = self.nodes[index]
+        groups: dict[Wire | None, list[FanOut]] = {}
+        for op in self.ops:
+            owing = op.behind.get(index) if op.behind else None
+            wire: Wire | None = None
+            if owing is not None:
+                if owing[0] in groups or node.reclaim(owing[0]):
+                    wire = owing[0]
+                else:
+                    # Another thread has that connection: whoever holds it next sends the
+                    # undo behind the acquire. It may have come back before it could see the
+                    # mark.
+                    owing[1].unwanted = True
+                    if node.reclaim(owing[0]):
+                        owing[1].unwanted = False
+                        wire = owing[0]
+            groups.setdefault(wire, []).append(op)
+        return list(groups.items())
+
+    def _send(self, index: int, wire: Wire, ops: list[FanOut], sent: float) -> None:
+        """Send the fan-outs' commands on ``wire`` in one write, behind what could not reach
+        the node before; the wire then owes their replies (raises ``OSError``)."""
+        node = self.nodes[index]
+        if node.later:
+            node.send_later(wire)
+        owed = []
+        for op in ops:
+            command = op.build(node, wire)
+            last = op.last
+            if last is None or last[0] is not command:
+                last = op.last = (command, as_bytes(command))
+            owed.append((op, Due(command, op.late, sent, last[1] if op.idempotent else None)))
+        # One write (a failed one loses the connection, and the replies owed with it).
+        wire.sock.sendall(last[1] if len(ops) == 1 else b"".join(op.last[1] for op in ops))  # type: ignore[index]
+        wire.due.extend([due for _, due in owed])
+        self.carried[wire.fd] = (index, wire, owed)
+        self.poller.register(wire.fd, select.POLLIN)
+
+    def _resend(self, index: int, ops: list[FanOut], timeout: float) -> None:
+        """The one fresh try on a new connection, for a node whose pooled connection had
+        been closed while idle."""
+        node = self.nodes[index]
+        try:
+            wire = node.connect(timeout)
+        except WireError as exc:
+            self._fail(index, ops, exc.failure)
+            return
+        try:
+            self._send(index, wire, ops, time.monotonic())
+        except OSError as exc:
+            node.lose(wire)
+            self._fail(index, ops, os_failure(exc))
+
+    def _fail(self, index: int, ops: list[FanOut], failure: Failure) -> None:
+        for op in ops:
+            if not op.finished and op.answer(index, failure):
+                self._decided(op)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _read_until(self, me: FanOut) -> None:
+        carried, poller = self.carried, self.poller
+        while not me.finished:
+            # Past the deadline this still sweeps up replies that have already arrived.
+            remaining = max(self.deadline - time.monotonic(), 0.0)
+            events = poller.poll(remaining * 1000)
+            if not events:
+                self._end_all()
+                return
+            for fd, _ in events:
+                on = carried[fd]
+                wire = on[1]
+                try:
+                    wire.feed()
+                    wire.settle()
+                except Incomplete:
+                    pass  # the rest is on its way
+                except OSError as exc:
+                    self._cut(on, exc, remaining)
+                    continue
+                if self._take_answers(on):
+                    del carried[fd]
+                    poller.unregister(fd)
+                    self.nodes[on[0]].checkin(wire)
+
+    def _cut(self, carried: _Carried, exc: OSError, remaining: float) -> None:
+        """A connection broke before it answered: its fan-outs get one fresh try if it had
+        been pooled (the node may have closed it while idle), else the failure."""
+        index, wire, owed = carried
+        del self.carried[wire.fd]
+        self.poller.unregister(wire.fd)
+        self.nodes[index].lose(wire)
+        self._take_answers(carried)
+        cut = [op for op, _ in owed if not op.finished]
+        if cut and wire.reused and remaining > 0:
+            self._resend(index, cut, remaining)
+        else:
+            self._fail(index, cut, os_failure(exc))
+
+    def _take_answers(self, carried: _Carried) -> bool:
+        """Hand the replies that came in to their fan-outs (a node answers one connection's
+        commands in order); whether every one of them came in."""
+        index, _, owed = carried
+        taken = 0
+        for op, due in owed:
+            if due.reply is OWED:
+                break
+            taken += 1
+            # A fan-out decided without this node: the reply only had to be read.
+            if not op.finished and op.answer(index, due.reply):
+                self._decided(op)
+        if taken:
+            del owed[:taken]
+        return not owed
+
+    def _decided(self, op: FanOut) -> None:
+        """``op`` ended: nobody waits for the replies it did not get any more (an acquire
+        that ended in time lists the connections that owe them in ``left``); its thread is
+        woken with its replies."""
+        if op.pending:
+            for index, wire, owed in self.carried.values():
+                for mine, due in owed:
+                    if mine is op:
+                        due.left = True
+                        if op.in_time and op.left is not None:
+                            op.left[index] = (wire, due)
+        if op.wake is not None:
+            op.role = _DONE
+            _wake(op)
+
+    def _end_all(self) -> None:
+        """The deadline passed (or the serving thread was interrupted): every fan-out still
+        waiting ends with what it has; a node not heard from counts as timed out."""
+        for op in self.ops:
+            if not op.finished:
+                op.finished = True
+                self._decided(op)
+
+    def _close(self) -> None:
+        """Every fan-out of the round is decided. A connection that still owes some of its
+        replies goes back to the pool when the fan-outs they were for ended in time (the next
+        user reads what it owes first); otherwise it is given up with the undo of what it
+        carried sent behind (:meth:`~.nodes.Node.abandon`)."""
+        now = time.monotonic()
+        for index, wire, owed in self.carried.values():
+            node = self.nodes[index]
+            if all(op.in_time for op, _ in owed) and not wire.overdue(now, self.timeout):
+                try:
+                    wire.undo_unwanted()
+                except OSError:
+                    node.lose(wire)
+                    continue
+                node.checkin(wire)
+            else:
+                node.abandon(wire)
+        self.carried = {}
+
+
+def _wake(op: FanOut) -> None:
+    wake, op.wake = op.wake, None
+    assert wake is not None
+    wake.release()
+
+
+class Rounds:
+    """The fan-outs of one Redlock's threads. A fan-out started while another thread leads a
+    round waits for the next one; the leader hands the queue over, as that next round, as
+    soon as its own operation is decided. A thread alone pays one uncontended lock for it."""
+
+    def __init__(self, nodes: Sequence[Node], timeout: float) -> None:
+        self.nodes = nodes
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._queue: list[FanOut] = []
+        #: A round is on the wire whose leader's own operation is not decided yet.
+        self._leading = False
+
+    def fan_out(
+        self,
+        build: CommandBuilder,
+        timeout: float | None = None,
+        late: Callable[[], bytes] | None = None,
+        enough: Callable[[list[Any]], bool] | None = None,
+        left: dict[int, Owing] | None = None,
+        behind: Mapping[int, Owing] | None = None,
+        idempotent: bool = False,
+    ) -> list[Any]:
+        """Send one command to every node at once and collect the replies in node order
+        (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone."""
+        op = FanOut(len(self.nodes), build, late, enough, left, behind, idempotent)
+        if timeout is not None and timeout != self.timeout:
+            Round(self.nodes, [op], timeout).serve(op)
+            return op.replies
+        with self._lock:
+            leader = not self._leading
+            if leader:
+                self._leading = True
+            else:
+                wake = op.wake = threading.Lock()
+                wake.acquire()
+                self._queue.append(op)
+        if leader:
+            Round(self.nodes, [op], self.timeout).serve(op, self._hand_over)
+            return op.replies
+        interrupted = _sleep(wake)
+        try:
+            if op.role == _LEAD:
+                batch, op.batch = op.batch, None
+                assert batch is not None
+                Round(self.nodes, batch, self.timeout).serve(op, self._hand_over)
+            elif op.role == _SERVE:
+                round, op.round = op.round, None
+                assert round is not None
+                round.serve(op)
+        finally:
+            if interrupted is not None:
+                raise interrupted
+        return op.replies
+
+    def _hand_over(self) -> None:
+        """The queue becomes the next round, led by its first thread."""
+        with self._lock:
+            batch, self._queue = self._queue, []
+            if not batch:
+                self._leading = False
+                return
+        head = batch[0]
+        head.batch = batch
+        head.role = _LEAD
+        _wake(head)
+
+
+def _sleep(wake: threading.Lock) -> BaseException | None:
+    """Until the thread is woken (``wake`` released). An interrupt (KeyboardInterrupt in the
+    main thread) is kept for after: the thread may be woken to lead or serve a round other
+    threads wait on (which ends within the node timeout)."""
+    interrupted = None
+    while True:
+        try:
+            wake.acquire()
+            return interrupted
+        except BaseException as exc:
+            interrupted = exc
+
+
+def fan_out_batch(
+    nodes: Sequence[Node], commands: Sequence[Sequence[Any]], timeout: float
+) -> list[list[Any] | Failure]:
+    """Pipeline ``commands`` to every node at once, in one write per node: per node, the
+    replies in command order, or the :class:`~.nodes.Failure` that cut it short.
+
+    Many operations cost one round trip to the slowest node that answers, bounded by
+    ``timeout`` (the watchdog renews every due lease this way, so a silent node costs one
+    timeout per round, not one per lease).
+    """
+    payload = b"".join(encode(c) for c in commands)
+    results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
+    #: fd -> (node index, wire, what this batch waits for on it)
+    waiting: dict[int, tuple[int, Wire, list[Due]]] = {}
+    poller = select.poll()
+    now = time.monotonic()
+    connect_deadline = now + timeout
+    for index in sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle):
+        try:
+            wire = nodes[index].checkout(connect_deadline)
+            wire.sock.sendall(payload)
+        except WireError as exc:
+            results[index] = exc.failure
+            continue
+        except OSError as exc:
+            nodes[index].lose(wire)
+            results[index] = os_failure(exc)
+            continue
+        dues = [Due(command, None, now) for command in commands]
+        wire.due.extend(dues)
+        waiting[wire.fd] = (index, wire, dues)
+        poller.register(wire.fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    while waiting:
+        events = poller.poll(max(deadline - time.monotonic(), 0.0) * 1000)
+        if not events:
+            break
+        for fd, _ in events:
+            index, wire, dues = waiting[fd]
+            try:
+                wire.feed()
+                wire.settle()
+            except Incomplete:
+                if any(due.reply is OWED for due in dues):
+                    continue
+            except OSError as exc:
+                del waiting[fd]
+                poller.unregister(fd)
+                nodes[index].lose(wire)
+                results[index] = os_failure(exc)
+                continue
+            del waiting[fd]
+            poller.unregister(fd)
+            nodes[index].checkin(wire)
+            results[index] = [due.reply for due in dues]
+    for index, wire, dues in waiting.values():
+        for due in dues:
+            due.left = True
+        nodes[index].abandon(wire)
+    return results

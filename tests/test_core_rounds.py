@@ -1,0 +1,214 @@
+"""Threads of one process that fan out at the same moment share rounds (core/fanout.py): while
+one thread's fan-out is on the wire the others queue, and the queue goes out as the next round,
+on one connection per node. Each thread still gets its own answer as soon as its own operation
+is decided, a round is handed on to the thread of an operation still waiting, and an interrupt
+leaves no other thread waiting. Real redis-server processes; SIGSTOP holds a round open while
+the other threads queue behind it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from tests.helpers import occupy, tokens_on_nodes, wait_until, warm_up
+
+pytestmark = pytest.mark.faults
+
+
+class Interrupted(BaseException):
+    """What the test's SIGINT handler raises (not KeyboardInterrupt, which would end the
+    test session if it escaped)."""
+
+
+def _taker(rl, name: str, results: dict) -> threading.Thread:
+    def take() -> None:
+        lock = rl.lock(name)
+        results[name] = (lock, lock.acquire(blocking=False))
+
+    thread = threading.Thread(target=take, name=f"take-{name}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _queued(rl, count: int) -> None:
+    wait_until(lambda: len(rl._rounds._queue) == count)
+
+
+def _idle(rl) -> bool:
+    return not rl._rounds._leading and not rl._rounds._queue
+
+
+def test_fan_outs_started_meanwhile_go_out_together_as_the_next_round(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=5.0)
+    warm_up(rl)
+    results: dict = {}
+    # A majority frozen: the first round waits for its quorum while seven threads queue.
+    cluster[1].pause()
+    cluster[2].pause()
+    first = _taker(rl, "first", results)
+    wait_until(lambda: rl._rounds._leading)
+    names = [f"queued-{i}" for i in range(7)]
+    others = [_taker(rl, name, results) for name in names]
+    _queued(rl, 7)
+    cluster[1].resume()
+    cluster[2].resume()
+    for thread in [first, *others]:
+        thread.join(10)
+        assert not thread.is_alive()
+    for name in ["first", *names]:
+        lock, acquired = results[name]
+        assert acquired and lock.held
+        wait_until(lambda lock=lock, name=name: tokens_on_nodes(cluster, name) == [lock.token] * 3)
+    # The seven went out on one connection per node: at most the first round's and theirs
+    # (each thread sending its own would have opened seven more per node).
+    assert [1 <= len(node._idle) <= 2 for node in rl.nodes] == [True] * 3
+    assert _idle(rl)
+    for name in ["first", *names]:
+        results[name][0].release()
+    assert all(tokens_on_nodes(cluster, name) == [None] * 3 for name in ["first", *names])
+
+
+def test_an_operation_decided_at_quorum_does_not_wait_for_one_sharing_its_round(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """``free`` and ``busy`` go out in one round with node 2 frozen. ``free`` is granted by
+    nodes 0 and 1 and returns at once; ``busy`` (another holder's) is refused by them and waits
+    for node 2 until the node timeout, served by its own thread after ``free``'s left."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=2.0)
+    warm_up(rl)
+    for node in cluster:
+        occupy(node, "busy", ms=30_000, token="other-holder")
+    results: dict = {}
+    cluster[1].pause()
+    cluster[2].pause()
+    leader = _taker(rl, "lead", results)
+    wait_until(lambda: rl._rounds._leading)
+    free = _taker(rl, "free", results)
+    _queued(rl, 1)
+    busy = _taker(rl, "busy", results)
+    _queued(rl, 2)
+    cluster[1].resume()  # the first round gets its quorum; node 2 stays frozen
+    try:
+        free.join(1.5)
+        assert not free.is_alive(), "a fan-out decided at quorum waited for the frozen node"
+        assert busy.is_alive(), "the refused attempt should still wait for the frozen node"
+        lock, acquired = results["free"]
+        assert acquired and tokens_on_nodes(cluster[:2], "free") == [lock.token] * 2
+        busy.join(5)
+        assert not busy.is_alive() and results["busy"][1] is False
+        leader.join(5)
+        assert results["lead"][1] is True
+    finally:
+        cluster[2].resume()
+    assert tokens_on_nodes(cluster, "busy") == ["other-holder"] * 3
+    assert _idle(rl)
+
+
+@pytest.fixture
+def interrupts() -> Callable[[], None]:
+    """``interrupt()`` sends SIGINT to the main thread (where the test runs), whose handler
+    raises :class:`Interrupted`."""
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGINT, handler)
+    main = threading.main_thread().ident
+    assert main is not None and threading.current_thread() is threading.main_thread()
+    yield lambda: signal.pthread_kill(main, signal.SIGINT)
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupted_leader_hands_its_queue_over(
+    redis_cluster_factory, make_redlock, interrupts
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=5.0)
+    warm_up(rl)
+    results: dict = {}
+    cluster[1].pause()
+    cluster[2].pause()
+
+    names = ["after-1", "after-2"]
+    takers: list[threading.Thread] = []
+
+    def queue_then_interrupt() -> None:
+        # Queued behind the main thread's round, which is stuck on the frozen majority.
+        wait_until(lambda: rl._rounds._leading)
+        takers.extend(_taker(rl, name, results) for name in names)
+        _queued(rl, 2)
+        interrupts()
+
+    helper = threading.Thread(target=queue_then_interrupt, daemon=True)
+    helper.start()
+    try:
+        with pytest.raises(Interrupted):
+            rl.lock("interrupted").acquire(blocking=False)
+    finally:
+        cluster[1].resume()
+        cluster[2].resume()
+    helper.join(5)
+    for thread in takers:
+        thread.join(10)
+    for name in names:
+        lock, acquired = results[name]
+        assert acquired and lock.held
+        lock.release()
+    assert _idle(rl)
+
+
+def test_an_interrupt_while_queued_waits_for_the_round_this_thread_owes(
+    redis_cluster_factory, make_redlock, interrupts
+) -> None:
+    """The main thread is first in the queue when it is interrupted: it still leads the next
+    round (another thread's fan-out is in it), then raises."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=5.0)
+    warm_up(rl)
+    results: dict = {}
+    heard = threading.Event()
+
+    def handler(signum, frame):
+        heard.set()
+        raise Interrupted
+
+    signal.signal(signal.SIGINT, handler)  # the fixture puts the usual one back
+    cluster[1].pause()
+    cluster[2].pause()
+    leader = _taker(rl, "leader", results)
+    wait_until(lambda: rl._rounds._leading)
+
+    def behind_main_then_interrupt() -> None:
+        _queued(rl, 1)  # the main thread, first in the queue
+        second = _taker(rl, "second", results)
+        _queued(rl, 2)
+        interrupts()
+        heard.wait(5)
+        cluster[1].resume()
+        cluster[2].resume()
+        second.join(10)
+
+    helper = threading.Thread(target=behind_main_then_interrupt, daemon=True)
+    helper.start()
+    try:
+        with pytest.raises(Interrupted):
+            rl.lock("main").acquire(blocking=False)
+    finally:
+        cluster[1].resume()
+        cluster[2].resume()
+    assert heard.is_set()
+    helper.join(10)
+    leader.join(10)
+    assert results["leader"][1] is True
+    lock, acquired = results["second"]
+    assert acquired and lock.held, "the round the interrupted thread led did not serve others"
+    lock.release()
+    results["leader"][0].release()
+    assert _idle(rl)
