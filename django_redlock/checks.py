@@ -182,17 +182,6 @@ def _node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[
                 )
             )
             continue
-        unknown = sorted(set(options) - _client_options())
-        if unknown:
-            messages.append(
-                _error(
-                    4,
-                    f"{where} has OPTIONS redis-py does not know: {', '.join(unknown)}.",
-                    hint="OPTIONS are keyword arguments of redis.Redis (password, username, "
-                    "ssl_ca_certs, socket_connect_timeout, ...).",
-                )
-            )
-            continue
         parsed.append((index, url, options))
     return parsed, messages
 
@@ -227,15 +216,6 @@ def _cache_node(where: str, alias: str) -> tuple[CheckMessage | None, Any]:
         return None, cache_client(alias)
     except Exception as exc:
         return _error(4, f"{where} 'cache:{alias}' gives no usable Redis client: {exc}"), None
-
-
-def _client_options() -> set[str]:
-    import inspect
-
-    import redis
-
-    names = set(inspect.signature(redis.Redis.__init__).parameters) - {"self"}
-    return names | {"connection_class"}
 
 
 def _check_nodes(nodes: Any) -> list[CheckMessage]:

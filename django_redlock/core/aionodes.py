@@ -22,6 +22,7 @@ from typing import Any
 
 from .nodes import (
     DRAIN_FOR,
+    SENT_TWICE,
     TIMED_OUT,
     Due,
     Failure,
@@ -401,6 +402,8 @@ class AsyncFanOut:
     __slots__ = (
         "build",
         "commands",
+        "cut",
+        "cut_on",
         "deadline",
         "decided",
         "enough",
@@ -436,6 +439,10 @@ class AsyncFanOut:
         self.late = late
         self.enough = enough
         self.idempotent = idempotent  #: as :class:`.fanout.FanOut`'s
+        self.cut: set[int] = set()  #: as :class:`.fanout.FanOut`'s
+        #: Node index -> run id of a connection cut with the command out, until the fresh
+        #: try's connection is open (the same server may have run it).
+        self.cut_on: dict[int, str] = {}
         self.decided = False  #: ``enough`` ended the wait
         #: What the connections of nodes not heard in time owe, once they went back to the
         #: pool (also listed in ``left``, for the caller).
@@ -479,10 +486,12 @@ class AsyncFanOut:
         for index in connecting:
             self._connect(index)
         self.deadline = max(self.deadline, loop.time() + (2 * timeout if connecting else timeout))
+        expired = False  # the deadline passed with nodes not heard (not: the caller cancelled)
         try:
             while self.left and not self.decided:
                 remaining = self.deadline - loop.time()
                 if remaining <= 0:
+                    expired = True
                     break
                 self.waiter = waiter = loop.create_future()
                 timer = loop.call_later(remaining, settle, waiter, None)
@@ -509,6 +518,8 @@ class AsyncFanOut:
                         self.owing_out[index] = (wire, due)
                     self.pool.checkin(index, wire)
                 else:
+                    if expired or wire.overdue(now, timeout):
+                        self.nodes[index].went_silent()  # no answer within the node timeout
                     wire.abandon(self.late)
             for index in self.tasks:
                 self.replies[index] = NOT_CONNECTED
@@ -544,6 +555,8 @@ class AsyncFanOut:
             return
         elif error is None:
             wire = task.result()
+            if self.cut_on.pop(index, None) == wire.run_id:
+                self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
         elif isinstance(error, WireError):
             self._final(index, error.failure)
@@ -566,6 +579,8 @@ class AsyncFanOut:
             loop = self.pool.loop
             if wire.reused and loop.time() < self.deadline:
                 # Closed while pooled (node restart, idle timeout): one fresh try.
+                if self.idempotent:
+                    self.cut_on[index] = wire.run_id
                 self._connect(index)
                 self.deadline = max(self.deadline, loop.time() + self.timeout)
             else:
@@ -606,6 +621,8 @@ class AsyncFanOut:
             wire.send_unowned(due.take_undo())
 
     def _final(self, index: int, reply: Any) -> None:
+        if reply == 0 and index in self.cut:
+            reply = SENT_TWICE
         self.replies[index] = reply
         self.left -= 1
         if not self.left or (self.enough is not None and self.enough(self.replies)):

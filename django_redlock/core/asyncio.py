@@ -675,5 +675,5 @@ class AsyncRedlock(RedlockBase):
                 "keys": await self._count_keys(index, f"{self.key_prefix}:lock:*"),
             }
         except Exception as exc:
-            return NodeHealth(node=node.name, reachable=False, error=str(exc) or type(exc).__name__)
+            return self._failed_health(node, exc)
         return self._node_health(node, probe)

@@ -25,12 +25,13 @@ from . import scripts
 from .commands import KeyLayout, lock_value
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
-from .leases import DRIFT_FLOOR, LeaseTable
+from .leases import DRIFT_FLOOR, LeaseTable, replies_of
 from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
 from .nodes import Failure, Node, NodeSpec, Pipelined, make_nodes, reached, reply_failure
 from .resp import ReplyError, encode, encode_args
 from .validation import (
+    check_flag,
     check_meta,
     check_name,
     check_node_timeout,
@@ -168,6 +169,11 @@ class AcquireRequest:
         for reply in replies:
             if reply.__class__ is ReplyError:
                 return reply_failure(reply)
+        taken = replies[0]
+        # SET NX answers OK or nil, PTTL an integer: a vote read from anything else would be
+        # made up (a service that speaks RESP but is not Redis).
+        if replies[1].__class__ is not int or (taken is not None and taken != b"OK"):
+            return Failure("error", f"not a Redis server: SET, PTTL answered {replies[:2]!r:.60}")
         # [run id, marker id] as this connection saw them when the node voted.
         if self._guarded and replies[2] != wire.vote_marker:
             wire.vote_marker = None
@@ -191,12 +197,26 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
     process's clock) the node was trusted as part of a new cluster, which :meth:`_settling`
     compares."""
     reply = replies[0]
-    if isinstance(reply, list) and reply[0] in (0, 1) and len(reply) > 3:
-        marker = reply[3]
-        wire.vote_marker = [wire.run_id.encode(), marker] if isinstance(marker, bytes) else None
-        trusted_age = reply[2]
-        wire.trusted_at = None if trusted_age < 0 else time.monotonic() - trusted_age / 1000
-    return reply
+    # Every answer of the script is [status, integer, integer, marker], a guarded node's with
+    # its marker's age before the marker: the algorithm reads them without checking again.
+    if (
+        reply.__class__ is list
+        and len(reply) > 3
+        and reply[1].__class__ is int
+        and reply[2].__class__ is int
+    ):
+        status = reply[0]
+        if status == 0 or status == 1:
+            marker = reply[3]
+            wire.vote_marker = [wire.run_id.encode(), marker] if isinstance(marker, bytes) else None
+            trusted_age = reply[2]
+            wire.trusted_at = None if trusted_age < 0 else time.monotonic() - trusted_age / 1000
+            return reply
+        if status == 3 or (status == 2 and len(reply) > 4 and reply[3].__class__ is int):
+            return reply
+    if reply.__class__ is Failure:  # an error reply
+        return reply
+    return Failure("error", f"not a Redis server: the acquire script answered {reply!r:.60}")
 
 
 #: The answer of a node whose restart-guard marker is not the one this connection saw vote:
@@ -424,15 +444,20 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         details = check_meta(meta)
         if renew_for is not None:
             check_positive("renew_for", renew_for)
+            if not auto_renew:
+                raise ValueError(
+                    f"renew_for={renew_for!r} caps auto-renewal: lock {name!r} needs "
+                    "auto_renew=True"
+                )
         return self.lock_class(
             self,
             name,
             ttl=lease_ttl,
-            auto_renew=bool(auto_renew),
-            fencing=bool(fencing),
-            reentrant=self.reentrant if reentrant is None else bool(reentrant),
-            fair=bool(fair),
-            blocking=bool(blocking),
+            auto_renew=check_flag("auto_renew", auto_renew),
+            fencing=check_flag("fencing", fencing),
+            reentrant=self.reentrant if reentrant is None else check_flag("reentrant", reentrant),
+            fair=check_flag("fair", fair),
+            blocking=check_flag("blocking", blocking),
             timeout=check_timeout(timeout),
             meta=details,
             owner=owner,
@@ -499,17 +524,24 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         seen = {id(node): r[4] for node, r in zip(self.nodes, replies, strict=True)}
         return lambda node, wire: self._trust_command(wire.run_id, seen[id(node)])
 
-    def _all_fresh(self, replies: list[Any]) -> bool:
-        """A brand-new cluster: every node is in its guard for a missing marker (none has
-        ever held a lock under this prefix, or all lost their data within the last max_ttl).
+    def _all_fresh(self, replies: list[Any], spread: float) -> bool:
+        """A brand-new cluster: every node is in its guard for a missing marker, and all the
+        markers were armed by one attempt (within a node timeout of each other): none of the
+        nodes has ever held a lock under this prefix, or all lost their data at once.
 
         There is no lease to protect, so the caller trusts them all at once instead of idling
-        for max_ttl (docs/guarantees). A single node that is fresh while another votes is
-        never trusted this way: it may have forgotten a lease the others still count on.
-        """
+        for max_ttl (docs/guarantees). A node that is fresh while another votes is never
+        trusted this way: it may have forgotten a lease the others still count on. Nor are
+        nodes that lost their data apart: one came back into a running cluster while a lease
+        may have been taken on the others since, which they then lost in turn. ``spread``
+        is how long this fan-out took: the nodes measured their markers' ages at moments at
+        most that far apart."""
         if not (self.restart_guard and self.trust_fresh_cluster):
             return False
-        return all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies)
+        if not all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies):
+            return False
+        armed_ages: list[int] = [r[3] for r in replies]
+        return max(armed_ages) - min(armed_ages) <= (self.node_timeout + spread) * 1000 + 1
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still
@@ -640,7 +672,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                     to_every_node(undo), None, cancel, idempotent=True, behind=send.left
                 )
                 self._keep_unreached(undo, undone)
-            if not trusted and self._all_fresh(replies):
+            if not trusted and self._all_fresh(replies, spread):
                 trusted = True
                 # Each node's marker as this attempt saw it fresh: only that one is trusted.
                 trust = yield Send(self._trust_builder(replies))
@@ -662,7 +694,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
         token = None if token is None else check_token(token)
-        replies = yield Send(to_every_node(self._force_release_command(name, token)))
+        command = encode(self._force_release_command(name, token))
+        replies = yield Send(to_every_node(command), idempotent=token is not None)
+        if token is not None:
+            # Only that holder's copies: sending it late never touches another holder's lock
+            # (without a token it could remove the next holder's).
+            self._keep_unreached(command, replies)
         return self._judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
@@ -683,7 +720,19 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             return False
         start = time.monotonic()
         replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
+        if self._should_claim(lease, replies):
+            replies = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
         return self._judge_extend(lease, ttl, replies, start)
+
+    def _should_claim(self, lease: Lease, replies: list[Any]) -> bool:
+        """Whether a renewal takes the lock on the nodes where it is missing too: some node
+        still holds our copy and some has none of ours (a racing loser held it when we took
+        the lock, or it restarted empty), and the lease is valid, so nobody else can hold a
+        quorum. Held on a bare quorum, one node pausing would otherwise cost the lock. Never
+        once the token is gone from a quorum (an operator's DEL or force release: the loss
+        is reported, as someone else may have held the lock meanwhile)."""
+        missing = replies.count(0)
+        return 0 < missing <= len(self.nodes) - self.quorum and 1 in replies and lease.validity > 0
 
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
@@ -702,7 +751,20 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             start = time.monotonic()
             commands = [self._extend_command(lease, lease.ttl) for lease in batch]
             results = yield SendBatch(commands, batch)
-            judged = self._judge_renewals(batch, results, start)
+            replies = [replies_of(results, position) for position in range(len(batch))]
+            claiming = [i for i, lease in enumerate(batch) if self._should_claim(lease, replies[i])]
+            if claiming:
+                leases_claiming = [batch[i] for i in claiming]
+                claimed = yield SendBatch(
+                    [
+                        self._extend_command(lease, lease.ttl, claim=True)
+                        for lease in leases_claiming
+                    ],
+                    leases_claiming,
+                )
+                for position, i in enumerate(claiming):
+                    replies[i] = replies_of(claimed, position)
+            judged = self._judge_renewals(batch, replies, start)
             whens = dict(zip(map(id, batch), judged, strict=True))
         return [whens.get(id(lease)) for lease in leases]
 

@@ -15,7 +15,7 @@ from typing import Any
 from . import scripts
 from .info import HOLDER_PLACE
 from .lock import Lease
-from .nodes import script_command
+from .nodes import eval_command, script_command
 from .resp import encode_args
 from .validation import check_name
 
@@ -56,6 +56,7 @@ class KeyLayout:
     """Keys, channels and commands of a Redlock client (a part of :class:`.base.RedlockBase`)."""
 
     key_prefix: str
+    fair_heartbeat: float
     meta: dict[str, Any]
     _host: str
     _meta_cache: tuple[int, dict[str, Any], str] | None
@@ -72,7 +73,9 @@ class KeyLayout:
         return [f"{p}:queue:{name}", f"{p}:beats:{name}", f"{p}:qseq:{name}"]
 
     def _ticket_command(self, name: str) -> list[Any]:
-        return script_command(scripts.FAIR_TICKET, [self._line_keys(name)[2]], [])
+        # The sequence expires with an idle line, as the line itself does (FAIR_ACQUIRE).
+        idle_ms = int(self.fair_heartbeat * 2000)
+        return script_command(scripts.FAIR_TICKET, [self._line_keys(name)[2]], [idle_ms])
 
     def _leave_line_command(self, name: str, waiter: str) -> list[Any]:
         return script_command(scripts.FAIR_LEAVE, self._line_keys(name)[:2], [waiter])
@@ -112,7 +115,8 @@ class KeyLayout:
         )
 
     def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
-        return script_command(
+        # With its body, as a release: a slow node runs it late, whatever its script cache.
+        return eval_command(
             scripts.FORCE_RELEASE, [self._key(check_name(name))], [self._channel(name), token or ""]
         )
 
@@ -136,11 +140,25 @@ class KeyLayout:
     def _trust_now_command(self, run_id: str) -> list[Any]:
         return script_command(scripts.TRUST_NOW, [self._node_key()], [run_id])
 
-    def _extend_command(self, lease: Lease, ttl: float) -> list[Any]:
-        return self._extend_token_command(lease.name, lease.token, ttl)
+    def _extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
+        """``EXTEND`` of the lease; with ``claim``, taking the lock where nobody holds it
+        (see :mod:`.scripts`), with the value its acquire wrote (as near as it is known)."""
+        value = ""
+        if claim:
+            acquired_ms = int((time.time() - (time.monotonic() - lease.acquired)) * 1000)
+            value = lock_value(
+                lease.token,
+                ttl_ms=int(ttl * 1000),
+                meta_json=json.dumps(lease.meta, default=str),
+                fence=lease.fence or 0,
+                acquired_ms=acquired_ms,
+            )
+        return script_command(
+            scripts.EXTEND, [self._key(lease.name)], [lease.token, int(ttl * 1000), value]
+        )
 
     def _extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
-        return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000)])
+        return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000), ""])
 
     def _holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         """The holder's details for the admin page, and their JSON (built from a cached part,

@@ -30,6 +30,7 @@ from typing import Any
 
 from .nodes import (
     OWED,
+    SENT_TWICE,
     TIMED_OUT,
     Due,
     Failure,
@@ -83,6 +84,7 @@ class FanOut:
         "batch",
         "behind",
         "build",
+        "cut",
         "enough",
         "finished",
         "idempotent",
@@ -114,6 +116,9 @@ class FanOut:
         self.left = left
         self.behind = behind
         self.idempotent = idempotent
+        #: Nodes it was sent to again after the connection was cut with it out (see
+        #: :data:`~.nodes.SENT_TWICE`).
+        self.cut: set[int] | None = None
         self.replies: list[Any] = [TIMED_OUT] * nodes
         #: Nodes whose answer the operation still waits for.
         self.pending = nodes
@@ -135,6 +140,8 @@ class FanOut:
 
     def answer(self, index: int, reply: Any) -> bool:
         """A node answered (or failed); whether that decides the operation."""
+        if reply == 0 and self.cut is not None and index in self.cut:
+            reply = SENT_TWICE
         self.replies[index] = reply
         self.pending -= 1
         if not self.pending:
@@ -170,6 +177,8 @@ class Round:
         self.poller = select.poll()
         self.sent = False
         self.deadline = 0.0
+        #: The deadline passed with fan-outs still waiting (the nodes not heard are silent).
+        self.expired = False
         #: The nodes for which some fan-out names the connection it must go out on
         #: (``behind``).
         self.claimed: set[int] = set()
@@ -278,20 +287,29 @@ class Round:
                 last = op.last = (command, as_bytes(command))
             owed.append((op, Due(command, op.late, sent, last[1] if op.idempotent else None)))
         # One write (a failed one loses the connection, and the replies owed with it).
-        wire.sock.sendall(last[1] if len(ops) == 1 else b"".join(op.last[1] for op in ops))  # type: ignore[index]
+        wire.write(last[1] if len(ops) == 1 else b"".join(op.last[1] for op in ops))  # type: ignore[index]
         wire.due.extend([due for _, due in owed])
         self.carried[wire.fd] = (index, wire, owed)
         self.poller.register(wire.fd, select.POLLIN)
 
-    def _resend(self, index: int, ops: list[FanOut], timeout: float) -> None:
+    def _resend(
+        self, index: int, ops: list[FanOut], timeout: float, cut: Wire | None = None
+    ) -> None:
         """The one fresh try on a new connection, for a node whose pooled connection had
-        been closed while idle."""
+        been closed while idle, or ``cut`` after the commands went out on it."""
         node = self.nodes[index]
         try:
             wire = node.connect(timeout)
         except WireError as exc:
             self._fail(index, ops, exc.failure)
             return
+        if cut is not None and wire.run_id == cut.run_id:
+            # The same server: it may have run them before the cut (after a restart it did
+            # not, or its data is gone with them).
+            for op in ops:
+                if op.idempotent:
+                    op.cut = op.cut or set()
+                    op.cut.add(index)
         try:
             self._send(index, wire, ops, time.monotonic())
         except OSError as exc:
@@ -312,6 +330,7 @@ class Round:
             remaining = max(self.deadline - time.monotonic(), 0.0)
             events = poller.poll(remaining * 1000)
             if not events:
+                self.expired = True
                 self._end_all()
                 return
             for fd, _ in events:
@@ -340,7 +359,7 @@ class Round:
         self._take_answers(carried)
         cut = [op for op, _ in owed if not op.finished]
         if cut and wire.reused and remaining > 0:
-            self._resend(index, cut, remaining)
+            self._resend(index, cut, remaining, wire)
         else:
             self._fail(index, cut, os_failure(exc))
 
@@ -391,7 +410,10 @@ class Round:
         now = time.monotonic()
         for index, wire, owed in self.carried.values():
             node = self.nodes[index]
-            if all(op.in_time for op, _ in owed) and not wire.overdue(now, self.timeout):
+            overdue = wire.overdue(now, self.timeout)
+            if self.expired or overdue:
+                node.went_silent()  # it did not answer within the node timeout
+            if all(op.in_time for op, _ in owed) and not overdue:
                 try:
                     wire.undo_unwanted()
                 except OSError:
@@ -510,7 +532,7 @@ def fan_out_batch(
     for index in sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle):
         try:
             wire = nodes[index].checkout(connect_deadline)
-            wire.sock.sendall(payload)
+            wire.write(payload, timeout)
         except WireError as exc:
             results[index] = exc.failure
             continue
@@ -548,5 +570,6 @@ def fan_out_batch(
     for index, wire, dues in waiting.values():
         for due in dues:
             due.left = True
+        nodes[index].went_silent()
         nodes[index].abandon(wire)
     return results

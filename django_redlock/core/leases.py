@@ -13,7 +13,7 @@ from .events import Listener, LockEvent, emit, heard
 from .lock import Lease, LockBase
 from .nodes import Failure, Node
 
-__all__ = ["COURTESY", "DRIFT_FLOOR", "LeaseTable"]
+__all__ = ["COURTESY", "DRIFT_FLOOR", "LeaseTable", "replies_of"]
 
 #: Fixed part of the clock-drift allowance (the Redlock spec adds 2 ms for Redis' own expiry
 #: granularity).
@@ -22,6 +22,12 @@ DRIFT_FLOOR = 0.002
 #: Head start, in seconds, that a releaser gives processes its release woke (see
 #: ``_courtesy``): enough for a woken waiter's attempt to reach the nodes first.
 COURTESY = 0.003
+
+
+def replies_of(results: list[Any], position: int) -> list[Any]:
+    """The nodes' replies to the ``position``-th command of a batch pipelined to every node
+    (``results``: per node, its replies in command order, or its Failure)."""
+    return [r[position] if isinstance(r, list) else r for r in results]
 
 
 class LeaseTable:
@@ -81,9 +87,13 @@ class LeaseTable:
         if lease.foreign:
             return False
         if lease.count <= 1 and lease.validity <= 0:
-            # Also when the watchdog has not run yet (the whole process was frozen): a lease
-            # that ran out is lost, whether or not another owner took the name since.
-            self._mark_lost(lease, "the lease ran out before release")
+            if lease.auto_renew:
+                # The watchdog had not run yet (the whole process was frozen): the lease it
+                # should have kept is lost, whether or not another owner took the name since.
+                self._mark_lost(lease, "the lease ran out before release")
+            else:
+                # Nobody was to renew it: it simply ran out (LockNotOwned, not LockLost).
+                lease.ran_out = True
         with self._leases_lock:
             if lease.count > 1:
                 lease.count -= 1
@@ -122,11 +132,12 @@ class LeaseTable:
         if lease.lost:
             raise LockLost(f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name)
         refused = sum(1 for r in replies if r == 0)
-        if refused > len(self.nodes) - self.quorum:
+        if lease.ran_out or refused > len(self.nodes) - self.quorum:
             self._lease_event("lost", lease, "the lease ran out before release")
+            where = f"on {refused} of {len(self.nodes)} nodes " if refused else ""
             raise LockNotOwned(
-                f"lock {lease.name!r} was no longer ours on {refused} of {len(self.nodes)} nodes "
-                "(the lease ran out before release)",
+                f"lock {lease.name!r} was no longer ours {where}(the lease ran out before "
+                "release: it was not exclusive the whole time)",
                 lease.name,
             )
 
@@ -170,14 +181,13 @@ class LeaseTable:
         return lease.renew_until is None or now < lease.renew_until
 
     def _judge_renewals(
-        self, leases: Sequence[Lease], results: list[Any], start: float
+        self, leases: Sequence[Lease], replies: list[list[Any]], start: float
     ) -> list[float | None]:
-        """Per lease of one batched renewal: when to renew it next, or None to stop.
-        ``results`` holds each node's replies in lease order (or its Failure)."""
+        """Per lease of one batched renewal (its nodes' replies: :func:`replies_of`): when to
+        renew it next, or None to stop."""
         whens: list[float | None] = []
-        for position, lease in enumerate(leases):
-            replies = [r[position] if isinstance(r, list) else r for r in results]
-            if self._judge_extend(lease, lease.ttl, replies, start):
+        for lease, its in zip(leases, replies, strict=True):
+            if self._judge_extend(lease, lease.ttl, its, start):
                 whens.append(time.monotonic() + lease.ttl / 3)
             elif lease.lost or lease.released:
                 whens.append(None)

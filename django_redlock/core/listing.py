@@ -115,6 +115,11 @@ class Listing:
         ``received`` (local wall clock), ``info``, ``marker`` (:attr:`MARKER_FIELDS`), ``keys``."""
         info = probe["info"]
         server_time = probe["time"]
+        unlike = _unlike_redis(info, server_time, probe["marker"] if self.restart_guard else None)
+        if unlike:
+            return NodeHealth(
+                node=node.name, reachable=False, error=f"not a Redis server: {unlike}"
+            )
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
         guarded_for = fresh = None
         if self.restart_guard:
@@ -141,6 +146,17 @@ class Listing:
             fresh=fresh,
         )
 
+    def _failed_health(self, node: Node, exc: Exception) -> NodeHealth:
+        """Health of a node whose probe raised ``exc``."""
+        if isinstance(exc, _UNREADABLE):
+            # The reply parsers (redis-py's, and the probes') take apart what Redis answers:
+            # what they cannot comes from a service that is not Redis, and their own words
+            # ("'int' object has no attribute 'get'") would tell an operator nothing.
+            error = "not a Redis server: it answered with replies Redis never gives"
+        else:
+            error = str(exc) or type(exc).__name__
+        return NodeHealth(node=node.name, reachable=False, error=error)
+
     def _refuse_trust(self, held: Sequence[LockInfo]) -> None:
         """``trust_cluster()`` asserts that no lock is held: refuse when a node says one is."""
         if held:
@@ -151,6 +167,46 @@ class Listing:
                 "lock twice. Wait until they are released (or force-release them) first.",
                 held[0].name,
             )
+
+
+#: What a probe raises when a reply is not of the shape Redis gives (:meth:`_failed_health`).
+_UNREADABLE = (AttributeError, IndexError, KeyError, TypeError, ValueError)
+
+
+def _unlike_redis(info: Any, server_time: Any, marker: Any) -> str:
+    """What in a node's answers to the health probe no Redis server gives ("": nothing), so
+    that judging them cannot fail: INFO names the server's run id and version, TIME is two
+    numbers, the marker read (:attr:`MARKER_FIELDS`; None with the restart guard off) is the run
+    id and numbers."""
+    if not (
+        isinstance(info, Mapping)
+        and info.get("run_id")
+        and (info.get("redis_version") or info.get("valkey_version"))
+    ):
+        return "its INFO names no run_id and version"
+    if not (
+        isinstance(server_time, (list, tuple))
+        and len(server_time) == 2
+        and all(_number(value) for value in server_time)
+    ):
+        return f"TIME answered {server_time!r:.60}"
+    if marker is not None and not (
+        isinstance(marker, list)
+        and len(marker) == 5
+        and (marker[0] is None or isinstance(marker[0], bytes))
+        and all(value is None or _number(value) for value in marker[1:])
+    ):
+        return f"HMGET answered {marker!r:.60}"
+    return ""
+
+
+def _number(value: Any) -> bool:
+    """An integer reply, or a string reply holding one."""
+    if isinstance(value, int):
+        return True
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return isinstance(value, str) and value.removeprefix("-").isdigit()
 
 
 def _from_ms(raw: Any) -> datetime | None:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from .errors import LockNotAcquired, LockNotOwned
 from .process import ThisProcess
-from .validation import check_timeout
+from .validation import check_flag, check_timeout
 
 __all__ = ["Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
 
@@ -47,6 +47,8 @@ class Lease:
     count: int = 1
     released: bool = False
     lost: str | None = None  #: why the lease was lost, once it was
+    #: Its validity had run out when it was released (a lease nobody renews).
+    ran_out: bool = False
     auto_renew: bool = False
     renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
     last_renewal: float = field(default_factory=time.monotonic)
@@ -151,7 +153,7 @@ class LockBase:
         if self._lease is not None and not self._lease.released:
             raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
         return (
-            self.blocking if blocking is None else blocking,
+            self.blocking if blocking is None else check_flag("blocking", blocking),
             self.timeout if timeout is None else timeout,
         )
 

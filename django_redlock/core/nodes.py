@@ -8,6 +8,7 @@ contention, and a forked child opens its own. The fan-out over them is :mod:`.fa
 from __future__ import annotations
 
 import contextlib
+import inspect
 import select
 import socket
 import ssl
@@ -25,10 +26,12 @@ from .process import ThisProcess
 from .reconnect import reconnector
 from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
+from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
     "DRAIN_FOR",
     "OWED",
+    "SENT_TWICE",
     "TIMED_OUT",
     "Due",
     "Failure",
@@ -41,6 +44,7 @@ __all__ = [
     "WireError",
     "as_bytes",
     "as_eval",
+    "eval_command",
     "eval_form",
     "fold",
     "handshake",
@@ -181,6 +185,10 @@ def unfinished(dues: Iterable[Due]) -> list[bytes]:
     return kept
 
 
+#: What a non-blocking socket raises when it takes nothing now (a TLS one may need to read).
+_FULL = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
+
+
 class Wire:
     """One plain socket to a node, used for lock commands only.
 
@@ -204,6 +212,8 @@ class Wire:
         #: True once it served a command: a reused socket may have been closed by the node
         #: (restart, idle timeout) while it sat in the pool.
         self.reused = False
+        #: How long a write may wait for the node to take it (see :meth:`write`).
+        self.timeout = node.node_timeout
         params = node.params
         try:
             if "path" in params:
@@ -236,6 +246,30 @@ class Wire:
         self.run_id = run_id_of([self.read_blocking() for _ in commands])
         #: The run id as a RESP argument (every acquire sends it).
         self.run_id_arg = bulk(self.run_id)
+
+    def write(self, data: bytes, timeout: float | None = None) -> None:
+        """Send ``data`` whole on the non-blocking socket: one ``send`` as a rule. What the
+        socket does not take at once (its buffer is full: a large command, or a round of many,
+        on a young connection over a real network) goes out as it drains, within ``timeout``
+        seconds (the node timeout by default). Raises ``OSError`` (``TimeoutError`` when the
+        node takes too long); the connection is then broken: part of a command may be out."""
+        sock = self.sock
+        try:
+            sent = sock.send(data)
+        except _FULL:
+            sent = 0
+        if sent == len(data):
+            return
+        rest = memoryview(data)[sent:]
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        poller = select.poll()
+        poller.register(self.fd, select.POLLOUT)
+        while rest:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(remaining * 1000):
+                raise TimeoutError(f"the node took {len(data) - len(rest)} of {len(data)} bytes")
+            with contextlib.suppress(*_FULL):
+                rest = rest[sock.send(rest) :]
 
     def read_blocking(self) -> Any:
         while True:
@@ -289,7 +323,7 @@ class Wire:
             due.popleft()
             if reply.__class__ is ReplyError:
                 if reply.code == "NOSCRIPT" and not entry.left:
-                    self.sock.sendall(as_eval(entry.command))
+                    self.write(as_eval(entry.command))
                     due.append(entry)
                     continue
                 # A script of an operation that ended did not run: running it now, after the
@@ -310,7 +344,7 @@ class Wire:
             due = Due(b"", None, now, again=command)
             due.left = True
             self.due.append(due)
-        self.sock.sendall(b"".join(commands))
+        self.write(b"".join(commands))
 
     def settle_within(self, timeout: float) -> None:
         """Read until every reply it owes is in; raises :class:`Incomplete` after ``timeout``
@@ -382,15 +416,35 @@ def handshake(params: Mapping[str, Any]) -> list[list[Any]]:
 
 
 def run_id_of(replies: Sequence[Any]) -> str:
-    """The server's run id from the handshake replies (raises for an error reply)."""
+    """The server's run id from the handshake replies. Raises :class:`WireError` for an error
+    reply, and for an INFO that names no run id and version: a service that speaks RESP but
+    is not Redis would answer the lock commands with replies the algorithm never gets from
+    Redis (and the restart guard needs the run id), so it fails here, as a node that cannot
+    be reached."""
     for reply in replies:
         if isinstance(reply, ReplyError):
             raise WireError(reply_failure(reply))
-    text = replies[-1].decode(errors="replace") if isinstance(replies[-1], bytes) else ""
+    info = replies[-1]
+    text = info.decode(errors="replace") if isinstance(info, bytes) else ""
+    run_id = ""
+    versioned = False
     for line in text.splitlines():
         if line.startswith("run_id:"):
-            return line[7:].strip()
-    return ""
+            run_id = line[7:].strip()
+        elif line.startswith(("redis_version:", "valkey_version:")):
+            versioned = True
+    if not run_id or not versioned:
+        raise WireError(not_redis("INFO", info))
+    return run_id
+
+
+def not_redis(command: str, reply: Any) -> Failure:
+    """The failure of a node that answered ``command`` with ``reply``, which no Redis server
+    gives (shown short: the reply of a service that is not Redis may be anything)."""
+    shown = "nil" if reply is None else repr(reply)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return Failure("error", f"not a Redis server: {command} answered {shown}")
 
 
 def reply_failure(reply: ReplyError) -> Failure:
@@ -477,12 +531,13 @@ class Node:
             return None
         return Failure(
             "timeout",
-            f"no answer while connecting for {time.monotonic() - silent[1]:.1f} s"
-            " (reconnecting in the background)",
+            f"no answer for {time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
         )
 
     def went_silent(self) -> None:
-        """A connection attempt timed out: hand the node to the reconnector."""
+        """A connection attempt, or a command, timed out: hand the node to the reconnector.
+        Until the node answers again, operations count it as failed at once instead of
+        waiting for it once more (to connect, for a new connection)."""
         if self.unreachable() is None:
             self._silent = (ThisProcess.pid, time.monotonic())
             reconnector.watch(self)
@@ -639,8 +694,34 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         options = spec.get("OPTIONS") or {}
         if not isinstance(options, Mapping):
             raise TypeError(f"node OPTIONS must be a dict, got {options!r}")
-        return _check_url(spec["URL"]), dict(options)
+        return _check_url(spec["URL"]), _check_options(options)
     return _check_url(spec), {}
+
+
+#: What a node's OPTIONS may set: redis-py's connection settings (the URL gives the address),
+#: and its connection class (a TLS one, from a cache's client).
+_OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
+    "self",
+    "connection_pool",
+} | {"connection_class"}
+
+#: OPTIONS that are durations in seconds (checked here: redis-py takes them as they come).
+_DURATION_OPTIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
+
+
+def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's OPTIONS, refused before anything connects (an unknown name or a bad value
+    would otherwise surface as a node that looks down)."""
+    unknown = sorted(str(name) for name in options if name not in _OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"node OPTIONS {unknown[0]!r} is not a redis-py connection setting "
+            f"(redis.Redis() takes e.g. password, username, ssl_ca_certs, socket_timeout)"
+        )
+    for name in _DURATION_OPTIONS:
+        if options.get(name) is not None:
+            check_positive(f"node OPTIONS {name}", options[name], maximum=MAX_NODE_TIMEOUT * 60)
+    return dict(options)
 
 
 def _check_url(url: object) -> str:
@@ -709,6 +790,13 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
     return ["EVALSHA", script.sha, len(keys), *keys, *args]
 
 
+def eval_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+    """The script with its body: for a command nobody may read the answer of in time (a slow
+    node), so it never depends on the node's script cache (a late ``NOSCRIPT`` is not retried
+    once its operation ended)."""
+    return ["EVAL", script.body, len(keys), *keys, *args]
+
+
 def as_bytes(command: Sequence[Any] | bytes | Pipelined) -> bytes:
     """A command ready for the socket (some come already encoded)."""
     if isinstance(command, bytes):
@@ -736,6 +824,13 @@ def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out): the
 #: command went out to it, and runs there when the node gets to it.
 TIMED_OUT = Failure("timeout")
+
+#: The answer "nothing to do" (0) of an idempotent command (a release: a token-checked delete)
+#: sent again after its connection was cut with the first one out: the node may have run the
+#: first one, so the answer says nothing of whether the key was ours (no false LockNotOwned).
+SENT_TWICE = Failure(
+    "error", "the connection was cut with the command out; sent again, it found nothing left to do"
+)
 
 
 def reached(reply: Any) -> bool:

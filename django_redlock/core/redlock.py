@@ -284,6 +284,10 @@ class Redlock(RedlockBase):
 
     def _probe(self, node: Node) -> NodeHealth:
         try:
+            # A lock connection first (pooled, or opened with its handshake, then pooled): its
+            # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
+            # its HELLO leaves it waiting for the rest until its timeout).
+            node.checkin(node.checkout(time.monotonic() + self.LIST_TIMEOUT))
             sent = time.time()
             t0 = time.perf_counter()
             node.client.ping()
@@ -300,5 +304,5 @@ class Redlock(RedlockBase):
                 ),
             }
         except Exception as exc:
-            return NodeHealth(node=node.name, reachable=False, error=str(exc) or type(exc).__name__)
+            return self._failed_health(node, exc)
         return self._node_health(node, probe)

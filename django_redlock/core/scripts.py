@@ -163,8 +163,16 @@ ACQUIRE = Script(_FIELDS + _GUARD + _HELD + _TAKE)
 
 # Draw a place in a fair lock's queue: the caller takes the largest number a quorum returned.
 # KEYS[1] queue sequence counter
+# ARGV[1] ms the sequence lives on while nobody draws (it expires with an idle line: a guarded
+#         node answers FAIR_ACQUIRE before it could set the expiry there)
 # Returns the next number of this node's sequence.
-FAIR_TICKET = Script("return redis.call('INCR', KEYS[1])")
+FAIR_TICKET = Script(
+    """
+local ticket = redis.call('INCR', KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return ticket
+"""
+)
 
 # Take a fair lock if it is free and the caller is first in line; otherwise join the line.
 # KEYS[1..3] as ACQUIRE, KEYS[4] queue (zset waiter -> ticket), KEYS[5] heartbeats (zset
@@ -233,18 +241,27 @@ return 0
 """
 )
 
-# Re-arm the lease if the lock is still ours.
+# Re-arm the lease if the lock is still ours; with a claim, also take the lock where nobody
+# holds it (a holder whose copies are on a bare quorum spreads to the free nodes, so one node
+# pausing later costs it nothing; the caller claims only while it holds a valid lease, so no
+# one else can hold a quorum meanwhile).
 # KEYS[1] lock
-# ARGV[1] token, ARGV[2] ttl ms
-# Returns 1 when extended, 0 when the token is not ours (or the key is gone).
+# ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the lock value to write where the key is missing
+#         ('' for none)
+# Returns 1 when extended (or claimed), 0 when the token is not ours (or the key is gone).
 EXTEND = Script(
     _FIELDS
     + """
-local token, fence, renewals, acquired, _, meta = fields(redis.call('GET', KEYS[1]) or '')
+local held = redis.call('GET', KEYS[1])
+local token, fence, renewals, acquired, _, meta = fields(held or '')
 if token == ARGV[1] then
   -- One SET with PX: the value is never left without an expiry.
   local header = string.format('%s %s %d %s %s', token, fence, renewals + 1, acquired, ARGV[2])
   redis.call('SET', KEYS[1], header .. '\\n' .. meta, 'PX', ARGV[2])
+  return 1
+end
+if not held and ARGV[3] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
   return 1
 end
 return 0

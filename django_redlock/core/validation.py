@@ -5,6 +5,7 @@ Everything here runs before any network call, so bad input can never leave a loc
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from numbers import Real
@@ -13,8 +14,10 @@ from typing import Any
 __all__ = [
     "MAX_DURATION",
     "MAX_KEY_LENGTH",
+    "MAX_META_BYTES",
     "MAX_NODE_TIMEOUT",
     "MAX_RETRY_COUNT",
+    "check_flag",
     "check_meta",
     "check_name",
     "check_node_timeout",
@@ -41,6 +44,10 @@ MAX_NODE_TIMEOUT = 60.0
 
 #: Largest ``retry_count``: beyond it, ask for a ``timeout`` instead.
 MAX_RETRY_COUNT = 1000
+
+#: Largest holder ``meta`` (bytes of JSON): it goes to every node with every acquire and
+#: renewal, and is shown on the admin page; bulk data belongs elsewhere.
+MAX_META_BYTES = 64 * 1024
 
 
 def _encodable(label: str, text: str) -> None:
@@ -144,7 +151,8 @@ def check_token(token: object) -> str:
 
 def check_meta(meta: object, *, str_keys: bool = True) -> dict[str, Any]:
     """Holder details for the admin page: a dict (with ``str_keys``, of str keys: they become
-    JSON); a copy is returned. None is an empty dict."""
+    JSON) that can be written as JSON (other values as their ``str()``) in at most
+    :data:`MAX_META_BYTES`; a copy is returned. None is an empty dict."""
     if meta is None:
         return {}
     if not isinstance(meta, Mapping):
@@ -153,4 +161,21 @@ def check_meta(meta: object, *, str_keys: bool = True) -> dict[str, Any]:
         bad = [k for k in meta if not isinstance(k, str)]
         if bad:
             raise TypeError(f"meta keys must be str, got {bad[0]!r} in {meta!r}")
+    try:
+        size = len(json.dumps(meta, default=str).encode(errors="surrogatepass"))
+    except (TypeError, ValueError) as exc:  # a circular reference, a key JSON cannot take
+        raise ValueError(f"meta cannot be written as JSON: {exc}") from None
+    if size > MAX_META_BYTES:
+        raise ValueError(
+            f"meta is {size} bytes of JSON, the limit is {MAX_META_BYTES}: it goes to every "
+            "node with every acquire and renewal"
+        )
     return dict(meta)
+
+
+def check_flag(label: str, value: object) -> bool:
+    """A yes/no option: True or False, nothing that merely looks like one (``"no"`` is
+    truthy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{label} must be True or False, got {value!r}")
+    return value

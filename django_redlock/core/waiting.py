@@ -295,7 +295,7 @@ class ReleaseNotices:
 
     def _send(self, wire: Wire, command: list[object]) -> None:
         try:
-            wire.sock.sendall(encode(command))
+            wire.write(encode(command))
         except OSError:
             wire.close()
 
