@@ -10,7 +10,8 @@ previous one (redlock-py's).
 
 Rounds. Threads of one process that fan out while another thread's fan-out is on the wire
 queue up; when that thread's operation is decided, the queue goes out as the next
-:class:`Round`, led by its first thread. A round carries every queued command to a node in one
+:class:`Round`, led by its first thread (a thread alone sends a plain :func:`fan_out`: the
+uncontended hot path, in one frame). A round carries every queued command to a node in one
 write on one connection and reads their replies together, so eight threads each taking their
 own lock cost the kernel and the nodes about one fan-out per round instead of eight (each
 ``send`` and ``recv`` on a socket is a system call, and with many threads each one also hands
@@ -80,25 +81,23 @@ class FanOut:
     that reaches the node (:attr:`~.nodes.Due.again`).
     """
 
-    __slots__ = (
-        "batch",
-        "behind",
-        "build",
-        "cut",
-        "enough",
-        "finished",
-        "idempotent",
-        "in_time",
-        "last",
-        "late",
-        "left",
-        "majority",
-        "pending",
-        "replies",
-        "role",
-        "round",
-        "wake",
-    )
+    # Class defaults rather than slots: most stay as they are for most operations, and a new
+    # fan-out (two per lock cycle) sets only what it is given.
+    #: Nodes it was sent to again after the connection was cut with it out (see
+    #: :data:`~.nodes.SENT_TWICE`).
+    cut: set[int] | None = None
+    finished = False
+    #: ``enough`` ended it before every node answered.
+    in_time = False
+    #: The last command built and its encoding: most commands are one object for every node,
+    #: encoded once.
+    last: tuple[Any, bytes] | None = None
+    # Sharing a round with other threads: why this op's thread is woken, the lock it sleeps
+    # on, the ops it leads when it is woken to lead, the round it serves when woken to serve.
+    role = ""
+    wake: threading.Lock | None = None
+    batch: list[FanOut] | None = None
+    round: Round | None = None
 
     def __init__(
         self,
@@ -116,27 +115,12 @@ class FanOut:
         self.left = left
         self.behind = behind
         self.idempotent = idempotent
-        #: Nodes it was sent to again after the connection was cut with it out (see
-        #: :data:`~.nodes.SENT_TWICE`).
-        self.cut: set[int] | None = None
         self.replies: list[Any] = [TIMED_OUT] * nodes
         #: Nodes whose answer the operation still waits for.
         self.pending = nodes
         #: ``pending`` once a majority answered: ``enough`` (a quorum granted, or removed the
         #: key) cannot hold before.
         self.majority = nodes - (nodes // 2 + 1)
-        self.finished = False
-        #: ``enough`` ended it before every node answered.
-        self.in_time = False
-        #: The last command built and its encoding: most commands are one object for every
-        #: node, encoded once.
-        self.last: tuple[Any, bytes] | None = None
-        self.round: Round | None = None
-        # Sharing a round with other threads: why this op's thread is woken, the lock it
-        # sleeps on, and the ops it leads when it is woken to lead.
-        self.role = ""
-        self.wake: threading.Lock | None = None
-        self.batch: list[FanOut] | None = None
 
     def answer(self, index: int, reply: Any) -> bool:
         """A node answered (or failed); whether that decides the operation."""
@@ -154,8 +138,194 @@ class FanOut:
 
 
 #: One connection of a round: the node it goes to, the connection, and the round's commands
-#: on it still to be answered, oldest first (``(fan-out, due)``).
-_Carried = tuple[int, Wire, list[tuple[FanOut, Due]]]
+#: on it still to be answered, oldest first (each :class:`~.nodes.Due` names its fan-out).
+_Carried = tuple[int, Wire, list[Due]]
+
+
+def fan_out(nodes: Sequence[Node], op: FanOut, timeout: float) -> None:
+    """``op``'s command to every node at once, its replies collected in ``op.replies``: the
+    fan-out of a thread that has the nodes to itself (a round of one, with nothing to share,
+    in one frame: this is the uncontended lock's hot path).
+
+    Nodes with an open connection first: their commands are in flight while we still connect
+    to the others (all connecting together takes at most ``timeout``). A pooled socket that
+    had gone stale (the node closed it while idle) gets one fresh try.
+    """
+    replies = op.replies
+    build, enough, behind = op.build, op.enough, op.behind
+    #: fd -> (node index, wire, the reply this fan-out waits for on it)
+    waiting: dict[int, tuple[int, Wire, Due]] = {}
+    poller = select.poll()
+    last: Any = None  # most commands are one object for every node: encoded once
+    data = b""
+    now = time.monotonic()
+    connect_deadline = now + timeout
+    order: Sequence[int] = range(len(nodes))
+    for node in nodes:
+        if not node._idle:
+            order = sorted(order, key=lambda i: not nodes[i]._idle)
+            break
+    stale: list[int] = []
+    for index in order:
+        node = nodes[index]
+        owing = behind.get(index) if behind else None
+        if owing is not None and _reclaim(node, owing):
+            wire = owing[0]
+        else:
+            try:
+                wire = node.checkout(connect_deadline)
+            except WireError as exc:
+                replies[index] = exc.failure
+                continue
+        command = build(node, wire)
+        if command is not last:
+            last, data = command, as_bytes(command)
+        try:
+            due = _send_one(node, wire, op, command, data, now)
+        except OSError as exc:
+            node.lose(wire)
+            if wire.reused:
+                stale.append(index)
+            else:
+                replies[index] = os_failure(exc)
+            continue
+        waiting[wire.fd] = (index, wire, due)
+        poller.register(wire.fd, select.POLLIN)
+    for index in stale:
+        _resend_one(nodes, index, op, waiting, poller, timeout)
+    deadline = time.monotonic() + timeout
+    in_time = expired = False
+    while waiting:
+        # Past the deadline this still sweeps up replies that have already arrived.
+        remaining = max(deadline - time.monotonic(), 0.0)
+        events = poller.poll(remaining * 1000)
+        if not events:
+            expired = True
+            break
+        for fd, _ in events:
+            index, wire, due = waiting[fd]
+            try:
+                wire.feed()
+                wire.settle()
+            except Incomplete:
+                if due.reply is OWED:
+                    continue  # the rest of the reply is on its way
+            except OSError as exc:
+                del waiting[fd]
+                poller.unregister(fd)
+                nodes[index].lose(wire)
+                if wire.reused and remaining > 0:
+                    _resend_one(nodes, index, op, waiting, poller, remaining, wire)
+                else:
+                    replies[index] = os_failure(exc)
+                continue
+            del waiting[fd]
+            poller.unregister(fd)
+            nodes[index].checkin(wire)
+            reply = due.reply
+            if reply == 0 and op.cut is not None and index in op.cut:
+                reply = SENT_TWICE
+            replies[index] = reply
+        if enough is not None and waiting and enough(replies):
+            in_time = True
+            break
+    now = time.monotonic()
+    for index, wire, due in waiting.values():
+        due.left = True
+        overdue = wire.overdue(now, timeout)
+        kept = _put_back(nodes[index], wire, in_time and not overdue, expired or overdue)
+        if kept and op.left is not None:
+            op.left[index] = (wire, due)
+
+
+def _send_one(node: Node, wire: Wire, op: FanOut, command: Any, data: bytes, sent: float) -> Due:
+    """Send ``op``'s command (``data``, encoded) on ``wire``, behind what could not reach the
+    node before; the reply it now owes (raises ``OSError``)."""
+    if node.later:
+        node.send_later(wire)
+    wire.write(data)
+    due = Due(command, op.late, sent, data if op.idempotent else None, op)
+    wire.due.append(due)
+    return due
+
+
+def _resend_one(
+    nodes: Sequence[Node],
+    index: int,
+    op: FanOut,
+    waiting: dict[int, tuple[int, Wire, Due]],
+    poller: Any,
+    timeout: float,
+    cut: Wire | None = None,
+) -> None:
+    """:func:`fan_out`'s one fresh try on a new connection (see :meth:`Round._resend`)."""
+    node = nodes[index]
+    wire = _fresh(node, index, [op], timeout, cut)
+    if isinstance(wire, Failure):
+        op.replies[index] = wire
+        return
+    command = op.build(node, wire)
+    try:
+        due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
+    except OSError as exc:
+        node.lose(wire)
+        op.replies[index] = os_failure(exc)
+        return
+    waiting[wire.fd] = (index, wire, due)
+    poller.register(wire.fd, select.POLLIN)
+
+
+def _reclaim(node: Node, owing: Owing) -> bool:
+    """Take the connection that owes the reply of a command this one ends (``behind``) out
+    of the pool, for the command to go out behind it. When another thread has it, mark the
+    earlier command unwanted: whoever holds the connection next sends the undo behind it (it
+    may have come back before it could see the mark: then it is taken after all)."""
+    wire, due = owing
+    if node.reclaim(wire):
+        return True
+    due.unwanted = True
+    if node.reclaim(wire):
+        due.unwanted = False
+        return True
+    return False
+
+
+def _fresh(
+    node: Node, index: int, ops: list[FanOut], timeout: float, cut: Wire | None
+) -> Wire | Failure:
+    """A new connection to node ``index`` for the one fresh try of ``ops``, or why there is
+    none. After a connection ``cut`` with idempotent commands out, the same server may have run
+    them: their second "nothing to do" then says nothing (:data:`~.nodes.SENT_TWICE`); after a
+    restart it did not, or its data is gone with them."""
+    try:
+        wire = node.connect(timeout)
+    except WireError as exc:
+        return exc.failure
+    if cut is not None and wire.run_id == cut.run_id:
+        for op in ops:
+            if op.idempotent:
+                op.cut = op.cut or set()
+                op.cut.add(index)
+    return wire
+
+
+def _put_back(node: Node, wire: Wire, timely: bool, silent: bool) -> bool:
+    """End a fan-out's use of a connection that still owes replies: back to the pool when
+    what it owes is for operations that ended in time (the next user reads it first), else
+    given up with the undo of what it carried sent behind it (:meth:`~.nodes.Node.abandon`).
+    ``silent``: the node did not answer within the node timeout. Whether it went back."""
+    if silent:
+        node.went_silent()
+    if timely:
+        try:
+            wire.undo_unwanted()
+        except OSError:
+            node.lose(wire)
+            return False
+        node.checkin(wire)
+        return True
+    node.abandon(wire)
+    return False
 
 
 class Round:
@@ -259,17 +429,8 @@ class Round:
         for op in self.ops:
             owing = op.behind.get(index) if op.behind else None
             wire: Wire | None = None
-            if owing is not None:
-                if owing[0] in groups or node.reclaim(owing[0]):
-                    wire = owing[0]
-                else:
-                    # Another thread has that connection: whoever holds it next sends the
-                    # undo behind the acquire. It may have come back before it could see the
-                    # mark.
-                    owing[1].unwanted = True
-                    if node.reclaim(owing[0]):
-                        owing[1].unwanted = False
-                        wire = owing[0]
+            if owing is not None and (owing[0] in groups or _reclaim(node, owing)):
+                wire = owing[0]
             groups.setdefault(wire, []).append(op)
         return list(groups.items())
 
@@ -279,17 +440,17 @@ class Round:
         node = self.nodes[index]
         if node.later:
             node.send_later(wire)
-        owed = []
+        dues = []
         for op in ops:
             command = op.build(node, wire)
             last = op.last
             if last is None or last[0] is not command:
                 last = op.last = (command, as_bytes(command))
-            owed.append((op, Due(command, op.late, sent, last[1] if op.idempotent else None)))
+            dues.append(Due(command, op.late, sent, last[1] if op.idempotent else None, op))
         # One write (a failed one loses the connection, and the replies owed with it).
-        wire.write(last[1] if len(ops) == 1 else b"".join(op.last[1] for op in ops))  # type: ignore[index]
-        wire.due.extend([due for _, due in owed])
-        self.carried[wire.fd] = (index, wire, owed)
+        wire.write(last[1] if len(dues) == 1 else b"".join([op.last[1] for op in ops]))  # type: ignore[index]
+        wire.due.extend(dues)
+        self.carried[wire.fd] = (index, wire, dues)
         self.poller.register(wire.fd, select.POLLIN)
 
     def _resend(
@@ -298,18 +459,10 @@ class Round:
         """The one fresh try on a new connection, for a node whose pooled connection had
         been closed while idle, or ``cut`` after the commands went out on it."""
         node = self.nodes[index]
-        try:
-            wire = node.connect(timeout)
-        except WireError as exc:
-            self._fail(index, ops, exc.failure)
+        wire = _fresh(node, index, ops, timeout, cut)
+        if isinstance(wire, Failure):
+            self._fail(index, ops, wire)
             return
-        if cut is not None and wire.run_id == cut.run_id:
-            # The same server: it may have run them before the cut (after a restart it did
-            # not, or its data is gone with them).
-            for op in ops:
-                if op.idempotent:
-                    op.cut = op.cut or set()
-                    op.cut.add(index)
         try:
             self._send(index, wire, ops, time.monotonic())
         except OSError as exc:
@@ -357,7 +510,7 @@ class Round:
         self.poller.unregister(wire.fd)
         self.nodes[index].lose(wire)
         self._take_answers(carried)
-        cut = [op for op, _ in owed if not op.finished]
+        cut = [due.op for due in owed if not due.op.finished]
         if cut and wire.reused and remaining > 0:
             self._resend(index, cut, remaining, wire)
         else:
@@ -368,12 +521,14 @@ class Round:
         commands in order); whether every one of them came in."""
         index, _, owed = carried
         taken = 0
-        for op, due in owed:
-            if due.reply is OWED:
+        for due in owed:
+            reply = due.reply
+            if reply is OWED:
                 break
             taken += 1
+            op = due.op
             # A fan-out decided without this node: the reply only had to be read.
-            if not op.finished and op.answer(index, due.reply):
+            if not op.finished and op.answer(index, reply):
                 self._decided(op)
         if taken:
             del owed[:taken]
@@ -385,8 +540,8 @@ class Round:
         woken with its replies."""
         if op.pending:
             for index, wire, owed in self.carried.values():
-                for mine, due in owed:
-                    if mine is op:
+                for due in owed:
+                    if due.op is op:
                         due.left = True
                         if op.in_time and op.left is not None:
                             op.left[index] = (wire, due)
@@ -409,19 +564,9 @@ class Round:
         carried sent behind (:meth:`~.nodes.Node.abandon`)."""
         now = time.monotonic()
         for index, wire, owed in self.carried.values():
-            node = self.nodes[index]
             overdue = wire.overdue(now, self.timeout)
-            if self.expired or overdue:
-                node.went_silent()  # it did not answer within the node timeout
-            if all(op.in_time for op, _ in owed) and not overdue:
-                try:
-                    wire.undo_unwanted()
-                except OSError:
-                    node.lose(wire)
-                    continue
-                node.checkin(wire)
-            else:
-                node.abandon(wire)
+            timely = all(due.op.in_time for due in owed) and not overdue
+            _put_back(self.nodes[index], wire, timely, self.expired or overdue)
         self.carried = {}
 
 
@@ -432,8 +577,8 @@ def _wake(op: FanOut) -> None:
 
 
 class Rounds:
-    """The fan-outs of one Redlock's threads. A fan-out started while another thread leads a
-    round waits for the next one; the leader hands the queue over, as that next round, as
+    """The fan-outs of one Redlock's threads. A fan-out started while another thread leads
+    one waits for the next round; the leader hands the queue over, as that next round, as
     soon as its own operation is decided. A thread alone pays one uncontended lock for it."""
 
     def __init__(self, nodes: Sequence[Node], timeout: float) -> None:
@@ -458,7 +603,7 @@ class Rounds:
         (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone."""
         op = FanOut(len(self.nodes), build, late, enough, left, behind, idempotent)
         if timeout is not None and timeout != self.timeout:
-            Round(self.nodes, [op], timeout).serve(op)
+            fan_out(self.nodes, op, timeout)
             return op.replies
         with self._lock:
             leader = not self._leading
@@ -469,14 +614,14 @@ class Rounds:
                 wake.acquire()
                 self._queue.append(op)
         if leader:
-            Round(self.nodes, [op], self.timeout).serve(op, self._hand_over)
+            self._lead(op, [op])
             return op.replies
         interrupted = _sleep(wake)
         try:
             if op.role == _LEAD:
                 batch, op.batch = op.batch, None
                 assert batch is not None
-                Round(self.nodes, batch, self.timeout).serve(op, self._hand_over)
+                self._lead(op, batch)
             elif op.role == _SERVE:
                 round, op.round = op.round, None
                 assert round is not None
@@ -485,6 +630,17 @@ class Rounds:
             if interrupted is not None:
                 raise interrupted
         return op.replies
+
+    def _lead(self, op: FanOut, batch: list[FanOut]) -> None:
+        """Send ``batch`` (``op``'s thread leads it): alone, as a plain fan-out; several, as
+        a round. The queue is handed over once ``op`` is decided."""
+        if len(batch) > 1:
+            Round(self.nodes, batch, self.timeout).serve(op, self._hand_over)
+            return
+        try:
+            fan_out(self.nodes, op, self.timeout)
+        finally:
+            self._hand_over()
 
     def _hand_over(self) -> None:
         """The queue becomes the next round, led by its first thread."""

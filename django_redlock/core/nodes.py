@@ -139,7 +139,7 @@ class Due:
     an undo: token-checked deletes); if the connection is cut before it answers, the command
     goes out again with the next operation that reaches the node (:meth:`Node.lose`)."""
 
-    __slots__ = ("again", "command", "count", "late", "left", "reply", "sent", "unwanted")
+    __slots__ = ("again", "command", "count", "late", "left", "op", "reply", "sent", "unwanted")
 
     def __init__(
         self,
@@ -147,8 +147,11 @@ class Due:
         late: Callable[[], bytes] | None,
         sent: float,
         again: bytes | None = None,
+        op: Any = None,
     ) -> None:
         self.command = command
+        #: The sync client's fan-out waiting for the reply (see :mod:`.fanout`), if any.
+        self.op = op
         self.count = command.count if command.__class__ is Pipelined else 1
         self.late = late
         self.sent = sent
