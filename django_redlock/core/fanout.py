@@ -147,9 +147,8 @@ def fan_out(nodes: Sequence[Node], op: FanOut, timeout: float) -> None:
     fan-out of a thread that has the nodes to itself (a round of one, with nothing to share,
     in one frame: this is the uncontended lock's hot path).
 
-    Nodes with an open connection first: their commands are in flight while we still connect
-    to the others (all connecting together takes at most ``timeout``). A pooled socket that
-    had gone stale (the node closed it while idle) gets one fresh try.
+    Connecting to every node together takes at most ``timeout``. A pooled socket that had gone
+    stale (the node closed it while idle) gets one fresh try.
     """
     replies = op.replies
     build, enough, behind = op.build, op.enough, op.behind
@@ -160,13 +159,8 @@ def fan_out(nodes: Sequence[Node], op: FanOut, timeout: float) -> None:
     data = b""
     now = time.monotonic()
     connect_deadline = now + timeout
-    order: Sequence[int] = range(len(nodes))
-    for node in nodes:
-        if not node._idle:
-            order = sorted(order, key=lambda i: not nodes[i]._idle)
-            break
     stale: list[int] = []
-    for index in order:
+    for index in _pooled_first(nodes):
         node = nodes[index]
         owing = behind.get(index) if behind else None
         if owing is not None and _reclaim(node, owing):
@@ -236,6 +230,15 @@ def fan_out(nodes: Sequence[Node], op: FanOut, timeout: float) -> None:
         kept = _put_back(nodes[index], wire, in_time and not overdue, expired or overdue)
         if kept and op.left is not None:
             op.left[index] = (wire, due)
+
+
+def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
+    """Node indexes, those with an idle pooled connection first: their commands are in flight
+    while the others are still being connected to."""
+    for node in nodes:
+        if not node._idle:
+            return sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
+    return range(len(nodes))
 
 
 def _send_one(node: Node, wire: Wire, op: FanOut, command: Any, data: bytes, sent: float) -> Due:
@@ -387,19 +390,12 @@ class Round:
         self.sent = True
         nodes = self.nodes
         now = time.monotonic()
-        connect_deadline = now + self.timeout
-        # Nodes with an open connection first: their commands are in flight while we still
-        # connect to the others. All connecting together may take at most `timeout`.
-        order: Sequence[int] = range(len(nodes))
-        for node in nodes:
-            if not node._idle:
-                order = sorted(order, key=lambda i: not nodes[i]._idle)
-                break
+        connect_deadline = now + self.timeout  # for all the connecting together
         # One fresh try for a pooled socket that had gone stale (the node closed it while idle).
         stale: list[tuple[int, list[FanOut]]] = []
         claimed = self.claimed
         alone: list[tuple[Wire | None, list[FanOut]]] = [(None, self.ops)]
-        for index in order:
+        for index in _pooled_first(nodes):
             node = nodes[index]
             for wire, ops in self._claim(index) if index in claimed else alone:
                 if wire is None:
@@ -685,7 +681,7 @@ def fan_out_batch(
     poller = select.poll()
     now = time.monotonic()
     connect_deadline = now + timeout
-    for index in sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle):
+    for index in _pooled_first(nodes):
         try:
             wire = nodes[index].checkout(connect_deadline)
             wire.write(payload, timeout)
