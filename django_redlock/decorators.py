@@ -276,6 +276,8 @@ class Locked:
         self.meta = check_meta(meta)
         self.fair = bool(fair)
         self.reentrant = reentrant
+        if renew_for is not None and auto_renew is False:
+            raise ValueError(f"renew_for={renew_for!r} caps auto-renewal: it needs auto_renew")
         self.renew_for = renew_for
         self.values = dict(values or {})
         #: The REDLOCK["BACKENDS"] alias the lock is taken on (get_locks(alias)).
@@ -376,7 +378,8 @@ class Locked:
     def _lock(self, redlock: Any, call: _Call) -> Any:
         auto_renew = self.auto_renew
         if auto_renew is None:
-            auto_renew = bool(get_config().get("AUTO_RENEW", False))
+            # renew_for caps a renewal: it asks for one whatever the setting says.
+            auto_renew = self.renew_for is not None or bool(get_config().get("AUTO_RENEW", False))
         return redlock.lock(
             call.name,
             self.ttl,

@@ -145,6 +145,8 @@ def test_an_interrupted_leader_hands_its_queue_over(
         takers.extend(_taker(rl, name, results) for name in names)
         _queued(rl, 2)
         interrupts()
+        cluster[1].resume()  # the interrupted acquire's undo and the queue then go out
+        cluster[2].resume()
 
     helper = threading.Thread(target=queue_then_interrupt, daemon=True)
     helper.start()
@@ -211,4 +213,123 @@ def test_an_interrupt_while_queued_waits_for_the_round_this_thread_owes(
     assert acquired and lock.held, "the round the interrupted thread led did not serve others"
     lock.release()
     results["leader"][0].release()
+    assert _idle(rl)
+
+
+def test_one_slow_node_does_not_hold_up_the_threads_queued_behind(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """A refused attempt waits for every node, the frozen one up to the node timeout. A
+    thread that arrives meanwhile for a free lock goes out once a majority answered the
+    first: it returns at its own quorum, long before the refused attempt."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=1.0)
+    warm_up(rl)
+    for node in cluster:
+        occupy(node, "busy", ms=30_000, token="other-holder")
+    for node in rl.nodes:  # a second idle connection per node, as under concurrency
+        node.checkin(node.connect(1.0))
+    results: dict = {}
+    cluster[2].pause()
+    try:
+        refused = _taker(rl, "busy", results)
+        wait_until(lambda: rl._rounds._leading)
+        free = _taker(rl, "free", results)
+        free.join(0.5)
+        assert not free.is_alive(), "a free lock waited for the frozen node behind another"
+        assert refused.is_alive(), "the refused attempt should still wait for the frozen node"
+        lock, acquired = results["free"]
+        assert acquired and lock.held
+        refused.join(5)
+        assert results["busy"][1] is False
+    finally:
+        cluster[2].resume()
+    lock.release()
+
+
+class _InterruptedAfterWaking:
+    """A wake lock whose acquire is interrupted just after it succeeded (a signal handled
+    right after the wake-up)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.raised = False
+
+    def acquire(self) -> bool:
+        self.lock.acquire()
+        if not self.raised:
+            self.raised = True
+            raise Interrupted
+        return True
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def test_an_interrupt_just_after_the_wake_up_does_not_sleep_again() -> None:
+    from django_redlock.core.fanout import FanOut, _sleep, _wake
+
+    op = FanOut(3, lambda node, wire: b"")
+    wake = op.wake = _InterruptedAfterWaking()  # type: ignore[assignment]
+    outcome: list = []
+    sleeper = threading.Thread(target=lambda: outcome.append(_sleep(op, wake)), daemon=True)
+    sleeper.start()
+    _wake(op, "lead")
+    sleeper.join(5)
+    assert not sleeper.is_alive(), "woken, interrupted, and asleep again for ever"
+    assert isinstance(outcome[0], Interrupted) and op.role == "lead"
+
+
+def test_an_interrupted_round_reports_what_it_never_sent_as_not_reached(redis_nodes) -> None:
+    """Interrupted while connecting to node 1, a round never sent the other threads'
+    commands there, nor to node 2: they must not count as on their way (a release so
+    answered is kept for the node instead of being taken for done)."""
+    from django_redlock.core.fanout import FanOut, Round
+    from django_redlock.core.nodes import NOT_SENT, make_nodes, reached
+
+    nodes = make_nodes(list(redis_nodes.urls), node_timeout=1.0)
+    try:
+
+        def interrupted(deadline: float):
+            raise Interrupted
+
+        nodes[1].checkout = interrupted  # type: ignore[method-assign]
+        ops = [FanOut(3, lambda node, wire: b"*1\r\n$4\r\nPING\r\n") for _ in range(2)]
+        with pytest.raises(Interrupted):
+            Round(nodes, ops, 1.0).serve(ops[0])
+        assert ops[1].finished
+        assert ops[1].replies[1] is NOT_SENT and ops[1].replies[2] is NOT_SENT
+        assert not reached(ops[1].replies[1]) and not reached(ops[1].replies[2])
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def test_an_interrupted_acquire_takes_back_what_it_set(
+    redis_cluster_factory, make_redlock, interrupts
+) -> None:
+    """The main thread's acquire is interrupted while a majority is frozen (node 0 granted
+    it already): the SETs are taken back, so once the nodes run again no copy is left for
+    the lease (30 s)."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.5, ttl=30.0)
+    warm_up(rl)
+    cluster[1].pause()
+    cluster[2].pause()
+
+    def interrupt_once_waiting() -> None:
+        wait_until(lambda: tokens_on_nodes(cluster[:1], "taken-back") != [None])
+        interrupts()
+
+    helper = threading.Thread(target=interrupt_once_waiting, daemon=True)
+    helper.start()
+    try:
+        with pytest.raises(Interrupted):
+            rl.lock("taken-back").acquire(blocking=False)
+    finally:
+        cluster[1].resume()
+        cluster[2].resume()
+    helper.join(5)
+    wait_until(lambda: tokens_on_nodes(cluster, "taken-back") == [None] * 3, timeout=3.0)
     assert _idle(rl)

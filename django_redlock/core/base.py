@@ -28,7 +28,16 @@ from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable, replies_of
 from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, Node, NodeSpec, Pipelined, make_nodes, reached, reply_failure
+from .nodes import (
+    Failure,
+    Node,
+    NodeSpec,
+    Pipelined,
+    make_nodes,
+    not_redis,
+    reached,
+    reply_failure,
+)
 from .resp import ReplyError, encode, encode_args
 from .validation import (
     check_flag,
@@ -120,7 +129,7 @@ class AcquireRequest:
             self._fast = Pipelined(data, count, self._fold_fast)
 
     def build(self, node: Node, wire: Any) -> Pipelined:
-        """The :data:`~.nodes.CommandBuilder` of this attempt."""
+        """The :data:`~.fanout.CommandBuilder` of this attempt."""
         if self._fast is not None and (wire.vote_marker is not None or not self._guarded):
             return self._fast
         return self.script(node, wire)
@@ -173,7 +182,7 @@ class AcquireRequest:
         # SET NX answers OK or nil, PTTL an integer: a vote read from anything else would be
         # made up (a service that speaks RESP but is not Redis).
         if replies[1].__class__ is not int or (taken is not None and taken != b"OK"):
-            return Failure("error", f"not a Redis server: SET, PTTL answered {replies[:2]!r:.60}")
+            return not_redis("SET, PTTL", replies[:2])
         # [run id, marker id] as this connection saw them when the node voted.
         if self._guarded and replies[2] != wire.vote_marker:
             wire.vote_marker = None
@@ -216,7 +225,7 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
             return reply
     if reply.__class__ is Failure:  # an error reply
         return reply
-    return Failure("error", f"not a Redis server: the acquire script answered {reply!r:.60}")
+    return not_redis("the acquire script", reply)
 
 
 #: The answer of a node whose restart-guard marker is not the one this connection saw vote:
@@ -241,8 +250,9 @@ class Send:
     and resume with the replies in node order. ``enough(replies)`` may end the wait before
     every node answered (see :class:`.fanout.FanOut`); the driver then lists in ``left`` the
     connections that still owe a reply. ``late`` builds the undo for a node that does not
-    answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys an async driver
-    releases in the background when the caller is cancelled while this step is on the wire.
+    answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys a driver releases
+    when the caller is cancelled (asyncio, in the background) or interrupted (sync) while this
+    step is on the wire.
     ``idempotent``: the command may run twice (a release, an undo); ``behind``: connections
     that still owe the reply of a command this one ends, for it to go out behind (both: see
     :class:`.fanout.FanOut`)."""
@@ -384,9 +394,9 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if self.node_timeout >= self.ttl:
             raise ValueError(f"node_timeout {node_timeout!r} must be much smaller than ttl {ttl!r}")
         details = check_meta(meta, str_keys=False)
-        self.restart_guard = bool(restart_guard)
-        self.trust_fresh_cluster = bool(trust_fresh_cluster)
-        self.reentrant = bool(reentrant)
+        self.restart_guard = check_flag("restart_guard", restart_guard)
+        self.trust_fresh_cluster = check_flag("trust_fresh_cluster", trust_fresh_cluster)
+        self.reentrant = check_flag("reentrant", reentrant)
         #: A fair lock's waiter that stops refreshing its place for this long is dropped.
         self.fair_heartbeat = check_positive("fair_heartbeat", fair_heartbeat)
         self.meta = details
@@ -721,7 +731,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         start = time.monotonic()
         replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
         if self._should_claim(lease, replies):
-            replies = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
+            claimed = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
+            replies = _either_extended(replies, claimed)
         return self._judge_extend(lease, ttl, replies, start)
 
     def _should_claim(self, lease: Lease, replies: list[Any]) -> bool:
@@ -729,8 +740,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         still holds our copy and some has none of ours (a racing loser held it when we took
         the lock, or it restarted empty), and the lease is valid, so nobody else can hold a
         quorum. Held on a bare quorum, one node pausing would otherwise cost the lock. Never
-        once the token is gone from a quorum (an operator's DEL or force release: the loss
-        is reported, as someone else may have held the lock meanwhile)."""
+        once the nodes that answered say the token is gone from a quorum (a force release:
+        the loss is reported, as someone else may have held the lock meanwhile). A node that
+        did not answer is not counted either way, so a key deleted behind our back on a node
+        that is slow right now is not noticed here (one key deleted by hand is outside what
+        Redlock can see: docs/guarantees, "What the guard cannot see")."""
         missing = replies.count(0)
         return 0 < missing <= len(self.nodes) - self.quorum and 1 in replies and lease.validity > 0
 
@@ -763,7 +777,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                     leases_claiming,
                 )
                 for position, i in enumerate(claiming):
-                    replies[i] = replies_of(claimed, position)
+                    replies[i] = _either_extended(replies[i], replies_of(claimed, position))
             judged = self._judge_renewals(batch, replies, start)
             whens = dict(zip(map(id, batch), judged, strict=True))
         return [whens.get(id(lease)) for lease in leases]
@@ -895,6 +909,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} must exceed node_timeout {self.node_timeout!r}")
         return ttl
+
+
+def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:
+    """A renewal's replies after its claiming round: a node extended in either counts (one
+    that answered the first and failed the second still holds our re-armed copy)."""
+    return [1 if a == 1 else b for a, b in zip(first, claimed, strict=True)]
 
 
 def _guard_reason(reply: list[Any]) -> str:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .nodes import (
+    NOT_SENT,
     OWED,
     SENT_TWICE,
     TIMED_OUT,
@@ -63,10 +64,11 @@ class FanOut:
     A reply is whatever the node returned; a node that failed or did not answer in time
     yields a :class:`~.nodes.Failure`. ``enough(replies)``, asked once a majority of nodes
     answered, may end the wait before every node did (an acquire a quorum granted, a release a
-    quorum removed): the others' replies still count as timed out,
-    their connections go back to the pool owing them, listed in ``left`` (``node index ->
-    (wire, due)``), and the next user of such a connection reads what it owes first
-    (:meth:`~.nodes.Wire.settle`), so the slowest node never sets the pace.
+    quorum removed): the others' replies still count as timed out, their connections are listed
+    in ``left`` (``node index -> (wire, due)``) and go back to the pool owing them (in a round,
+    unless the round gives them up later: a release behind one then finds it gone), and the
+    next user of such a connection reads what it owes first (:meth:`~.nodes.Wire.settle`), so
+    the slowest node never sets the pace.
 
     ``behind`` lists connections that owe the reply of a command this one ends (a release
     after an acquire that did not wait for every node). The command goes out behind it on the
@@ -115,7 +117,8 @@ class FanOut:
         self.left = left
         self.behind = behind
         self.idempotent = idempotent
-        self.replies: list[Any] = [TIMED_OUT] * nodes
+        #: Each node's reply; :data:`~.nodes.NOT_SENT` until the command went out to it.
+        self.replies: list[Any] = [NOT_SENT] * nodes
         #: Nodes whose answer the operation still waits for.
         self.pending = nodes
         #: ``pending`` once a majority answered: ``enough`` (a quorum granted, or removed the
@@ -142,16 +145,20 @@ class FanOut:
 _Carried = tuple[int, Wire, list[Due]]
 
 
-def fan_out(nodes: Sequence[Node], op: FanOut, timeout: float) -> None:
+def fan_out(
+    nodes: Sequence[Node], op: FanOut, timeout: float, then: Callable[[], None] | None = None
+) -> None:
     """``op``'s command to every node at once, its replies collected in ``op.replies``: the
     fan-out of a thread that has the nodes to itself (a round of one, with nothing to share,
     in one frame: this is the uncontended lock's hot path).
 
     Connecting to every node together takes at most ``timeout``. A pooled socket that had gone
-    stale (the node closed it while idle) gets one fresh try.
+    stale (the node closed it while idle) gets one fresh try. ``then`` is called once a
+    majority of nodes answered (the queue of other threads goes out: what is left to wait for
+    is the slower nodes), or at the end. Interrupted, it gives up the connections it still
+    waits on, with the undo of what they carried.
     """
-    replies = op.replies
-    build, enough, behind = op.build, op.enough, op.behind
+    build, behind = op.build, op.behind
     #: fd -> (node index, wire, the reply this fan-out waits for on it)
     waiting: dict[int, tuple[int, Wire, Due]] = {}
     poller = select.poll()
@@ -160,74 +167,83 @@ def fan_out(nodes: Sequence[Node], op: FanOut, timeout: float) -> None:
     now = time.monotonic()
     connect_deadline = now + timeout
     stale: list[int] = []
-    for index in _pooled_first(nodes):
-        node = nodes[index]
-        owing = behind.get(index) if behind else None
-        if owing is not None and _reclaim(node, owing):
-            wire = owing[0]
-        else:
-            try:
-                wire = node.checkout(connect_deadline)
-            except WireError as exc:
-                replies[index] = exc.failure
-                continue
-        command = build(node, wire)
-        if command is not last:
-            last, data = command, as_bytes(command)
-        try:
-            due = _send_one(node, wire, op, command, data, now)
-        except OSError as exc:
-            node.lose(wire)
-            if wire.reused:
-                stale.append(index)
+    expired = False
+    try:
+        for index in _pooled_first(nodes):
+            node = nodes[index]
+            owing = behind.get(index) if behind else None
+            if owing is not None and _reclaim(node, owing):
+                wire = owing[0]
             else:
-                replies[index] = os_failure(exc)
-            continue
-        waiting[wire.fd] = (index, wire, due)
-        poller.register(wire.fd, select.POLLIN)
-    for index in stale:
-        _resend_one(nodes, index, op, waiting, poller, timeout)
-    deadline = time.monotonic() + timeout
-    in_time = expired = False
-    while waiting:
-        # Past the deadline this still sweeps up replies that have already arrived.
-        remaining = max(deadline - time.monotonic(), 0.0)
-        events = poller.poll(remaining * 1000)
-        if not events:
-            expired = True
-            break
-        for fd, _ in events:
-            index, wire, due = waiting[fd]
+                try:
+                    wire = node.checkout(connect_deadline)
+                except WireError as exc:
+                    op.answer(index, exc.failure)
+                    continue
+            command = build(node, wire)
+            if command is not last:
+                last, data = command, as_bytes(command)
             try:
-                wire.feed()
-                wire.settle()
-            except Incomplete:
-                if due.reply is OWED:
-                    continue  # the rest of the reply is on its way
+                due = _send_one(node, wire, op, command, data, now)
             except OSError as exc:
+                node.lose(wire)
+                if wire.reused and not isinstance(exc, TimeoutError):
+                    stale.append(index)
+                else:
+                    op.answer(index, os_failure(exc))
+                continue
+            op.replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it
+            waiting[wire.fd] = (index, wire, due)
+            poller.register(wire.fd, select.POLLIN)
+        for index in stale:
+            _resend_one(nodes, index, op, waiting, poller, timeout)
+        deadline = time.monotonic() + timeout
+        while waiting and not op.finished:
+            if then is not None and op.pending <= op.majority:
+                handed: Callable[[], None] = then
+                then = None
+                handed()
+            # Past the deadline this still sweeps up replies that have already arrived.
+            remaining = max(deadline - time.monotonic(), 0.0)
+            events = poller.poll(remaining * 1000)
+            if not events:
+                expired = True
+                break
+            for fd, _ in events:
+                if op.finished:
+                    break  # the replies not read yet are owed to the next user
+                index, wire, due = waiting[fd]
+                try:
+                    wire.feed()
+                    wire.settle()
+                except Incomplete:
+                    if due.reply is OWED:
+                        continue  # the rest of the reply is on its way
+                except OSError as exc:
+                    del waiting[fd]
+                    poller.unregister(fd)
+                    nodes[index].lose(wire)
+                    if wire.reused and remaining > 0:
+                        _resend_one(nodes, index, op, waiting, poller, remaining, wire)
+                    else:
+                        op.answer(index, os_failure(exc))
+                    continue
                 del waiting[fd]
                 poller.unregister(fd)
-                nodes[index].lose(wire)
-                if wire.reused and remaining > 0:
-                    _resend_one(nodes, index, op, waiting, poller, remaining, wire)
-                else:
-                    replies[index] = os_failure(exc)
-                continue
-            del waiting[fd]
-            poller.unregister(fd)
-            nodes[index].checkin(wire)
-            reply = due.reply
-            if reply == 0 and op.cut is not None and index in op.cut:
-                reply = SENT_TWICE
-            replies[index] = reply
-        if enough is not None and waiting and enough(replies):
-            in_time = True
-            break
+                nodes[index].checkin(wire)
+                op.answer(index, due.reply)
+    except BaseException:
+        for index, wire, _ in waiting.values():
+            _put_back(nodes[index], wire, False, False)
+        raise
+    finally:
+        if then is not None:
+            then()
     now = time.monotonic()
     for index, wire, due in waiting.values():
         due.left = True
         overdue = wire.overdue(now, timeout)
-        kept = _put_back(nodes[index], wire, in_time and not overdue, expired or overdue)
+        kept = _put_back(nodes[index], wire, op.in_time and not overdue, expired or overdue)
         if kept and op.left is not None:
             op.left[index] = (wire, due)
 
@@ -236,8 +252,8 @@ def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
     """Node indexes, those with an idle pooled connection first: their commands are in flight
     while the others are still being connected to."""
     for node in nodes:
-        if not node._idle:
-            return sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
+        if not node.pooled:
+            return sorted(range(len(nodes)), key=lambda i: not nodes[i].pooled)
     return range(len(nodes))
 
 
@@ -265,15 +281,16 @@ def _resend_one(
     node = nodes[index]
     wire = _fresh(node, index, [op], timeout, cut)
     if isinstance(wire, Failure):
-        op.replies[index] = wire
+        op.answer(index, wire)
         return
     command = op.build(node, wire)
     try:
         due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
     except OSError as exc:
         node.lose(wire)
-        op.replies[index] = os_failure(exc)
+        op.answer(index, os_failure(exc))
         return
+    op.replies[index] = TIMED_OUT
     waiting[wire.fd] = (index, wire, due)
     poller.register(wire.fd, select.POLLIN)
 
@@ -350,6 +367,8 @@ class Round:
         self.poller = select.poll()
         self.sent = False
         self.deadline = 0.0
+        #: Called once the first operation heard from a majority (see :meth:`serve`).
+        self.then: Callable[[], None] | None = None
         #: The deadline passed with fan-outs still waiting (the nodes not heard are silent).
         self.expired = False
         #: The nodes for which some fan-out names the connection it must go out on
@@ -365,6 +384,7 @@ class Round:
         leader hands the queue over); hand the round on to the thread of a fan-out still
         waiting, or end it. On an error (an interrupt in this thread) every fan-out of the
         round ends with what it has, so no other thread waits for it."""
+        self.then = then
         try:
             if not self.sent:
                 self._send_all()
@@ -374,13 +394,11 @@ class Round:
             self._close()
             raise
         finally:
-            if then is not None:
-                then()
+            self._next_round()
         for op in self.ops:
             if not op.finished:
-                op.role = _SERVE
                 op.round = self
-                _wake(op)
+                _wake(op, _SERVE)
                 return
         self._close()
 
@@ -408,7 +426,7 @@ class Round:
                     self._send(index, wire, ops, now)
                 except OSError as exc:
                     node.lose(wire)
-                    if wire.reused:
+                    if wire.reused and not isinstance(exc, TimeoutError):
                         stale.append((index, ops))
                     else:
                         self._fail(index, ops, os_failure(exc))
@@ -446,6 +464,8 @@ class Round:
         # One write (a failed one loses the connection, and the replies owed with it).
         wire.write(last[1] if len(dues) == 1 else b"".join([op.last[1] for op in ops]))  # type: ignore[index]
         wire.due.extend(dues)
+        for op in ops:
+            op.replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it
         self.carried[wire.fd] = (index, wire, dues)
         self.poller.register(wire.fd, select.POLLIN)
 
@@ -472,9 +492,19 @@ class Round:
 
     # -- reading --------------------------------------------------------------------------------
 
+    def _next_round(self) -> None:
+        """Call ``then`` (once): the leader's queue goes out as the next round."""
+        then, self.then = self.then, None
+        if then is not None:
+            then()
+
     def _read_until(self, me: FanOut) -> None:
         carried, poller = self.carried, self.poller
         while not me.finished:
+            if me.pending <= me.majority:
+                # A majority answered ``me``: what is left is the slower nodes, which the next
+                # round need not wait for.
+                self._next_round()
             # Past the deadline this still sweeps up replies that have already arrived.
             remaining = max(self.deadline - time.monotonic(), 0.0)
             events = poller.poll(remaining * 1000)
@@ -542,8 +572,7 @@ class Round:
                         if op.in_time and op.left is not None:
                             op.left[index] = (wire, due)
         if op.wake is not None:
-            op.role = _DONE
-            _wake(op)
+            _wake(op, _DONE)
 
     def _end_all(self) -> None:
         """The deadline passed (or the serving thread was interrupted): every fan-out still
@@ -566,10 +595,17 @@ class Round:
         self.carried = {}
 
 
-def _wake(op: FanOut) -> None:
-    wake, op.wake = op.wake, None
+def _wake(op: FanOut, role: str) -> None:
+    """Wake ``op``'s thread for ``role`` (what it needs for it, ``batch`` or ``round``, is
+    set before). The role is set before the release, and the release happens however the
+    waker is interrupted: the sleeper goes by the role (see :func:`_sleep`)."""
+    wake = op.wake
     assert wake is not None
-    wake.release()
+    try:
+        op.role = role
+    finally:
+        op.wake = None
+        wake.release()
 
 
 class Rounds:
@@ -612,7 +648,7 @@ class Rounds:
         if leader:
             self._lead(op, [op])
             return op.replies
-        interrupted = _sleep(wake)
+        interrupted = _sleep(op, wake)
         try:
             if op.role == _LEAD:
                 batch, op.batch = op.batch, None
@@ -629,14 +665,12 @@ class Rounds:
 
     def _lead(self, op: FanOut, batch: list[FanOut]) -> None:
         """Send ``batch`` (``op``'s thread leads it): alone, as a plain fan-out; several, as
-        a round. The queue is handed over once ``op`` is decided."""
+        a round. The queue is handed over once a majority of nodes answered ``op`` (what is
+        left is the slower nodes: one slow node never holds the other threads up)."""
         if len(batch) > 1:
             Round(self.nodes, batch, self.timeout).serve(op, self._hand_over)
-            return
-        try:
-            fan_out(self.nodes, op, self.timeout)
-        finally:
-            self._hand_over()
+        else:
+            fan_out(self.nodes, op, self.timeout, self._hand_over)
 
     def _hand_over(self) -> None:
         """The queue becomes the next round, led by its first thread."""
@@ -646,22 +680,24 @@ class Rounds:
                 self._leading = False
                 return
         head = batch[0]
-        head.batch = batch
-        head.role = _LEAD
-        _wake(head)
+        try:
+            head.batch = batch
+        finally:
+            _wake(head, _LEAD)
 
 
-def _sleep(wake: threading.Lock) -> BaseException | None:
-    """Until the thread is woken (``wake`` released). An interrupt (KeyboardInterrupt in the
-    main thread) is kept for after: the thread may be woken to lead or serve a round other
-    threads wait on (which ends within the node timeout)."""
+def _sleep(op: FanOut, wake: threading.Lock) -> BaseException | None:
+    """Until ``op``'s thread is given a role (:func:`_wake`). An interrupt (KeyboardInterrupt
+    in the main thread) is kept for after, also one raised just after the wake-up: the thread
+    may be woken to lead or serve a round other threads wait on (which ends within the node
+    timeout)."""
     interrupted = None
-    while True:
+    while not op.role:
         try:
             wake.acquire()
-            return interrupted
         except BaseException as exc:
             interrupted = exc
+    return interrupted
 
 
 def fan_out_batch(

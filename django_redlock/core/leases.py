@@ -87,7 +87,10 @@ class LeaseTable:
         if lease.foreign:
             return False
         if lease.count <= 1 and lease.validity <= 0:
-            if lease.auto_renew:
+            renewing = lease.auto_renew and (
+                lease.renew_until is None or lease.valid_until < lease.renew_until
+            )
+            if renewing:
                 # The watchdog had not run yet (the whole process was frozen): the lease it
                 # should have kept is lost, whether or not another owner took the name since.
                 self._mark_lost(lease, "the lease ran out before release")

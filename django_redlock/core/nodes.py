@@ -30,6 +30,7 @@ from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
     "DRAIN_FOR",
+    "NOT_SENT",
     "OWED",
     "SENT_TWICE",
     "TIMED_OUT",
@@ -50,6 +51,7 @@ __all__ = [
     "handshake",
     "make_nodes",
     "node_identity",
+    "not_redis",
     "os_failure",
     "parse_spec",
     "reached",
@@ -92,6 +94,8 @@ def os_failure(exc: OSError) -> Failure:
     """The :class:`Failure` to report for a connection error."""
     if isinstance(exc, ProtocolError):
         return Failure("error", str(exc))
+    if isinstance(exc, TimeoutError):  # a write the node did not take in time
+        return Failure("timeout", str(exc))
     return Failure("refused", exc.strerror or str(exc))
 
 
@@ -494,6 +498,11 @@ class Node:
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
 
+    @property
+    def pooled(self) -> bool:
+        """Whether an idle connection is in the pool now."""
+        return bool(self._idle)
+
     def checkout(self, deadline: float) -> Wire:
         """A pooled connection, or a new one (which may take until ``deadline``, on the
         monotonic clock, and at least 5 ms). Raises :class:`WireError` at once while the
@@ -706,6 +715,10 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
 _OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
     "self",
     "connection_pool",
+    "host",
+    "port",
+    "db",
+    "unix_socket_path",
 } | {"connection_class"}
 
 #: OPTIONS that are durations in seconds (checked here: redis-py takes them as they come).
@@ -718,12 +731,18 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(str(name) for name in options if name not in _OPTIONS)
     if unknown:
         raise ValueError(
-            f"node OPTIONS {unknown[0]!r} is not a redis-py connection setting "
-            f"(redis.Redis() takes e.g. password, username, ssl_ca_certs, socket_timeout)"
+            f"node OPTIONS {unknown[0]!r} is not a redis-py connection setting that a node may "
+            "set (the URL gives the address; e.g. password, username, ssl_ca_certs, "
+            "socket_timeout)"
         )
     for name in _DURATION_OPTIONS:
         if options.get(name) is not None:
-            check_positive(f"node OPTIONS {name}", options[name], maximum=MAX_NODE_TIMEOUT * 60)
+            check_positive(
+                f"node OPTIONS {name}",
+                options[name],
+                allow_zero=name == "health_check_interval",  # redis-py's default: no checks
+                maximum=MAX_NODE_TIMEOUT * 60,
+            )
     return dict(options)
 
 
@@ -828,6 +847,10 @@ def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
 #: command went out to it, and runs there when the node gets to it.
 TIMED_OUT = Failure("timeout")
 
+#: The reply of a node the command never went out to (the sending thread was interrupted
+#: first): a release so answered is kept for the node (:func:`reached` is False).
+NOT_SENT = Failure("error", "not sent: the operation was interrupted first")
+
 #: The answer "nothing to do" (0) of an idempotent command (a release: a token-checked delete)
 #: sent again after its connection was cut with the first one out: the node may have run the
 #: first one, so the answer says nothing of whether the key was ours (no false LockNotOwned).
@@ -839,7 +862,7 @@ SENT_TWICE = Failure(
 def reached(reply: Any) -> bool:
     """Whether a fan-out's command reached the node (answered, or queued there): a
     :class:`Failure` other than :data:`TIMED_OUT` means no connection, or a broken one."""
-    return reply.__class__ is not Failure or reply is TIMED_OUT
+    return reply.__class__ is not Failure or reply is TIMED_OUT or reply is SENT_TWICE
 
 
 def fold(command: Any, wire: Any, reply: Any) -> Any:

@@ -166,15 +166,23 @@ class Redlock(RedlockBase):
                     return done.value  # type: ignore[no-any-return]
                 reply = None
                 if isinstance(step, Send):
-                    reply = self._rounds.fan_out(
-                        step.build,
-                        step.timeout,
-                        step.late,
-                        step.enough,
-                        step.left,
-                        step.behind,
-                        step.idempotent,
-                    )
+                    try:
+                        reply = self._rounds.fan_out(
+                            step.build,
+                            step.timeout,
+                            step.late,
+                            step.enough,
+                            step.left,
+                            step.behind,
+                            step.idempotent,
+                        )
+                    except BaseException:
+                        # Interrupted (KeyboardInterrupt) with an acquire on the wire: some
+                        # SETs may have landed; take them back before the caller goes on.
+                        if step.undo_if_cancelled:
+                            with contextlib.suppress(Exception):
+                                self._release_everywhere(*step.undo_if_cancelled)
+                        raise
                 elif isinstance(step, SendBatch):
                     reply = self._send_batch(step)
                 elif isinstance(step, Wait):
