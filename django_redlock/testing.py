@@ -1038,17 +1038,22 @@ class RedisCluster:
                 node.flush()
 
     def heal(self) -> RedisCluster:
-        """:meth:`RedisNode.heal` every node: resume, restart dead ones on the same ports."""
-        dead = [node for node in self._nodes if not node.running]
+        """Bring every node back to a healthy, reachable state after fault injection. When any
+        of them needs starting again (killed, stopped, paused, or not answering PING), all of
+        them are restarted empty on the same ports, together: a cluster whose servers started
+        at once, which the restart guard takes for brand-new after a flush (servers restarted
+        apart may have lost a lease apart: see docs/guarantees, "restart guard")."""
+        if all(
+            node.running and not node.is_paused and node._probe(timeout=0.5) for node in self._nodes
+        ):
+            return self
         for node in self._nodes:
-            if node.is_paused:
-                node.resume()
-        for node in dead:
+            node.kill()
+            node._wipe_data()
+        for node in self._nodes:
             node._spawn()
-        for node in dead:
-            node._finish_start()
         for node in self._nodes:
-            node.heal()
+            node._finish_start()
         return self
 
     def clients(self, **kwargs: Any) -> list[redis.Redis]:

@@ -274,6 +274,8 @@ def test_meta_that_is_no_json_names_meta(redis_nodes, make_redlock) -> None:
     circular["self"] = circular
     with pytest.raises(ValueError, match="meta"):
         rl.lock("circular", meta=circular)
+    with pytest.raises(ValueError, match="meta"):
+        rl.lock("nan", meta={"x": float("nan")})  # not JSON, whatever Python's json writes
 
 
 def test_a_command_larger_than_the_socket_buffer_goes_out_whole(redis_nodes) -> None:
@@ -309,7 +311,14 @@ def test_renew_for_without_auto_renew_is_refused(redis_nodes, make_redlock) -> N
 
 
 @pytest.mark.parametrize(
-    "options", [{"bogus": 1}, {"socket_timeout": "abc"}, {"socket_connect_timeout": -1}]
+    "options",
+    [
+        {"bogus": 1},
+        {"socket_timeout": "abc"},
+        {"socket_connect_timeout": -1},
+        {"password": 5},
+        {"port": 7000},
+    ],
 )
 def test_bad_node_options_are_refused(redis_nodes, options) -> None:
     with pytest.raises((TypeError, ValueError), match=next(iter(options))):
@@ -376,3 +385,152 @@ def test_a_lease_that_ran_out_without_renewal_is_not_owned_on_release(
         lock.release()
     assert type(raised.value) is LockNotOwned
     assert not isinstance(raised.value, LockLost)
+
+
+# ---- fifth outside test ---------------------------------------------------------------------
+
+
+def test_a_new_thread_is_not_the_finished_thread_that_holds_a_lock(
+    redis_nodes, make_redlock
+) -> None:
+    """A thread takes a lock and ends without releasing it (its handle still holds it); the
+    next thread often gets the same ident from the OS. It is another owner all the same: no
+    reentrant grant."""
+    rl = make_redlock(redis_nodes)
+
+    def take(box: dict, key: str, name: str) -> None:
+        box[key] = rl.lock(name)
+        box[key + "-got"] = box[key].acquire(blocking=False)
+
+    granted = []
+    for i in range(10):
+        box: dict = {}
+        for key in ("first", "second"):
+            thread = threading.Thread(target=take, args=(box, key, f"dead-{i}"))
+            thread.start()
+            thread.join()
+        assert box["first-got"] and box["first"].held
+        granted.append(box["second-got"])
+        box["first"].release()
+    assert granted == [False] * 10
+
+
+def test_a_task_run_by_wait_for_is_not_an_earlier_one_that_holds_a_lock(redis_nodes) -> None:
+    """``asyncio.wait_for`` runs the acquire in a task of its own (Python < 3.12): the next
+    one may reuse the id of the first, collected one. It is another owner all the same."""
+
+    async def main() -> list[bool]:
+        rl = AsyncRedlock(redis_nodes.urls)
+        granted = []
+        try:
+            for i in range(10):
+                first = rl.lock(f"waited-{i}")
+                assert await asyncio.wait_for(first.acquire(blocking=False), 5)
+                second = rl.lock(f"waited-{i}")
+                granted.append(await asyncio.wait_for(second.acquire(blocking=False), 5))
+                await first.release()
+        finally:
+            await rl.close()
+        return granted
+
+    assert asyncio.run(main()) == [False] * 10
+
+
+def test_nodes_that_lost_their_data_apart_unseen_in_between_are_not_brand_new(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """Node 2 is down while a lock is taken on nodes 0 and 1, and comes back empty without
+    anything reaching it (no marker); 3 s later nodes 0 and 1 restart empty together. The
+    next attempt arms all three markers at once, but node 2's server started seconds before
+    the others: they lost their data apart, and the first holder still holds the lock."""
+    cluster = redis_cluster_factory(3)
+    kw = {"ttl": 30.0, "max_ttl": 60.0, "node_timeout": 0.1}
+    first = make_redlock(cluster, **kw)
+    warm_up(first)
+    cluster[2].stop()
+    holder = first.lock("job")
+    assert holder.acquire(blocking=False)
+    cluster[2].start()
+    time.sleep(3.0)  # the others lose their data later than node 2 (a duration, not a sync)
+    cluster[0].restart(empty=True)
+    cluster[1].restart(empty=True)
+    second = make_redlock(cluster, **kw)
+    with pytest.raises(QuorumError):
+        second.lock("job").acquire(blocking=False)
+    assert holder.held
+
+
+class _Interrupted(BaseException):
+    """Stands for KeyboardInterrupt (which would end the test session if it escaped)."""
+
+
+def test_an_acquire_interrupted_after_its_win_gives_the_lease_back(
+    redis_nodes, make_redlock
+) -> None:
+    """The lock was won (renewal already started) when the acquire was interrupted: its caller
+    never got a handle that holds it, so nobody could release it, and the watchdog would renew
+    it for ever. The acquire gives it back."""
+    rl = make_redlock(redis_nodes, ttl=1.0)
+
+    def interrupted(name: bytes, listener: object) -> None:
+        raise _Interrupted
+
+    rl._notices.watch = interrupted  # the last step of winning an auto-renewed lock
+    lock = rl.lock("won", auto_renew=True)
+    with pytest.raises(_Interrupted):
+        lock.acquire(blocking=False)
+    assert not lock.held
+    assert tokens_on_nodes(redis_nodes, "won") == [None] * len(redis_nodes)
+    time.sleep(1.2)  # a lease later nothing renewed it back (a duration, not a sync)
+    assert tokens_on_nodes(redis_nodes, "won") == [None] * len(redis_nodes)
+    assert rl.lock("won").acquire(blocking=False)
+
+
+def test_an_acquire_cancelled_after_its_win_gives_the_lease_back(redis_nodes) -> None:
+    from django_redlock.core.aiowaiting import AsyncReleaseNotices
+
+    async def cancelled(self: object) -> None:
+        raise asyncio.CancelledError
+
+    async def main() -> None:
+        rl = AsyncRedlock(redis_nodes.urls, ttl=1.0)
+        try:
+            lock = rl.lock("won", auto_renew=True)
+            original = AsyncReleaseNotices.ready
+            AsyncReleaseNotices.ready = cancelled  # type: ignore[method-assign]
+            try:
+                with pytest.raises(asyncio.CancelledError):
+                    await lock.acquire(blocking=False)
+            finally:
+                AsyncReleaseNotices.ready = original  # type: ignore[method-assign]
+            assert not lock.held
+            for _ in range(100):  # given back in the background
+                if tokens_on_nodes(redis_nodes, "won") == [None] * len(redis_nodes):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(1.2)  # a lease later nothing renewed it back
+            assert tokens_on_nodes(redis_nodes, "won") == [None] * len(redis_nodes)
+            assert await rl.lock("won").acquire(blocking=False)
+        finally:
+            await rl.close()
+
+    asyncio.run(main())
+
+
+def test_a_release_refused_by_a_node_that_lost_the_key_says_so(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """Held on nodes 0 and 1 (a racing loser had node 2), node 1 restarts empty: the release
+    finds the key on one node only. Its lease has not run out; the error says what else may
+    have happened."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=30.0)
+    warm_up(rl)
+    occupy(cluster[2], "lost-it", ms=30_000, token="racing-loser")
+    lock = rl.lock("lost-it")
+    assert lock.acquire(blocking=False)
+    cluster[1].restart(empty=True)
+    with pytest.raises(LockNotOwned) as raised:
+        lock.release()
+    assert "restarted empty" in str(raised.value)
+    assert "lease ran out before release" not in str(raised.value)

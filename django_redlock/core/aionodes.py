@@ -37,7 +37,7 @@ from .nodes import (
     os_failure,
     parse_reply,
     reply_failure,
-    run_id_of,
+    server_of,
     unfinished,
 )
 from .resp import Incomplete, ReplyError, bulk, encode
@@ -85,6 +85,8 @@ class AsyncWire(asyncio.Protocol):
         self.run_id = ""
         #: The run id as a RESP argument (every acquire sends it).
         self.run_id_arg = b""
+        #: As :attr:`.nodes.Wire.started`.
+        self.started = 0.0
         #: As :attr:`.nodes.Wire.vote_marker`.
         self.vote_marker: list[bytes] | None = None
         #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
@@ -307,7 +309,7 @@ async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) 
             if isinstance(reply, OSError):
                 raise reply
             replies.append(reply)
-        wire.run_id = run_id_of(replies)
+        wire.run_id, wire.started = server_of(replies)
         wire.run_id_arg = bulk(wire.run_id)
         return wire
     except WireError:

@@ -32,7 +32,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -375,6 +375,23 @@ class AsyncRedlock(RedlockBase):
         lease = self._reenter(handle, owner)
         if lease is not None:
             return lease
+        try:
+            return await self._acquire_new(handle, owner, blocking, timeout)
+        except BaseException:
+            won = self._won_unreturned(handle.name, owner)
+            state = self._state()
+            if won is not None and not state.closed:
+                state.spawn(self._give_back(won))
+            raise
+
+    async def _give_back(self, lease: Lease) -> None:
+        """Release a lease its acquire's caller never got (cancelled after the win)."""
+        with contextlib.suppress(Exception):
+            await self._release(lease)
+
+    async def _acquire_new(
+        self, handle: AsyncLock, owner: Hashable, blocking: bool, timeout: float | None
+    ) -> Lease | None:
         start = time.monotonic()
         deadline = self._deadline(start, timeout)
         courtesy = self._courtesy(handle.name) if blocking else 0.0

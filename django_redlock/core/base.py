@@ -74,6 +74,11 @@ AnyBuilder = Callable[[Node, Any], Sequence[Any] | bytes | Pipelined]
 
 _INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
 
+#: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
+#: second): servers restarted further apart lost their data apart, and a lease may have been
+#: taken on the later ones in between (see :meth:`RedlockBase._all_fresh`).
+FRESH_START_SPREAD = 2.0
+
 
 def _forget_inherited_state() -> None:
     # A forked child shares its parent's lease table; it holds none of those locks.
@@ -221,7 +226,10 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
             trusted_age = reply[2]
             wire.trusted_at = None if trusted_age < 0 else time.monotonic() - trusted_age / 1000
             return reply
-        if status == 3 or (status == 2 and len(reply) > 4 and reply[3].__class__ is int):
+        if status == 3:
+            return reply
+        if status == 2 and len(reply) > 4 and reply[3].__class__ is int:
+            reply.append(wire.started)  # for _all_fresh: did the nodes start together?
             return reply
     if reply.__class__ is Failure:  # an error reply
         return reply
@@ -535,9 +543,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return lambda node, wire: self._trust_command(wire.run_id, seen[id(node)])
 
     def _all_fresh(self, replies: list[Any], spread: float) -> bool:
-        """A brand-new cluster: every node is in its guard for a missing marker, and all the
-        markers were armed by one attempt (within a node timeout of each other): none of the
-        nodes has ever held a lock under this prefix, or all lost their data at once.
+        """A brand-new cluster: every node is in its guard for a missing marker, all the
+        markers were armed by one attempt (within a node timeout of each other), and the
+        servers started together (:data:`FRESH_START_SPREAD`): none of the nodes has ever held
+        a lock under this prefix, or all lost their data at once.
 
         There is no lease to protect, so the caller trusts them all at once instead of idling
         for max_ttl (docs/guarantees). A node that is fresh while another votes is never
@@ -551,7 +560,14 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if not all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies):
             return False
         armed_ages: list[int] = [r[3] for r in replies]
-        return max(armed_ages) - min(armed_ages) <= (self.node_timeout + spread) * 1000 + 1
+        if max(armed_ages) - min(armed_ages) > (self.node_timeout + spread) * 1000 + 1:
+            return False
+        # A node that lost its data and was not reached again before the others lost theirs
+        # is armed with them, but its server restarted earlier. (Servers that all started
+        # more than a lease ago lost nothing to a restart that a lease could outlive.)
+        started: list[float] = [r[5] for r in replies]
+        recent = time.time() - max(started) < self.max_ttl
+        return not recent or max(started) - min(started) <= FRESH_START_SPREAD
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still

@@ -637,6 +637,11 @@ class Rounds:
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies
+        if threading.current_thread() is threading.main_thread():
+            # Signal handlers run in the main thread, and may raise anywhere (Ctrl-C, a task's
+            # soft time limit): it never leads, serves or waits for other threads' fan-outs.
+            fan_out(self.nodes, op, self.timeout)
+            return op.replies
         with self._lock:
             leader = not self._leading
             if leader:

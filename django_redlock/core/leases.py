@@ -81,6 +81,16 @@ class LeaseTable:
         if heard(self.listeners, "acquired"):
             emit(self.listeners, LockEvent.of_acquisition(lease, waited))
 
+    def _won_unreturned(self, name: str, owner: Hashable) -> Lease | None:
+        """The lease an acquire of ``name`` by ``owner`` won but never handed to its caller
+        (interrupted or cancelled after the win: renewal may have started). The drivers give
+        it back; nobody else could release it."""
+        with self._leases_lock:
+            lease = self._leases.get(name)
+        if lease is None or lease.owner != owner or lease.released:
+            return None
+        return lease
+
     def _begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told (never
         from a forked child: the parent still holds the lock)."""
@@ -135,14 +145,19 @@ class LeaseTable:
         if lease.lost:
             raise LockLost(f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name)
         refused = sum(1 for r in replies if r == 0)
-        if lease.ran_out or refused > len(self.nodes) - self.quorum:
-            self._lease_event("lost", lease, "the lease ran out before release")
-            where = f"on {refused} of {len(self.nodes)} nodes " if refused else ""
-            raise LockNotOwned(
-                f"lock {lease.name!r} was no longer ours {where}(the lease ran out before "
-                "release: it was not exclusive the whole time)",
-                lease.name,
+        if lease.ran_out:
+            why = "its lease ran out before release"
+        elif refused > len(self.nodes) - self.quorum:
+            why = (
+                f"it was no longer ours on {refused} of {len(self.nodes)} nodes: its lease ran "
+                "out there, or they lost it (restarted empty, flushed, removed by hand)"
             )
+        else:
+            return
+        self._lease_event("lost", lease, why)
+        raise LockNotOwned(
+            f"lock {lease.name!r}: {why}; it was not exclusive the whole time", lease.name
+        )
 
     def _detach(self, lease: Lease) -> str:
         """Stop tracking a lease here without releasing it: the process it was taken for

@@ -21,15 +21,18 @@ def current_owner() -> Hashable:
     """Who is asking: the running asyncio task, else the current thread.
 
     Coroutines on one thread are different owners (redis-py's thread-local token makes them one),
-    so a task is preferred whenever an event loop runs the caller.
+    so a task is preferred whenever an event loop runs the caller. The task or thread object
+    itself, not its id: a thread's ident (and a collected task's id) is reused by the next one,
+    which would then re-enter a lock the finished one still holds. A lease keeps its owner
+    alive, so no other object can take its place meanwhile.
     """
     try:
         task = asyncio.current_task()
     except RuntimeError:
         task = None
     if task is not None:
-        return ("task", id(task))
-    return ("thread", threading.get_ident())
+        return ("task", task)
+    return ("thread", threading.current_thread())
 
 
 @dataclass(eq=False)

@@ -57,8 +57,8 @@ __all__ = [
     "reached",
     "redact",
     "reply_failure",
-    "run_id_of",
     "script_command",
+    "server_of",
 ]
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
@@ -208,6 +208,8 @@ class Wire:
         self.buf = bytearray()
         self.run_id = ""
         self.run_id_arg = b""
+        #: When the server started (``time.time()``; see :func:`server_of`).
+        self.started = 0.0
         #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
         #: this connection (see ``base.AcquireRequest``); None until then, and once it changed.
         self.vote_marker: list[bytes] | None = None
@@ -250,7 +252,7 @@ class Wire:
     def _handshake(self, params: Mapping[str, Any]) -> None:
         commands = handshake(params)
         self.sock.sendall(b"".join(encode(c) for c in commands))
-        self.run_id = run_id_of([self.read_blocking() for _ in commands])
+        self.run_id, self.started = server_of([self.read_blocking() for _ in commands])
         #: The run id as a RESP argument (every acquire sends it).
         self.run_id_arg = bulk(self.run_id)
 
@@ -422,12 +424,12 @@ def handshake(params: Mapping[str, Any]) -> list[list[Any]]:
     return commands
 
 
-def run_id_of(replies: Sequence[Any]) -> str:
-    """The server's run id from the handshake replies. Raises :class:`WireError` for an error
-    reply, and for an INFO that names no run id and version: a service that speaks RESP but
-    is not Redis would answer the lock commands with replies the algorithm never gets from
-    Redis (and the restart guard needs the run id), so it fails here, as a node that cannot
-    be reached."""
+def server_of(replies: Sequence[Any]) -> tuple[str, float]:
+    """The server's run id, and when it started (``time.time()``, to the second: INFO's
+    uptime), from the handshake replies. Raises :class:`WireError` for an error reply, and
+    for an INFO that names no run id and version: a service that speaks RESP but is not Redis
+    would answer the lock commands with replies the algorithm never gets from Redis (and the
+    restart guard needs the run id), so it fails here, as a node that cannot be reached."""
     for reply in replies:
         if isinstance(reply, ReplyError):
             raise WireError(reply_failure(reply))
@@ -435,14 +437,17 @@ def run_id_of(replies: Sequence[Any]) -> str:
     text = info.decode(errors="replace") if isinstance(info, bytes) else ""
     run_id = ""
     versioned = False
+    uptime = 0
     for line in text.splitlines():
         if line.startswith("run_id:"):
             run_id = line[7:].strip()
         elif line.startswith(("redis_version:", "valkey_version:")):
             versioned = True
+        elif line.startswith("uptime_in_seconds:") and line[18:].strip().isdigit():
+            uptime = int(line[18:])
     if not run_id or not versioned:
         raise WireError(not_redis("INFO", info))
-    return run_id
+    return run_id, time.time() - uptime
 
 
 def not_redis(command: str, reply: Any) -> Failure:
@@ -735,6 +740,10 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             "set (the URL gives the address; e.g. password, username, ssl_ca_certs, "
             "socket_timeout)"
         )
+    for name in ("username", "password"):
+        value = options.get(name)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"node OPTIONS {name} must be a str, got {type(value).__name__}")
     for name in _DURATION_OPTIONS:
         if options.get(name) is not None:
             check_positive(

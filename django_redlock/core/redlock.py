@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
@@ -113,6 +113,18 @@ class Redlock(RedlockBase):
         lease = self._reenter(handle, owner)
         if lease is not None:
             return lease
+        try:
+            return self._acquire_new(handle, owner, blocking, timeout)
+        except BaseException:
+            won = self._won_unreturned(handle.name, owner)
+            if won is not None:
+                with contextlib.suppress(Exception):
+                    self._release(won)
+            raise
+
+    def _acquire_new(
+        self, handle: Lock, owner: Hashable, blocking: bool, timeout: float | None
+    ) -> Lease | None:
         start = time.monotonic()
         deadline = self._deadline(start, timeout)
         courtesy = self._courtesy(handle.name) if blocking else 0.0

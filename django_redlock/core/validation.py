@@ -162,7 +162,7 @@ def check_meta(meta: object, *, str_keys: bool = True) -> dict[str, Any]:
         if bad:
             raise TypeError(f"meta keys must be str, got {bad[0]!r} in {meta!r}")
     try:
-        size = len(json.dumps(meta, default=str))  # ASCII: characters are bytes
+        size = len(json.dumps(meta, default=str, allow_nan=False))  # ASCII: a char, a byte
     except (TypeError, ValueError) as exc:  # a circular reference, a key JSON cannot take
         raise ValueError(f"meta cannot be written as JSON: {exc}") from None
     if size > MAX_META_BYTES:
