@@ -125,11 +125,16 @@ class FanOut:
         #: key) cannot hold before.
         self.majority = nodes - (nodes // 2 + 1)
 
-    def answer(self, index: int, reply: Any) -> bool:
-        """A node answered (or failed); whether that decides the operation."""
+    def reply_of(self, index: int, reply: Any) -> Any:
+        """Node ``index``'s reply as the operation takes it: a re-sent command's "nothing to
+        do" says nothing (:data:`~.nodes.SENT_TWICE`)."""
         if reply == 0 and self.cut is not None and index in self.cut:
-            reply = SENT_TWICE
-        self.replies[index] = reply
+            return SENT_TWICE
+        return reply
+
+    def answer(self, index: int, reply: Any) -> bool:
+        """A node of a round answered (or failed); whether that decides the operation."""
+        self.replies[index] = self.reply_of(index, reply)
         self.pending -= 1
         if not self.pending:
             self.finished = True
@@ -158,7 +163,7 @@ def fan_out(
     is the slower nodes), or at the end. Interrupted, it gives up the connections it still
     waits on, with the undo of what they carried.
     """
-    build, behind = op.build, op.behind
+    build, enough, behind, replies = op.build, op.enough, op.behind, op.replies
     #: fd -> (node index, wire, the reply this fan-out waits for on it)
     waiting: dict[int, tuple[int, Wire, Due]] = {}
     poller = select.poll()
@@ -178,7 +183,7 @@ def fan_out(
                 try:
                     wire = node.checkout(connect_deadline)
                 except WireError as exc:
-                    op.answer(index, exc.failure)
+                    replies[index] = exc.failure
                     continue
             command = build(node, wire)
             if command is not last:
@@ -190,16 +195,17 @@ def fan_out(
                 if wire.reused and not isinstance(exc, TimeoutError):
                     stale.append(index)
                 else:
-                    op.answer(index, os_failure(exc))
+                    replies[index] = os_failure(exc)
                 continue
-            op.replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it
+            replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it
             waiting[wire.fd] = (index, wire, due)
             poller.register(wire.fd, select.POLLIN)
         for index in stale:
             _resend_one(nodes, index, op, waiting, poller, timeout)
         deadline = time.monotonic() + timeout
-        while waiting and not op.finished:
-            if then is not None and op.pending <= op.majority:
+        need = len(nodes) - op.majority  # a majority
+        while waiting:
+            if then is not None and len(nodes) - len(waiting) >= need:
                 handed: Callable[[], None] = then
                 then = None
                 handed()
@@ -209,9 +215,9 @@ def fan_out(
             if not events:
                 expired = True
                 break
+            # Every reply that came in is read before deciding: a connection left owing costs
+            # the next user a read, and the release a connection of its own.
             for fd, _ in events:
-                if op.finished:
-                    break  # the replies not read yet are owed to the next user
                 index, wire, due = waiting[fd]
                 try:
                     wire.feed()
@@ -226,12 +232,15 @@ def fan_out(
                     if wire.reused and remaining > 0:
                         _resend_one(nodes, index, op, waiting, poller, remaining, wire)
                     else:
-                        op.answer(index, os_failure(exc))
+                        replies[index] = os_failure(exc)
                     continue
                 del waiting[fd]
                 poller.unregister(fd)
                 nodes[index].checkin(wire)
-                op.answer(index, due.reply)
+                replies[index] = op.reply_of(index, due.reply)
+            if enough is not None and waiting and enough(replies):
+                op.in_time = True
+                break
     except BaseException:
         for index, wire, _ in waiting.values():
             _put_back(nodes[index], wire, False, False)
@@ -251,9 +260,10 @@ def fan_out(
 def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
     """Node indexes, those with an idle pooled connection first: their commands are in flight
     while the others are still being connected to."""
+    # The pools' deques read directly: this runs on every fan-out.
     for node in nodes:
-        if not node.pooled:
-            return sorted(range(len(nodes)), key=lambda i: not nodes[i].pooled)
+        if not node._idle:
+            return sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
     return range(len(nodes))
 
 
@@ -281,14 +291,14 @@ def _resend_one(
     node = nodes[index]
     wire = _fresh(node, index, [op], timeout, cut)
     if isinstance(wire, Failure):
-        op.answer(index, wire)
+        op.replies[index] = wire
         return
     command = op.build(node, wire)
     try:
         due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
     except OSError as exc:
         node.lose(wire)
-        op.answer(index, os_failure(exc))
+        op.replies[index] = os_failure(exc)
         return
     op.replies[index] = TIMED_OUT
     waiting[wire.fd] = (index, wire, due)
@@ -620,6 +630,8 @@ class Rounds:
         self._queue: list[FanOut] = []
         #: A round is on the wire whose leader's own operation is not decided yet.
         self._leading = False
+        #: The thread signal handlers run in (a forked child builds new Rounds).
+        self._main = threading.main_thread().ident
 
     def fan_out(
         self,
@@ -637,7 +649,7 @@ class Rounds:
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies
-        if threading.current_thread() is threading.main_thread():
+        if threading.get_ident() == self._main:
             # Signal handlers run in the main thread, and may raise anywhere (Ctrl-C, a task's
             # soft time limit): it never leads, serves or waits for other threads' fan-outs.
             fan_out(self.nodes, op, self.timeout)

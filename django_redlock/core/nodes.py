@@ -503,11 +503,6 @@ class Node:
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
 
-    @property
-    def pooled(self) -> bool:
-        """Whether an idle connection is in the pool now."""
-        return bool(self._idle)
-
     def checkout(self, deadline: float) -> Wire:
         """A pooled connection, or a new one (which may take until ``deadline``, on the
         monotonic clock, and at least 5 ms). Raises :class:`WireError` at once while the
