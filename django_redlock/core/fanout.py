@@ -9,16 +9,17 @@ no thread of its own: no pool is built per call (pottery's cost) and no node wai
 previous one (redlock-py's).
 
 Rounds. Threads of one process that fan out while another thread's fan-out is on the wire
-queue up; when that thread's operation is decided, the queue goes out as the next
-:class:`Round`, led by its first thread (a thread alone sends a plain :func:`fan_out`: the
-uncontended hot path, in one frame). A round carries every queued command to a node in one
-write on one connection and reads their replies together, so eight threads each taking their
-own lock cost the kernel and the nodes about one fan-out per round instead of eight (each
-``send`` and ``recv`` on a socket is a system call, and with many threads each one also hands
-the GIL around). Every thread still gets its answer as soon as its own operation is decided,
-and an operation that must wait for a slow node is served by its own thread (the round is
-handed on from thread to thread) while the next round goes out on other connections: one slow
-node never holds up another thread's operation.
+queue up; once a majority of nodes answered that thread's operation (what it still waits for
+is the slower nodes), the queue goes out as the next :class:`Round`, led by its first thread.
+A thread alone sends a plain :func:`fan_out` (the uncontended hot path, in one frame), and so
+does the main thread always: signal handlers raise there, anywhere, and must not strand the
+others. A round carries every queued command to a node in one write on one connection and
+reads their replies together, so eight threads each taking their own lock cost the kernel
+and the nodes about one fan-out per round instead of eight (each ``send`` and ``recv`` on a
+socket is a system call, and with many threads each one also hands the GIL around). Every
+thread still gets its answer as soon as its own operation is decided, and an operation that
+must wait for a slow node is served by its own thread (the round is handed on from thread to
+thread) while the next round goes out on other connections.
 """
 
 from __future__ import annotations
