@@ -58,13 +58,16 @@ def test_tokens_unique_across_100_forked_children(redis_nodes: RedisCluster, mak
                 if ok:
                     mine.release()
                 code = 0
+            except BaseException as exc:  # reported, so a failing child says why
+                os.write(write_fd, f"error {type(exc).__name__}: {exc}\n".encode())
             finally:
                 os._exit(code)
         pids.append(pid)
     os.close(write_fd)
     lines = _read_lines(read_fd, CHILDREN, timeout=60)
     codes = [os.waitpid(pid, 0)[1] for pid in pids]
-    assert all(os.WIFEXITED(c) and os.WEXITSTATUS(c) == 0 for c in codes), codes
+    errors = [line for line in lines if line.startswith("error")]
+    assert all(os.WIFEXITED(c) and os.WEXITSTATUS(c) == 0 for c in codes), (errors, codes)
     assert len(lines) == CHILDREN, lines
     records = [line.split() for line in lines]
     assert all(acquired == "1" for _, _, acquired, _ in records), records
