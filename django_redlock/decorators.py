@@ -463,15 +463,21 @@ class Locked:
             if handler is None:
                 raise exc
             return handler(exc)
-        logger.info(
-            "lock %s busy: %s %s answered as locked (retry after %s s)",
+        # A 503 is not contention: nodes failed, and every request on this name fails until
+        # they are back, so operators must see it (a warning) and which nodes and why.
+        unavailable = isinstance(exc, QuorumError)
+        logger.log(
+            logging.WARNING if unavailable else logging.INFO,
+            "lock %s %s: %s %s answered %s (retry after %s s)",
             call.name,
+            f"unavailable ({exc})" if unavailable else "busy",
             call.meta.get("method"),
             call.meta.get("path"),
+            503 if unavailable else "as locked",
             retry_after_seconds(exc),
             extra={
                 "lock_name": call.name,
-                "lock_event": "refused",
+                "lock_event": "unavailable" if unavailable else "refused",
                 "lock_retry_after": exc.retry_after,
             },
         )

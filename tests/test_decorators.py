@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import threading
 from decimal import Decimal
@@ -440,15 +441,20 @@ class TestViews:
         assert response.status_code == 409
         assert response.json() == {"code": "busy", "retry_after": 4}
 
-    def test_503_when_too_few_nodes_answer(self, settings, redis_cluster_factory):
+    def test_503_when_too_few_nodes_answer(self, settings, redis_cluster_factory, caplog):
         cluster = redis_cluster_factory(3)
         settings.REDLOCK = {"NODES": cluster.urls, "TTL": 10.0}
         cluster[0].kill()
         cluster[1].kill()
-        response = pay_view(rf.get("/", HTTP_ACCEPT="application/json"), order_id=1)
+        with caplog.at_level(logging.WARNING, logger="django_redlock"):
+            response = pay_view(rf.get("/", HTTP_ACCEPT="application/json"), order_id=1)
         assert response.status_code == 503
         assert json.loads(response.content)["error"] == "unavailable"
         assert int(response["Retry-After"]) >= 1
+        # An operator must learn why requests fail: a warning naming the nodes that failed.
+        record = next(r for r in caplog.records if getattr(r, "lock_event", None) == "unavailable")
+        assert record.levelno == logging.WARNING and record.lock_name == "order:1"
+        assert cluster.urls[0] in record.getMessage() and cluster.urls[1] in record.getMessage()
 
     def test_released_when_the_view_raises(self):
         @locked("k")
