@@ -188,3 +188,43 @@ def test_queue_front_holder_that_never_releases_does_not_block_the_queue(
 
     with pytest.raises(LockNotOwned):
         abandoned[0].release()
+
+
+def test_a_thread_queued_while_the_front_contends_moves_up_when_the_front_lease_ends(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """The front thread got the lock only after waiting, then let its lease run out: the
+    thread queued behind it while it waited must move up at the lease's end (it used to
+    sleep until its own timeout, for ever with ``timeout=inf``)."""
+    ttl = 0.8
+    other = make_redlock(redis_nodes, ttl=2.0)
+    assert other.lock("wait:front").acquire(blocking=False)  # ends in 2 s, never released
+    rl = make_redlock(redis_nodes, ttl=ttl)
+    warm_up(rl)
+    front: dict[str, float] = {}
+    behind: dict[str, object] = {}
+
+    def forgetful() -> None:
+        if rl.lock("wait:front").acquire(timeout=5):  # queue front, waits for the other
+            front["at"] = time.monotonic()  # ... and never releases
+
+    def queued() -> None:
+        lock = rl.lock("wait:front")
+        behind["ok"] = lock.acquire(timeout=float("inf"))
+        behind["at"] = time.monotonic()
+        lock.release()
+
+    first = threading.Thread(target=forgetful)
+    first.start()
+    # The front thread was refused once and now waits on the release channel.
+    wait_until(
+        lambda: _subscribers(redis_nodes, "redlock:released:wait:front") == [1] * 3, timeout=5
+    )
+    second = threading.Thread(target=queued, daemon=True)
+    second.start()
+    first.join(5)
+    second.join(5 + ttl)
+    assert "at" in front, "the front thread did not get the lock"
+    assert not second.is_alive(), "the queued thread still waits, the name long free"
+    assert behind["ok"] is True
+    assert behind["at"] - front["at"] <= ttl + 0.5, behind["at"] - front["at"]

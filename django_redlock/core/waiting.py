@@ -88,6 +88,8 @@ class LocalQueue:
     def hold(self, lease: Lease) -> None:
         with self._cond:
             self._lease = lease
+            # The next in line now waits for this lease's end at the latest.
+            self._cond.notify_all()
 
     def leave(self, lease: Lease | None = None) -> None:
         with self._cond:
