@@ -27,12 +27,15 @@ a broken receiver can never break locking.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from django.dispatch import Signal
 
 from .core import LockEvent
+
+logger = logging.getLogger("django_redlock")
 
 __all__ = [
     "listener_for",
@@ -65,12 +68,12 @@ SIGNALS: dict[str, Signal] = {
 
 
 def send_event(event: LockEvent, redlock: Any = None) -> None:
-    """Send the signal for ``event`` (``send``, not ``send_robust``: the core catches and logs
-    a receiver's error, so one failing receiver skips the remaining ones of that event)."""
+    """Send the signal for ``event`` to every receiver: one that raises is logged and skipped,
+    and the others still run (an alerting receiver must not be silenced by another app's bug)."""
     signal = SIGNALS.get(event.kind)
     if signal is None or not signal.receivers:  # cheap: most events have no receiver
         return
-    signal.send(
+    replies = signal.send_robust(
         sender=type(redlock) if redlock is not None else LockEvent,
         redlock=redlock,
         name=event.name,
@@ -84,6 +87,17 @@ def send_event(event: LockEvent, redlock: Any = None) -> None:
         nodes=event.nodes,
         event=event,
     )
+    for receiver, reply in replies:
+        if isinstance(reply, Exception):
+            logger.error(
+                "lock_%s receiver %r failed on lock %s: %s",
+                event.kind,
+                receiver,
+                event.name,
+                reply,
+                exc_info=(type(reply), reply, reply.__traceback__),
+                extra={"lock_name": event.name, "lock_event": event.kind},
+            )
 
 
 def listener_for(redlock: Any) -> Callable[[LockEvent], None]:

@@ -100,6 +100,32 @@ def test_a_failing_receiver_never_breaks_locking(caplog):
     assert "receiver bug" in caplog.text or "failed" in caplog.text
 
 
+def test_a_failing_receiver_is_skipped_and_the_others_still_run(caplog):
+    """An alerting receiver must not be silenced by an unrelated app's broken one."""
+    seen = []
+
+    def broken(**kwargs):
+        raise RuntimeError("receiver bug")
+
+    def alert(name, **kwargs):
+        seen.append(name)
+
+    lock_acquired.connect(broken, weak=False)
+    lock_acquired.connect(alert, weak=False)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_redlock"):
+            with locked("sig"):
+                pass
+    finally:
+        lock_acquired.disconnect(broken)
+        lock_acquired.disconnect(alert)
+    assert seen == ["sig"]
+    record = next(
+        r for r in caplog.records if r.name == "django_redlock" and "receiver bug" in r.getMessage()
+    )
+    assert "broken" in record.getMessage() and "lock_acquired" in record.getMessage()
+
+
 def test_refused_view_is_logged(client, caplog):
     holder = get_redlock().lock("order:8", owner="other")
     assert holder.acquire(blocking=False)
