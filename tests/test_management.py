@@ -52,6 +52,17 @@ class TestList:
         only = run("list", "--pattern", "order:*")
         assert "order:1" in only and "report:x" not in only
 
+    def test_a_holder_pid_out_of_range_is_listed_not_fatal(self):
+        """``meta`` is the caller's: a pid no process can have (past any kernel's pid_max,
+        beyond a C long) is a holder we cannot judge, not a reason to list nothing."""
+        import socket
+
+        for n, pid in enumerate((10**30, 2**63, -(2**70), 2**31)):
+            hold(f"odd:{n}", meta={"host": socket.gethostname(), "pid": pid})
+        out = run("list")
+        assert all(f"odd:{n}" in out for n in range(4)) and "4 lock(s)" in out
+        assert "holder gone" not in out
+
     def test_json(self):
         hold("order:2", fencing=True)
         data = json.loads(run("list", "--json"))

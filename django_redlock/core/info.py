@@ -62,6 +62,11 @@ _SPACE = _pid_space()
 HOLDER_PLACE: dict[str, str] = {} if _SPACE is None else {PID_SPACE: _SPACE}
 
 
+#: The largest pid any kernel hands out (Linux's PID_MAX_LIMIT; the BSDs and macOS stop at
+#: 99,999); larger ones would not even fit the ``kill`` system call's ``pid_t``.
+_PID_MAX = 4_194_304
+
+
 def process_gone(
     meta: Mapping[str, Any], cache: dict[int, bool] | None = None, *, certain: bool = False
 ) -> bool:
@@ -71,7 +76,12 @@ def process_gone(
     also have recorded this process's boot and pid namespace (:data:`PID_SPACE`). ``cache``
     keeps lookups across the locks of one listing."""
     pid = meta.get("pid")
-    if meta.get("host") != _HOST or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+    if (
+        meta.get("host") != _HOST
+        or isinstance(pid, bool)
+        or not isinstance(pid, int)
+        or not 0 < pid <= _PID_MAX  # meta is the caller's: a pid no process has is unjudged
+    ):
         return False
     if certain and (_SPACE is None or meta.get(PID_SPACE) != _SPACE):
         return False
