@@ -271,6 +271,22 @@ def test_huge_meta_is_refused_before_anything_is_sent(redis_nodes, make_redlock)
     assert tokens_on_nodes(redis_nodes, "big") == [None] * len(redis_nodes)
 
 
+def test_the_meta_limit_holds_for_the_client_and_lock_meta_together(
+    redis_nodes, make_redlock
+) -> None:
+    """Each part passes alone; what goes to the nodes is both."""
+    from django_redlock.core import MAX_META_BYTES
+
+    half = "x" * (MAX_META_BYTES * 5 // 8)
+    rl = make_redlock(redis_nodes, meta={"service": half})
+    with pytest.raises(ValueError, match=r"meta is \d+ bytes of JSON with the client's"):
+        rl.lock("both", meta={"detail": half})
+    assert tokens_on_nodes(redis_nodes, "both") == [None] * len(redis_nodes)
+    small = rl.lock("both", meta={"detail": "y"})  # fits with the client's
+    assert small.acquire(blocking=False)
+    small.release()
+
+
 def test_meta_that_is_no_json_names_meta(redis_nodes, make_redlock) -> None:
     rl = make_redlock(redis_nodes)
     circular: dict = {}

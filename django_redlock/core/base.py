@@ -459,7 +459,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             )
         if lease_ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} for lock {name!r} must exceed node_timeout")
-        details = check_meta(meta)
+        details = check_meta(meta, besides=self.meta)
         if renew_for is not None:
             check_positive("renew_for", renew_for)
             if not auto_renew:

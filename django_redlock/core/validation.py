@@ -149,10 +149,13 @@ def check_token(token: object) -> str:
     return token
 
 
-def check_meta(meta: object, *, str_keys: bool = True) -> dict[str, Any]:
+def check_meta(
+    meta: object, *, str_keys: bool = True, besides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Holder details for the admin page: a dict (with ``str_keys``, of str keys: they become
     JSON) that can be written as JSON (other values as their ``str()``) in at most
-    :data:`MAX_META_BYTES`; a copy is returned. None is an empty dict."""
+    :data:`MAX_META_BYTES`, together with the client's details ``besides`` that go with it;
+    a copy is returned. None is an empty dict."""
     if meta is None:
         return {}
     if not isinstance(meta, Mapping):
@@ -165,10 +168,14 @@ def check_meta(meta: object, *, str_keys: bool = True) -> dict[str, Any]:
         size = len(json.dumps(meta, default=str, allow_nan=False))  # ASCII: a char, a byte
     except (TypeError, ValueError) as exc:  # a circular reference, a key JSON cannot take
         raise ValueError(f"meta cannot be written as JSON: {exc}") from None
+    with_client = ""
+    if besides and meta and size <= MAX_META_BYTES:
+        size = len(json.dumps({**besides, **meta}, default=str))
+        with_client = " with the client's"
     if size > MAX_META_BYTES:
         raise ValueError(
-            f"meta is {size} bytes of JSON, the limit is {MAX_META_BYTES}: it goes to every "
-            "node with every acquire and renewal"
+            f"meta is {size} bytes of JSON{with_client}, the limit is {MAX_META_BYTES}: it "
+            "goes to every node with every acquire and renewal"
         )
     return dict(meta)
 
