@@ -126,6 +126,20 @@ def test_explicit_owner_is_shared_across_threads(redis_nodes: RedisCluster, make
     assert tokens_on_nodes(redis_nodes, "re:owner") == [None] * 3
 
 
+def test_an_explicit_owner_is_one_holder_per_client(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """Holds are counted in the client that took the lock: another client (another process,
+    or another Redlock in this one) with the same ``owner=`` is another holder, refused."""
+    rl = make_redlock(redis_nodes)
+    held = rl.lock("re:client", owner="task-1", ttl=5.0)
+    assert held.acquire(blocking=False)
+    other = make_redlock(redis_nodes)
+    assert other.lock("re:client", owner="task-1").acquire(blocking=False) is False
+    assert tokens_on_nodes(redis_nodes, "re:client") == [held.token] * 3
+    held.release()
+
+
 def test_asyncio_tasks_on_one_thread_are_different_owners(
     redis_nodes: RedisCluster, make_redlock
 ) -> None:
