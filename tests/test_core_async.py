@@ -250,6 +250,28 @@ def test_renewal_detects_a_lost_lock(redis_nodes: RedisCluster, make_async_redlo
     assert [e.kind for e in events if e.kind in ("lost", "released")] == ["lost", "released"]
 
 
+def test_renewal_runs_on_the_loop_so_a_loop_blocked_past_the_lease_loses_the_lock(
+    redis_nodes: RedisCluster, make_async_redlock, make_redlock
+) -> None:
+    """The asyncio client renews from a task on its event loop (documented): a blocking call
+    longer than the lease stops renewal with everything else on the loop, and the holder
+    learns the loss rather than writing on as if it held the lock."""
+    rl = make_async_redlock(redis_nodes)
+    other = make_redlock(redis_nodes)
+
+    async def main() -> None:
+        lock = rl.lock("blocked", ttl=0.5, auto_renew=True)
+        assert await lock.acquire(blocking=False)
+        assert any(t.get_name().startswith("redlock-renewer") for t in asyncio.all_tasks())
+        time.sleep(1.0)  # the fault under test: a blocking call on the loop, twice the lease
+        assert other.lock("blocked").acquire(blocking=False)  # the lease ran out on the nodes
+        assert not lock.held
+        with pytest.raises(LockLost):
+            await lock.release()
+
+    asyncio.run(main())
+
+
 _HOLDER = """
 import sys, time
 from django_redlock import Redlock
