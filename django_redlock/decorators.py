@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.functional import LazyObject, empty
@@ -706,6 +706,8 @@ async def _resolve_user(request: Any) -> None:
         auser = getattr(base, "auser", None)
         if auser is not None:
             base.user = await auser()
+        else:  # Django < 5.0: no async user loader
+            await sync_to_async(user._setup)()
 
 
 class _StreamRelease:

@@ -241,13 +241,16 @@ def base_request(request: Any) -> HttpRequest:
     return inner if isinstance(inner, HttpRequest) else request
 
 
-def user_pk(request: Any) -> Any:
-    """The user's pk when the user is already loaded (never a query of our own)."""
+def user_pk(request: Any, *, load: bool = False) -> Any:
+    """The user's pk: only when the user is already loaded (never a query of our own),
+    unless ``load`` (a lazy user is loaded, the query any view reading it makes)."""
     user = base_request(request).__dict__.get("user")
     if isinstance(user, LazyObject):
+        if user._wrapped is empty:
+            if not load:
+                return None
+            user._setup()
         user = user._wrapped
-        if user is empty:
-            return None
     if user is None or not getattr(user, "is_authenticated", False):
         return None
     return getattr(user, "pk", None)
@@ -255,8 +258,9 @@ def user_pk(request: Any) -> Any:
 
 def client_id(request: Any) -> str:
     """Who is asking, as a key part that never lumps anonymous users together:
-    ``user:<pk>`` for an authenticated user (already loaded), else ``session:<key>`` when the
-    client sent a session cookie, else ``ip:<REMOTE_ADDR>``.
+    ``user:<pk>`` for an authenticated user (loaded if nothing has read ``request.user`` yet:
+    every session of a user is one client), else ``session:<key>`` when the client sent a
+    session cookie, else ``ip:<REMOTE_ADDR>``.
 
     ``{request.user.pk}`` renders ``%none`` for every anonymous user, so they all share one
     key; ``{client}`` in a view's template (or ``client_id(request)`` in a ``key=``
@@ -264,7 +268,7 @@ def client_id(request: Any) -> str:
     address unless a middleware sets the client's.
     """
     base = base_request(request)
-    user = user_pk(base)
+    user = user_pk(base, load=True)
     if user is not None:
         return f"user:{user}"
     session = base.__dict__.get("session")

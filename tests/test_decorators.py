@@ -16,6 +16,7 @@ from decimal import Decimal
 from uuid import UUID
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.test import RequestFactory
 from django.utils.decorators import method_decorator
@@ -786,6 +787,55 @@ class TestAnonymousClients:
         assert client_id(request) == "session:abc123def456ghi789"
         request.user = django_user_model.objects.create_user("c", password="x")
         assert client_id(request) == f"user:{request.user.pk}"
+
+    @staticmethod
+    def _signed_in_request(user, factory=rf):
+        """A request as the middleware leaves it: a session of ``user``, and ``request.user``
+        lazy (nothing has read it yet)."""
+        from django.conf import settings as django_settings
+        from django.contrib.auth.middleware import AuthenticationMiddleware
+        from django.contrib.sessions.middleware import SessionMiddleware
+        from django.test import Client
+
+        browser = Client()
+        browser.force_login(user)
+        request = factory.get("/")
+        request.COOKIES[django_settings.SESSION_COOKIE_NAME] = browser.cookies[
+            django_settings.SESSION_COOKIE_NAME
+        ].value
+        SessionMiddleware(lambda r: None).process_request(request)
+        AuthenticationMiddleware(lambda r: None).process_request(request)
+        return request
+
+    def test_a_signed_in_user_is_one_client_in_every_session(self, django_user_model, db):
+        """Two browsers of one user are one client: the second waits for the first even when
+        nothing read ``request.user`` before the view (it was keyed by the session)."""
+        user = django_user_model.objects.create_user("two-browsers", password="x")
+        first, second = self._signed_in_request(user), self._signed_in_request(user)
+        assert first.session.session_key != second.session.session_key
+        statuses = []
+
+        @locked("cart:{client}")
+        def view(request):
+            if request is first:
+                statuses.append(view(second).status_code)  # the other browser, meanwhile
+            return HttpResponse(current_lock().name)
+
+        assert view(first).content.decode() == f"cart:user%3A{user.pk}"
+        assert statuses == [423]
+
+    def test_a_signed_in_user_is_one_client_in_async_views(self, django_user_model, db):
+        from django.test import AsyncRequestFactory
+
+        user = django_user_model.objects.create_user("async-browser", password="x")
+        request = self._signed_in_request(user, AsyncRequestFactory())
+
+        @locked("cart:{client}")
+        async def view(request):
+            return HttpResponse(current_lock().name)
+
+        response = async_to_sync(view)(request)
+        assert response.content.decode() == f"cart:user%3A{user.pk}"
 
     def test_an_argument_named_client_wins(self):
         @locked("x:{client}")
