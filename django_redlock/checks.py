@@ -56,7 +56,7 @@ _NUMBERS = {
     "DRIFT_FACTOR": (True, False),
     "MAX_TTL": (False, True),
     "FAIR_HEARTBEAT": (False, False),
-    "STUCK_AFTER": (False, False),
+    "STUCK_AFTER": (False, True),
 }
 _BOOLEANS = ("RESTART_GUARD", "TRUST_FRESH_CLUSTER", "REENTRANT", "AUTO_RENEW")
 

@@ -347,6 +347,29 @@ def test_old_locks_are_stuck(client, lock_viewer, holder, settings):
     assert "Held too long (1)" in response.content.decode()
 
 
+def test_stuck_after_none_turns_the_held_too_long_rule_off(client, lock_viewer, holder, settings):
+    """Documented as the way to turn the rule off: a valid setting, not a broken one."""
+    from django.core import checks
+
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    assert holder.lock("old-one").acquire()
+    login(client, lock_viewer)
+    base = settings.REDLOCK
+    settings.REDLOCK = {**base, "STUCK_AFTER": 1e-6}  # the rule on: every lock is too old
+    assert "held too long" in row_html(client.get(LIST), "old-one")
+    settings.REDLOCK = {**base, "STUCK_AFTER": None}
+    assert not [m for m in checks.run_checks() if m.id.startswith("django_redlock")]
+    response = client.get(LIST)
+    assert response.status_code == 200
+    assert "held too long" not in row_html(response, "old-one")
+    out = StringIO()
+    call_command("redlock", "list", stdout=out)
+    assert "old-one" in out.getvalue() and "held too long" not in out.getvalue()
+
+
 def test_split_locks_are_stuck(client, lock_viewer, admin_redlock_settings, redis_nodes):
     # One node only (leftover of a failed acquire), and three different tokens.
     write_lock(redis_nodes[0], "leftover", "aaaa")
