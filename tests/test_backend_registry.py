@@ -124,6 +124,10 @@ def ids(messages) -> list[str]:
         ({"db": DB}, []),
         ({"zk": ZK, "etcd": ETCD}, []),
         (["not", "a", "dict"], ["django_redlock.E101"]),
+        ([], ["django_redlock.E101"]),  # empty, but still not a dict
+        ("", ["django_redlock.E101"]),
+        (0, ["django_redlock.E101"]),
+        (None, []),  # no backends, as when unset
         ({"db": {"OPTIONS": {}}}, ["django_redlock.E102"]),
         ({"db": {"BACKEND": "django_redlock.backends.nope.NoLocks"}}, ["django_redlock.E103"]),
         (

@@ -32,8 +32,10 @@ def _error(n: int, msg: str, hint: str | None = None) -> Error:
 
 def _entries() -> tuple[dict[str, Any], list[CheckMessage]]:
     """The well-formed BACKENDS entries, and the problems of the others."""
-    backends = get_config().get("BACKENDS") or {}
-    if not isinstance(backends, Mapping):
+    backends = get_config().get("BACKENDS")
+    if backends is None:
+        return {}, []
+    if not isinstance(backends, Mapping):  # an empty list or string too
         return {}, [
             _error(
                 101,
