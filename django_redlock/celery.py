@@ -646,8 +646,14 @@ class LockedTask(Task):
         current = _current_lock.set(lock)
         _held.add(lock)
         started = time.monotonic()
+        stopped: BaseException | None = None
         try:
             return super().__call__(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # The pool process is being stopped (a cold shutdown, a terminate): the task did
+            # not finish, and its key is freed for the next one below; operators must see it.
+            stopped = exc
+            raise
         finally:
             _hold_times.record(self.name, time.monotonic() - started)
             _current_lock.reset(current)
@@ -664,6 +670,16 @@ class LockedTask(Task):
                     name,
                     exc,
                 )
+            else:
+                if stopped is not None:
+                    logger.warning(
+                        "released lock %s of task %s[%s]: the task was stopped (%r, a worker "
+                        "shutdown or terminate)",
+                        name,
+                        self.name,
+                        task_id,
+                        stopped,
+                    )
 
     def _lease_for(
         self, request: Any, opts: LockOptions, redlock: Redlock

@@ -326,3 +326,10 @@ def test_cold_shutdown_frees_the_key_at_once(
     wait_until(lambda: not rl.locked("long:cold"), timeout=15, what="the key to be released")
     assert time.monotonic() - stopped_at < 10, worker.text()
     worker.wait()
+    # Operators learn which task lost its lock at shutdown (docs/celery.rst, "Signals and logs").
+    released = [
+        line
+        for line in worker.text().splitlines()
+        if "WARNING" in line and "long:cold" in line and "shutdown" in line
+    ]
+    assert released, worker.text()
