@@ -349,10 +349,9 @@ def test_old_locks_are_stuck(client, lock_viewer, holder, settings):
 
 def test_stuck_after_none_turns_the_held_too_long_rule_off(client, lock_viewer, holder, settings):
     """Documented as the way to turn the rule off: a valid setting, not a broken one."""
-    from django.core import checks
-
     from io import StringIO
 
+    from django.core import checks
     from django.core.management import call_command
 
     assert holder.lock("old-one").acquire()
