@@ -272,6 +272,44 @@ def test_renewal_runs_on_the_loop_so_a_loop_blocked_past_the_lease_loses_the_loc
     asyncio.run(main())
 
 
+def test_a_task_queued_behind_a_force_released_holder_moves_up_at_once(
+    redis_nodes: RedisCluster, make_async_redlock, make_redlock
+) -> None:
+    """The asyncio twin of the sync test in test_core_waiting: the tasks of the holder's own
+    loop queued behind it do not sleep out the lease it lost."""
+    other = make_redlock(redis_nodes, ttl=1.0)
+    assert other.lock("forced").acquire(blocking=False)  # ends in 1 s
+    rl = make_async_redlock(redis_nodes, ttl=3.0)
+    operator = make_redlock(redis_nodes)
+
+    async def main() -> float:
+        holding = asyncio.Event()
+
+        async def holder() -> None:
+            lock = rl.lock("forced", auto_renew=True)
+            if await lock.acquire(timeout=5):  # the queue's front: it waited for the other
+                holding.set()
+
+        async def queued() -> float:
+            lock = rl.lock("forced")
+            assert await lock.acquire(timeout=10)
+            at = time.monotonic()
+            await lock.release()
+            return at
+
+        front = asyncio.create_task(holder())
+        await asyncio.sleep(0)  # the holder goes first in the queue
+        second = asyncio.create_task(queued())
+        await asyncio.wait_for(holding.wait(), 5)
+        await front
+        forced_at = time.monotonic()
+        assert await asyncio.to_thread(operator.force_release, "forced") == 3
+        return await asyncio.wait_for(second, 5) - forced_at
+
+    waited = asyncio.run(main())
+    assert waited < 1.0, waited  # not the up to 3 s the lost lease had left
+
+
 _HOLDER = """
 import sys, time
 from django_redlock import Redlock

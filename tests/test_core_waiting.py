@@ -228,3 +228,46 @@ def test_a_thread_queued_while_the_front_contends_moves_up_when_the_front_lease_
     assert not second.is_alive(), "the queued thread still waits, the name long free"
     assert behind["ok"] is True
     assert behind["at"] - front["at"] <= ttl + 0.5, behind["at"] - front["at"]
+
+
+def test_a_thread_queued_behind_a_force_released_holder_moves_up_at_once(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """An operator's force release frees the name for every waiter, including the threads
+    of the holder's own process queued behind it (they used to sleep until the end of the
+    lease the holder no longer has)."""
+    other = make_redlock(redis_nodes, ttl=1.0)
+    assert other.lock("wait:forced").acquire(blocking=False)  # ends in 1 s
+    rl = make_redlock(redis_nodes, ttl=3.0)
+    warm_up(rl)
+    holding = threading.Event()
+    behind: dict[str, object] = {}
+
+    def holder() -> None:
+        lock = rl.lock("wait:forced", auto_renew=True)
+        if lock.acquire(timeout=5):  # the queue's front: it waited for the other client
+            holding.set()
+
+    def queued() -> None:
+        lock = rl.lock("wait:forced")
+        behind["ok"] = lock.acquire(timeout=10)
+        behind["at"] = time.monotonic()
+        lock.release()
+
+    front = threading.Thread(target=holder)
+    front.start()
+    wait_until(
+        lambda: _subscribers(redis_nodes, "redlock:released:wait:forced") == [1] * 3, timeout=5
+    )
+    second = threading.Thread(target=queued)
+    second.start()
+    assert holding.wait(5)
+    front.join(5)
+    # Both threads are users of the name's local queue: the second waits behind the holder.
+    wait_until(lambda: getattr(rl._queues.get("wait:forced"), "users", 0) == 2, timeout=5)
+    forced_at = time.monotonic()
+    assert make_redlock(redis_nodes).force_release("wait:forced") == 3
+    second.join(5)
+    assert behind.get("ok") is True
+    # Not the up to 3 s the lost lease had left.
+    assert behind["at"] - forced_at < 1.0, behind["at"] - forced_at

@@ -124,6 +124,10 @@ class TaskQueue:
             self._busy, self._lease = False, None
             self._notify()
 
+    def wake(self) -> None:
+        """The front's lease is gone (lost): whoever is next looks again now."""
+        self._notify()
+
 
 class AsyncReleaseNotice(Tally):
     """A waiting task's view of its name's release channel (see ``waiting.ReleaseNotice``)."""

@@ -436,6 +436,7 @@ class AsyncRedlock(RedlockBase):
             else:
                 queue.hold(lease)
                 lease.leave_queue = self._queue_leaver(state, handle.name, queue, lease)
+                lease.wake_queue = functools.partial(_on_loop, state.loop, queue.wake)
         return lease
 
     async def _drive(self, steps: Steps[_T]) -> _T:

@@ -233,6 +233,8 @@ class LeaseTable:
             lease.lost = why
             if self._leases.get(lease.name) is lease:
                 del self._leases[lease.name]
+        if lease.wake_queue is not None:
+            lease.wake_queue()
         self._stop_watching(lease)
         self._lease_event("lost", lease, why)
 

@@ -57,8 +57,10 @@ class Lease:
     last_renewal: float = field(default_factory=time.monotonic)
     #: Held while a renewal is on the wire, so release never races a PEXPIRE.
     io_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    #: Releases this process's local queue for the name (sync client), if it used one.
+    #: Releases this process's local queue for the name, if it used one.
     leave_queue: Any = field(default=None, repr=False)
+    #: Tells that queue the lease is gone (lost): the next in line moves up at once.
+    wake_queue: Any = field(default=None, repr=False)
     #: Stops listening for an operator's force release (auto-renewed leases listen).
     unwatch: Any = field(default=None, repr=False)
     #: Connections that still owed the acquire's reply when it returned (a quorum had

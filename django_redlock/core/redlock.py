@@ -163,6 +163,7 @@ class Redlock(RedlockBase):
             else:
                 queue.hold(lease)
                 lease.leave_queue = lambda: self._leave_queue(handle.name, queue, lease)
+                lease.wake_queue = queue.wake
         return lease
 
     def _drive(self, steps: Steps[_T]) -> _T:

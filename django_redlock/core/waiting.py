@@ -97,6 +97,11 @@ class LocalQueue:
                 self._busy, self._lease = False, None
                 self._cond.notify_all()
 
+    def wake(self) -> None:
+        """The front's lease is gone (lost): whoever is next looks again now."""
+        with self._cond:
+            self._cond.notify_all()
+
 
 class Listener(Protocol):
     """Told each release a channel announces: the node's index and the released token."""
