@@ -299,6 +299,11 @@ class BackendLocks:
     def locked(self, name: str) -> bool:
         return self.lock_info(name) is not None
 
+    def unavailable(self) -> tuple[type[BaseException], ...]:
+        """The errors that mean the service could not answer (lazily: a backend's client
+        library is imported on first use)."""
+        return ()
+
     def unusable_reason(self) -> str | None:
         """Why the configured service can never hold a lock, or None (system check E106)."""
         return None
@@ -464,7 +469,13 @@ class BackendLocks:
         return False
 
     def _check(self, grant: Grant) -> bool:
-        return not grant.lost and self._still_held(grant)
+        if grant.lost:
+            return False
+        try:
+            return self._still_held(grant)
+        except self.unavailable():
+            # Not known to be ours, as a Redlock's check() is False with its nodes down.
+            return False
 
     def _detach(self, grant: Grant) -> str:
         """Forget a grant handed to another process (no release, no renewal here)."""
