@@ -304,14 +304,7 @@ class LockAdmin(admin.ModelAdmin):
                 "latency_ms": None if h.latency is None else h.latency * 1000,
                 "offset_ms": None if h.clock_offset is None else h.clock_offset * 1000,
                 "uptime_display": av.format_duration(h.uptime) if h.uptime is not None else "",
-                # The core's judgement (NodeHealth.status), as `manage.py redlock check` shows it.
-                "guard_display": (
-                    f"guarded, votes in {av.format_duration(h.guarded_for or 0)}"
-                    if h.status == "guarded"
-                    else "off"
-                    if h.guarded_for is None
-                    else "can vote"
-                ),
+                "guard_display": av.guard_display(h),
             }
             for h in health
         ]

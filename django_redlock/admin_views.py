@@ -19,6 +19,7 @@ __all__ = [
     "LockRow",
     "build_rows",
     "format_duration",
+    "guard_display",
     "holder_summary",
     "log_force_release",
     "search_pattern",
@@ -164,6 +165,20 @@ def holder_summary(meta: Mapping[str, Any]) -> dict[str, Any]:
         "function": pick("function", "code"),
         "user": pick("user", "username", "user_id"),
     }
+
+
+def guard_display(health: NodeHealth) -> str:
+    """A node's restart guard as the node health page shows it (the core's judgement,
+    :attr:`NodeHealth.status`, as ``manage.py redlock check`` shows it)."""
+    if health.status == "guarded":
+        wait = format_duration(health.guarded_for or 0)
+        # Not armed yet: the countdown starts when the next lock operation reaches the node.
+        return (
+            f"guarded, votes {wait} after the next lock"
+            if health.armed is False
+            else (f"guarded, votes in {wait}")
+        )
+    return "off" if health.guarded_for is None else "can vote"
 
 
 def format_duration(seconds: float | None) -> str:

@@ -455,6 +455,22 @@ def test_node_health_panel(client, lock_viewer, holder, redis_nodes):
     assert "can vote" in table
 
 
+def test_node_health_says_a_restarted_guard_starts_at_the_next_lock(
+    client, lock_viewer, settings, redis_cluster_factory
+):
+    from django_redlock import get_redlock
+
+    cluster = redis_cluster_factory(3)  # its own: a node restarted apart stays so
+    settings.REDLOCK = {"NODES": cluster.urls}
+    with get_redlock().lock("before"):  # every node armed
+        pass
+    cluster[2].restart(empty=True)
+    login(client, lock_viewer)
+    table = client.get(NODES).content.decode()
+    table = table[table.index('id="redlock-health"') :]
+    assert "guarded, votes 1 min 0 s after the next lock" in table
+
+
 def test_node_health_shows_a_dead_node(client, lock_viewer, holder, redis_nodes):
     for name in ("still-held", "also-held", "held-too"):
         assert holder.lock(name).acquire()

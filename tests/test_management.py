@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from django_redlock import get_redlock
 from django_redlock.core.commands import lock_value
 from django_redlock.signals import lock_force_released
-from tests.helpers import PREFIX, node_client
+from tests.helpers import PREFIX, node_client, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -234,6 +234,26 @@ class TestCheck:
         assert "guarded" in out.getvalue() and "DEGRADED: 3/3 nodes reachable, 2 voting" in (
             out.getvalue()
         )
+        # Nothing has reached the restarted node since: its guard has not started, and the
+        # operator is told what starts it (it used to read as a countdown that never moved).
+        before = get_redlock().health()[2]
+        assert before.armed is False and before.guarded_for == get_redlock().max_ttl
+        assert "guarded 1.0m, counts down from the next lock" in out.getvalue()
+
+        def armed_by_a_lock() -> bool:
+            # An acquire decided by the two other nodes may reach the restarted one only
+            # with the next (its old connection is found broken and replaced meanwhile).
+            with get_redlock().lock("second"):
+                pass
+            return bool(get_redlock().health()[2].armed)
+
+        wait_until(armed_by_a_lock, timeout=10, interval=0.05)
+        after = get_redlock().health()[2]
+        assert after.armed is True and 0 < after.guarded_for < get_redlock().max_ttl
+        again = StringIO()
+        with pytest.raises(CommandError):  # still guarded (for a minute), now counting down
+            call_command("redlock", "check", stdout=again)
+        assert "guarded" in again.getvalue() and "next lock" not in again.getvalue()
 
     def test_one_down_is_degraded(self, settings, redis_cluster_factory):
         cluster = redis_cluster_factory(3)

@@ -201,6 +201,10 @@ class NodeHealth:
     #: empty); a brand-new cluster is trusted at once when every node is fresh (its nodes
     #: then show ``guarded_for`` 0: they vote at the first lock).
     fresh: bool | None = None
+    #: False while the guard has not started: the node's marker is missing or from an earlier
+    #: run of the server, and the next lock operation that reaches the node arms it, which
+    #: starts the ``guarded_for`` countdown (until then it shows the whole ``max_ttl``).
+    armed: bool | None = None
     error: str | None = None
     #: One of :data:`NODE_STATUSES`, judged with the whole cluster in view (``health()``);
     #: left out, a reachable node with no guard votes (a one-node service such as a backend).

@@ -121,10 +121,11 @@ class Listing:
                 node=node.name, reachable=False, error=f"not a Redis server: {unlike}"
             )
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
-        guarded_for = fresh = None
+        guarded_for = fresh = armed = None
         if self.restart_guard:
             run_id, started, is_fresh, trusted, _ = probe["marker"]
-            if run_id is None or run_id.decode() != info.get("run_id"):
+            armed = run_id is not None and run_id.decode() == info.get("run_id")
+            if not armed:
                 # The next acquire arms the marker: the guard runs from then.
                 guarded_for, fresh = self.max_ttl, run_id is None
             elif int(trusted or 0) > 0:
@@ -144,6 +145,7 @@ class Listing:
             clock_offset=node_now - (probe["sent"] + probe["received"]) / 2,
             guarded_for=guarded_for,
             fresh=fresh,
+            armed=armed,
         )
 
     def _failed_health(self, node: Node, exc: Exception) -> NodeHealth:

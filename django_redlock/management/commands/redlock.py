@@ -346,6 +346,8 @@ class Command(BaseCommand):
                     guard = "ready"
                 else:
                     guard = f"guarded {_seconds(h.guarded_for)}"
+                    if h.armed is False:  # shows all of max_ttl until something arms it
+                        guard += ", counts down from the next lock"
                 clock = f"{h.clock_offset * 1000:+.1f}ms" if h.clock_offset is not None else "-"
                 rows.append(
                     (
