@@ -62,9 +62,9 @@ _SPACE = _pid_space()
 HOLDER_PLACE: dict[str, str] = {} if _SPACE is None else {PID_SPACE: _SPACE}
 
 
-#: The largest pid any kernel hands out (Linux's PID_MAX_LIMIT; the BSDs and macOS stop at
-#: 99,999); larger ones would not even fit the ``kill`` system call's ``pid_t``.
-_PID_MAX = 4_194_304
+#: The largest pid a ``pid_t`` holds (32-bit signed): a larger one cannot name a process, and
+#: would not even fit the ``kill`` system call.
+_PID_MAX = 2**31 - 1
 
 
 def process_gone(
