@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +133,55 @@ def test_auto_renew_outlives_the_servers_shortest_lease(make, name) -> None:
     assert renewed.check() and locks.locked(name)
     assert not plain.check() and not locks.locked(plain.name)
     renewed.release()
+
+
+def test_check_is_false_when_etcd_is_down(name) -> None:
+    """etcd gone while locks are held: check() is False (not known to be ours, as a Redlock's
+    check() with its nodes down) instead of raising EtcdError; health() names the outage;
+    the other operations raise the "unreachable" error, which unavailable() lists; each
+    answers within request_timeout (acquire(timeout=t) within t + request_timeout)."""
+
+    def timed(call: Callable[[], Any]) -> tuple[Any, float]:
+        started = time.monotonic()
+        try:
+            outcome = call()
+        except Exception as exc:
+            outcome = exc
+        return outcome, time.monotonic() - started
+
+    with servers.etcd() as server:
+        locks = EtcdLocks(server.address, request_timeout=1.0)
+        try:
+            held = [locks.lock(f"{name}/{i}", ttl=30) for i in range(2)]
+            assert all(lock.acquire(blocking=False) for lock in held)
+            server.kill()
+            results = {
+                label: timed(call)
+                for label, call in {
+                    "check": held[0].check,
+                    "health": locks.health,
+                    "release": held[1].release,
+                    "locked": lambda: locks.locked(name),
+                    "acquire(blocking=False)": lambda: locks.lock(name).acquire(blocking=False),
+                    "acquire(timeout=1)": lambda: locks.lock(name).acquire(timeout=1),
+                }.items()
+            }
+        finally:
+            locks.close()
+    slow = {label: seconds for label, (_, seconds) in results.items() if seconds > 1 + 1.0 + 3}
+    assert not slow, slow
+    assert results.pop("check")[0] is False
+    [health] = results.pop("health")[0]
+    assert not health.reachable and health.error, health
+    for label, (outcome, _) in results.items():
+        assert isinstance(outcome, EtcdError) and "unreachable" in str(outcome), (label, outcome)
+        assert isinstance(outcome, locks.unavailable()), (label, outcome)
+
+
+def test_an_etcd_protocol_error_is_not_unavailable(make) -> None:
+    """Only "could not reach etcd" is unavailable(): an error etcd answered with means
+    something else, and check() must not hide it as "not ours"."""
+    locks = make()
+    with pytest.raises(EtcdError, match="HTTP 400") as raised:
+        locks.gateway.post("/v3/kv/range", {"key": "not base64!"})
+    assert not isinstance(raised.value, locks.unavailable())

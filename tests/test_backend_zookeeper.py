@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient  # in the test extra: a missing kazoo is an error here
@@ -28,6 +34,7 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_waiter_wakes_on_release,
     test_waiters_are_served_in_arrival_order,
 )
+from tests.helpers import REPO_ROOT, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +198,112 @@ def test_management_command_round_trip(zk_server, root, name) -> None:
         "OPTIONS": {"hosts": zk_server.address, "root": root},
     }
     cases.cli_round_trip(entry, name)
+
+
+def outcomes(calls: dict[str, Callable[[], Any]], within: float) -> dict[str, Any]:
+    """Run the calls at once, each in its own thread: what each returned or raised. Fails
+    naming the calls still blocked ``within`` seconds after the start (their daemon threads
+    are left behind)."""
+    results: dict[str, Any] = {}
+
+    def run(label: str, call: Callable[[], Any]) -> None:
+        try:
+            results[label] = call()
+        except Exception as exc:
+            results[label] = exc
+
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(started + within - time.monotonic(), 0.0))
+    blocked = [label for label in calls if label not in results]
+    assert not blocked, f"still blocked {within} s after the start: {blocked}"
+    return results
+
+
+def test_every_operation_is_bounded_when_zookeeper_is_down(name) -> None:
+    """ZooKeeper SIGKILLed while this process holds locks (kazoo's blocking calls then wait
+    for ever): every operation answers within connect_timeout (acquire(timeout=t) within
+    t + connect_timeout), as a Redlock does with its nodes down: check() is False, health()
+    names the outage (system check E105, ``redlock check``), the rest raise the backend's
+    "unreachable" error naming the hosts."""
+    with servers.zookeeper() as server:
+        locks = ZooKeeperLocks(server.address, session_timeout=4.0, connect_timeout=2.0)
+        try:
+            held = [locks.lock(f"{name}/{i}") for i in range(3)]
+            assert all(lock.acquire(blocking=False) for lock in held)
+            server.kill()
+            results = outcomes(
+                {
+                    "check": held[0].check,
+                    "release": held[1].release,
+                    "extend": held[2].extend,
+                    "locked": lambda: locks.locked(held[0].name),
+                    "lock_info": lambda: locks.lock_info(held[0].name),
+                    "live_locks": lambda: list(locks.live_locks()),
+                    "force_release": lambda: locks.force_release(held[0].name),
+                    "acquire(blocking=False)": lambda: locks.lock(name).acquire(blocking=False),
+                    "acquire(timeout=1)": lambda: locks.lock(name).acquire(timeout=1),
+                    "health": locks.health,
+                },
+                within=1 + 2.0 + 3,
+            )
+        finally:
+            started = time.monotonic()
+            locks.close()
+            closing = time.monotonic() - started
+    assert results.pop("check") is False
+    [health] = results.pop("health")
+    assert not health.reachable and "unreachable" in health.error, health
+    for label, outcome in results.items():
+        assert isinstance(outcome, locks.unavailable()), (label, outcome)
+        assert "unreachable" in str(outcome) and server.address in str(outcome), (label, outcome)
+    assert closing < 2.0 + 3
+
+
+HOLD_THEN_CHECK = """
+import sys
+from django_redlock.backends.zookeeper import ZooKeeperLocks
+
+hosts, root, name = sys.argv[1:]
+locks = ZooKeeperLocks(hosts, root=root, session_timeout=2.0, connect_timeout=2.0)
+lock = locks.lock(name)
+assert lock.acquire(blocking=False)
+print("acquired", flush=True)
+sys.stdin.readline()
+try:
+    print("check", lock.check(), flush=True)
+except Exception as exc:
+    print("raised", type(exc).__name__, exc, flush=True)
+locks.close()
+"""
+
+
+def test_check_is_false_after_the_session_expired(make, zk_server, root, name) -> None:
+    """A holder paused (SIGSTOP) past its session and resumed: its lock node went with the
+    session, so check() is False: the first request after the pause fails with
+    SessionExpiredError or ConnectionLoss, which must not escape check()."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THEN_CHECK, zk_server.address, root, name],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "acquired\n"
+        os.kill(holder.pid, signal.SIGSTOP)
+        observer = make()
+        # The server expires the paused holder's session and deletes its node.
+        wait_until(lambda: not observer.locked(name), timeout=2.0 + 15, interval=0.05)
+        holder.stdin.write("check\n")
+        holder.stdin.flush()  # read at once on resuming, racing kazoo's reconnection
+        os.kill(holder.pid, signal.SIGCONT)
+        out, _ = holder.communicate(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert out == "check False\n"

@@ -40,11 +40,20 @@ from .base import (
     utc_from_micros,
 )
 
-__all__ = ["EtcdError", "EtcdLocks"]
+__all__ = ["EtcdError", "EtcdLocks", "EtcdUnreachable"]
 
 
 class EtcdError(RuntimeError):
     """etcd answered with an error, or could not be reached on any endpoint."""
+
+
+class EtcdUnreachable(EtcdError):
+    """No endpoint answered (refused, timed out, dropped the connection): the service is
+    down, not wrong. ``check()`` reads it as "not known to be ours" (``unavailable()``); an
+    error etcd answered with stays a plain :class:`EtcdError`."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__(f"etcd unreachable ({'; '.join(errors)})")
 
 
 def _b64(text: str) -> str:
@@ -79,7 +88,7 @@ class _Gateway:
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(endpoint)
                 errors.append(f"{endpoint}: {exc}")
-        raise EtcdError(f"etcd unreachable ({'; '.join(errors)})")
+        raise EtcdUnreachable(errors)
 
     def _connection(self, endpoint: str, timeout: float) -> http.client.HTTPConnection:
         pool = self._local.__dict__.setdefault("pool", {})
@@ -113,8 +122,18 @@ class _Gateway:
             raise EtcdError(f"etcd {path}: HTTP {response.status}: {payload.get('error', payload)}")
         return payload
 
-    def watch_delete(self, endpoint: str, key: str, revision: int, timeout: float | None) -> bool:
-        """Wait until ``key`` is deleted after ``revision`` (True) or ``timeout`` passes."""
+    def watch_delete(self, key: str, revision: int, timeout: float) -> bool:
+        """Wait until ``key`` is deleted after ``revision`` (True) or ``timeout`` passes, on
+        the first endpoint that takes the watch."""
+        errors = []
+        for endpoint in self.endpoints:
+            try:
+                return self._watch_delete(endpoint, key, revision, timeout)
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(f"{endpoint}: {exc}")
+        raise EtcdUnreachable(errors)
+
+    def _watch_delete(self, endpoint: str, key: str, revision: int, timeout: float) -> bool:
         url = urlsplit(endpoint)
         connection = http.client.HTTPConnection(
             url.hostname or "127.0.0.1", url.port, timeout=timeout
@@ -176,6 +195,9 @@ class EtcdLocks(BackendLocks):
         self.endpoints = list(endpoints)
         self.root = root
         self.gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
+
+    def unavailable(self) -> tuple[type[BaseException], ...]:
+        return (EtcdUnreachable,)
 
     def _prefix(self, name: str) -> str:
         return f"{self.root}/{quote(name, safe='')}/"
@@ -277,9 +299,7 @@ class EtcdLocks(BackendLocks):
             # Watch only the key just before ours, from the revision we read it at, waking
             # in time for the next keepalive.
             wait = ttl / 3 if left is None else min(left, ttl / 3)
-            self.gateway.watch_delete(
-                self.endpoints[0], _text(kvs[0]["key"]), int(before["header"]["revision"]), wait
-            )
+            self.gateway.watch_delete(_text(kvs[0]["key"]), int(before["header"]["revision"]), wait)
 
     def _keep_alive(self, lease: str) -> float:
         """Refresh ``lease``; the seconds etcd granted, 0 when it is gone."""

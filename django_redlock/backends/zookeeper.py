@@ -12,11 +12,18 @@ When the connection drops, ``held`` turns False until it is back; when the sessi
 or an operator force-releases the node, the lock is lost: a ``lost`` event (the ``lock_lost``
 signal) fires and ``release()`` raises :class:`~django_redlock.LockLost`. A crashed holder's
 node disappears when the server expires its session (``session_timeout``).
+
+No call waits on ZooKeeper for longer than ``connect_timeout`` at a time (kazoo's blocking
+calls wait for ever while disconnected, so every request goes through its async twin with that
+timeout): to connect, then for each answer; a call gives up at the first request left
+unanswered. Then ``check()`` is False (the node is not known to be ours, as a Redlock's check()
+with its nodes down), ``health()`` reports the service unreachable with the reason, and the
+other calls raise :class:`ZooKeeperUnreachable` naming the hosts (etcd's convention). A lost
+connection or an expired session reads the same way: with the session, the lock node is gone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import threading
@@ -36,9 +43,14 @@ from .base import (
     utc_from_micros,
 )
 
-__all__ = ["ZooKeeperLocks"]
+__all__ = ["ZooKeeperLocks", "ZooKeeperUnreachable"]
 
 PREFIX = "lock-"
+
+
+class ZooKeeperUnreachable(RuntimeError):
+    """ZooKeeper did not answer within ``connect_timeout``, or the connection or the session
+    was lost while it was asked."""
 
 
 def znode_name(name: str) -> str:
@@ -54,7 +66,8 @@ class ZooKeeperLocks(BackendLocks):
     """Locks on ZooKeeper. ``OPTIONS``: ``hosts`` ("host:port,..."), ``root`` (the directory
     of the lock nodes, default ``/django_redlock``), ``session_timeout`` (seconds, default 10:
     how long a crashed holder keeps its locks), ``connect_timeout`` (seconds, default 5),
-    ``ttl`` (accepted for a uniform interface; a ZooKeeper lock has no lease)."""
+    ``ttl`` (accepted for a uniform interface; a ZooKeeper lock has no lease).
+    ``connect_timeout`` also bounds each wait for an answer (see the module docstring)."""
 
     service = "zookeeper"
 
@@ -93,16 +106,64 @@ class ZooKeeperLocks(BackendLocks):
         self.client = KazooClient(hosts=hosts, timeout=self.session_timeout)
         self.client.add_listener(self._on_state)
         self._grants: weakref.WeakSet[Grant] = weakref.WeakSet()
-        self._started = False
+        self._started = self._rooted = False
         self._start_lock = threading.Lock()
 
     def _zk(self) -> Any:
-        with self._start_lock:
+        if not self._start_lock.acquire(timeout=self.connect_timeout):
+            raise ZooKeeperUnreachable(f"zookeeper unreachable ({self.hosts}: still connecting)")
+        try:
             if not self._started:
-                self.client.start(timeout=self.connect_timeout)
-                self.client.ensure_path(self.root)
+                try:
+                    self.client.start(timeout=self.connect_timeout)
+                except self.unavailable() as exc:
+                    raise self._unreachable(exc) from exc
                 self._started = True
+            if not self._rooted:
+                self._answer(self.client.ensure_path_async(self.root))
+                self._rooted = True
+        finally:
+            self._start_lock.release()
         return self.client
+
+    def _ask(self, request: str, *args: Any, **options: Any) -> Any:
+        """kazoo's ``client.<request>(*args, **options)``, answered within connect_timeout."""
+        return self._answer(getattr(self._zk(), f"{request}_async")(*args, **options), request)
+
+    def _answer(self, pending: Any, request: str = "") -> Any:
+        """What ZooKeeper answered to ``pending`` (kazoo's IAsyncResult), or
+        ZooKeeperUnreachable when no answer came within connect_timeout. An unanswered
+        request stays queued in kazoo and is sent when the connection is back."""
+        try:
+            return pending.get(timeout=self.connect_timeout)
+        except self.unavailable() as exc:
+            if request == "create":
+                # Sent later, it would make a lock node nobody waits on: delete it then.
+                pending.rawlink(self._drop_created)
+            raise self._unreachable(exc) from exc
+
+    def _drop_created(self, created: Any) -> None:
+        # Runs in kazoo's callback thread: nothing that waits.
+        if created.successful():
+            self.client.delete_async(created.value)
+
+    def _unreachable(self, exc: BaseException) -> ZooKeeperUnreachable:
+        if isinstance(exc, self.client.handler.timeout_exception):
+            reason = f"no answer within {self.connect_timeout:g} s"
+        else:
+            reason = str(exc) or type(exc).__name__
+        return ZooKeeperUnreachable(f"zookeeper unreachable ({self.hosts}: {reason})")
+
+    def unavailable(self) -> tuple[type[BaseException], ...]:
+        from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
+
+        return (
+            ZooKeeperUnreachable,
+            self.client.handler.timeout_exception,
+            ConnectionLoss,
+            SessionExpiredError,
+            ConnectionClosedError,
+        )
 
     def _dir(self, name: str) -> str:
         return f"{self.root}/{znode_name(name)}"
@@ -114,11 +175,11 @@ class ZooKeeperLocks(BackendLocks):
     ) -> Grant | None:
         from kazoo.exceptions import NoNodeError
 
-        zk = self._zk()
         meta = holder_meta(handle.meta)
         started = time.monotonic()
         data = json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
-        path = zk.create(
+        path = self._ask(
+            "create",
             f"{self._dir(handle.name)}/{PREFIX}",
             data.encode(),
             ephemeral=True,
@@ -128,37 +189,37 @@ class ZooKeeperLocks(BackendLocks):
         ours = path.rsplit("/", 1)[1]
         try:
             while True:
-                queue = sorted(
-                    c for c in zk.get_children(self._dir(handle.name)) if c.startswith(PREFIX)
-                )
+                children = self._ask("get_children", self._dir(handle.name))
+                queue = sorted(c for c in children if c.startswith(PREFIX))
                 if ours not in queue:
                     raise NoNodeError(f"our queue node {path} vanished (session expired?)")
                 position = queue.index(ours)
                 if position == 0:
                     break
                 if not blocking:
-                    zk.delete(path)
+                    self._ask("delete", path)
                     return None
                 gone = threading.Event()
                 predecessor = f"{self._dir(handle.name)}/{queue[position - 1]}"
-                if zk.exists(predecessor, watch=lambda event, gone=gone: gone.set()) is None:
+                # (kazoo also fires the watch, with no event, when the connection drops)
+                if self._ask("exists", predecessor, watch=lambda e, g=gone: g.set()) is None:
                     continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if (left is not None and left <= 0) or not gone.wait(left):
-                    zk.delete(path)
+                    self._ask("delete", path)
                     return None
+            grant = self._grant(
+                handle, token, meta, started=started, fence=int(ours[len(PREFIX) :]), state=path
+            )
+            grant.valid_until = math.inf
+            self._grants.add(grant)
+            # Deleted by anyone but our release (force release, session expiry): lost.
+            self._ask("exists", path, watch=lambda event: self._on_node_event(grant, event))
         except BaseException:
-            if zk.connected:
-                with contextlib.suppress(NoNodeError):
-                    zk.delete(path)
+            # Sent now, or when the connection is back (a lost session took the node already);
+            # waiting for the answer would only hold up the error.
+            self.client.delete_async(path)
             raise
-        grant = self._grant(
-            handle, token, meta, started=started, fence=int(ours[len(PREFIX) :]), state=path
-        )
-        grant.valid_until = math.inf
-        self._grants.add(grant)
-        # Deleted by anyone but our release (force release, session expiry): lost.
-        zk.exists(path, watch=lambda event: self._on_node_event(grant, event))
         return grant
 
     def _on_node_event(self, grant: Grant, event: Any) -> None:
@@ -183,7 +244,7 @@ class ZooKeeperLocks(BackendLocks):
         from kazoo.exceptions import NoNodeError
 
         try:
-            data, _ = self._zk().get(grant.state)
+            data, _ = self._ask("get", grant.state)
         except NoNodeError:
             return False
         return bool(json.loads(data)["token"] == grant.token)
@@ -193,10 +254,15 @@ class ZooKeeperLocks(BackendLocks):
 
         grant.released = True  # our own delete is not a loss
         try:
-            self._zk().delete(grant.state)
+            self._ask("delete", grant.state)
         except NoNodeError:
             grant.released = False
             return False
+        except ZooKeeperUnreachable as exc:
+            raise ZooKeeperUnreachable(
+                f"{exc}; lock {grant.name!r} is released when the connection is back, or "
+                "when its session expires"
+            ) from exc
         return True
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
@@ -209,15 +275,14 @@ class ZooKeeperLocks(BackendLocks):
         """The holding node of ``name``: (path, data, stat), or None."""
         from kazoo.exceptions import NoNodeError
 
-        zk = self._zk()
         try:
-            queue = sorted(c for c in zk.get_children(self._dir(name)) if c.startswith(PREFIX))
+            children = self._ask("get_children", self._dir(name))
         except NoNodeError:
             return None
-        for child in queue:  # the first that still exists
+        for child in sorted(c for c in children if c.startswith(PREFIX)):  # the first still there
             path = f"{self._dir(name)}/{child}"
             try:
-                data, stat = zk.get(path)
+                data, stat = self._ask("get", path)
             except NoNodeError:
                 continue
             return path, json.loads(data), stat
@@ -236,7 +301,7 @@ class ZooKeeperLocks(BackendLocks):
         if holder is None or (token is not None and holder[1]["token"] != token):
             return 0
         try:
-            self._zk().delete(holder[0], version=holder[2].version)
+            self._ask("delete", holder[0], version=holder[2].version)
         except NoNodeError:
             return 0
         return 1
@@ -247,7 +312,7 @@ class ZooKeeperLocks(BackendLocks):
     def _infos(self, pattern: str) -> Iterable[LockInfo]:
         import fnmatch
 
-        for directory in self._zk().get_children(self.root):
+        for directory in self._ask("get_children", self.root):
             name = unquote(directory)  # the inverse of znode_name()
             if not fnmatch.fnmatchcase(name, pattern):
                 continue
@@ -267,11 +332,11 @@ class ZooKeeperLocks(BackendLocks):
 
     def health(self) -> list[NodeHealth]:
         try:
-            zk = self._zk()
+            self._zk()
             started = time.perf_counter()
-            zk.exists(self.root)
+            self._ask("exists", self.root)
             latency = time.perf_counter() - started
-            count = sum(1 for _ in zk.get_children(self.root))
+            count = len(self._ask("get_children", self.root))
         except Exception as exc:
             return [
                 NodeHealth(
@@ -285,4 +350,4 @@ class ZooKeeperLocks(BackendLocks):
             if self._started:
                 self.client.stop()
                 self.client.close()
-                self._started = False
+                self._started = self._rooted = False
