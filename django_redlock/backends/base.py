@@ -36,6 +36,7 @@ from ..core import (
     LockNotAcquired,
     NodeHealth,
     NodeLockState,
+    QuorumError,
     check_meta,
     check_positive,
     check_retry_count,
@@ -407,7 +408,14 @@ class BackendLocks:
             blocking = blocking and timeout > 0
         deadline = None if math.isinf(timeout) else start + timeout
         handle.retry_after = None
-        grant = self._take(handle, secrets.token_hex(16), blocking, deadline)
+        try:
+            grant = self._take(handle, secrets.token_hex(16), blocking, deadline)
+        except self.unavailable() as exc:
+            # Refused as a Redlock's acquire with too few nodes answering: a view answers 503
+            # and a LockedTask treats it as unavailable lock nodes.
+            raise QuorumError(
+                f"lock {handle.name!r}: {exc}", handle.name, failures={self.node_name: str(exc)}
+            ) from exc
         waited = time.monotonic() - start
         if grant is None:
             self._emit(
