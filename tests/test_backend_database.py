@@ -41,14 +41,15 @@ def _run_cases(kind: str, tmp_path: Path, expect: int) -> None:
 
 
 def test_database_backend_on_sqlite(tmp_path: Path) -> None:
-    _run_cases("sqlite", tmp_path, expect=23)  # the 6 pessimistic cases and the NOTIFY one skip
+    # The pessimistic, NOTIFY and dropped-connection cases skip.
+    _run_cases("sqlite", tmp_path, expect=23)
 
 
 @pytest.mark.parametrize(
     ("kind", "expect"),
     [
-        pytest.param("postgres", 29, marks=pytest.mark.postgres),
-        pytest.param("mysql", 28, marks=pytest.mark.mysql),
+        pytest.param("postgres", 36, marks=pytest.mark.postgres),
+        pytest.param("mysql", 35, marks=pytest.mark.mysql),
     ],
 )
 def test_database_backend_on_a_server(kind: str, expect: int, tmp_path: Path) -> None:

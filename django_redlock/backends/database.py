@@ -15,6 +15,9 @@ client, so clients with skewed clocks agree on when a lease ended.
 * all of it runs on connections of this backend's own (one per thread, autocommit), never the
   caller's: a lock is neither committed nor rolled back with the caller's ``atomic()`` block
   or ``ATOMIC_REQUESTS`` transaction;
+* a connection the server or the network dropped (pgbouncer, idle timeouts, failovers) is
+  replaced, and the statement runs again on the new one, once, where that is safe (see
+  :meth:`DatabaseLocks._sql` and :meth:`DatabaseLocks._insert_or_take`);
 * waiting: on PostgreSQL a release sends ``NOTIFY`` and waiters ``LISTEN``; elsewhere a bounded
   backoff (5 ms doubling to ``max_poll``, never past the holder's lease end).
 
@@ -30,10 +33,12 @@ the same mode.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fnmatch
 import json
 import math
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -78,6 +83,10 @@ BEGIN = {"postgresql": "BEGIN", "mysql": "START TRANSACTION", "sqlite": "BEGIN I
 #: Tries of a step the database rolled back as a deadlock victim.
 DEADLOCK_RETRIES = 5
 
+#: MySQL/MariaDB errors that mean the connection is gone: server has gone away, lost during
+#: query, lost at reading, connection killed (MariaDB), idle timeout (MySQL 8), shutdown.
+MYSQL_DROPPED = frozenset({2006, 2013, 2055, 1927, 4031, 1053})
+
 LOCK_COLUMNS = "name, token, meta, fence, acquired_us, expires_us, lease_us, renewals"
 
 
@@ -89,6 +98,63 @@ def private_memory_database(name: str) -> bool:
         return True
     query = name.partition("?")[2].split("&") if name.startswith("file:") else []
     return "mode=memory" in query and "cache=shared" not in query
+
+
+def connection_dropped(wrapper: Any, exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a statement on ``wrapper``, means the server or the network
+    dropped the connection (rather than an SQL error on a live connection). No round trip."""
+    if wrapper.vendor == "sqlite":
+        return False
+    raw = wrapper.connection
+    if raw is None:
+        return True
+    if wrapper.vendor == "postgresql":
+        return bool(raw.closed)  # psycopg marks a connection closed once the server is gone
+    cause = exc.__cause__
+    code = cause.args[0] if cause is not None and cause.args else None
+    return code in MYSQL_DROPPED or getattr(raw, "open", True) is False  # PyMySQL: open
+
+
+def dropped_while_idle(wrapper: Any) -> bool:
+    """Whether the server closed an idle connection of ours (or wrote to it, which it does
+    only to say why it closes it: "terminating connection due to administrator command"):
+    its socket is readable. A poll of the socket, no round trip; False when the driver
+    does not show its socket (the failure of the next statement tells then)."""
+    raw = wrapper.connection
+    if raw is None or wrapper.vendor == "sqlite":
+        return False
+    if getattr(raw, "closed", False) or getattr(raw, "open", True) is False:
+        return True  # psycopg's closed, PyMySQL's open
+    sock = getattr(raw, "_sock", raw)  # PyMySQL keeps its socket there; psycopg has fileno()
+    fileno = getattr(sock, "fileno", None)
+    if fileno is None:
+        return False
+    try:
+        fd = int(fileno())
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)  # POLLHUP and POLLERR are always reported
+            return bool(poller.poll(0))
+        return bool(select.select([fd], [], [], 0)[0])
+    except Exception:  # no socket to poll: a new connection costs less than a failure
+        return True
+
+
+def discard(wrapper: Any) -> None:
+    """Close a connection that may be dead already (its next use connects anew)."""
+    from django.db import Error
+
+    with contextlib.suppress(Error):  # closing a dropped connection may fail: closed all the same
+        wrapper.close()
+
+
+class _Mutex:
+    """A pessimistic lock's connection, in the transaction holding the mutex row; ``guard``
+    keeps the holder's thread and its renewal thread from using it at the same time."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        self.guard = threading.Lock()
 
 
 class DatabaseLocks(BackendLocks):
@@ -170,11 +236,19 @@ class DatabaseLocks(BackendLocks):
             )
         return None
 
-    def _connection(self) -> Any:
-        """This thread's own connection (autocommit), separate from Django's."""
+    def unavailable(self) -> tuple[type[BaseException], ...]:
+        from django.db import InterfaceError, OperationalError
+
+        return (OperationalError, InterfaceError)
+
+    def _connection(self, *, idle: bool = False) -> Any:
+        """This thread's own connection (autocommit), separate from Django's. ``idle``: it is
+        not in a transaction, so one the server dropped meanwhile is replaced before use."""
         wrapper = getattr(self._local, "wrapper", None)
         if wrapper is None:
             wrapper = self._local.wrapper = self._open()
+        elif idle and dropped_while_idle(wrapper):
+            discard(wrapper)  # the next statement connects anew: none of it was sent
         return wrapper
 
     def _open(self) -> Any:
@@ -200,37 +274,97 @@ class DatabaseLocks(BackendLocks):
 
     def _forget(self, wrapper: Any) -> None:
         """Close a connection of :meth:`_open` for good (``close()`` need not close it again)."""
-        wrapper.close()
+        discard(wrapper)
         with self._opened_lock:
             if wrapper in self._opened:
                 self._opened.remove(wrapper)
 
-    def _end_mutex(self, wrapper: Any) -> None:
+    def _end_mutex(self, mutex: _Mutex) -> None:
         """End a pessimistic lock's transaction: the next waiter gets the row. ROLLBACK first:
         closing alone lets the server drop the row lock only when it notices the closed
         socket, after a quick re-acquire may already have been refused."""
         from django.db import Error
 
-        try:
-            with wrapper.cursor() as cursor:
-                cursor.execute("ROLLBACK")
-        except Error:  # the connection is already gone, and its row lock with it
-            pass
-        finally:
-            self._forget(wrapper)
+        with mutex.guard:
+            try:
+                if mutex.wrapper.connection is not None:  # cursor() would connect anew
+                    with mutex.wrapper.cursor() as cursor:
+                        cursor.execute("ROLLBACK")
+            except Error:  # the connection is already gone, and its row lock with it
+                pass
+            finally:
+                self._forget(mutex.wrapper)
 
-    def _sql(self, sql: str, params: Iterable[Any] = (), *, fetch: bool = False) -> Any:
-        """Run one statement on this thread's connection: rows (fetch) or the row count."""
+    def _mutex_alive(self, mutex: _Mutex) -> bool:
+        """Whether the transaction holding a pessimistic lock still runs. A round trip on its
+        connection: a socket that the server has not closed yet proves nothing."""
         from django.db import Error
 
-        wrapper = self._connection()
-        try:
-            with wrapper.cursor() as cursor:
-                cursor.execute(sql.replace("NOW_US", self._now), list(params))
-                return cursor.fetchall() if fetch else cursor.rowcount
-        except Error:
-            wrapper.close()  # a broken connection is reopened by the next statement
-            raise
+        with mutex.guard:
+            wrapper = mutex.wrapper
+            if wrapper.connection is None or dropped_while_idle(wrapper):
+                return False
+            try:
+                with wrapper.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+                    cursor.fetchall()
+            except Error:
+                return False
+            return True
+
+    def _mutex_lost(self, grant: Grant) -> bool:
+        """Whether the connection of a pessimistic lock died, and with its transaction the
+        lock (a waiter may hold it now). Then the holder lost it (``held`` is False from
+        now on), and its row is deleted at once (by token: a waiter that took it over keeps
+        it), not left to block until its lease ends."""
+        mutex = grant.state
+        if mutex is None or self._mutex_alive(mutex):
+            return False
+        grant.state = None
+        self._end_mutex(mutex)
+        self._mark_lost(grant, "the database connection holding the pessimistic lock was lost")
+        self._retrying(self._delete, grant)
+        return True
+
+    def _sql(
+        self, sql: str, params: Iterable[Any] = (), *, fetch: bool = False, repeat: bool = True
+    ) -> Any:
+        """Run one statement on this thread's connection: rows (fetch) or the row count.
+
+        A connection the server or the network dropped is replaced, and the statement goes
+        through on the new one:
+
+        * when the drop shows before the statement is sent (the idle connection's socket was
+          closed by the server, :func:`dropped_while_idle`): nothing reached the server, so
+          any statement is safe to send on the new connection;
+        * when the statement failed because the connection dropped (it may have run, its
+          reply lost): once more, if ``repeat`` says that running it twice does no harm.
+          Every statement here is such, but for ``force_release`` without a token (a second
+          ``DELETE WHERE name`` could delete the lock of a holder that took the name in
+          between): see the callers for why a repeat is harmless.
+
+        Inside a transaction (``self._local.in_transaction``) nothing is replaced or repeated
+        alone (the transaction died with its connection): :meth:`_retrying` runs the whole
+        step again.
+        """
+        from django.db import Error
+
+        in_transaction = getattr(self._local, "in_transaction", False)
+        for attempt in (1, 2):
+            wrapper = self._connection(idle=not in_transaction)
+            try:
+                with wrapper.cursor() as cursor:
+                    cursor.execute(sql.replace("NOW_US", self._now), list(params))
+                    return cursor.fetchall() if fetch else cursor.rowcount
+            except Error as exc:
+                dropped = connection_dropped(wrapper, exc)
+                discard(wrapper)  # a broken connection is reopened by the next statement
+                if dropped and in_transaction:
+                    self._local.dropped_in_transaction = exc
+                if not dropped or in_transaction or not repeat or attempt == 2:
+                    raise
+                self._local.repeated = True
+        raise AssertionError("unreachable")
 
     # -- acquiring ------------------------------------------------------------------------------
 
@@ -297,19 +431,32 @@ class DatabaseLocks(BackendLocks):
 
     def _retrying(self, step: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``step`` again when the database chose it as a deadlock victim (its
-        transaction was rolled back, so running it again is safe)."""
-        from django.db import OperationalError
+        transaction was rolled back, so running it again is safe), and once on a new
+        connection when its connection dropped inside its transaction (the transaction died
+        with it unless its COMMIT ran: every step run here is safe to run again then, see
+        :meth:`_insert_or_take`)."""
+        from django.db import Error, OperationalError
 
-        for attempt in range(DEADLOCK_RETRIES):
+        deadlocks = 0
+        replayed = False
+        while True:
+            self._local.dropped_in_transaction = None
             try:
                 return step(*args, **kwargs)
-            except OperationalError as exc:
+            except Error as exc:
+                if self._local.dropped_in_transaction is exc and not replayed:
+                    replayed = self._local.repeated = True
+                    continue
                 cause = exc.__cause__
                 code = getattr(cause, "sqlstate", None) or (cause.args[:1] if cause else None)
-                if code not in ("40P01", "40001", (1213,)) or attempt == DEADLOCK_RETRIES - 1:
+                deadlocks += 1
+                if (
+                    not isinstance(exc, OperationalError)
+                    or code not in ("40P01", "40001", (1213,))
+                    or deadlocks == DEADLOCK_RETRIES
+                ):
                     raise
-                time.sleep(0.001 * 2**attempt)
-        raise AssertionError("unreachable")
+                time.sleep(0.001 * 2 ** (deadlocks - 1))
 
     def _attempt(
         self, handle: BackendLock, token: str, meta: dict[str, Any], *, force: bool
@@ -319,34 +466,53 @@ class DatabaseLocks(BackendLocks):
         lease_us = int(handle.ttl * 1_000_000)
         if not handle.fencing:
             return None if self._insert_or_take(row, None, lease_us, force) else False
-        self._sql(BEGIN[self.vendor])
+        self._sql(BEGIN[self.vendor])  # on a connection checked for a drop while idle
+        self._local.in_transaction = True
         try:
             self._sql(BUMP_FENCE[self.vendor], [handle.name])
             fence = self._sql(
                 f"SELECT value FROM {FENCES} WHERE name = %s", [handle.name], fetch=True
             )[0][0]
             granted = self._insert_or_take(row, fence, lease_us, force)
+            # A COMMIT whose connection dropped may have run: _retrying runs this attempt
+            # again, which bumps the fence once more and takes the row of its own token
+            # over (see _insert_or_take). The fence of the lost reply is never handed out;
+            # fences still increase in grant order.
+            self._sql("COMMIT" if granted else "ROLLBACK")
         except BaseException:
-            self._sql("ROLLBACK")
+            if self._connection().connection is not None:  # a dropped one rolled back itself
+                self._sql("ROLLBACK")
             raise
-        self._sql("COMMIT" if granted else "ROLLBACK")
+        finally:
+            self._local.in_transaction = False
         return int(fence) if granted else False
 
     def _insert_or_take(
         self, row: list[Any], fence: int | None, lease_us: int, force: bool
     ) -> bool:
         """Insert the lock row; if one exists, take it over when its lease ended (or when
-        ``force``: the pessimistic mutex proves its holder is gone). One statement each."""
+        ``force``: the pessimistic mutex proves its holder is gone). One statement each.
+
+        Either statement may have run when its connection dropped before the reply came
+        back: the row is then ours, under this attempt's token, and the repeat (on a new
+        connection, see :meth:`_sql`) finds the INSERT's key taken. So the take-over also
+        matches a row of our own token: the token is fresh for this acquire (128 random
+        bits), so only our own lost reply can have written it, and taking it over again
+        grants it once, to us, with a fresh lease. Without it the repeat would refuse, and
+        the row granted by the lost reply would block everyone, an orphan, until its lease
+        ended. No double grant either: the row has one token, and a holder whose lease still
+        runs is never taken over.
+        """
         values = "%s, %s, %s, %s, NOW_US, NOW_US + %s, %s, 0"
         params = [*row, fence, lease_us, lease_us]
         insert = INSERT_ABSENT[self.vendor].format(table=LOCKS, columns=LOCK_COLUMNS, values=values)
         if self._sql(insert, params):
             return True
-        expired = "" if force else " AND expires_us <= NOW_US"
+        free = ("", []) if force else (" AND (expires_us <= NOW_US OR token = %s)", [row[1]])
         taken = self._sql(
             f"UPDATE {LOCKS} SET token = %s, meta = %s, fence = %s, acquired_us = NOW_US, "
-            f"expires_us = NOW_US + %s, lease_us = %s, renewals = 0 WHERE name = %s{expired}",
-            [row[1], row[2], fence, lease_us, lease_us, row[0]],
+            f"expires_us = NOW_US + %s, lease_us = %s, renewals = 0 WHERE name = %s{free[0]}",
+            [row[1], row[2], fence, lease_us, lease_us, row[0], *free[1]],
         )
         return bool(taken)
 
@@ -356,7 +522,7 @@ class DatabaseLocks(BackendLocks):
         )
         return max(rows[0][0] / 1e6, 0.0) if rows else None
 
-    def _hold_mutex(self, name: str, blocking: bool, deadline: float | None) -> Any:
+    def _hold_mutex(self, name: str, blocking: bool, deadline: float | None) -> _Mutex | None:
         """A connection in a transaction holding FOR UPDATE on ``name``'s mutex row, or None
         when another holder has it (NOWAIT, or the lock wait ran out)."""
         from django.db import OperationalError
@@ -390,16 +556,27 @@ class DatabaseLocks(BackendLocks):
         except BaseException:
             self._forget(wrapper)
             raise
-        return wrapper
+        return _Mutex(wrapper)
 
     # -- holding --------------------------------------------------------------------------------
 
     def _give_back(self, grant: Grant) -> bool:
+        if self._mutex_lost(grant):
+            return False
+        mutex = grant.state
         try:
-            return self._retrying(self._delete, grant)
+            self._local.repeated = False
+            gone = self._retrying(self._delete, grant)
+            # The DELETE may have run before its connection dropped, and its repeat found no
+            # row of our token: that is our own DELETE while our lease lasts (valid_until is
+            # counted from before the take, so it ends before the database's lease; a
+            # pessimistic holder's transaction was alive above, so no waiter took it over).
+            # Only a force_release in the same instant would be reported as our release.
+            return gone or (self._local.repeated and grant.validity > 0)
         finally:
-            if grant.state is not None:
-                self._end_mutex(grant.state)
+            if mutex is not None:
+                grant.state = None
+                self._end_mutex(mutex)
 
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":
@@ -415,7 +592,9 @@ class DatabaseLocks(BackendLocks):
         return bool(self._sql(delete, [grant.name, grant.token]))
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
-        lease_us = int(ttl * 1_000_000)
+        if self._mutex_lost(grant):
+            return False
+        lease_us = int(ttl * 1_000_000)  # a repeat after a lost reply renews again: harmless
         return bool(
             self._sql(
                 f"UPDATE {LOCKS} SET expires_us = NOW_US + %s, lease_us = %s, "
@@ -425,6 +604,8 @@ class DatabaseLocks(BackendLocks):
         )
 
     def _still_held(self, grant: Grant) -> bool:
+        if self._mutex_lost(grant):
+            return False
         rows = self._sql(
             f"SELECT 1 FROM {LOCKS} WHERE name = %s AND token = %s AND expires_us > NOW_US",
             [grant.name, grant.token],
@@ -440,7 +621,9 @@ class DatabaseLocks(BackendLocks):
         where, params = (
             ("name = %s", [name]) if token is None else ("name = %s AND token = %s", [name, token])
         )
-        removed = self._sql(f"DELETE FROM {LOCKS} WHERE {where}", params)
+        # By token, a repeat after a lost reply deletes nothing more; by name alone, it could
+        # delete the lock of a holder that took the name in between: not repeated then.
+        removed = self._sql(f"DELETE FROM {LOCKS} WHERE {where}", params, repeat=token is not None)
         if removed and self.vendor == "postgresql":
             self._sql("SELECT pg_notify(%s, %s)", [CHANNEL, name], fetch=True)
         return int(bool(removed))
@@ -509,6 +692,9 @@ class DatabaseLocks(BackendLocks):
 
     def _listen(self, name: str) -> threading.Event:
         with self._listener_lock:
+            if self._listener is not None and not self._listener.alive:
+                self._listener.stop()  # its connection dropped: listen on a new one
+                self._listener = None
             if self._listener is None:
                 self._listener = _Listener(self._open())
             listener = self._listener
@@ -570,7 +756,11 @@ class _Listener:
                     event.set()
                 return
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._stopped = True
         self._thread.join(2)
-        self._wrapper.close()
+        discard(self._wrapper)

@@ -5,6 +5,7 @@ subprocess per database (SQLite file, PostgreSQL, MariaDB) with tests/backends/d
 from __future__ import annotations
 
 import os
+import select
 import time
 import uuid
 from pathlib import Path
@@ -30,10 +31,13 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_timeout_none_is_the_retry_policy,
     test_waiter_wakes_on_release,
 )
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PESSIMISTIC = connection.vendor != "sqlite"
+#: The cases that drop a lock's connection from the server side (SQLite has no server).
+server_only = pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server")
 
 
 @pytest.fixture
@@ -188,13 +192,7 @@ def test_pessimistic_cut_connection_is_a_lost_lock(make, name) -> None:
 
     holder = make(pessimistic=True).lock(name, ttl=30)
     assert holder.acquire(blocking=False)
-    mutex = holder._lease.state  # the holder's FOR UPDATE connection
-    if connection.vendor == "postgresql":
-        cut = "SELECT pg_terminate_backend(%s)", [mutex.connection.info.backend_pid]
-    else:
-        cut = f"KILL {int(mutex.connection.thread_id())}", []
-    with connection.cursor() as cursor:
-        cursor.execute(*cut)
+    kill(holder._lease.state.wrapper, wait=False)  # the holder's FOR UPDATE connection
     waiter = make(pessimistic=True).lock(name, ttl=30)
     assert waiter.acquire(timeout=10)
     assert not holder.check()
@@ -202,6 +200,174 @@ def test_pessimistic_cut_connection_is_a_lost_lock(make, name) -> None:
         holder.release()
     assert waiter.check()
     waiter.release()
+
+
+# -- dropped connections (pgbouncer, idle timeouts, failovers) ----------------------------------
+
+
+def server_id(wrapper: Any) -> int:
+    """The server's id of a lock connection: its backend pid, or its MariaDB/MySQL id."""
+    raw = wrapper.connection
+    return raw.info.backend_pid if connection.vendor == "postgresql" else raw.thread_id()
+
+
+def dropped_by_the_server(wrapper: Any, sid: int) -> bool:
+    """The server lists the connection no more, and the close has reached its client socket."""
+    listed = (
+        "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+        if connection.vendor == "postgresql"
+        else "SELECT 1 FROM information_schema.processlist WHERE id = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(listed, [sid])
+        if cursor.fetchall():
+            return False
+    raw = wrapper.connection
+    sock = raw if connection.vendor == "postgresql" else raw._sock  # psycopg / PyMySQL
+    return bool(select.select([sock.fileno()], [], [], 0)[0])
+
+
+def kill(wrapper: Any, *, wait: bool = True) -> None:
+    """Drop a lock connection from the server side, from the test's own connection
+    (pg_terminate_backend / KILL), as an idle timeout or a failover does; ``wait``: until
+    the drop is complete, so that the next statement finds the connection dropped while idle."""
+    sid = server_id(wrapper)
+    if connection.vendor == "postgresql":
+        statement, params = "SELECT pg_terminate_backend(%s)", [sid]
+    else:
+        statement, params = f"KILL {int(sid)}", []
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+    if wait:
+        wait_until(lambda: dropped_by_the_server(wrapper, sid))
+
+
+class LosesTheReply:
+    """A driver cursor whose first statement containing ``needle`` runs on the server and
+    commits, after which its connection is killed before the reply is read: to the caller,
+    a reply lost in the network (the statement may have run)."""
+
+    def __init__(self, cursor: Any, wrapper: Any, needle: str, fired: list[str]) -> None:
+        self._cursor, self._wrapper, self._needle, self._fired = cursor, wrapper, needle, fired
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._cursor, attribute)
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        result = self._cursor.execute(sql, params)
+        if not self._fired and self._needle in sql.upper():
+            self._fired.append(sql)
+            kill(self._wrapper)
+            self._cursor.execute("SELECT 1")  # raises: the connection is gone
+        return result
+
+
+def lose_a_reply(locks: DatabaseLocks, needle: str) -> list[str]:
+    """Make this thread's lock connection lose the reply of its next statement containing
+    ``needle``; the list gets the statement once it ran."""
+    wrapper = locks._connection()
+    create, fired = wrapper.create_cursor, []
+
+    def create_cursor(name: Any = None) -> Any:
+        return LosesTheReply(create(name), wrapper, needle, fired)
+
+    wrapper.create_cursor = create_cursor
+    return fired
+
+
+@server_only
+def test_a_dropped_idle_connection_is_replaced(make, name) -> None:
+    """Every kind of call made after the server dropped the lock's idle connection goes
+    through on a new connection (it raised OperationalError, and only the call after it
+    worked)."""
+    locks = make()
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    other = f"{name}:other"
+    calls = {
+        "check": holder.check,
+        "locked": lambda: locks.locked(name),
+        "extend": lambda: holder.extend(30),
+        "lock_info": lambda: locks.lock_info(name).token == holder.token,
+        "acquire": lambda: locks.lock(other, ttl=5).acquire(blocking=False),
+        "force_release": lambda: locks.force_release(other) == 1,
+        "acquire, fencing": lambda: locks.lock(other, ttl=5, fencing=True).acquire(False),
+        "force_release, token": lambda: locks.release_token(other, locks.lock_info(other).token),
+        "health": lambda: locks.health()[0].reachable,
+    }
+    for what, call in calls.items():
+        kill(locks._connection())
+        assert call(), what
+    assert holder.held and not make().locked(other)
+    holder.release()
+
+
+@server_only
+@pytest.mark.parametrize("wait", [True, False], ids=["dropped-while-idle", "dropping"])
+def test_release_after_the_connection_dropped_frees_the_lock(make, name, wait) -> None:
+    """It raised OperationalError and left the lock held until its 30 s lease ended.
+    Not waiting for the drop to complete: the DELETE may meet the connection as it dies."""
+    locks = make()
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    kill(locks._connection(), wait=wait)
+    holder.release()
+    assert not holder.held
+    assert not make().locked(name)
+
+
+@server_only
+@pytest.mark.parametrize("fencing", [False, True], ids=["plain", "fencing"])
+def test_a_take_whose_reply_was_lost_is_granted_once_with_no_orphan(make, name, fencing) -> None:
+    """The statement that takes the lock (the INSERT; with fencing, the COMMIT) ran and its
+    reply was lost: the retry on a new connection finds the row of its own token and grants
+    it, rather than refusing and leaving the row held until its lease ends."""
+    locks = make()
+    first = locks.lock(name, ttl=30, fencing=fencing)
+    assert first.acquire(blocking=False)  # opens the connection; a fence to compare with
+    fence = first.fence
+    first.release()
+    lock = locks.lock(name, ttl=30, fencing=fencing)
+    fired = lose_a_reply(locks, "COMMIT" if fencing else "INTO DJANGO_REDLOCK_DATABASELOCK (")
+    assert lock.acquire(blocking=False)
+    assert fired, "the take was not interrupted"
+    assert [info.token for info in make().live_locks(name)] == [lock.token]
+    assert not make().lock(name, ttl=5).acquire(blocking=False)  # no double grant
+    if fencing:
+        assert lock.fence > fence
+        assert make().lock_info(name).fence == lock.fence
+    lock.release()
+    assert not make().locked(name)  # no orphan
+
+
+@server_only
+def test_a_release_whose_reply_was_lost_still_releases(make, name) -> None:
+    """The DELETE ran and its reply was lost: the retry deletes nothing, and that is ours."""
+    locks = make()
+    lock = locks.lock(name, ttl=30)
+    assert lock.acquire(blocking=False)
+    fired = lose_a_reply(locks, "DELETE FROM DJANGO_REDLOCK_DATABASELOCK WHERE")
+    lock.release()
+    assert fired, "the release was not interrupted"
+    assert not make().locked(name)
+
+
+@pytest.mark.skipif(not PESSIMISTIC, reason="SQLite has no SELECT ... FOR UPDATE")
+def test_a_pessimistic_holder_whose_connection_died_checks_false(make, name) -> None:
+    """The transaction was the lock: once anything notices that its connection died, the
+    holder knows it lost the lock (check() raised OperationalError and held stayed True)."""
+    from django_redlock import LockLost
+
+    locks = make(pessimistic=True)
+    for notice in ("check", "extend"):
+        holder = locks.lock(name, ttl=30)
+        assert holder.acquire(blocking=False)
+        kill(holder._lease.state.wrapper)
+        assert not getattr(holder, notice)(), notice
+        assert not holder.held, notice
+        with pytest.raises(LockLost):
+            holder.release()
+        assert not make().locked(name), notice  # its row went too, not at its lease's end
 
 
 def test_admin_round_trip(admin_client, name) -> None:
