@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
+from django_redlock import QuorumError
 from django_redlock.backends.database import DatabaseLocks
 from testproject.models import Account
 from tests.backends import cases
@@ -409,8 +410,9 @@ def test_sqlite_lock_after_a_write_waits_for_the_busy_timeout(make, name, monkey
     with transaction.atomic():
         Account.objects.create(name="written first")
         start = time.monotonic()
-        with pytest.raises(OperationalError, match="locked"):
+        with pytest.raises(QuorumError, match="locked") as refused:  # a 503 in a view
             locks.lock(name, ttl=5).acquire(blocking=False)
+        assert isinstance(refused.value.__cause__, OperationalError)
         assert time.monotonic() - start >= 0.4
     lock = locks.lock(name, ttl=5)  # the write committed: the lock is free to take
     assert lock.acquire(blocking=False)
