@@ -232,6 +232,9 @@ def test_every_operation_is_bounded_when_zookeeper_is_down(name) -> None:
     with servers.zookeeper() as server:
         locks = ZooKeeperLocks(server.address, session_timeout=4.0, connect_timeout=2.0)
         try:
+            # A server just started may take longer than connect_timeout to answer its
+            # first requests on a loaded machine (JVM warm-up): wait until it answers.
+            wait_until(lambda: locks.health()[0].reachable, timeout=60, interval=0.2)
             held = [locks.lock(f"{name}/{i}") for i in range(3)]
             assert all(lock.acquire(blocking=False) for lock in held)
             server.kill()

@@ -303,7 +303,7 @@ def test_a_task_queued_behind_a_force_released_holder_moves_up_at_once(
         await asyncio.wait_for(holding.wait(), 5)
         await front
         forced_at = time.monotonic()
-        assert await asyncio.to_thread(operator.force_release, "forced") == 3
+        assert await asyncio.to_thread(operator.force_release, "forced") >= 2  # a quorum
         return await asyncio.wait_for(second, 5) - forced_at
 
     waited = asyncio.run(main())

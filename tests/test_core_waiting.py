@@ -266,7 +266,8 @@ def test_a_thread_queued_behind_a_force_released_holder_moves_up_at_once(
     # Both threads are users of the name's local queue: the second waits behind the holder.
     wait_until(lambda: getattr(rl._queues.get("wait:forced"), "users", 0) == 2, timeout=5)
     forced_at = time.monotonic()
-    assert make_redlock(redis_nodes).force_release("wait:forced") == 3
+    # A quorum at least (a contended acquire is often granted by just a quorum).
+    assert make_redlock(redis_nodes).force_release("wait:forced") >= 2
     second.join(5)
     assert behind.get("ok") is True
     # Not the up to 3 s the lost lease had left.

@@ -13,6 +13,7 @@ included: they are refused up front since issue 10, so the strategies draw them 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from typing import Any
@@ -156,6 +157,15 @@ metas = st.one_of(
 # --------------------------------------------------------------------------- names
 
 
+def _strict_json(meta: dict) -> bool:
+    """What the nodes can store: JSON without NaN or infinities (other values as str())."""
+    try:
+        json.dumps(meta, default=str, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
 def _utf8(text: str) -> bool:
     try:
         text.encode()
@@ -183,7 +193,7 @@ def test_any_lock_name(rl, clients, name, auto_renew, meta) -> None:
             isinstance(name, str)
             and 0 < len(name) <= 512
             and _utf8(name)
-            and (meta is None or isinstance(meta, dict))
+            and (meta is None or (isinstance(meta, dict) and _strict_json(meta)))
         )
     assert leftovers(clients) == [[], [], []]
 
