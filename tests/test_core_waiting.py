@@ -200,28 +200,9 @@ def test_a_thread_queued_while_the_front_contends_moves_up_when_the_front_lease_
     other = make_redlock(redis_nodes, ttl=2.0)
     assert other.lock("wait:front").acquire(blocking=False)  # ends in 2 s, never released
     rl = make_redlock(redis_nodes, ttl=ttl)
-    warm_up(rl)
-    front: dict[str, float] = {}
-    behind: dict[str, object] = {}
-
-    def forgetful() -> None:
-        if rl.lock("wait:front").acquire(timeout=5):  # queue front, waits for the other
-            front["at"] = time.monotonic()  # ... and never releases
-
-    def queued() -> None:
-        lock = rl.lock("wait:front")
-        behind["ok"] = lock.acquire(timeout=float("inf"))
-        behind["at"] = time.monotonic()
-        lock.release()
-
-    first = threading.Thread(target=forgetful)
-    first.start()
-    # The front thread was refused once and now waits on the release channel.
-    wait_until(
-        lambda: _subscribers(redis_nodes, "redlock:released:wait:front") == [1] * 3, timeout=5
-    )
-    second = threading.Thread(target=queued, daemon=True)
-    second.start()
+    first, front, second, behind = _front_then_queued(
+        redis_nodes, rl, "wait:front", behind_timeout=float("inf")
+    )  # the front never releases
     first.join(5)
     second.join(5 + ttl)
     assert "at" in front, "the front thread did not get the lock"
@@ -239,30 +220,11 @@ def test_a_thread_queued_behind_a_force_released_holder_moves_up_at_once(
     other = make_redlock(redis_nodes, ttl=1.0)
     assert other.lock("wait:forced").acquire(blocking=False)  # ends in 1 s
     rl = make_redlock(redis_nodes, ttl=3.0)
-    warm_up(rl)
-    holding = threading.Event()
-    behind: dict[str, object] = {}
-
-    def holder() -> None:
-        lock = rl.lock("wait:forced", auto_renew=True)
-        if lock.acquire(timeout=5):  # the queue's front: it waited for the other client
-            holding.set()
-
-    def queued() -> None:
-        lock = rl.lock("wait:forced")
-        behind["ok"] = lock.acquire(timeout=10)
-        behind["at"] = time.monotonic()
-        lock.release()
-
-    front = threading.Thread(target=holder)
-    front.start()
-    wait_until(
-        lambda: _subscribers(redis_nodes, "redlock:released:wait:forced") == [1] * 3, timeout=5
+    first, front, second, behind = _front_then_queued(
+        redis_nodes, rl, "wait:forced", auto_renew=True, behind_timeout=10
     )
-    second = threading.Thread(target=queued)
-    second.start()
-    assert holding.wait(5)
-    front.join(5)
+    first.join(5)
+    assert "at" in front, "the front thread did not get the lock"
     # Both threads are users of the name's local queue: the second waits behind the holder.
     wait_until(lambda: getattr(rl._queues.get("wait:forced"), "users", 0) == 2, timeout=5)
     forced_at = time.monotonic()
@@ -272,3 +234,32 @@ def test_a_thread_queued_behind_a_force_released_holder_moves_up_at_once(
     assert behind.get("ok") is True
     # Not the up to 3 s the lost lease had left.
     assert behind["at"] - forced_at < 1.0, behind["at"] - forced_at
+
+
+def _front_then_queued(
+    redis_nodes: RedisCluster, rl, name: str, *, behind_timeout: float, auto_renew: bool = False
+) -> tuple[threading.Thread, dict[str, float], threading.Thread, dict[str, object]]:
+    """A front thread that gets ``name`` only after waiting for another client (and then
+    holds it), and a second thread queued behind it meanwhile, which takes the lock (within
+    ``behind_timeout``) and releases it. Returns both threads and what each recorded."""
+    warm_up(rl)
+    front: dict[str, float] = {}
+    behind: dict[str, object] = {}
+
+    def holder() -> None:
+        if rl.lock(name, auto_renew=auto_renew).acquire(timeout=5):  # the queue's front
+            front["at"] = time.monotonic()
+
+    def queued() -> None:
+        lock = rl.lock(name)
+        behind["ok"] = lock.acquire(timeout=behind_timeout)
+        behind["at"] = time.monotonic()
+        lock.release()
+
+    first = threading.Thread(target=holder)
+    first.start()
+    # The front thread was refused once and now waits on the release channel.
+    wait_until(lambda: _subscribers(redis_nodes, f"redlock:released:{name}") == [1] * 3)
+    second = threading.Thread(target=queued, daemon=True)
+    second.start()
+    return first, front, second, behind

@@ -472,15 +472,7 @@ class AsyncRedlock(RedlockBase):
 
     async def _send(self, step: Send) -> list[Any]:
         try:
-            return await self._fan_out(
-                step.build,
-                step.timeout,
-                step.late,
-                step.enough,
-                step.left,
-                step.behind,
-                step.idempotent,
-            )
+            return await self._fan_out(*step.fan_out_args())
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             state = self._state()

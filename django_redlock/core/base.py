@@ -295,6 +295,18 @@ class Send:
         self.idempotent = idempotent
         self.left: dict[int, Any] = {}
 
+    def fan_out_args(self) -> tuple[Any, ...]:
+        """The arguments of either driver's fan-out, in its order (the two take the same)."""
+        return (
+            self.build,
+            self.timeout,
+            self.late,
+            self.enough,
+            self.left,
+            self.behind,
+            self.idempotent,
+        )
+
 
 def to_every_node(command: list[Any] | bytes) -> AnyBuilder:
     """A builder sending the same command to every node."""

@@ -180,15 +180,7 @@ class Redlock(RedlockBase):
                 reply = None
                 if isinstance(step, Send):
                     try:
-                        reply = self._rounds.fan_out(
-                            step.build,
-                            step.timeout,
-                            step.late,
-                            step.enough,
-                            step.left,
-                            step.behind,
-                            step.idempotent,
-                        )
+                        reply = self._rounds.fan_out(*step.fan_out_args())
                     except BaseException:
                         # Interrupted (KeyboardInterrupt) with an acquire on the wire: some
                         # SETs may have landed; take them back before the caller goes on.
