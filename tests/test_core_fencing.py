@@ -39,10 +39,14 @@ def test_fences_strictly_increase_over_50_acquisitions(
         info = clients[0].lock_info("fence:seq")
         assert info.fence == lock.fence  # written back into the lock's hash on the nodes
         # The agreed fence was written back to a quorum's counters before acquire returned;
-        # it is sent to every node, and the third gets it as it reaches it.
+        # it is sent to every node, and the third gets it as it reaches it, unless it already
+        # proposed a higher one (first use: each node starts its counter from its own clock,
+        # and a node that answered after the quorum may be a millisecond ahead). A write-back
+        # never lowers a counter, so the next fence is above both.
         assert _fence_counters(redis_nodes, "fence:seq").count(lock.fence) >= 2
-        agreed = [lock.fence] * 3
-        wait_until(lambda: _fence_counters(redis_nodes, "fence:seq") == agreed)  # noqa: B023
+        wait_until(
+            lambda: min(_fence_counters(redis_nodes, "fence:seq")) >= lock.fence  # noqa: B023
+        )
         lock.release()
     assert all(b > a for a, b in itertools.pairwise(fences)), fences
     assert [e.fence for e in log.of("acquired", "fence:seq")] == fences[0::2]
