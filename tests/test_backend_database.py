@@ -42,14 +42,14 @@ def _run_cases(kind: str, tmp_path: Path, expect: int) -> None:
 
 def test_database_backend_on_sqlite(tmp_path: Path) -> None:
     # The pessimistic, NOTIFY and dropped-connection cases skip.
-    _run_cases("sqlite", tmp_path, expect=23)
+    _run_cases("sqlite", tmp_path, expect=24)
 
 
 @pytest.mark.parametrize(
     ("kind", "expect"),
     [
-        pytest.param("postgres", 36, marks=pytest.mark.postgres),
-        pytest.param("mysql", 35, marks=pytest.mark.mysql),
+        pytest.param("postgres", 39, marks=pytest.mark.postgres),
+        pytest.param("mysql", 38, marks=pytest.mark.mysql),
     ],
 )
 def test_database_backend_on_a_server(kind: str, expect: int, tmp_path: Path) -> None:

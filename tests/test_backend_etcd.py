@@ -14,6 +14,7 @@ from django_redlock import QuorumError
 from django_redlock.backends.etcd import EtcdError, EtcdLocks
 from tests.backends import cases, servers
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
     test_async_twin,
     test_auto_renew,
@@ -191,3 +192,44 @@ def test_an_etcd_protocol_error_is_not_unavailable(make) -> None:
     with pytest.raises(EtcdError, match="HTTP 400") as raised:
         locks.gateway.post("/v3/kv/range", {"key": "not base64!"})
     assert not isinstance(raised.value, locks.unavailable())
+
+
+def test_extend_rearms_the_lease_for_the_new_ttl(make, name) -> None:
+    """extend(10) on a 3 s lock holds it for 10 s (it answered True and kept the 3 s lease, so
+    another client took the lock at 3 s): at 4 to 6 s nobody else can take it, the fence is
+    the same, and the service lists the 10 s lease."""
+    locks = make()
+    lock = locks.lock(name, ttl=3, fencing=True)
+    assert lock.acquire(blocking=False)
+    fence = lock.fence
+    assert lock.extend(10)
+    extended = time.monotonic()
+    assert lock.validity > 9
+    other = make().lock(name, ttl=3)
+    time.sleep(max(extended + 4 - time.monotonic(), 0))  # past the old 3 s lease
+    assert not other.acquire(timeout=max(extended + 6 - time.monotonic(), 0.1))
+    assert lock.held and lock.check() and lock.fence == fence
+    info = make().lock_info(name)
+    assert info.token == lock.token and info.fence == fence and info.lease == 10
+    assert lock.extend(3)  # shorter works the same way
+    assert make().lock_info(name).lease == 3
+    lock.release()
+    assert not make().locked(name)
+
+
+def test_extend_token_rearms_the_lease_for_the_new_ttl(make, name) -> None:
+    """The same through extend_token (a lock handed to another process)."""
+    lock = make().lock(name, ttl=3)
+    assert lock.acquire(blocking=False)
+    token = lock.detach()
+    worker = make()
+    assert worker.extend_token(name, token, 10)
+    extended = time.monotonic()
+    other = make().lock(name, ttl=3)
+    time.sleep(max(extended + 4 - time.monotonic(), 0))
+    assert not other.acquire(timeout=max(extended + 6 - time.monotonic(), 0.1))
+    info = worker.lock_info(name)
+    assert info.token == token and info.lease == 10
+    assert worker.release_token(name, token) == 1
+    assert not worker.extend_token(name, token, 10)  # gone: False, and no lease is left over
+    assert not worker.locked(name)

@@ -297,6 +297,15 @@ class BackendLocks:
         """The live locks whose name matches ``pattern`` (any order)."""
         raise NotImplementedError
 
+    def _watch(self, grant: Grant) -> None:
+        """Start telling the holder of ``grant`` at once when anyone else removes its lock
+        (a force release, a take-over): then mark it lost. Nothing by default (ZooKeeper's
+        node watch does it itself)."""
+
+    def _unwatch(self, grant: Grant) -> None:
+        """Stop watching ``grant``: it is being released, was lost, or was handed over.
+        Called before our own release removes the lock, so that is never read as a loss."""
+
     def locked(self, name: str) -> bool:
         return self.lock_info(name) is not None
 
@@ -423,6 +432,7 @@ class BackendLocks:
             )
             return None
         self._emit(LockEvent.of_acquisition(grant, waited))
+        self._watch(grant)
         if handle.auto_renew:
             until = None if handle.renew_for is None else time.monotonic() + handle.renew_for
             threading.Thread(
@@ -453,6 +463,7 @@ class BackendLocks:
         if grant.released:
             return
         held = time.monotonic() - grant.acquired
+        self._unwatch(grant)
         if grant.lost is None and self._give_back(grant):
             grant.released = True
             self._emit(
@@ -489,6 +500,7 @@ class BackendLocks:
         """Forget a grant handed to another process (no release, no renewal here)."""
         grant.stop_renewal.set()
         grant.released = True
+        self._unwatch(grant)
         return grant.token
 
     def _keep_renewing(self, grant: Grant, until: float | None) -> None:
@@ -512,6 +524,7 @@ class BackendLocks:
             return
         grant.lost = reason
         grant.stop_renewal.set()
+        self._unwatch(grant)
         self._emit(LockEvent.of_end("lost", grant, reason))
 
     def _emit(self, event: LockEvent) -> None:

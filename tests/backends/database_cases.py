@@ -19,6 +19,7 @@ from django_redlock.backends.database import DatabaseLocks
 from testproject.models import Account
 from tests.backends import cases
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
     test_async_twin,
     test_auto_renew,
@@ -274,6 +275,42 @@ def lose_a_reply(locks: DatabaseLocks, needle: str) -> list[str]:
 
     wrapper.create_cursor = create_cursor
     return fired
+
+
+def cut_off(wrapper: Any) -> None:
+    """The database goes away for a lock connection: it is dropped by the server, and every
+    reconnection is refused (its settings now name a port nobody listens on)."""
+    from tests.backends.servers import free_port
+
+    wrapper.settings_dict["PORT"] = free_port()
+    kill(wrapper)
+
+
+@server_only
+@pytest.mark.parametrize("pessimistic", [False, True], ids=["plain", "pessimistic"])
+def test_release_with_the_database_unreachable_names_it(make, name, pessimistic) -> None:
+    """release() and extend() when the database cannot be reached raise the package's
+    QuorumError naming the lock, the database alias and the cause (release raised a raw
+    OperationalError after a kill -9 of the server), and change nothing on the service."""
+    from django.db import OperationalError
+
+    locks = make(pessimistic=pessimistic)
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    token = holder.token
+    cut_off(locks._connection())
+    for call, verb in ((holder.extend, "extend"), (holder.release, "release")):
+        with pytest.raises(QuorumError) as refused:
+            call()
+        message = str(refused.value)
+        assert f"lock {name!r}" in message and f"database 'default' could not {verb}" in message
+        assert f"{connection.vendor}:default:" in message  # the cause, under the node's name
+        assert isinstance(refused.value.__cause__, OperationalError)
+    assert not holder.held
+    observer = make()
+    info = observer.lock_info(name)  # still held by its token, until its lease ends
+    assert info is not None and info.token == token
+    assert observer.force_release(name) == 1
 
 
 @server_only
