@@ -392,12 +392,14 @@ class Locked:
             renew_for=self.renew_for,
         )
 
-    def _acquire_args(self) -> dict[str, Any]:
-        if self.wait is None:
-            return {"blocking": True}
-        if self.wait == 0:
+    @staticmethod
+    def _acquire_args_for(lock: Any, wait: float | None) -> dict[str, Any]:
+        if wait is None:
+            # The lock service's retry policy (REDLOCK["RETRY_COUNT"] retries).
+            return {"blocking": True, "retries": lock.redlock.retry_count}
+        if wait == 0:
             return {"blocking": False}
-        return {"blocking": True, "timeout": self.wait}
+        return {"blocking": True, "timeout": wait}
 
     @staticmethod
     def _enter(lock: Any, call: _Call) -> tuple[Any, Any]:
@@ -551,7 +553,7 @@ class Locked:
             redlock = self._locks()
             lock = self._lock(redlock, call)
             try:
-                acquired = lock.acquire(**self._acquire_args())
+                acquired = lock.acquire(**self._acquire_args_for(lock, self.wait))
             except LockNotAcquired as exc:  # QuorumError: too few nodes answered
                 return self._finish_response(self._refused(call, exc), exc)
             if not acquired:
@@ -584,7 +586,7 @@ class Locked:
             redlock = self._async_locks()
             lock = self._lock(redlock, call)
             try:
-                acquired = await lock.acquire(**self._acquire_args())
+                acquired = await lock.acquire(**self._acquire_args_for(lock, self.wait))
             except LockNotAcquired as exc:
                 refusal: LockNotAcquired | None = exc
             else:
@@ -619,7 +621,7 @@ class Locked:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
             lock = self._lock(self._locks(), call)
-            if not lock.acquire(**self._acquire_args()):
+            if not lock.acquire(**self._acquire_args_for(lock, self.wait)):
                 raise self._busy(lock)
             try:
                 yield from func(*args, **kwargs)
@@ -635,7 +637,7 @@ class Locked:
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
             lock = self._lock(self._async_locks(), call)
-            if not await lock.acquire(**self._acquire_args()):
+            if not await lock.acquire(**self._acquire_args_for(lock, self.wait)):
                 raise self._busy(lock)
             try:
                 async for item in func(*args, **kwargs):
@@ -669,7 +671,7 @@ class Locked:
     def __enter__(self) -> Any:
         call = self._standalone_call()
         lock = self._lock(self._locks(), call)
-        if not lock.acquire(**self._acquire_args()):
+        if not lock.acquire(**self._acquire_args_for(lock, self.wait)):
             raise self._busy(lock)
         self._held.set((*self._held.get(), (lock, call)))
         return lock
@@ -683,7 +685,7 @@ class Locked:
     async def __aenter__(self) -> Any:
         call = self._standalone_call()
         lock = self._lock(self._async_locks(), call)
-        if not await lock.acquire(**self._acquire_args()):
+        if not await lock.acquire(**self._acquire_args_for(lock, self.wait)):
             raise self._busy(lock)
         self._held.set((*self._held.get(), (lock, call)))
         return lock

@@ -165,7 +165,7 @@ def test_tasks_and_loops_contending_never_overlap(
 
 
 def test_reentrancy_is_per_task(redis_nodes: RedisCluster, make_async_redlock) -> None:
-    rl = make_async_redlock(redis_nodes)
+    rl = make_async_redlock(redis_nodes, reentrant=True)
 
     async def main() -> None:
         outer = rl.lock("re", ttl=5.0)

@@ -172,11 +172,15 @@ def test_acquire_after_the_holder_releases(redis_nodes: RedisCluster, make_redlo
     contender = other.lock("handoff")
     assert contender.acquire(blocking=False) is False
     result: dict[str, object] = {}
+    checked = threading.Event()
 
     def wait_for_it() -> None:
         t0 = time.monotonic()
         result["ok"] = contender.acquire(timeout=8.0)
         result["waited"] = time.monotonic() - t0
+        result["held"] = contender.held and contender.check()
+        checked.wait(10)
+        contender.release()  # by the thread that took it: a handle belongs to its acquirer
 
     waiter = threading.Thread(target=wait_for_it)
     waiter.start()
@@ -184,13 +188,13 @@ def test_acquire_after_the_holder_releases(redis_nodes: RedisCluster, make_redlo
     wait_until(lambda: all(numsub(n, "redlock:released:handoff") for n in redis_nodes))
     released_at = time.monotonic()
     h.release()
-    waiter.join(10)
-    assert not waiter.is_alive()
-    assert result["ok"] is True
-    assert contender.held and contender.check()
+    wait_until(lambda: "held" in result, timeout=10)
     # Woken by the release, not by the holder's 10 s lease running out.
     assert time.monotonic() - released_at < 2.0
-    contender.release()
+    assert result["ok"] is True and result["held"] is True
+    checked.set()
+    waiter.join(10)
+    assert not waiter.is_alive() and not contender.held
 
 
 def test_locked_reports_the_quorum_view(redis_nodes: RedisCluster, make_redlock) -> None:
@@ -274,13 +278,17 @@ def test_live_locks_and_lock_info_show_the_holder(redis_nodes: RedisCluster, mak
     b = rl.lock("inv:2", ttl=5.0)
     c = rl.lock("other", ttl=5.0)
     results: dict[str, bool] = {}
+    taken, listed = threading.Event(), threading.Event()
 
     def take() -> None:
         results["a"] = a.acquire(blocking=False)
+        taken.set()
+        listed.wait(10)
+        a.release()  # a handle belongs to the thread that acquired it
 
     worker = threading.Thread(target=take, name="invoice-worker")
     worker.start()
-    worker.join()
+    assert taken.wait(10)
     assert results["a"]
     assert b.acquire(blocking=False) and c.acquire(blocking=False)
 
@@ -304,8 +312,9 @@ def test_live_locks_and_lock_info_show_the_holder(redis_nodes: RedisCluster, mak
     assert viewer.lock_info("absent") is None
     for lock in (b, c):
         lock.release()
-    # Released from the worker's lock handle in this thread: an explicit handle owns it.
-    a.release()
+    listed.set()
+    worker.join(10)
+    assert not a.held
     assert list(viewer.live_locks()) == []
 
 

@@ -1,4 +1,4 @@
-"""Reentrancy (the default, ``reentrant=True``): the owner that holds a lock takes it again
+"""Reentrancy (``reentrant=True``, per lock or per client): the owner that holds a lock takes it again
 with no round trip, the nodes' key stays until the outermost release, and owners are threads,
 asyncio tasks or an explicit id. Traffic is counted on the real nodes (``INFO commandstats``)."""
 
@@ -25,8 +25,7 @@ def _traffic(node_calls, nodes) -> list[int]:
 def test_same_thread_reenters_without_a_round_trip(
     redis_nodes: RedisCluster, make_redlock, node_calls
 ) -> None:
-    rl = make_redlock(redis_nodes)
-    assert rl.reentrant is True  # the default
+    rl = make_redlock(redis_nodes, reentrant=True)
     warm_up(rl)
     outer = rl.lock("re:nested", ttl=5.0)
     assert outer.acquire(blocking=False)
@@ -49,7 +48,7 @@ def test_same_thread_reenters_without_a_round_trip(
 def test_another_thread_blocks_until_the_outermost_release(
     redis_nodes: RedisCluster, make_redlock
 ) -> None:
-    rl = make_redlock(redis_nodes)
+    rl = make_redlock(redis_nodes, reentrant=True)
     outer = rl.lock("re:other-thread", ttl=5.0)
     assert outer.acquire(blocking=False)
     inner = rl.lock("re:other-thread")
@@ -84,12 +83,13 @@ def test_another_thread_blocks_until_the_outermost_release(
 
 
 def test_reentrant_false_refuses_the_same_thread(redis_nodes: RedisCluster, make_redlock) -> None:
-    rl = make_redlock(redis_nodes)
+    rl = make_redlock(redis_nodes, reentrant=True)
     first = rl.lock("re:off", reentrant=False)
     assert first.acquire(blocking=False)
     assert rl.lock("re:off", reentrant=False).acquire(blocking=False) is False
-    # The same applies client-wide.
-    strict = make_redlock(redis_nodes, reentrant=False)
+    # The same applies client-wide, and is the default (as redis-py, pottery and kazoo).
+    strict = make_redlock(redis_nodes)
+    assert strict.reentrant is False
     lock = strict.lock("re:off-client")
     assert lock.acquire(blocking=False)
     assert strict.lock("re:off-client").acquire(blocking=False) is False
@@ -98,7 +98,7 @@ def test_reentrant_false_refuses_the_same_thread(redis_nodes: RedisCluster, make
 
 
 def test_explicit_owner_is_shared_across_threads(redis_nodes: RedisCluster, make_redlock) -> None:
-    rl = make_redlock(redis_nodes)
+    rl = make_redlock(redis_nodes, reentrant=True)
     held = rl.lock("re:owner", owner="task-1", ttl=5.0)
     assert held.acquire(blocking=False)
     results = {}
@@ -131,10 +131,10 @@ def test_an_explicit_owner_is_one_holder_per_client(
 ) -> None:
     """Holds are counted in the client that took the lock: another client (another process,
     or another Redlock in this one) with the same ``owner=`` is another holder, refused."""
-    rl = make_redlock(redis_nodes)
+    rl = make_redlock(redis_nodes, reentrant=True)
     held = rl.lock("re:client", owner="task-1", ttl=5.0)
     assert held.acquire(blocking=False)
-    other = make_redlock(redis_nodes)
+    other = make_redlock(redis_nodes, reentrant=True)
     assert other.lock("re:client", owner="task-1").acquire(blocking=False) is False
     assert tokens_on_nodes(redis_nodes, "re:client") == [held.token] * 3
     held.release()
@@ -145,7 +145,7 @@ def test_asyncio_tasks_on_one_thread_are_different_owners(
 ) -> None:
     """The sync client called from coroutines: the owner is the task, not the thread (a
     thread-local owner would let every coroutine of the loop walk into each other's lock)."""
-    rl = make_redlock(redis_nodes)
+    rl = make_redlock(redis_nodes, reentrant=True)
 
     async def main() -> tuple[bool, bool]:
         first = rl.lock("re:tasks", ttl=5.0)
@@ -168,7 +168,7 @@ def test_asyncio_tasks_on_one_thread_are_different_owners(
 def test_reentrant_hold_asking_for_more_than_the_outer_one_is_not_silently_downgraded(
     redis_nodes: RedisCluster, make_redlock
 ) -> None:
-    rl = make_redlock(redis_nodes)
+    rl = make_redlock(redis_nodes, reentrant=True)
     outer = rl.lock("re:upgrade", ttl=0.6)  # e.g. @locked on a view: no renewal, no fence
     assert outer.acquire(blocking=False)
     inner = rl.lock("re:upgrade", ttl=0.6, fencing=True, auto_renew=True)  # a long job

@@ -345,7 +345,7 @@ def test_release_notice_listener_survives_connection_resets(redis_nodes, make_re
         a = holder.lock("resets", ttl=8)
         assert a.acquire(blocking=False)
         got: list[bool] = []
-        b = waiter.lock("resets", ttl=8)
+        b = waiter.lock("resets", ttl=8, owner="waiter")
         thread = threading.Thread(target=lambda b=b, got=got: got.append(b.acquire(timeout=10)))
         thread.start()
         wait_until(lambda: _subscribed(redis_nodes, "redlock:released:resets"))
@@ -370,7 +370,7 @@ def test_release_notice_listener_survives_connection_resets_async(
         loop = asyncio.get_running_loop()
         try:
             for _ in range(3):
-                a = holder.lock("resets", ttl=8)
+                a = holder.lock("resets", ttl=8, owner="holder")
                 assert a.acquire(blocking=False)
                 b = rl.lock("resets", ttl=8)
                 task = asyncio.create_task(b.acquire(timeout=10))
@@ -473,7 +473,7 @@ def test_per_name_state_is_bounded(redis_nodes, make_redlock) -> None:
         # A second owner in this process times out in the local queue.
         assert not rl.lock(name, owner="someone else").acquire(timeout=0.01)
         # A waiter in another process is woken by the release (a courtesy entry here).
-        woken = other.lock(name)
+        woken = other.lock(name, owner="woken")
         thread = threading.Thread(target=woken.acquire, kwargs={"timeout": 5})
         thread.start()
         wait_until(lambda name=name: _subscribed(redis_nodes, f"redlock:released:{name}"))

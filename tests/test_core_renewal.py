@@ -71,7 +71,7 @@ def test_one_renewer_thread_serves_every_lock(redis_nodes: RedisCluster, make_re
     # on a brand-new cluster race with its one-time trust step).
     warm_up(first)
     warm_up(second)
-    locks = [first.lock(f"renew:many:{i}", auto_renew=True) for i in range(6)]
+    locks = [first.lock(f"renew:many:{i}", auto_renew=True, owner="test") for i in range(6)]
     locks += [second.lock(f"renew:many:{i}", auto_renew=True) for i in range(3)]
     threads = []
 

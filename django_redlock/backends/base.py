@@ -147,6 +147,8 @@ class Grant:
     lost: str | None = None
     #: Backend-private state (the ZooKeeper node path, the etcd lease, a held connection).
     state: Any = None
+    #: Who took it (the handle's owner: a thread, a task, or an explicit ``owner=``).
+    owner: Hashable = None
     stop_renewal: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -406,15 +408,23 @@ class BackendLocks:
     # -- shared logic ---------------------------------------------------------------------------
 
     def _acquire(
-        self, handle: BackendLock, *, blocking: bool, timeout: float | None
+        self,
+        handle: BackendLock,
+        owner: Hashable,
+        *,
+        blocking: bool,
+        timeout: float | None,
+        retries: int | None,
     ) -> Grant | None:
         start = time.monotonic()
-        if timeout is None:
+        if timeout is None and retries is not None:
             # The Redlock's retry policy: it pauses at most retry_delay before each of its
-            # retry_count retries. A waiter here is woken by the release instead of retrying,
-            # so it waits that long at most; no retries means one attempt.
-            timeout = self.retry_count * self.retry_delay
+            # retries. A waiter here is woken by the release instead of retrying, so it
+            # waits that long at most; no retries means one attempt.
+            timeout = retries * self.retry_delay
             blocking = blocking and timeout > 0
+        if timeout is None:
+            timeout = math.inf
         deadline = None if math.isinf(timeout) else start + timeout
         handle.retry_after = None
         try:
@@ -426,6 +436,8 @@ class BackendLocks:
                 f"lock {handle.name!r}: {exc}", handle.name, failures={self.node_name: str(exc)}
             ) from exc
         waited = time.monotonic() - start
+        if grant is not None:
+            grant.owner = owner
         if grant is None:
             self._emit(
                 LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)

@@ -32,7 +32,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -52,7 +52,7 @@ from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
 from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
-from .lock import Lease, LockBase, current_owner
+from .lock import Lease, LockBase
 from .nodes import Failure, WireError, eval_form, os_failure, reply_failure
 from .renewal import BATCH_WINDOW
 from .resp import ReplyError
@@ -134,27 +134,50 @@ class AsyncLock(LockBase):
 
     redlock: AsyncRedlock
 
-    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+    def acquire(
+        self,
+        blocking: bool | None = None,
+        timeout: float | None = None,
+        *,
+        retries: int | None = None,
+    ) -> Coroutine[Any, Any, bool]:
         """Take the lock on a quorum of nodes (see :meth:`Lock.acquire`): ``blocking=False``
-        makes one attempt; a blocking call waits up to ``timeout`` seconds (``None``: the
-        Redlock's retry policy, ``inf``: for ever), woken by a release or the lease's end.
+        makes one attempt; a blocking call waits until acquired, at most ``timeout`` seconds
+        when given (``retries=N``: N retries instead), woken by a release or the lease's end.
         Returns False when someone else holds it; raises :class:`QuorumError` when too few
-        nodes could answer."""
-        blocking, timeout = self._resolve(blocking, check_timeout(timeout))
-        self._lease = await self.redlock._acquire(self, blocking=blocking, timeout=timeout)
-        return self._lease is not None
+        nodes could answer.
 
-    async def release(self) -> None:
-        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours and
-        :class:`LockLost` if we knew it was lost. A cancelled caller still has the release
-        finished in the background."""
-        lease = self._take_lease()
+        The owner is the task that *calls* ``acquire()``, so ``await asyncio.wait_for(
+        lock.acquire(), 5)`` is owned by the caller on every Python (before 3.12 wait_for
+        runs the coroutine in a task of its own)."""
+        owner = self._owner()
+        prepared = self._prepare(owner, blocking, check_timeout(timeout), retries)
+        return self._acquire_for(owner, prepared)
+
+    async def _acquire_for(
+        self, owner: Hashable, prepared: tuple[bool, float | None, int | None] | None
+    ) -> bool:
+        if prepared is None:
+            return False
+        blocking, timeout, retries = prepared
+        return self._won(
+            await self.redlock._acquire(
+                self, owner, blocking=blocking, timeout=timeout, retries=retries
+            )
+        )
+
+    def release(self) -> Coroutine[Any, Any, None]:
+        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours (or the
+        calling task is not the one that took it) and :class:`LockLost` if we knew it was
+        lost. A cancelled caller still has the release finished in the background."""
+        lease = self._take_lease(self._owner())
         self._lease = None
-        await self.redlock._release(lease)
+        return self.redlock._release(lease)
 
-    async def extend(self, ttl: float | None = None) -> bool:
+    def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
         """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
-        return await self.redlock._extend(self._take_lease(), self.ttl if ttl is None else ttl)
+        lease = self._take_lease(self._owner())
+        return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
     async def check(self) -> bool:
         """Ask the nodes whether our token is still on a quorum (a round trip)."""
@@ -369,14 +392,19 @@ class AsyncRedlock(RedlockBase):
     # -- acquiring ------------------------------------------------------------------------------
 
     async def _acquire(
-        self, handle: AsyncLock, *, blocking: bool, timeout: float | None
+        self,
+        handle: AsyncLock,
+        owner: Hashable,
+        *,
+        blocking: bool,
+        timeout: float | None,
+        retries: int | None,
     ) -> Lease | None:
-        owner = handle.owner if handle.owner is not None else current_owner()
         lease = self._reenter(handle, owner)
         if lease is not None:
             return lease
         try:
-            return await self._acquire_new(handle, owner, blocking, timeout)
+            return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
             won = self._won_unreturned(handle.name, owner)
             state = self._state()
@@ -390,10 +418,15 @@ class AsyncRedlock(RedlockBase):
             await self._release(lease)
 
     async def _acquire_new(
-        self, handle: AsyncLock, owner: Hashable, blocking: bool, timeout: float | None
+        self,
+        handle: AsyncLock,
+        owner: Hashable,
+        blocking: bool,
+        timeout: float | None,
+        retries: int | None,
     ) -> Lease | None:
         start = time.monotonic()
-        deadline = self._deadline(start, timeout)
+        deadline = self._deadline(start, timeout, retries)
         courtesy = self._courtesy(handle.name) if blocking else 0.0
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
@@ -421,7 +454,7 @@ class AsyncRedlock(RedlockBase):
                 return None
         try:
             lease = await self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, timeout, start, first)
+                self._contend_steps(handle, owner, blocking, deadline, retries, start, first)
             )
             if lease is not None and lease.auto_renew:
                 # Its force-release watch is subscribed before the holder goes on.

@@ -394,7 +394,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         max_ttl: float | None = None,
         restart_guard: bool = True,
         trust_fresh_cluster: bool = True,
-        reentrant: bool = True,
+        reentrant: bool = False,
         fair_heartbeat: float = 3.0,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
@@ -454,6 +454,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         meta: Mapping[str, Any] | None = None,
         owner: Hashable | None = None,
         renew_for: float | None = None,
+        retries: int | None = None,
     ) -> Any:
         """A handle on lock ``name``; nothing is sent until it is acquired.
 
@@ -492,6 +493,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             meta=details,
             owner=owner,
             renew_for=renew_for,
+            retries=None if retries is None else check_retry_count(retries),
         )
 
     # -- judging replies ------------------------------------------------------------------------
@@ -607,7 +609,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         owner: Hashable,
         blocking: bool,
         deadline: float | None,
-        timeout: float | None,
+        retries: int | None,
         start: float,
         first: Refusal | None = None,
     ) -> Steps[Lease | None]:
@@ -633,13 +635,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 return self._won(handle, outcome, start)
             attempts += 1
             now = time.monotonic()
-            if self._out_of_time(blocking, attempts, timeout, deadline, now):
+            if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
                 return None
             if notice is None:
                 notice = yield Listen(self._channel(handle.name))
                 continue
-            yield Wait(notice, self._pause_for(handle, outcome, timeout, deadline, now))
+            yield Wait(notice, self._pause_for(handle, outcome, retries, deadline, now))
 
     def _alone_steps(
         self, handle: LockBase, owner: Hashable, start: float
@@ -883,24 +885,24 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 retry_after=refusal.retry_after,
             )
 
-    def _deadline(self, start: float, timeout: float | None) -> float | None:
-        """When a blocking acquire gives up: ``timeout`` seconds from now, never for ``inf``,
-        and for ``None`` (the retry policy) once ``retry_count`` retries could have run."""
-        if timeout is None:
-            return start + (self.retry_count + 1) * max(self.retry_delay, self.node_timeout)
-        return None if math.isinf(timeout) else start + timeout
+    def _deadline(self, start: float, timeout: float | None, retries: int | None) -> float | None:
+        """When a blocking acquire gives up: ``timeout`` seconds from now, never for ``None``
+        or ``inf`` (unless ``retries`` bounds it: once that many retries could have run)."""
+        if timeout is None and retries is not None:
+            return start + (retries + 1) * max(self.retry_delay, self.node_timeout)
+        return None if timeout is None or math.isinf(timeout) else start + timeout
 
     def _out_of_time(
         self,
         blocking: bool,
         attempts: int,
-        timeout: float | None,
+        retries: int | None,
         deadline: float | None,
         now: float,
     ) -> bool:
         if not blocking:
             return True
-        if timeout is None and attempts > self.retry_count:
+        if retries is not None and attempts > retries:
             return True
         return deadline is not None and now >= deadline
 
@@ -908,20 +910,20 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         self,
         handle: LockBase,
         refusal: Refusal,
-        timeout: float | None,
+        retries: int | None,
         deadline: float | None,
         now: float,
     ) -> float:
         """How long to wait before the next attempt if no release notice comes first: until
-        the holder's lease runs out when the nodes told us, else a random retry delay. Under
-        the retry policy (``timeout=None``) never longer than ``retry_delay``. The jitter keeps
+        the holder's lease runs out when the nodes told us, else a random retry delay. With
+        ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
         contenders from retrying in lock step."""
         jitter = random.uniform(0, self.retry_delay / 2)
         if refusal.retry_after is not None:
             delay = refusal.retry_after + min(jitter, 0.002)
         else:
             delay = self.retry_delay / 2 + jitter
-        if timeout is None:
+        if retries is not None:
             delay = min(delay, self.retry_delay / 2 + jitter)
         if handle.fair:
             # A fair waiter refreshes its place in line on every attempt.

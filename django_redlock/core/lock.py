@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Hashable
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 
 from .errors import LockNotAcquired, LockNotOwned
 from .process import ThisProcess
-from .validation import check_flag, check_timeout
+from .validation import check_flag, check_retry_count, check_timeout
 
 __all__ = ["Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
 
@@ -33,6 +34,14 @@ def current_owner() -> Hashable:
     if task is not None:
         return ("task", task)
     return ("thread", threading.current_thread())
+
+
+def _describe(owner: Hashable) -> str:
+    if isinstance(owner, tuple) and len(owner) == 2 and owner[0] == "thread":
+        return f"thread {owner[1].name!r}"
+    if isinstance(owner, tuple) and len(owner) == 2 and owner[0] == "task":
+        return f"task {owner[1].get_name()!r}"
+    return f"owner {owner!r}"
 
 
 @dataclass(eq=False)
@@ -99,6 +108,7 @@ class LockBase:
         meta: dict[str, Any],
         owner: Hashable | None,
         renew_for: float | None,
+        retries: int | None = None,
     ) -> None:
         self.redlock = redlock
         self.name = name
@@ -112,6 +122,7 @@ class LockBase:
         self.meta = meta
         self.owner = owner
         self.renew_for = renew_for
+        self.retries = retries
         self._lease: Lease | None = None
         #: Seconds until the holder's lease ends, from the last failed attempt (if known).
         self.retry_after: float | None = None
@@ -150,22 +161,58 @@ class LockBase:
         """Hand the lock over to another process: this handle forgets it (no release, no
         renewal here) and returns the token the new owner releases it with, through
         ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker)."""
-        lease = self._take_lease()
+        lease = self._take_lease(self._owner())
         self._lease = None
         return self.redlock._detach(lease)  # type: ignore[no-any-return]
 
-    def _resolve(self, blocking: bool | None, timeout: float | None) -> tuple[bool, float | None]:
-        if self._lease is not None and not self._lease.released:
-            raise RuntimeError(f"lock {self.name!r}: this handle already holds it")
-        return (
-            self.blocking if blocking is None else check_flag("blocking", blocking),
-            self.timeout if timeout is None else timeout,
-        )
+    def _owner(self) -> Hashable:
+        """Who is asking: the handle's explicit ``owner=``, else the running asyncio task,
+        else the current thread (:func:`current_owner`)."""
+        return self.owner if self.owner is not None else current_owner()
 
-    def _take_lease(self) -> Lease:
+    def _prepare(
+        self, owner: Hashable, blocking: bool | None, timeout: float | None, retries: int | None
+    ) -> tuple[bool, float | None, int | None] | None:
+        """An acquire's arguments resolved against the handle's defaults, or None when the
+        answer is False without asking the nodes: the asking owner already holds this
+        handle, the lock does not re-enter, and the caller would not wait."""
+        blocking = self.blocking if blocking is None else check_flag("blocking", blocking)
+        timeout = self.timeout if timeout is None else timeout
+        retries = self.retries if retries is None else check_retry_count(retries)
+        lease = self._lease
+        if lease is not None and (lease.released or lease.validity <= 0):
+            self._lease = lease = None  # a hold that ended (released elsewhere, ran out, lost)
+        if lease is not None and lease.owner == owner and not self.reentrant:
+            if not blocking:
+                return None
+            if (timeout is not None and math.isinf(timeout)) or (
+                timeout is None and retries is None
+            ):
+                raise RuntimeError(
+                    f"lock {self.name!r}: this owner already holds it and it is not reentrant, "
+                    "so waiting for it without a timeout would wait for itself for ever"
+                )
+        return blocking, timeout, retries
+
+    def _won(self, lease: Lease | None) -> bool:
+        # Only a win takes the handle's slot: a failed attempt never touches the holder's.
+        if lease is not None:
+            self._lease = lease
+        return lease is not None
+
+    def _take_lease(self, owner: Hashable) -> Lease:
+        """The hold ``owner`` may release or extend: the handle's, when ``owner`` took it
+        (another thread or task of a shared handle gets :class:`LockNotOwned`, as with
+        redis-py's thread-local token, and nothing is sent)."""
         lease = self._lease
         if lease is None or lease.released:
             raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
+        if lease.owner != owner:
+            raise LockNotOwned(
+                f"lock {self.name!r} is held through this handle by another owner "
+                f"({_describe(lease.owner)}), not by {_describe(owner)}",
+                self.name,
+            )
         return lease
 
     def _not_acquired(self) -> LockNotAcquired:
@@ -180,7 +227,15 @@ class SyncClient(Protocol):
     """What a :class:`Lock` asks of the client that made it (:class:`~.redlock.Redlock`);
     named here so the handle does not import the client that imports it."""
 
-    def _acquire(self, handle: Lock, *, blocking: bool, timeout: float | None) -> Lease | None: ...
+    def _acquire(
+        self,
+        handle: Lock,
+        owner: Hashable,
+        *,
+        blocking: bool,
+        timeout: float | None,
+        retries: int | None,
+    ) -> Lease | None: ...
 
     def _release(self, lease: Lease) -> None: ...
 
@@ -198,28 +253,43 @@ class Lock(LockBase):
 
     redlock: SyncClient
 
-    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+    def acquire(
+        self,
+        blocking: bool | None = None,
+        timeout: float | None = None,
+        *,
+        retries: int | None = None,
+    ) -> bool:
         """Take the lock on a quorum of nodes.
 
-        ``blocking=False`` makes one attempt. A blocking call waits up to ``timeout`` seconds
-        (``None``: the Redlock's ``retry_count`` retries; ``float("inf")``: for ever), woken when
-        the holder releases or its lease runs out. Returns False when someone else holds the
-        lock; raises :class:`QuorumError` when too few nodes could answer at all.
+        ``blocking=False`` makes one attempt. A blocking call waits until the lock is taken
+        (as ``threading.Lock``, redis-py and kazoo do), at most ``timeout`` seconds when given,
+        woken when the holder releases or its lease runs out. ``retries=N`` bounds it by
+        attempts instead: the Redlock spec's client, N retries ``retry_delay`` apart with
+        jitter. Returns False when someone else holds the lock; raises :class:`QuorumError`
+        when too few nodes could answer at all.
         """
-        blocking, timeout = self._resolve(blocking, check_timeout(timeout))
-        self._lease = self.redlock._acquire(self, blocking=blocking, timeout=timeout)
-        return self._lease is not None
+        owner = self._owner()
+        prepared = self._prepare(owner, blocking, check_timeout(timeout), retries)
+        if prepared is None:
+            return False
+        blocking, timeout, retries = prepared
+        return self._won(
+            self.redlock._acquire(self, owner, blocking=blocking, timeout=timeout, retries=retries)
+        )
 
     def release(self) -> None:
-        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours (the
-        current holder's keys are left alone) and :class:`LockLost` if we knew it was lost."""
-        lease = self._take_lease()
+        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if
+        the asking thread (task) is not the one that took it (nothing is sent then), and
+        :class:`LockLost` if we knew it was lost."""
+        lease = self._take_lease(self._owner())
         self._lease = None
         self.redlock._release(lease)
 
     def extend(self, ttl: float | None = None) -> bool:
         """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
-        return self.redlock._extend(self._take_lease(), self.ttl if ttl is None else ttl)
+        lease = self._take_lease(self._owner())
+        return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
     def check(self) -> bool:
         """Ask the nodes whether our token is still on a quorum (a round trip)."""

@@ -17,7 +17,7 @@ from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, W
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
-from .lock import Lease, Lock, current_owner
+from .lock import Lease, Lock
 from .nodes import Node, Owing
 from .renewal import renewer
 from .validation import check_name
@@ -108,13 +108,20 @@ class Redlock(RedlockBase):
 
     # -- acquiring ------------------------------------------------------------------------------
 
-    def _acquire(self, handle: Lock, *, blocking: bool, timeout: float | None) -> Lease | None:
-        owner = handle.owner if handle.owner is not None else current_owner()
+    def _acquire(
+        self,
+        handle: Lock,
+        owner: Hashable,
+        *,
+        blocking: bool,
+        timeout: float | None,
+        retries: int | None,
+    ) -> Lease | None:
         lease = self._reenter(handle, owner)
         if lease is not None:
             return lease
         try:
-            return self._acquire_new(handle, owner, blocking, timeout)
+            return self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
             won = self._won_unreturned(handle.name, owner)
             if won is not None:
@@ -123,10 +130,15 @@ class Redlock(RedlockBase):
             raise
 
     def _acquire_new(
-        self, handle: Lock, owner: Hashable, blocking: bool, timeout: float | None
+        self,
+        handle: Lock,
+        owner: Hashable,
+        blocking: bool,
+        timeout: float | None,
+        retries: int | None,
     ) -> Lease | None:
         start = time.monotonic()
-        deadline = self._deadline(start, timeout)
+        deadline = self._deadline(start, timeout, retries)
         courtesy = self._courtesy(handle.name) if blocking else 0.0
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
@@ -151,7 +163,7 @@ class Redlock(RedlockBase):
                 return None
         try:
             lease = self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, timeout, start, first)
+                self._contend_steps(handle, owner, blocking, deadline, retries, start, first)
             )
         except BaseException:
             if queue is not None:
