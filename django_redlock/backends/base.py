@@ -15,13 +15,14 @@ into its asyncio twin by running the blocking calls in worker threads: the servi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Coroutine, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
@@ -176,9 +177,11 @@ class BackendLock(Lock):
         meta: dict[str, Any],
         owner: Hashable | None = None,
         renew_for: float | None = None,
+        retries: int | None = None,
     ) -> None:
-        # owner is kept for the integrations; these locks are not reentrant, so it decides
-        # nothing.
+        # The handle rules are the core's: whoever acquired the handle (owner=, else the
+        # task, else the thread) releases and extends it; a failed attempt leaves the
+        # holder's grant alone.
         super().__init__(
             manager,
             name,
@@ -192,6 +195,7 @@ class BackendLock(Lock):
             meta=meta,
             owner=owner,
             renew_for=renew_for,
+            retries=retries,
         )
 
 
@@ -342,13 +346,15 @@ class BackendLocks:
         fair: bool = False,
         owner: Hashable | None = None,
         renew_for: float | None = None,
+        retries: int | None = None,
     ) -> BackendLock:
         """A handle on lock ``name``; nothing is sent until it is acquired.
 
         The Redlock options are accepted where the service can honour them: ``fair=True``
         where waiters are served in arrival order (:attr:`fair`), ``renew_for`` caps
-        auto-renewal, ``owner`` is kept; ``reentrant=True`` is refused (no backend here
-        counts reentrant holds).
+        auto-renewal, ``owner`` names who holds the handle, ``retries`` bounds a blocking
+        acquire without a timeout (at most ``retries`` x ``retry_delay`` seconds here);
+        ``reentrant=True`` is refused (no backend here counts reentrant holds).
         """
         check_name(name)
         lease = self.ttl if ttl is None else check_positive("ttl", ttl)
@@ -360,6 +366,8 @@ class BackendLocks:
             raise ValueError(f"{type(self).__name__} does not serve waiters in order (fair=True)")
         if renew_for is not None:
             renew_for = check_positive("renew_for", renew_for)
+        if retries is not None:
+            retries = check_retry_count(retries)
         return self.lock_class(
             self,
             name,
@@ -371,6 +379,7 @@ class BackendLocks:
             meta=details,
             owner=owner,
             renew_for=renew_for,
+            retries=retries,
         )
 
     def release_token(self, name: str, token: str) -> int:
@@ -556,7 +565,12 @@ def utc_from_micros(micros: int | None) -> datetime | None:
 
 
 class AsyncBackendLock:
-    """The asyncio handle: ``await lock.acquire()``, ``async with manager.lock(name):``."""
+    """The asyncio handle: ``await lock.acquire()``, ``async with manager.lock(name):``.
+
+    The blocking calls run in worker threads, but the owner is the task that calls (as with
+    the AsyncRedlock's handle): taken when ``acquire()``/``release()``/``extend()`` is
+    called, in the event loop, never the worker thread that happens to run the request.
+    """
 
     def __init__(self, handle: BackendLock) -> None:
         self._handle = handle
@@ -569,14 +583,58 @@ class AsyncBackendLock:
     def __repr__(self) -> str:
         return f"<Async{self._handle!r}"[:-1] + ">"
 
-    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        return await asyncio.to_thread(self._handle.acquire, blocking, timeout)
+    def acquire(
+        self,
+        blocking: bool | None = None,
+        timeout: float | None = None,
+        *,
+        retries: int | None = None,
+    ) -> Coroutine[Any, Any, bool]:
+        """See :meth:`BackendLock.acquire`; owned by the task that calls it."""
+        handle = self._handle
+        owner = handle._owner()
+        prepared = handle._prepare(owner, blocking, check_timeout(timeout), retries)
+        return self._acquire_for(owner, prepared)
 
-    async def release(self) -> None:
-        await asyncio.to_thread(self._handle.release)
+    async def _acquire_for(
+        self, owner: Hashable, prepared: tuple[bool, float | None, int | None] | None
+    ) -> bool:
+        if prepared is None:
+            return False
+        blocking, timeout, retries = prepared
+        handle = self._handle
+        manager: BackendLocks = handle.redlock  # type: ignore[assignment]
+        attempt = asyncio.ensure_future(
+            asyncio.to_thread(
+                manager._acquire,
+                handle,
+                owner,
+                blocking=blocking,
+                timeout=timeout,
+                retries=retries,
+            )
+        )
+        try:
+            grant = await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            # The worker thread goes on: a grant it wins after the caller gave up is
+            # released, not left held by nobody until its lease ends.
+            attempt.add_done_callback(lambda done: _give_up(manager, done))
+            raise
+        return handle._won(grant)  # type: ignore[arg-type]  # a Grant plays the Lease here
 
-    async def extend(self, ttl: float | None = None) -> bool:
-        return await asyncio.to_thread(self._handle.extend, ttl)
+    def release(self) -> Coroutine[Any, Any, None]:
+        """See :meth:`BackendLock.release`; only the task that acquired may release."""
+        handle = self._handle
+        grant = handle._take_lease(handle._owner())
+        handle._lease = None
+        return asyncio.to_thread(handle.redlock._release, grant)
+
+    def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
+        """See :meth:`BackendLock.extend`; only the task that acquired may extend."""
+        handle = self._handle
+        grant = handle._take_lease(handle._owner())
+        return asyncio.to_thread(handle.redlock._extend, grant, handle.ttl if ttl is None else ttl)
 
     async def check(self) -> bool:
         return await asyncio.to_thread(self._handle.check)
@@ -592,6 +650,23 @@ class AsyncBackendLock:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
+
+
+def _give_up(manager: BackendLocks, attempt: asyncio.Future[Grant | None]) -> None:
+    """Release a grant won for a caller that was cancelled meanwhile (in a thread: the
+    release talks to the service)."""
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    grant = attempt.result()
+    if grant is not None:
+        threading.Thread(
+            target=_release_quietly, args=(manager, grant), name="lock-give-up", daemon=True
+        ).start()
+
+
+def _release_quietly(manager: BackendLocks, grant: Grant) -> None:
+    with contextlib.suppress(Exception):  # gone already, or the service is down: its lease ends
+        manager._release(grant)
 
 
 class AsyncLocks:

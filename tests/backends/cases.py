@@ -374,7 +374,7 @@ def test_a_waiter_that_waits_longer_than_its_ttl_still_excludes(make: Make, name
     run out in the queue and handed it a lock whose key was gone)."""
     holder = make().lock(name, ttl=5)
     assert holder.acquire(blocking=False)
-    waiter = make().lock(name, ttl=1)
+    waiter = make().lock(name, ttl=1, owner="waiter")  # acquired in a thread, released here
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(waiter.acquire(timeout=30)))
     thread.start()
@@ -391,42 +391,43 @@ def test_a_waiter_that_waits_longer_than_its_ttl_still_excludes(make: Make, name
         waiter.release()
 
 
-def test_timeout_none_is_the_retry_policy(make: Make, name: str) -> None:
-    """``acquire(timeout=None)`` waits like the Redlock's retry policy (at most retry_count x
-    retry_delay, woken by a release), ``retry_count=0`` is one attempt, ``float("inf")``
-    waits for ever; ``with`` raises LockNotAcquired once the policy gives up."""
+def test_acquire_waits_until_acquired_unless_retries_bound_it(make: Make, name: str) -> None:
+    """``acquire()`` with blocking and no timeout waits until acquired (as threading.Lock,
+    redis-py and kazoo); ``retries=N`` bounds it like the Redlock's retry loop (at most N x
+    retry_delay here, woken by a release), ``retries=0`` is one attempt, and ``with`` raises
+    LockNotAcquired once they ran out."""
     holder = make().lock(name, ttl=60)
     assert holder.acquire(blocking=False)
     locks = make(retry_count=2, retry_delay=0.3)
     start = time.monotonic()
-    assert not locks.lock(name, ttl=5).acquire()  # the handle's and the call's timeout: None
+    assert not locks.lock(name, ttl=5).acquire(retries=2)
     waited = time.monotonic() - start
     assert 0.55 <= waited < 5, waited
     with pytest.raises(LockNotAcquired):
-        with locks.lock(name, ttl=5):
+        with locks.lock(name, ttl=5, retries=1):
             pass
     start = time.monotonic()
-    assert not make(retry_count=0).lock(name, ttl=5).acquire()
+    assert not locks.lock(name, ttl=5, retries=0).acquire()
     assert time.monotonic() - start < 0.5
 
     def waiter(handle: Any) -> tuple[threading.Thread, list[bool]]:
         result: list[bool] = []
         thread = threading.Thread(target=lambda: result.append(handle.acquire()))
         thread.start()
-        time.sleep(0.5)  # let it block (a waiter that is late only waits less)
+        time.sleep(1.0)  # past retry_count x retry_delay: the waiter must still wait
         assert result == [], "it should still be waiting"
         return thread, result
 
-    patient = make(retry_count=3, retry_delay=20).lock(name, ttl=5)
+    patient = make(retry_delay=20).lock(name, ttl=5, retries=3, owner="patient")
     thread, result = waiter(patient)
-    holder.release()  # wakes the policy's waiter long before its 60 s
+    holder.release()  # wakes it long before its three retries of 20 s
     thread.join(30)
-    assert result == [True] and patient.held
-    forever = make(retry_count=0).lock(name, ttl=5, timeout=float("inf"))
-    thread, result = waiter(forever)  # retry_count=0 does not apply to an explicit timeout
+    assert result == [True] and patient.check()
+    forever = make().lock(name, ttl=5, owner="forever")
+    thread, result = waiter(forever)  # no timeout, no retries: it waits until acquired
     patient.release()
     thread.join(30)
-    assert result == [True] and forever.held
+    assert result == [True] and forever.check()
     forever.release()
     assert not locks.locked(name)
 

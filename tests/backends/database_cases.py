@@ -21,6 +21,7 @@ from tests.backends import cases
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
     test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
+    test_acquire_waits_until_acquired_unless_retries_bound_it,
     test_async_twin,
     test_auto_renew,
     test_bad_input,
@@ -30,7 +31,6 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_handover,
     test_names,
     test_names_that_a_collation_would_equate_are_distinct_locks,
-    test_timeout_none_is_the_retry_policy,
     test_waiter_wakes_on_release,
 )
 from tests.helpers import wait_until
