@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django_redlock import QuorumError
 from django_redlock.backends.database import DatabaseLocks
 from testproject.models import Account
-from tests.backends import cases
+from tests.backends import cases, databases
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
     test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
@@ -36,6 +36,30 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_database_reaped() -> Any:
+    """Sweep the test databases of dead runs, and have a reaper drop this run's if this
+    process dies before pytest-django's teardown (pytest-timeout's os._exit, SIGKILL);
+    after the run, drop it in case that teardown could not (a session still connected)."""
+    from django.conf import settings
+
+    kind = os.environ.get("REDLOCK_BACKEND_DB", "sqlite")
+    if kind == "sqlite":  # a file in the run's temporary directory
+        yield
+        return
+    name = settings.DATABASES["default"]["TEST"]["NAME"]
+    databases.sweep(kind)
+    reaper = databases.reap_on_exit(kind, name)
+    try:
+        yield
+    finally:
+        try:
+            databases.drop(kind, name)
+        finally:
+            reaper.done()
+
 
 PESSIMISTIC = connection.vendor != "sqlite"
 #: The cases that drop a lock's connection from the server side (SQLite has no server).
