@@ -38,6 +38,7 @@ from ..core import (
     NodeHealth,
     NodeLockState,
     QuorumError,
+    check_flag,
     check_meta,
     check_positive,
     check_retry_count,
@@ -150,6 +151,9 @@ class Grant:
     state: Any = None
     #: Who took it (the handle's owner: a thread, a task, or an explicit ``owner=``).
     owner: Hashable = None
+    #: Holds of its owner through ``reentrant=True`` handles; released at the last one.
+    count: int = 1
+    auto_renew: bool = False
     stop_renewal: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -178,6 +182,7 @@ class BackendLock(Lock):
         owner: Hashable | None = None,
         renew_for: float | None = None,
         retries: int | None = None,
+        reentrant: bool = False,
     ) -> None:
         # The handle rules are the core's: whoever acquired the handle (owner=, else the
         # task, else the thread) releases and extends it; a failed attempt leaves the
@@ -188,7 +193,7 @@ class BackendLock(Lock):
             ttl=ttl,
             auto_renew=auto_renew,
             fencing=fencing,
-            reentrant=False,
+            reentrant=reentrant,
             fair=False,
             blocking=blocking,
             timeout=timeout,
@@ -268,6 +273,9 @@ class BackendLocks:
                 "(for a longer wait pass a timeout)"
             )
         self.listeners: list[Any] = []
+        #: The grant of each name held through this manager, for reentrant holds.
+        self._holds: dict[str, Grant] = {}
+        self._holds_lock = threading.Lock()
 
     # -- the primitives a backend implements ----------------------------------------------------
 
@@ -353,20 +361,25 @@ class BackendLocks:
         The Redlock options are accepted where the service can honour them: ``fair=True``
         where waiters are served in arrival order (:attr:`fair`), ``renew_for`` caps
         auto-renewal, ``owner`` names who holds the handle, ``retries`` bounds a blocking
-        acquire without a timeout (at most ``retries`` x ``retry_delay`` seconds here);
-        ``reentrant=True`` is refused (no backend here counts reentrant holds).
+        acquire without a timeout (at most ``retries`` x ``retry_delay`` seconds here).
+        ``reentrant=True``: the owner that holds ``name`` through this manager takes it
+        again as one more hold of the same grant (released at the last release), as on the
+        Redlock; without it (the default) a second acquire by the holder contends.
         """
         check_name(name)
         lease = self.ttl if ttl is None else check_positive("ttl", ttl)
         timeout = check_timeout(timeout)
         details = check_meta(meta)
-        if reentrant:
-            raise ValueError(f"{type(self).__name__} locks are not reentrant (reentrant=True)")
+        reentrant = False if reentrant is None else check_flag("reentrant", reentrant)
         if fair and not self.fair:
             raise ValueError(f"{type(self).__name__} does not serve waiters in order (fair=True)")
         if renew_for is not None:
             renew_for = check_positive("renew_for", renew_for)
         if retries is not None:
+            if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+                raise (TypeError if not isinstance(retries, int) else ValueError)(
+                    f"retries must be an int of 0 or more, got {retries!r}"
+                )
             retries = check_retry_count(retries)
         return self.lock_class(
             self,
@@ -380,6 +393,7 @@ class BackendLocks:
             owner=owner,
             renew_for=renew_for,
             retries=retries,
+            reentrant=reentrant,
         )
 
     def release_token(self, name: str, token: str) -> int:
@@ -426,6 +440,9 @@ class BackendLocks:
         retries: int | None,
     ) -> Grant | None:
         start = time.monotonic()
+        held = self._reenter(handle, owner)
+        if held is not None:
+            return held
         if timeout is None and retries is not None:
             # The Redlock's retry policy: it pauses at most retry_delay before each of its
             # retries. A waiter here is woken by the release instead of retrying, so it
@@ -452,17 +469,48 @@ class BackendLocks:
                 LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)
             )
             return None
+        with self._holds_lock:
+            self._holds[grant.name] = grant
         self._emit(LockEvent.of_acquisition(grant, waited))
         self._watch(grant)
         if handle.auto_renew:
-            until = None if handle.renew_for is None else time.monotonic() + handle.renew_for
-            threading.Thread(
-                target=self._keep_renewing,
-                args=(grant, until),
-                name=f"lock-renew:{grant.name}",
-                daemon=True,
-            ).start()
+            self._start_renewal(grant, handle.renew_for)
         return grant
+
+    def _start_renewal(self, grant: Grant, renew_for: float | None) -> None:
+        grant.auto_renew = True
+        until = None if renew_for is None else time.monotonic() + renew_for
+        threading.Thread(
+            target=self._keep_renewing,
+            args=(grant, until),
+            name=f"lock-renew:{grant.name}",
+            daemon=True,
+        ).start()
+
+    def _reenter(self, handle: BackendLock, owner: Hashable) -> Grant | None:
+        """The owner's grant of this name, one hold deeper, when reentry applies (as the
+        Redlock's: a nested hold may start renewal, it cannot add a fence)."""
+        if not handle.reentrant:
+            return None
+        with self._holds_lock:
+            grant = self._holds.get(handle.name)
+            if grant is None or grant.owner != owner or grant.validity <= 0:
+                return None
+            if handle.fencing and grant.fence is None:
+                raise ValueError(
+                    f"lock {handle.name!r} is already held by this owner without fencing; a "
+                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
+                )
+            grant.count += 1
+            upgrade = handle.auto_renew and not grant.auto_renew
+        if upgrade:
+            self._start_renewal(grant, handle.renew_for)
+        return grant
+
+    def _forget_hold(self, grant: Grant) -> None:
+        with self._holds_lock:
+            if self._holds.get(grant.name) is grant:
+                del self._holds[grant.name]
 
     def _grant(
         self,
@@ -480,6 +528,12 @@ class BackendLocks:
         )
 
     def _release(self, grant: Grant) -> None:
+        with self._holds_lock:
+            if grant.count > 1 and not grant.released:  # an inner reentrant hold
+                grant.count -= 1
+                return
+            if self._holds.get(grant.name) is grant:
+                del self._holds[grant.name]
         grant.stop_renewal.set()
         if grant.released:
             return
@@ -521,6 +575,7 @@ class BackendLocks:
         """Forget a grant handed to another process (no release, no renewal here)."""
         grant.stop_renewal.set()
         grant.released = True
+        self._forget_hold(grant)
         self._unwatch(grant)
         return grant.token
 
@@ -545,6 +600,7 @@ class BackendLocks:
             return
         grant.lost = reason
         grant.stop_renewal.set()
+        self._forget_hold(grant)
         self._unwatch(grant)
         self._emit(LockEvent.of_end("lost", grant, reason))
 
