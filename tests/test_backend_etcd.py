@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -233,3 +236,46 @@ def test_extend_token_rearms_the_lease_for_the_new_ttl(make, name) -> None:
     assert worker.release_token(name, token) == 1
     assert not worker.extend_token(name, token, 10)  # gone: False, and no lease is left over
     assert not worker.locked(name)
+
+
+def test_auto_renewal_keeps_the_extended_ttl(make, name) -> None:
+    """After extend(8), renewal goes on with 8 s leases (as the Redlock's does), rather than
+    moving the key back to its first 2 s lease at the next keepalive."""
+    locks = make()
+    lock = locks.lock(name, ttl=2, auto_renew=True)
+    assert lock.acquire(blocking=False)
+    assert lock.extend(8)
+    time.sleep(3)  # past several renewal periods of the 2 s lease
+    assert lock.held and make().lock_info(name).lease == 8
+    lock.release()
+
+
+def test_a_grant_that_took_longer_than_its_ttl_is_refused(make, etcd_server, name) -> None:
+    """etcd paused for longer than the lock's ttl while it grants the lock: the grant comes
+    back with no validity left, so it is given back and not returned (as the Redlock refuses
+    a lease whose validity ran out while the nodes answered); a caller that waits gets a
+    fresh grant once the service answers in time."""
+    locks = make()
+    warm = locks.lock(f"{name}-warm", ttl=5)
+    assert warm.acquire(blocking=False)  # connections open, server warm
+    warm.release()
+
+    def paused_acquire(**options: Any) -> tuple[Any, Any]:
+        lock = locks.lock(name, ttl=1, owner="test")
+        result: list[bool] = []
+        os.kill(etcd_server.process.pid, signal.SIGSTOP)
+        try:
+            thread = threading.Thread(target=lambda: result.append(lock.acquire(**options)))
+            thread.start()
+            time.sleep(1.5)  # longer than the ttl: whatever it is granted has run out
+        finally:
+            os.kill(etcd_server.process.pid, signal.SIGCONT)
+        thread.join(30)
+        return result, lock
+
+    result, lock = paused_acquire(blocking=False)
+    assert result == [False] and not lock.held
+    assert not make().locked(name)  # given back, not left to its lease
+    result, lock = paused_acquire(timeout=10)
+    assert result == [True] and lock.held and lock.validity > 0 and lock.check()
+    lock.release()

@@ -454,7 +454,7 @@ class BackendLocks:
         deadline = None if math.isinf(timeout) else start + timeout
         handle.retry_after = None
         try:
-            grant = self._take(handle, secrets.token_hex(16), blocking, deadline)
+            grant = self._take_valid(handle, blocking, deadline)
         except self.unavailable() as exc:
             # Refused as a Redlock's acquire with too few nodes answering: a view answers 503
             # and a LockedTask treats it as unavailable lock nodes.
@@ -476,6 +476,21 @@ class BackendLocks:
         if handle.auto_renew:
             self._start_renewal(grant, handle.renew_for)
         return grant
+
+    def _take_valid(
+        self, handle: BackendLock, blocking: bool, deadline: float | None
+    ) -> Grant | None:
+        """A grant with validity left, as the Redlock refuses a lease whose validity ran
+        out while the nodes answered: a grant that took longer than its ttl (a service slow
+        to answer, a paused process) is given back, and taken anew while the caller waits."""
+        while True:
+            grant = self._take(handle, secrets.token_hex(16), blocking, deadline)
+            if grant is None or grant.validity > 0:
+                return grant
+            with contextlib.suppress(Exception):  # its lease ends it otherwise
+                self._give_back(grant)
+            if not blocking or (deadline is not None and time.monotonic() >= deadline):
+                return None
 
     def _start_renewal(self, grant: Grant, renew_for: float | None) -> None:
         grant.auto_renew = True
@@ -558,6 +573,7 @@ class BackendLocks:
         if renewed:
             if not math.isinf(grant.valid_until):  # a session lock has no lease end
                 grant.valid_until = started + (ttl if renewed is True else float(renewed))
+            grant.ttl = ttl  # as the Redlock's: auto-renewal goes on with the new lease
             return True
         self._mark_lost(grant, "the lock was taken or removed before it could be extended")
         return False
