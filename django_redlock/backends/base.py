@@ -21,7 +21,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Coroutine, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
@@ -176,9 +176,9 @@ class BackendLock(Lock):
         meta: dict[str, Any],
         owner: Hashable | None = None,
         renew_for: float | None = None,
+        retries: int | None = None,
     ) -> None:
-        # owner is kept for the integrations; these locks are not reentrant, so it decides
-        # nothing.
+        # owner decides who may release or extend (these locks are not reentrant).
         super().__init__(
             manager,
             name,
@@ -192,6 +192,7 @@ class BackendLock(Lock):
             meta=meta,
             owner=owner,
             renew_for=renew_for,
+            retries=retries,
         )
 
 
@@ -333,6 +334,7 @@ class BackendLocks:
         fair: bool = False,
         owner: Hashable | None = None,
         renew_for: float | None = None,
+        retries: int | None = None,
     ) -> BackendLock:
         """A handle on lock ``name``; nothing is sent until it is acquired.
 
@@ -362,6 +364,7 @@ class BackendLocks:
             meta=details,
             owner=owner,
             renew_for=renew_for,
+            retries=None if retries is None else check_retry_count(retries),
         )
 
     def release_token(self, name: str, token: str) -> int:
@@ -556,14 +559,23 @@ class AsyncBackendLock:
     def __repr__(self) -> str:
         return f"<Async{self._handle!r}"[:-1] + ">"
 
-    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        return await asyncio.to_thread(self._handle.acquire, blocking, timeout)
+    # The owner is the task that calls (not the worker thread the call runs in).
 
-    async def release(self) -> None:
-        await asyncio.to_thread(self._handle.release)
+    def acquire(
+        self,
+        blocking: bool | None = None,
+        timeout: float | None = None,
+        *,
+        retries: int | None = None,
+    ) -> Coroutine[Any, Any, bool]:
+        owner = self._handle._owner()
+        return asyncio.to_thread(self._handle._acquire_as, owner, blocking, timeout, retries)
 
-    async def extend(self, ttl: float | None = None) -> bool:
-        return await asyncio.to_thread(self._handle.extend, ttl)
+    def release(self) -> Coroutine[Any, Any, None]:
+        return asyncio.to_thread(self._handle._release_as, self._handle._owner())
+
+    def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
+        return asyncio.to_thread(self._handle._extend_as, self._handle._owner(), ttl)
 
     async def check(self) -> bool:
         return await asyncio.to_thread(self._handle.check)

@@ -348,7 +348,7 @@ def test_a_waiter_that_waits_longer_than_its_ttl_still_excludes(make: Make, name
     run out in the queue and handed it a lock whose key was gone)."""
     holder = make().lock(name, ttl=5)
     assert holder.acquire(blocking=False)
-    waiter = make().lock(name, ttl=1)
+    waiter = make().lock(name, ttl=1, owner="waiter")
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(waiter.acquire(timeout=30)))
     thread.start()
@@ -366,21 +366,21 @@ def test_a_waiter_that_waits_longer_than_its_ttl_still_excludes(make: Make, name
 
 
 def test_timeout_none_is_the_retry_policy(make: Make, name: str) -> None:
-    """``acquire(timeout=None)`` waits like the Redlock's retry policy (at most retry_count x
-    retry_delay, woken by a release), ``retry_count=0`` is one attempt, ``float("inf")``
-    waits for ever; ``with`` raises LockNotAcquired once the policy gives up."""
+    """``acquire(retries=N)`` waits like the Redlock's retry policy (at most N x retry_delay,
+    woken by a release), ``retries=0`` is one attempt; ``acquire()`` with no timeout and
+    ``float("inf")`` wait for ever; ``with`` raises LockNotAcquired once the policy gives up."""
     holder = make().lock(name, ttl=60)
     assert holder.acquire(blocking=False)
     locks = make(retry_count=2, retry_delay=0.3)
     start = time.monotonic()
-    assert not locks.lock(name, ttl=5).acquire()  # the handle's and the call's timeout: None
+    assert not locks.lock(name, ttl=5).acquire(retries=2)
     waited = time.monotonic() - start
     assert 0.55 <= waited < 5, waited
     with pytest.raises(LockNotAcquired):
-        with locks.lock(name, ttl=5):
+        with locks.lock(name, ttl=5, retries=2):
             pass
     start = time.monotonic()
-    assert not make(retry_count=0).lock(name, ttl=5).acquire()
+    assert not make().lock(name, ttl=5).acquire(retries=0)
     assert time.monotonic() - start < 0.5
 
     def waiter(handle: Any) -> tuple[threading.Thread, list[bool]]:
@@ -391,13 +391,13 @@ def test_timeout_none_is_the_retry_policy(make: Make, name: str) -> None:
         assert result == [], "it should still be waiting"
         return thread, result
 
-    patient = make(retry_count=3, retry_delay=20).lock(name, ttl=5)
+    patient = make(retry_delay=20).lock(name, ttl=5, retries=3, owner="patient")
     thread, result = waiter(patient)
     holder.release()  # wakes the policy's waiter long before its 60 s
     thread.join(30)
     assert result == [True] and patient.held
-    forever = make(retry_count=0).lock(name, ttl=5, timeout=float("inf"))
-    thread, result = waiter(forever)  # retry_count=0 does not apply to an explicit timeout
+    forever = make(retry_count=0).lock(name, ttl=5, timeout=float("inf"), owner="forever")
+    thread, result = waiter(forever)
     patient.release()
     thread.join(30)
     assert result == [True] and forever.held
