@@ -269,7 +269,28 @@ class Lock(LockBase):
         jitter. Returns False when someone else holds the lock; raises :class:`QuorumError`
         when too few nodes could answer at all.
         """
-        owner = self._owner()
+        return self._acquire_as(self._owner(), blocking, timeout, retries)
+
+    def release(self) -> None:
+        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if
+        the asking thread (task) is not the one that took it (nothing is sent then), and
+        :class:`LockLost` if we knew it was lost."""
+        self._release_as(self._owner())
+
+    def extend(self, ttl: float | None = None) -> bool:
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        return self._extend_as(self._owner(), ttl)
+
+    # For adapters that run these in a worker thread for the owner that called them (the
+    # asyncio twin of a backend).
+
+    def _acquire_as(
+        self,
+        owner: Hashable,
+        blocking: bool | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> bool:
         prepared = self._prepare(owner, blocking, check_timeout(timeout), retries)
         if prepared is None:
             return False
@@ -278,17 +299,13 @@ class Lock(LockBase):
             self.redlock._acquire(self, owner, blocking=blocking, timeout=timeout, retries=retries)
         )
 
-    def release(self) -> None:
-        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if
-        the asking thread (task) is not the one that took it (nothing is sent then), and
-        :class:`LockLost` if we knew it was lost."""
-        lease = self._take_lease(self._owner())
+    def _release_as(self, owner: Hashable) -> None:
+        lease = self._take_lease(owner)
         self._lease = None
         self.redlock._release(lease)
 
-    def extend(self, ttl: float | None = None) -> bool:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
-        lease = self._take_lease(self._owner())
+    def _extend_as(self, owner: Hashable, ttl: float | None = None) -> bool:
+        lease = self._take_lease(owner)
         return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
     def check(self) -> bool:
