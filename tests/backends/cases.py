@@ -536,6 +536,35 @@ def test_async_twin(make: Make, name: str) -> None:
     asyncio.run(run())
 
 
+def test_a_cancelled_async_acquire_leaves_no_lock(make: Make, name: str) -> None:
+    """A task waiting in ``await lock.acquire()`` is cancelled; its worker thread goes on and
+    wins the lock when the holder releases: that grant is released, not left held by nobody
+    until its lease (or, on ZooKeeper, its session) ends."""
+
+    async def run() -> None:
+        locks = AsyncLocks(make())
+        holder = locks.lock(name, ttl=30)
+        assert await holder.acquire(blocking=False)
+        lock = locks.lock(name, ttl=30)
+        waiting = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(0.5)  # let it queue (a late one only waits less)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await holder.release()  # the worker thread now wins, for nobody
+        deadline = time.monotonic() + 20
+        while await locks.locked(name):
+            assert time.monotonic() < deadline, "the won grant was left held"
+            await asyncio.sleep(0.05)
+        assert not lock.held
+        again = locks.lock(name, ttl=5)
+        assert await again.acquire(blocking=False)
+        await again.release()
+        await locks.close()
+
+    asyncio.run(run())
+
+
 def contention(spec: dict[str, Any], env: dict[str, str], tmp: Path, processes: int = 4) -> None:
     """``processes`` children each do ``rounds`` read-pause-write cycles under the lock: no
     two valid holds overlap, fences strictly increase in grant order, no update is lost."""

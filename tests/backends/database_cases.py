@@ -19,6 +19,7 @@ from django_redlock.backends.database import DatabaseLocks
 from testproject.models import Account
 from tests.backends import cases, databases
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_a_cancelled_async_acquire_leaves_no_lock,
     test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
     test_acquire_waits_until_acquired_unless_retries_bound_it,
