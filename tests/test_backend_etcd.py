@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -14,7 +17,10 @@ from django_redlock import QuorumError
 from django_redlock.backends.etcd import EtcdError, EtcdLocks
 from tests.backends import cases, servers
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_a_cancelled_async_acquire_leaves_no_lock,
+    test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
+    test_acquire_waits_until_acquired_unless_retries_bound_it,
     test_async_twin,
     test_auto_renew,
     test_bad_input,
@@ -25,7 +31,6 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_names,
     test_names_that_a_collation_would_equate_are_distinct_locks,
     test_not_connected_until_used,
-    test_timeout_none_is_the_retry_policy,
     test_waiter_wakes_on_release,
     test_waiters_are_served_in_arrival_order,
 )
@@ -191,3 +196,87 @@ def test_an_etcd_protocol_error_is_not_unavailable(make) -> None:
     with pytest.raises(EtcdError, match="HTTP 400") as raised:
         locks.gateway.post("/v3/kv/range", {"key": "not base64!"})
     assert not isinstance(raised.value, locks.unavailable())
+
+
+def test_extend_rearms_the_lease_for_the_new_ttl(make, name) -> None:
+    """extend(10) on a 3 s lock holds it for 10 s (it answered True and kept the 3 s lease, so
+    another client took the lock at 3 s): at 4 to 6 s nobody else can take it, the fence is
+    the same, and the service lists the 10 s lease."""
+    locks = make()
+    lock = locks.lock(name, ttl=3, fencing=True)
+    assert lock.acquire(blocking=False)
+    fence = lock.fence
+    assert lock.extend(10)
+    extended = time.monotonic()
+    assert lock.validity > 9
+    other = make().lock(name, ttl=3)
+    time.sleep(max(extended + 4 - time.monotonic(), 0))  # past the old 3 s lease
+    assert not other.acquire(timeout=max(extended + 6 - time.monotonic(), 0.1))
+    assert lock.held and lock.check() and lock.fence == fence
+    info = make().lock_info(name)
+    assert info.token == lock.token and info.fence == fence and info.lease == 10
+    assert lock.extend(3)  # shorter works the same way
+    assert make().lock_info(name).lease == 3
+    lock.release()
+    assert not make().locked(name)
+
+
+def test_extend_token_rearms_the_lease_for_the_new_ttl(make, name) -> None:
+    """The same through extend_token (a lock handed to another process)."""
+    lock = make().lock(name, ttl=3)
+    assert lock.acquire(blocking=False)
+    token = lock.detach()
+    worker = make()
+    assert worker.extend_token(name, token, 10)
+    extended = time.monotonic()
+    other = make().lock(name, ttl=3)
+    time.sleep(max(extended + 4 - time.monotonic(), 0))
+    assert not other.acquire(timeout=max(extended + 6 - time.monotonic(), 0.1))
+    info = worker.lock_info(name)
+    assert info.token == token and info.lease == 10
+    assert worker.release_token(name, token) == 1
+    assert not worker.extend_token(name, token, 10)  # gone: False, and no lease is left over
+    assert not worker.locked(name)
+
+
+def test_auto_renewal_keeps_the_extended_ttl(make, name) -> None:
+    """After extend(8), renewal goes on with 8 s leases (as the Redlock's does), rather than
+    moving the key back to its first 2 s lease at the next keepalive."""
+    locks = make()
+    lock = locks.lock(name, ttl=2, auto_renew=True)
+    assert lock.acquire(blocking=False)
+    assert lock.extend(8)
+    time.sleep(3)  # past several renewal periods of the 2 s lease
+    assert lock.held and make().lock_info(name).lease == 8
+    lock.release()
+
+
+def test_a_grant_that_took_longer_than_its_ttl_is_refused(make, etcd_server, name) -> None:
+    """etcd paused for longer than the lock's ttl while it grants the lock: the grant comes
+    back with no validity left, so it is given back and not returned (as the Redlock refuses
+    a lease whose validity ran out while the nodes answered); a caller that waits gets a
+    fresh grant once the service answers in time."""
+    locks = make()
+    warm = locks.lock(f"{name}-warm", ttl=5)
+    assert warm.acquire(blocking=False)  # connections open, server warm
+    warm.release()
+
+    def paused_acquire(**options: Any) -> tuple[Any, Any]:
+        lock = locks.lock(name, ttl=1, owner="test")
+        result: list[bool] = []
+        os.kill(etcd_server.process.pid, signal.SIGSTOP)
+        try:
+            thread = threading.Thread(target=lambda: result.append(lock.acquire(**options)))
+            thread.start()
+            time.sleep(1.5)  # longer than the ttl: whatever it is granted has run out
+        finally:
+            os.kill(etcd_server.process.pid, signal.SIGCONT)
+        thread.join(30)
+        return result, lock
+
+    result, lock = paused_acquire(blocking=False)
+    assert result == [False] and not lock.held
+    assert not make().locked(name)  # given back, not left to its lease
+    result, lock = paused_acquire(timeout=10)
+    assert result == [True] and lock.held and lock.validity > 0 and lock.check()
+    lock.release()

@@ -20,7 +20,10 @@ from django_redlock import LockLost, QuorumError
 from django_redlock.backends.zookeeper import ZooKeeperLocks
 from tests.backends import cases, servers
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_a_cancelled_async_acquire_leaves_no_lock,
+    test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
+    test_acquire_waits_until_acquired_unless_retries_bound_it,
     test_async_twin,
     test_auto_renew,
     test_bad_input,
@@ -30,7 +33,6 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_names,
     test_names_that_a_collation_would_equate_are_distinct_locks,
     test_not_connected_until_used,
-    test_timeout_none_is_the_retry_policy,
     test_waiter_wakes_on_release,
     test_waiters_are_served_in_arrival_order,
 )
@@ -235,7 +237,8 @@ def test_every_operation_is_bounded_when_zookeeper_is_down(name) -> None:
             # A server just started may take longer than connect_timeout to answer its
             # first requests on a loaded machine (JVM warm-up): wait until it answers.
             wait_until(lambda: locks.health()[0].reachable, timeout=60, interval=0.2)
-            held = [locks.lock(f"{name}/{i}") for i in range(3)]
+            # One owner for all: each call below runs in a thread of its own.
+            held = [locks.lock(f"{name}/{i}", owner="test") for i in range(3)]
             assert all(lock.acquire(blocking=False) for lock in held)
             server.kill()
             results = outcomes(

@@ -15,6 +15,7 @@ into its asyncio twin by running the blocking calls in worker threads: the servi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import secrets
@@ -37,6 +38,7 @@ from ..core import (
     NodeHealth,
     NodeLockState,
     QuorumError,
+    check_flag,
     check_meta,
     check_positive,
     check_retry_count,
@@ -149,6 +151,9 @@ class Grant:
     state: Any = None
     #: Who took it (the handle's owner: a thread, a task, or an explicit ``owner=``).
     owner: Hashable = None
+    #: Holds of its owner through ``reentrant=True`` handles; released at the last one.
+    count: int = 1
+    auto_renew: bool = False
     stop_renewal: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -177,15 +182,18 @@ class BackendLock(Lock):
         owner: Hashable | None = None,
         renew_for: float | None = None,
         retries: int | None = None,
+        reentrant: bool = False,
     ) -> None:
-        # owner decides who may release or extend (these locks are not reentrant).
+        # The handle rules are the core's: whoever acquired the handle (owner=, else the
+        # task, else the thread) releases and extends it; a failed attempt leaves the
+        # holder's grant alone.
         super().__init__(
             manager,
             name,
             ttl=ttl,
             auto_renew=auto_renew,
             fencing=fencing,
-            reentrant=False,
+            reentrant=reentrant,
             fair=False,
             blocking=blocking,
             timeout=timeout,
@@ -265,6 +273,9 @@ class BackendLocks:
                 "(for a longer wait pass a timeout)"
             )
         self.listeners: list[Any] = []
+        #: The grant of each name held through this manager, for reentrant holds.
+        self._holds: dict[str, Grant] = {}
+        self._holds_lock = threading.Lock()
 
     # -- the primitives a backend implements ----------------------------------------------------
 
@@ -299,6 +310,15 @@ class BackendLocks:
     def _infos(self, pattern: str) -> Iterable[LockInfo]:
         """The live locks whose name matches ``pattern`` (any order)."""
         raise NotImplementedError
+
+    def _watch(self, grant: Grant) -> None:
+        """Start telling the holder of ``grant`` at once when anyone else removes its lock
+        (a force release, a take-over): then mark it lost. Nothing by default (ZooKeeper's
+        node watch does it itself)."""
+
+    def _unwatch(self, grant: Grant) -> None:
+        """Stop watching ``grant``: it is being released, was lost, or was handed over.
+        Called before our own release removes the lock, so that is never read as a loss."""
 
     def locked(self, name: str) -> bool:
         return self.lock_info(name) is not None
@@ -340,19 +360,27 @@ class BackendLocks:
 
         The Redlock options are accepted where the service can honour them: ``fair=True``
         where waiters are served in arrival order (:attr:`fair`), ``renew_for`` caps
-        auto-renewal, ``owner`` is kept; ``reentrant=True`` is refused (no backend here
-        counts reentrant holds).
+        auto-renewal, ``owner`` names who holds the handle, ``retries`` bounds a blocking
+        acquire without a timeout (at most ``retries`` x ``retry_delay`` seconds here).
+        ``reentrant=True``: the owner that holds ``name`` through this manager takes it
+        again as one more hold of the same grant (released at the last release), as on the
+        Redlock; without it (the default) a second acquire by the holder contends.
         """
         check_name(name)
         lease = self.ttl if ttl is None else check_positive("ttl", ttl)
         timeout = check_timeout(timeout)
         details = check_meta(meta)
-        if reentrant:
-            raise ValueError(f"{type(self).__name__} locks are not reentrant (reentrant=True)")
+        reentrant = False if reentrant is None else check_flag("reentrant", reentrant)
         if fair and not self.fair:
             raise ValueError(f"{type(self).__name__} does not serve waiters in order (fair=True)")
         if renew_for is not None:
             renew_for = check_positive("renew_for", renew_for)
+        if retries is not None:
+            if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+                raise (TypeError if not isinstance(retries, int) else ValueError)(
+                    f"retries must be an int of 0 or more, got {retries!r}"
+                )
+            retries = check_retry_count(retries)
         return self.lock_class(
             self,
             name,
@@ -364,7 +392,8 @@ class BackendLocks:
             meta=details,
             owner=owner,
             renew_for=renew_for,
-            retries=None if retries is None else check_retry_count(retries),
+            retries=retries,
+            reentrant=reentrant,
         )
 
     def release_token(self, name: str, token: str) -> int:
@@ -411,6 +440,9 @@ class BackendLocks:
         retries: int | None,
     ) -> Grant | None:
         start = time.monotonic()
+        held = self._reenter(handle, owner)
+        if held is not None:
+            return held
         if timeout is None and retries is not None:
             # The Redlock's retry policy: it pauses at most retry_delay before each of its
             # retries. A waiter here is woken by the release instead of retrying, so it
@@ -422,7 +454,7 @@ class BackendLocks:
         deadline = None if math.isinf(timeout) else start + timeout
         handle.retry_after = None
         try:
-            grant = self._take(handle, secrets.token_hex(16), blocking, deadline)
+            grant = self._take_valid(handle, blocking, deadline)
         except self.unavailable() as exc:
             # Refused as a Redlock's acquire with too few nodes answering: a view answers 503
             # and a LockedTask treats it as unavailable lock nodes.
@@ -437,16 +469,63 @@ class BackendLocks:
                 LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)
             )
             return None
+        with self._holds_lock:
+            self._holds[grant.name] = grant
         self._emit(LockEvent.of_acquisition(grant, waited))
+        self._watch(grant)
         if handle.auto_renew:
-            until = None if handle.renew_for is None else time.monotonic() + handle.renew_for
-            threading.Thread(
-                target=self._keep_renewing,
-                args=(grant, until),
-                name=f"lock-renew:{grant.name}",
-                daemon=True,
-            ).start()
+            self._start_renewal(grant, handle.renew_for)
         return grant
+
+    def _take_valid(
+        self, handle: BackendLock, blocking: bool, deadline: float | None
+    ) -> Grant | None:
+        """A grant with validity left, as the Redlock refuses a lease whose validity ran
+        out while the nodes answered: a grant that took longer than its ttl (a service slow
+        to answer, a paused process) is given back, and taken anew while the caller waits."""
+        while True:
+            grant = self._take(handle, secrets.token_hex(16), blocking, deadline)
+            if grant is None or grant.validity > 0:
+                return grant
+            with contextlib.suppress(Exception):  # its lease ends it otherwise
+                self._give_back(grant)
+            if not blocking or (deadline is not None and time.monotonic() >= deadline):
+                return None
+
+    def _start_renewal(self, grant: Grant, renew_for: float | None) -> None:
+        grant.auto_renew = True
+        until = None if renew_for is None else time.monotonic() + renew_for
+        threading.Thread(
+            target=self._keep_renewing,
+            args=(grant, until),
+            name=f"lock-renew:{grant.name}",
+            daemon=True,
+        ).start()
+
+    def _reenter(self, handle: BackendLock, owner: Hashable) -> Grant | None:
+        """The owner's grant of this name, one hold deeper, when reentry applies (as the
+        Redlock's: a nested hold may start renewal, it cannot add a fence)."""
+        if not handle.reentrant:
+            return None
+        with self._holds_lock:
+            grant = self._holds.get(handle.name)
+            if grant is None or grant.owner != owner or grant.validity <= 0:
+                return None
+            if handle.fencing and grant.fence is None:
+                raise ValueError(
+                    f"lock {handle.name!r} is already held by this owner without fencing; a "
+                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
+                )
+            grant.count += 1
+            upgrade = handle.auto_renew and not grant.auto_renew
+        if upgrade:
+            self._start_renewal(grant, handle.renew_for)
+        return grant
+
+    def _forget_hold(self, grant: Grant) -> None:
+        with self._holds_lock:
+            if self._holds.get(grant.name) is grant:
+                del self._holds[grant.name]
 
     def _grant(
         self,
@@ -464,10 +543,17 @@ class BackendLocks:
         )
 
     def _release(self, grant: Grant) -> None:
+        with self._holds_lock:
+            if grant.count > 1 and not grant.released:  # an inner reentrant hold
+                grant.count -= 1
+                return
+            if self._holds.get(grant.name) is grant:
+                del self._holds[grant.name]
         grant.stop_renewal.set()
         if grant.released:
             return
         held = time.monotonic() - grant.acquired
+        self._unwatch(grant)
         if grant.lost is None and self._give_back(grant):
             grant.released = True
             self._emit(
@@ -487,6 +573,7 @@ class BackendLocks:
         if renewed:
             if not math.isinf(grant.valid_until):  # a session lock has no lease end
                 grant.valid_until = started + (ttl if renewed is True else float(renewed))
+            grant.ttl = ttl  # as the Redlock's: auto-renewal goes on with the new lease
             return True
         self._mark_lost(grant, "the lock was taken or removed before it could be extended")
         return False
@@ -504,6 +591,8 @@ class BackendLocks:
         """Forget a grant handed to another process (no release, no renewal here)."""
         grant.stop_renewal.set()
         grant.released = True
+        self._forget_hold(grant)
+        self._unwatch(grant)
         return grant.token
 
     def _keep_renewing(self, grant: Grant, until: float | None) -> None:
@@ -527,6 +616,8 @@ class BackendLocks:
             return
         grant.lost = reason
         grant.stop_renewal.set()
+        self._forget_hold(grant)
+        self._unwatch(grant)
         self._emit(LockEvent.of_end("lost", grant, reason))
 
     def _emit(self, event: LockEvent) -> None:
@@ -546,7 +637,12 @@ def utc_from_micros(micros: int | None) -> datetime | None:
 
 
 class AsyncBackendLock:
-    """The asyncio handle: ``await lock.acquire()``, ``async with manager.lock(name):``."""
+    """The asyncio handle: ``await lock.acquire()``, ``async with manager.lock(name):``.
+
+    The blocking calls run in worker threads, but the owner is the task that calls (as with
+    the AsyncRedlock's handle): taken when ``acquire()``/``release()``/``extend()`` is
+    called, in the event loop, never the worker thread that happens to run the request.
+    """
 
     def __init__(self, handle: BackendLock) -> None:
         self._handle = handle
@@ -559,8 +655,6 @@ class AsyncBackendLock:
     def __repr__(self) -> str:
         return f"<Async{self._handle!r}"[:-1] + ">"
 
-    # The owner is the task that calls (not the worker thread the call runs in).
-
     def acquire(
         self,
         blocking: bool | None = None,
@@ -568,14 +662,51 @@ class AsyncBackendLock:
         *,
         retries: int | None = None,
     ) -> Coroutine[Any, Any, bool]:
-        owner = self._handle._owner()
-        return asyncio.to_thread(self._handle._acquire_as, owner, blocking, timeout, retries)
+        """See :meth:`BackendLock.acquire`; owned by the task that calls it."""
+        handle = self._handle
+        owner = handle._owner()
+        prepared = handle._prepare(owner, blocking, check_timeout(timeout), retries)
+        return self._acquire_for(owner, prepared)
+
+    async def _acquire_for(
+        self, owner: Hashable, prepared: tuple[bool, float | None, int | None] | None
+    ) -> bool:
+        if prepared is None:
+            return False
+        blocking, timeout, retries = prepared
+        handle = self._handle
+        manager: BackendLocks = handle.redlock  # type: ignore[assignment]
+        attempt = asyncio.ensure_future(
+            asyncio.to_thread(
+                manager._acquire,
+                handle,
+                owner,
+                blocking=blocking,
+                timeout=timeout,
+                retries=retries,
+            )
+        )
+        try:
+            grant = await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            # The worker thread goes on: a grant it wins after the caller gave up is
+            # released, not left held by nobody until its lease ends.
+            attempt.add_done_callback(lambda done: _give_up(manager, done))
+            raise
+        return handle._won(grant)  # type: ignore[arg-type]  # a Grant plays the Lease here
 
     def release(self) -> Coroutine[Any, Any, None]:
-        return asyncio.to_thread(self._handle._release_as, self._handle._owner())
+        """See :meth:`BackendLock.release`; only the task that acquired may release."""
+        handle = self._handle
+        grant = handle._take_lease(handle._owner())
+        handle._lease = None
+        return asyncio.to_thread(handle.redlock._release, grant)
 
     def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
-        return asyncio.to_thread(self._handle._extend_as, self._handle._owner(), ttl)
+        """See :meth:`BackendLock.extend`; only the task that acquired may extend."""
+        handle = self._handle
+        grant = handle._take_lease(handle._owner())
+        return asyncio.to_thread(handle.redlock._extend, grant, handle.ttl if ttl is None else ttl)
 
     async def check(self) -> bool:
         return await asyncio.to_thread(self._handle.check)
@@ -591,6 +722,23 @@ class AsyncBackendLock:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
+
+
+def _give_up(manager: BackendLocks, attempt: asyncio.Future[Grant | None]) -> None:
+    """Release a grant won for a caller that was cancelled meanwhile (in a thread: the
+    release talks to the service)."""
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    grant = attempt.result()
+    if grant is not None:
+        threading.Thread(
+            target=_release_quietly, args=(manager, grant), name="lock-give-up", daemon=True
+        ).start()
+
+
+def _release_quietly(manager: BackendLocks, grant: Grant) -> None:
+    with contextlib.suppress(Exception):  # gone already, or the service is down: its lease ends
+        manager._release(grant)
 
 
 class AsyncLocks:

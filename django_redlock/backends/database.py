@@ -19,7 +19,11 @@ client, so clients with skewed clocks agree on when a lease ended.
   replaced, and the statement runs again on the new one, once, where that is safe (see
   :meth:`DatabaseLocks._sql` and :meth:`DatabaseLocks._insert_or_take`);
 * waiting: on PostgreSQL a release sends ``NOTIFY`` and waiters ``LISTEN``; elsewhere a bounded
-  backoff (5 ms doubling to ``max_poll``, never past the holder's lease end).
+  backoff (5 ms doubling to ``max_poll``, never past the holder's lease end);
+* a holder hears when its row is removed by anyone else (a force release) within
+  ``loss_check`` seconds: while a manager holds locks, one thread of its own looks their rows
+  up in one statement (by primary key) every ``loss_check`` seconds, and on PostgreSQL at once
+  when the ``NOTIFY`` of a removal names one of them; a row gone marks the lock lost.
 
 ``pessimistic=True`` (PostgreSQL, MySQL/MariaDB) also holds ``SELECT ... FOR UPDATE`` on a
 mutex row in a transaction of its own connection for the lock's whole life: waiters queue in
@@ -44,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..core import LockInfo, NodeHealth, check_positive
+from ..core import LockInfo, NodeHealth, QuorumError, check_positive
 from .base import BackendLock, BackendLocks, Grant, holder_meta, utc_from_micros
 
 __all__ = ["DatabaseLocks"]
@@ -162,8 +166,9 @@ class DatabaseLocks(BackendLocks):
 
     ``OPTIONS``: ``using`` (a DATABASES alias, default ``"default"``), ``ttl`` (default lease,
     seconds), ``pessimistic`` (bool), ``max_poll`` (longest sleep between two attempts while
-    waiting without LISTEN/NOTIFY, seconds), ``retry_count``/``retry_delay`` (how long
-    ``acquire(timeout=None)`` waits, as on the Redlock).
+    waiting without LISTEN/NOTIFY, seconds), ``loss_check`` (how often a holder's rows are
+    looked up to notice a force release, seconds, default 0.25), ``retry_count``/
+    ``retry_delay`` (how long ``acquire(timeout=None)`` waits, as on the Redlock).
     """
 
     service = "database"
@@ -179,6 +184,7 @@ class DatabaseLocks(BackendLocks):
         ttl: float = 30.0,
         pessimistic: bool = False,
         max_poll: float = 0.2,
+        loss_check: float = 0.25,
         retry_count: int = 3,
         retry_delay: float = 0.2,
     ) -> None:
@@ -199,12 +205,14 @@ class DatabaseLocks(BackendLocks):
             raise ValueError("DatabaseLocks: pessimistic=True needs PostgreSQL or MySQL/MariaDB")
         self.pessimistic = pessimistic
         self.max_poll = check_positive("max_poll", max_poll)
+        self.loss_check = check_positive("loss_check", loss_check)
         self._now = NOW_US[self.vendor]
         self._local = threading.local()
         self._opened: list[Any] = []
         self._opened_lock = threading.Lock()
         self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
+        self._row_watch = _RowWatch(self)
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -271,6 +279,13 @@ class DatabaseLocks(BackendLocks):
         with self._opened_lock:
             self._opened.append(wrapper)
         return wrapper
+
+    def _drop_thread_connection(self) -> None:
+        """Close this thread's connection for good (a thread of ours that ends)."""
+        wrapper = getattr(self._local, "wrapper", None)
+        if wrapper is not None:
+            self._local.wrapper = None
+            self._forget(wrapper)
 
     def _forget(self, wrapper: Any) -> None:
         """Close a connection of :meth:`_open` for good (``close()`` need not close it again)."""
@@ -560,7 +575,47 @@ class DatabaseLocks(BackendLocks):
 
     # -- holding --------------------------------------------------------------------------------
 
+    def _watch(self, grant: Grant) -> None:
+        self._row_watch.add(grant)
+
+    def _unwatch(self, grant: Grant) -> None:
+        self._row_watch.remove(grant)
+        mutex = grant.state
+        if grant.lost is not None and mutex is not None:
+            # Lost while its pessimistic transaction runs: end it, or it would hold the
+            # mutex row (and a connection) until the handle is garbage.
+            grant.state = None
+            self._end_mutex(mutex)
+
+    def _rows_held(self, grants: list[Grant]) -> set[tuple[str, str]]:
+        """(name, token) of each of ``grants`` whose row is still there, by primary key."""
+        found: set[tuple[str, str]] = set()
+        for start in range(0, len(grants), 500):
+            names = [grant.name for grant in grants[start : start + 500]]
+            marks = ", ".join(["%s"] * len(names))
+            rows = self._sql(
+                f"SELECT name, token FROM {LOCKS} WHERE name IN ({marks})", names, fetch=True
+            )
+            found.update((str(name), str(token)) for name, token in rows)
+        return found
+
+    def _unreachable(self, grant: Grant, verb: str, exc: BaseException) -> QuorumError:
+        """The package's error for a database that could not be reached to ``verb`` a held
+        lock, naming the lock, the database alias and the cause."""
+        return QuorumError(
+            f"lock {grant.name!r}: database {self.using!r} could not {verb} it; the lock stays "
+            "as it was there (held by its token until its lease ends)",
+            grant.name,
+            failures={self.node_name: str(exc) or type(exc).__name__},
+        )
+
     def _give_back(self, grant: Grant) -> bool:
+        try:
+            return self._delete_held(grant)
+        except self.unavailable() as exc:
+            raise self._unreachable(grant, "release", exc) from exc
+
+    def _delete_held(self, grant: Grant) -> bool:
         if self._mutex_lost(grant):
             return False
         mutex = grant.state
@@ -592,6 +647,12 @@ class DatabaseLocks(BackendLocks):
         return bool(self._sql(delete, [grant.name, grant.token]))
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
+        try:
+            return self._rearm(grant, ttl)
+        except self.unavailable() as exc:
+            raise self._unreachable(grant, "extend", exc) from exc
+
+    def _rearm(self, grant: Grant, ttl: float) -> bool:
         if self._mutex_lost(grant):
             return False
         lease_us = int(ttl * 1_000_000)  # a repeat after a lost reply renews again: harmless
@@ -679,6 +740,7 @@ class DatabaseLocks(BackendLocks):
         ]
 
     def close(self) -> None:
+        self._row_watch.close()
         if self._listener is not None:
             self._listener.stop()
             self._listener = None
@@ -696,9 +758,28 @@ class DatabaseLocks(BackendLocks):
                 self._listener.stop()  # its connection dropped: listen on a new one
                 self._listener = None
             if self._listener is None:
-                self._listener = _Listener(self._open())
+                self._listener = _Listener(self._open(), self._row_watch.notice)
             listener = self._listener
         return listener.subscribe(name)
+
+    def _listening(self) -> tuple[bool, bool]:
+        """Make sure removals are heard (PostgreSQL's LISTEN, for the row watch): whether
+        they are, and whether listening began just now (a removal before it was not heard)."""
+        from django.db import Error
+
+        with self._listener_lock:
+            if self._listener is not None and not self._listener.alive:
+                self._listener.stop()
+                self._listener = None
+            if self._listener is not None:
+                return True, False
+            wrapper = self._open()
+            try:
+                self._listener = _Listener(wrapper, self._row_watch.notice)
+            except Error:  # unreachable now: the row watch polls meanwhile
+                self._forget(wrapper)
+                return False, False
+            return True, True
 
 
 def _server_version(wrapper: Any) -> str:
@@ -713,8 +794,9 @@ class _Listener:
     """One PostgreSQL connection per DatabaseLocks that LISTENs and wakes the waiters of a
     released name (a waiter registers before its attempt, so no release is missed)."""
 
-    def __init__(self, wrapper: Any) -> None:
+    def __init__(self, wrapper: Any, notice: Callable[[str | None], None]) -> None:
         self._wrapper = wrapper
+        self._notice = notice  #: told every name removed (the row watch)
         self._waiters: dict[str, set[threading.Event]] = {}
         self._lock = threading.Lock()
         self._stopped = False
@@ -746,14 +828,17 @@ class _Listener:
                         waiters = list(self._waiters.get(notice.payload, ()))
                     for event in waiters:
                         event.set()
+                    self._notice(notice.payload)
             except Exception:
                 if self._stopped:
                     return
-                # The connection broke: wake everyone (they re-try and fall back to timeouts).
+                # The connection broke: wake everyone (they re-try and fall back to timeouts),
+                # and the row watch (it looks its rows up, and listens anew).
                 with self._lock:
                     everyone = [e for group in self._waiters.values() for e in group]
                 for event in everyone:
                     event.set()
+                self._notice(None)
                 return
 
     @property
@@ -764,3 +849,109 @@ class _Listener:
         self._stopped = True
         self._thread.join(2)
         discard(self._wrapper)
+
+
+class _RowWatch:
+    """Tells holders that their row was removed by anyone else (a force release, a take-over
+    after a pause): one thread per DatabaseLocks while it holds locks, which looks their rows
+    up every ``loss_check`` seconds, and at once when PostgreSQL's NOTIFY of a removal names
+    one of them (the lookup then tells a stale notice, of the previous holder's release, from
+    a removal of ours). A row gone, or holding another token, marks the lock lost. Our own
+    release stops watching before it deletes the row. A lookup that fails (the database is
+    down) tells nothing: the holder's lease runs on as usual.
+    """
+
+    #: Longest wait between two lookups while NOTIFY tells of removals (a safety net).
+    NOTIFIED = 5.0
+    #: How long the thread waits for new locks, once it holds none, before it ends.
+    LINGER = 1.0
+
+    def __init__(self, locks: DatabaseLocks) -> None:
+        self._locks = locks
+        self._held: dict[str, Grant] = {}  #: token -> grant
+        self._mutex = threading.Lock()
+        self._due = threading.Event()  #: set to look up at once
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, grant: Grant) -> None:
+        with self._mutex:
+            self._held[grant.token] = grant
+            self._closed = False
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="lock-row-watch", daemon=True
+                )
+                self._thread.start()
+
+    def remove(self, grant: Grant) -> None:
+        with self._mutex:
+            if self._held.get(grant.token) is grant:
+                del self._held[grant.token]
+
+    def notice(self, name: str | None) -> None:
+        """A row named ``name`` was removed (PostgreSQL's NOTIFY; any holder's release), or
+        (None) notices may have been missed: the listening connection broke."""
+        with self._mutex:
+            mine = name is None or any(grant.name == name for grant in self._held.values())
+        if mine:
+            self._due.set()
+
+    def close(self) -> None:
+        """Stop watching, and wait (a few seconds at most) until the thread has stopped, so
+        it opens no connection after the manager closed its own."""
+        with self._mutex:
+            self._closed = True
+            self._held.clear()
+            thread = self._thread
+        self._due.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self._locks._drop_thread_connection()
+
+    def _watch(self) -> None:
+        if self._locks.vendor == "sqlite":
+            # In a shared-cache database (Django's in-memory test database) a reader's
+            # table lock makes a concurrent writer fail at once, busy timeout or not: the
+            # lookups take none. They read single autocommitted rows, so nothing is lost.
+            with contextlib.suppress(Exception):
+                self._locks._sql("PRAGMA read_uncommitted = 1")
+        idle_since: float | None = None
+        while True:
+            with self._mutex:
+                grants = list(self._held.values())
+                idle = idle_since is not None and time.monotonic() - idle_since >= self.LINGER
+                if self._closed or (not grants and idle):
+                    self._thread = None
+                    return
+            listening, began = False, False
+            if grants and self._locks.vendor == "postgresql":
+                listening, began = self._locks._listening()
+            if not began:  # else look up at once: a removal before LISTEN went unheard
+                self._due.wait(self.NOTIFIED if listening else self._locks.loss_check)
+            self._due.clear()
+            with self._mutex:
+                grants = list(self._held.values())
+            if not grants:
+                idle_since = idle_since or time.monotonic()
+                continue
+            idle_since = None
+            try:
+                present = self._locks._rows_held(grants)
+            except Exception:  # the database cannot answer now: nothing learnt
+                continue
+            for grant in grants:
+                if (grant.name, grant.token) not in present:
+                    self._lost(grant)
+
+    def _lost(self, grant: Grant) -> None:
+        with self._mutex:
+            if self._held.get(grant.token) is not grant:
+                return  # released meanwhile: our own delete, not a loss
+            del self._held[grant.token]
+        self._locks._mark_lost(grant, "its row was removed (a force release, or taken over)")

@@ -8,9 +8,15 @@ is deleted (FIFO, no herd). The create revision is the fence: etcd's revision co
 grows, for every key, for ever.
 
 The lease is the lock's life: a holder that crashes stops sending keepalives and etcd deletes
-its key when the lease runs out; ``auto_renew`` sends a keepalive every ttl/3; ``extend``
-sends one (etcd leases keep the TTL they were granted with, so ``extend(ttl)`` re-arms the
-lease for at most that TTL).
+its key when the lease runs out; ``auto_renew`` sends a keepalive every ttl/3. An etcd lease
+keeps the TTL it was granted with, so ``extend(ttl)`` with another TTL grants a new lease and
+moves the key onto it in a transaction that compares the key's create revision (the key
+stays, so does the fence), then revokes the old lease; with the same TTL it sends a
+keepalive.
+
+A holder hears at once when its key is deleted by anyone else (a force release, its lease
+running out): one watch over the root prefix per manager, open while it holds locks, marks
+the lock lost (``held`` turns False, the ``lost`` event fires).
 
 No maintained Python client for the v3 API installs cleanly today (``etcd3`` needs an old
 protobuf and is unmaintained); the JSON gateway is part of every etcd server and keeps the
@@ -20,13 +26,16 @@ dependency list empty.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fnmatch
 import http.client
 import json
 import math
+import socket
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
@@ -154,10 +163,180 @@ class _Gateway:
         finally:
             connection.close()
 
+    def open_watch(
+        self, body: dict[str, Any], timeout: float
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """A watch stream (the connection and its response, one JSON reply per line) on the
+        first endpoint that takes it."""
+        errors = []
+        for endpoint in self.endpoints:
+            url = urlsplit(endpoint)
+            factory = (
+                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+            )
+            connection = factory(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+            try:
+                connection.request("POST", "/v3/watch", json.dumps({"create_request": body}))
+                response = connection.getresponse()
+                if response.status == 200:
+                    return connection, response
+                errors.append(f"{endpoint}: HTTP {response.status}")
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(f"{endpoint}: {exc}")
+            connection.close()
+        raise EtcdUnreachable(errors)
+
     def close(self) -> None:
         for connection in self._local.__dict__.get("pool", {}).values():
             connection.close()
         self._local = threading.local()
+
+
+@dataclass
+class _Held:
+    """What a holder keeps of its lock: its key, the lease the key lives on (it changes when
+    ``extend`` moves the key to a lease of another TTL), the TTL that lease was asked for
+    (0: unknown, for a lock adopted by token), and a guard that keeps a renewal, an extend
+    and the release of one lock from interleaving their requests."""
+
+    key: str
+    lease: str
+    ttl: int
+    guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+#: How long the loss watch waits on a silent stream before it opens it anew (from the last
+#: revision it saw, so nothing is missed), and how long it pauses after a failed attempt.
+WATCH_IDLE = 5.0
+WATCH_RETRY = 0.2
+
+
+class _KeyWatch:
+    """One watch stream over the root prefix, open while the manager holds locks: a DELETE of
+    a held key (a force release, its lease running out) marks that lock lost at once.
+
+    Deletes are seen from ``_since`` on: a stream starts at the create revision of the first
+    key it watches, and a stream that ends (idle, a dropped connection) opens again just after
+    the last event it saw. A key created before the revision the watching began (a waiter
+    that queued long ago) is looked up once when added, for a delete the stream cannot see.
+    Our own release stops watching its key before it deletes it.
+    """
+
+    def __init__(self, locks: EtcdLocks) -> None:
+        self._locks = locks
+        self._held: dict[str, Grant] = {}  #: key -> grant
+        self._mutex = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._covered_from = 0  #: deletes from this revision on are seen by the stream
+        self._since = 0  #: the revision the next stream starts at
+        self._stream: http.client.HTTPConnection | None = None
+
+    def add(self, grant: Grant) -> None:
+        held: _Held = grant.state
+        fence = int(grant.fence or 0)
+        with self._mutex:
+            self._held[held.key] = grant
+            if self._thread is None:
+                self._covered_from = self._since = fence + 1
+                self._thread = threading.Thread(
+                    target=self._run, name="etcd-lock-watch", daemon=True
+                )
+                self._thread.start()
+                return
+            unseen = fence + 1 < self._covered_from
+        if unseen and not self._locks._still_held(grant):
+            self._lost(held.key, grant)
+
+    def remove(self, grant: Grant) -> None:
+        held: _Held = grant.state
+        with self._mutex:
+            if self._held.get(held.key) is grant:
+                del self._held[held.key]
+            stream = self._stream if not self._held else None
+        if stream is not None:  # nothing left to watch: end the stream, and its thread
+            _shut(stream)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._held.clear()
+            stream = self._stream
+        if stream is not None:
+            _shut(stream)
+
+    def _lost(self, key: str, grant: Grant) -> None:
+        with self._mutex:
+            if self._held.get(key) is not grant:
+                return  # released (or handed over) meanwhile: not a loss
+            del self._held[key]
+        self._locks._mark_lost(grant, "its key was deleted (a force release, or its lease ran out)")
+
+    def _run(self) -> None:
+        root = f"{self._locks.root}/"
+        while True:
+            with self._mutex:
+                if not self._held:
+                    self._thread = None
+                    return
+                since = self._since
+            body = {
+                "key": _b64(root),
+                "range_end": _prefix_end(root),
+                "start_revision": since,
+                "filters": ["NOPUT"],
+            }
+            try:
+                connection, response = self._locks.gateway.open_watch(body, WATCH_IDLE)
+            except EtcdError:
+                time.sleep(WATCH_RETRY)  # etcd is down: keep trying while locks are held
+                continue
+            with self._mutex:
+                self._stream = connection
+                stop = not self._held
+            try:
+                if not stop:
+                    self._follow(response)
+            except (OSError, http.client.HTTPException, ValueError):
+                pass  # idle for WATCH_IDLE, or the connection dropped: open it again
+            finally:
+                with self._mutex:
+                    self._stream = None
+                connection.close()
+
+    def _follow(self, response: http.client.HTTPResponse) -> None:
+        while True:
+            line = response.readline()
+            if not line:
+                return
+            result = json.loads(line).get("result", {})
+            if result.get("compact_revision") and result.get("canceled"):
+                self._after_compaction(int(result["header"]["revision"]))
+                return
+            for event in result.get("events", []):
+                kv = event.get("kv", {})
+                with self._mutex:
+                    self._since = max(self._since, int(kv.get("mod_revision", 0)) + 1)
+                    grant = self._held.get(_text(kv.get("key", "")))
+                if event.get("type") == "DELETE" and grant is not None:
+                    self._lost(_text(kv["key"]), grant)
+
+    def _after_compaction(self, revision: int) -> None:
+        """The revisions to watch from are compacted away: look each held key up instead,
+        and watch from now on."""
+        with self._mutex:
+            self._since = revision + 1
+            held = list(self._held.items())
+        for key, grant in held:
+            with contextlib.suppress(EtcdError):
+                if not self._locks._still_held(grant):
+                    self._lost(key, grant)
+
+
+def _shut(connection: http.client.HTTPConnection) -> None:
+    """End a stream another thread is reading: its read returns at once."""
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class EtcdLocks(BackendLocks):
@@ -195,6 +374,7 @@ class EtcdLocks(BackendLocks):
         self.endpoints = list(endpoints)
         self.root = root
         self.gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
+        self._key_watch = _KeyWatch(self)
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
         return (EtcdUnreachable,)
@@ -251,7 +431,7 @@ class EtcdLocks(BackendLocks):
                 return None
             if turn is not False:
                 return self._grant(
-                    handle, token, meta, started=turn, fence=fence, state=(key, lease)
+                    handle, token, meta, started=turn, fence=fence, state=_Held(key, lease, ttl)
                 )
             # Our lease ran out while we waited (a paused process): our place in the line is
             # gone, so take a new one behind whoever queued meanwhile.
@@ -320,28 +500,61 @@ class EtcdLocks(BackendLocks):
 
     # -- holding --------------------------------------------------------------------------------
 
+    def _watch(self, grant: Grant) -> None:
+        self._key_watch.add(grant)
+
+    def _unwatch(self, grant: Grant) -> None:
+        self._key_watch.remove(grant)
+
     def _give_back(self, grant: Grant) -> bool:
-        key, lease = grant.state
-        reply = self._if_created(
-            _b64(key), grant.fence, {"request_delete_range": {"key": _b64(key)}}
-        )
-        self._revoke(lease, quiet=True)
+        held: _Held = grant.state
+        with held.guard:
+            reply = self._if_created(
+                _b64(held.key), grant.fence, {"request_delete_range": {"key": _b64(held.key)}}
+            )
+            self._revoke(held.lease, quiet=True)
         return bool(reply.get("succeeded"))
 
     def _renew(self, grant: Grant, ttl: float) -> bool | float:
-        if not self._still_held(grant):
-            return False
-        granted = self._keep_alive(grant.state[1])
+        held: _Held = grant.state
+        wanted = max(math.ceil(ttl), 1)
+        with held.guard:
+            if wanted != held.ttl:
+                return self._move(grant, held, wanted, ttl)
+            if not self._still_held(grant):
+                return False
+            granted = self._keep_alive(held.lease)
         return min(granted, ttl) if granted > 0 else False
 
+    def _move(self, grant: Grant, held: _Held, wanted: int, ttl: float) -> bool | float:
+        """Re-arm the lock for another TTL: a new lease, the key moved onto it if it is still
+        ours (same create revision: the key, and so the fence, stay), the old lease revoked.
+        Under ``held.guard``."""
+        lease = self.gateway.post("/v3/lease/grant", {"TTL": wanted})
+        new_lease, granted = lease["ID"], float(lease.get("TTL", wanted))
+        try:
+            put = {"request_put": {"key": _b64(held.key), "lease": new_lease, "ignore_value": True}}
+            moved = bool(self._if_created(_b64(held.key), grant.fence, put).get("succeeded"))
+        except BaseException:
+            self._revoke(new_lease, quiet=True)
+            raise
+        if not moved:  # deleted or taken over meanwhile: the lock is not ours any more
+            self._revoke(new_lease, quiet=True)
+            return False
+        old_lease, held.lease, held.ttl = held.lease, new_lease, wanted
+        self._revoke(old_lease, quiet=True)  # holds no key now; it would expire anyway
+        return min(granted, ttl)
+
     def _still_held(self, grant: Grant) -> bool:
-        return self._exists(grant.state[0], grant.fence)
+        held: _Held = grant.state
+        return self._exists(held.key, grant.fence)
 
     def _adopt(self, name: str, token: str) -> Grant | None:
         first = self._first(name)
         if first is None or json.loads(_text(first["value"]))["token"] != token:
             return None
-        state = (_text(first["key"]), first.get("lease", "0"))
+        # The TTL its lease was asked for is not known here: an extend moves it to a new one.
+        state = _Held(_text(first["key"]), first.get("lease", "0"), 0)
         fence = int(first["create_revision"])
         return Grant(name, token, self.ttl, time.monotonic(), {}, fence=fence, state=state)
 
@@ -402,4 +615,5 @@ class EtcdLocks(BackendLocks):
         return result
 
     def close(self) -> None:
+        self._key_watch.close()
         self.gateway.close()

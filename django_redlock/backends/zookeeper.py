@@ -288,6 +288,25 @@ class ZooKeeperLocks(BackendLocks):
             return path, json.loads(data), stat
         return None
 
+    def contenders(self, name: str) -> list[dict[str, Any]]:
+        """The metadata of everyone holding or waiting for lock ``name``, the holder first,
+        then the waiters in the order they will be served (kazoo's ``Lock.contenders()``,
+        which lists their identifiers: pass ``meta={"id": ...}`` to have one)."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            children = self._ask("get_children", self._dir(check_name(name)))
+        except NoNodeError:
+            return []
+        found = []
+        for child in sorted(c for c in children if c.startswith(PREFIX)):
+            try:
+                data, _ = self._ask("get", f"{self._dir(name)}/{child}")
+            except NoNodeError:  # released or given up meanwhile
+                continue
+            found.append(dict(json.loads(data)["meta"]))
+        return found
+
     def _adopt(self, name: str, token: str) -> Grant | None:
         holder = self._holder(name)
         if holder is None or holder[1]["token"] != token:

@@ -29,8 +29,8 @@ import pytest
 
 from django_redlock import LockLost, LockNotAcquired, LockNotOwned
 from django_redlock.backends.base import AsyncLocks, LockManager, glob_escape
-from tests.faults.history import find_overlaps, load_events, load_holds
-from tests.helpers import REPO_ROOT
+from tests.faults.history import HistoryWriter, find_overlaps, load_events, load_holds
+from tests.helpers import REPO_ROOT, wait_until
 
 Make = Callable[..., Any]
 
@@ -251,6 +251,32 @@ def test_force_release(make: Make, name: str) -> None:
     assert locks.force_release(name) == 0
 
 
+def test_a_holder_learns_of_a_force_release_within_a_second(make: Make, name: str) -> None:
+    """An operator force-releases a held lock from another manager: the holder's ``held``
+    turns False and its ``lost`` event fires within 1 s (it stayed True for a third of the
+    lease on the database and etcd backends), long before its 30 s lease would end."""
+    locks = make()
+    lost: list[Any] = []
+    heard = threading.Event()
+    locks.listeners.append(lambda e: e.kind == "lost" and (lost.append(e), heard.set()))
+    lock = locks.lock(name, ttl=30)
+    assert lock.acquire(blocking=False) and lock.held
+    assert make().force_release(name) == 1
+    removed = time.monotonic()
+    assert heard.wait(10), "the holder was not told"
+    told = time.monotonic() - removed
+    assert not lock.held and lock.lost and lock.validity == 0
+    assert [e.token for e in lost] == [lock.token], lost
+    assert told < 1.0, f"the holder learnt it after {told:.2f} s"
+    with pytest.raises(LockLost):
+        lock.release()
+    again = make().lock(name, ttl=5)  # the name is free, and a new holder is not disturbed
+    assert again.acquire(blocking=False)
+    assert again.check() and again.held
+    again.release()
+    assert lost == lost[:1]
+
+
 def test_bad_input(make: Make, name: str) -> None:
     locks = make()
     for bad, error in [
@@ -272,8 +298,12 @@ def test_bad_input(make: Make, name: str) -> None:
         locks.lock(name, meta=["not", "a", "dict"])
     with pytest.raises(ValueError, match="timeout"):
         locks.lock(name).acquire(timeout=-1)
-    with pytest.raises(ValueError, match="reentrant"):
-        locks.lock(name, reentrant=True)
+    with pytest.raises(TypeError, match="reentrant"):
+        locks.lock(name, reentrant="no")  # truthy: refused rather than read as True
+    with pytest.raises(ValueError, match="retries"):
+        locks.lock(name, retries=-1)
+    with pytest.raises(ValueError, match="retr"):  # the core's check says "retry_count"
+        locks.lock(name).acquire(retries=-1)
     if not locks.fair:
         with pytest.raises(ValueError, match="fair"):
             locks.lock(name, fair=True)
@@ -348,7 +378,7 @@ def test_a_waiter_that_waits_longer_than_its_ttl_still_excludes(make: Make, name
     run out in the queue and handed it a lock whose key was gone)."""
     holder = make().lock(name, ttl=5)
     assert holder.acquire(blocking=False)
-    waiter = make().lock(name, ttl=1, owner="waiter")
+    waiter = make().lock(name, ttl=1, owner="waiter")  # acquired in a thread, released here
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(waiter.acquire(timeout=30)))
     thread.start()
@@ -365,10 +395,11 @@ def test_a_waiter_that_waits_longer_than_its_ttl_still_excludes(make: Make, name
         waiter.release()
 
 
-def test_timeout_none_is_the_retry_policy(make: Make, name: str) -> None:
-    """``acquire(retries=N)`` waits like the Redlock's retry policy (at most N x retry_delay,
-    woken by a release), ``retries=0`` is one attempt; ``acquire()`` with no timeout and
-    ``float("inf")`` wait for ever; ``with`` raises LockNotAcquired once the policy gives up."""
+def test_acquire_waits_until_acquired_unless_retries_bound_it(make: Make, name: str) -> None:
+    """``acquire()`` with blocking and no timeout waits until acquired (as threading.Lock,
+    redis-py and kazoo); ``retries=N`` bounds it like the Redlock's retry loop (at most N x
+    retry_delay here, woken by a release), ``retries=0`` is one attempt, and ``with`` raises
+    LockNotAcquired once they ran out."""
     holder = make().lock(name, ttl=60)
     assert holder.acquire(blocking=False)
     locks = make(retry_count=2, retry_delay=0.3)
@@ -377,30 +408,30 @@ def test_timeout_none_is_the_retry_policy(make: Make, name: str) -> None:
     waited = time.monotonic() - start
     assert 0.55 <= waited < 5, waited
     with pytest.raises(LockNotAcquired):
-        with locks.lock(name, ttl=5, retries=2):
+        with locks.lock(name, ttl=5, retries=1):
             pass
     start = time.monotonic()
-    assert not make().lock(name, ttl=5).acquire(retries=0)
+    assert not locks.lock(name, ttl=5, retries=0).acquire()
     assert time.monotonic() - start < 0.5
 
     def waiter(handle: Any) -> tuple[threading.Thread, list[bool]]:
         result: list[bool] = []
         thread = threading.Thread(target=lambda: result.append(handle.acquire()))
         thread.start()
-        time.sleep(0.5)  # let it block (a waiter that is late only waits less)
+        time.sleep(1.0)  # past retry_count x retry_delay: the waiter must still wait
         assert result == [], "it should still be waiting"
         return thread, result
 
     patient = make(retry_delay=20).lock(name, ttl=5, retries=3, owner="patient")
     thread, result = waiter(patient)
-    holder.release()  # wakes the policy's waiter long before its 60 s
+    holder.release()  # wakes it long before its three retries of 20 s
     thread.join(30)
-    assert result == [True] and patient.held
-    forever = make(retry_count=0).lock(name, ttl=5, timeout=float("inf"), owner="forever")
-    thread, result = waiter(forever)
+    assert result == [True] and patient.check()
+    forever = make().lock(name, ttl=5, owner="forever")
+    thread, result = waiter(forever)  # no timeout, no retries: it waits until acquired
     patient.release()
     thread.join(30)
-    assert result == [True] and forever.held
+    assert result == [True] and forever.check()
     forever.release()
     assert not locks.locked(name)
 
@@ -505,6 +536,43 @@ def test_async_twin(make: Make, name: str) -> None:
     asyncio.run(run())
 
 
+def test_a_cancelled_async_acquire_leaves_no_lock(make: Make, name: str) -> None:
+    """A task waiting in ``await lock.acquire()`` is cancelled; its worker thread goes on and
+    wins the lock when the holder releases: that grant is released, not left held by nobody
+    until its lease (or, on ZooKeeper, its session) ends."""
+
+    async def run() -> None:
+        locks = AsyncLocks(make())
+        events: list[tuple[str, str | None]] = []
+        locks.listeners.append(lambda e: events.append((e.kind, e.token)))
+        holder = locks.lock(name, ttl=30)
+        assert await holder.acquire(blocking=False)
+        first = holder.token
+        lock = locks.lock(name, ttl=30)
+        waiting = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(0.5)  # let it queue (a late one only waits less)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await holder.release()  # the worker thread now wins, for nobody
+
+        def given_back() -> bool:
+            won = [t for kind, t in events if kind == "acquired" and t != first]
+            return bool(won) and ("released", won[0]) in events
+
+        deadline = time.monotonic() + 20
+        while not given_back():
+            assert time.monotonic() < deadline, f"the won grant was left held: {events}"
+            await asyncio.sleep(0.05)
+        assert not lock.held and not await locks.locked(name)
+        again = locks.lock(name, ttl=5)
+        assert await again.acquire(blocking=False)
+        await again.release()
+        await locks.close()
+
+    asyncio.run(run())
+
+
 def contention(spec: dict[str, Any], env: dict[str, str], tmp: Path, processes: int = 4) -> None:
     """``processes`` children each do ``rounds`` read-pause-write cycles under the lock: no
     two valid holds overlap, fences strictly increase in grant order, no update is lost."""
@@ -556,3 +624,276 @@ def holder_killed(make: Make, spec: dict[str, Any], env: dict[str, str], bound: 
             proc.wait()
     assert recovered <= bound, f"recovered after {recovered:.2f} s, bound {bound} s"
     return recovered
+
+
+# -- the handle rules, the same on every lock service -------------------------------------------
+# tests/test_backend_parity.py runs these on the Redlock, the AsyncRedlock and every backend
+# (and its asyncio twin). ``make(**options)`` builds a manager; ``amake()`` (async cases) an
+# asyncio one, inside the running loop; ``leases``: whether the service's locks run out on
+# their own (a ZooKeeper lock lives as long as its session instead).
+AsyncMake = Callable[[], Any]
+
+
+def run_owned(target: Callable[[], Any], thread_name: str = "other") -> Any:
+    """``target()`` in a thread of its own: what it returned, or the exception it raised."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(target())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name=thread_name)
+    thread.start()
+    thread.join(60)
+    assert outcome, f"{thread_name} did not finish"
+    return outcome[0]
+
+
+def rule_1_a_handle_belongs_to_whoever_acquired_it(make: Make, name: str) -> None:
+    """A thread that did not acquire a shared handle gets LockNotOwned from release() and
+    extend(), naming both owners, and nothing changes on the service; ``owner=`` makes a
+    hold that any thread acting for that owner releases."""
+    locks, observer = make(), make()
+    lock = locks.lock(name, ttl=10)
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    for call in (lock.release, lock.extend):
+        refused = run_owned(call, "intruder")
+        assert isinstance(refused, LockNotOwned), refused
+        assert "intruder" in str(refused) and "MainThread" in str(refused), refused
+    assert lock.held and lock.token == token and lock.check()
+    info = observer.lock_info(name)
+    assert info is not None and info.token == token  # nothing was sent
+    assert not observer.lock(name, ttl=5).acquire(blocking=False)
+    lock.release()
+    assert not observer.locked(name)
+    job = locks.lock(name, ttl=10, owner="job-7")
+    assert run_owned(lambda: job.acquire(blocking=False), "worker") is True
+    assert job.held and observer.lock_info(name).token == job.token
+    job.release()  # another thread, the same owner
+    assert not observer.locked(name)
+
+
+def rule_2_a_failed_attempt_never_touches_the_holders_lease(make: Make, name: str) -> None:
+    """Eight threads race ``acquire(blocking=False)`` on one shared handle: exactly one
+    wins, the others' failures leave its lease alone, and its release frees the lock.
+    Meanwhile other threads asking the held handle get False (non-blocking, or after their
+    timeout), never RuntimeError, and a blocking one waits until the holder releases."""
+    locks, observer = make(), make()
+    lock = locks.lock(name, ttl=10)
+    start, release_now = threading.Barrier(8), threading.Event()
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def contender(i: int) -> None:
+        try:
+            start.wait(30)
+            results[i] = lock.acquire(blocking=False)
+            if results[i]:
+                assert release_now.wait(60)
+                lock.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(results) == 8 or errors, timeout=60)
+    assert not errors, errors
+    assert sorted(results.values()) == [False] * 7 + [True], results
+    token = lock.token
+    assert lock.held and lock.check() and observer.lock_info(name).token == token
+    assert run_owned(lambda: lock.acquire(blocking=False)) is False
+    assert run_owned(lambda: lock.acquire(timeout=0.3)) is False
+    assert lock.token == token and observer.lock_info(name).token == token
+    got: list[Any] = []
+
+    def wait_for_it() -> None:
+        try:
+            got.append(lock.acquire())  # blocking, no timeout: until the holder releases
+            lock.release()
+        except BaseException as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=wait_for_it, name="waiter")
+    waiter.start()
+    waiter.join(1.0)
+    assert got == [], "the waiter should still be waiting"
+    release_now.set()
+    for thread in [*threads, waiter]:
+        thread.join(60)
+    assert not errors, errors
+    assert got == [True], got
+    assert not observer.locked(name)
+
+
+def rule_3_a_blocking_acquire_without_timeout_waits_until_acquired(make: Make, name: str) -> None:
+    """No timeout, no retries: the waiter waits (here well past its retry policy of one
+    retry 0.1 s apart) until the holder releases, as threading.Lock, redis-py and kazoo do."""
+    holder = make().lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    waiter = make(retry_count=1, retry_delay=0.1).lock(name, ttl=10, owner="waiter")
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire()))
+    thread.start()
+    thread.join(1.5)
+    assert got == [], "it gave up: acquire() without a timeout must wait"
+    holder.release()
+    thread.join(60)
+    assert got == [True] and waiter.held and waiter.check()
+    waiter.release()
+
+
+def rule_4_the_holder_asking_again_does_not_re_enter(
+    make: Make, name: str, *, leases: bool = True
+) -> None:
+    """Without reentrancy the holder acquiring its own handle again gets False at once
+    (non-blocking), False after its timeout, and RuntimeError when it would wait for itself
+    for ever; another handle of the same owner contends. Its hold is untouched. After its
+    lease ran out, the handle can be acquired again."""
+    locks, observer = make(), make()
+    lock = locks.lock(name, ttl=2)
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    assert lock.acquire(blocking=False) is False
+    started = time.monotonic()
+    assert lock.acquire(timeout=0.5) is False
+    assert time.monotonic() - started >= 0.45
+    for forever in ({}, {"timeout": float("inf")}):
+        with pytest.raises(RuntimeError, match="wait for itself"):
+            lock.acquire(**forever)
+    assert locks.lock(name, ttl=2).acquire(blocking=False) is False
+    assert lock.held and lock.token == token and observer.lock_info(name).token == token
+    if not leases:
+        lock.release()
+        return
+    wait_until(lambda: not lock.held, timeout=30, interval=0.05)  # it ran out, unrenewed
+    assert lock.acquire(timeout=30)  # the service may drop the old lease a moment later
+    assert lock.token != token and observer.lock_info(name).token == lock.token
+    lock.release()
+    assert not observer.locked(name)
+
+
+def rule_4_reentrancy_only_when_asked(make: Make, name: str) -> None:
+    """``reentrant=True``: handles of the owner that holds the name share its hold (one
+    token), which ends at the last release; another owner still contends."""
+    locks, observer = make(), make()
+    outer = locks.lock(name, ttl=10, reentrant=True)
+    inner = locks.lock(name, ttl=10, reentrant=True)
+    assert outer.acquire(blocking=False) and inner.acquire(blocking=False)
+    assert inner.token == outer.token
+    stranger = locks.lock(name, ttl=10, reentrant=True)
+    assert run_owned(lambda: stranger.acquire(blocking=False)) is False
+    inner.release()
+    assert outer.held and observer.lock_info(name).token == outer.token
+    outer.release()
+    assert not observer.locked(name)
+
+
+def rule_racing_threads_never_overlap(make: Make, name: str, history: Path) -> None:
+    """Six threads over two managers take one name ten times each, half of them through
+    one shared handle, the rest through handles of their own: the recorded holds never
+    overlap (tests/faults/history) and every release succeeds."""
+    clients = [make(), make()]
+    shared = clients[0].lock(name, ttl=10)
+    writer = HistoryWriter(history / "holds.jsonl", "threads")
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(10):
+                lock = shared if i % 2 else clients[i % 3 % 2].lock(name, ttl=10)
+                started = time.monotonic()
+                assert lock.acquire(timeout=60), "no lock within 60 s"
+                now = time.monotonic()
+                token = lock.token
+                writer.acquired(name, token, lock.fence, now, now + lock.validity, started)
+                time.sleep(0.002)
+                writer.releasing(token, time.monotonic(), time.monotonic() + lock.validity)
+                lock.release()
+                writer.outcome(token, "ok")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,), name=f"t{i}") for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    writer.close()
+    assert not errors, errors
+    holds = load_holds(load_events(history))
+    assert len(holds) == 60 and all(h.outcome == "ok" for h in holds)
+    assert not find_overlaps(holds), [str(o) for o in find_overlaps(holds)]
+
+
+async def arule_1_a_handle_belongs_to_the_task_that_acquired_it(
+    amake: AsyncMake, name: str
+) -> None:
+    """Another task of the same loop cannot release or extend (LockNotOwned), and nothing
+    changes on the service."""
+    locks, observer = amake(), amake()
+    lock = locks.lock(name, ttl=10)
+    assert await lock.acquire(blocking=False)
+    token = lock.token
+
+    async def intrude(call: Callable[[], Any]) -> Any:
+        try:
+            return await call()
+        except LockNotOwned as exc:
+            return exc
+
+    for call in (lock.release, lock.extend):
+        refused = await asyncio.create_task(intrude(call))
+        assert isinstance(refused, LockNotOwned), refused
+    assert lock.held and (await observer.lock_info(name)).token == token
+    await lock.release()
+    assert not await observer.locked(name)
+
+
+async def arule_2_racing_tasks_on_one_handle(amake: AsyncMake, name: str) -> None:
+    """Eight tasks race ``acquire(blocking=False)`` on one shared handle: one wins, its
+    lease is intact, and the winning task's release frees the lock."""
+    locks, observer = amake(), amake()
+    lock = locks.lock(name, ttl=10)
+    release_now = asyncio.Event()
+    results: list[bool] = []
+
+    async def contender() -> None:
+        won = await lock.acquire(blocking=False)
+        results.append(won)
+        if won:
+            await release_now.wait()
+            await lock.release()
+
+    tasks = [asyncio.create_task(contender()) for _ in range(8)]
+    while len(results) < 8:
+        await asyncio.sleep(0.01)
+    assert sorted(results) == [False] * 7 + [True], results
+    assert lock.held and (await observer.lock_info(name)).token == lock.token
+    release_now.set()
+    await asyncio.gather(*tasks)
+    assert not await observer.locked(name)
+
+
+async def arule_3_and_4_waiting_and_asking_again(amake: AsyncMake, name: str) -> None:
+    """``await acquire()`` without a timeout waits until acquired; the holding task asking
+    its handle again gets False (non-blocking, after a timeout) or RuntimeError (for ever)."""
+    locks, observer = amake(), amake()
+    holder = observer.lock(name, ttl=30)
+    assert await holder.acquire(blocking=False)
+    lock = locks.lock(name, ttl=10)
+    waiting = asyncio.create_task(lock.acquire())
+    done, _ = await asyncio.wait([waiting], timeout=1.5)
+    assert not done, "acquire() without a timeout gave up"
+    await holder.release()
+    assert await asyncio.wait_for(waiting, 60)
+    assert await lock.acquire(blocking=False) is False
+    assert await lock.acquire(timeout=0.3) is False
+    with pytest.raises(RuntimeError, match="wait for itself"):
+        await lock.acquire()
+    assert lock.held and (await observer.lock_info(name)).token == lock.token
+    await lock.release()
+    assert not await observer.locked(name)

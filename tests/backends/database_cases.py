@@ -17,9 +17,12 @@ from django.db import connection, transaction
 from django_redlock import QuorumError
 from django_redlock.backends.database import DatabaseLocks
 from testproject.models import Account
-from tests.backends import cases
+from tests.backends import cases, databases
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
+    test_a_cancelled_async_acquire_leaves_no_lock,
+    test_a_holder_learns_of_a_force_release_within_a_second,
     test_a_waiter_that_waits_longer_than_its_ttl_still_excludes,
+    test_acquire_waits_until_acquired_unless_retries_bound_it,
     test_async_twin,
     test_auto_renew,
     test_bad_input,
@@ -29,12 +32,35 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_handover,
     test_names,
     test_names_that_a_collation_would_equate_are_distinct_locks,
-    test_timeout_none_is_the_retry_policy,
     test_waiter_wakes_on_release,
 )
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_database_reaped() -> Any:
+    """Sweep the test databases of dead runs, and have a reaper drop this run's if this
+    process dies before pytest-django's teardown (pytest-timeout's os._exit, SIGKILL);
+    after the run, drop it in case that teardown could not (a session still connected)."""
+    from django.conf import settings
+
+    kind = os.environ.get("REDLOCK_BACKEND_DB", "sqlite")
+    if kind == "sqlite":  # a file in the run's temporary directory
+        yield
+        return
+    name = settings.DATABASES["default"]["TEST"]["NAME"]
+    databases.sweep(kind)
+    reaper = databases.reap_on_exit(kind, name)
+    try:
+        yield
+    finally:
+        try:
+            databases.drop(kind, name)
+        finally:
+            reaper.done()
+
 
 PESSIMISTIC = connection.vendor != "sqlite"
 #: The cases that drop a lock's connection from the server side (SQLite has no server).
@@ -274,6 +300,42 @@ def lose_a_reply(locks: DatabaseLocks, needle: str) -> list[str]:
 
     wrapper.create_cursor = create_cursor
     return fired
+
+
+def cut_off(wrapper: Any) -> None:
+    """The database goes away for a lock connection: it is dropped by the server, and every
+    reconnection is refused (its settings now name a port nobody listens on)."""
+    from tests.backends.servers import free_port
+
+    wrapper.settings_dict["PORT"] = free_port()
+    kill(wrapper)
+
+
+@server_only
+@pytest.mark.parametrize("pessimistic", [False, True], ids=["plain", "pessimistic"])
+def test_release_with_the_database_unreachable_names_it(make, name, pessimistic) -> None:
+    """release() and extend() when the database cannot be reached raise the package's
+    QuorumError naming the lock, the database alias and the cause (release raised a raw
+    OperationalError after a kill -9 of the server), and change nothing on the service."""
+    from django.db import OperationalError
+
+    locks = make(pessimistic=pessimistic)
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    token = holder.token
+    cut_off(locks._connection())
+    for call, verb in ((holder.extend, "extend"), (holder.release, "release")):
+        with pytest.raises(QuorumError) as refused:
+            call()
+        message = str(refused.value)
+        assert f"lock {name!r}" in message and f"database 'default' could not {verb}" in message
+        assert f"{connection.vendor}:default:" in message  # the cause, under the node's name
+        assert isinstance(refused.value.__cause__, OperationalError)
+    assert not holder.held
+    observer = make()
+    info = observer.lock_info(name)  # still held by its token, until its lease ends
+    assert info is not None and info.token == token
+    assert observer.force_release(name) == 1
 
 
 @server_only

@@ -6,11 +6,14 @@ the test database; the child processes it starts get its name in ``REDLOCK_BACKE
 import os
 
 from testproject.settings import *  # noqa: F403
+from tests.backends.databases import database_name
 
 KIND = os.environ.get("REDLOCK_BACKEND_DB", "sqlite")
 NAME = os.environ.get("REDLOCK_BACKEND_DB_NAME", "test")
-#: A test database of our own: several runs on one server never drop each other's.
-TEST_NAME = os.environ.get("REDLOCK_BACKEND_TEST_DB", f"test_redlock_backends_{os.getpid()}")
+#: A test database of our own, named after the process that creates it: several runs on one
+#: server never drop each other's, and one whose creator died is dropped by its reaper or the
+#: next run's sweep (tests/backends/databases.py).
+TEST_NAME = os.environ.get("REDLOCK_BACKEND_TEST_DB") or database_name()
 
 if KIND in ("postgres", "mysql"):
     from testproject.databases import server_database

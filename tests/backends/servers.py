@@ -141,4 +141,26 @@ def etcd() -> Iterator[Server]:
         "error",
     ]
     with _serving(command, port, client_url, data) as server:
+        _wait_for_leader(server)
         yield server
+
+
+def _wait_for_leader(server: Server, timeout: float = 60.0) -> None:
+    """Until the member has elected itself leader: before that, requests that need
+    consensus (a lease grant) wait for the election, so the first lock of a test would take
+    longer than its ttl."""
+    import json
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            request = urllib.request.Request(
+                f"{server.address}/v3/maintenance/status", data=b"{}", method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=2) as response:
+                status = json.loads(response.read())
+            if int(status.get("leader", 0)):
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"etcd at {server.address} elected no leader within {timeout} s")
