@@ -1,5 +1,6 @@
+from django.conf import settings
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from . import views
 
@@ -19,3 +20,6 @@ urlpatterns = [
     path("ping/", views.ping, name="ping"),
     path("ping-locked/", views.ping_locked, name="ping-locked"),
 ]
+
+if settings.HAS_DRF:
+    urlpatterns.append(path("api/", include("testproject.drf_urls")))
