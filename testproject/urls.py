@@ -6,6 +6,7 @@ from . import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("redlock/", include("django_redlock.urls")),
     path("orders/<int:order_id>/pay/", views.order_pay, name="order-pay"),
     path("orders/<int:order_id>/pay-wait/", views.order_pay_wait, name="order-pay-wait"),
     path("reports/<slug:name>/", views.report, name="report"),
