@@ -182,13 +182,16 @@ def guard_display(health: NodeHealth) -> str:
 
 
 def format_duration(seconds: float | None) -> str:
-    """``"4.2 s"``, ``"42 s"``, ``"3 min 12 s"``, ``"2 h 5 min"``, ``"3 d 4 h"``.
+    """``"850 ms"``, ``"4.2 s"``, ``"42 s"``, ``"3 min 12 s"``, ``"2 h 5 min"``, ``"3 d 4 h"``
+    (under a second in milliseconds: never ``"0.0 s"``).
 
     The countdown script in ``static/django_redlock/admin-locks.js`` formats the same way.
     """
     if seconds is None:
         return ""
     seconds = max(float(seconds), 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
     if seconds < 10:
         return f"{seconds:.1f} s"
     whole = int(seconds)

@@ -58,7 +58,7 @@ _NUMBERS = {
     "FAIR_HEARTBEAT": (False, False),
     "STUCK_AFTER": (False, True),
 }
-_BOOLEANS = ("RESTART_GUARD", "TRUST_FRESH_CLUSTER", "REENTRANT", "AUTO_RENEW")
+_BOOLEANS = ("RESTART_GUARD", "TRUST_FRESH_CLUSTER", "REENTRANT", "AUTO_RENEW", "TRACING")
 
 
 def _error(n: int, msg: str, hint: str | None = None) -> Error:
@@ -109,6 +109,30 @@ def _settings_messages(*, constructor: bool) -> list[CheckMessage]:
     messages += _check_locked_response(config.get("LOCKED_RESPONSE"))
     messages += _check_locked_task(config.get("LOCKED_TASK"))
     return messages
+
+
+@register(TAG)
+def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``REDLOCK["METRICS"]`` (``django_redlock.E013``). Apart from the lock settings: a broken
+    metrics setting turns the metrics off (logged at startup), it never stops the locks."""
+    from .metrics import metrics_settings
+
+    user = _user_setting()
+    if not isinstance(user, Mapping):
+        return []
+    try:
+        metrics_settings(user.get("METRICS"))
+    except (TypeError, ValueError, ImportError) as exc:
+        return [
+            _error(
+                13,
+                f"{exc}.",
+                hint="REDLOCK['METRICS'] = True, or a dict of LABEL (a callable or dotted "
+                "path: lock name -> label), MAX_LABELS (int) and HEALTH_CACHE (seconds); "
+                "it needs the 'metrics' extra (prometheus_client).",
+            )
+        ]
+    return []
 
 
 def format_message(message: CheckMessage) -> str:

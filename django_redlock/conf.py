@@ -70,6 +70,10 @@ DEFAULTS: dict[str, Any] = {
     "LOCKED_TASK": {},
     #: More lock services by alias (django_redlock.backends.registry; checks E101-E105).
     "BACKENDS": {},
+    #: Prometheus metrics (django_redlock.metrics): False, True or a dict of options (E013).
+    "METRICS": False,
+    #: OpenTelemetry spans where opentelemetry-api is installed (django_redlock.tracing).
+    "TRACING": True,
 }
 
 #: Settings passed to the Redlock constructor, and the argument each becomes.

@@ -6,6 +6,12 @@ views, class-based handlers through ``method_decorator``, plain functions and me
 generator functions (the lock is held while the generator runs). It is a view when the first
 argument (the second for a method taking ``self``) is an ``HttpRequest`` (or a DRF ``Request``).
 
+Under Django REST framework it goes below ``@api_view`` (or on an ``APIView``/``ViewSet``
+method), where the request is DRF's, authenticated: ``{client}`` and ``request.user`` are the
+token/basic/session user DRF found, and a refusal is a DRF exception (423/503 with
+``Retry-After``, see :mod:`django_redlock.drf`). Above ``@api_view``, or on an API view's
+``dispatch``, it would run before DRF authenticates, so it is refused.
+
 Keys come from a template formatted with the call's bound arguments (see :class:`KeyTemplate`
 for the escaping that keeps distinct inputs on distinct keys), or from ``key=callable``.
 """
@@ -47,6 +53,7 @@ from .keys import (
     base_request,
     client_id,
     compiled_template,
+    drf_request,
     make_key,
     shorten,
     user_pk,
@@ -184,6 +191,8 @@ class _Plan:
             self.signature = None
         self.var_keyword: str | None = None
         self.method = False
+        #: A method of a DRF API view instance, bound by ``method_decorator``.
+        self.drf_view = _is_drf_view(getattr(getattr(func, "func", None), "__self__", None))
         names: set[str] = set()
         if self.signature is not None:
             first = next(iter(self.signature.parameters), None)
@@ -200,6 +209,43 @@ class _Plan:
                     f"locked({template.template!r}) on {self.qualname}: no argument named "
                     f"{', '.join(missing)} (arguments: {', '.join(sorted(names)) or 'none'})"
                 )
+
+
+def _drf_api_view() -> Any:
+    """DRF's ``APIView`` class when DRF has been imported (never imported here)."""
+    return getattr(sys.modules.get("rest_framework.views"), "APIView", None)
+
+
+def _is_drf_view_function(func: Any) -> bool:
+    """``func`` is what ``@api_view`` or ``APIView.as_view()`` returns (its ``cls``)."""
+    api_view = _drf_api_view()
+    cls = getattr(func, "cls", None)
+    return api_view is not None and isinstance(cls, type) and issubclass(cls, api_view)
+
+
+def _is_drf_view(obj: Any) -> bool:
+    """``obj`` is an instance of a DRF API view (an ``APIView``, a ``ViewSet``...)."""
+    api_view = _drf_api_view()
+    return api_view is not None and isinstance(obj, api_view)
+
+
+def _before_drf(plan: _Plan, args: tuple[Any, ...], request: Any) -> bool:
+    """A view call on an API view that DRF has not wrapped yet (its ``dispatch``): the
+    request is still Django's, not authenticated by DRF."""
+    if drf_request(request) is not None:
+        return False
+    return plan.drf_view or (plan.method and bool(args) and _is_drf_view(args[0]))
+
+
+def _drf_order_error(locked: Locked, where: str) -> str:
+    return (
+        f"{locked!r} on {where} runs before Django REST framework authenticates the "
+        "request: request.user and {client} would be Django's session user (anonymous for "
+        "token and basic auth, so every API client would share one lock), and an "
+        "unauthenticated request could take the lock. Put @locked below @api_view (right "
+        "above the def), or on the APIView/ViewSet method (get, post, an @action), not on "
+        "as_view() or dispatch()"
+    )
 
 
 def _is_request(arg: Any) -> bool:
@@ -313,6 +359,8 @@ class Locked:
 
     def _call(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
         request = _find_request(plan, args)
+        if request is not None and _before_drf(plan, args, request):
+            raise TypeError(_drf_order_error(self, plan.qualname))
         if self.key is not None:
             name = self.key(*args, **kwargs)
             if not isinstance(name, str):
@@ -449,13 +497,15 @@ class Locked:
             return _import_handler(handler)
         return handler
 
-    def _view_handler(self) -> Callable[..., Any]:
+    def _view_handler(self, request: Any) -> Callable[..., Any]:
         handler = self._handler()
         if handler is not None:
             return handler
         path = get_config().get("LOCKED_RESPONSE")
         if path:
             return path if callable(path) else _import_handler(path)
+        if drf_request(request) is not None:
+            return _drf_refusal
         return default_locked_response
 
     def _refused(self, call: _Call, exc: LockNotAcquired) -> Any:
@@ -483,7 +533,7 @@ class Locked:
                 "lock_retry_after": exc.retry_after,
             },
         )
-        return self._view_handler()(call.request, exc)
+        return self._view_handler(call.request)(call.request, exc)
 
     @staticmethod
     def _finish_response(response: Any, exc: LockNotAcquired) -> Any:
@@ -534,6 +584,8 @@ class Locked:
     def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(func):
             raise TypeError(f"@locked decorates a callable, got {func!r}")
+        if _is_drf_view_function(func):
+            raise TypeError(_drf_order_error(self, f"the API view {func.__name__}"))
         plan = self._plan(func)
         if inspect.isasyncgenfunction(func):
             wrapper = self._wrap_async_gen(func, plan)
@@ -695,6 +747,14 @@ class Locked:
         self._held.set(held[:-1])
         lock, call = held[-1]
         await self._arelease(lock, call, failed=exc_type is not None)
+
+
+def _drf_refusal(request: Any, exc: LockNotAcquired) -> None:
+    """A refused DRF view raises DRF's exception (423/503, ``Retry-After``), for the
+    project's DRF exception handler and the negotiated renderer to answer with."""
+    from .drf import raise_refusal
+
+    raise_refusal(request, exc, retry_after_seconds(exc))
 
 
 async def _resolve_user(request: Any) -> None:

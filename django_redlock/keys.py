@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import re
 import string
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime
 from datetime import time as dtime
@@ -29,6 +30,7 @@ __all__ = [
     "base_request",
     "client_id",
     "compiled_template",
+    "drf_request",
     "make_key",
     "shorten",
     "user_pk",
@@ -241,9 +243,26 @@ def base_request(request: Any) -> HttpRequest:
     return inner if isinstance(inner, HttpRequest) else request
 
 
-def user_pk(request: Any, *, load: bool = False) -> Any:
-    """The user's pk: only when the user is already loaded (never a query of our own),
-    unless ``load`` (a lazy user is loaded, the query any view reading it makes)."""
+def drf_request(request: Any) -> Any:
+    """``request`` when it is a Django REST framework ``Request``, else None. DRF is never
+    imported here: a DRF request exists only once DRF itself has been imported."""
+    module = sys.modules.get("rest_framework.request")
+    cls = getattr(module, "Request", None)
+    return request if cls is not None and isinstance(request, cls) else None
+
+
+def _loaded_user(request: Any, *, load: bool) -> Any:
+    """The user object of ``request`` (None when not known and ``load`` is false).
+
+    Under DRF the user is the one DRF's authentication classes found (a token, basic or
+    session user), not Django's ``request.user`` of the session middleware, which is anonymous
+    for a token client: reading the DRF request's ``user`` runs DRF's authentication if the
+    view has not yet, as the view's own ``request.user`` would."""
+    drf = drf_request(request)
+    if drf is not None:
+        if "_user" in drf.__dict__:
+            return drf.__dict__["_user"]
+        return drf.user if load else None
     user = base_request(request).__dict__.get("user")
     if isinstance(user, LazyObject):
         if user._wrapped is empty:
@@ -251,6 +270,14 @@ def user_pk(request: Any, *, load: bool = False) -> Any:
                 return None
             user._setup()
         user = user._wrapped
+    return user
+
+
+def user_pk(request: Any, *, load: bool = False) -> Any:
+    """The user's pk: only when the user is already loaded (never a query of our own),
+    unless ``load`` (a lazy user is loaded, the query any view reading it makes). For a DRF
+    request, the user DRF authenticated."""
+    user = _loaded_user(request, load=load)
     if user is None or not getattr(user, "is_authenticated", False):
         return None
     return getattr(user, "pk", None)
@@ -259,18 +286,19 @@ def user_pk(request: Any, *, load: bool = False) -> Any:
 def client_id(request: Any) -> str:
     """Who is asking, as a key part that never lumps anonymous users together:
     ``user:<pk>`` for an authenticated user (loaded if nothing has read ``request.user`` yet:
-    every session of a user is one client), else ``session:<key>`` when the client sent a
-    session cookie, else ``ip:<REMOTE_ADDR>``.
+    every session of a user is one client; under DRF, the user its authentication classes
+    found), else ``session:<key>`` when the client sent a session cookie, else
+    ``ip:<REMOTE_ADDR>``.
 
     ``{request.user.pk}`` renders ``%none`` for every anonymous user, so they all share one
     key; ``{client}`` in a view's template (or ``client_id(request)`` in a ``key=``
     callable) gives each visitor their own. Behind a proxy, REMOTE_ADDR is the proxy's
     address unless a middleware sets the client's.
     """
-    base = base_request(request)
-    user = user_pk(base, load=True)
+    user = user_pk(request, load=True)
     if user is not None:
         return f"user:{user}"
+    base = base_request(request)
     session = base.__dict__.get("session")
     key = getattr(session, "session_key", None) if session is not None else None
     if key:

@@ -6,6 +6,7 @@ set to the embedded nodes they start; the database is SQLite unless ``REDLOCK_TE
 """
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent
@@ -24,6 +25,19 @@ INSTALLED_APPS = [
     "django_redlock",
     "testproject",
 ]
+
+#: Django REST framework is optional: its views (testproject/drf_views.py, under /api/) and
+#: apps are there only when it is installed (the ``test`` extra brings it).
+HAS_DRF = find_spec("rest_framework") is not None
+if HAS_DRF:
+    INSTALLED_APPS += ["rest_framework", "rest_framework.authtoken"]
+    REST_FRAMEWORK = {
+        "DEFAULT_AUTHENTICATION_CLASSES": [
+            "rest_framework.authentication.TokenAuthentication",
+            "rest_framework.authentication.SessionAuthentication",
+        ],
+        "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    }
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

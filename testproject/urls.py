@@ -1,10 +1,12 @@
+from django.conf import settings
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from . import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("redlock/", include("django_redlock.urls")),
     path("orders/<int:order_id>/pay/", views.order_pay, name="order-pay"),
     path("orders/<int:order_id>/pay-wait/", views.order_pay_wait, name="order-pay-wait"),
     path("reports/<slug:name>/", views.report, name="report"),
@@ -19,3 +21,6 @@ urlpatterns = [
     path("ping/", views.ping, name="ping"),
     path("ping-locked/", views.ping_locked, name="ping-locked"),
 ]
+
+if settings.HAS_DRF:
+    urlpatterns.append(path("api/", include("testproject.drf_urls")))

@@ -230,7 +230,7 @@ def test_list_shows_holder_times_nodes_renewals_and_fence(client, lock_viewer, h
     assert "thread MainThread" in row
     assert "view shop.views.pay" in row and "POST /pay/42/" in row and "user alice" in row
     assert re.search(r'<time datetime="\d{4}-\d\d-\d\dT', row)  # absolute time ...
-    assert re.search(r"\d+\.\d s</span> ago", row)  # ... and relative
+    assert re.search(r"\d+(\.\d s| ms)</span> ago", row)  # ... and relative
     countdown = float(re.search(r'class="field-ttl" data-countdown="([\d.]+)"', row).group(1))
     assert 35 < countdown <= 40
     assert '<td class="field-nodes">3/3</td>' in row
@@ -445,8 +445,11 @@ def test_node_health_panel(client, lock_viewer, holder, redis_nodes):
     html = client.get(NODES).content.decode()
     assert "3 of 3 nodes reachable, quorum 2: locks can be taken." in html
     table = html[html.index('id="redlock-health"') :]
-    version = redis_nodes[0].info("server")["redis_version"]
-    assert table.count(f"<td>{version}</td>") == 3
+    info = redis_nodes[0].info("server")
+    # The server's own name and version (Valkey's redis_version is only its compatibility level)
+    server = info.get("server_name", "redis")
+    version = info.get("valkey_version") or info["redis_version"]
+    assert table.count(f"<td>{server}-server {version}</td>") == 3
     assert table.count('alt="yes"') == 3
     assert re.search(r"\d+\.\d\d ms", table)  # latency
     assert re.search(r"-?\d+\.\d ms", table)  # clock offset
@@ -754,13 +757,16 @@ def test_unusable_settings_show_an_error_not_a_500(client, lock_releaser, settin
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [
-        (0, "0.0 s"),
+        (0, "0 ms"),
+        (0.0423, "42 ms"),
+        (0.9, "900 ms"),
+        (1, "1.0 s"),
         (4.24, "4.2 s"),
         (42.9, "42 s"),
         (192, "3 min 12 s"),
         (7500, "2 h 5 min"),
         (277200, "3 d 5 h"),
-        (-3, "0.0 s"),
+        (-3, "0 ms"),
         (None, ""),
     ],
 )

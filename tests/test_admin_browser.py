@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import django
 import pytest
 
 from django_redlock import Redlock
@@ -291,6 +292,33 @@ LAYOUT_SHOTS = {
 }
 
 
+def _page_overflow(page) -> tuple[int, int, list[str]]:
+    """The page's scroll width, its viewport width and the elements reaching past it (none of
+    them inside a box that scrolls on its own: that is where wide tables go on a phone)."""
+    return page.evaluate(
+        """() => {
+            const viewport = document.documentElement.clientWidth;
+            const scrolls = el => {
+                for (let box = el.parentElement; box; box = box.parentElement) {
+                    const x = getComputedStyle(box).overflowX;
+                    if ((x === "auto" || x === "scroll") && box.scrollWidth > box.clientWidth) {
+                        return true;
+                    }
+                }
+                return false;
+            };
+            const past = [];
+            for (const el of document.querySelectorAll("body *")) {
+                const r = el.getBoundingClientRect();
+                if (r.width > 0 && r.right > viewport + 0.5 && !scrolls(el)) {
+                    past.push(`${el.tagName}#${el.id}.${el.className} ${Math.round(r.right)}`);
+                }
+            }
+            return [document.documentElement.scrollWidth, viewport, past.slice(0, 10)];
+        }"""
+    )
+
+
 @pytest.mark.parametrize("width", [1400, 1280, 390])
 def test_list_fits_desktop_widths_and_scrolls_on_a_phone(
     browser_page,
@@ -303,7 +331,9 @@ def test_list_fits_desktop_widths_and_scrolls_on_a_phone(
     width,
 ):
     """Every column (Fence last) is inside the window at 1400 and 1280 px; on a phone the
-    table scrolls inside its own box and the page itself never scrolls sideways."""
+    table scrolls inside its own box and the page itself never scrolls sideways. The same for
+    every page of ours (node health, lock detail, release confirmation), on the Django this
+    runs under (CI runs it under each supported Django line)."""
     django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
     rl = Redlock(list(redis_nodes.urls), ttl=60.0)
     locks = [
@@ -325,11 +355,11 @@ def test_list_fits_desktop_widths_and_scrolls_on_a_phone(
     try:
         page = browser_page
         page.set_viewport_size({"width": width, "height": 900})
-        log_in(page, live_server)
+        base = log_in(page, live_server)
         page.locator("#result_list").wait_for()
-        viewport = page.evaluate("document.documentElement.clientWidth")
-        # The page never scrolls sideways.
-        assert page.evaluate("document.documentElement.scrollWidth") <= viewport
+        # The page never scrolls sideways, and nothing sticks out of it.
+        scroll_width, viewport, past = _page_overflow(page)
+        assert scroll_width <= viewport and not past, (django.get_version(), past)
         fence = page.locator("th.column-fence")
         box = fence.bounding_box()
         assert box is not None
@@ -356,6 +386,21 @@ def test_list_fits_desktop_widths_and_scrolls_on_a_phone(
             results.evaluate("el => { el.scrollLeft = el.scrollWidth; }")
             box = fence.bounding_box()
             assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= viewport
+        # Every other page of ours fits the same window.
+        name = locks[0].name
+        for url in (
+            f"{base}nodes/",
+            f"{base}detail/?name={name}",
+            f"{base}release/?name={name}",
+        ):
+            page.goto(url)
+            page.locator("#content-main").wait_for()
+            scroll_width, viewport, past = _page_overflow(page)
+            assert scroll_width <= viewport and not past, (django.get_version(), url, past)
+        # The detail page's title (the long key) wraps inside the window.
+        page.goto(f"{base}detail/?name={name}")
+        title = page.locator("h1 .redlock-key").bounding_box()
+        assert title is not None and title["x"] + title["width"] <= viewport + 0.5, title
     finally:
         for lock in locks:
             lock.release()

@@ -165,7 +165,7 @@ def test_tour_runs_on_any_number_of_nodes_and_says_so(demo, nodes):
     assert run.finish() == 0, run.text
     text = run.text
     quorum = nodes // 2 + 1
-    assert f"Started {nodes} redis-server" in text
+    assert re.search(rf"Started {nodes} (redis|valkey)-server \d+\.\d+", text), text
     assert f"Node failures: {nodes} node{'s' if nodes > 1 else ''}, quorum {quorum}:" in text
     assert f"{nodes - quorum + 1} of {nodes} nodes down: refused, as it must be" in text
     if nodes - quorum:  # nodes that may fail: frozen, and the lock is still granted
@@ -196,7 +196,7 @@ def test_bad_node_count_is_refused_with_a_clear_message(demo):
 # (signal, extra arguments, the line that marks the moment): every signal where the tour
 # freezes a child with SIGSTOP, and each signal at other moments of the tour and of serving.
 TOUR_MOMENTS = [
-    (signal.SIGINT, [], r"^Started \d+ redis-server"),
+    (signal.SIGINT, [], r"^Started \d+ (redis|valkey)-server"),
     (signal.SIGTERM, [], r"with the lock   : running"),
     (signal.SIGINT, ["--nodes", "5"], r"nodes frozen \(SIGSTOP\)"),
     (signal.SIGHUP, ["--nodes", "2"], r"short of the quorum: waiting"),

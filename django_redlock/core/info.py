@@ -190,6 +190,8 @@ class NodeHealth:
     node: str
     reachable: bool
     latency: float | None = None  #: seconds for a PING round trip
+    #: The server's own version: ``valkey_version`` for Valkey (whose ``redis_version`` is the
+    #: Redis release it is compatible with, not its own), else ``redis_version``.
     version: str | None = None
     uptime: float | None = None  #: seconds
     run_id: str | None = None
@@ -206,6 +208,8 @@ class NodeHealth:
     #: starts the ``guarded_for`` countdown (until then it shows the whole ``max_ttl``).
     armed: bool | None = None
     error: str | None = None
+    #: The server software: INFO's ``server_name`` (``"valkey"``), else ``"redis"``.
+    server: str | None = None
     #: One of :data:`NODE_STATUSES`, judged with the whole cluster in view (``health()``);
     #: left out, a reachable node with no guard votes (a one-node service such as a backend).
     status: str = ""
@@ -219,3 +223,11 @@ class NodeHealth:
     @property
     def voting(self) -> bool:
         return self.status == "voting"
+
+    @property
+    def software(self) -> str | None:
+        """Server name and version as an operator knows them: ``"valkey-server 8.1.8"``,
+        ``"redis-server 7.2.4"`` (None when the node did not say)."""
+        if self.version is None:
+            return None
+        return f"{self.server or 'redis'}-server {self.version}"

@@ -137,7 +137,8 @@ class Listing:
             node=node.name,
             reachable=True,
             latency=probe["latency"],
-            version=str(info.get("redis_version") or info.get("valkey_version")),
+            server=_server_name(info),
+            version=_server_version(info),
             uptime=float(info.get("uptime_in_seconds", 0)),
             run_id=info.get("run_id"),
             used_memory=info.get("used_memory"),
@@ -200,6 +201,20 @@ def _unlike_redis(info: Any, server_time: Any, marker: Any) -> str:
     ):
         return f"HMGET answered {marker!r:.60}"
     return ""
+
+
+def _server_name(info: Mapping[str, Any]) -> str:
+    """``valkey`` for Valkey (its INFO has ``server_name``), else ``redis``."""
+    name = info.get("server_name")
+    if name:
+        return str(name)
+    return "valkey" if info.get("valkey_version") else "redis"
+
+
+def _server_version(info: Mapping[str, Any]) -> str:
+    """The server's own version: Valkey also reports the Redis release it is compatible with
+    as ``redis_version`` (7.2.4 for every Valkey 8), which is not its version."""
+    return str(info.get("valkey_version") or info.get("redis_version"))
 
 
 def _number(value: Any) -> bool:

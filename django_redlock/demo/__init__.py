@@ -69,8 +69,11 @@ def _tour_and_serve(args: argparse.Namespace, resources: Resources) -> bool | No
 
     cluster = RedisCluster(args.nodes, autostart=False)
     resources.start_cluster(cluster)
-    version = cluster.nodes[0].info("server").get("redis_version")
-    print(f"Started {len(cluster)} redis-server {version} nodes: {', '.join(cluster.urls)}")
+    info = cluster.nodes[0].info("server")
+    # Valkey's redis_version is the Redis release it is compatible with, not its own.
+    server = info.get("server_name") or "redis"
+    version = info.get("valkey_version") or info.get("redis_version")
+    print(f"Started {len(cluster)} {server}-server {version} nodes: {', '.join(cluster.urls)}")
     results = {
         "mutual exclusion": mutual_exclusion(cluster, resources),
         "node failures": node_failures(cluster, resources),

@@ -8,7 +8,8 @@ Exit codes (documented in docs/usage.rst, "Management command"):
     ``check``: degraded (a node is unreachable or held back by the restart guard, but a
     quorum is fine; or a node may evict keys, W006)
 2   ``check``: fewer than a quorum of nodes reachable (or allowed to vote by the restart
-    guard): no lock can be taken now; any action: the ``REDLOCK`` setting is broken (the
+    guard): no lock can be taken now; ``list``: fewer than a quorum answered (nothing is
+    listed, the silent nodes are named); any action: the ``REDLOCK`` setting is broken (the
     message gives the system check's id); also usage errors (argparse, an unknown
     ``--using`` alias: the message lists the known ones)
 3   ``release`` without ``--force`` refused to take a live lock from its holder, or
@@ -43,8 +44,12 @@ OK, NOT_FOUND, DEGRADED, QUORUM_LOST, BROKEN_SETTING, USAGE, REFUSED = 0, 1, 1, 
 
 
 def _seconds(value: float | None) -> str:
+    """``"850ms"``, ``"4.2s"``, ``"1.5m"``, ``"2.0h"``: under a second in milliseconds, so a
+    short wait never reads as ``0.0s``."""
     if value is None:
         return "-"
+    if value < 1:
+        return f"{max(value, 0.0) * 1000:.0f}ms"
     if value < 60:
         return f"{value:.1f}s"
     if value < 3600:
@@ -162,8 +167,30 @@ class Command(BaseCommand):
 
     # -- list ------------------------------------------------------------------------------
 
+    def _answering(self, action: str) -> None:
+        """Refuse to report when fewer than a quorum of nodes answer (an empty listing would
+        read as "no locks" when nobody was asked); name the silent ones otherwise."""
+        health = self.redlock.health()
+        down = [h for h in health if not h.reachable]
+        answered = len(health) - len(down)
+        quorum = self.redlock.quorum
+        if answered < quorum:
+            raise CommandError(
+                f"Only {answered} of {len(health)} node(s) answered, fewer than the quorum of "
+                f"{quorum}: cannot {action}. Not answering: {_nodes_down(down)}.",
+                returncode=QUORUM_LOST,
+            )
+        if down:
+            self.stderr.write(
+                self.style.WARNING(
+                    f"Not answering ({answered} of {len(health)} did, quorum {quorum}): "
+                    f"{_nodes_down(down)}; locks held only there are not shown."
+                )
+            )
+
     def do_list(self, *, pattern: str, as_json: bool = False, **_: Any) -> None:
         redlock = self.redlock
+        self._answering("list the live locks")
         # The admin page's rows: the same "stuck" reasons (held too long, split, not
         # renewing, holder gone), judged by the same code.
         rows = build_rows(redlock, redlock.live_locks(pattern), get_config().get("STUCK_AFTER"))
@@ -317,6 +344,14 @@ class Command(BaseCommand):
             f"{status}: {len(reachable)}/{len(health)} nodes reachable, "
             f"{len(voting)} voting, quorum {quorum}, clock spread {spread * 1000:.1f} ms"
         )
+        down = [h for h in health if not h.reachable]
+        guarded = [h for h in reachable if not h.voting]
+        if down:
+            summary += f"; not answering: {_nodes_down(down)}"
+        if guarded:
+            summary += "; not voting (restart guard): " + ", ".join(
+                f"{h.node} ({_seconds(h.guarded_for)} left)" for h in guarded
+            )
         if as_json:
             self.stdout.write(
                 _dumps(
@@ -354,7 +389,7 @@ class Command(BaseCommand):
                         h.node,
                         "yes",
                         f"{(h.latency or 0) * 1000:.2f}ms",
-                        h.version or "?",
+                        h.software or "?",
                         _seconds(h.uptime),
                         guard,
                         clock,
@@ -381,6 +416,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             )
+
+
+def _nodes_down(health: Sequence[Any]) -> str:
+    """``"redis://a:6379/0 (Connection refused), ..."``: each silent node and why."""
+    return ", ".join(f"{h.node} ({h.error or 'no answer'})" for h in health)
 
 
 def _operator() -> str:

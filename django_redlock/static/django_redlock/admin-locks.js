@@ -5,6 +5,7 @@
     // Same format as django_redlock.admin_views.format_duration.
     function formatDuration(seconds) {
         seconds = Math.max(seconds, 0);
+        if (seconds < 1) { return Math.round(seconds * 1000) + " ms"; }
         if (seconds < 10) { return seconds.toFixed(1) + " s"; }
         const whole = Math.floor(seconds);
         if (whole < 60) { return whole + " s"; }

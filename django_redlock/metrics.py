@@ -1,0 +1,378 @@
+"""Prometheus metrics of the locks, registered when ``REDLOCK["METRICS"]`` is on.
+
+Off by default (explicit is better): ``REDLOCK["METRICS"] = True``, or a dict with
+``LABEL`` (callable or dotted path: lock name -> label; default the part before the first
+``:``), ``MAX_LABELS`` (default 100) and ``HEALTH_CACHE`` (seconds, default 5). It needs
+``prometheus_client`` (the ``metrics`` extra), which is never imported while metrics are off.
+``AppConfig.ready()`` calls :func:`install_from_settings`; the series go to
+``prometheus_client``'s default registry, so an existing ``/metrics`` endpoint shows them
+(``django_redlock.urls`` has one too). The series are listed in docs/monitoring.rst.
+
+Counters and histograms are fed by the package's signals (lock events of the shared lock
+services, and ``LockedTask``'s skips and lock retries); node and stuck-lock gauges are read
+at scrape time by a collector, from probes that are cached for ``HEALTH_CACHE`` seconds and
+bounded (:mod:`django_redlock.probes`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.registry import aliases
+from .conf import get_config
+from .core import STUCK_REASONS, LockNotAcquired
+from .labels import DEFAULT_MAX_LABELS, LockLabels, label_function
+from .probes import probes
+
+__all__ = [
+    "DEFAULT_HEALTH_CACHE",
+    "MetricsSettings",
+    "RedlockMetrics",
+    "install",
+    "install_from_settings",
+    "installed",
+    "metrics_settings",
+    "uninstall",
+]
+
+logger = logging.getLogger("django_redlock")
+
+#: Seconds the node health and stuck-lock gauges reuse one probe.
+DEFAULT_HEALTH_CACHE = 5.0
+_OPTIONS = ("LABEL", "MAX_LABELS", "HEALTH_CACHE")
+
+ACQUIRE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """``REDLOCK["METRICS"]``, judged."""
+
+    labels: LockLabels
+    health_cache: float = DEFAULT_HEALTH_CACHE
+
+
+def metrics_settings(value: Any) -> MetricsSettings | None:
+    """``REDLOCK["METRICS"]`` judged: None when off (False, None); a ValueError, TypeError or
+    ImportError naming the problem (the ``django_redlock.E013`` check shows it)."""
+    if value is None or value is False:
+        return None
+    if value is not True and not isinstance(value, Mapping):
+        raise TypeError(
+            f"REDLOCK['METRICS'] must be True, False or a dict of {', '.join(_OPTIONS)}, "
+            f"got {value!r}"
+        )
+    options: Mapping[str, Any] = value if isinstance(value, Mapping) else {}
+    unknown = sorted(str(k) for k in options if k not in _OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"REDLOCK['METRICS'] has unknown options {', '.join(unknown)} "
+            f"(known: {', '.join(_OPTIONS)})"
+        )
+    limit = options.get("MAX_LABELS", DEFAULT_MAX_LABELS)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"REDLOCK['METRICS']['MAX_LABELS'] must be an int >= 1, got {limit!r}")
+    cache = options.get("HEALTH_CACHE", DEFAULT_HEALTH_CACHE)
+    if (
+        isinstance(cache, bool)
+        or not isinstance(cache, (int, float))
+        or not math.isfinite(cache)
+        or cache <= 0
+    ):
+        raise ValueError(
+            f"REDLOCK['METRICS']['HEALTH_CACHE'] must be a positive number of seconds, "
+            f"got {cache!r}"
+        )
+    labels = LockLabels(label_function(options.get("LABEL")), limit)
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise ImportError(
+            "REDLOCK['METRICS'] is on but prometheus_client is not installed: "
+            "pip install 'django-redlock[metrics]'"
+        )
+    return MetricsSettings(labels=labels, health_cache=float(cache))
+
+
+class RedlockMetrics:
+    """The metric objects on one registry, and the receivers that feed them."""
+
+    def __init__(self, settings: MetricsSettings, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Histogram
+
+        self.settings = settings
+        self.registry = REGISTRY if registry is None else registry
+        self.label = settings.labels
+        kw: dict[str, Any] = {"registry": self.registry}
+        self.acquire_seconds = Histogram(
+            "redlock_acquire_seconds",
+            "Time spent acquiring a lock, waiting included, by outcome (acquired, contended).",
+            ["lock", "outcome"],
+            buckets=ACQUIRE_BUCKETS,
+            **kw,
+        )
+        self.hold_seconds = Histogram(
+            "redlock_hold_seconds",
+            "How long locks were held, by how the hold ended (released, lost).",
+            ["lock", "end"],
+            buckets=HOLD_BUCKETS,
+            **kw,
+        )
+        self.acquired = Counter("redlock_acquired", "Locks acquired.", ["lock"], **kw)
+        self.contended = Counter(
+            "redlock_contended",
+            "Acquisitions that did not get the lock (held by another, or too few nodes).",
+            ["lock"],
+            **kw,
+        )
+        self.released = Counter("redlock_released", "Locks released.", ["lock"], **kw)
+        self.lost = Counter(
+            "redlock_lost",
+            "Held locks lost (lease ran out, renewal failed, force-released).",
+            ["lock"],
+            **kw,
+        )
+        self.force_released = Counter(
+            "redlock_force_released", "Locks an operator force-released.", ["lock"], **kw
+        )
+        self.celery_skipped = Counter(
+            "redlock_celery_skipped",
+            "LockedTask runs skipped because the lock was held (on_locked='skip').",
+            ["lock", "task"],
+            **kw,
+        )
+        self.celery_lock_retries = Counter(
+            "redlock_celery_lock_retries",
+            "LockedTask runs re-scheduled because the lock was held (on_locked='retry').",
+            ["lock", "task"],
+            **kw,
+        )
+        self.collector = NodeCollector(settings.health_cache)
+        self.registry.register(self.collector)
+        self._connected: list[tuple[Any, Any]] = []
+
+    # -- receivers -----------------------------------------------------------------------------
+
+    def _acquired(self, *, name: str, waited: float | None = None, **_: Any) -> None:
+        lock = self.label(name)
+        self.acquired.labels(lock).inc()
+        if waited is not None:
+            self.acquire_seconds.labels(lock, "acquired").observe(waited)
+
+    def _contended(self, *, name: str, waited: float | None = None, **_: Any) -> None:
+        lock = self.label(name)
+        self.contended.labels(lock).inc()
+        if waited is not None:
+            self.acquire_seconds.labels(lock, "contended").observe(waited)
+
+    def _released(self, *, name: str, held: float | None = None, **_: Any) -> None:
+        lock = self.label(name)
+        self.released.labels(lock).inc()
+        if held is not None:
+            self.hold_seconds.labels(lock, "released").observe(held)
+
+    def _lost(self, *, name: str, held: float | None = None, **_: Any) -> None:
+        lock = self.label(name)
+        self.lost.labels(lock).inc()
+        if held is not None:
+            self.hold_seconds.labels(lock, "lost").observe(held)
+
+    def _force_released(self, *, name: str, **_: Any) -> None:
+        self.force_released.labels(self.label(name)).inc()
+
+    def _task_skipped(self, sender: Any = None, *, lock_name: str = "", **_: Any) -> None:
+        self.celery_skipped.labels(self.label(lock_name), _task_name(sender)).inc()
+
+    def _task_retry(self, sender: Any = None, *, reason: Any = None, **_: Any) -> None:
+        # Celery's task_retry, for every retry: count those LockedTask made for a busy lock.
+        exc = getattr(reason, "exc", reason)
+        if isinstance(exc, LockNotAcquired):
+            self.celery_lock_retries.labels(self.label(exc.name or ""), _task_name(sender)).inc()
+
+    def connect(self) -> None:
+        from . import signals
+
+        pairs: list[tuple[Any, Any]] = [
+            (signals.lock_acquired, self._acquired),
+            (signals.lock_contended, self._contended),
+            (signals.lock_released, self._released),
+            (signals.lock_lost, self._lost),
+            (signals.lock_force_released, self._force_released),
+        ]
+        if importlib.util.find_spec("celery") is not None:
+            # Only with Celery installed (LockedTask's own module imports it).
+            from celery.signals import task_retry
+
+            from .celery import task_skipped
+
+            pairs += [(task_skipped, self._task_skipped), (task_retry, self._task_retry)]
+        for signal, receiver in pairs:
+            signal.connect(receiver, weak=False)
+        self._connected = pairs
+
+    def disconnect(self) -> None:
+        for signal, receiver in self._connected:
+            signal.disconnect(receiver)
+        self._connected = []
+        self.registry.unregister(self.collector)
+        for metric in (
+            self.acquire_seconds,
+            self.hold_seconds,
+            self.acquired,
+            self.contended,
+            self.released,
+            self.lost,
+            self.force_released,
+            self.celery_skipped,
+            self.celery_lock_retries,
+        ):
+            self.registry.unregister(metric)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The registry in the Prometheus text format, and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _task_name(task: Any) -> str:
+    return str(getattr(task, "name", None) or "unknown")
+
+
+class NodeCollector:
+    """Gauges read at scrape time: per lock service and node, reachability, voting (the restart
+    guard counted), guard time left and PING latency; whether a quorum votes; live and stuck
+    locks by reason. Each service's probe is cached for ``health_cache`` seconds."""
+
+    def __init__(self, health_cache: float) -> None:
+        self.health_cache = health_cache
+
+    def _families(self) -> dict[str, Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        def gauge(name: str, doc: str, labels: list[str]) -> Any:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        return {
+            "probe": gauge(
+                "redlock_health_probe_success",
+                "1 when the nodes of the lock service could be probed in time.",
+                ["service"],
+            ),
+            "up": gauge(
+                "redlock_node_up", "1 when the node answers the health probe.", ["service", "node"]
+            ),
+            "voting": gauge(
+                "redlock_node_voting",
+                "1 when the node answers and may vote (not held back by the restart guard).",
+                ["service", "node"],
+            ),
+            "guarded": gauge(
+                "redlock_node_guarded_seconds",
+                "Seconds before the restart guard lets the node vote (0: it votes).",
+                ["service", "node"],
+            ),
+            "latency": gauge(
+                "redlock_node_latency_seconds", "PING round trip to the node.", ["service", "node"]
+            ),
+            "quorum": gauge(
+                "redlock_quorum_available",
+                "1 when a quorum of the nodes answers and may vote: locks can be taken.",
+                ["service"],
+            ),
+            "live": gauge("redlock_live_locks", "Live locks on the nodes.", ["service"]),
+            "stuck": gauge(
+                "redlock_stuck_locks",
+                "Live locks that look stuck, by reason (old, split, stale, dead; see the "
+                "admin page).",
+                ["service", "reason"],
+            ),
+        }
+
+    def describe(self) -> Iterator[Any]:
+        """The families without samples: registering must not probe the nodes."""
+        yield from self._families().values()
+
+    def collect(self) -> Iterator[Any]:
+        families = self._families()
+        stuck_after = get_config().get("STUCK_AFTER")
+        for service in aliases():
+            seen = probes.nodes(service, max_age=self.health_cache)
+            families["probe"].add_metric([service], 0.0 if seen.error else 1.0)
+            if seen.error:
+                continue
+            for h in seen.health:
+                families["up"].add_metric([service, h.node], 1.0 if h.reachable else 0.0)
+                families["voting"].add_metric([service, h.node], 1.0 if h.voting else 0.0)
+                if h.reachable:
+                    guarded = h.guarded_for or 0.0
+                    families["guarded"].add_metric([service, h.node], guarded)
+                if h.latency is not None:
+                    families["latency"].add_metric([service, h.node], h.latency)
+            families["quorum"].add_metric([service], 1.0 if seen.ready else 0.0)
+            locks = probes.live_locks(service, max_age=self.health_cache)
+            if locks is None:
+                continue
+            families["live"].add_metric([service], float(len(locks)))
+            counts = dict.fromkeys((code for code, _, _ in STUCK_REASONS), 0)
+            now = time.time()
+            pids: dict[int, bool] = {}
+            for info in locks:
+                for code in info.stuck_reasons(stuck_after, now=now, pid_cache=pids):
+                    counts[code] += 1
+            for code, count in counts.items():
+                families["stuck"].add_metric([service, code], float(count))
+        yield from families.values()
+
+
+_installed: RedlockMetrics | None = None
+_install_lock = threading.Lock()
+
+
+def install(settings: MetricsSettings, registry: Any = None) -> RedlockMetrics:
+    """Register the metrics on ``registry`` (prometheus_client's default one) and connect
+    their receivers; what was installed before is uninstalled first."""
+    global _installed
+    with _install_lock:
+        if _installed is not None:
+            _installed.disconnect()
+            _installed = None
+        metrics = RedlockMetrics(settings, registry)
+        metrics.connect()
+        _installed = metrics
+        return metrics
+
+
+def uninstall() -> None:
+    """Disconnect and unregister what :func:`install` registered."""
+    global _installed
+    with _install_lock:
+        if _installed is not None:
+            _installed.disconnect()
+            _installed = None
+
+
+def installed() -> RedlockMetrics | None:
+    """The installed metrics, or None while ``REDLOCK["METRICS"]`` is off."""
+    return _installed
+
+
+def install_from_settings() -> RedlockMetrics | None:
+    """``AppConfig.ready()``: install when ``REDLOCK["METRICS"]`` is on. A broken value is
+    logged (and reported by the ``django_redlock.E013`` check), never raised at startup."""
+    try:
+        settings = metrics_settings(get_config().get("METRICS"))
+    except (TypeError, ValueError, ImportError) as exc:
+        logger.error("django_redlock.E013: metrics are off: %s", exc)
+        return None
+    if settings is None:
+        return None
+    if _installed is not None:
+        return _installed
+    return install(settings)
