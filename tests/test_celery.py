@@ -26,7 +26,6 @@ from celery.worker import state as worker_state
 from django_redlock import LockNotAcquired, QuorumError, Redlock
 from django_redlock.celery import (
     MAX_UNKNOWN_HOLD_DELAY,
-    SKIPPED,
     UNKNOWN_HOLD_DELAY,
     LockedTask,
     default_lock_key,
@@ -209,17 +208,17 @@ def test_skip_policy_is_visible(worker, rl, caplog):
         run = Run()
         holder = hold(run, "s")
         result = tasks.critical_skip.delay("s", run.id)
-        wait_until(lambda: result.state == SKIPPED, what="state SKIPPED")
+        # A ready state with the documented result, so canvases complete (docs/celery.rst).
+        assert result.get(timeout=TIMEOUT) is None
+        assert result.state == "SUCCESS"
     finally:
         lock_contended.disconnect(on_contended)
         task_skipped.disconnect(on_skipped)
-    assert result.info["lock"] == "demo:s"
-    assert result.info["holder"] == holder.id
+    assert [(s["lock_name"], s["holder"]["task_id"]) for s in skipped] == [("demo:s", holder.id)]
     # the core's lock_contended signal, with the task as holder-to-be in meta
     mine = [c for c in contended if c["name"] == "demo:s" and c["meta"].get("task_id") == result.id]
     assert len(mine) == 1 and mine[0]["meta"]["on_locked"] == "skip"
     assert [s["task_id"] for s in skipped] == [result.id]
-    assert skipped[0]["holder"]["task_id"] == holder.id
     logs = [r for r in caplog.records if r.name == "django_redlock.celery"]
     assert any(
         "skipped" in r.getMessage()
@@ -247,7 +246,7 @@ def test_skip_with_an_explicit_redlock_still_signals(worker, rl):
         run.started_by(holder.id)
         assert explicit.locked("demo:ex") and not rl.locked("demo:ex")  # its own key prefix
         result = tasks.critical_explicit.delay("ex", run.id)
-        wait_until(lambda: result.state == SKIPPED, what="state SKIPPED")
+        assert result.get(timeout=TIMEOUT) is None  # skipped: it never ran
     finally:
         lock_contended.disconnect(on_contended)
     mine = [c for c in contended if c["meta"].get("task_id") == result.id]
@@ -285,7 +284,7 @@ def test_per_call_overrides(worker, rl):
         raised.get(timeout=TIMEOUT)
     with pytest.raises(LockNotAcquired):
         sent.get(timeout=TIMEOUT)
-    wait_until(lambda: skipped.state == SKIPPED, what="state SKIPPED")
+    assert skipped.get(timeout=TIMEOUT) is None  # a run would return its record
     with pytest.raises(ValueError, match="on_locked must be one of"):
         tasks.critical.apply_async(("o", run.id), on_locked="bogus")
     run.open("hold")
@@ -737,3 +736,203 @@ def test_retry_countdown_uses_this_process_typical_hold_when_the_holder_has_none
     holder = {"ttl": 30.0, "age": 0.02}  # no typical hold in the holder's metadata
     countdowns = [task._countdown(opts, retries, holder) for retries in range(6)]
     assert max(countdowns) < 1.0, countdowns
+
+
+# --------------------------------------------------------------------------- canvases
+
+
+def test_skipped_members_let_a_group_and_a_chord_complete(worker, rl):
+    """docs/celery.rst: a skipped task ends SUCCESS with the result None, so a group's get()
+    returns and a chord's callback runs, with None in the skipped members' places."""
+    from celery import chord, group
+
+    from tests.celery_support import collect
+
+    run = Run()
+    holder = hold(run, "cg-busy")
+    members = [
+        tasks.critical_skip.s("cg-busy", run.id),
+        tasks.critical_skip.s("cg-free1", run.id),
+        tasks.critical_skip.s("cg-busy", run.id),
+    ]
+    grouped = group(members).apply_async()
+    results = grouped.get(timeout=TIMEOUT)
+    assert results[0] is None and results[2] is None
+    assert results[1]["lock"] == "demo:cg-free1"
+    chorded = chord(
+        [tasks.critical_skip.s("cg-busy", run.id), tasks.critical_skip.s("cg-free2", run.id)]
+    )(collect.s())
+    called_back = chorded.get(timeout=TIMEOUT)
+    assert called_back[0] is None and called_back[1]["lock"] == "demo:cg-free2"
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert sorted(e["lock"] for e in run.all("started")) == [
+        "demo:cg-busy",
+        "demo:cg-free1",
+        "demo:cg-free2",
+    ]
+
+
+# --------------------------------------------------------------------------- the hand-off
+
+
+@pytest.fixture
+def handoff_probe():
+    """``arm(point, task_id)``: SoftTimeLimitExceeded lands at that point of the hand-off
+    from waiting to holding (django_redlock.celery's test hook), as a soft time limit firing
+    right then would; records whether the key was held when it landed."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock import celery as celery_module
+
+    landed: list[dict[str, Any]] = []
+    armed: dict[str, str] = {}
+
+    def probe(point: str, task_id: str | None) -> None:
+        if armed.get("point") == point and armed.get("task_id") == task_id:
+            armed.clear()
+            landed.append({"point": point})
+            raise SoftTimeLimitExceeded(f"landed at {point}")
+
+    def arm(point: str, task_id: str) -> list[dict[str, Any]]:
+        armed.update(point=point, task_id=task_id)
+        return landed
+
+    celery_module._handoff_probe = probe
+    yield arm
+    celery_module._handoff_probe = None
+
+
+@pytest.mark.parametrize(
+    "point", ["slot-taken", "slot-handoff", "slot-released", "acquired", "before-run"]
+)
+def test_an_exception_anywhere_in_the_handoff_leaves_nothing_held(worker, rl, handoff_probe, point):
+    """A task in the key's waiting slot gets the key as the holder releases; an exception
+    landing at any point between taking the slot and running the body (a soft time limit,
+    forced here through the test hook, no timing involved) fails the task and leaves
+    neither the key nor the slot held: the next task takes the key at once."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    run = Run()
+    key = f"ho-{point}"
+    holder = hold(run, key)
+    victim_id = uuid.uuid4().hex
+    landed = handoff_probe(point, victim_id)
+    victim = tasks.critical.apply_async((key, run.id), task_id=victim_id)
+    if point != "slot-taken":  # the others land once the holder lets go
+        wait_until(
+            lambda: (
+                (info := rl.lock_info(f"demo:{key}:waiter")) is not None
+                and info.meta["task_id"] == victim_id
+            ),
+            what="the victim to hold the waiting slot",
+        )
+        run.open("hold")
+    with pytest.raises(SoftTimeLimitExceeded, match=f"landed at {point}"):
+        victim.get(timeout=TIMEOUT)
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert landed == [{"point": point}]
+    # Released before the failure was stored: no waiting for a lease to run out.
+    assert not rl.locked(f"demo:{key}")
+    assert not rl.locked(f"demo:{key}:waiter")
+    follower = tasks.critical_raise.delay(key, run.id)
+    assert follower.get(timeout=TIMEOUT)["lock"] == f"demo:{key}"
+    assert victim_id not in [e["task_id"] for e in run.all("started")]
+
+
+# --------------------------------------------------------------------------- revoke, install
+
+
+def test_revoking_a_waiting_task_frees_its_slot_and_it_never_runs(worker, rl, celery_test_app):
+    """docs/celery.rst, "Revoking": the revoke's reply comes after the waiting slot was freed
+    (the worker's map names it: no listing of the nodes); another task takes the slot; the
+    revoked one ends REVOKED without running (in the threads pool, when its wait ends)."""
+    run = Run()
+    holder = hold(run, "rvw")
+    victim = tasks.critical.delay("rvw", run.id)
+    slot = "demo:rvw:waiter"
+    wait_until(
+        lambda: (info := rl.lock_info(slot)) is not None and info.meta["task_id"] == victim.id,
+        what="the victim to hold the waiting slot",
+    )
+    replies = celery_test_app.control.revoke(victim.id, reply=True, timeout=10, limit=1)
+    assert replies, "the worker did not confirm the revoke"
+    assert not rl.locked(slot)
+    other = tasks.critical.delay("rvw", run.id)
+    wait_until(
+        lambda: (info := rl.lock_info(slot)) is not None and info.meta["task_id"] == other.id,
+        what="another task to take the freed slot",
+    )
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert other.get(timeout=TIMEOUT)["task_id"] == other.id
+    wait_until(lambda: victim.state == "REVOKED", what="state REVOKED")
+    assert victim.id not in [e["task_id"] for e in run.all("started")]
+    assert not rl.locked("demo:rvw")
+
+
+def test_importing_the_module_changes_nothing_in_celery():
+    """Worker-side hooks come from install(app) only: importing django_redlock.celery leaves
+    Celery's remote control commands, its worker signals and every app's bootsteps as they
+    were, and install(app) adds two bootsteps to that app alone."""
+    script = r"""
+import json
+from celery import Celery, signals
+from celery.worker.control import Panel
+
+def snapshot(app):
+    return {
+        "panel": {name: id(fn) for name, fn in Panel.data.items()},
+        "receivers": {
+            name: len(getattr(signals, name).receivers)
+            for name in ("task_revoked", "task_failure", "worker_shutting_down",
+                         "worker_process_shutdown", "worker_init", "task_prerun")
+        },
+        "steps": {kind: sorted(map(str, steps)) for kind, steps in app.steps.items()},
+    }
+
+app, other = Celery("one"), Celery("other")
+before = snapshot(app)
+import django_redlock.celery as module
+after_import = snapshot(app)
+module.install(app)
+print(json.dumps({
+    "before": before,
+    "after_import": after_import,
+    "after_install": snapshot(app),
+    "other": snapshot(other),
+    "revoke_hooked": bool(getattr(Panel.data["revoke"], "redlock_hooked", False)),
+}))
+"""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["after_import"] == seen["before"]
+    assert seen["after_install"]["panel"] == seen["before"]["panel"]
+    assert seen["after_install"]["receivers"] == seen["before"]["receivers"]
+    assert not seen["revoke_hooked"]
+    added = {
+        kind: sorted(set(steps) - set(seen["before"]["steps"].get(kind, [])))
+        for kind, steps in seen["after_install"]["steps"].items()
+    }
+    assert added == {
+        "worker": ["django_redlock.celery.LockedTaskWorker"],
+        "consumer": ["django_redlock.celery.LockedTaskControl"],
+    }
+    assert seen["other"]["steps"] == seen["before"]["steps"]
+
+
+def test_a_running_worker_hooks_revoke_in_its_own_mailbox_only(worker):
+    """The revoke command of the running worker is wrapped in its mailbox's handler table;
+    Celery's registry of commands still holds Celery's own function."""
+    from celery.worker.control import Panel
+
+    consumer = worker.consumer
+    control = consumer.blueprint.steps["celery.worker.consumer.control.Control"]
+    assert getattr(control.box.node.handlers["revoke"], "redlock_hooked", False)
+    assert not getattr(Panel.data["revoke"], "redlock_hooked", False)
