@@ -258,6 +258,15 @@ def _release_queued_marker(redlock: Redlock, task_id: str | None, queued: Any) -
         logger.warning("could not release the queued marker %s", queued[0], exc_info=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class _QueuedElsewhere:
+    """The task already queued for a key (``lock_dedupe``): its id, and the seconds its
+    queued marker has left (None when unknown)."""
+
+    task_id: str
+    ttl: float | None
+
+
 # ============================================================================ held locks
 
 
@@ -344,7 +353,10 @@ class _TaskRun:
         #: suspended the task's time limits, and stops the task on a revoke.
         self.waiting = False
         self.reported = False
-        self.hooks = _worker_hooks
+        hooks = _worker_hooks
+        # The hooks of the worker running this task's app (another app's worker may run in
+        # this process too, in a test suite).
+        self.hooks = hooks if hooks is not None and hooks.app is task.app else None
         if self.hooks is None and not _eager(request):
             _warn_not_installed(task)
 
@@ -671,7 +683,7 @@ class LockedTask(Task):
             name = self.lock_name(args, kwargs, opts)
             delay = _delay_of(options)
             queued = self._take_queued(name, task_id, opts, delay, args, kwargs)
-            if isinstance(queued, str):  # someone else's queued task
+            if isinstance(queued, _QueuedElsewhere):
                 return self._duplicate(opts, name, task_id, queued, args, kwargs)
             if queued is not None:
                 header[_QUEUED] = list(queued)
@@ -691,19 +703,27 @@ class LockedTask(Task):
                 **options,
             )
         except BaseException:
-            if queued is not None and not isinstance(queued, str):
+            if isinstance(queued, tuple):
                 _release_queued_marker(self.get_redlock(), task_id, queued)
             raise
 
     def _duplicate(
-        self, opts: LockOptions, name: str, task_id: str, queued_id: str, args: Any, kwargs: Any
+        self,
+        opts: LockOptions,
+        name: str,
+        task_id: str,
+        queued: _QueuedElsewhere,
+        args: Any,
+        kwargs: Any,
     ) -> Any:
         """Apply the ``lock_dedupe`` policy to a call whose key already has a queued task."""
+        queued_id = queued.task_id
         if opts.dedupe == "raise":
             raise LockNotAcquired(
                 f"task {self.name} not sent: {self.name}[{queued_id}] is already queued for "
                 f"lock {name!r}",
                 name,
+                retry_after=queued.ttl,
             )
         if opts.dedupe == "drop":
             logger.warning(
@@ -737,9 +757,9 @@ class LockedTask(Task):
 
     def _take_queued(
         self, name: str, task_id: str, opts: LockOptions, delay: float, args: Any, kwargs: Any
-    ) -> tuple[str, str, str | None] | str | None:
+    ) -> tuple[str, str, str | None] | _QueuedElsewhere | None:
         """Take ``<name>:queued`` for this task id: ``(queued name, token, index token)``,
-        or the id of the task already queued for the key (a str), or None when
+        or the task already queued for the key, or None when
         de-duplication could not tell (nodes down: the task is sent anyway, never lost).
         The index (``QUEUED_INDEX_PREFIX + task id``, naming the marker) lets a revoke find
         the marker with one look-up; without it (nodes busy) the marker is freed when a
@@ -780,7 +800,7 @@ class LockedTask(Task):
         other = holder.get("task_id")
         if not other:
             return None  # freed in between; send it (at worst two queued, never zero)
-        return str(other)
+        return _QueuedElsewhere(str(other), holder.get("ttl"))
 
     def _take_queued_index(
         self, redlock: Redlock, task_id: str, ttl: float, queued_name: str
@@ -1430,8 +1450,10 @@ class WorkerHooks:
     on a revoke, a terminate, a hard time limit, a lost pool process or a cold shutdown."""
 
     #: Times a report waits for Celery to take the pool process's acknowledgement of the
-    #: job (both arrive on the event loop, in either order) before its limits can be moved.
-    MAX_DEFERRALS = 200
+    #: job (both arrive on the event loop, in either order) before its limits can be moved:
+    #: the next turns of the loop first, then every 10 ms, for about 3 s in all.
+    MAX_DEFERRALS = 300
+    _SOON = 20
 
     def __init__(self, worker: Any) -> None:
         self.app = worker.app
@@ -1556,7 +1578,10 @@ class WorkerHooks:
             return
         if not job.accepted():
             if deferrals < self.MAX_DEFERRALS and self.hub is not None:
-                self.hub.call_soon(self._suspend_limits, task_id, deferrals + 1)
+                if deferrals < self._SOON:
+                    self.hub.call_soon(self._suspend_limits, task_id, deferrals + 1)
+                else:
+                    self.hub.call_later(0.01, self._suspend_limits, task_id, deferrals + 1)
             return
         cancel(job)
 
@@ -1744,14 +1769,13 @@ class LockedTaskWorker(bootsteps.StartStopStep):
     def register_with_event_loop(self, w: Any, hub: Any) -> None:
         self.hooks.listen(hub)
 
+    # The hooks outlive the other steps: a pool that stops reports its tasks' failures (and
+    # a cold shutdown its abandoned locks) after this step's turn; worker_shutdown ends them.
     def start(self, w: Any) -> None:
         pass
 
     def stop(self, w: Any) -> None:
-        self.hooks.close()
-
-    def terminate(self, w: Any) -> None:
-        self.hooks.close()
+        pass
 
 
 class LockedTaskControl(bootsteps.StartStopStep):
@@ -1807,6 +1831,18 @@ def _connect_worker_signals() -> None:
     signals.task_failure.connect(
         _on_task_failure, weak=False, dispatch_uid="django_redlock.task_failure"
     )
+    signals.worker_shutdown.connect(
+        _on_worker_shutdown, weak=False, dispatch_uid="django_redlock.worker_shutdown"
+    )
+
+
+def _on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:
+    """The worker has stopped: its hooks end with it."""
+    global _worker_hooks
+    hooks = _worker_hooks
+    if hooks is not None and hooks.worker is sender:
+        hooks.close()
+        _worker_hooks = None
 
 
 def _on_process_shutdown(**kwargs: Any) -> None:

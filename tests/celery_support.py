@@ -100,12 +100,21 @@ class WorkerProcess:
     its own session (so SIGKILL of the group reaches the pool processes too), logging to a
     file."""
 
-    def __init__(self, log: Path, env: dict[str, str], queue: str, concurrency: int = 2) -> None:
+    def __init__(
+        self,
+        log: Path,
+        env: dict[str, str],
+        queue: str,
+        concurrency: int = 2,
+        include: str | None = "tests.celery_support",
+    ) -> None:
         self.name = f"w-{uuid.uuid4().hex[:6]}@%h"
         self.log = log
         self.env = env
         self.queue = queue
         self.concurrency = concurrency
+        #: Imported by the worker (``-I``); this module installs LockedTask's worker side.
+        self.include = include
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
@@ -113,7 +122,7 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "celery", "-A", "testproject.celery_app", "worker"),
-                    *("-I", "tests.celery_support"),
+                    *(("-I", self.include) if self.include else ()),
                     *("-P", "prefork", "-c", str(self.concurrency), "-Q", self.queue),
                     *("-n", self.name, "-l", "INFO", "--without-mingle", "--without-gossip"),
                     "--without-heartbeat",
@@ -131,8 +140,10 @@ class WorkerProcess:
             time.sleep(0.05)
         return self
 
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:]
+    def text(self, tail: int | None = 8000) -> str:
+        """The worker's log (its last ``tail`` characters; None: all of it)."""
+        text = self.log.read_text(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def signal(self, signum: int, group: bool = True) -> None:
         """Send ``signum`` to the whole worker (main and pool processes) or the main only."""
@@ -292,3 +303,31 @@ def _record_prerun(
 
 
 celery_signals.task_prerun.connect(_record_prerun, weak=False, dispatch_uid="tests.prerun")
+
+
+# --------------------------------------------------------------------------- parked messages
+
+#: A queue no worker of the tests consumes: a task sent there stays queued.
+UNREAD_QUEUE = "redlock-test-unread"
+
+
+def queued_messages(broker_url: str, queue: str = UNREAD_QUEUE) -> int:
+    """How many messages wait in ``queue`` on the Redis broker."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    try:
+        return int(client.llen(queue))
+    finally:
+        client.close()
+
+
+def drop_queue(broker_url: str, queue: str = UNREAD_QUEUE) -> None:
+    """Delete ``queue`` (and its binding) from the Redis broker."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    try:
+        client.delete(queue, f"_kombu.binding.{queue}")
+    finally:
+        client.close()

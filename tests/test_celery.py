@@ -35,7 +35,7 @@ from django_redlock.celery import (
 )
 from django_redlock.signals import lock_contended
 from testproject import tasks
-from tests.celery_support import TIMEOUT, Run, assert_no_overlap, wait_until
+from tests.celery_support import TIMEOUT, UNREAD_QUEUE, Run, assert_no_overlap, wait_until
 
 pytestmark = [pytest.mark.celery, pytest.mark.timeout(180)]
 
@@ -436,10 +436,6 @@ def test_dedupe_keeps_one_queued_and_one_running(worker, rl):
     fresh = tasks.critical_dedupe.delay("d", run.id)
     assert fresh.id not in (holder.id, queued.id)
     fresh.get(timeout=TIMEOUT)
-
-
-#: A queue no worker of these tests consumes: a task sent there stays queued.
-UNREAD_QUEUE = "redlock-test-unread"
 
 
 def test_revoking_a_queued_task_frees_its_dedupe_marker(
@@ -936,3 +932,75 @@ def test_a_running_worker_hooks_revoke_in_its_own_mailbox_only(worker):
     control = consumer.blueprint.steps["celery.worker.consumer.control.Control"]
     assert getattr(control.box.node.handlers["revoke"], "redlock_hooked", False)
     assert not getattr(Panel.data["revoke"], "redlock_hooked", False)
+
+
+def test_a_worker_without_install_says_what_is_missing(
+    rl, redis_nodes, celery_broker_node, celery_test_app, tmp_path
+):
+    """docs/celery.rst: without install(app) tasks lock and release as usual, and the first
+    LockedTask that runs in such a worker logs a WARNING naming what is missing (a real
+    ``celery worker`` of the example app, which does not call install itself)."""
+    from tests.celery_support import WorkerProcess, worker_env
+
+    run = Run()
+    queue = f"bare-{uuid.uuid4().hex[:8]}"
+    env = worker_env(redis_nodes.urls, celery_broker_node.url, celery_broker_node.url, 600)
+    bare = WorkerProcess(tmp_path / "bare.log", env, queue, concurrency=1, include=None)
+    try:
+        bare.start()
+        for key in ("bare1", "bare2"):
+            entry = tasks.critical.apply_async((key, run.id), queue=queue).get(timeout=TIMEOUT)
+            assert entry["held"] and entry["lock"] == f"demo:{key}"
+        assert not rl.locked("demo:bare1") and not rl.locked("demo:bare2")
+        log = bare.text()
+    finally:
+        bare.stop()
+    warnings = [
+        line
+        for line in log.splitlines()
+        if "WARNING" in line and "without django_redlock.celery.install(app)" in line
+    ]
+    assert len(warnings) == 1, log  # once per process, not per task
+
+
+def test_time_limit_handling_per_pool():
+    """docs/celery.rst, "Time limits": which pools have the wait kept out of their limits."""
+    from types import SimpleNamespace
+
+    from celery.concurrency import get_implementation
+
+    from django_redlock.celery import (
+        LIMITS_CHARGED,
+        LIMITS_NOT_ENFORCED,
+        LIMITS_REARMED,
+        _limits_mode,
+    )
+
+    def mode(pool: str, eventloop: bool) -> str:
+        worker = SimpleNamespace(pool_cls=get_implementation(pool), use_eventloop=eventloop)
+        return _limits_mode(worker)
+
+    assert mode("prefork", True) == LIMITS_REARMED
+    assert mode("prefork", False) == LIMITS_CHARGED
+    assert mode("threads", True) == mode("solo", True) == LIMITS_NOT_ENFORCED
+
+
+def test_a_pool_that_charges_the_wait_says_so_once_per_task(worker, rl, monkeypatch, caplog):
+    """docs/celery.rst, "Time limits": where the pool counts the lock wait against the limits,
+    a task with a time limit that waits logs a WARNING, once per task and process. (This
+    worker's threads pool enforces no limit; the test gives its hooks the charging mode of a
+    gevent or eventlet pool.)"""
+    from django_redlock import celery as celery_module
+    from tests.celery_support import soft_limited_wait
+
+    hooks = celery_module._worker_hooks
+    assert hooks is not None and hooks.app is tasks.app
+    monkeypatch.setattr(hooks, "limits", celery_module.LIMITS_CHARGED)
+    monkeypatch.setattr(hooks, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="django_redlock.celery")
+    run = Run()
+    for key in ("ch1", "ch2"):
+        assert soft_limited_wait.delay(key, run.id).get(timeout=TIMEOUT)["held"]
+    assert tasks.critical_wait.delay("ch3", run.id).get(timeout=TIMEOUT)["held"]  # no limit
+    warnings = [r.getMessage() for r in caplog.records if "counts the wait" in r.getMessage()]
+    assert len(warnings) == 1 and "tests.soft_limited_wait" in warnings[0]

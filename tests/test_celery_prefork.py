@@ -126,7 +126,7 @@ def test_lock_wait_is_not_charged_to_the_hard_time_limit(prefork_worker, rl, que
         entry = waiter.get(timeout=TIMEOUT)  # TimeLimitExceeded would be raised here
         holder.get(timeout=TIMEOUT)
         assert entry["held"] and entry["end"] - prerun["t"] > SOFT_LIMIT, (round_, entry)
-    assert "TimeLimitExceeded" not in prefork_worker.text()
+    assert "TimeLimitExceeded" not in prefork_worker.text(tail=None)
 
 
 def test_time_limits_still_count_from_the_moment_the_lock_is_held(prefork_worker, rl, queue):
@@ -158,7 +158,9 @@ def test_a_hard_time_limit_after_the_wait_frees_the_key_at_once(prefork_worker, 
     # Its 30 s lease would keep the key that long; the main process frees it at the kill
     # (task_failure comes just after the result is stored).
     wait_until(lambda: not rl.locked("demo:killed"), timeout=15, what="the key to be freed")
-    assert "released lock demo:killed of task tests.hard_limited_wait" in prefork_worker.text()
+    assert "released lock demo:killed of task tests.hard_limited_wait" in prefork_worker.text(
+        tail=None
+    )
 
 
 @pytest.mark.parametrize(
@@ -194,4 +196,4 @@ def test_revoking_a_waiting_task_stops_it_and_frees_its_slot(
     holder.get(timeout=TIMEOUT)
     assert [e["task_id"] for e in run.all("started")] == [holder.id]
     assert waiter.state == "REVOKED"
-    assert "revoked while it waited for lock demo:rw" in prefork_worker.text()
+    assert "revoked while it waited for lock demo:rw" in prefork_worker.text(tail=None)
