@@ -120,8 +120,9 @@ MAX_UNKNOWN_HOLD_DELAY = 1.0
 MAX_SPREAD = 4
 #: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
 QUEUED_SUFFIX = ":queued"
-#: Prefix of the key naming a queued task's marker by the task's id (found on a revoke).
-QUEUED_INDEX_PREFIX = "celery:queued-task:"
+#: Prefix of the key a worker writes for a revoked task id (lease: the Redlock's max_ttl, as
+#: long as any queued marker lives): a ``lock_dedupe`` call replaces that task's marker.
+REVOKED_PREFIX = "celery:revoked:"
 #: Suffix of the per-key "one waiting task" slot of ``on_locked="retry"``.
 WAITER_SUFFIX = ":waiter"
 #: Seconds a waiting task blocks beyond the holder's lease (and its slot outlives the wait).
@@ -247,13 +248,10 @@ def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
     return {**info.meta, "token": info.token, "ttl": info.ttl, "age": info.age}
 
 
-def _release_queued_marker(redlock: Redlock, task_id: str | None, queued: Any) -> None:
-    """Release a task's ``<key>:queued`` marker (``[name, token]`` from its header) and the
-    key that names it by task id (its token third, when the producer could take it)."""
+def _release_queued_marker(redlock: Redlock, queued: Any) -> None:
+    """Release a task's ``<key>:queued`` marker (``[name, token]`` from its header)."""
     try:
         redlock.release_token(queued[0], queued[1])
-        if task_id and len(queued) > 2 and queued[2]:
-            redlock.release_token(_queued_index_name(task_id), queued[2])
     except Exception:
         logger.warning("could not release the queued marker %s", queued[0], exc_info=True)
 
@@ -704,7 +702,7 @@ class LockedTask(Task):
             )
         except BaseException:
             if isinstance(queued, tuple):
-                _release_queued_marker(self.get_redlock(), task_id, queued)
+                _release_queued_marker(self.get_redlock(), queued)
             raise
 
     def _duplicate(
@@ -757,13 +755,11 @@ class LockedTask(Task):
 
     def _take_queued(
         self, name: str, task_id: str, opts: LockOptions, delay: float, args: Any, kwargs: Any
-    ) -> tuple[str, str, str | None] | _QueuedElsewhere | None:
-        """Take ``<name>:queued`` for this task id: ``(queued name, token, index token)``,
-        or the task already queued for the key, or None when
-        de-duplication could not tell (nodes down: the task is sent anyway, never lost).
-        The index (``QUEUED_INDEX_PREFIX + task id``, naming the marker) lets a revoke find
-        the marker with one look-up; without it (nodes busy) the marker is freed when a
-        worker drops the revoked message."""
+    ) -> tuple[str, str] | _QueuedElsewhere | None:
+        """Take ``<name>:queued`` for this task id: ``(queued name, token)``, or the task
+        already queued for the key, or None when de-duplication could not tell (nodes down:
+        the task is sent anyway, never lost). The marker of a task a worker revoked (one
+        point look-up, :data:`REVOKED_PREFIX`) is replaced, not merged into."""
         redlock = self.get_redlock()
         queued_name = f"{name}{QUEUED_SUFFIX}"
         ttl = min(opts.dedupe_ttl + delay, redlock.max_ttl)
@@ -790,34 +786,30 @@ class LockedTask(Task):
             )
             return None
         if acquired:
-            # The worker that runs the task frees both by token (Redlock.release_token).
-            return (
-                queued_name,
-                lock.detach(),
-                self._take_queued_index(redlock, task_id, ttl, queued_name),
-            )
+            # The worker that runs the task frees it by token (Redlock.release_token).
+            return (queued_name, lock.detach())
         holder = _holder(redlock, queued_name)
         other = holder.get("task_id")
         if not other:
             return None  # freed in between; send it (at worst two queued, never zero)
+        if _was_revoked(redlock, str(other)):
+            # Revoked while queued: its message may be a long queue away from any worker,
+            # which would only then free the marker. This call takes the key's place.
+            redlock.release_token(queued_name, holder["token"])
+            logger.info(
+                "task %s[%s]: replaced the queued marker %s of revoked task %s",
+                self.name,
+                task_id,
+                queued_name,
+                other,
+            )
+            if lock.acquire(blocking=False):
+                return (queued_name, lock.detach())
+            holder = _holder(redlock, queued_name)
+            other = holder.get("task_id")
+            if not other:
+                return None
         return _QueuedElsewhere(str(other), holder.get("ttl"))
-
-    def _take_queued_index(
-        self, redlock: Redlock, task_id: str, ttl: float, queued_name: str
-    ) -> str | None:
-        index = redlock.lock(
-            _queued_index_name(task_id),
-            ttl=ttl,
-            reentrant=False,
-            owner=("celery-queued-index", task_id),
-            meta={"task_id": task_id, "task": self.name, "marker": queued_name},
-        )
-        try:
-            if index.acquire(blocking=False):
-                return index.detach()
-        except RedlockError:
-            logger.debug("no queued index for %s", task_id, exc_info=True)
-        return None
 
     # -- running ----------------------------------------------------------------------------
 
@@ -1159,8 +1151,6 @@ class LockedTask(Task):
             ttl = min(opts.dedupe_ttl + countdown, redlock.max_ttl)
             if not redlock.extend_token(queued[0], queued[1], ttl):
                 new_header.pop(_QUEUED, None)
-            elif len(queued) > 2 and queued[2] and request.id:
-                redlock.extend_token(_queued_index_name(request.id), queued[2], ttl)
         headers = {**(request.headers or {}), HEADER: new_header}
         if opts.retry_counts:
             limit = self.max_retries if opts.max_retries is None else opts.max_retries
@@ -1217,7 +1207,7 @@ class LockedTask(Task):
         queued = header.get(_QUEUED)
         if not queued or not final:
             return
-        _release_queued_marker(redlock, request.id, queued)
+        _release_queued_marker(redlock, queued)
         # A later self.retry() of this task is a new queued copy, not this one.
         header.pop(_QUEUED, None)
         if isinstance(getattr(request, "headers", None), dict):
@@ -1249,7 +1239,7 @@ class LockedTask(Task):
             )
         queued = header.get(_QUEUED)
         if queued:
-            _release_queued_marker(redlock, request.id, queued)
+            _release_queued_marker(redlock, queued)
         return done
 
 
@@ -1598,8 +1588,8 @@ class WorkerHooks:
 
     def on_revoked(self, task_ids: Any) -> None:
         """After Celery's own ``revoke``: a revoked task that waits for its lock gives up its
-        waiting slot at once and is stopped; the queued marker of a revoked task is freed.
-        Point look-ups only: the map, and one key per task id on the nodes."""
+        waiting slot at once and is stopped; a revoked queued task's marker stops merging
+        calls. Point operations only: the map, and one key written per task id."""
         ids = [
             str(i) for i in (task_ids if isinstance(task_ids, (list, tuple, set)) else [task_ids])
         ]
@@ -1608,7 +1598,7 @@ class WorkerHooks:
             entry = self.locks.get(task_id)
             if entry is not None and entry.waiting:
                 self._stop_waiting(entry)
-        _free_queued_markers(self.app, ids)
+        _note_revoked(self.app, ids)
 
     def _stop_waiting(self, entry: TaskLockEntry) -> None:
         if entry.slot is not None:
@@ -1705,37 +1695,37 @@ def _redlocks_of(app: Any) -> list[Redlock]:
     return list(found.values())
 
 
-def _queued_index_name(task_id: str) -> str:
-    """The key that names a queued task's ``<key>:queued`` marker by the task's id, so a
-    revoke finds the marker with one look-up."""
-    return f"{QUEUED_INDEX_PREFIX}{task_id}"
+def _revoked_name(task_id: str) -> str:
+    return f"{REVOKED_PREFIX}{task_id}"
 
 
-def _free_queued_markers(app: Any, task_ids: list[str]) -> None:
-    """Delete the ``<key>:queued`` markers of revoked tasks. Celery only tells a task it was
-    revoked when a worker reaches its message, which may be a long queue later; until then
-    a marker would merge new calls into a task that will never run."""
+def _was_revoked(redlock: Redlock, task_id: str) -> bool:
+    try:
+        return bool(redlock.locked(_revoked_name(task_id)))
+    except Exception:
+        logger.debug("could not tell whether %s was revoked", task_id, exc_info=True)
+        return False
+
+
+def _note_revoked(app: Any, task_ids: list[str]) -> None:
+    """Write :data:`REVOKED_PREFIX` + id for each revoked task (a point write per id, no
+    read): a later ``lock_dedupe`` call replaces such a task's queued marker instead of
+    merging into a task that will never run. Celery only tells a task it was revoked when a
+    worker reaches its message, which may be a long queue later."""
     for redlock in _redlocks_of(app):
         for task_id in task_ids:
+            note = redlock.lock(
+                _revoked_name(task_id),
+                ttl=redlock.max_ttl,
+                reentrant=False,
+                owner=("celery-revoked", task_id),
+                meta={"task_id": task_id, "revoked": True},
+            )
             try:
-                index = redlock.lock_info(_queued_index_name(task_id))
-                if index is None:
-                    continue
-                marker = str(index.meta.get("marker") or "")
-                info = redlock.lock_info(marker) if marker else None
-                if info is not None and info.meta.get("task_id") == task_id:
-                    redlock.release_token(marker, info.token)
-                    logger.warning(
-                        "freed queued marker %s of revoked task %s[%s]",
-                        marker,
-                        info.meta.get("task"),
-                        task_id,
-                    )
-                redlock.release_token(index.name, index.token)
+                if note.acquire(blocking=False):
+                    note.detach()  # it lives out its lease
             except Exception:
-                logger.warning(
-                    "could not free the queued marker of revoked task %s", task_id, exc_info=True
-                )
+                logger.warning("could not note the revoke of %s", task_id, exc_info=True)
 
 
 def _revoke_with_locks(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1879,7 +1869,7 @@ def _on_task_revoked(
         return
     queued = _header_of(request).get(_QUEUED)
     if queued:
-        _release_queued_marker(sender.get_redlock(), request.id, queued)
+        _release_queued_marker(sender.get_redlock(), queued)
 
 
 def _on_task_failure(

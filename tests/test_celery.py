@@ -438,19 +438,40 @@ def test_dedupe_keeps_one_queued_and_one_running(worker, rl):
     fresh.get(timeout=TIMEOUT)
 
 
+def _key_scans(redis_nodes) -> int:
+    """SCAN and KEYS calls the lock nodes served since their statistics were reset (from
+    clients and from scripts alike)."""
+    total = 0
+    for node in redis_nodes:
+        client = redis.Redis.from_url(node.url)
+        try:
+            stats = client.info("commandstats")
+        finally:
+            client.close()
+        total += sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("scan", "keys"))
+    return total
+
+
 def test_revoking_a_queued_task_frees_its_dedupe_marker(
-    worker, rl, celery_test_app, celery_broker_node
+    worker, rl, celery_test_app, celery_broker_node, redis_nodes
 ):
-    """docs/celery.rst: "revoking a queued task deletes it [the marker]", at once, not when a
-    worker reaches the revoked message: the task sits in a queue no worker reads."""
+    """docs/celery.rst, "Revoking": once the revoke's reply is in, a queued task's marker
+    merges no more calls (not only when a worker reaches the revoked message: the task sits
+    in a queue no worker reads), and the revoke costs the lock nodes no SCAN (nor KEYS)."""
     run = Run()
     parked = tasks.critical_dedupe.apply_async(("rq", run.id), queue=UNREAD_QUEUE)
     try:
         assert rl.locked("demo:rq:queued")
         assert tasks.critical_dedupe.delay("rq", run.id).id == parked.id  # merged, as promised
+        for node in redis_nodes:
+            client = redis.Redis.from_url(node.url)
+            client.config_resetstat()
+            client.close()
         replies = celery_test_app.control.revoke(parked.id, reply=True, timeout=10, limit=1)
         assert replies, "the worker did not confirm the revoke"
-        assert not rl.locked("demo:rq:queued")
+        assert _key_scans(redis_nodes) == 0
+        list(rl.live_locks("*"))  # a listing, for contrast: this check can see one
+        assert _key_scans(redis_nodes) > 0
         fresh = tasks.critical_dedupe.delay("rq", run.id)
         assert fresh.id != parked.id, "merged into a revoked task: this call's work is lost"
         assert fresh.get(timeout=TIMEOUT)["task_id"] == fresh.id
