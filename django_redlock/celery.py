@@ -344,9 +344,6 @@ class _TaskRun:
         self.redlock = redlock
         self.lock = lock
         self.slot: Any = None
-        #: Inside ``lock.acquire``: an exception escaping it may leave a lease the handle
-        #: never learnt of.
-        self.acquiring = False
         #: Between the report of a wait and the report of its end: the worker's main process
         #: suspended the task's time limits, and stops the task on a revoke.
         self.waiting = False
@@ -359,16 +356,13 @@ class _TaskRun:
             _warn_not_installed(task)
 
     def acquire(self, *, blocking: bool, timeout: float | None = None) -> bool:
-        self.acquiring = True
-        try:
-            acquired = bool(self.lock.acquire(blocking=blocking, timeout=timeout))
-        except RedlockError:
-            self.acquiring = False
-            raise
-        self.acquiring = False
-        return acquired
+        # An exception raised inside acquire (a soft time limit, a revoke's signal) is the
+        # core's to undo: it releases a lease it won but could not hand back.
+        return bool(self.lock.acquire(blocking=blocking, timeout=timeout))
 
     def begin_wait(self) -> None:
+        _probe("wait-begins", self.task_id)
+        self.check_revoked()  # revoked as it started: no need to wait at all
         self.waiting = True
         slot = self.slot
         if slot is not None and slot.token is not None:
@@ -394,8 +388,8 @@ class _TaskRun:
         self.waiting = False
 
     def check_revoked(self) -> None:
-        """After a wait, in the worker's own process (threads pool): a revoke that came while
-        the task waited stops it now. (A pool process is stopped by its parent at once.)"""
+        """Before and after a wait, in the worker's own process (threads pool): a revoke
+        that came meanwhile stops the task now. (A pool process is stopped by its parent.)"""
         from celery.worker import state as worker_state
 
         if self.task_id and self.task_id in worker_state.revoked:
@@ -427,28 +421,6 @@ class _TaskRun:
             pass  # a revoke freed it already, or it ran out: nothing of ours is left
         except Exception:
             logger.warning("could not release the waiting slot %s", slot.name, exc_info=True)
-
-    def release_interrupted_acquire(self) -> None:
-        """An exception escaped ``lock.acquire``: if the nodes granted the lock to this very
-        run anyway (this task id, process and thread), release it by its token."""
-        try:
-            info = self.redlock.lock_info(self.lock.name)
-            meta = info.meta if info is not None else {}
-            if (
-                info is not None
-                and meta.get("task_id") == self.task_id
-                and meta.get("pid") == os.getpid()
-                and meta.get("thread") == threading.current_thread().name
-            ):
-                self.redlock.release_token(self.lock.name, info.token)
-                logger.warning(
-                    "released lock %s, taken by task %s[%s] as its acquire was interrupted",
-                    self.lock.name,
-                    self.task.name,
-                    self.task_id,
-                )
-        except Exception:
-            logger.debug("could not check lock %s after an interrupted acquire", exc_info=True)
 
     def report(self, kind: str, **fields: Any) -> None:
         hooks = self.hooks
@@ -847,6 +819,7 @@ class LockedTask(Task):
         current: Any = None
         began: float | None = None
         stopped: BaseException | None = None
+        revoked = False
         try:
             try:
                 acquired, holder = self._take(run, opts)
@@ -884,7 +857,7 @@ class LockedTask(Task):
         except (SoftTimeLimitExceeded, _RevokedWhileWaiting) as exc:
             if not run.stopped_while_waiting(exc):
                 raise
-            self._end_revoked(run, request)
+            revoked = True
             raise Ignore() from exc
         finally:
             if began is not None:
@@ -893,6 +866,8 @@ class LockedTask(Task):
                 _current_lock.reset(current)
             _held.discard(lock)
             self._end_run(run, stopped)
+            if revoked:  # stored once the key is free again
+                self._end_revoked(run, request)
 
     def _take(self, run: _TaskRun, opts: LockOptions) -> tuple[bool, dict[str, Any] | None]:
         """Try for the lock as the options say (blocking up to ``lock_wait``), then contend
@@ -940,8 +915,6 @@ class LockedTask(Task):
                         run.task_id,
                         stopped,
                     )
-        elif run.acquiring:
-            run.release_interrupted_acquire()
         run.report_done()
 
     def _end_revoked(self, run: _TaskRun, request: Any) -> None:
@@ -1360,10 +1333,10 @@ def _django_contended(redlock: Redlock, lock: Any) -> None:
 # Nothing below runs on import: install(app) adds the two bootsteps, the worker bootstep
 # connects the signal receivers (they act only for a worker that installed the hooks).
 
-#: Test hook: called as ``probe(point, task_id)`` at each point of the hand-off from waiting to
-#: holding (``"slot-taken"``, ``"slot-handoff"``, ``"slot-released"``, ``"acquired"``,
-#: ``"before-run"``), so that a test can make an exception land exactly there. None outside
-#: the test suite.
+#: Test hook: called as ``probe(point, task_id)`` as a run begins to wait (``"wait-begins"``)
+#: and at each point of the hand-off from waiting to holding (``"slot-taken"``,
+#: ``"slot-handoff"``, ``"slot-released"``, ``"acquired"``, ``"before-run"``), so that a test
+#: can make an exception land, or a revoke arrive, exactly there. None outside the test suite.
 _handoff_probe: Callable[[str, str | None], None] | None = None
 
 
@@ -1478,9 +1451,15 @@ class WorkerHooks:
             logger.debug("report for %s too long for the pipe (%d bytes)", report["id"], len(data))
             return
         try:
-            os.write(self._write_fd, data)
+            try:
+                os.write(self._write_fd, data)
+            except BlockingIOError:
+                # The main process is behind: give it a moment rather than lose a report
+                # (a lost end-of-wait would leave the task's limits suspended).
+                select.select([], [self._write_fd], [], REPORT_PATIENCE)
+                os.write(self._write_fd, data)
         except OSError as exc:
-            logger.debug("could not report %s to the worker: %s", report["kind"], exc)
+            logger.warning("could not report %s to the worker: %s", report["kind"], exc)
 
     def warn_charged(self, task_name: str) -> None:
         """Once per task: this pool counts the lock wait against the time limits."""
@@ -1534,9 +1513,16 @@ class WorkerHooks:
                 self._take_report(report)
 
     def _take_report(self, report: dict[str, Any]) -> None:
+        from celery.worker import state as worker_state
+
         before = self.locks.record(report)
         task_id = str(report["id"])
         if report["kind"] == "wait":
+            entry = self.locks.get(task_id)
+            if entry is not None and task_id in worker_state.revoked:
+                # Revoked before it reported the wait (as it started): stop it now.
+                self._stop_waiting(entry)
+                return
             self._suspend_limits(task_id, 0)
         elif report["kind"] in ("hold", "go") and before is not None and before.waiting:
             self._rearm_limits(task_id)
@@ -1655,6 +1641,8 @@ class WorkerHooks:
         return released
 
 
+#: Seconds a pool process waits for room in a full report pipe before giving a report up.
+REPORT_PATIENCE = 1.0
 #: Longest write to a pipe that POSIX keeps in one piece.
 _PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 

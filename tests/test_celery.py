@@ -875,7 +875,9 @@ def test_revoking_a_waiting_task_frees_its_slot_and_it_never_runs(worker, rl, ce
     )
     replies = celery_test_app.control.revoke(victim.id, reply=True, timeout=10, limit=1)
     assert replies, "the worker did not confirm the revoke"
-    assert not rl.locked(slot)
+    # Before the reply once the worker knew the task waited; a revoke that came as it took
+    # the slot frees it as the task reports its wait.
+    wait_until(lambda: not rl.locked(slot), what="the slot to be freed")
     other = tasks.critical.delay("rvw", run.id)
     wait_until(
         lambda: (info := rl.lock_info(slot)) is not None and info.meta["task_id"] == other.id,
@@ -887,6 +889,40 @@ def test_revoking_a_waiting_task_frees_its_slot_and_it_never_runs(worker, rl, ce
     wait_until(lambda: victim.state == "REVOKED", what="state REVOKED")
     assert victim.id not in [e["task_id"] for e in run.all("started")]
     assert not rl.locked("demo:rvw")
+
+
+def test_a_revoke_that_comes_as_the_task_begins_to_wait_stops_it(worker, rl, celery_test_app):
+    """The revoke's reply comes before the task reported its wait (held there through the
+    test hook, no timing): the task still never waits for the holder, and ends REVOKED."""
+    import threading as _threading
+
+    from django_redlock import celery as celery_module
+
+    run = Run()
+    holder = hold(run, "rvb")
+    victim_id = uuid.uuid4().hex
+    reached, go = _threading.Event(), _threading.Event()
+
+    def probe(point: str, task_id: str | None) -> None:
+        if point == "wait-begins" and task_id == victim_id:
+            reached.set()
+            go.wait(TIMEOUT)
+
+    celery_module._handoff_probe = probe
+    try:
+        # lock_wait longer than the test waits for REVOKED: only the revoke can end it.
+        victim = tasks.critical_wait.apply_async(("rvb", run.id), task_id=victim_id, lock_wait=60)
+        assert reached.wait(TIMEOUT), "the victim never began to wait"
+        assert celery_test_app.control.revoke(victim_id, reply=True, timeout=10, limit=1)
+        go.set()
+        wait_until(lambda: victim.state == "REVOKED", what="state REVOKED")
+    finally:
+        go.set()
+        celery_module._handoff_probe = None
+    assert rl.lock_info("demo:rvb").meta["task_id"] == holder.id  # it did not wait it out
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert victim_id not in [e["task_id"] for e in run.all("started")]
 
 
 def test_importing_the_module_changes_nothing_in_celery():

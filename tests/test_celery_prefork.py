@@ -192,8 +192,8 @@ def test_revoking_a_waiting_task_stops_it_and_frees_its_slot(
         )
     replies = celery_test_app.control.revoke(waiter.id, reply=True, timeout=10, limit=1)
     assert replies, "the worker did not confirm the revoke"
-    assert not rl.locked("demo:rw:waiter")
     wait_until(lambda: waiter.state == "REVOKED", what="state REVOKED")
+    assert not rl.locked("demo:rw:waiter")
     assert rl.lock_info("demo:rw").meta["task_id"] == holder.id  # still held: it did not wait
     run.open("hold")
     holder.get(timeout=TIMEOUT)
