@@ -166,6 +166,10 @@ def test_a_call_while_one_runs_is_queued_and_runs_after_it(worker, rl):
 
 def test_timeout_is_lock_dedupe_ttl(worker, rl, broker_url):
     run = Run()
+    default = _park(once_sync_account, (47, run.id))
+    # the default (3600 s) is capped by the Redlock's MAX_TTL, as the table says
+    assert rl.lock_info("sync:47:queued").lease == rl.max_ttl == 60
+    assert default.state == "PENDING"
     queued = _park(once_sync_account, (44, run.id), lock_dedupe_ttl=1)
     assert rl.locked("sync:44:queued")
     wait_until(lambda: not rl.locked("sync:44:queued"), what="the marker to expire")

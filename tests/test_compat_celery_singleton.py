@@ -108,6 +108,10 @@ def test_raise_on_duplicate_is_lock_dedupe_raise(worker, rl, broker_url):
 
 def test_lock_expiry_is_lock_dedupe_ttl(worker, rl, broker_url):
     run = Run()
+    capped = _park((18, run.id), lock_dedupe_ttl=600)
+    # 600 s is capped by the Redlock's MAX_TTL, as the table says
+    assert rl.lock_info("report:18:queued").lease == rl.max_ttl == 60
+    assert capped.state == "PENDING"
     first = _park((12, run.id), lock_dedupe_ttl=1)
     assert rl.locked("report:12:queued")
     wait_until(lambda: not rl.locked("report:12:queued"), what="the marker to expire")
