@@ -7,15 +7,25 @@ django-redlock[celery]``). Usage and the reasoning behind every default are in d
               on_locked="retry", lock_wait=30)
     def sync_account(self, account_id): ...
 
+    install(app)  # the worker-side part (see below)
+
 How it works, in one paragraph: the lock is taken in :meth:`LockedTask.__call__`, i.e. when a
 worker starts running the task (never at enqueue time, so a queued or revoked task holds
 nothing), with a short lease that the core's watchdog renews while the task runs, and it is
-released in a ``finally`` whatever the task does (returns, raises, retries). A worker killed
-with SIGKILL stops renewing, so the key is free again within one lease. When the key is busy,
-``on_locked`` decides: ``"retry"`` re-schedules the task (without eating its own
-``max_retries``), ``"wait"`` blocks (woken by the holder's release), ``"skip"`` ends the task
-in the ``SKIPPED`` state with a log line and signals, ``"raise"`` fails it with
-:class:`~django_redlock.LockNotAcquired`.
+released in a ``finally`` whatever the task does (returns, raises, retries), wherever an
+exception lands between the first attempt and the end. A worker killed with SIGKILL stops
+renewing, so the key is free again within one lease. When the key is busy, ``on_locked``
+decides: ``"retry"`` re-schedules the task (without eating its own ``max_retries``),
+``"wait"`` blocks (woken by the holder's release), ``"skip"`` ends the task in state
+``SUCCESS`` with the result ``None`` (so groups and chords complete) with a log line and
+signals, ``"raise"`` fails it with :class:`~django_redlock.LockNotAcquired`.
+
+The worker side is installed explicitly, per app, with :func:`install` (a worker bootstep
+and a consumer bootstep; importing this module changes nothing in Celery): the worker keeps a
+map of the locks its tasks hold or wait for (prefork pool processes report to the main
+process over a pipe), which releases the lock of a pool process the main process stops
+(terminate, hard time limit, cold shutdown) without listing the nodes, stops a revoked task
+that waits for its lock, and keeps the lock wait out of the task's time limits.
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ import math
 import os
 import random
 import re
+import select
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,8 +54,8 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from celery import Task, signals
-from celery.exceptions import Ignore, Retry
+from celery import Task, bootsteps, signals
+from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 from celery.utils.dispatch import Signal
 from celery.utils.saferepr import saferepr
 
@@ -70,10 +82,12 @@ __all__ = [
     "DEDUPE_POLICIES",
     "HEADER",
     "ON_LOCKED",
-    "SKIPPED",
     "LockOptions",
     "LockedTask",
+    "LockedTaskControl",
+    "LockedTaskWorker",
     "default_lock_key",
+    "install",
     "release_held_locks",
     "task_dropped",
     "task_skipped",
@@ -83,8 +97,6 @@ logger = logging.getLogger("django_redlock.celery")
 
 #: Message header carrying per-call options and LockedTask's own bookkeeping.
 HEADER = "redlock"
-#: Result state of a task that ``on_locked="skip"`` did not run.
-SKIPPED = "SKIPPED"
 
 #: Sent (Celery signal) when ``on_locked="skip"`` ends a task without running it, with
 #: ``sender`` = the task and the keyword arguments ``task_id``, ``lock_name``, ``holder`` (the
@@ -108,6 +120,9 @@ MAX_UNKNOWN_HOLD_DELAY = 1.0
 MAX_SPREAD = 4
 #: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
 QUEUED_SUFFIX = ":queued"
+#: Prefix of the key a worker writes for a revoked task id (lease: the Redlock's max_ttl, as
+#: long as any queued marker lives): a ``lock_dedupe`` call replaces that task's marker.
+REVOKED_PREFIX = "celery:revoked:"
 #: Suffix of the per-key "one waiting task" slot of ``on_locked="retry"``.
 WAITER_SUFFIX = ":waiter"
 #: Seconds a waiting task blocks beyond the holder's lease (and its slot outlives the wait).
@@ -233,6 +248,23 @@ def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
     return {**info.meta, "token": info.token, "ttl": info.ttl, "age": info.age}
 
 
+def _release_queued_marker(redlock: Redlock, queued: Any) -> None:
+    """Release a task's ``<key>:queued`` marker (``[name, token]`` from its header)."""
+    try:
+        redlock.release_token(queued[0], queued[1])
+    except Exception:
+        logger.warning("could not release the queued marker %s", queued[0], exc_info=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _QueuedElsewhere:
+    """The task already queued for a key (``lock_dedupe``): its id, and the seconds its
+    queued marker has left (None when unknown)."""
+
+    task_id: str
+    ttl: float | None
+
+
 # ============================================================================ held locks
 
 
@@ -288,6 +320,140 @@ def release_held_locks(reason: str = "worker shutdown") -> int:
             released += 1
             logger.warning("released lock %s of a running task (%s)", lock.name, reason)
     return released
+
+
+# ============================================================================ one run
+
+
+class _RevokedWhileWaiting(Exception):
+    """The task was revoked while it waited for its lock (seen in the worker's own process)."""
+
+
+_not_installed_warned = False
+
+
+class _TaskRun:
+    """The lock side of one run of a LockedTask: the lock handle, the waiting slot, and what
+    the worker was told, so that :meth:`LockedTask._end_run` undoes all of it in one place
+    whatever exception lands where."""
+
+    def __init__(self, task: LockedTask, request: Any, redlock: Redlock, lock: Any) -> None:
+        self.task = task
+        self.request = request
+        self.task_id: str | None = request.id
+        self.redlock = redlock
+        self.lock = lock
+        self.slot: Any = None
+        #: Between the report of a wait and the report of its end: the worker's main process
+        #: suspended the task's time limits, and stops the task on a revoke.
+        self.waiting = False
+        self.reported = False
+        hooks = _worker_hooks
+        # The hooks of the worker running this task's app (another app's worker may run in
+        # this process too, in a test suite).
+        self.hooks = hooks if hooks is not None and hooks.app is task.app else None
+        if self.hooks is None and not _eager(request):
+            _warn_not_installed(task)
+
+    def acquire(self, *, blocking: bool, timeout: float | None = None) -> bool:
+        # An exception raised inside acquire (a soft time limit, a revoke's signal) is the
+        # core's to undo: it releases a lease it won but could not hand back.
+        return bool(self.lock.acquire(blocking=blocking, timeout=timeout))
+
+    def begin_wait(self) -> None:
+        _probe("wait-begins", self.task_id)
+        self.check_revoked()  # revoked as it started: no need to wait at all
+        self.waiting = True
+        slot = self.slot
+        if slot is not None and slot.token is not None:
+            self.report("wait", slot=[slot.name, slot.token])
+        else:
+            self.report("wait")
+        hooks = self.hooks
+        if (
+            hooks is not None
+            and hooks.limits == LIMITS_CHARGED
+            and _time_limit(self.task, self.request)
+        ):
+            hooks.warn_charged(self.task.name)
+
+    def end_wait(self, acquired: bool) -> None:
+        """The run has the lock (report it with its token) or gave up waiting for it."""
+        if acquired:
+            self.report("hold", token=self.lock.token)
+        elif self.waiting:
+            self.report("go")
+        # Cleared only once the worker can know: a revoke's signal before this is still a
+        # revoke (stopped_while_waiting), not a soft time limit.
+        self.waiting = False
+
+    def check_revoked(self) -> None:
+        """Before and after a wait, in the worker's own process (threads pool): a revoke
+        that came meanwhile stops the task now. (A pool process is stopped by its parent.)"""
+        from celery.worker import state as worker_state
+
+        if self.task_id and self.task_id in worker_state.revoked:
+            raise _RevokedWhileWaiting(self.task_id)
+
+    def stopped_while_waiting(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a revoke that stopped the task while it waited for its lock
+        (the worker's main process sends billiard's soft time limit signal to a waiting pool
+        process after storing REVOKED), rather than a time limit."""
+        if isinstance(exc, _RevokedWhileWaiting):
+            return True
+        hooks = self.hooks
+        if not self.waiting or hooks is None or hooks.limits != LIMITS_REARMED:
+            return False
+        try:
+            return bool(self.task.backend.get_state(self.task_id) == "REVOKED")
+        except Exception:
+            # No result backend to ask: with its limits suspended while it waits, a task
+            # without a soft limit of its own can only have been stopped by a revoke.
+            return _time_limits(self.task, self.request)[1] is None
+
+    def release_slot(self) -> None:
+        slot = self.slot
+        if slot is None or slot.token is None:
+            return
+        try:
+            slot.release()
+        except RedlockError:
+            pass  # a revoke freed it already, or it ran out: nothing of ours is left
+        except Exception:
+            logger.warning("could not release the waiting slot %s", slot.name, exc_info=True)
+
+    def report(self, kind: str, **fields: Any) -> None:
+        hooks = self.hooks
+        if hooks is None or not self.task_id:
+            return
+        hooks.report(
+            {
+                "kind": kind,
+                "id": self.task_id,
+                "task": self.task.name,
+                "lock": self.lock.name,
+                "pid": os.getpid(),
+                **fields,
+            }
+        )
+        self.reported = True
+
+    def report_done(self) -> None:
+        if self.reported:
+            self.report("done")
+
+
+def _warn_not_installed(task: LockedTask) -> None:
+    global _not_installed_warned
+    if _not_installed_warned:
+        return
+    _not_installed_warned = True
+    logger.warning(
+        "LockedTask %s runs in a worker without django_redlock.celery.install(app): the locks "
+        "of pool processes the worker stops wait out their lease, a revoked task that waits "
+        "for its lock keeps waiting, and the wait counts against time limits",
+        task.name,
+    )
 
 
 # ============================================================================ the task class
@@ -487,10 +653,10 @@ class LockedTask(Task):
             name = self.lock_name(args, kwargs, opts)
             delay = _delay_of(options)
             queued = self._take_queued(name, task_id, opts, delay, args, kwargs)
-            if isinstance(queued, str):  # someone else's queued task
+            if isinstance(queued, _QueuedElsewhere):
                 return self._duplicate(opts, name, task_id, queued, args, kwargs)
             if queued is not None:
-                header[_QUEUED] = [queued[0], queued[1]]
+                header[_QUEUED] = list(queued)
         if header:
             headers[HEADER] = header
         if headers:
@@ -507,19 +673,27 @@ class LockedTask(Task):
                 **options,
             )
         except BaseException:
-            if queued is not None and not isinstance(queued, str):
-                self.get_redlock().release_token(queued[0], queued[1])
+            if isinstance(queued, tuple):
+                _release_queued_marker(self.get_redlock(), queued)
             raise
 
     def _duplicate(
-        self, opts: LockOptions, name: str, task_id: str, queued_id: str, args: Any, kwargs: Any
+        self,
+        opts: LockOptions,
+        name: str,
+        task_id: str,
+        queued: _QueuedElsewhere,
+        args: Any,
+        kwargs: Any,
     ) -> Any:
         """Apply the ``lock_dedupe`` policy to a call whose key already has a queued task."""
+        queued_id = queued.task_id
         if opts.dedupe == "raise":
             raise LockNotAcquired(
                 f"task {self.name} not sent: {self.name}[{queued_id}] is already queued for "
                 f"lock {name!r}",
                 name,
+                retry_after=queued.ttl,
             )
         if opts.dedupe == "drop":
             logger.warning(
@@ -553,10 +727,11 @@ class LockedTask(Task):
 
     def _take_queued(
         self, name: str, task_id: str, opts: LockOptions, delay: float, args: Any, kwargs: Any
-    ) -> tuple[str, str] | str | None:
-        """Take ``<name>:queued`` for this task id: ``(queued name, token)``, or the id of
-        the task already queued for the key (a str), or None when de-duplication could not
-        tell (nodes down: the task is sent anyway, never lost)."""
+    ) -> tuple[str, str] | _QueuedElsewhere | None:
+        """Take ``<name>:queued`` for this task id: ``(queued name, token)``, or the task
+        already queued for the key, or None when de-duplication could not tell (nodes down:
+        the task is sent anyway, never lost). The marker of a task a worker revoked (one
+        point look-up, :data:`REVOKED_PREFIX`) is replaced, not merged into."""
         redlock = self.get_redlock()
         queued_name = f"{name}{QUEUED_SUFFIX}"
         ttl = min(opts.dedupe_ttl + delay, redlock.max_ttl)
@@ -589,7 +764,24 @@ class LockedTask(Task):
         other = holder.get("task_id")
         if not other:
             return None  # freed in between; send it (at worst two queued, never zero)
-        return str(other)
+        if _was_revoked(redlock, str(other)):
+            # Revoked while queued: its message may be a long queue away from any worker,
+            # which would only then free the marker. This call takes the key's place.
+            redlock.release_token(queued_name, holder["token"])
+            logger.info(
+                "task %s[%s]: replaced the queued marker %s of revoked task %s",
+                self.name,
+                task_id,
+                queued_name,
+                other,
+            )
+            if lock.acquire(blocking=False):
+                return (queued_name, lock.detach())
+            holder = _holder(redlock, queued_name)
+            other = holder.get("task_id")
+            if not other:
+                return None
+        return _QueuedElsewhere(str(other), holder.get("ttl"))
 
     # -- running ----------------------------------------------------------------------------
 
@@ -620,44 +812,85 @@ class LockedTask(Task):
             owner=("celery", task_id or id(request)),
             meta=meta,
         )
-        wait = opts.effective_wait()
-        holder: dict[str, Any] | None = None
-        try:
-            acquired = lock.acquire(blocking=wait > 0, timeout=wait if wait > 0 else None)
-            if not acquired:
-                acquired, holder = self._contend(redlock, lock, request, opts, name)
-        except QuorumError as exc:
-            # Too few nodes answered: nobody knows whether the key is free. "retry" and "skip"
-            # re-schedule (a skip needs a holder to skip for); "wait" and "raise" fail.
-            requeue = opts.on_locked in ("retry", "skip") and not _eager(request)
-            logger.warning("task %s[%s]: lock %s unavailable: %s", self.name, task_id, name, exc)
-            if requeue:
-                countdown = self._countdown(opts, lock_retries, {})
-                self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
-            self._release_queued(redlock, request, header, final=True)
-            raise
-        if not acquired:
-            return self._locked_out(
-                redlock, lock, request, header, opts, name, lock_retries, args, kwargs, holder
-            )
-        self._release_queued(redlock, request, header, final=True)
-        # Not an attribute of the request: Celery copies unknown request attributes into the
-        # headers of any message the task sends (retries included).
-        current = _current_lock.set(lock)
-        _held.add(lock)
-        started = time.monotonic()
+        run = _TaskRun(self, request, redlock, lock)
+        # One try from the first attempt to the end: an exception landing anywhere (a soft
+        # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
+        # and the task body still releases both (_end_run).
+        current: Any = None
+        began: float | None = None
         stopped: BaseException | None = None
+        revoked = False
         try:
+            try:
+                acquired, holder = self._take(run, opts)
+            except QuorumError as exc:
+                # Too few nodes answered: nobody knows whether the key is free. "retry" and
+                # "skip" re-schedule (a skip needs a holder to skip for); "wait" and "raise"
+                # fail.
+                requeue = opts.on_locked in ("retry", "skip") and not _eager(request)
+                logger.warning(
+                    "task %s[%s]: lock %s unavailable: %s", self.name, task_id, name, exc
+                )
+                if requeue:
+                    countdown = self._countdown(opts, lock_retries, {})
+                    self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
+                self._release_queued(redlock, request, header, final=True)
+                raise
+            if not acquired:
+                return self._locked_out(
+                    redlock, lock, request, header, opts, name, lock_retries, args, kwargs, holder
+                )
+            _probe("acquired", task_id)
+            self._release_queued(redlock, request, header, final=True)
+            # Not an attribute of the request: Celery copies unknown request attributes into
+            # the headers of any message the task sends (retries included).
+            current = _current_lock.set(lock)
+            _held.add(lock)
+            began = time.monotonic()
+            _probe("before-run", task_id)
             return super().__call__(*args, **kwargs)
         except (SystemExit, KeyboardInterrupt) as exc:
             # The pool process is being stopped (a cold shutdown, a terminate): the task did
             # not finish, and its key is freed for the next one below; operators must see it.
             stopped = exc
             raise
+        except (SoftTimeLimitExceeded, _RevokedWhileWaiting) as exc:
+            if not run.stopped_while_waiting(exc):
+                raise
+            revoked = True
+            raise Ignore() from exc
         finally:
-            _hold_times.record(self.name, time.monotonic() - started)
-            _current_lock.reset(current)
+            if began is not None:
+                _hold_times.record(self.name, time.monotonic() - began)
+            if current is not None:
+                _current_lock.reset(current)
             _held.discard(lock)
+            self._end_run(run, stopped)
+            if revoked:  # stored once the key is free again
+                self._end_revoked(run, request)
+
+    def _take(self, run: _TaskRun, opts: LockOptions) -> tuple[bool, dict[str, Any] | None]:
+        """Try for the lock as the options say (blocking up to ``lock_wait``), then contend
+        (:meth:`_contend`); True once held, and the holder as last read when not."""
+        wait = opts.effective_wait()
+        if wait > 0:
+            run.begin_wait()
+            acquired = run.acquire(blocking=True, timeout=wait)
+            run.check_revoked()
+        else:
+            acquired = run.acquire(blocking=False)
+        holder: dict[str, Any] | None = None
+        if not acquired:
+            acquired, holder = self._contend(run, opts)
+        run.end_wait(acquired)
+        return acquired, holder
+
+    def _end_run(self, run: _TaskRun, stopped: BaseException | None) -> None:
+        """Release whatever the run still has (the lock, the waiting slot), however it ended,
+        and tell the worker it is done."""
+        run.release_slot()
+        lock = run.lock
+        if lock.token is not None:
             try:
                 lock.release()
             except RedlockError as exc:
@@ -666,20 +899,39 @@ class LockedTask(Task):
                 logger.error(
                     "task %s[%s] finished without holding lock %s: %s",
                     self.name,
-                    task_id,
-                    name,
+                    run.task_id,
+                    lock.name,
                     exc,
                 )
+            except Exception:
+                logger.warning("could not release lock %s", lock.name, exc_info=True)
             else:
                 if stopped is not None:
                     logger.warning(
                         "released lock %s of task %s[%s]: the task was stopped (%r, a worker "
                         "shutdown or terminate)",
-                        name,
+                        lock.name,
                         self.name,
-                        task_id,
+                        run.task_id,
                         stopped,
                     )
+        run.report_done()
+
+    def _end_revoked(self, run: _TaskRun, request: Any) -> None:
+        """A task revoked while it waited for its lock ends in state REVOKED, never running."""
+        logger.warning(
+            "task %s[%s] revoked while it waited for lock %s: not run",
+            self.name,
+            run.task_id,
+            run.lock.name,
+        )
+        if request.id and not request.called_directly:
+            try:
+                self.backend.mark_as_revoked(
+                    request.id, "revoked while waiting for its lock", request=request
+                )
+            except Exception:
+                logger.warning("could not store REVOKED for %s", request.id, exc_info=True)
 
     def _lease_for(
         self, request: Any, opts: LockOptions, redlock: Redlock
@@ -751,7 +1003,7 @@ class LockedTask(Task):
             self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
         self._release_queued(redlock, request, header, final=True)
         if policy == "skip":
-            self._skip(redlock, lock, request, name, holder, args, kwargs)
+            return self._skip(redlock, lock, request, name, holder, args, kwargs)
         if policy == "wait":
             exc = LockNotAcquired(
                 f"task {self.name}[{request.id}]: lock {name!r} still held by "
@@ -761,14 +1013,13 @@ class LockedTask(Task):
             )
         raise exc
 
-    def _contend(
-        self, redlock: Redlock, lock: Any, request: Any, opts: LockOptions, name: str
-    ) -> tuple[bool, dict[str, Any] | None]:
+    def _contend(self, run: _TaskRun, opts: LockOptions) -> tuple[bool, dict[str, Any] | None]:
         """After a refused attempt: True if the lock was taken after all, because its holder
         was this task's own earlier attempt in a process that is gone, or (``on_locked=
         "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
         the holder let go while it waited. Also the holder it read, while that is still the
         latest word (nothing was released or waited for since), else None."""
+        request, redlock, name = run.request, run.redlock, run.lock.name
         if _eager(request):
             return False, None
         holder = _holder(redlock, name)
@@ -789,25 +1040,24 @@ class LockedTask(Task):
                 holder.get("pid"),
                 freed,
             )
-            return bool(lock.acquire(blocking=False)), None
+            return run.acquire(blocking=False), None
         if opts.on_locked != "retry" or opts.wait or not holder:
             return False, holder
-        waited = self._wait_in_slot(redlock, lock, request, name, holder)
+        waited = self._wait_in_slot(run, holder)
         return (False, holder) if waited is None else (waited, None)
 
-    def _wait_in_slot(
-        self, redlock: Redlock, lock: Any, request: Any, name: str, holder: Mapping[str, Any]
-    ) -> bool | None:
+    def _wait_in_slot(self, run: _TaskRun, holder: Mapping[str, Any]) -> bool | None:
         """Block for the lock if no other task of this key is blocking for it already (one
         worker slot per key waits, woken by the release; the others are re-scheduled). The
         wait ends with the holder's current lease, and after :data:`MAX_SLOT_WAIT`: a long
         hold is waited for by re-scheduling, not by a blocked slot. Whether the lock was
         taken; None when this task did not wait (the slot is taken)."""
+        request, redlock, name = run.request, run.redlock, run.lock.name
         slot_name = name + WAITER_SUFFIX
         if len(slot_name) > MAX_KEY_LENGTH:
             return None
         wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
-        slot = redlock.lock(
+        run.slot = redlock.lock(
             slot_name,
             ttl=min(wait + SLOT_GRACE, redlock.max_ttl),
             reentrant=False,
@@ -815,15 +1065,20 @@ class LockedTask(Task):
             meta={"task_id": request.id, "task": self.name, "waiting_for": name},
         )
         try:
-            if not slot.acquire(blocking=False):
+            if not run.slot.acquire(blocking=False):
                 return None
         except QuorumError:
             return None
-        try:
-            return bool(lock.acquire(blocking=True, timeout=wait))
-        finally:
-            with contextlib.suppress(RedlockError):
-                slot.release()
+        # From here to the return, every release is _end_run's as well: an exception that
+        # lands between two of these lines leaves neither the slot nor the lock behind.
+        _probe("slot-taken", request.id)
+        run.begin_wait()
+        acquired = run.acquire(blocking=True, timeout=wait)
+        _probe("slot-handoff", request.id)
+        run.release_slot()
+        _probe("slot-released", request.id)
+        run.check_revoked()
+        return acquired
 
     def _countdown(self, opts: LockOptions, lock_retries: int, holder: Mapping[str, Any]) -> float:
         """Seconds until a lock retry: with ``lock_retry_delay`` a capped exponential
@@ -903,6 +1158,9 @@ class LockedTask(Task):
         args: Any,
         kwargs: Any,
     ) -> None:
+        """End the task without running it: state SUCCESS, result None, so that a group, a
+        chord or a chain it is part of goes on (a chord's counter counts it, a chain's next
+        task gets None). Never silently: a WARNING, ``lock_contended`` and ``task_skipped``."""
         logger.warning(
             "task %s[%s] skipped: lock %s is held by %s",
             self.name,
@@ -914,25 +1172,7 @@ class LockedTask(Task):
         task_skipped.send(
             sender=self, task_id=request.id, lock_name=name, holder=holder, args=args, kwargs=kwargs
         )
-        if request.id and not request.called_directly and not self.ignore_result:
-            try:
-                self.update_state(
-                    state=SKIPPED,
-                    meta={
-                        "lock": name,
-                        "holder": holder.get("task_id"),
-                        "holder_task": holder.get("task"),
-                        "reason": "lock held",
-                    },
-                )
-            except Exception:
-                logger.warning(
-                    "task %s[%s]: could not store the SKIPPED state",
-                    self.name,
-                    request.id,
-                    exc_info=True,
-                )
-        raise Ignore()
+        return None
 
     def _release_queued(
         self, redlock: Redlock, request: Any, header: dict[str, Any], *, final: bool
@@ -940,13 +1180,10 @@ class LockedTask(Task):
         queued = header.get(_QUEUED)
         if not queued or not final:
             return
-        try:
-            redlock.release_token(queued[0], queued[1])
-        except Exception:
-            logger.warning("could not release the queued marker %s", queued[0], exc_info=True)
+        _release_queued_marker(redlock, queued)
         # A later self.retry() of this task is a new queued copy, not this one.
         header.pop(_QUEUED, None)
-        if isinstance(request.headers, dict):
+        if isinstance(getattr(request, "headers", None), dict):
             request.headers[HEADER] = dict(header)
 
     # -- helpers for tasks ------------------------------------------------------------------
@@ -975,10 +1212,7 @@ class LockedTask(Task):
             )
         queued = header.get(_QUEUED)
         if queued:
-            try:
-                redlock.release_token(queued[0], queued[1])
-            except Exception:
-                logger.debug("could not release %s", queued[0], exc_info=True)
+            _release_queued_marker(redlock, queued)
         return done
 
 
@@ -1039,13 +1273,19 @@ def _delay_of(options: Mapping[str, Any]) -> float:
     return max((eta - now).total_seconds(), 0.0)
 
 
-def _time_limit(task: Any, request: Any) -> float | None:
+def _time_limits(task: Any, request: Any) -> tuple[float | None, float | None]:
+    """``(hard, soft)`` time limits of this run: per call, else the task's, else the app's."""
     hard, soft = [*(request.timelimit or ()), None, None][:2]
     conf = task.app.conf
     hard = hard or task.time_limit or conf.task_time_limit
     soft = soft or task.soft_time_limit or conf.task_soft_time_limit
-    limit = hard or soft
-    return float(limit) if limit else None
+    return (float(hard) if hard else None, float(soft) if soft else None)
+
+
+def _time_limit(task: Any, request: Any) -> float | None:
+    """The limit that ends the run: the hard one, else the soft one."""
+    hard, soft = _time_limits(task, request)
+    return hard or soft
 
 
 def _summary(args: Any, kwargs: Any) -> str:
@@ -1089,23 +1329,352 @@ def _django_contended(redlock: Redlock, lock: Any) -> None:
     )
 
 
-# ============================================================================ worker signals
+# ============================================================================ the worker side
+# Nothing below runs on import: install(app) adds the two bootsteps, the worker bootstep
+# connects the signal receivers (they act only for a worker that installed the hooks).
+
+#: Test hook: called as ``probe(point, task_id)`` as a run begins to wait (``"wait-begins"``)
+#: and at each point of the hand-off from waiting to holding (``"slot-taken"``,
+#: ``"slot-handoff"``, ``"slot-released"``, ``"acquired"``, ``"before-run"``), so that a test
+#: can make an exception land, or a revoke arrive, exactly there. None outside the test suite.
+_handoff_probe: Callable[[str, str | None], None] | None = None
 
 
-@signals.worker_process_shutdown.connect(weak=False)
-def _on_process_shutdown(**kwargs: Any) -> None:
-    """A pool process is exiting: whatever it still holds will never be released otherwise."""
-    release_held_locks("worker process shutdown")
+def _probe(point: str, task_id: str | None) -> None:
+    probe = _handoff_probe
+    if probe is not None:
+        probe(point, task_id)
+
+
+@dataclasses.dataclass
+class TaskLockEntry:
+    """The lock one running task holds or waits for, as its worker's main process knows it."""
+
+    task_id: str
+    task: str  #: the task's name
+    lock: str  #: the lock name
+    pid: int  #: the process running the task
+    token: str | None = None  #: while it holds the lock
+    slot: tuple[str, str] | None = None  #: (name, token) of its waiting slot while in one
+    waiting: bool = False
+
+
+class WorkerLocks:
+    """The worker's map, task id -> the lock its run holds or waits for. Fed by the tasks'
+    reports: directly in an in-process pool (threads, solo, gevent), through a pipe from the
+    processes of a prefork pool. A revoke, a terminate or a cold shutdown looks here instead
+    of listing the lock nodes."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._entries: dict[str, TaskLockEntry] = {}
+
+    def record(self, report: Mapping[str, Any]) -> TaskLockEntry | None:
+        """Apply one report (``kind`` = ``"wait"``, ``"hold"``, ``"go"`` (a wait that ended
+        without the lock) or ``"done"``); returns the entry as it was before."""
+        kind, task_id = report["kind"], str(report["id"])
+        with self._guard:
+            before = self._entries.pop(task_id, None)
+            if kind in ("wait", "hold"):
+                slot = report.get("slot")
+                self._entries[task_id] = TaskLockEntry(
+                    task_id=task_id,
+                    task=str(report["task"]),
+                    lock=str(report["lock"]),
+                    pid=int(report["pid"]),
+                    token=report.get("token") if kind == "hold" else None,
+                    slot=(str(slot[0]), str(slot[1])) if kind == "wait" and slot else None,
+                    waiting=kind == "wait",
+                )
+        return before
+
+    def get(self, task_id: str) -> TaskLockEntry | None:
+        with self._guard:
+            return self._entries.get(task_id)
+
+    def pop(self, task_id: str) -> TaskLockEntry | None:
+        with self._guard:
+            return self._entries.pop(task_id, None)
+
+    def holders(self) -> list[TaskLockEntry]:
+        with self._guard:
+            return [e for e in self._entries.values() if e.token]
+
+
+#: How a worker's pool treats the time limits of a task that waits for its lock.
+LIMITS_REARMED = "rearmed"  # prefork with the event loop: the wait is not charged
+LIMITS_NOT_ENFORCED = "not enforced"  # threads, solo: Celery enforces no time limit
+LIMITS_CHARGED = "charged"  # gevent, eventlet, prefork without the event loop
+
+
+class WorkerHooks:
+    """LockedTask's side of one worker: its :class:`WorkerLocks`, the pipe its prefork pool
+    processes report on, and what the main process does with the reports (time limits) and
+    on a revoke, a terminate, a hard time limit, a lost pool process or a cold shutdown."""
+
+    #: Times a report waits for Celery to take the pool process's acknowledgement of the
+    #: job (both arrive on the event loop, in either order) before its limits can be moved:
+    #: the next turns of the loop first, then every 10 ms, for about 3 s in all.
+    MAX_DEFERRALS = 300
+    _SOON = 20
+
+    def __init__(self, worker: Any) -> None:
+        self.app = worker.app
+        self.worker = worker
+        self.pid = os.getpid()
+        self.locks = WorkerLocks()
+        self.limits = _limits_mode(worker)
+        self.hub: Any = None
+        self._read_fd: int | None = None
+        self._write_fd: int | None = None
+        self._partial = b""
+        self._warned: set[str] = set()
+        if self.limits == LIMITS_REARMED:
+            # Created before the pool forks, so every pool process (replacements too)
+            # inherits the write end. Writes up to PIPE_BUF bytes are atomic, so the pool
+            # processes share it; a full pipe drops the report rather than block a task.
+            self._read_fd, self._write_fd = os.pipe()
+            os.set_blocking(self._read_fd, False)
+            os.set_blocking(self._write_fd, False)
+
+    # -- in the task's process --------------------------------------------------------------
+
+    def report(self, report: dict[str, Any]) -> None:
+        """Tell the worker's main process what a task's run now holds or waits for."""
+        if os.getpid() == self.pid:
+            self.locks.record(report)  # an in-process pool: nothing else to move
+            return
+        if self._write_fd is None:
+            return
+        data = json.dumps(report, separators=(",", ":")).encode() + b"\n"
+        if len(data) > _PIPE_BUF:
+            logger.debug("report for %s too long for the pipe (%d bytes)", report["id"], len(data))
+            return
+        try:
+            try:
+                os.write(self._write_fd, data)
+            except BlockingIOError:
+                # The main process is behind: give it a moment rather than lose a report
+                # (a lost end-of-wait would leave the task's limits suspended).
+                select.select([], [self._write_fd], [], REPORT_PATIENCE)
+                os.write(self._write_fd, data)
+        except OSError as exc:
+            logger.warning("could not report %s to the worker: %s", report["kind"], exc)
+
+    def warn_charged(self, task_name: str) -> None:
+        """Once per task: this pool counts the lock wait against the time limits."""
+        if task_name in self._warned:
+            return
+        self._warned.add(task_name)
+        logger.warning(
+            "task %s waits for its lock in a %s pool, which counts the wait against the task's "
+            "time limits: size time_limit/soft_time_limit as lock_wait plus the run time "
+            "(docs/celery.rst, 'Time limits')",
+            task_name,
+            getattr(self.worker.pool_cls, "__module__", "this"),
+        )
+
+    # -- in the worker's main process ---------------------------------------------------------
+
+    def listen(self, hub: Any) -> None:
+        self.hub = hub
+        if self._read_fd is not None:
+            hub.add_reader(self._read_fd, self.read_reports)
+
+    def close(self) -> None:
+        if self._read_fd is not None:
+            if self.hub is not None:
+                with contextlib.suppress(Exception):
+                    self.hub.remove_reader(self._read_fd)
+            for fd in (self._read_fd, self._write_fd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # type: ignore[arg-type]
+            self._read_fd = self._write_fd = None
+
+    def read_reports(self, *args: Any) -> None:
+        """Take every report waiting in the pipe (the event loop calls this when readable)."""
+        while self._read_fd is not None:
+            try:
+                chunk = os.read(self._read_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                return
+            if not chunk:
+                break
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()
+            for line in lines:
+                try:
+                    report = json.loads(line)
+                except ValueError:
+                    logger.debug("unreadable report %r", line[:200])
+                    continue
+                self._take_report(report)
+
+    def _take_report(self, report: dict[str, Any]) -> None:
+        from celery.worker import state as worker_state
+
+        before = self.locks.record(report)
+        task_id = str(report["id"])
+        if report["kind"] == "wait":
+            entry = self.locks.get(task_id)
+            if entry is not None and task_id in worker_state.revoked:
+                # Revoked before it reported the wait (as it started): stop it now.
+                self._stop_waiting(entry)
+                return
+            self._suspend_limits(task_id, 0)
+        elif report["kind"] in ("hold", "go") and before is not None and before.waiting:
+            self._rearm_limits(task_id)
+
+    def _job_of(self, task_id: str) -> tuple[Any, Any]:
+        """The worker's request for ``task_id`` and its pool job (None, None if gone)."""
+        from celery.worker import state as worker_state
+
+        for request in list(worker_state.reserved_requests):
+            if request.id == task_id:
+                ref = getattr(request, "_apply_result", None)
+                return request, (ref() if ref is not None else None)
+        return None, None
+
+    def _pool_timers(self) -> tuple[Any, Any]:
+        pool = getattr(getattr(self.worker, "pool", None), "_pool", None)
+        return getattr(pool, "on_timeout_set", None), getattr(pool, "on_timeout_cancel", None)
+
+    def _suspend_limits(self, task_id: str, deferrals: int) -> None:
+        """Stop the time limits of a task that waits for its lock. Celery arms them when it
+        takes the pool process's acknowledgement of the job, which may come after this
+        report: then try again on the next turn of the event loop."""
+        entry = self.locks.get(task_id)
+        if entry is None or not entry.waiting:
+            return  # the wait is already over
+        _, job = self._job_of(task_id)
+        _, cancel = self._pool_timers()
+        if job is None or cancel is None:
+            return
+        if not job.accepted():
+            if deferrals < self.MAX_DEFERRALS and self.hub is not None:
+                if deferrals < self._SOON:
+                    self.hub.call_soon(self._suspend_limits, task_id, deferrals + 1)
+                else:
+                    self.hub.call_later(0.01, self._suspend_limits, task_id, deferrals + 1)
+            return
+        cancel(job)
+
+    def _rearm_limits(self, task_id: str) -> None:
+        """Arm the full time limits again, from now: the wait is over."""
+        _, job = self._job_of(task_id)
+        arm, cancel = self._pool_timers()
+        if job is None or arm is None or cancel is None or not job.accepted() or job.ready():
+            return
+        cancel(job)
+        soft, hard = getattr(job, "_soft_timeout", None), getattr(job, "_timeout", None)
+        if soft or hard:
+            arm(job, soft, hard)
+
+    def on_revoked(self, task_ids: Any) -> None:
+        """After Celery's own ``revoke``: a revoked task that waits for its lock gives up its
+        waiting slot at once and is stopped; a revoked queued task's marker stops merging
+        calls. Point operations only: the map, and one key written per task id."""
+        ids = [
+            str(i) for i in (task_ids if isinstance(task_ids, (list, tuple, set)) else [task_ids])
+        ]
+        self.read_reports()  # a task that got its lock meanwhile is no longer waiting
+        for task_id in ids:
+            entry = self.locks.get(task_id)
+            if entry is not None and entry.waiting:
+                self._stop_waiting(entry)
+        _note_revoked(self.app, ids)
+
+    def _stop_waiting(self, entry: TaskLockEntry) -> None:
+        if entry.slot is not None:
+            redlock = _redlock_of_task(self.app, entry.task)
+            if redlock is not None:
+                with contextlib.suppress(Exception):
+                    redlock.release_token(*entry.slot)
+        logger.warning(
+            "task %s[%s] revoked while it waited for lock %s: stopped",
+            entry.task,
+            entry.task_id,
+            entry.lock,
+        )
+        if entry.pid == self.pid:
+            return  # an in-process pool: the task looks at the revoked ids when its wait ends
+        request, _ = self._job_of(entry.task_id)
+        if request is None or getattr(request, "worker_pid", None) != entry.pid:
+            return
+        # REVOKED first (the state only: the pool process adds the chord's count when it
+        # ends), so that the process tells this stop from a soft time limit; then billiard's
+        # soft time limit signal, SoftTimeLimitExceeded in the waiting task (its limits are
+        # suspended while it waits), which LockedTask.__call__ ends as REVOKED.
+        try:
+            request.task.backend.mark_as_revoked(
+                entry.task_id, "revoked while waiting for its lock"
+            )
+        except Exception:
+            logger.warning("could not store REVOKED for %s", entry.task_id, exc_info=True)
+        with contextlib.suppress(OSError):
+            os.kill(entry.pid, signal.SIGUSR1)
+
+    def release_for(self, task_id: str, why: str) -> bool | None:
+        """Release the lock (and waiting slot) that the map holds for ``task_id``, by token;
+        None when the map knows nothing of it."""
+        entry = self.locks.pop(task_id)
+        if entry is None:
+            return None
+        redlock = _redlock_of_task(self.app, entry.task)
+        if redlock is None:
+            return None
+        released = False
+        try:
+            if entry.slot is not None:
+                redlock.release_token(*entry.slot)
+            if entry.token:
+                released = redlock.release_token(entry.lock, entry.token) > 0
+        except Exception:
+            logger.warning("could not release lock %s (%s)", entry.lock, why, exc_info=True)
+            return False
+        if released:
+            logger.warning(
+                "released lock %s of task %s[%s] (%s)", entry.lock, entry.task, task_id, why
+            )
+        return released
+
+
+#: Seconds a pool process waits for room in a full report pipe before giving a report up.
+REPORT_PATIENCE = 1.0
+#: Longest write to a pipe that POSIX keeps in one piece.
+_PIPE_BUF = getattr(select, "PIPE_BUF", 512)
+
+#: The hooks of the worker running in this process (a pool process inherits its parent's).
+_worker_hooks: WorkerHooks | None = None
+
+
+def _limits_mode(worker: Any) -> str:
+    pool_cls = getattr(worker, "pool_cls", None)
+    module = getattr(pool_cls, "__module__", "") or ""
+    if module.endswith(".prefork"):
+        return LIMITS_REARMED if getattr(worker, "use_eventloop", False) else LIMITS_CHARGED
+    if getattr(pool_cls, "is_green", False):
+        return LIMITS_CHARGED
+    return LIMITS_NOT_ENFORCED
+
+
+def _redlock_of_task(app: Any, task_name: str) -> Redlock | None:
+    task = app.tasks.get(task_name)
+    if not isinstance(task, LockedTask):
+        return None
+    try:
+        return task.get_redlock()
+    except Exception:
+        logger.warning("no lock service for task %s", task_name, exc_info=True)
+        return None
 
 
 def _redlocks_of(app: Any) -> list[Redlock]:
     """The distinct Redlocks the LockedTasks registered in ``app`` lock with."""
     found: dict[int, Redlock] = {}
-    try:
-        task_types = [t for t in app.tasks.values() if isinstance(t, LockedTask)]
-    except Exception:  # pragma: no cover
-        return []
-    for task in task_types:
+    for task in [t for t in app.tasks.values() if isinstance(t, LockedTask)]:
         try:
             redlock = task.get_redlock()
         except Exception:
@@ -1114,121 +1683,199 @@ def _redlocks_of(app: Any) -> list[Redlock]:
     return list(found.values())
 
 
-@signals.worker_shutting_down.connect(weak=False)
-def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: Any) -> None:
-    """Cold shutdown abandons running tasks: free their keys now rather than one lease later.
-    A warm (or soft) shutdown lets running tasks finish; they release their own locks.
+def _revoked_name(task_id: str) -> str:
+    return f"{REVOKED_PREFIX}{task_id}"
 
-    Celery has already terminated the pool's running jobs when it sends this signal (and
-    forgotten their requests), so the locks are found on the nodes: every task lock whose
-    holder metadata names this worker (``sender`` is its node name)."""
-    if how != "Cold":
-        return
-    release_held_locks("cold worker shutdown")
-    if not sender:
-        return
-    from celery import current_app
 
-    _release_matching(
-        current_app,
-        "*",
-        lambda meta: bool(meta.get("task_id")) and meta.get("worker") == sender,
-        "cold worker shutdown",
+def _was_revoked(redlock: Redlock, task_id: str) -> bool:
+    try:
+        return bool(redlock.locked(_revoked_name(task_id)))
+    except Exception:
+        logger.debug("could not tell whether %s was revoked", task_id, exc_info=True)
+        return False
+
+
+def _note_revoked(app: Any, task_ids: list[str]) -> None:
+    """Write :data:`REVOKED_PREFIX` + id for each revoked task (a point write per id, no
+    read): a later ``lock_dedupe`` call replaces such a task's queued marker instead of
+    merging into a task that will never run. Celery only tells a task it was revoked when a
+    worker reaches its message, which may be a long queue later."""
+    for redlock in _redlocks_of(app):
+        for task_id in task_ids:
+            note = redlock.lock(
+                _revoked_name(task_id),
+                ttl=redlock.max_ttl,
+                reentrant=False,
+                owner=("celery-revoked", task_id),
+                meta={"task_id": task_id, "revoked": True},
+            )
+            try:
+                if note.acquire(blocking=False):
+                    note.detach()  # it lives out its lease
+            except Exception:
+                logger.warning("could not note the revoke of %s", task_id, exc_info=True)
+
+
+def _revoke_with_locks(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = original(state, task_id, *args, **kwargs)
+        hooks = _worker_hooks
+        if hooks is not None and hooks.app is state.app:
+            hooks.on_revoked(task_id)
+        return reply
+
+    revoke.redlock_hooked = True  # type: ignore[attr-defined]
+    return revoke
+
+
+class LockedTaskWorker(bootsteps.StartStopStep):
+    """Worker bootstep (:func:`install` adds it): LockedTask's map of the locks this worker's
+    tasks hold or wait for, the pipe its prefork pool processes report on (created here,
+    before the pool forks), the time limits a lock wait must not use up, and the release of
+    the locks of pool processes the main process stops."""
+
+    label = "LockedTask"
+
+    def __init__(self, w: Any, **kwargs: Any) -> None:
+        global _worker_hooks
+        super().__init__(w, **kwargs)
+        self.hooks = WorkerHooks(w)
+        _worker_hooks = self.hooks
+        _connect_worker_signals()
+
+    def register_with_event_loop(self, w: Any, hub: Any) -> None:
+        self.hooks.listen(hub)
+
+    # The hooks outlive the other steps: a pool that stops reports its tasks' failures (and
+    # a cold shutdown its abandoned locks) after this step's turn; worker_shutdown ends them.
+    def start(self, w: Any) -> None:
+        pass
+
+    def stop(self, w: Any) -> None:
+        pass
+
+
+class LockedTaskControl(bootsteps.StartStopStep):
+    """Consumer bootstep (:func:`install` adds it): this worker's ``revoke`` remote control
+    command also frees what a revoked task waits with (its waiting slot, its queued marker).
+
+    Celery has no signal for a revoke that arrives before the task does, so the command is
+    wrapped, in this worker's own mailbox (its handler table), after Celery's own handling;
+    Celery's registry of commands (``Panel.data``) and other apps are left alone."""
+
+    label = "LockedTask revoke"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        control = c.blueprint.steps.get("celery.worker.consumer.control.Control")
+        node = getattr(getattr(control, "box", None), "node", None)
+        handlers = getattr(node, "handlers", None)
+        if node is None or not isinstance(handlers, dict):
+            return
+        original = handlers.get("revoke")
+        if original is None or getattr(original, "redlock_hooked", False):
+            return
+        node.handlers = {**handlers, "revoke": _revoke_with_locks(original)}
+
+    def stop(self, c: Any) -> None:
+        pass
+
+
+def install(app: Any) -> None:
+    """Install LockedTask's worker side in the workers of ``app`` (idempotent; call it where
+    the app is defined). Without it tasks lock and release as usual, but the locks of pool
+    processes the worker stops (terminate, hard time limit, cold shutdown) wait out their
+    lease, a revoked task waiting for its lock keeps waiting, queued markers of revoked
+    tasks stay until a worker reaches the message, and the lock wait counts against the
+    task's time limits. Adds :class:`LockedTaskWorker` to ``app.steps["worker"]`` and
+    :class:`LockedTaskControl` to ``app.steps["consumer"]``; nothing else changes."""
+    app.steps["worker"].add(LockedTaskWorker)
+    app.steps["consumer"].add(LockedTaskControl)
+
+
+def _connect_worker_signals() -> None:
+    """Connect the receivers once per process (a worker bootstep calls this); each acts only
+    for the worker whose hooks are installed here."""
+    signals.worker_process_shutdown.connect(
+        _on_process_shutdown, weak=False, dispatch_uid="django_redlock.process_shutdown"
+    )
+    signals.worker_shutting_down.connect(
+        _on_worker_shutting_down, weak=False, dispatch_uid="django_redlock.shutting_down"
+    )
+    signals.task_revoked.connect(
+        _on_task_revoked, weak=False, dispatch_uid="django_redlock.task_revoked"
+    )
+    signals.task_failure.connect(
+        _on_task_failure, weak=False, dispatch_uid="django_redlock.task_failure"
+    )
+    signals.worker_shutdown.connect(
+        _on_worker_shutdown, weak=False, dispatch_uid="django_redlock.worker_shutdown"
     )
 
 
-def _release_matching(
-    app: Any, pattern: str, matches: Callable[[Mapping[str, Any]], bool], why: str
-) -> None:
-    """Release every lock matching the glob ``pattern`` on the Redlocks of ``app``'s
-    LockedTasks whose holder metadata passes ``matches`` (found by listing the nodes, as no
-    handle is at hand; token-checked, so a lock taken since is never touched)."""
-    for redlock in _redlocks_of(app):
-        try:
-            for info in redlock.live_locks(pattern):
-                if matches(info.meta):
-                    redlock.release_token(info.name, info.token)
-                    logger.warning(
-                        "released lock %s of task %s[%s] (%s)",
-                        info.name,
-                        info.meta.get("task"),
-                        info.meta.get("task_id"),
-                        why,
-                    )
-        except Exception:
-            logger.warning("could not release the locks to free (%s)", why, exc_info=True)
+def _on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:
+    """The worker has stopped: its hooks end with it."""
+    global _worker_hooks
+    hooks = _worker_hooks
+    if hooks is not None and hooks.worker is sender:
+        hooks.close()
+        _worker_hooks = None
 
 
-@signals.task_revoked.connect(weak=False)
+def _on_process_shutdown(**kwargs: Any) -> None:
+    """A pool process is exiting: whatever it still holds will never be released otherwise."""
+    if _worker_hooks is not None:
+        release_held_locks("worker process shutdown")
+
+
+def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: Any) -> None:
+    """Cold shutdown abandons running tasks: free their keys now rather than one lease later.
+    A warm (or soft) shutdown lets running tasks finish; they release their own locks.
+    Celery has already terminated the pool's running jobs when it sends this signal, so the
+    locks are the ones the worker's map still holds for its tasks."""
+    hooks = _worker_hooks
+    if how != "Cold" or hooks is None:
+        return
+    release_held_locks("cold worker shutdown")
+    for entry in hooks.locks.holders():
+        hooks.release_for(entry.task_id, "cold worker shutdown")
+
+
 def _on_task_revoked(
     sender: Any = None, request: Any = None, terminated: bool = False, **kwargs: Any
 ) -> None:
     """A revoked task never takes its lock (the worker drops it before ``__call__``); one
     terminated while running had it, and its pool process may be gone: release it from here.
     A revoked task that was still queued gives up its de-duplication marker."""
-    if not isinstance(sender, LockedTask) or request is None:
+    hooks = _worker_hooks
+    if hooks is None or not isinstance(sender, LockedTask) or request is None:
         return
     if terminated:
-        sender.release_for_request(request)
+        if hooks.release_for(str(request.id), "task terminated") is None:
+            sender.release_for_request(request)
         return
     queued = _header_of(request).get(_QUEUED)
     if queued:
-        try:
-            sender.get_redlock().release_token(queued[0], queued[1])
-        except Exception:
-            logger.debug("could not release %s", queued[0], exc_info=True)
+        _release_queued_marker(sender.get_redlock(), queued)
 
 
-def _free_revoked_markers(app: Any, task_ids: Any) -> None:
-    """Delete the ``<key>:queued`` markers of revoked tasks, found on the nodes by the task id
-    in their metadata. Celery only tells a task it was revoked when a worker reaches its
-    message, which may be a long queue later; until then a marker would merge new calls into
-    a task that will never run."""
-    ids = {str(i) for i in (task_ids if isinstance(task_ids, (list, tuple, set)) else [task_ids])}
-    _release_matching(
-        app,
-        f"*{QUEUED_SUFFIX}",
-        lambda meta: bool(meta.get("queued")) and meta.get("task_id") in ids,
-        "queued task revoked",
-    )
-
-
-def _hook_revoke_command() -> None:
-    """Make the worker's ``revoke`` remote control command (``AsyncResult.revoke()``,
-    ``app.control.revoke()``) free the revoked tasks' queued markers before it replies.
-
-    Celery has no signal for a revoke that arrives before the message does, so the command
-    itself is wrapped, in Celery's registry of control commands (``Panel``, the documented
-    way to add one); the original runs first and its reply is returned unchanged."""
-    from celery.worker.control import Panel
-
-    original = Panel.data.get("revoke")
-    if original is None or getattr(original, "redlock_hooked", False):
-        return
-
-    @functools.wraps(original)
-    def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
-        reply = original(state, task_id, *args, **kwargs)
-        _free_revoked_markers(state.app, task_id)
-        return reply
-
-    revoke.redlock_hooked = True  # type: ignore[attr-defined]
-    Panel.data["revoke"] = revoke
-
-
-_hook_revoke_command()
-
-
-@signals.task_failure.connect(weak=False)
 def _on_task_failure(
-    sender: Any = None, exception: BaseException | None = None, **kwargs: Any
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    **kwargs: Any,
 ) -> None:
     """A pool process killed by a hard time limit or lost (WorkerLostError) cannot release
     its lock; the main process reports the failure and releases it here."""
-    if not isinstance(sender, LockedTask):
+    hooks = _worker_hooks
+    if hooks is None or not isinstance(sender, LockedTask):
         return
     if type(exception).__name__ not in ("TimeLimitExceeded", "WorkerLostError"):
         return
-    request = sender.request
-    if getattr(request, "id", None):
-        sender.release_for_request(request)
+    task_id = task_id or getattr(sender.request, "id", None)
+    if not task_id:
+        return
+    why = f"task failed: {type(exception).__name__}"
+    if hooks.release_for(str(task_id), why) is None:
+        sender.release_for_request(sender.request)

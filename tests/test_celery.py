@@ -26,7 +26,6 @@ from celery.worker import state as worker_state
 from django_redlock import LockNotAcquired, QuorumError, Redlock
 from django_redlock.celery import (
     MAX_UNKNOWN_HOLD_DELAY,
-    SKIPPED,
     UNKNOWN_HOLD_DELAY,
     LockedTask,
     default_lock_key,
@@ -36,7 +35,7 @@ from django_redlock.celery import (
 )
 from django_redlock.signals import lock_contended
 from testproject import tasks
-from tests.celery_support import TIMEOUT, Run, assert_no_overlap, wait_until
+from tests.celery_support import TIMEOUT, UNREAD_QUEUE, Run, assert_no_overlap, wait_until
 
 pytestmark = [pytest.mark.celery, pytest.mark.timeout(180)]
 
@@ -209,17 +208,17 @@ def test_skip_policy_is_visible(worker, rl, caplog):
         run = Run()
         holder = hold(run, "s")
         result = tasks.critical_skip.delay("s", run.id)
-        wait_until(lambda: result.state == SKIPPED, what="state SKIPPED")
+        # A ready state with the documented result, so canvases complete (docs/celery.rst).
+        assert result.get(timeout=TIMEOUT) is None
+        assert result.state == "SUCCESS"
     finally:
         lock_contended.disconnect(on_contended)
         task_skipped.disconnect(on_skipped)
-    assert result.info["lock"] == "demo:s"
-    assert result.info["holder"] == holder.id
+    assert [(s["lock_name"], s["holder"]["task_id"]) for s in skipped] == [("demo:s", holder.id)]
     # the core's lock_contended signal, with the task as holder-to-be in meta
     mine = [c for c in contended if c["name"] == "demo:s" and c["meta"].get("task_id") == result.id]
     assert len(mine) == 1 and mine[0]["meta"]["on_locked"] == "skip"
     assert [s["task_id"] for s in skipped] == [result.id]
-    assert skipped[0]["holder"]["task_id"] == holder.id
     logs = [r for r in caplog.records if r.name == "django_redlock.celery"]
     assert any(
         "skipped" in r.getMessage()
@@ -247,7 +246,7 @@ def test_skip_with_an_explicit_redlock_still_signals(worker, rl):
         run.started_by(holder.id)
         assert explicit.locked("demo:ex") and not rl.locked("demo:ex")  # its own key prefix
         result = tasks.critical_explicit.delay("ex", run.id)
-        wait_until(lambda: result.state == SKIPPED, what="state SKIPPED")
+        assert result.get(timeout=TIMEOUT) is None  # skipped: it never ran
     finally:
         lock_contended.disconnect(on_contended)
     mine = [c for c in contended if c["meta"].get("task_id") == result.id]
@@ -285,7 +284,7 @@ def test_per_call_overrides(worker, rl):
         raised.get(timeout=TIMEOUT)
     with pytest.raises(LockNotAcquired):
         sent.get(timeout=TIMEOUT)
-    wait_until(lambda: skipped.state == SKIPPED, what="state SKIPPED")
+    assert skipped.get(timeout=TIMEOUT) is None  # a run would return its record
     with pytest.raises(ValueError, match="on_locked must be one of"):
         tasks.critical.apply_async(("o", run.id), on_locked="bogus")
     run.open("hold")
@@ -439,23 +438,40 @@ def test_dedupe_keeps_one_queued_and_one_running(worker, rl):
     fresh.get(timeout=TIMEOUT)
 
 
-#: A queue no worker of these tests consumes: a task sent there stays queued.
-UNREAD_QUEUE = "redlock-test-unread"
+def _key_scans(redis_nodes) -> int:
+    """SCAN and KEYS calls the lock nodes served since their statistics were reset (from
+    clients and from scripts alike)."""
+    total = 0
+    for node in redis_nodes:
+        client = redis.Redis.from_url(node.url)
+        try:
+            stats = client.info("commandstats")
+        finally:
+            client.close()
+        total += sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("scan", "keys"))
+    return total
 
 
 def test_revoking_a_queued_task_frees_its_dedupe_marker(
-    worker, rl, celery_test_app, celery_broker_node
+    worker, rl, celery_test_app, celery_broker_node, redis_nodes
 ):
-    """docs/celery.rst: "revoking a queued task deletes it [the marker]", at once, not when a
-    worker reaches the revoked message: the task sits in a queue no worker reads."""
+    """docs/celery.rst, "Revoking": once the revoke's reply is in, a queued task's marker
+    merges no more calls (not only when a worker reaches the revoked message: the task sits
+    in a queue no worker reads), and the revoke costs the lock nodes no SCAN (nor KEYS)."""
     run = Run()
     parked = tasks.critical_dedupe.apply_async(("rq", run.id), queue=UNREAD_QUEUE)
     try:
         assert rl.locked("demo:rq:queued")
         assert tasks.critical_dedupe.delay("rq", run.id).id == parked.id  # merged, as promised
+        for node in redis_nodes:
+            client = redis.Redis.from_url(node.url)
+            client.config_resetstat()
+            client.close()
         replies = celery_test_app.control.revoke(parked.id, reply=True, timeout=10, limit=1)
         assert replies, "the worker did not confirm the revoke"
-        assert not rl.locked("demo:rq:queued")
+        assert _key_scans(redis_nodes) == 0
+        list(rl.live_locks("*"))  # a listing, for contrast: this check can see one
+        assert _key_scans(redis_nodes) > 0
         fresh = tasks.critical_dedupe.delay("rq", run.id)
         assert fresh.id != parked.id, "merged into a revoked task: this call's work is lost"
         assert fresh.get(timeout=TIMEOUT)["task_id"] == fresh.id
@@ -737,3 +753,311 @@ def test_retry_countdown_uses_this_process_typical_hold_when_the_holder_has_none
     holder = {"ttl": 30.0, "age": 0.02}  # no typical hold in the holder's metadata
     countdowns = [task._countdown(opts, retries, holder) for retries in range(6)]
     assert max(countdowns) < 1.0, countdowns
+
+
+# --------------------------------------------------------------------------- canvases
+
+
+def test_skipped_members_let_a_group_and_a_chord_complete(worker, rl):
+    """docs/celery.rst: a skipped task ends SUCCESS with the result None, so a group's get()
+    returns and a chord's callback runs, with None in the skipped members' places."""
+    from celery import chord, group
+
+    from tests.celery_support import collect
+
+    run = Run()
+    holder = hold(run, "cg-busy")
+    members = [
+        tasks.critical_skip.s("cg-busy", run.id),
+        tasks.critical_skip.s("cg-free1", run.id),
+        tasks.critical_skip.s("cg-busy", run.id),
+    ]
+    grouped = group(members).apply_async()
+    results = grouped.get(timeout=TIMEOUT)
+    assert results[0] is None and results[2] is None
+    assert results[1]["lock"] == "demo:cg-free1"
+    chorded = chord(
+        [tasks.critical_skip.s("cg-busy", run.id), tasks.critical_skip.s("cg-free2", run.id)]
+    )(collect.s())
+    called_back = chorded.get(timeout=TIMEOUT)
+    assert called_back[0] is None and called_back[1]["lock"] == "demo:cg-free2"
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert sorted(e["lock"] for e in run.all("started")) == [
+        "demo:cg-busy",
+        "demo:cg-free1",
+        "demo:cg-free2",
+    ]
+
+
+# --------------------------------------------------------------------------- the hand-off
+
+
+@pytest.fixture
+def handoff_probe():
+    """``arm(point, task_id)``: SoftTimeLimitExceeded lands at that point of the hand-off
+    from waiting to holding (django_redlock.celery's test hook), as a soft time limit firing
+    right then would; records whether the key was held when it landed."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock import celery as celery_module
+
+    landed: list[dict[str, Any]] = []
+    armed: dict[str, str] = {}
+
+    def probe(point: str, task_id: str | None) -> None:
+        if armed.get("point") == point and armed.get("task_id") == task_id:
+            armed.clear()
+            landed.append({"point": point})
+            raise SoftTimeLimitExceeded(f"landed at {point}")
+
+    def arm(point: str, task_id: str) -> list[dict[str, Any]]:
+        armed.update(point=point, task_id=task_id)
+        return landed
+
+    celery_module._handoff_probe = probe
+    yield arm
+    celery_module._handoff_probe = None
+
+
+@pytest.mark.parametrize(
+    "point", ["slot-taken", "slot-handoff", "slot-released", "acquired", "before-run"]
+)
+def test_an_exception_anywhere_in_the_handoff_leaves_nothing_held(worker, rl, handoff_probe, point):
+    """A task in the key's waiting slot gets the key as the holder releases; an exception
+    landing at any point between taking the slot and running the body (a soft time limit,
+    forced here through the test hook, no timing involved) fails the task and leaves
+    neither the key nor the slot held: the next task takes the key at once."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    run = Run()
+    key = f"ho-{point}"
+    holder = hold(run, key)
+    victim_id = uuid.uuid4().hex
+    landed = handoff_probe(point, victim_id)
+    victim = tasks.critical.apply_async((key, run.id), task_id=victim_id)
+    if point != "slot-taken":  # the others land once the holder lets go
+        wait_until(
+            lambda: (
+                (info := rl.lock_info(f"demo:{key}:waiter")) is not None
+                and info.meta["task_id"] == victim_id
+            ),
+            what="the victim to hold the waiting slot",
+        )
+        run.open("hold")
+    with pytest.raises(SoftTimeLimitExceeded, match=f"landed at {point}"):
+        victim.get(timeout=TIMEOUT)
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert landed == [{"point": point}]
+    # Released before the failure was stored: no waiting for a lease to run out.
+    assert not rl.locked(f"demo:{key}")
+    assert not rl.locked(f"demo:{key}:waiter")
+    follower = tasks.critical_raise.delay(key, run.id)
+    assert follower.get(timeout=TIMEOUT)["lock"] == f"demo:{key}"
+    assert victim_id not in [e["task_id"] for e in run.all("started")]
+
+
+# --------------------------------------------------------------------------- revoke, install
+
+
+def test_revoking_a_waiting_task_frees_its_slot_and_it_never_runs(worker, rl, celery_test_app):
+    """docs/celery.rst, "Revoking": the revoke's reply comes after the waiting slot was freed
+    (the worker's map names it: no listing of the nodes); another task takes the slot; the
+    revoked one ends REVOKED without running (in the threads pool, when its wait ends)."""
+    run = Run()
+    holder = hold(run, "rvw")
+    victim = tasks.critical.delay("rvw", run.id)
+    slot = "demo:rvw:waiter"
+    wait_until(
+        lambda: (info := rl.lock_info(slot)) is not None and info.meta["task_id"] == victim.id,
+        what="the victim to hold the waiting slot",
+    )
+    replies = celery_test_app.control.revoke(victim.id, reply=True, timeout=10, limit=1)
+    assert replies, "the worker did not confirm the revoke"
+    # Before the reply once the worker knew the task waited; a revoke that came as it took
+    # the slot frees it as the task reports its wait.
+    wait_until(lambda: not rl.locked(slot), what="the slot to be freed")
+    other = tasks.critical.delay("rvw", run.id)
+    wait_until(
+        lambda: (info := rl.lock_info(slot)) is not None and info.meta["task_id"] == other.id,
+        what="another task to take the freed slot",
+    )
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert other.get(timeout=TIMEOUT)["task_id"] == other.id
+    wait_until(lambda: victim.state == "REVOKED", what="state REVOKED")
+    assert victim.id not in [e["task_id"] for e in run.all("started")]
+    assert not rl.locked("demo:rvw")
+
+
+def test_a_revoke_that_comes_as_the_task_begins_to_wait_stops_it(worker, rl, celery_test_app):
+    """The revoke's reply comes before the task reported its wait (held there through the
+    test hook, no timing): the task still never waits for the holder, and ends REVOKED."""
+    import threading as _threading
+
+    from django_redlock import celery as celery_module
+
+    run = Run()
+    holder = hold(run, "rvb")
+    victim_id = uuid.uuid4().hex
+    reached, go = _threading.Event(), _threading.Event()
+
+    def probe(point: str, task_id: str | None) -> None:
+        if point == "wait-begins" and task_id == victim_id:
+            reached.set()
+            go.wait(TIMEOUT)
+
+    celery_module._handoff_probe = probe
+    try:
+        # lock_wait longer than the test waits for REVOKED: only the revoke can end it.
+        victim = tasks.critical_wait.apply_async(("rvb", run.id), task_id=victim_id, lock_wait=60)
+        assert reached.wait(TIMEOUT), "the victim never began to wait"
+        assert celery_test_app.control.revoke(victim_id, reply=True, timeout=10, limit=1)
+        go.set()
+        wait_until(lambda: victim.state == "REVOKED", what="state REVOKED")
+    finally:
+        go.set()
+        celery_module._handoff_probe = None
+    assert rl.lock_info("demo:rvb").meta["task_id"] == holder.id  # it did not wait it out
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    assert victim_id not in [e["task_id"] for e in run.all("started")]
+
+
+def test_importing_the_module_changes_nothing_in_celery():
+    """Worker-side hooks come from install(app) only: importing django_redlock.celery leaves
+    Celery's remote control commands, its worker signals and every app's bootsteps as they
+    were, and install(app) adds two bootsteps to that app alone."""
+    script = r"""
+import json
+from celery import Celery, signals
+from celery.worker.control import Panel
+
+def snapshot(app):
+    return {
+        "panel": {name: id(fn) for name, fn in Panel.data.items()},
+        "receivers": {
+            name: len(getattr(signals, name).receivers)
+            for name in ("task_revoked", "task_failure", "worker_shutting_down",
+                         "worker_process_shutdown", "worker_init", "task_prerun")
+        },
+        "steps": {kind: sorted(map(str, steps)) for kind, steps in app.steps.items()},
+    }
+
+app, other = Celery("one"), Celery("other")
+before = snapshot(app)
+import django_redlock.celery as module
+after_import = snapshot(app)
+module.install(app)
+print(json.dumps({
+    "before": before,
+    "after_import": after_import,
+    "after_install": snapshot(app),
+    "other": snapshot(other),
+    "revoke_hooked": bool(getattr(Panel.data["revoke"], "redlock_hooked", False)),
+}))
+"""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["after_import"] == seen["before"]
+    assert seen["after_install"]["panel"] == seen["before"]["panel"]
+    assert seen["after_install"]["receivers"] == seen["before"]["receivers"]
+    assert not seen["revoke_hooked"]
+    added = {
+        kind: sorted(set(steps) - set(seen["before"]["steps"].get(kind, [])))
+        for kind, steps in seen["after_install"]["steps"].items()
+    }
+    assert added == {
+        "worker": ["django_redlock.celery.LockedTaskWorker"],
+        "consumer": ["django_redlock.celery.LockedTaskControl"],
+    }
+    assert seen["other"]["steps"] == seen["before"]["steps"]
+
+
+def test_a_running_worker_hooks_revoke_in_its_own_mailbox_only(worker):
+    """The revoke command of the running worker is wrapped in its mailbox's handler table;
+    Celery's registry of commands still holds Celery's own function."""
+    from celery.worker.control import Panel
+
+    consumer = worker.consumer
+    control = consumer.blueprint.steps["celery.worker.consumer.control.Control"]
+    assert getattr(control.box.node.handlers["revoke"], "redlock_hooked", False)
+    assert not getattr(Panel.data["revoke"], "redlock_hooked", False)
+
+
+def test_a_worker_without_install_says_what_is_missing(
+    rl, redis_nodes, celery_broker_node, celery_test_app, tmp_path
+):
+    """docs/celery.rst: without install(app) tasks lock and release as usual, and the first
+    LockedTask that runs in such a worker logs a WARNING naming what is missing (a real
+    ``celery worker`` of the example app, which does not call install itself)."""
+    from tests.celery_support import WorkerProcess, worker_env
+
+    run = Run()
+    queue = f"bare-{uuid.uuid4().hex[:8]}"
+    env = worker_env(redis_nodes.urls, celery_broker_node.url, celery_broker_node.url, 600)
+    bare = WorkerProcess(tmp_path / "bare.log", env, queue, concurrency=1, include=None)
+    try:
+        bare.start()
+        for key in ("bare1", "bare2"):
+            entry = tasks.critical.apply_async((key, run.id), queue=queue).get(timeout=TIMEOUT)
+            assert entry["held"] and entry["lock"] == f"demo:{key}"
+        assert not rl.locked("demo:bare1") and not rl.locked("demo:bare2")
+        log = bare.text()
+    finally:
+        bare.stop()
+    warnings = [
+        line
+        for line in log.splitlines()
+        if "WARNING" in line and "without django_redlock.celery.install(app)" in line
+    ]
+    assert len(warnings) == 1, log  # once per process, not per task
+
+
+def test_time_limit_handling_per_pool():
+    """docs/celery.rst, "Time limits": which pools have the wait kept out of their limits."""
+    from types import SimpleNamespace
+
+    from celery.concurrency import get_implementation
+
+    from django_redlock.celery import (
+        LIMITS_CHARGED,
+        LIMITS_NOT_ENFORCED,
+        LIMITS_REARMED,
+        _limits_mode,
+    )
+
+    def mode(pool: str, eventloop: bool) -> str:
+        worker = SimpleNamespace(pool_cls=get_implementation(pool), use_eventloop=eventloop)
+        return _limits_mode(worker)
+
+    assert mode("prefork", True) == LIMITS_REARMED
+    assert mode("prefork", False) == LIMITS_CHARGED
+    assert mode("threads", True) == mode("solo", True) == LIMITS_NOT_ENFORCED
+
+
+def test_a_pool_that_charges_the_wait_says_so_once_per_task(worker, rl, monkeypatch, caplog):
+    """docs/celery.rst, "Time limits": where the pool counts the lock wait against the limits,
+    a task with a time limit that waits logs a WARNING, once per task and process. (This
+    worker's threads pool enforces no limit; the test gives its hooks the charging mode of a
+    gevent or eventlet pool.)"""
+    from django_redlock import celery as celery_module
+    from tests.celery_support import soft_limited_wait
+
+    hooks = celery_module._worker_hooks
+    assert hooks is not None and hooks.app is tasks.app
+    monkeypatch.setattr(hooks, "limits", celery_module.LIMITS_CHARGED)
+    monkeypatch.setattr(hooks, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="django_redlock.celery")
+    run = Run()
+    for key in ("ch1", "ch2"):
+        assert soft_limited_wait.delay(key, run.id).get(timeout=TIMEOUT)["held"]
+    assert tasks.critical_wait.delay("ch3", run.id).get(timeout=TIMEOUT)["held"]  # no limit
+    warnings = [r.getMessage() for r in caplog.records if "counts the wait" in r.getMessage()]
+    assert len(warnings) == 1 and "tests.soft_limited_wait" in warnings[0]

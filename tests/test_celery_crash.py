@@ -17,85 +17,28 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from testproject import tasks
-from tests.celery_support import TIMEOUT, Run, assert_no_overlap, wait_until
+from tests.celery_support import (
+    TIMEOUT,
+    Run,
+    WorkerProcess,
+    assert_no_overlap,
+    wait_until,
+    worker_env,
+)
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow, pytest.mark.timeout(240)]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LEASE = 2.0  # long_task's lock_ttl
 #: The Redis transport hands an unacknowledged message out again after this many seconds.
 VISIBILITY = 4
 RABBITMQ_URL = os.environ.get("REDLOCK_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
-class WorkerProcess:
-    """``celery -A testproject.celery_app worker`` in its own session (so SIGKILL of the group
-    reaches the pool processes too), logging to a file."""
-
-    def __init__(self, log: Path, env: dict[str, str], queue: str) -> None:
-        self.name = f"crash-{uuid.uuid4().hex[:6]}@%h"
-        self.log = log
-        self.env = env
-        self.queue = queue
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> WorkerProcess:
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "celery", "-A", "testproject.celery_app", "worker"),
-                    *("-P", "prefork", "-c", "2", "-Q", self.queue, "-n", self.name),
-                    *("-l", "INFO", "--without-mingle", "--without-gossip"),
-                    "--without-heartbeat",
-                ],
-                cwd=REPO_ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 90
-        while b" ready." not in self.log.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"worker did not start:\n{self.text()}")
-            time.sleep(0.05)
-        return self
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:]
-
-    def signal(self, signum: int, group: bool = True) -> None:
-        """Send ``signum`` to the whole worker (main and pool processes) or the main only."""
-        assert self.proc is not None
-        if group:
-            os.killpg(self.proc.pid, signum)
-        else:
-            os.kill(self.proc.pid, signum)
-
-    def wait(self, timeout: float = 30) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-        if self.proc is not None:
-            # Orphaned pool processes (after a SIGKILL of the main process only) are in the
-            # worker's session too.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def _rabbitmq_problem(url: str) -> str | None:
@@ -152,17 +95,7 @@ def spawn_worker(rl, redis_nodes, celery_broker_node, tmp_path, queue):
     made: list[WorkerProcess] = []
 
     def spawn(broker_url: str) -> WorkerProcess:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
-            ),
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
-            "REDLOCK_NODES": ",".join(redis_nodes.urls),
-            "REDLOCK_CELERY_BROKER": broker_url,
-            "REDLOCK_CELERY_RESULTS": celery_broker_node.url,
-            "REDLOCK_CELERY_VISIBILITY": str(VISIBILITY),
-        }
+        env = worker_env(redis_nodes.urls, broker_url, celery_broker_node.url, VISIBILITY)
         worker = WorkerProcess(tmp_path / f"worker{len(made)}.log", env, queue)
         made.append(worker)
         return worker.start()
