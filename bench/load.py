@@ -1,6 +1,6 @@
 """Does django-redlock stay dependable on a busy host and a lossy network? Measure it.
 
-    python bench/load.py                     # every scenario, full size (about 15 minutes)
+    python bench/load.py                     # every scenario, full size (about 20 minutes)
     python bench/load.py --quick             # smaller sizes (about 5 minutes)
     python bench/load.py --scenarios a,e     # some of them
     python bench/load.py --markdown          # also writes bench/results/load-*.md
