@@ -63,6 +63,7 @@ import multiprocessing as mp
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -1270,20 +1271,17 @@ def gunicorn(worker_class: str, nodes: Sequence[str]) -> Iterator[int]:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _get(port: int, path: str, conn: http.client.HTTPConnection | None = None) -> tuple[int, bytes]:
-    c = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        c.request("GET", path)
-        r = c.getresponse()
-        return r.status, r.read()
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
     finally:
-        if conn is None:
-            c.close()
+        conn.close()
 
 
 def http_load(port: int, paths: Sequence[str], seconds: float) -> tuple[Counter[int], list[Hold]]:
