@@ -9,8 +9,10 @@ Only the package's public API is used (``Redlock``, ``AsyncRedlock``, ``lock()``
 ``release``, ``auto_renew``, ``held``/``lost``; ``django_redlock.testing``'s ``RedisCluster``
 and ``RedisNode`` with ``pause``/``resume``/``kill``), plus the peers' own APIs, so the same
 script measures the core before and after a rewrite. Every node is a real ``redis-server``
-started here; every process and server the script starts is stopped when it ends, however it
-ends (CPU burners also exit by themselves when this process dies).
+started here; every process and server the script starts is stopped when it ends, on Ctrl-C
+and on SIGTERM too. Should it be killed outright, what it started still goes: the nodes have
+``django_redlock.testing``'s reaper, the CPU burners and the proxy process watch for their
+parent, and gunicorn is asked to stop by the kernel when its parent dies (Linux).
 
 Scenarios (``--scenarios``, default all):
 
@@ -1203,6 +1205,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG), so a
+    killed bench leaves no server behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def gunicorn(worker_class: str, nodes: Sequence[str]) -> Iterator[int]:
     """testproject under gunicorn on a free port; stopped (SIGTERM, then SIGKILL) on exit."""
@@ -1242,6 +1253,7 @@ def gunicorn(worker_class: str, nodes: Sequence[str]) -> Iterator[int]:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_stop_with_parent if sys.platform == "linux" else None,
     )
     try:
         deadline = time.monotonic() + 60
