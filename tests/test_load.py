@@ -1,0 +1,181 @@
+"""Dependable on a busy host and a lossy link: small runs of ``bench/load.py``'s scenarios.
+
+Each scenario test runs the bench's own code (real ``redis-server`` nodes, real CPU burners,
+real SIGSTOP, a real lossy proxy) at a size that fits in about a minute, and asserts what the
+README promises while a quorum of nodes is up and reachable: no spurious error (no
+``QuorumError``, no refused acquire of a free key), no lost lock, and no two holders of one key
+at once. The numbers of the same scenarios at full size are in docs/operating.rst, "Under load
+and on lossy links".
+
+The proxy tests check the packet-loss model itself (``bench/lossy_proxy.py``).
+
+Run them with ``pytest -m load``; they are also ``slow``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import redis
+
+from bench import load
+from bench.lossy_proxy import RTO_MIN, LossyProxy, check_link, late_by
+
+
+def dependable(row: load.Row) -> None:
+    """No spurious error, no lost lock, no overlap: with the first message of each error."""
+    assert row.spurious == 0, f"{row.spurious} spurious errors: {row.detail}; {row.errors}"
+    assert row.lost == 0, f"{row.lost} locks lost: {row.detail}"
+    assert row.overlaps in (None, 0), f"{row.overlaps} overlapping holds: {row.detail}"
+
+
+def only(rows: list[load.Row]) -> load.Row:
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_uncontended_cycles_under_cpu_burners_never_fail():
+    """a: 10,000 acquire+release cycles of a free key on 3 nodes, 2 x cores burners beside."""
+    row = only(load.scenario_a(cycles=10_000, baseline_cycles=0, node_counts=(3,)))
+    assert row.condition == "burners"
+    dependable(row)
+    assert row.rate is not None and row.rate > 0
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_a_thousand_renewed_locks_survive_a_loaded_host():
+    """c: 1,000 auto-renewed locks (ttl 5-6 s) held 15 s in one process under burners: the
+    watchdog keeps every one, and every release is clean."""
+    row = only(load.scenario_c(1_000, 15.0, burners_only=True))
+    dependable(row)
+    assert row.extra["held"] == 1_000, row.detail
+    assert row.extra["release_errors"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_renewed_locks_outlive_one_paused_node_and_release_cleanly():
+    """d: one of three nodes SIGSTOPped 20 s while 2,000 renewed locks are held: two nodes are
+    a quorum, so none is lost; after the resume every lock releases without LockNotOwned or
+    LockLost; a probe taking another key meanwhile never gets a QuorumError."""
+    row = only(load.scenario_d(2_000, 20.0, baseline=False))
+    assert row.condition == "node paused 20 s"
+    dependable(row)
+    assert row.extra["held"] == 2_000, row.detail
+    assert row.extra["release_errors"] == 0
+    assert row.extra["probe_ops"] > 0, "the probe took no lock while the node was paused"
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_fifteen_percent_packet_loss_costs_time_not_correctness():
+    """e: 15 % emulated loss on every node for 10 s, four threads on two keys: late replies
+    are not a quorum failure, no lock is lost, and holders never overlap."""
+    row = only(load.scenario_e(10.0, levels=(0.15,)))
+    assert row.extra["chunks_lost"] > 0, "the proxy injected no loss"
+    assert row.n > 0, f"no lock was taken in 10 s: {row.detail}"
+    dependable(row)
+
+
+# -- the instrument ----------------------------------------------------------------------------
+
+
+@pytest.mark.load
+def test_overlaps_are_holds_of_one_key_that_begin_before_the_last_one_ended():
+    hold = load.Hold
+    in_turn = [hold("k", 0.0, 1.0, 1.1), hold("k", 1.0, 2.0, 2.1), hold("k", 2.5, 3.0, 3.0)]
+    assert load.count_overlaps(in_turn) == 0
+    assert load.count_overlaps([*in_turn, hold("k", 0.5, 0.6, 0.7)]) == 1
+    # A short hold inside a long one, then one after the short one but inside the long one.
+    nested = [hold("k", 0.0, 10.0, 10.0), hold("k", 1.0, 2.0, 2.0), hold("k", 3.0, 4.0, 4.0)]
+    assert load.count_overlaps(nested) == 2
+    assert load.count_overlaps([hold("a", 0.0, 5.0, 5.0), hold("b", 1.0, 2.0, 2.0)]) == 0
+
+
+@pytest.mark.load
+def test_the_harness_counts_each_lock_taken_away_as_lost_once(redis_cluster_factory):
+    """The ``lost`` column is not blind: five of forty renewed locks force-released by an
+    operator while held are counted, each once, and the other 35 release cleanly."""
+    cluster = redis_cluster_factory(3)
+    operator = load.Redlock(cluster.urls, key_prefix="taken")
+
+    removed = []
+
+    def take_five():
+        removed.extend(operator.force_release(f"r:{i}") for i in range(5))
+
+    try:
+        tally, info = load.renewed_hold(
+            cluster.urls, 40, 3.0, burners=False, prefix="taken", during=take_five
+        )
+    finally:
+        operator.close()
+    assert info["held"] == 40
+    assert len(removed) == 5 and min(removed) >= 2, removed  # each was on a quorum
+    assert sum(tally.lost.values()) == 5, tally.lost
+    assert sum(tally.spurious.values()) == 0, tally.first
+
+
+# -- the loss model ----------------------------------------------------------------------------
+
+
+class Draws(random.Random):
+    """A Random whose ``random()`` answers from a fixed list."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+@pytest.mark.load
+def test_a_lost_chunk_waits_one_rto_and_each_repeated_loss_doubles_it():
+    assert late_by(Draws([0.5]), 0.15) == (0.0, 0)
+    assert late_by(Draws([0.1, 0.5]), 0.15) == (RTO_MIN, 1)
+    extra, lost = late_by(Draws([0.1, 0.1, 0.1, 0.9]), 0.15)
+    assert lost == 3
+    assert extra == pytest.approx(RTO_MIN * (1 + 2 + 4))
+
+
+@pytest.mark.load
+@pytest.mark.parametrize(
+    ("loss", "delay", "error"),
+    [
+        (1.0, 0.0, ValueError),
+        (-0.1, 0.0, ValueError),
+        (0.1, -1.0, ValueError),
+        ("0.1", 0, TypeError),
+    ],
+)
+def test_a_link_setting_out_of_range_is_refused(loss, delay, error):
+    with pytest.raises(error, match="loss" if loss != 0.1 else "delay"):
+        check_link(loss, delay)
+
+
+@pytest.mark.load
+def test_the_lossy_proxy_delivers_every_byte_in_order_some_late_by_an_rto(redis_node):
+    """Through 30 % loss every command still gets its own reply (nothing dropped, nothing
+    reordered), and the losses show as round trips of at least one RTO."""
+    with LossyProxy((redis_node.host, redis_node.port), loss=0.3, seed=11) as proxy:
+        client = redis.Redis.from_url(proxy.url, socket_timeout=60, socket_connect_timeout=10)
+        try:
+            slow = 0
+            for i in range(15):
+                started = time.monotonic()
+                assert client.set(f"k{i}", "v" * i)
+                assert client.get(f"k{i}") == b"v" * i
+                slow += time.monotonic() - started >= RTO_MIN
+        finally:
+            client.close()
+        assert proxy.stats.lost > 0
+        assert slow > 0
