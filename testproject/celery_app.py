@@ -29,6 +29,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from celery import Celery
 
+from django_redlock.celery import install
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
 
@@ -86,3 +88,4 @@ def configure(
 app = Celery("testproject", include=["testproject.tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 configure(app, broker_url())
+install(app)  # LockedTask's worker side (revokes, time limits, stopped pool processes)

@@ -93,7 +93,7 @@ critical = app.task(name="testproject.critical", **_COMMON)(_critical)
 critical_wait = app.task(
     name="testproject.critical_wait", on_locked="wait", lock_wait=20, **_COMMON
 )(_critical)
-#: on_locked="skip": ends in state SKIPPED when the key is busy.
+#: on_locked="skip": ends SUCCESS with result None when the key is busy (logged, signalled).
 critical_skip = app.task(name="testproject.critical_skip", on_locked="skip", **_COMMON)(_critical)
 #: on_locked="raise": fails with LockNotAcquired when the key is busy.
 critical_raise = app.task(name="testproject.critical_raise", on_locked="raise", **_COMMON)(

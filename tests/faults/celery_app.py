@@ -14,7 +14,7 @@ from typing import Any
 from celery import Celery
 
 from django_redlock import Redlock
-from django_redlock.celery import LockedTask
+from django_redlock.celery import LockedTask, install
 
 from .history import HistoryWriter
 
@@ -33,6 +33,7 @@ app.conf.update(
         "unacked_restore_throttle": 1,
     },
 )
+install(app)
 
 _redlock: Redlock | None = None
 
