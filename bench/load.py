@@ -577,7 +577,8 @@ def scenario_b(rounds: int, tasks: int, cycles: int) -> list[Row]:
 def _renewed_locks(rl: Redlock, prefix: str, count: int, seed: int) -> list[Any]:
     rng = random.Random(seed)
     return [
-        rl.lock(f"{prefix}:{i}", ttl=rng.uniform(*RENEWED_TTL), auto_renew=True)
+        # Acquired by one pool of threads, released by another: the bench is their one owner.
+        rl.lock(f"{prefix}:{i}", ttl=rng.uniform(*RENEWED_TTL), auto_renew=True, owner="bench")
         for i in range(count)
     ]
 

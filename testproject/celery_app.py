@@ -13,6 +13,8 @@ Environment (read here, so the Django settings file stays Celery-free):
     (of ``REDLOCK_CELERY_RESULTS`` when the broker is not Redis).
 ``REDLOCK_CELERY_RESULTS``
     a Redis URL for the result backend (db 1) and the recorder (db 2) with a RabbitMQ broker.
+``REDLOCK_CELERY_INSTALL``
+    ``0`` leaves out ``install(app)`` (default ``1``).
 ``REDLOCK_CELERY_VISIBILITY``
     the Redis transport's ``visibility_timeout`` in seconds (default 3600): how long an
     unacknowledged message (``acks_late`` task of a worker that died) waits before another
@@ -88,4 +90,7 @@ def configure(
 app = Celery("testproject", include=["testproject.tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 configure(app, broker_url())
-install(app)  # LockedTask's worker side (revokes, time limits, stopped pool processes)
+# LockedTask's worker side (revokes, time limits, stopped pool processes). The suite turns it
+# off (REDLOCK_CELERY_INSTALL=0) to show what a worker without it logs.
+if os.environ.get("REDLOCK_CELERY_INSTALL", "1") != "0":
+    install(app)

@@ -1002,6 +1002,7 @@ def test_a_worker_without_install_says_what_is_missing(
     run = Run()
     queue = f"bare-{uuid.uuid4().hex[:8]}"
     env = worker_env(redis_nodes.urls, celery_broker_node.url, celery_broker_node.url, 600)
+    env["REDLOCK_CELERY_INSTALL"] = "0"
     bare = WorkerProcess(tmp_path / "bare.log", env, queue, concurrency=1, include=None)
     try:
         bare.start()

@@ -130,6 +130,10 @@ def test_the_harness_counts_each_lock_taken_away_as_lost_once(redis_cluster_fact
 class Draws(random.Random):
     """A Random whose ``random()`` answers from a fixed list."""
 
+    # random.Random's constructor seeds from its argument, which a list cannot be.
+    def __new__(cls, values: list[float]) -> "Draws":
+        return super().__new__(cls, 0)
+
     def __init__(self, values: list[float]) -> None:
         super().__init__(0)
         self.values = list(values)
