@@ -131,7 +131,7 @@ class Draws(random.Random):
     """A Random whose ``random()`` answers from a fixed list."""
 
     # random.Random's constructor seeds from its argument, which a list cannot be.
-    def __new__(cls, values: list[float]) -> "Draws":
+    def __new__(cls, values: list[float]) -> Draws:
         return super().__new__(cls, 0)
 
     def __init__(self, values: list[float]) -> None:
