@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import redis
+
 from .nodes import (
     DRAIN_FOR,
     SENT_TWICE,
@@ -32,8 +34,8 @@ from .nodes import (
     WireError,
     as_bytes,
     as_eval,
+    connect_failure,
     fold,
-    handshake,
     os_failure,
     parse_reply,
     reply_failure,
@@ -100,6 +102,8 @@ class AsyncWire(asyncio.Protocol):
         self.owed: deque[Due] = deque()
         self.push: Callable[[Any], None] | None = None
         self.on_lost: Callable[[AsyncWire], None] | None = None
+        #: The stream writer redis-py opened the connection with (see :func:`open_wire`).
+        self.stream: asyncio.StreamWriter | None = None
 
     # protocol callbacks
 
@@ -266,14 +270,15 @@ def settle(future: asyncio.Future[Any], value: Any) -> None:
 
 
 async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float) -> AsyncWire:
-    """Connect and shake hands (AUTH, SELECT, INFO server for the run id) within ``timeout``
-    seconds. Raises :class:`WireError` (at once while the node is unreachable: see
+    """Connect through ``redis.asyncio`` (TLS with every ``ssl_*`` option, AUTH, SELECT as
+    redis-py does them) and ask INFO for the run id, within ``timeout`` seconds. Raises
+    :class:`WireError` (at once while the node is unreachable: see
     :meth:`.nodes.Node.connect`); cancelling aborts the connection."""
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
     try:
-        return await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
+        return await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
     except asyncio.TimeoutError:
         node.went_silent()
         raise WireError(NOT_CONNECTED) from None
@@ -283,49 +288,41 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
         raise
 
 
-async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire:
-    params = node.params
-    wire: AsyncWire | None = None
+async def _connect_and_shake_hands(
+    node: Node, loop: asyncio.AbstractEventLoop, timeout: float
+) -> AsyncWire:
+    conn = node.connection(timeout, asyncio=True)
     try:
-
-        def protocol() -> AsyncWire:
-            return AsyncWire(loop, node.later)
-
-        if "path" in params:
-            _, wire = await loop.create_unix_connection(protocol, params["path"])
-        elif params.get("ssl"):
-            _, wire = await loop.create_connection(
-                protocol,
-                params["host"],
-                params["port"],
-                ssl=node.ssl_context(),
-                server_hostname=params["host"],
-            )
-        else:
-            _, wire = await loop.create_connection(protocol, params["host"], params["port"])
-        replies = []
-        for waiter in wire.request_many(handshake(params)):
-            reply = await waiter
-            if isinstance(reply, OSError):
-                raise reply
-            replies.append(reply)
-        wire.run_id, wire.started = server_of(replies)
-        wire.run_id_arg = bulk(wire.run_id)
-        return wire
-    except WireError:
-        if wire is not None:
-            wire.abort()
+        await conn.connect()
+        await conn.send_command("INFO", "server")
+        run_id, started = server_of([await conn.read_response()])
+        # The connected transport is handed to an AsyncWire: replies are parsed as they
+        # arrive and handed to the fan-out's callbacks, with no read task per connection.
+        writer = conn._writer
+        assert writer is not None
+        transport = writer.transport
+        conn._reader = conn._writer = None
+        wire = AsyncWire(loop, node.later)
+        # Kept with the wire: a stream writer closes its transport when it is collected.
+        wire.stream = writer
+        transport.set_protocol(wire)
+        wire.connection_made(transport)
+    except BaseException as exc:
+        _abort(conn)
+        if isinstance(exc, (redis.RedisError, OSError)) and not isinstance(exc, WireError):
+            raise WireError(connect_failure(exc)) from None
         raise
-    except OSError as exc:
-        if wire is not None:
-            wire.abort()
-        if isinstance(exc, TimeoutError):
-            raise WireError(NOT_CONNECTED) from None
-        raise WireError(os_failure(exc)) from None
-    except BaseException:
-        if wire is not None:
-            wire.abort()
-        raise
+    wire.run_id, wire.started = run_id, started
+    wire.run_id_arg = bulk(run_id)
+    return wire
+
+
+def _abort(conn: Any) -> None:
+    """Close a redis.asyncio connection that failed to open, without awaiting."""
+    writer = getattr(conn, "_writer", None)
+    if writer is not None:
+        writer.transport.abort()
+    conn._reader = conn._writer = None
 
 
 def parse_info(raw: Any) -> dict[str, Any]:

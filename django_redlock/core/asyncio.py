@@ -214,6 +214,8 @@ class AsyncRedlock(RedlockBase):
     renewal task) and several threads; it is fork-safe like the sync client.
     """
 
+    asyncio_transport = True
+
     lock_class = AsyncLock
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -380,6 +380,9 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
     #: The handle class :meth:`lock` returns.
     lock_class: type[LockBase] = LockBase
+    #: Whether the nodes' connections are ``redis.asyncio``'s (an option they cannot honour
+    #: is refused when the client is built).
+    asyncio_transport = False
 
     def __init__(
         self,
@@ -420,7 +423,9 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         #: A fair lock's waiter that stops refreshing its place for this long is dropped.
         self.fair_heartbeat = check_positive("fair_heartbeat", fair_heartbeat)
         self.meta = details
-        self.nodes: list[Node] = make_nodes(nodes, node_timeout=self.node_timeout)
+        self.nodes: list[Node] = make_nodes(
+            nodes, node_timeout=self.node_timeout, asyncio=self.asyncio_transport
+        )
         self.quorum = len(self.nodes) // 2 + 1
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
