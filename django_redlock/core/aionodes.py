@@ -31,18 +31,19 @@ from .nodes import (
     Node,
     Pipelined,
     ProtocolError,
+    ReplyError,
     WireError,
     as_bytes,
     as_eval,
     connect_failure,
     fold,
     os_failure,
-    parse_reply,
+    pack_many,
+    reader,
     reply_failure,
     server_of,
     unfinished,
 )
-from .resp import Incomplete, ReplyError, bulk, encode
 
 __all__ = [
     "NOT_CONNECTED",
@@ -83,10 +84,9 @@ class AsyncWire(asyncio.Protocol):
         #: The node's :attr:`.nodes.Node.later`: what must still reach it if this is cut.
         self.later = later
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
+        #: hiredis's parser: replies are handed on as soon as they are whole.
+        self.reader = reader()
         self.run_id = ""
-        #: The run id as a RESP argument (every acquire sends it).
-        self.run_id_arg = b""
         #: As :attr:`.nodes.Wire.started`.
         self.started = 0.0
         #: As :attr:`.nodes.Wire.vote_marker`.
@@ -116,12 +116,10 @@ class AsyncWire(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos = 0
+        parser = self.reader
+        parser.feed(data)
         try:
-            while pos < len(buf):
-                value, pos = parse_reply(buf, pos)
+            while (value := parser.gets()) is not False:
                 if self.push is not None:
                     self.push(value)
                 elif self.waiters:
@@ -130,13 +128,9 @@ class AsyncWire(asyncio.Protocol):
                         self.close()  # given up, and now everything is answered
                 else:
                     raise ProtocolError("a reply nobody asked for")
-        except Incomplete:
-            pass
         except ProtocolError as exc:
             # Out of step with the node: this connection can never be trusted again.
             self.abort(exc)
-            return
-        del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         error = (
@@ -200,7 +194,7 @@ class AsyncWire(asyncio.Protocol):
                 future.set_result(ConnectionResetError("connection closed"))
             return futures
         self.waiters.extend(functools.partial(settle, f) for f in futures)
-        self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
+        self.transport.write(pack_many(commands))  # type: ignore[union-attr]
         return futures
 
     def send_unowned(self, command: bytes) -> None:
@@ -313,7 +307,6 @@ async def _connect_and_shake_hands(
             raise WireError(connect_failure(exc)) from None
         raise
     wire.run_id, wire.started = run_id, started
-    wire.run_id_arg = bulk(run_id)
     return wire
 
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import urlsplit
 
+import hiredis
 import redis
 from redis.connection import parse_url as _parse_url
 
 from .process import ThisProcess
 from .reconnect import reconnector
-from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
@@ -36,11 +36,13 @@ __all__ = [
     "TIMED_OUT",
     "Due",
     "Failure",
+    "Incomplete",
     "Node",
     "NodeSpec",
     "Owing",
     "Pipelined",
     "ProtocolError",
+    "ReplyError",
     "Wire",
     "WireError",
     "as_bytes",
@@ -54,12 +56,16 @@ __all__ = [
     "node_identity",
     "not_redis",
     "os_failure",
+    "pack",
+    "pack_many",
     "parse_spec",
     "reached",
+    "reader",
     "redact",
     "reply_failure",
     "script_command",
     "server_of",
+    "unpack",
 ]
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
@@ -100,12 +106,46 @@ def os_failure(exc: OSError) -> Failure:
     return Failure("refused", exc.strerror or str(exc))
 
 
-def parse_reply(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
-    """:func:`parse`, with garbage reported as :class:`ProtocolError`."""
-    try:
-        return parse(buf, pos)
-    except ValueError as exc:
-        raise ProtocolError(str(exc) or repr(bytes(buf[pos : pos + 20]))) from None
+class ReplyError(Exception):
+    """An error reply (``-ERR ...``), returned as a value rather than raised mid-fan-out."""
+
+    @property
+    def code(self) -> str:
+        return str(self).split(" ", 1)[0]
+
+
+class Incomplete(Exception):
+    """A connection has not received a whole reply yet."""
+
+
+def reader() -> hiredis.Reader:
+    """hiredis's RESP parser (the one redis-py uses) for one connection: replies as bytes,
+    error replies as :class:`ReplyError` values, garbage as :class:`ProtocolError`."""
+    return hiredis.Reader(protocolError=ProtocolError, replyError=ReplyError)
+
+
+#: redis-py's command packer (hiredis's encoder) for commands built before a connection is
+#: chosen (most go to every node alike, encoded once). A connection that is never opened.
+_PACKER: Any = redis.connection.Connection()  # type: ignore[no-untyped-call]
+
+
+def pack(command: Sequence[Any]) -> bytes:
+    """One command, encoded by redis-py."""
+    return b"".join(_PACKER.pack_command(*command))
+
+
+def pack_many(commands: Iterable[Sequence[Any]]) -> bytes:
+    """Several commands in one buffer (one write), encoded by redis-py."""
+    return b"".join(_PACKER.pack_commands(commands))
+
+
+def unpack(data: bytes) -> list[Any]:
+    """The arguments of an encoded command (hiredis reads a command as the array it is)."""
+    parser = hiredis.Reader()
+    parser.feed(data)
+    args = parser.gets()
+    assert isinstance(args, list), "not an encoded command"
+    return args
 
 
 class Pipelined:
@@ -206,9 +246,11 @@ class Wire:
     """
 
     def __init__(self, node: Node, timeout: float) -> None:
-        self.buf = bytearray()
+        #: The replies that have arrived, parsed by hiredis as they come.
+        self.reader = reader()
+        #: Replies taken of a :class:`Pipelined` command still waiting for the rest.
+        self.partial: list[Any] = []
         self.run_id = ""
-        self.run_id_arg = b""
         #: When the server started (``time.time()``; see :func:`server_of`).
         self.started = 0.0
         #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
@@ -242,8 +284,6 @@ class Wire:
                 raise WireError(connect_failure(exc)) from None
             raise
         self.sock: socket.socket = sock
-        #: The run id as a RESP argument (every acquire sends it).
-        self.run_id_arg = bulk(self.run_id)
         sock.settimeout(0)
         #: Kept: the fan-out looks it up per reply, and a closed socket's would be -1.
         self.fd = sock.fileno()
@@ -272,45 +312,35 @@ class Wire:
             with contextlib.suppress(*_FULL):
                 rest = rest[sock.send(rest) :]
 
-    def read_blocking(self) -> Any:
-        while True:
-            try:
-                value, pos = parse_reply(self.buf)
-            except Incomplete:
-                data = self.sock.recv(65536)
-                if not data:
-                    raise ConnectionResetError("connection closed by the node") from None
-                self.buf += data
-                continue
-            del self.buf[:pos]
-            return value
-
     def feed(self) -> None:
-        """Move what has arrived on the socket into the buffer (never blocks)."""
+        """Hand what has arrived on the socket to the parser (never blocks)."""
         try:
             data = self.sock.recv(65536)
         except (BlockingIOError, ssl.SSLWantReadError):
             return
         if not data:
             raise ConnectionResetError("connection closed by the node")
-        self.buf += data
+        self.reader.feed(data)
 
     def take(self) -> Any:
-        """The next whole reply in the buffer; raises :class:`Incomplete` if there is none
+        """The next whole reply; raises :class:`Incomplete` if there is none
         (:class:`ProtocolError` for garbage)."""
-        value, pos = parse_reply(self.buf)
-        del self.buf[:pos]
+        value = self.reader.gets()
+        if value is False:
+            raise Incomplete
         return value
 
     def take_many(self, count: int) -> list[Any]:
-        """The next ``count`` whole replies, or :class:`Incomplete` (nothing taken) until all
-        of them are in the buffer."""
-        values, pos = [], 0
-        for _ in range(count):
-            value, pos = parse_reply(self.buf, pos)
-            values.append(value)
-        del self.buf[:pos]
-        return values
+        """The next ``count`` whole replies, or :class:`Incomplete` until all of them are in
+        (those already in are kept for the next call)."""
+        partial = self.partial
+        while len(partial) < count:
+            value = self.reader.gets()
+            if value is False:
+                raise Incomplete
+            partial.append(value)
+        self.partial = []
+        return partial
 
     def settle(self) -> None:
         """Fold every whole reply in the buffer into the :class:`Due` it answers, oldest
@@ -813,6 +843,15 @@ def connection_args(
         kwargs.pop(name, None)
     # The lock commands' replies are read as RESP2 (redis-py itself may default to RESP3).
     kwargs["protocol"] = 2
+    # A new connection's CLIENT SETINFO costs it a round trip before its first lock command:
+    # sent only when asked for.
+    if not {"lib_name", "lib_version", "driver_info"} & set(options):
+        kwargs.pop("lib_name", None)
+        kwargs.pop("lib_version", None)
+        if "driver_info" in accepted:  # redis-py 7.1+: the others are deprecated
+            kwargs["driver_info"] = None
+        else:
+            kwargs["lib_name"] = kwargs["lib_version"] = None
     return cls, kwargs
 
 
@@ -909,7 +948,7 @@ def as_bytes(command: Sequence[Any] | bytes | Pipelined) -> bytes:
         return command
     if isinstance(command, Pipelined):
         return command.data
-    return encode(command)
+    return pack(command)
 
 
 def eval_form(command: Sequence[Any] | bytes | Pipelined) -> list[Any]:
@@ -917,14 +956,14 @@ def eval_form(command: Sequence[Any] | bytes | Pipelined) -> list[Any]:
     or flushed its script cache; this also caches the script again)."""
     if isinstance(command, Pipelined):
         command = command.data
-    args = list(parse(command)[0] if isinstance(command, bytes) else command)
+    args = unpack(command) if isinstance(command, bytes) else list(command)
     sha = args[1].decode() if isinstance(args[1], bytes) else args[1]
     return ["EVAL", BODIES[sha], *args[2:]]
 
 
 def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
     """:func:`eval_form`, encoded."""
-    return encode(eval_form(command))
+    return pack(eval_form(command))
 
 
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out): the
