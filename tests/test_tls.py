@@ -21,7 +21,7 @@ from django_redlock import QuorumError, Redlock
 from django_redlock.core.asyncio import AsyncRedlock
 from django_redlock.testing import RedisNode
 
-NODE_TIMEOUT = 0.5  # TLS handshakes on a loaded machine
+NODE_TIMEOUT = 2.0  # TLS handshakes on a loaded machine (a refusal comes at once)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def _specs(ports: list[int], **options) -> list[dict]:
 
 def _works(specs: list[dict]) -> None:
     """A full lock cycle, ``live_locks`` and ``health`` succeed, sync and async."""
-    rl = Redlock(specs, node_timeout=NODE_TIMEOUT)
+    rl = Redlock(specs, node_timeout=NODE_TIMEOUT, ttl=30.0)
     try:
         lock = rl.lock("tls")
         assert lock.acquire(blocking=False) is True
@@ -160,12 +160,17 @@ def _refused(specs: list[dict], *why: str) -> None:
 
 
 def test_a_certificate_for_another_host_is_refused_by_default(wrong_host, pki) -> None:
-    holder = Redlock(_specs(wrong_host, ssl_ca_certs=pki.ca_file, ssl_check_hostname=False))
+    holder = Redlock(
+        _specs(wrong_host, ssl_ca_certs=pki.ca_file, ssl_check_hostname=False),
+        node_timeout=NODE_TIMEOUT,
+    )
     try:
         held = holder.lock("held-elsewhere", ttl=30)
         assert held.acquire(blocking=False)
-        _refused(_specs(wrong_host, ssl_ca_certs=pki.ca_file), "match")
-        held.release()
+        try:
+            _refused(_specs(wrong_host, ssl_ca_certs=pki.ca_file), "match")
+        finally:
+            held.release()
     finally:
         holder.close()
 

@@ -124,19 +124,29 @@ def reader() -> hiredis.Reader:
     return hiredis.Reader(protocolError=ProtocolError, replyError=ReplyError)
 
 
-#: redis-py's command packer (hiredis's encoder) for commands built before a connection is
-#: chosen (most go to every node alike, encoded once). A connection that is never opened.
-_PACKER: Any = redis.connection.Connection()  # type: ignore[no-untyped-call]
-
-
 def pack(command: Sequence[Any]) -> bytes:
-    """One command, encoded by redis-py."""
-    return b"".join(_PACKER.pack_command(*command))
+    """One command, encoded by hiredis (redis-py's packer with hiredis installed, called
+    directly: this runs for every command sent). Arguments are str, bytes or numbers (a bool
+    as 0/1, as redis-py's own packer does not take it)."""
+    try:
+        return hiredis.pack_command(tuple(command))  # type: ignore[no-any-return]
+    except TypeError:
+        return hiredis.pack_command(tuple(_arg(a) for a in command))  # type: ignore[arg-type,no-any-return]
+
+
+def _arg(arg: Any) -> str | bytes | int | float:
+    if isinstance(arg, (bytearray, memoryview)):
+        return bytes(arg)
+    if isinstance(arg, bool):
+        return int(arg)
+    if isinstance(arg, (str, bytes, int, float)):
+        return arg
+    raise TypeError(f"a command argument must be str, bytes or a number, got {arg!r}")
 
 
 def pack_many(commands: Iterable[Sequence[Any]]) -> bytes:
-    """Several commands in one buffer (one write), encoded by redis-py."""
-    return b"".join(_PACKER.pack_commands(commands))
+    """Several commands in one buffer (one write)."""
+    return b"".join([pack(c) for c in commands])
 
 
 def unpack(data: bytes) -> list[Any]:
