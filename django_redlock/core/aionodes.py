@@ -1,7 +1,8 @@
 """Connections to the nodes for the asyncio client (the twin of :mod:`.nodes`).
 
-Each node gets lean connections (an :class:`asyncio.Protocol` parsing RESP with the sans-IO
-:mod:`.resp`, the same handshake as the sync ``Wire``: AUTH, SELECT, INFO for the run id). A
+Each node gets connections opened by ``redis.asyncio`` (TLS, AUTH, SELECT as redis-py does
+them, then INFO for the run id), whose transport is then driven by an :class:`asyncio.Protocol`
+that hands hiredis's parsed replies to the fan-out's callbacks (no read task per connection). A
 fan-out writes the command to every node, then waits for the replies at once with one
 deadline (``node_timeout``), or until a quorum granted an acquire or removed a released key;
 a connection whose reply did not come in time is given up (after the undo of what it

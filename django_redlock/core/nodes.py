@@ -1,5 +1,13 @@
-"""Connections to the Redis nodes: lean sockets for lock commands (:class:`Wire`), the replies
-each one owes (:class:`Due`), and one :class:`Node` per server with its pool.
+"""Connections to the Redis nodes: lock connections (:class:`Wire`), the replies each one owes
+(:class:`Due`), and one :class:`Node` per server with its pool.
+
+Every connection is opened by redis-py's connection classes, from redis-py's parsing of the
+node's URL with its OPTIONS on top (:func:`connection_args`), so TLS, credentials and every
+other option mean what they mean in redis-py. Commands are packed by hiredis (:func:`pack`,
+redis-py's packer when hiredis is installed) and replies parsed by hiredis's ``Reader``
+(:func:`reader`); the fan-out waits on the sockets itself (:mod:`.fanout`), non-blocking,
+because redis-py's ``read_response`` blocks until a whole reply is in. Where a connection's
+address is chosen: :meth:`Node.connection`.
 
 Idle connections are kept per node in a lock-free deque, so threads share them without
 contention, and a forked child opens its own. The fan-out over them is :mod:`.fanout`.
@@ -517,7 +525,7 @@ def reply_failure(reply: ReplyError) -> Failure:
 
 
 class Node:
-    """One independent Redis server: lean sockets for lock commands, and a redis-py client
+    """One independent Redis server: pooled connections for lock commands, and a redis-py client
     for listing, health and pub/sub."""
 
     def __init__(self, spec: NodeSpec, *, node_timeout: float, asyncio: bool = False) -> None:
