@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.credentials import UsernamePasswordCredentialProvider
+from redis.retry import Retry
 
 from django_redlock import Redlock
 from django_redlock.core.asyncio import AsyncRedlock
@@ -98,3 +101,11 @@ def test_a_client_node_lends_its_client_name(redis_nodes) -> None:
         rl.close()
         for client in clients:
             client.close()
+
+
+def test_a_sync_retry_is_refused_for_the_asyncio_client() -> None:
+    """redis.asyncio awaits its ``Retry``: a sync one would fail at the first connection."""
+    spec = {"URL": "redis://127.0.0.1:6399/0", "OPTIONS": {"retry": Retry(NoBackoff(), 1)}}
+    Redlock([spec]).close()
+    with pytest.raises(ValueError, match="retry"):
+        AsyncRedlock([spec])

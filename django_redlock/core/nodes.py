@@ -859,6 +859,13 @@ def connection_args(
             )
     for name in ("socket_timeout", "socket_connect_timeout", "decode_responses"):
         kwargs.pop(name, None)
+    if asyncio and kwargs.get("retry") is not None:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        if not isinstance(kwargs["retry"], AsyncRetry):
+            raise ValueError(
+                "node OPTIONS 'retry' must be a redis.asyncio.retry.Retry for an asyncio client"
+            )
     # The lock commands' replies are read as RESP2 (redis-py itself may default to RESP3).
     kwargs["protocol"] = 2
     # A new connection's CLIENT SETINFO costs it a round trip before its first lock command:
