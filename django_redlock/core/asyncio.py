@@ -171,7 +171,7 @@ class AsyncLock(LockBase):
         calling task is not the one that took it) and :class:`LockLost` if we knew it was
         lost. A cancelled caller still has the release finished in the background."""
         lease = self._take_lease(self._owner())
-        self._lease = None
+        self._drop_hold()
         return self.redlock._release(lease)
 
     def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
