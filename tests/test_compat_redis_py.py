@@ -437,3 +437,27 @@ def test_row_async_extend_re_arms(redis_nodes) -> None:
             await r.aclose()
 
     asyncio.run(main())
+
+
+# --- django-redis ``cache.lock`` (redis-py's Lock through Django's cache) -------------------------
+
+
+def test_row_django_redis_lease_above_max_ttl(redlock_settings, settings) -> None:
+    """``cache.lock(key, timeout=600)`` -> ``locked(key, ttl=600)`` needs ``REDLOCK["MAX_TTL"]``
+    of 600 or more: beyond ``MAX_TTL`` (the larger of ``TTL`` and 60 s) it is a
+    ``ValueError``, raised when the lock is taken (the call), not when the code is imported."""
+    from django_redlock import locked
+
+    @locked("rebuild-index", ttl=600)
+    def rebuild() -> str:
+        return "done"
+
+    with pytest.raises(ValueError, match="max_ttl"):
+        rebuild()
+    with pytest.raises(ValueError, match="max_ttl"):
+        with locked("rebuild-index", ttl=600):
+            pass
+    settings.REDLOCK = {**redlock_settings, "MAX_TTL": 600}
+    assert rebuild() == "done"
+    with locked("rebuild-index", ttl=600) as lock:
+        assert 590 < lock.validity <= 600
