@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from pottery import Redlock as PotteryRedlock
 from django_redlock import AsyncRedlock, LockNotAcquired, LockNotOwned, QuorumError, Redlock
 from django_redlock.testing import RedisCluster
 from tests.backends.cases import run_owned
+from tests.compat_rows import assert_rows_match
 from tests.helpers import node_client, pttls_on_nodes, tokens_on_nodes, wait_until
 
 
@@ -148,7 +150,7 @@ def test_row_with_blocks_or_raises(masters, rl, make_redlock, redis_nodes) -> No
 
 
 def test_row_locked_is_validity(masters, rl) -> None:
-    """``printer.locked()``: seconds of the lease left (pottery 3; milliseconds in 2.x), 0
+    """``printer.locked()``: seconds of the lease left (pottery 3), 0
     when not held by this handle -> ``lock.validity`` (seconds, local clock, no round trip)
     and ``lock.check()`` (asks the nodes); ``rl.locked(name)`` tells whether *anyone* holds
     it."""
@@ -390,3 +392,8 @@ def test_row_aioredlock_is_asyncredlock(redis_nodes) -> None:
                 await m.aclose()
 
     asyncio.run(main())
+
+
+def test_every_row_of_the_guide_is_a_test_here() -> None:
+    """The guide's table and this file name each other, row for test."""
+    assert_rows_match(sys.modules[__name__], "pottery")

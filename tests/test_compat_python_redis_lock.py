@@ -5,6 +5,7 @@ on three, side by side, so both columns of the table are checked, differences in
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import redis_lock
 from django_redlock import LockLost, LockNotAcquired, LockNotOwned, Redlock
 from django_redlock.testing import RedisCluster
 from tests.backends.cases import run_owned
+from tests.compat_rows import assert_rows_match
 from tests.helpers import node_client, pttls_on_nodes, tokens_on_nodes, wait_until
 
 
@@ -311,3 +313,8 @@ def test_row_one_node_becomes_a_quorum(redis_cluster_factory, make_redlock) -> N
     assert make_redlock(cluster).lock("job").acquire(blocking=False) is False
     assert ours.check()
     ours.release()
+
+
+def test_every_row_of_the_guide_is_a_test_here() -> None:
+    """The guide's table and this file name each other, row for test."""
+    assert_rows_match(sys.modules[__name__], "python-redis-lock")

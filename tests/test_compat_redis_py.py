@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 from django_redlock import AsyncRedlock, LockLost, LockNotAcquired, LockNotOwned, Redlock
 from django_redlock.testing import RedisCluster
 from tests.backends.cases import run_owned
+from tests.compat_rows import assert_rows_match
 from tests.helpers import node_client, pttls_on_nodes, tokens_on_nodes, wait_until
 
 
@@ -461,3 +463,8 @@ def test_row_django_redis_lease_above_max_ttl(redlock_settings, settings) -> Non
     assert rebuild() == "done"
     with locked("rebuild-index", ttl=600) as lock:
         assert 590 < lock.validity <= 600
+
+
+def test_every_row_of_the_guide_is_a_test_here() -> None:
+    """The guide's table and this file name each other, row for test."""
+    assert_rows_match(sys.modules[__name__], "redis-py ``Lock``", "django-redis ``cache.lock``")
