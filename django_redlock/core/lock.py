@@ -292,7 +292,11 @@ class Lock(LockBase):
         self._release_as(self._owner())
 
     def extend(self, ttl: float | None = None) -> bool:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum: the
+        lease then ends ``ttl`` from now (redis-py's ``extend`` adds to what is left). False
+        when it could not be re-armed on a quorum (when the nodes no longer hold our token,
+        the handle is also marked lost); another owner's call raises :class:`LockNotOwned`
+        and sends nothing."""
         return self._extend_as(self._owner(), ttl)
 
     # For adapters that run these in a worker thread for the owner that called them (the
