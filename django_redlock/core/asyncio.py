@@ -436,14 +436,10 @@ class AsyncRedlock(RedlockBase):
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
         state = self._state()
-        first: Refusal | None = None
-        if blocking and not handle.fair and handle.name not in state.queues:
-            alone = await self._drive(self._alone_steps(handle, owner, start))
-            if isinstance(alone, Lease):
-                if alone.auto_renew:
-                    await state.notices.ready()
-                return alone
-            first = alone
+        # Every blocking acquire lines up, the first of a name included (it finds the line
+        # empty and goes on at once): tasks are started faster than an attempt answers, so
+        # a first attempt made outside the line would be made by every task at once, each
+        # on connections of its own (a thousand tasks on one name: a thousand per node).
         queue = self._join_queue(state, handle.name) if blocking else None
         if queue is not None:
             try:
@@ -453,13 +449,11 @@ class AsyncRedlock(RedlockBase):
                 raise
             if not entered:
                 self._drop_queue(state, handle.name, queue)
-                self._give_up(
-                    handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
-                )
+                self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
                 return None
         try:
             lease = await self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, retries, start, first)
+                self._contend_steps(handle, owner, blocking, deadline, retries, start)
             )
             if lease is not None and lease.auto_renew:
                 # Its force-release watch is subscribed before the holder goes on.
