@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 
-import pytest
-
 from django_redlock import AsyncRedlock
 
 
@@ -52,3 +50,123 @@ def test_async_waiters_on_one_name_share_the_connections_and_are_served_in_turn(
     assert served == list(range(tasks))  # FIFO: each in turn, nobody skipped
     # Today's cost per node: one lock connection, one subscriber connection; a few to spare.
     assert peak - before <= 4 * len(redis_nodes), (before, peak)
+
+
+def _net_in(cluster) -> int:
+    return sum(int(node.info("stats")["total_net_input_bytes"]) for node in cluster)
+
+
+def test_a_release_is_an_evalsha_and_costs_the_digest_not_the_body(
+    redis_nodes, make_redlock, node_calls
+) -> None:
+    """Every release is one EVALSHA per node, no EVAL; what the nodes read per release is
+    the EVALSHA's size, not the EVAL's (the body is 194 bytes; the digest 40)."""
+    from django_redlock.core.nodes import as_eval
+
+    rl = make_redlock(redis_nodes, node_timeout=1.0)
+    with rl.lock("warm"):  # connections opened, scripts loaded: not what is counted
+        pass
+    rl.locked("warm")  # reads what the warm-up left owing (a NOSCRIPT, and its body's answer)
+    rl.locked("warm")
+    count = 50
+    locks = [rl.lock(f"held:{i:03}", ttl=30) for i in range(count)]
+    for lock in locks:
+        assert lock.acquire()
+    calls, read = node_calls(redis_nodes), _net_in(redis_nodes)
+    for lock in locks:
+        lock.release()
+    after, read_after = node_calls(redis_nodes), _net_in(redis_nodes)
+    for before, now in zip(calls, after, strict=True):
+        assert now.get("evalsha", 0) - before.get("evalsha", 0) == count
+        assert now.get("eval", 0) - before.get("eval", 0) == 0
+    sha_form = len(rl._release_command("held:000", locks[0].token or "t" * 32))
+    body_form = len(as_eval(rl._release_command("held:000", "t" * 32)))
+    # The nodes also read the INFO commands that read these counters (tens of bytes each).
+    per_release = (read_after - read) / count / len(redis_nodes)
+    assert sha_form <= per_release < (sha_form + body_form) / 2, (per_release, sha_form, body_form)
+
+
+def test_a_node_that_lost_its_scripts_still_releases(redis_nodes, make_redlock, node_calls) -> None:
+    """SCRIPT FLUSH on every node while a lock is held: the release's NOSCRIPT is followed by
+    the body on the same connection, the key is gone everywhere, and the next release is an
+    EVALSHA again."""
+    rl = make_redlock(redis_nodes, node_timeout=1.0)
+    lock = rl.lock("flushed", ttl=30)
+    assert lock.acquire()
+    for client in redis_nodes.clients():
+        client.script_flush()
+    before = node_calls(redis_nodes)
+    lock.release()
+    clients = redis_nodes.clients()
+    assert sum(client.exists("redlock:lock:flushed") for client in clients) <= 1  # a quorum
+    # A node the release did not wait for gets the body when its answer is read, by the next
+    # operation that uses the connection (the second one reads the body's answer).
+    rl.locked("other")
+    rl.locked("other")
+    assert not any(client.exists("redlock:lock:flushed") for client in clients)
+    with rl.lock("flushed", ttl=30):
+        pass
+    after = node_calls(redis_nodes)
+    for was, now in zip(before, after, strict=True):
+        assert now.get("eval", 0) - was.get("eval", 0) == 1  # the first release's body, once
+        assert now.get("evalsha", 0) - was.get("evalsha", 0) == 2
+
+
+def test_a_late_node_that_lost_its_scripts_runs_the_release_it_was_left_owing(
+    redis_nodes, make_redlock
+) -> None:
+    """One node paused (CLIENT PAUSE) and without its scripts: the release ends at the
+    quorum of the other two, leaving that node's NOSCRIPT unread on the pooled connection;
+    the next operation that reads it sends the body there, behind it, and the key goes."""
+    rl = make_redlock(redis_nodes, node_timeout=0.3)
+    lock = rl.lock("late", ttl=30)
+    assert lock.acquire()
+    slow = redis_nodes[2].client()
+    slow.script_flush()
+    slow.execute_command("CLIENT", "PAUSE", 500, "ALL")
+    lock.release()  # a quorum removed it; node 2 answers after the pause
+    assert slow.exists("redlock:lock:late")  # the pause is over by the time this runs
+    rl.locked("other")  # reads what the connection owed: NOSCRIPT, then the body goes out
+    rl.locked("other")  # reads that one's answer
+    assert not slow.exists("redlock:lock:late")
+
+
+def test_asyncio_a_release_is_an_evalsha_and_a_late_noscript_still_releases(
+    redis_nodes, node_calls
+) -> None:
+    """The asyncio client: an EVALSHA per release; after SCRIPT FLUSH, with one node paused
+    past the release's quorum, the NOSCRIPT it was left owing is followed by the body on that
+    connection once it answers, and the key goes from every node."""
+
+    async def main() -> None:
+        rl = AsyncRedlock(redis_nodes.urls, node_timeout=0.3)
+        try:
+            async with rl.lock("warm"):
+                pass
+            # Scripts are flushed between tests: the warm-up's NOSCRIPT answers (and their
+            # bodies) are read by these, before anything is counted.
+            await rl.locked("warm")
+            await rl.locked("warm")
+            before = node_calls(redis_nodes)
+            async with rl.lock("async-cycle", ttl=30):
+                pass
+            after = node_calls(redis_nodes)
+            for was, now in zip(before, after, strict=True):
+                assert now.get("evalsha", 0) - was.get("evalsha", 0) == 1
+                assert now.get("eval", 0) - was.get("eval", 0) == 0
+            lock = rl.lock("async-late", ttl=30)
+            assert await lock.acquire()
+            for client in redis_nodes.clients():
+                client.script_flush()
+            slow = redis_nodes[2].client()
+            slow.execute_command("CLIENT", "PAUSE", 500, "ALL")
+            await lock.release()
+            clients = redis_nodes.clients()
+            assert slow.exists("redlock:lock:async-late")  # after the pause: NOSCRIPT, kept
+            await rl.locked("other")  # the NOSCRIPT answer is read as it comes: body sent
+            await rl.locked("other")
+            assert not any(client.exists("redlock:lock:async-late") for client in clients)
+        finally:
+            await rl.close()
+
+    asyncio.run(main())

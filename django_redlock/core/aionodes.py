@@ -201,7 +201,7 @@ class AsyncWire(asyncio.Protocol):
     def send_unowned(self, command: bytes) -> None:
         """Send a release or an undo no operation waits for; cut before it answered, it goes
         out with the next operation that reaches the node (as :attr:`.nodes.Due.again`)."""
-        self.send(command, functools.partial(_again_if_cut, self.later, command))
+        self.send(command, functools.partial(_again_if_cut, self, command))
 
     def undo_unwanted(self) -> None:
         """As :meth:`.nodes.Wire.undo_unwanted`."""
@@ -250,9 +250,15 @@ class AsyncWire(asyncio.Protocol):
 AsyncOwing = tuple[AsyncWire, Due]
 
 
-def _again_if_cut(later: deque[bytes], command: bytes, reply: Any) -> None:
+def _again_if_cut(wire: AsyncWire, command: bytes, reply: Any) -> None:
+    """The reply to a release or undo no operation waits for: cut before it answered, it
+    goes out with the next operation that reaches the node; ``NOSCRIPT`` (the node lost its
+    script cache), it goes again with its body on the same connection, behind what it
+    carries (it runs the same however late)."""
     if isinstance(reply, OSError):
-        later.append(command)
+        wire.later.append(command)
+    elif noscript(reply):
+        wire.send_unowned(as_eval(command))
 
 
 def noscript(reply: Any) -> bool:
@@ -604,7 +610,10 @@ class AsyncFanOut:
         due = self.owing.pop(index)
         wire.owed.remove(due)
         if noscript(reply):
-            return  # it did not run; run now, it could outlive what the fan-out decided
+            if due.again is not None:  # a release runs the same however late
+                wire.send_unowned(as_eval(due.again))
+            # Any other script did not run; run now, it could outlive what the fan-out decided.
+            return
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         # Read for what it tells the connection (a changed restart-guard marker).

@@ -43,12 +43,13 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
     return {**dict(zip(scripts.VALUE_FIELDS, header.split(" "), strict=True)), "meta": meta}
 
 
-#: The release is ``EVAL <RELEASE> 1 key token channel``: the body rather than its SHA: a
-#: release (or an undo) may be the last command a connection carries before nobody reads it
-#: for a while (an acquire and a release stop waiting at a quorum), so
-#: it must not depend on the node's script cache; a ``NOSCRIPT`` there would not be retried
-#: in time.
-_RELEASE_BODY = scripts.RELEASE.body
+#: The release is ``EVALSHA <RELEASE> 1 key token channel`` (its 40-character digest rather
+#: than its body on every release). A node that lost its script cache (restarted, or
+#: ``SCRIPT FLUSH``) answers ``NOSCRIPT``, and whoever reads that answer sends the body on the
+#: same connection, behind everything sent before: also when the release's operation ended
+#: without waiting for that node (a release runs the same however late: it deletes only its
+#: own token), so a late undo still follows the acquire it undoes.
+_RELEASE_HEAD = ("EVALSHA", scripts.RELEASE.sha, 1)
 
 
 class KeyLayout:
@@ -96,7 +97,7 @@ class KeyLayout:
 
     def _release_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token``, encoded (it runs on every release)."""
-        return pack(["EVAL", _RELEASE_BODY, 1, self._key(name), token, self._channel(name)])
+        return pack((*_RELEASE_HEAD, self._key(name), token, self._channel(name)))
 
     def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
         return script_command(

@@ -371,13 +371,19 @@ class Wire:
             reply = self.take() if entry.count == 1 else self.take_many(entry.count)
             due.popleft()
             if reply.__class__ is ReplyError:
-                if reply.code == "NOSCRIPT" and not entry.left:
-                    self.write(as_eval(entry.command))
+                if reply.code == "NOSCRIPT" and (not entry.left or entry.again is not None):
+                    # A release or an undo runs the same however late (it deletes only its
+                    # own token): it goes again, with its body, behind what this connection
+                    # carries, also when its operation ended.
+                    again = as_eval(entry.command if entry.again is None else entry.again)
+                    if entry.again is not None:
+                        entry.again = again
+                    self.write(again)
                     due.append(entry)
                     continue
-                # A script of an operation that ended did not run: running it now, after the
-                # operation decided without it (an acquire's lock may be released by now),
-                # would leave its effect behind.
+                # Any other script of an operation that ended did not run: running it now,
+                # after the operation decided without it (an acquire's lock may be released
+                # by now), would leave its effect behind.
                 reply = reply_failure(reply)
             entry.reply = fold(entry.command, self, reply)
             if entry.unwanted and entry.late is not None:
