@@ -492,7 +492,7 @@ def test_an_acquire_interrupted_after_its_win_gives_the_lease_back(
     def interrupted(name: bytes, listener: object) -> None:
         raise _Interrupted
 
-    rl._notices.watch = interrupted  # the last step of winning an auto-renewed lock
+    rl._notices.keep = interrupted  # the last step of winning an auto-renewed lock
     lock = rl.lock("won", auto_renew=True)
     with pytest.raises(_Interrupted):
         lock.acquire(blocking=False)

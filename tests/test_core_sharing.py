@@ -9,6 +9,7 @@ import asyncio
 import os
 
 from django_redlock import AsyncRedlock
+from tests.helpers import wait_until
 
 
 def _fds() -> int:
@@ -166,6 +167,72 @@ def test_asyncio_a_release_is_an_evalsha_and_a_late_noscript_still_releases(
             await rl.locked("other")  # the NOSCRIPT answer is read as it comes: body sent
             await rl.locked("other")
             assert not any(client.exists("redlock:lock:async-late") for client in clients)
+        finally:
+            await rl.close()
+
+    asyncio.run(main())
+
+
+def _subscribers(cluster) -> list[int]:
+    """Per node: the connections in pub/sub mode (CLIENT LIST flag ``P``)."""
+    return [
+        sum(1 for c in client.client_list() if "P" in c["flags"]) for client in cluster.clients()
+    ]
+
+
+def test_auto_renewed_locks_share_one_subscription_per_node(
+    redis_nodes, make_redlock, node_calls
+) -> None:
+    """200 auto-renewed locks held at once, then 50 taken one after another: each node sees
+    one subscriber connection and one SUBSCRIBE in all (not one per lock), nothing is
+    unsubscribed per release, and a force release still reaches its holder."""
+    rl = make_redlock(redis_nodes, node_timeout=1.0)
+    before = node_calls(redis_nodes)
+    locks = [rl.lock(f"renewed:{i:03}", ttl=30, auto_renew=True) for i in range(200)]
+    for lock in locks:
+        assert lock.acquire(blocking=False)
+    assert _subscribers(redis_nodes) == [1] * len(redis_nodes)
+    for lock in locks[1:]:
+        lock.release()
+    for i in range(50):
+        with rl.lock(f"one-by-one:{i}", ttl=30, auto_renew=True):
+            pass
+    after = node_calls(redis_nodes)
+    for was, now in zip(before, after, strict=True):
+        assert now.get("subscribe", 0) - was.get("subscribe", 0) == 1
+        assert now.get("unsubscribe", 0) - was.get("unsubscribe", 0) == 0
+    assert _subscribers(redis_nodes) == [1] * len(redis_nodes)
+    held = locks[0]
+    assert rl.force_release(held.name) == len(redis_nodes)
+    wait_until(lambda: not held.held)
+
+
+def test_asyncio_auto_renewed_locks_share_one_subscription_per_node(
+    redis_nodes, node_calls
+) -> None:
+    """The asyncio client: 200 auto-renewed locks of one loop, one SUBSCRIBE and one
+    subscriber connection per node; a force release still reaches its holder."""
+
+    async def main() -> None:
+        rl = AsyncRedlock(redis_nodes.urls, node_timeout=1.0)
+        try:
+            before = node_calls(redis_nodes)
+            locks = [rl.lock(f"arenewed:{i:03}", ttl=30, auto_renew=True) for i in range(200)]
+            for lock in locks:
+                assert await lock.acquire(blocking=False)
+            for lock in locks[1:]:
+                await lock.release()
+            after = node_calls(redis_nodes)
+            for was, now in zip(before, after, strict=True):
+                assert now.get("subscribe", 0) - was.get("subscribe", 0) == 1
+                assert now.get("unsubscribe", 0) - was.get("unsubscribe", 0) == 0
+            assert _subscribers(redis_nodes) == [1] * len(redis_nodes)
+            held = locks[0]
+            lost = asyncio.Event()
+            rl.listeners.append(lambda event: lost.set() if event.kind == "lost" else None)
+            assert await rl.force_release(held.name) == len(redis_nodes)
+            await asyncio.wait_for(lost.wait(), 10)
+            assert not held.held
         finally:
             await rl.close()
 

@@ -56,7 +56,7 @@ from .lock import Lease, LockBase
 from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
 from .renewal import BATCH_WINDOW
 from .validation import check_name, check_timeout
-from .waiting import HolderWatch
+from .waiting import HolderWatch, HolderWatches
 
 __all__ = ["AsyncLock", "AsyncRedlock"]
 
@@ -80,6 +80,8 @@ class LoopState(LoopPool):
         self.seq = itertools.count()
         self.renew_wake = Signal(loop)
         self.renewer: asyncio.Task[None] | None = None
+        #: The auto-renewed holders' force-release watches (subscribed at the first one).
+        self.holders: HolderWatches | None = None
         self.keeper = loop.create_task(self._keep(), name="redlock-connections")
 
     async def _keep(self) -> None:
@@ -582,11 +584,14 @@ class AsyncRedlock(RedlockBase):
     def _start_renewal(self, lease: Lease) -> None:
         state = self._state()
         self._renew_later(state, lease)
-        # A long holder hears an operator's force release at once (not at its next renewal).
-        name = self._channel(lease.name).encode()
+        # A long holder hears an operator's force release at once (not at its next renewal),
+        # on the holders' channel: subscribed once per node for all of this loop's holders.
         watch = HolderWatch(lease, self._mark_lost, self.quorum)
-        state.notices.watch(name, watch)
-        lease.unwatch = functools.partial(_on_loop, state.loop, state.notices.unwatch, name, watch)
+        if state.holders is None:
+            state.holders = HolderWatches()
+            state.notices.watch(self._holders_channel().encode(), state.holders)
+        state.holders.add(watch)
+        lease.unwatch = functools.partial(state.holders.remove, watch)
 
     def _renew_later(self, state: LoopState, lease: Lease) -> None:
         heapq.heappush(state.due, (time.monotonic() + lease.ttl / 3, next(state.seq), lease))

@@ -95,6 +95,11 @@ class KeyLayout:
     def _channel(self, name: str) -> str:
         return f"{self.key_prefix}:released:{name}"
 
+    def _holders_channel(self) -> str:
+        """Where a force release announces the token it removed, for the holder: one channel
+        for every lock, so a process's renewing holders need one subscription per node."""
+        return f"{self.key_prefix}:forced"
+
     def _release_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token``, encoded (it runs on every release)."""
         return pack((*_RELEASE_HEAD, self._key(name), token, self._channel(name)))
@@ -109,7 +114,9 @@ class KeyLayout:
     def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
         # With its body, as a release: a slow node runs it late, whatever its script cache.
         return eval_command(
-            scripts.FORCE_RELEASE, [self._key(check_name(name))], [self._channel(name), token or ""]
+            scripts.FORCE_RELEASE,
+            [self._key(check_name(name))],
+            [self._channel(name), token or "", self._holders_channel()],
         )
 
     #: Lock hashes read per node per listing step.

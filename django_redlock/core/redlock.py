@@ -8,6 +8,7 @@ the quorum answered). Decisions live in :mod:`.base`; this module does the talki
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Hashable, Iterator, Mapping
@@ -21,7 +22,7 @@ from .lock import Lease, Lock
 from .nodes import Node, Owing
 from .renewal import renewer
 from .validation import check_name
-from .waiting import HolderWatch, LocalQueue, ReleaseNotices
+from .waiting import HolderWatch, HolderWatches, LocalQueue, ReleaseNotices
 
 __all__ = ["Redlock"]
 
@@ -43,6 +44,7 @@ class Redlock(RedlockBase):
         self._queues: dict[str, LocalQueue] = {}
         self._queues_lock = threading.Lock()
         self._notices = ReleaseNotices(self.nodes, self.node_timeout)
+        self._holders = HolderWatches()
         self._rounds = Rounds(self.nodes, self.node_timeout)
 
     # -- public API -----------------------------------------------------------------------------
@@ -269,11 +271,12 @@ class Redlock(RedlockBase):
 
     def _start_renewal(self, lease: Lease) -> None:
         renewer.add(self, lease)
-        # A long holder hears an operator's force release at once (not at its next renewal).
-        name = self._channel(lease.name).encode()
+        # A long holder hears an operator's force release at once (not at its next renewal),
+        # on the holders' channel: subscribed once per node for all of them.
         watch = HolderWatch(lease, self._mark_lost, self.quorum)
-        self._notices.watch(name, watch)
-        lease.unwatch = lambda: self._notices.unwatch(name, watch)
+        self._holders.add(watch)
+        self._notices.keep(self._holders_channel().encode(), self._holders)
+        lease.unwatch = functools.partial(self._holders.remove, watch)
 
     def _renew(self, leases: list[Lease]) -> list[float | None]:
         return self._drive(self._renew_steps(leases))
@@ -303,6 +306,7 @@ class Redlock(RedlockBase):
         # The parent's listener thread may have held its lock at the fork: a fresh one, and
         # fresh rounds (a parent's thread may have been leading one).
         self._notices = ReleaseNotices(self.nodes, self.node_timeout)
+        self._holders = HolderWatches()
         self._rounds = Rounds(self.nodes, self.node_timeout)
 
     # -- listing and health ---------------------------------------------------------------------

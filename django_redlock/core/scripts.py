@@ -284,9 +284,12 @@ return 0
 """
 )
 
-# Delete the lock whoever holds it (admin / operator action) and wake waiters.
+# Delete the lock whoever holds it (admin / operator action), wake waiters, and tell the
+# holder: the token goes out on the lock's release channel and on the holders' channel, which
+# every auto-renewing holder of a process hears through one subscription per node.
 # KEYS[1] lock
-# ARGV[1] release channel, ARGV[2] the token to remove, or "" for whichever holds it
+# ARGV[1] release channel, ARGV[2] the token to remove, or "" for whichever holds it,
+# ARGV[3] holders' channel
 # Returns the token that was removed, or false when there was no lock (or another token).
 FORCE_RELEASE = Script(
     _FIELDS
@@ -295,6 +298,7 @@ local token = fields(redis.call('GET', KEYS[1]) or '')
 if token and (ARGV[2] == '' or token == ARGV[2]) then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[1], token)
+  redis.call('PUBLISH', ARGV[3], token)
   return token
 end
 return false

@@ -30,6 +30,7 @@ __all__ = [
     "NOTICE_GRACE",
     "RECONNECT_DELAY",
     "HolderWatch",
+    "HolderWatches",
     "Listener",
     "LocalQueue",
     "ReleaseNotice",
@@ -146,16 +147,41 @@ class HolderWatch:
 
     def __init__(self, lease: Lease, lost: Callable[[Lease, str], None], quorum: int) -> None:
         self._lease = lease
-        self._token = lease.token.encode()
+        self.token = lease.token.encode()
         self._lost = lost
         self._removed = Tally(quorum)
 
     def hear(self, node: int, token: bytes) -> None:
-        if token != self._token or self._lease.released or self._lease.lost:
+        if token != self.token or self._lease.released or self._lease.lost:
             return
         self._removed.hear(node, token)
         if self._removed.freed:
             self._lost(self._lease, "force-released by an operator")
+
+
+class HolderWatches:
+    """The :class:`HolderWatch` of every auto-renewed lease of a client, by token: one
+    listener on the holders' channel (where a force release announces the token it removed)
+    serves them all, so holding many locks costs one subscription per node, not one per lock.
+    Adding and removing a watch sends nothing."""
+
+    def __init__(self) -> None:
+        self._by_token: dict[bytes, HolderWatch] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_token)
+
+    def add(self, watch: HolderWatch) -> None:
+        self._by_token[watch.token] = watch
+
+    def remove(self, watch: HolderWatch) -> None:
+        if self._by_token.get(watch.token) is watch:
+            del self._by_token[watch.token]
+
+    def hear(self, node: int, token: bytes) -> None:
+        watch = self._by_token.get(token)
+        if watch is not None:
+            watch.hear(node, token)
 
 
 class ReleaseNotice(Tally):
@@ -246,6 +272,24 @@ class ReleaseNotices:
                 if remaining <= 0:
                     break
                 self._confirm.wait(remaining)
+
+    def keep(self, name: bytes, listener: Listener) -> None:
+        """:meth:`watch` for a listener that stays for good (never unwatched): a no-op once it
+        listens, except after :meth:`close`, which it undoes (the connections are opened
+        again, subscribed to every channel with listeners)."""
+        with self._lock:
+            listeners = self._waiters.setdefault(name, [])
+            if listener in listeners and self._thread is not None:
+                return
+            first = not listeners
+            if listener not in listeners:
+                listeners.append(listener)
+            fresh = self._connect_all()
+            if first:
+                for index, wire in self._wires.items():
+                    if index not in fresh:
+                        self._send(wire, ["SUBSCRIBE", name])
+            self._start()
 
     def unwatch(self, name: bytes, listener: Listener) -> None:
         with self._lock:
