@@ -16,10 +16,12 @@ import asyncio
 import contextlib
 import functools
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .detector import MAX_STALLS, overrun
 from .nodes import (
     DRAIN_FOR,
     SENT_TWICE,
@@ -272,15 +274,21 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
+    started = loop.time()
     try:
-        return await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
+        wire = await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
     except asyncio.TimeoutError:
-        node.went_silent()
+        node.went_silent(overrun(timeout, loop.time() - started) > 0)
         raise WireError(NOT_CONNECTED) from None
     except WireError as exc:
         if exc.failure.reason == "timeout":
-            node.went_silent()
+            node.went_silent(overrun(timeout, loop.time() - started) > 0)
+        elif exc.failure.reason == "refused":
+            node.detector.refused(time.monotonic(), exc.failure.detail)
         raise
+    if node.detector.down:
+        node.detector.answered(time.monotonic())
+    return wire
 
 
 async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire:
@@ -489,9 +497,14 @@ class AsyncFanOut:
             self._connect(index)
         self.deadline = max(self.deadline, loop.time() + (2 * timeout if connecting else timeout))
         expired = False  # the deadline passed with nodes not heard (not: the caller cancelled)
+        # A wait that overran by far: the loop did not run (a blocking call, a stalled
+        # process), and that is not the nodes' silence (see .detector.Wait).
+        stalls = 0
+        stalled = 0.0
         try:
             while self.left and not self.decided:
-                remaining = self.deadline - loop.time()
+                started = loop.time()
+                remaining = self.deadline - started
                 if remaining <= 0:
                     expired = True
                     break
@@ -501,13 +514,18 @@ class AsyncFanOut:
                     await waiter
                 finally:
                     timer.cancel()
+                waited = loop.time() - started
+                if stalls < MAX_STALLS and overrun(remaining, waited):
+                    stalls += 1
+                    stalled += waited
+                    self.deadline += waited
         finally:
             self.finished = True
             now = loop.time()
             for index, wire in enumerate(self.wires):
                 if wire is None:
                     continue
-                if self.decided and wire.usable() and not wire.overdue(now, timeout):
+                if self.decided and wire.usable() and not wire.overdue(now, timeout + stalled):
                     # Its reply still comes to _deliver, which reads it and moves on.
                     wire.undo_unwanted()
                     command = self.commands[index]
@@ -520,8 +538,9 @@ class AsyncFanOut:
                         self.owing_out[index] = (wire, due)
                     self.pool.checkin(index, wire)
                 else:
-                    if expired or wire.overdue(now, timeout):
-                        self.nodes[index].went_silent()  # no answer within the node timeout
+                    if expired or wire.overdue(now, timeout + stalled):
+                        # No answer within the node timeout: a miss, unless the loop stalled.
+                        self.nodes[index].went_silent(stalls > 0)
                     wire.abandon(self.late)
             for index in self.tasks:
                 self.replies[index] = NOT_CONNECTED
@@ -594,6 +613,7 @@ class AsyncFanOut:
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
+        self.nodes[index].detector.answered(time.monotonic())
         self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)

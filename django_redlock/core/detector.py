@@ -29,7 +29,7 @@ The rules:
 from __future__ import annotations
 
 __all__ = [
-        "MAX_STALLS",
+    "MAX_STALLS",
     "MIN_SPAN",
     "MISSES_TO_DOWN",
     "STALL_SLACK",
@@ -70,10 +70,10 @@ def overrun(asked: float, waited: float) -> float:
 
 class Wait:
     """One operation's wait for the nodes' replies, on a clock that stops while this process
-    does not run: ``remaining(now)`` before each wait, and the time a wait overran by is given
-    back (the deadline moves out by the whole wait), at most :data:`MAX_STALLS` times and ``cap`` seconds
-    in all (if given: what the lease's validity allows; an acquire's validity is counted from
-    its start, so a longer wait only leaves it less).
+    does not run: ``remaining(now)`` before each wait; a wait that overran is given back (the
+    deadline moves out by the whole wait), at most :data:`MAX_STALLS` times and ``cap``
+    seconds in all (if given: what the lease's validity allows; an acquire's validity is
+    counted from its start, so a longer wait only leaves it less).
     :attr:`stalled` is the time given back; a node that did not answer a stalled wait has a
     miss excused (:meth:`NodeDetector.missed`)."""
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.connection import parse_url as _parse_url
 
+from .detector import NodeDetector, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
 from .resp import Incomplete, ReplyError, bulk, encode, parse
@@ -495,6 +496,8 @@ class Node:
         #: the node is reached again: operations then count it as failed at once
         #: (:meth:`unreachable`). A forked child has no reconnector: it starts over.
         self._silent: tuple[int, float] | None = None
+        #: What this process has seen of the node: misses, connection errors, round trips.
+        self.detector = NodeDetector(node_timeout)
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
@@ -512,6 +515,7 @@ class Node:
             # parent's reconnector is not running here.
             self._idle = deque()
             self._draining = deque()
+            self.detector.reset()
             self._pid = ThisProcess.pid
         if self._draining:
             self._sweep()
@@ -526,12 +530,18 @@ class Node:
         failure = self.unreachable()
         if failure is not None:
             raise WireError(failure)
+        started = time.monotonic()
         try:
-            return Wire(self, timeout)
+            wire = Wire(self, timeout)
         except WireError as exc:
             if exc.failure.reason == "timeout":
-                self.went_silent()
+                self.went_silent(overrun(timeout, time.monotonic() - started) > 0)
+            elif exc.failure.reason == "refused":
+                self.detector.refused(time.monotonic(), exc.failure.detail)
             raise
+        if self.detector.down:
+            self.detector.answered(time.monotonic())
+        return wire
 
     def unreachable(self) -> Failure | None:
         """Why an operation must not wait to connect to the node now: a connection attempt
@@ -543,14 +553,18 @@ class Node:
             return None
         return Failure(
             "timeout",
-            f"no answer for {time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
+            f"{self.detector.reason or 'no answer'}; down for "
+            f"{time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
         )
 
-    def went_silent(self) -> None:
-        """A connection attempt, or a command, timed out: hand the node to the reconnector.
-        Until the node answers again, operations count it as failed at once instead of
-        waiting for it once more (to connect, for a new connection)."""
-        if self.unreachable() is None:
+    def went_silent(self, excused: bool = False) -> None:
+        """A connection attempt, or a command, got no answer within its budget: one miss
+        (``excused``: this process itself did not run for part of the wait, so it says nothing
+        about the node). Once the misses are evidence that the node is down (see
+        :mod:`.detector`: never one late reply), operations count it as failed at once
+        instead of waiting for it once more (to connect, for a new connection), and the
+        reconnector probes it; it votes again as soon as it answers."""
+        if self.unreachable() is None and self.detector.missed(time.monotonic(), excused=excused):
             self._silent = (ThisProcess.pid, time.monotonic())
             reconnector.watch(self)
 
@@ -576,6 +590,7 @@ class Node:
             self.lose(wire)  # what it carries goes out again with the next try
             return False
         self.checkin(wire)
+        self.detector.answered(time.monotonic())
         self._silent = None
         return True
 
@@ -668,6 +683,7 @@ class Node:
     def close(self) -> None:
         reconnector.forget(self)
         self._silent = None
+        self.detector.reset()
         while self._idle:
             wire = self._idle.pop()
             with contextlib.suppress(OSError):
