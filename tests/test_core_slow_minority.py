@@ -643,7 +643,7 @@ def test_a_silent_node_does_not_hold_up_new_subscriptions(
     warm_up(rl)
     with rl._notices.listening("before"):  # subscriber connections to every node
         pass
-    frozen, node = cluster[2], rl.nodes[2]
+    frozen = cluster[2]
     frozen.pause()
     try:
         _until_down(rl, 2)

@@ -216,6 +216,8 @@ def fan_out(
             remaining = wait.remaining(time.monotonic())
             events = poller.poll(remaining * 1000)
             if not events:
+                if wait.remaining(time.monotonic()):
+                    continue  # the process did not run meanwhile: the nodes get their time
                 expired = True
                 break
             now = time.monotonic()
@@ -529,6 +531,8 @@ class Round:
             remaining = self.wait.remaining(time.monotonic())
             events = poller.poll(remaining * 1000)
             if not events:
+                if self.wait.remaining(time.monotonic()):
+                    continue  # the process did not run meanwhile: the nodes get their time
                 self.expired = True
                 self._end_all()
                 return
@@ -767,6 +771,8 @@ def fan_out_batch(
     while waiting:
         events = poller.poll(wait.remaining(time.monotonic()) * 1000)
         if not events:
+            if wait.remaining(time.monotonic()):
+                continue  # the process did not run meanwhile: the nodes get their time
             break
         now = time.monotonic()
         for fd, _ in events:
