@@ -703,6 +703,10 @@ class AsyncRedlock(RedlockBase):
             t0 = time.perf_counter()
             await self._ask(index, wire, [["PING"]])
             latency = time.perf_counter() - t0
+            try:
+                await self._call(index, self._permission_probe())
+            except ReplyError as exc:
+                raise self._script_refused(exc) from None
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(

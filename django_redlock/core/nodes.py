@@ -779,9 +779,11 @@ def _check_url(url: object) -> str:
         if not parts.hostname:
             raise ValueError(f"node URL {url!r} names no host")
         try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
+            port = parts.port  # raises ValueError on a port that is not a number below 65536
         except ValueError:
-            raise ValueError(f"node URL {url!r} has an invalid port") from None
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"node URL {url!r} has an invalid port (ports are 1-65535)")
         db = parts.path.strip("/")
         if db and not db.isdigit():
             raise ValueError(f"node URL {url!r} has an invalid database number {db!r}")
