@@ -31,6 +31,7 @@ from tests.helpers import (
     lock_keys,
     node_client,
     pttls_on_nodes,
+    run_python,
     tokens_on_nodes,
     wait_until,
 )
@@ -562,3 +563,36 @@ def test_a_listener_that_unwatches_while_hearing_does_not_hide_the_next_one() ->
         assert heard == ["holder", "waiter"]
     finally:
         loop.close()
+
+
+def test_an_async_redlock_left_unclosed_in_asyncio_run_exits_quietly(redis_cluster_factory):
+    """``asyncio.run`` cancels every task at the end, then closes the loop: an acquire
+    cancelled then (it had won: the lease is given back in the background) must not start a
+    task the loop never runs ("Task was destroyed but it is pending") nor touch the closed
+    loop. The renewed lease and the given-back one end with their TTL."""
+    cluster = redis_cluster_factory(3)
+    result = run_python(
+        f"""
+        import asyncio
+        from django_redlock import AsyncRedlock
+
+        async def main():
+            rl = AsyncRedlock({cluster.urls!r})
+            held = rl.lock("held", ttl=5, auto_renew=True)
+            assert await held.acquire()
+            async with rl.lock("cycled"):
+                pass
+            waiter = rl.lock("held")
+            asyncio.ensure_future(waiter.acquire(timeout=0.5))  # still waiting at the end
+            racer = rl.lock("raced", ttl=5)
+            asyncio.ensure_future(racer.acquire())  # on the wire at the end
+            await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+        print("done")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert "destroyed" not in result.stderr and "Event loop is closed" not in result.stderr
+    assert result.stderr == "", result.stderr

@@ -306,6 +306,25 @@ class AsyncRedlock(RedlockBase):
             state = self._states[id(loop)] = LoopState(self, loop)
             return state
 
+    def _in_background(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Run ``make()`` as a task of this loop, for cleanup after a cancellation (a lease
+        the caller never got, a release it stopped waiting for): unless the loop is shutting
+        down (``asyncio.run`` cancels every task, then closes the loop, and a task started
+        meanwhile is destroyed pending). Then nothing starts: the lease ends with its TTL."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        state = self._states.get(id(loop))
+        if state is None or state.loop is not loop or state.closed or state.pid != os.getpid():
+            return  # no connections here (the loop's keeper closed them: it is ending)
+        # The loop is shutting down once its keeper (a task nothing else cancels) is being
+        # cancelled (``Task.cancelling``: Python 3.11+; on 3.10, once it has ended).
+        cancelling = getattr(state.keeper, "cancelling", None)
+        if state.keeper.done() or (cancelling is not None and cancelling()):
+            return
+        state.spawn(make())
+
     def _forget(self, state: LoopState) -> None:
         with self._states_lock:
             if self._states.get(id(state.loop)) is state:
@@ -407,9 +426,8 @@ class AsyncRedlock(RedlockBase):
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
             won = self._won_unreturned(handle.name, owner)
-            state = self._state()
-            if won is not None and not state.closed:
-                state.spawn(self._give_back(won))
+            if won is not None:
+                self._in_background(functools.partial(self._give_back, won))
             raise
 
     async def _give_back(self, lease: Lease) -> None:
@@ -508,9 +526,9 @@ class AsyncRedlock(RedlockBase):
             return await self._fan_out(*step.fan_out_args())
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
-            state = self._state()
-            if step.undo_if_cancelled and not state.closed:
-                state.spawn(self._release_everywhere(*step.undo_if_cancelled))
+            if step.undo_if_cancelled:
+                undo = step.undo_if_cancelled
+                self._in_background(lambda: self._release_everywhere(*undo))
             raise
 
     def _join_queue(self, state: LoopState, name: str) -> TaskQueue:
@@ -557,7 +575,7 @@ class AsyncRedlock(RedlockBase):
             replies = await self._release_after_renewal(lease)
         except asyncio.CancelledError:
             # The caller was cancelled: the release still goes out (it is idempotent).
-            self._state().spawn(self._release_after_renewal(lease))
+            self._in_background(functools.partial(self._release_after_renewal, lease))
             raise
         finally:
             if lease.leave_queue is not None:
