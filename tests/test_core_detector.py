@@ -141,3 +141,15 @@ def test_a_wait_never_moves_out_beyond_the_cap() -> None:
     wait.remaining(5.0)
     assert wait.stalled == pytest.approx(0.1)  # 5 s not run: only 0.1 s given back
     assert wait.remaining(5.0) == 0.0
+
+
+def test_a_miss_is_excused_only_when_the_node_had_less_than_its_budget_since_a_stall() -> None:
+    wait = Wait(0.05, now=0.0)
+    assert not wait.excused  # no stall: a miss counts
+    wait.remaining(0.0)
+    wait.remaining(1.0)  # stalled: given back
+    assert wait.excused
+    wait.remaining(1.02)
+    assert wait.excused  # 20 ms of running time since: not the node's whole budget
+    wait.remaining(1.05)
+    assert not wait.excused  # a full budget without a stall, and still no answer

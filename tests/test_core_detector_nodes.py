@@ -243,4 +243,5 @@ def test_one_late_answer_is_not_a_failed_node(redis_cluster_factory, make_redloc
     token = lock.token
     wait_until(lambda: tokens_on_nodes(cluster, "next") == [token] * 3)
     lock.release()
+    assert rl.locked("next") is False  # waits for every node's answer
     assert node.detector.misses == 0  # an answer clears the misses

@@ -89,8 +89,21 @@ class LoopState(LoopPool):
         try:
             await self.loop.create_future()
         finally:
+            if not self.closed:
+                # The loop is ending: what its idle connections still owe (a release that
+                # stopped at quorum) is read first, briefly, so they can be parked for the
+                # next loop (a fresh loop per request then connects nothing).
+                with contextlib.suppress(BaseException):
+                    await self._settle_idle(self.redlock.node_timeout)
             self.close(stop_renewals=True)
             self.redlock._forget(self)
+
+    async def _settle_idle(self, timeout: float) -> None:
+        deadline = self.loop.time() + timeout
+        while self.loop.time() < deadline and any(
+            wire.waiters for idle in self.idle for wire in idle
+        ):
+            await asyncio.sleep(0.001)
 
     def close(self, stop_renewals: bool = False) -> None:
         """Close this loop's connections (from the loop's thread). Renewals go on over new
@@ -99,7 +112,8 @@ class LoopState(LoopPool):
         if stop_renewals and self.renewer is not None:
             self.renewer.cancel()
         self.notices.close()
-        super().close()
+        # A loop that ends leaves its idle connections to the next loop of this process.
+        self.close_parking(self.redlock.nodes if stop_renewals else None)
         if not self.keeper.done() and self.keeper is not _current_task():
             self.keeper.cancel()
 

@@ -29,12 +29,14 @@ The rules:
 from __future__ import annotations
 
 __all__ = [
+    "CONNECT_AT_LEAST",
     "MAX_STALLS",
     "MIN_SPAN",
     "MISSES_TO_DOWN",
     "STALL_SLACK",
     "NodeDetector",
     "Wait",
+    "connect_budget",
     "overrun",
 ]
 
@@ -55,10 +57,22 @@ STALL_SLACK = 0.005
 #: a process that stalls over and over still ends its wait.
 MAX_STALLS = 3
 
+#: Shortest time (seconds) allowed for setting up a connection (TCP, TLS, AUTH, INFO): a
+#: fresh connection on a busy host needs the node's process to run for its handshake, which
+#: the reply budget (``node_timeout``) does not have to cover. A node that is really silent
+#: costs an operation that must connect to it this much, until it is found down.
+CONNECT_AT_LEAST = 0.25
+
 # Round-trip smoothing (RFC 6298's gains) and how many deviations the budget allows.
 _ALPHA = 0.125
 _BETA = 0.25
 _DEVIATIONS = 4.0
+
+
+def connect_budget(node_timeout: float) -> float:
+    """How long setting up a connection may take: its own budget, not the node's silence
+    (the reply budget starts once the command is out)."""
+    return node_timeout if node_timeout > CONNECT_AT_LEAST else CONNECT_AT_LEAST
 
 
 def overrun(asked: float, waited: float) -> float:
@@ -74,12 +88,16 @@ class Wait:
     deadline moves out by the whole wait), at most :data:`MAX_STALLS` times and ``cap``
     seconds in all (if given: what the lease's validity allows; an acquire's validity is
     counted from its start, so a longer wait only leaves it less).
-    :attr:`stalled` is the time given back; a node that did not answer a stalled wait has a
-    miss excused (:meth:`NodeDetector.missed`)."""
+    :attr:`stalled` is the time given back. :attr:`excused` tells whether a node that did
+    not answer had less than its budget of time in which this process ran since the last
+    stall: its miss then says nothing about it (:meth:`NodeDetector.missed`)."""
 
-    __slots__ = ("asked", "credit", "deadline", "last", "stalled", "stalls")
+    __slots__ = ("asked", "budget", "clean", "credit", "deadline", "last", "stalled", "stalls")
 
     def __init__(self, budget: float, now: float, cap: float | None = None) -> None:
+        self.budget = budget
+        #: Time waited since the last stall, without one.
+        self.clean = 0.0
         self.deadline = now + budget
         self.last = now
         self.asked = 0.0
@@ -87,6 +105,12 @@ class Wait:
         self.stalled = 0.0
         self.stalls = 0
         self.credit = float("inf") if cap is None else cap
+
+    @property
+    def excused(self) -> bool:
+        """Whether the nodes not heard from had less than their budget since the last stall
+        (never, when there was no stall)."""
+        return self.stalls > 0 and self.clean < self.budget
 
     def remaining(self, now: float) -> float:
         """Seconds left to wait (0 once the deadline passed); the next wait is expected to
@@ -100,6 +124,9 @@ class Wait:
             self.deadline += given
             self.stalled += given
             self.stalls += 1
+            self.clean = 0.0
+        elif waited > 0.0:
+            self.clean += waited
         left = self.deadline - now
         if left < 0.0:
             left = 0.0

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .detector import Wait
+from .detector import Wait, connect_budget
 from .nodes import (
     NOT_SENT,
     OWED,
@@ -172,7 +172,7 @@ def fan_out(
     last: Any = None  # most commands are one object for every node: encoded once
     data = b""
     now = time.monotonic()
-    connect_deadline = now + timeout
+    connect_deadline = now + connect_budget(timeout)
     stale: list[int] = []
     expired = False
     try:
@@ -261,7 +261,7 @@ def fan_out(
         due.left = True
         overdue = wire.overdue(now, timeout + wait.stalled)
         kept = _put_back(
-            nodes[index], wire, op.in_time and not overdue, expired or overdue, wait.stalled > 0
+            nodes[index], wire, op.in_time and not overdue, expired or overdue, wait.excused
         )
         if kept and op.left is not None:
             op.left[index] = (wire, due)
@@ -430,7 +430,8 @@ class Round:
         self.sent = True
         nodes = self.nodes
         now = time.monotonic()
-        connect_deadline = now + self.timeout  # for all the connecting together
+        # For all the connecting together; not the nodes' silence (see .detector).
+        connect_deadline = now + connect_budget(self.timeout)
         # One fresh try for a pooled socket that had gone stale (the node closed it while idle).
         stale: list[tuple[int, list[FanOut]]] = []
         claimed = self.claimed
@@ -619,7 +620,7 @@ class Round:
         for index, wire, owed in self.carried.values():
             overdue = wire.overdue(now, self.timeout + stalled)
             timely = all(due.op.in_time for due in owed) and not overdue
-            _put_back(self.nodes[index], wire, timely, self.expired or overdue, stalled > 0)
+            _put_back(self.nodes[index], wire, timely, self.expired or overdue, self.wait.excused)
         self.carried = {}
 
 
@@ -751,7 +752,7 @@ def fan_out_batch(
     waiting: dict[int, tuple[int, Wire, list[Due]]] = {}
     poller = select.poll()
     now = time.monotonic()
-    connect_deadline = now + timeout
+    connect_deadline = now + connect_budget(timeout)
     for index in _pooled_first(nodes):
         try:
             wire = nodes[index].checkout(connect_deadline)
@@ -797,6 +798,6 @@ def fan_out_batch(
     for index, wire, dues in waiting.values():
         for due in dues:
             due.left = True
-        nodes[index].went_silent(wait.stalled > 0)
+        nodes[index].went_silent(wait.excused)
         nodes[index].abandon(wire)
     return results

@@ -498,6 +498,10 @@ class Node:
         self._silent: tuple[int, float] | None = None
         #: What this process has seen of the node: misses, connection errors, round trips.
         self.detector = NodeDetector(node_timeout)
+        #: Idle asyncio connections of event loops that ended, for the next loop to adopt
+        #: (``aionodes.park``): a fresh loop per request (an async view under WSGI) then
+        #: connects nothing. Each entry has a ``sock`` (closed with the node).
+        self.parked: deque[Any] = deque()
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
@@ -684,6 +688,9 @@ class Node:
         reconnector.forget(self)
         self._silent = None
         self.detector.reset()
+        while self.parked:
+            with contextlib.suppress(OSError):
+                self.parked.pop().sock.close()
         while self._idle:
             wire = self._idle.pop()
             with contextlib.suppress(OSError):
