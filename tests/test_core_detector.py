@@ -10,8 +10,10 @@ from django_redlock.core.detector import (
     MISSES_TO_DOWN,
     STALL_SLACK,
     NodeDetector,
+    PauseLog,
     Wait,
     overrun,
+    why_lost,
 )
 
 
@@ -153,3 +155,22 @@ def test_a_miss_is_excused_only_when_the_node_had_less_than_its_budget_since_a_s
     assert wait.excused  # 20 ms of running time since: not the node's whole budget
     wait.remaining(1.05)
     assert not wait.excused  # a full budget without a stall, and still no answer
+
+
+def test_the_pause_log_keeps_the_stalls_and_answers_since_when() -> None:
+    log = PauseLog()
+    assert log.note(0.1, 0.1, now=10.0) == 0.0  # on time: nothing recorded
+    assert log.note(0.1, 2.1, now=20.0) == pytest.approx(2.0 - STALL_SLACK)
+    assert log.since(15.0) == pytest.approx(2.0 - STALL_SLACK)
+    assert log.since(20.0) == 0.0  # it ended before
+    log.clear()
+    assert log.since(0.0) == 0.0
+
+
+def test_why_a_renewed_lease_was_lost_names_one_of_three_causes() -> None:
+    refused = why_lost(refused="1 of 3 nodes renewed it, 2 needed", paused=9.0, late=9.0, ttl=6)
+    assert refused.startswith("the nodes refused: 1 of 3")
+    paused = why_lost(refused=None, paused=4.0, late=4.0, ttl=6)
+    assert paused.startswith("the process was paused: it did not run for 4.0 s")
+    behind = why_lost(refused=None, paused=0.5, late=4.2, ttl=6)
+    assert behind.startswith("renewal fell behind: the watchdog reached it 4.2 s after")

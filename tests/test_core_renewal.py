@@ -239,6 +239,7 @@ def test_holder_frozen_past_its_lease_finds_out_when_it_resumes(
     assert report["lost_event"] is True, report
     assert report["held"] is False, report
     assert "ran out" in report["reason"], report
+    assert "the process was paused" in report["reason"], report  # not "fell behind"
     assert report["release"] == "LockLost", report
     # The resumed holder neither renewed nor deleted the new holder's lock.
     assert tokens_on_nodes(redis_nodes, "renew:frozen") == [other.token] * 3

@@ -282,6 +282,9 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
     adopted = await _adopt(node, loop)
     if adopted is not None:
         return adopted
+    failure = node.not_now()
+    if failure is not None:
+        raise WireError(failure)
     started = loop.time()
     try:
         wire = await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)

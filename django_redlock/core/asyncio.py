@@ -54,7 +54,7 @@ from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
 from .nodes import Failure, WireError, eval_form, os_failure, reply_failure
-from .renewal import BATCH_WINDOW
+from .renewal import BATCH_WINDOW, pauses
 from .resp import ReplyError
 from .validation import check_name, check_timeout
 from .waiting import HolderWatch
@@ -640,7 +640,11 @@ class AsyncRedlock(RedlockBase):
             while state.due:
                 delay = state.due[0][0] - time.monotonic()
                 if delay > 0:
+                    asked = time.monotonic()
                     await state.renew_wake.wait(delay)
+                    if delay is not None:
+                        now = time.monotonic()
+                        pauses.note(delay, now - asked, now)
                     state.renew_wake.clear()
                     continue
                 horizon = time.monotonic() + BATCH_WINDOW

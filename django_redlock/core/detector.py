@@ -28,6 +28,8 @@ The rules:
 
 from __future__ import annotations
 
+from collections import deque
+
 __all__ = [
     "CONNECT_AT_LEAST",
     "MAX_STALLS",
@@ -35,9 +37,11 @@ __all__ = [
     "MISSES_TO_DOWN",
     "STALL_SLACK",
     "NodeDetector",
+    "PauseLog",
     "Wait",
     "connect_budget",
     "overrun",
+    "why_lost",
 ]
 
 #: Consecutive misses that make a node down (with :data:`MIN_SPAN` between the first and the
@@ -248,3 +252,51 @@ class NodeDetector:
         self.reason = ""
         self.srtt = None
         self.rttvar = 0.0
+
+
+class PauseLog:
+    """When this process did not run: the stalls a thread of it saw (a wait that came back far
+    later than asked), the last :attr:`KEEP` of them. Read to say why a lease ran out."""
+
+    KEEP = 64
+
+    __slots__ = ("_stalls",)
+
+    def __init__(self) -> None:
+        #: ``(when it ended, how long it was)``, oldest first.
+        self._stalls: deque[tuple[float, float]] = deque(maxlen=self.KEEP)
+
+    def note(self, asked: float, waited: float, now: float) -> float:
+        """A wait for ``asked`` seconds that ended at ``now`` after ``waited``: records the
+        stall in it, if any, and returns its length (0 when there was none)."""
+        stall = overrun(asked, waited)
+        if stall:
+            self._stalls.append((now, stall))
+        return stall
+
+    def since(self, start: float) -> float:
+        """The longest stall that ended after ``start``."""
+        return max((length for end, length in self._stalls if end > start), default=0.0)
+
+    def clear(self) -> None:
+        self._stalls.clear()
+
+
+def why_lost(*, refused: str | None, paused: float, late: float, ttl: float) -> str:
+    """Why an auto-renewed lease ran out before the watchdog renewed it, in the words an
+    operator acts on: the nodes refused (the last renewal was answered by too few nodes:
+    ``refused`` says how), the process was paused (it did not run for ``paused`` seconds, a
+    third of the lease or more: a SIGSTOP, a VM or container freeze, a long GC), or renewal
+    fell behind (the watchdog reached the lease ``late`` seconds after it was due: too much
+    renewal work for this process, or a CPU too busy to run it)."""
+    if refused:
+        return f"the nodes refused: {refused}"
+    if paused >= ttl / 3:
+        return (
+            f"the process was paused: it did not run for {paused:.1f} s of a {ttl:g} s lease "
+            "(a frozen process, VM or container, or a long GC)"
+        )
+    return (
+        f"renewal fell behind: the watchdog reached it {late:.1f} s after it was due "
+        f"({ttl:g} s lease, renewed every {ttl / 3:.1f} s)"
+    )

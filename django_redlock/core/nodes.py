@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.connection import parse_url as _parse_url
 
-from .detector import NodeDetector, overrun
+from .detector import NodeDetector, connect_budget, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
 from .resp import Incomplete, ReplyError, bulk, encode, parse
@@ -496,6 +496,9 @@ class Node:
         #: the node is reached again: operations then count it as failed at once
         #: (:meth:`unreachable`). A forked child has no reconnector: it starts over.
         self._silent: tuple[int, float] | None = None
+        #: ``(process id, time.monotonic())`` of a miss, while the reconnector connects to
+        #: the node in the background (:meth:`not_now`).
+        self._probing: tuple[int, float] | None = None
         #: What this process has seen of the node: misses, connection errors, round trips.
         self.detector = NodeDetector(node_timeout)
         #: Idle asyncio connections of event loops that ended, for the next loop to adopt
@@ -530,8 +533,8 @@ class Node:
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
-        while the node is unreachable)."""
-        failure = self.unreachable()
+        while the node is unreachable, or being connected to in the background)."""
+        failure = self.not_now()
         if failure is not None:
             raise WireError(failure)
         started = time.monotonic()
@@ -561,16 +564,33 @@ class Node:
             f"{time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
         )
 
+    def not_now(self) -> Failure | None:
+        """Why an operation must not connect to the node itself now: it is down
+        (:meth:`unreachable`), or it just missed an answer and the reconnector is connecting
+        to it in the background (an operation waiting to connect would pay a node timeout
+        for a node that may be silent; a live one is back in the pool within a round trip)."""
+        failure = self.unreachable()
+        if failure is not None:
+            return failure
+        probing = self._probing
+        if probing is None or probing[0] != ThisProcess.pid:
+            return None
+        return Failure("timeout", "missed an answer; connecting in the background")
+
     def went_silent(self, excused: bool = False) -> None:
         """A connection attempt, or a command, got no answer within its budget: one miss
         (``excused``: this process itself did not run for part of the wait, so it says nothing
-        about the node). Once the misses are evidence that the node is down (see
-        :mod:`.detector`: never one late reply), operations count it as failed at once
-        instead of waiting for it once more (to connect, for a new connection), and the
-        reconnector probes it; it votes again as soon as it answers."""
-        if self.unreachable() is None and self.detector.missed(time.monotonic(), excused=excused):
-            self._silent = (ThisProcess.pid, time.monotonic())
-            reconnector.watch(self)
+        about the node). The reconnector connects to it in the background, and operations
+        use what it opens instead of connecting themselves (:meth:`not_now`). Once the
+        misses are evidence that the node is down (see :mod:`.detector`: never one late
+        reply), it counts as failed at once until it answers again."""
+        if self.unreachable() is not None:
+            return
+        now = time.monotonic()
+        if self.detector.missed(now, excused=excused):
+            self._silent = (ThisProcess.pid, now)
+        self._probing = (ThisProcess.pid, now)
+        reconnector.watch(self)
 
     def reconnect(self) -> bool:
         """One attempt of the reconnector; True once the node is reached (or no longer
@@ -578,13 +598,23 @@ class Node:
         meanwhile and reads the answers before the node counts as back (an asyncio client
         never reads this connection, and a connection cut with them unanswered keeps them
         for the next try); then it goes to the pool."""
-        if self.unreachable() is None:
+        if self.unreachable() is None and self._probing is None:
             return True
+        budget = connect_budget(self.node_timeout)
+        started = time.monotonic()
         try:
-            wire = Wire(self, self.node_timeout)
-        except WireError:
+            wire = Wire(self, budget)
+        except WireError as exc:
+            now = time.monotonic()
+            if exc.failure.reason == "refused":
+                # Refused at once: operations may try it themselves, it costs them nothing.
+                self.detector.refused(now, exc.failure.detail)
+                self._silent = self._probing = None
+                return True
+            if self.detector.missed(now, excused=overrun(budget, now - started) > 0):
+                self._silent = (ThisProcess.pid, now)
             return False
-        if self.unreachable() is None:  # closed meanwhile
+        if self.unreachable() is None and self._probing is None:  # closed meanwhile
             wire.close()
             return True
         try:
@@ -596,6 +626,7 @@ class Node:
         self.checkin(wire)
         self.detector.answered(time.monotonic())
         self._silent = None
+        self._probing = None
         return True
 
     def checkin(self, wire: Wire) -> None:
@@ -687,6 +718,7 @@ class Node:
     def close(self) -> None:
         reconnector.forget(self)
         self._silent = None
+        self._probing = None
         self.detector.reset()
         while self.parked:
             with contextlib.suppress(OSError):
