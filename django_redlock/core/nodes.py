@@ -623,7 +623,12 @@ class Node:
         except (OSError, Incomplete):
             self.lose(wire)  # what it carries goes out again with the next try
             return False
-        self.checkin(wire)
+        if self._idle and not wire.due:
+            # The pool has one already (an asyncio client's misses are probed here too, and
+            # never use this pool): one per probe would pile up.
+            wire.close()
+        else:
+            self.checkin(wire)
         self.detector.answered(time.monotonic())
         self._silent = None
         self._probing = None
