@@ -360,7 +360,10 @@ async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | Non
         except IndexError:  # another thread took it
             return None
         if parked.pid != os.getpid():
-            continue  # the parent's conversation with the node: not ours to use or close
+            # The parent's conversation with the node: not ours to use. Closing this
+            # process's copy of the descriptor leaves the parent's connection open.
+            parked.sock.close()
+            continue
         try:
             parked.sock.setblocking(False)
             if parked.sock.family == socket.AF_UNIX:
