@@ -42,6 +42,7 @@ from .core import (
     LockInfo,
     LockNotAcquired,
     QuorumError,
+    check_flag,
     check_meta,
     check_positive,
     check_timeout,
@@ -314,13 +315,13 @@ class Locked:
         self.retry_after = retry_after
         #: How long this decorator's calls held their lock lately (the default Retry-After).
         self._holds = HoldTimes()
-        self.auto_renew = auto_renew
-        self.fencing = bool(fencing)
+        self.auto_renew = None if auto_renew is None else check_flag("auto_renew", auto_renew)
+        self.fencing = check_flag("fencing", fencing)
         if on_locked is not None and not (callable(on_locked) or isinstance(on_locked, str)):
             raise TypeError(f"on_locked must be a callable or a dotted path, got {on_locked!r}")
         self.on_locked = on_locked
         self.meta = check_meta(meta)
-        self.fair = bool(fair)
+        self.fair = check_flag("fair", fair)
         self.reentrant = reentrant
         if renew_for is not None and auto_renew is False:
             raise ValueError(f"renew_for={renew_for!r} caps auto-renewal: it needs auto_renew")
@@ -358,6 +359,11 @@ class Locked:
         return plan
 
     def _call(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        if isinstance(self.on_locked, str):
+            # A dotted on_locked is imported at the first call (at decoration the module it
+            # names may still be loading): a wrong path fails every call, not only a refused
+            # one, and before anything is sent.
+            self.on_locked = self._handler()
         request = _find_request(plan, args)
         if request is not None and _before_drf(plan, args, request):
             raise TypeError(_drf_order_error(self, plan.qualname))
@@ -494,7 +500,11 @@ class Locked:
     def _handler(self) -> Callable[..., Any] | None:
         handler = self.on_locked
         if isinstance(handler, str):
-            return _import_handler(handler)
+            try:
+                return _import_handler(handler)
+            except ImportError as exc:
+                msg = f"@locked on_locked={handler!r} cannot be imported: {exc}"
+                raise ImportError(msg) from exc
         return handler
 
     def _view_handler(self, request: Any) -> Callable[..., Any]:
