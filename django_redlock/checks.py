@@ -21,7 +21,15 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import CACHE_PREFIX, DEFAULTS, REDIS_CACHE_BACKENDS, REDLOCK_ARGUMENTS, cache_client
-from .core import Redlock, check_positive, check_prefix, node_identity, parse_spec, redact
+from .core import (
+    Redlock,
+    check_positive,
+    check_prefix,
+    node_client,
+    node_identity,
+    parse_spec,
+    redact,
+)
 from .task_options import SETTING_OPTIONS, check_task_options, header_values
 
 __all__ = [
@@ -201,8 +209,9 @@ def _node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[
                     4,
                     f"{where} is malformed: {exc}",
                     hint='A node is a URL ("redis://host:6379/0", "rediss://...", '
-                    '"unix:///path/redis.sock?db=0"), {"URL": ..., "OPTIONS": {...}} or '
-                    '"cache:<alias>".',
+                    '"unix:///path/redis.sock?db=0", a Sentinel group '
+                    '"redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE/DB"), '
+                    '{"URL": ..., "OPTIONS": {...}} or "cache:<alias>".',
                 )
             )
             continue
@@ -529,9 +538,8 @@ def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None
     the CONFIG permission managed services often withhold)."""
     import redis
 
-    kwargs = {**options, "socket_timeout": 2.0, "socket_connect_timeout": 2.0}
     try:
-        client = redis.Redis.from_url(url, **kwargs)
+        client = node_client(url, options, socket_timeout=2.0, socket_connect_timeout=2.0)
         try:
             client.ping()
             try:

@@ -23,7 +23,7 @@ from .info import (
 )
 from .listing import glob_escape
 from .lock import Lock
-from .nodes import NodeSpec, node_identity, parse_spec, redact
+from .nodes import NodeSpec, node_client, node_identity, parse_spec, redact
 from .redlock import Redlock
 from .validation import (
     MAX_DURATION,
@@ -79,6 +79,7 @@ __all__ = [
     "check_token",
     "emit",
     "glob_escape",
+    "node_client",
     "node_identity",
     "parse_spec",
     "process_gone",

@@ -34,6 +34,7 @@ from .nodes import (
     as_eval,
     fold,
     handshake,
+    on_replica,
     os_failure,
     parse_reply,
     reply_failure,
@@ -41,6 +42,7 @@ from .nodes import (
     unfinished,
 )
 from .resp import Incomplete, ReplyError, bulk, encode
+from .sentinel import SentinelGroup, SentinelUnavailable
 
 __all__ = [
     "NOT_CONNECTED",
@@ -273,6 +275,8 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
     if failure is not None:
         raise WireError(failure)
     try:
+        if node.group is not None:
+            node.locate(await asyncio.wait_for(_resolve(node.group), timeout))
         return await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
     except asyncio.TimeoutError:
         node.went_silent()
@@ -281,6 +285,13 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
         if exc.failure.reason == "timeout":
             node.went_silent()
         raise
+
+
+async def _resolve(group: SentinelGroup) -> tuple[str, int]:
+    try:
+        return await group.aresolve()
+    except SentinelUnavailable as exc:
+        raise WireError(Failure("error", str(exc))) from None
 
 
 async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire:
@@ -594,7 +605,13 @@ class AsyncFanOut:
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
-        self.pool.checkin(index, wire)
+        if on_replica(reply):
+            # A demoted master (so are the idle connections to it): the next connection asks
+            # the Sentinels where the master is now.
+            for other in (wire, *self.pool.idle[index]):
+                other.close()
+        else:
+            self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         self._final(index, fold(self.commands[index], wire, reply))

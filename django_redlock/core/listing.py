@@ -58,6 +58,7 @@ class Listing:
                 fence=int(entry[3]) or None,
                 acquired_at=_from_ms(entry[5]),
                 lease=int(entry[6]) / 1000 or None,
+                master=node.address,
             )
             for node, entry in states
         )
@@ -118,7 +119,10 @@ class Listing:
         unlike = _unlike_redis(info, server_time, probe["marker"] if self.restart_guard else None)
         if unlike:
             return NodeHealth(
-                node=node.name, reachable=False, error=f"not a Redis server: {unlike}"
+                node=node.name,
+                reachable=False,
+                error=f"not a Redis server: {unlike}",
+                master=node.address,
             )
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
         guarded_for = fresh = armed = None
@@ -147,6 +151,7 @@ class Listing:
             guarded_for=guarded_for,
             fresh=fresh,
             armed=armed,
+            master=node.address,
         )
 
     def _failed_health(self, node: Node, exc: Exception) -> NodeHealth:
@@ -158,7 +163,7 @@ class Listing:
             error = "not a Redis server: it answered with replies Redis never gives"
         else:
             error = str(exc) or type(exc).__name__
-        return NodeHealth(node=node.name, reachable=False, error=error)
+        return NodeHealth(node=node.name, reachable=False, error=error, master=node.address)
 
     def _refuse_trust(self, held: Sequence[LockInfo]) -> None:
         """``trust_cluster()`` asserts that no lock is held: refuse when a node says one is."""

@@ -26,6 +26,14 @@ from .process import ThisProcess
 from .reconnect import reconnector
 from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
+from .sentinel import (
+    SentinelGroup,
+    SentinelUnavailable,
+    group_identity,
+    is_group_url,
+    parse_group_url,
+    redact_group_url,
+)
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
@@ -50,8 +58,10 @@ __all__ = [
     "fold",
     "handshake",
     "make_nodes",
+    "node_client",
     "node_identity",
     "not_redis",
+    "on_replica",
     "os_failure",
     "parse_spec",
     "reached",
@@ -65,7 +75,7 @@ __all__ = [
 #: (whose connection pool's settings are reused).
 NodeSpec = Union[str, Mapping[str, Any], "redis.Redis"]
 
-_SCHEMES = ("redis", "rediss", "unix")
+_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
 
 #: redis-py's URL parser (untyped in redis-py): connection keyword arguments from a URL.
 parse_url: Callable[[str], dict[str, Any]] = _parse_url
@@ -223,6 +233,9 @@ class Wire:
         self.reused = False
         #: How long a write may wait for the node to take it (see :meth:`write`).
         self.timeout = node.node_timeout
+        #: True once the server answered ``READONLY``: it is a replica now (demoted by a
+        #: failover), and the connection is not pooled again (:meth:`Node.checkin`).
+        self.on_replica = False
         params = node.params
         try:
             if "path" in params:
@@ -338,6 +351,7 @@ class Wire:
                 # A script of an operation that ended did not run: running it now, after the
                 # operation decided without it (an acquire's lock may be released by now),
                 # would leave its effect behind.
+                self.on_replica = self.on_replica or on_replica(reply)
                 reply = reply_failure(reply)
             entry.reply = fold(entry.command, self, reply)
             if entry.unwanted and entry.late is not None:
@@ -459,6 +473,12 @@ def not_redis(command: str, reply: Any) -> Failure:
     return Failure("error", f"not a Redis server: {command} answered {shown}")
 
 
+def on_replica(reply: Any) -> bool:
+    """Whether a reply says the server is a read-only replica (a master demoted by a
+    failover answers writes so)."""
+    return reply.__class__ is ReplyError and reply.code == "READONLY"
+
+
 def reply_failure(reply: ReplyError) -> Failure:
     if reply.code in ("NOAUTH", "WRONGPASS", "NOPERM", "ERR") and (
         reply.code != "ERR" or "AUTH" in str(reply).upper() or "password" in str(reply)
@@ -477,7 +497,14 @@ class Node:
         #: The URL without credentials: safe for logs, errors and the admin page.
         self.name = redact(url)
         options.pop("decode_responses", None)
-        self.params: dict[str, Any] = {**parse_url(url), **options}
+        #: A Sentinel-managed group's Sentinels: the node's address is its master's, asked
+        #: for with every new connection (:meth:`locate`). None for a server's URL.
+        self.group: SentinelGroup | None = None
+        if is_group_url(url):
+            self.group = SentinelGroup(url, options, node_timeout=node_timeout)
+            self.params: dict[str, Any] = {**self.group.master_kwargs, "host": "", "port": 0}
+        else:
+            self.params = {**parse_url(url), **options}
         cls = self.params.pop("connection_class", None)
         if cls is not None and "SSL" in cls.__name__:
             self.params["ssl"] = True
@@ -498,10 +525,44 @@ class Node:
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
-        self.client = redis.Redis.from_url(url, **slow)
+        self.client = (
+            redis.Redis.from_url(url, **slow)
+            if self.group is None
+            else self.group.client(**{k: v for k, v in slow.items() if k != "sentinel_kwargs"})
+        )
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
+
+    @property
+    def address(self) -> str | None:
+        """A group node's master as last resolved (``host:port``); None for a server's URL."""
+        return None if self.group is None else self.group.address
+
+    def locate(self, master: tuple[str, int] | None = None) -> None:
+        """Before a new connection: point a group node at its master (``master``, else asked
+        of the Sentinels now). When the master moved, the idle connections to the old one are
+        closed (what they owe for ended operations goes out on the new one). Raises
+        :class:`WireError` when no master is known."""
+        group = self.group
+        if group is None:
+            return
+        if master is None:
+            try:
+                master = group.resolve()
+            except SentinelUnavailable as exc:
+                raise WireError(Failure("error", str(exc))) from None
+        params = self.params
+        if (params["host"], params["port"]) == master:
+            return
+        # A new dict, swapped in whole: another thread may be reading the old one.
+        self.params = {**params, "host": master[0], "port": master[1]}
+        while self._idle:
+            try:
+                wire = self._idle.pop()
+            except IndexError:
+                break
+            self.lose(wire)
 
     def checkout(self, deadline: float) -> Wire:
         """A pooled connection, or a new one (which may take until ``deadline``, on the
@@ -527,6 +588,7 @@ class Node:
         if failure is not None:
             raise WireError(failure)
         try:
+            self.locate()
             return Wire(self, timeout)
         except WireError as exc:
             if exc.failure.reason == "timeout":
@@ -563,6 +625,7 @@ class Node:
         if self.unreachable() is None:
             return True
         try:
+            self.locate()
             wire = Wire(self, self.node_timeout)
         except WireError:
             return False
@@ -580,6 +643,9 @@ class Node:
         return True
 
     def checkin(self, wire: Wire) -> None:
+        if wire.on_replica:
+            self.lose(wire)  # the next connection goes to the master (see locate)
+            return
         wire.reused = True
         self._idle.append(wire)
 
@@ -676,6 +742,8 @@ class Node:
         while self._draining:
             self._draining.pop()[0].close()
         self.client.close()
+        if self.group is not None:
+            self.group.close()
 
 
 def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
@@ -706,7 +774,8 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         options = spec.get("OPTIONS") or {}
         if not isinstance(options, Mapping):
             raise TypeError(f"node OPTIONS must be a dict, got {options!r}")
-        return _check_url(spec["URL"]), _check_options(options)
+        url = _check_url(spec["URL"])
+        return url, _check_options(options, group=is_group_url(url))
     return _check_url(spec), {}
 
 
@@ -725,15 +794,22 @@ _OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
 _DURATION_OPTIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
 
 
-def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[str, Any]:
     """A node's OPTIONS, refused before anything connects (an unknown name or a bad value
-    would otherwise surface as a node that looks down)."""
-    unknown = sorted(str(name) for name in options if name not in _OPTIONS)
+    would otherwise surface as a node that looks down). A Sentinel group's may also give
+    ``sentinel_kwargs``: redis-py's settings for the connections to its Sentinels."""
+    allowed = _OPTIONS | {"sentinel_kwargs"} if group else _OPTIONS
+    unknown = sorted(str(name) for name in options if name not in allowed)
     if unknown:
         raise ValueError(
             f"node OPTIONS {unknown[0]!r} is not a redis-py connection setting that a node may "
             "set (the URL gives the address; e.g. password, username, ssl_ca_certs, "
             "socket_timeout)"
+        )
+    sentinel_kwargs = options.get("sentinel_kwargs")
+    if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
+        raise TypeError(
+            f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
         )
     for name in ("username", "password"):
         value = options.get(name)
@@ -753,9 +829,15 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
 def _check_url(url: object) -> str:
     if not isinstance(url, str):
         raise TypeError(f"a node must be a URL string, a dict or a redis.Redis, got {url!r}")
+    if is_group_url(url):
+        parse_group_url(url)
+        return url
     parts = urlsplit(url)
     if parts.scheme not in _SCHEMES:
-        raise ValueError(f"node URL {url!r} must start with redis://, rediss:// or unix://")
+        raise ValueError(
+            f"node URL {redact(url)!r} must start with redis://, rediss://, unix:// or "
+            "redis+sentinel://"
+        )
     if parts.scheme == "unix":
         if not parts.path:
             raise ValueError(f"node URL {url!r} names no socket path")
@@ -773,6 +855,13 @@ def _check_url(url: object) -> str:
 
 
 def redact(url: str) -> str:
+    if is_group_url(url):
+        return redact_group_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return redact_group_url(url)
     parts = urlsplit(url)
     if parts.password is None and parts.username is None:
         return url
@@ -783,7 +872,10 @@ def redact(url: str) -> str:
 
 def node_identity(url: str) -> tuple[str, str, int]:
     """What makes two configured nodes the same server. The database number is left out on
-    purpose: two databases of one server fail together, so they are not independent nodes."""
+    purpose: two databases of one server fail together, so they are not independent nodes.
+    A Sentinel group is its service name on its Sentinels."""
+    if is_group_url(url):
+        return group_identity(url)
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return ("unix", parts.path, 0)
@@ -791,6 +883,17 @@ def node_identity(url: str) -> tuple[str, str, int]:
     if host in ("localhost", "::1"):
         host = "127.0.0.1"
     return ("tcp", host, parts.port or 6379)
+
+
+def node_client(url: str, options: Mapping[str, Any], **kwargs: Any) -> redis.Redis:
+    """A redis-py client of a node (a group's: of its master, found through its Sentinels)
+    for one-off work such as the deploy checks' probe; ``kwargs`` override ``options``."""
+    if is_group_url(url):
+        timeout = kwargs.get("socket_timeout") or options.get("socket_timeout") or 2.0
+        group = SentinelGroup(url, options, node_timeout=timeout)
+        return group.client(**kwargs)
+    client: redis.Redis = redis.Redis.from_url(url, **{**options, **kwargs})
+    return client
 
 
 def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
