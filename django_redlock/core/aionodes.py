@@ -55,6 +55,7 @@ __all__ = [
     "noscript",
     "open_wire",
     "parse_info",
+    "relocate",
 ]
 
 #: Per-command timeout of the slow operations (listing, health), like the sync client's
@@ -285,6 +286,18 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
         if exc.failure.reason == "timeout":
             node.went_silent()
         raise
+
+
+async def relocate(node: Node, pool: LoopPool, index: int) -> None:
+    """A group node: ask the Sentinels where its master is now (health shows it); idle
+    connections to a former master are closed."""
+    if node.group is None:
+        return
+    before = node.params["host"], node.params["port"]
+    node.locate(await _resolve(node.group))
+    if (node.params["host"], node.params["port"]) != before:
+        for wire in pool.idle[index]:
+            wire.close()
 
 
 async def _resolve(group: SentinelGroup) -> tuple[str, int]:

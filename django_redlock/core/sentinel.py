@@ -117,7 +117,10 @@ def parse_group_url(url: str) -> GroupURL:
     # The master's settings mean what they mean in a redis:// URL: redis-py parses them.
     netloc = f"{userinfo}@placeholder" if userinfo else "placeholder"
     query = f"?{parts.query}" if parts.query else ""
-    kwargs = parse_url(f"redis://{netloc}/{db}{query}")
+    try:
+        kwargs = parse_url(f"redis://{netloc}/{db}{query}")
+    except ValueError as exc:
+        raise ValueError(f"node URL {shown!r}: {exc}") from None
     for key in ("host", "port", "path", "connection_class"):
         kwargs.pop(key, None)
     return GroupURL(sentinels, service, kwargs)
