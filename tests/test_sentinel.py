@@ -20,7 +20,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from django_redlock import AsyncRedlock, Redlock
+from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.checks import check_settings
 from django_redlock.core import node_identity, parse_spec, redact
 from tests.sentinel_support import SentinelGroups, SentinelUnavailable
@@ -158,7 +158,7 @@ def test_a_lock_over_three_groups(groups, make_redlock):
     prefix = _prefix()
     a = make_redlock(groups.urls, key_prefix=prefix, **_options())
     b = make_redlock(groups.urls, key_prefix=prefix, **_options())
-    lock = a.lock("invoice:1", ttl=10.0)
+    lock = a.lock("invoice:1", ttl=3.0)
     assert lock.acquire(blocking=False)
     assert not b.lock("invoice:1").acquire(blocking=False)
     assert b.locked("invoice:1") and lock.check()
@@ -199,8 +199,8 @@ def test_sentinel_failover_while_a_lock_is_held(groups, make_redlock):
 
 
 def test_a_killed_master_whose_replica_missed_the_lock(own_groups, make_redlock):
-    """The promoted replica never got the lock (its replication was frozen while the lock
-    was taken) and two groups fail over so: only the restart guard stands between a second
+    """The promoted replica never got the lock (its replication was cut while the lock was
+    taken) and two groups fail over so: only the restart guard stands between a second
     client and the lock. With the guard off, the same history grants it twice."""
     groups = own_groups
     prefix = _prefix()
@@ -216,25 +216,29 @@ def test_a_killed_master_whose_replica_missed_the_lock(own_groups, make_redlock)
     masters = [groups.master(i) for i in (0, 1)]
     replicas = [groups.replica(i) for i in (0, 1)]
     for replica in replicas:
-        replica.pause()
-    try:
-        lock = a.lock("payroll", ttl=50.0)
-        assert lock.acquire(blocking=False)
-        with groups.switch(0), groups.switch(1):
-            for master in masters:
-                master.kill()
-            for replica in replicas:
-                replica.resume()
-    finally:
-        for replica in replicas:
-            replica.resume()
+        # Cut its replication: it reconnects as a user its master does not know, and fails.
+        with replica.client(decode_responses=True) as c:
+            c.config_set("masteruser", "nobody-here")
+            c.config_set("masterauth", "wrong")
+            c.client_kill_filter(_type="master")
+            deadline = time.monotonic() + 30
+            while c.info("replication")["master_link_status"] != "down":
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    lock = a.lock("payroll", ttl=50.0)
+    assert lock.acquire(blocking=False)
+    with groups.switch(0), groups.switch(1):
+        for master in masters:
+            master.kill()
     key = f"{prefix}:lock:payroll"
     for i, replica in zip((0, 1), replicas, strict=True):
         assert groups.master_address(i) == (replica.host, replica.port)
         with replica.client() as c:
             assert not c.exists(key)  # the promoted replica lost the lock
     b = make_redlock(groups.urls, key_prefix=prefix, **opts)
-    assert not b.lock("payroll").acquire(blocking=False)
+    # Two groups sit out their guard: no quorum can answer, let alone grant.
+    with pytest.raises(QuorumError, match="guarded for .*failover"):
+        b.lock("payroll").acquire(blocking=False)
     health = b.health()
     assert [h.status for h in health] == ["guarded", "guarded", "voting"]
     assert [h.master for h in health[:2]] == [f"{r.host}:{r.port}" for r in replicas]
