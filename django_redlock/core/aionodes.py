@@ -86,6 +86,8 @@ class AsyncWire(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.run_id = ""
+        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
+        self.address: tuple[Any, Any] = (None, None)
         #: The run id as a RESP argument (every acquire sends it).
         self.run_id_arg = b""
         #: As :attr:`.nodes.Wire.started`.
@@ -293,10 +295,12 @@ async def relocate(node: Node, pool: LoopPool, index: int) -> None:
     connections to a former master are closed."""
     if node.group is None:
         return
-    before = node.params["host"], node.params["port"]
-    node.locate(await _resolve(node.group))
-    if (node.params["host"], node.params["port"]) != before:
-        for wire in pool.idle[index]:
+    try:
+        node.locate(await _resolve(node.group))
+    except WireError:
+        return  # no master known: connecting reports it
+    for wire in pool.idle[index]:
+        if not node.current(wire):
             wire.close()
 
 
@@ -327,6 +331,7 @@ async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) 
             )
         else:
             _, wire = await loop.create_connection(protocol, params["host"], params["port"])
+        wire.address = (params.get("host"), params.get("port"))
         replies = []
         for waiter in wire.request_many(handshake(params)):
             reply = await waiter
@@ -498,6 +503,10 @@ class AsyncFanOut:
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
+        # A group node whose master is due to be confirmed (see sentinel.CONFIRM_EVERY).
+        confirm = [i for i, node in enumerate(self.nodes) if node.group and node.group.due()]
+        if confirm:
+            await asyncio.gather(*(relocate(self.nodes[i], self.pool, i) for i in confirm))
         for index, node in enumerate(self.nodes):
             owing = behind.get(index) if behind else None
             wire = None if owing is None else self.pool.reclaim(index, owing[0])
@@ -505,6 +514,9 @@ class AsyncFanOut:
                 owing[1].unwanted = True
             if wire is None:
                 wire = self.pool.checkout(index)
+                if wire is not None and not node.current(wire):
+                    wire.close()  # to a group's former master
+                    wire = None
             if wire is None:
                 connecting.append(index)
             else:

@@ -233,10 +233,13 @@ class Wire:
         self.reused = False
         #: How long a write may wait for the node to take it (see :meth:`write`).
         self.timeout = node.node_timeout
+
         #: True once the server answered ``READONLY``: it is a replica now (demoted by a
         #: failover), and the connection is not pooled again (:meth:`Node.checkin`).
         self.on_replica = False
         params = node.params
+        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
+        self.address = (params.get("host"), params.get("port"))
         try:
             if "path" in params:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -343,6 +346,8 @@ class Wire:
             entry = due[0]
             reply = self.take() if entry.count == 1 else self.take_many(entry.count)
             due.popleft()
+            if entry.count > 1 and on_replica(reply):
+                self.on_replica = True
             if reply.__class__ is ReplyError:
                 if reply.code == "NOSCRIPT" and not entry.left:
                     self.write(as_eval(entry.command))
@@ -473,10 +478,18 @@ def not_redis(command: str, reply: Any) -> Failure:
     return Failure("error", f"not a Redis server: {command} answered {shown}")
 
 
+#: Error codes of a server that is not (or no longer) its group's writable master: a
+#: replica, or a master cut off from its replicas (``min-replicas-to-write``; a master
+#: deposed by a failover it did not hear of).
+_NOT_MASTER = ("READONLY", "NOREPLICAS")
+
+
 def on_replica(reply: Any) -> bool:
-    """Whether a reply says the server is a read-only replica (a master demoted by a
-    failover answers writes so)."""
-    return reply.__class__ is ReplyError and reply.code == "READONLY"
+    """Whether a reply (or one of a pipeline's) says the server is not the group's master
+    any more: the connection is then dropped, and the next one asks where the master is."""
+    if reply.__class__ is list:
+        return any(on_replica(r) for r in reply)
+    return reply.__class__ is ReplyError and reply.code in _NOT_MASTER
 
 
 def reply_failure(reply: ReplyError) -> Failure:
@@ -576,10 +589,24 @@ class Node:
             self._pid = ThisProcess.pid
         if self._draining:
             self._sweep()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self.connect(max(deadline - time.monotonic(), 0.005))
+        if self.group is not None and self.group.due():
+            self.locate()
+        while True:
+            try:
+                wire = self._idle.pop()
+            except IndexError:
+                return self.connect(max(deadline - time.monotonic(), 0.005))
+            if self.current(wire):
+                return wire
+            self.lose(wire)  # to a group's former master
+
+    def current(self, wire: Any) -> bool:
+        """Whether ``wire`` goes to the node's server: a group's master as last named (a
+        connection to a former master is not used again)."""
+        if self.group is None:
+            return True
+        params = self.params
+        return bool(wire.address == (params["host"], params["port"]))
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
@@ -643,7 +670,7 @@ class Node:
         return True
 
     def checkin(self, wire: Wire) -> None:
-        if wire.on_replica:
+        if wire.on_replica or not self.current(wire):
             self.lose(wire)  # the next connection goes to the master (see locate)
             return
         wire.reused = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ _Sentinel: Callable[..., Any] = redis.sentinel.Sentinel
 _AsyncSentinel: Callable[..., Any] = redis.asyncio.sentinel.Sentinel
 
 __all__ = [
+    "CONFIRM_EVERY",
     "DEFAULT_SENTINEL_PORT",
     "SCHEME",
     "GroupURL",
@@ -49,6 +51,13 @@ SCHEME = "redis+sentinel"
 
 #: The port a Sentinel listens on when the URL names none.
 DEFAULT_SENTINEL_PORT = 26379
+
+#: Seconds a group node keeps using its master without the Sentinels confirming it. A master
+#: deposed by a failover keeps taking writes until the Sentinels reconfigure it (about ten
+#: seconds after the switch, or never while it is cut off from them); a client that went on
+#: using it would count it as the group's vote beside the promoted replica's. Asking again
+#: this often keeps that overlap far inside the restart guard of the new master.
+CONFIRM_EVERY = 1.0
 
 
 class SentinelUnavailable(ConnectionError):
@@ -171,6 +180,8 @@ class SentinelGroup:
         self._sentinel = _Sentinel(list(self.sentinels), sentinel_kwargs=dict(self.sentinel_kwargs))
         #: ``(host, port)`` the Sentinels last named, or None before they were first asked.
         self.master: tuple[str, int] | None = None
+        #: When (``time.monotonic``) the Sentinels were last asked, answering or not.
+        self.asked = -CONFIRM_EVERY
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -183,6 +194,11 @@ class SentinelGroup:
             return None
         host, port = self.master
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def due(self) -> bool:
+        """Whether the master is to be confirmed before the next use (see
+        :data:`CONFIRM_EVERY`)."""
+        return time.monotonic() - self.asked >= CONFIRM_EVERY
 
     def resolve(self) -> tuple[str, int]:
         """Ask the Sentinels where the master is now. When none answers, the master last
@@ -211,9 +227,12 @@ class SentinelGroup:
         master = (str(found[0]), int(found[1]))
         with self._lock:
             self.master = master
+            self.asked = time.monotonic()
         return master
 
     def _fall_back(self, exc: Exception) -> tuple[str, int]:
+        # Not asked again before CONFIRM_EVERY: every operation would wait for them.
+        self.asked = time.monotonic()
         master = self.master
         if master is None:
             raise SentinelUnavailable(
