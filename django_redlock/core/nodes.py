@@ -513,6 +513,8 @@ class Node:
         #: A Sentinel-managed group's Sentinels: the node's address is its master's, asked
         #: for with every new connection (:meth:`locate`). None for a server's URL.
         self.group: SentinelGroup | None = None
+        #: The OPTIONS given (a group node's apply to its master, wherever it moves).
+        self._options = {k: v for k, v in options.items() if k != "sentinel_kwargs"}
         if is_group_url(url):
             self.group = SentinelGroup(url, options, node_timeout=node_timeout)
             self.params: dict[str, Any] = {**self.group.master_kwargs, "host": "", "port": 0}
@@ -568,8 +570,9 @@ class Node:
         params = self.params
         if (params["host"], params["port"]) == master:
             return
-        # A new dict, swapped in whole: another thread may be reading the old one.
-        self.params = {**params, "host": master[0], "port": master[1]}
+        # A new dict, swapped in whole: another thread may be reading the old one. The
+        # master's settings are what its redis:// URL would give (with the OPTIONS on top).
+        self.params = {**parse_url(group.master_url(master)), **self._options}
         while self._idle:
             try:
                 wire = self._idle.pop()

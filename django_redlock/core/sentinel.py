@@ -75,6 +75,8 @@ class GroupURL:
     #: redis-py connection settings for the master (db, username, password and the query's
     #: options, parsed as redis-py parses a ``redis://`` URL's).
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The master's ``redis://`` URL with ``{address}`` for its ``host:port``.
+    master_url: str = ""
 
 
 def is_group_url(url: object) -> bool:
@@ -132,7 +134,9 @@ def parse_group_url(url: str) -> GroupURL:
         raise ValueError(f"node URL {shown!r}: {exc}") from None
     for key in ("host", "port", "path", "connection_class"):
         kwargs.pop(key, None)
-    return GroupURL(sentinels, service, kwargs)
+    credentials = f"{userinfo}@" if userinfo else ""
+    master_url = f"redis://{credentials}{{address}}/{db}{query}"
+    return GroupURL(sentinels, service, kwargs, master_url)
 
 
 def redact_group_url(url: str) -> str:
@@ -169,6 +173,7 @@ class SentinelGroup:
         parsed = parse_group_url(url)
         self.service = parsed.service
         self.sentinels = parsed.sentinels
+        self._master_url = parsed.master_url
         options = dict(options)
         self.sentinel_kwargs: dict[str, Any] = {
             "socket_timeout": node_timeout,
@@ -194,6 +199,13 @@ class SentinelGroup:
             return None
         host, port = self.master
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def master_url(self, master: tuple[str, int]) -> str:
+        """A ``redis://`` URL of ``master`` with the group URL's credentials, database and
+        options: what a node at that address would be configured as."""
+        host, port = master
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return self._master_url.replace("{address}", address)
 
     def due(self) -> bool:
         """Whether the master is to be confirmed before the next use (see
