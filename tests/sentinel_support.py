@@ -32,8 +32,15 @@ class SentinelProcess(RedisNode):
     """One Sentinel: ``redis-server <conf> --sentinel`` on a free loopback port, monitoring
     ``monitors`` (``(service, host, port)``) with quorum 1."""
 
-    def __init__(self, monitors: list[tuple[str, str, int]], **kwargs: object) -> None:
+    def __init__(
+        self,
+        monitors: list[tuple[str, str, int]],
+        *,
+        auth_pass: str | None = None,
+        **kwargs: object,
+    ) -> None:
         self.monitors = monitors
+        self.auth_pass = auth_pass
         super().__init__(**kwargs)  # type: ignore[arg-type]
 
     def _command(self) -> list[str]:
@@ -48,6 +55,8 @@ class SentinelProcess(RedisNode):
                     f"sentinel failover-timeout {service} 5000",
                     f"sentinel parallel-syncs {service} 1",
                 ]
+                if self.auth_pass is not None:
+                    lines.append(f"sentinel auth-pass {service} {self.auth_pass}")
             conf.write_text("\n".join(lines) + "\n")
         from django_redlock.testing import redis_server_binary
 
@@ -67,7 +76,10 @@ class SentinelProcess(RedisNode):
 class SentinelGroups:
     """``n`` groups (master + replica each) and two Sentinels watching all of them."""
 
-    def __init__(self, n: int = 3, *, min_replicas: bool = False) -> None:
+    def __init__(
+        self, n: int = 3, *, min_replicas: bool = False, password: str | None = None
+    ) -> None:
+        self.password = password
         self.services = [f"group{i}" for i in range(n)]
         self.servers: list[RedisNode] = []
         self.sentinels: list[SentinelProcess] = []
@@ -77,16 +89,19 @@ class SentinelGroups:
         if not min_replicas:
             args = []
         try:
-            masters = [RedisNode(extra_args=args) for _ in range(n)]
+            if password is not None:
+                args = [*args, "--masterauth", password]
+            masters = [RedisNode(extra_args=args, password=password) for _ in range(n)]
             self.servers += masters
             replicas = [
-                RedisNode(extra_args=[*args, "--replicaof", m.host, str(m.port)]) for m in masters
+                RedisNode(extra_args=[*args, "--replicaof", m.host, str(m.port)], password=password)
+                for m in masters
             ]
             self.servers += replicas
             monitors = [(s, m.host, m.port) for s, m in zip(self.services, masters, strict=True)]
             for _ in range(2):
                 try:
-                    self.sentinels.append(SentinelProcess(monitors))
+                    self.sentinels.append(SentinelProcess(monitors, auth_pass=password))
                 except RedisStartupError as exc:
                     raise SentinelUnavailable(
                         f"redis-server --sentinel does not start: {exc}"
@@ -104,7 +119,8 @@ class SentinelGroups:
         return ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
 
     def url(self, index: int) -> str:
-        return f"redis+sentinel://{self.sentinel_hosts}/{self.services[index]}/0"
+        auth = f":{self.password}@" if self.password is not None else ""
+        return f"redis+sentinel://{auth}{self.sentinel_hosts}/{self.services[index]}/0"
 
     @property
     def urls(self) -> list[str]:

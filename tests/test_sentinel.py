@@ -21,7 +21,7 @@ import pytest
 from django.core.management import call_command
 
 from django_redlock import AsyncRedlock, QuorumError, Redlock
-from django_redlock.checks import check_settings
+from django_redlock.checks import check_reachable, check_settings
 from django_redlock.core import node_identity, parse_spec, redact
 from tests.sentinel_support import SentinelGroups, SentinelUnavailable
 
@@ -331,6 +331,24 @@ def test_async_client_follows_a_failover(groups, make_redlock):
     asyncio.run(scenario())
 
 
+def test_a_group_with_a_password(make_redlock):
+    """The URL's password is the master's (the Sentinels here have none)."""
+    groups = _start(password="s3cret")
+    try:
+        rl = make_redlock(groups.urls, key_prefix=_prefix(), **_options())
+        lock = rl.lock("secret-job")
+        assert lock.acquire(blocking=False)
+        assert all(h.reachable and h.voting for h in rl.health())
+        lock.release()
+        wrong = [u.replace("s3cret", "wrong") for u in groups.urls]
+        bad = make_redlock(wrong, key_prefix=_prefix(), **_options())
+        health = bad.health()[0]
+        assert not health.reachable and "s3cret" not in str(health)
+        assert health.master == "{}:{}".format(*groups.master_address(0))
+    finally:
+        groups.stop()
+
+
 # -- the views ---------------------------------------------------------------------------------
 
 
@@ -349,6 +367,7 @@ def group_settings(settings, groups):
 
 
 def test_cli_check_shows_each_groups_master(group_settings, groups):
+    assert check_reachable() == []  # the deploy check's probe finds each group's master
     out = StringIO()
     call_command("redlock", "check", stdout=out)
     text = out.getvalue()
