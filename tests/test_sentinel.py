@@ -20,9 +20,10 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from django_redlock import AsyncRedlock, QuorumError, Redlock, probes
+from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.checks import check_reachable, check_settings
 from django_redlock.core import node_identity, parse_spec, redact
+from django_redlock.probes import probes
 from tests.sentinel_support import SentinelGroups, SentinelUnavailable
 
 pytestmark = pytest.mark.timeout(300)
