@@ -23,6 +23,7 @@ from django.core.management import call_command
 from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.checks import check_reachable, check_settings
 from django_redlock.core import node_identity, parse_spec, redact
+from django_redlock.core.sentinel import GUARD_MARGIN
 from django_redlock.probes import probes
 from tests.sentinel_support import SentinelGroups, SentinelUnavailable
 
@@ -96,8 +97,13 @@ def test_group_urls_are_accepted(url):
         node = rl.nodes[0]
         assert node.group is not None and node.address is None  # nothing asked yet
         assert "secret" not in node.name and "secret" not in repr(node)
+        # A deposed master may grant a little past the switch: the guard covers it.
+        assert rl.guard_period == rl.max_ttl + GUARD_MARGIN
     finally:
         rl.close()
+    plain = Redlock(["redis://127.0.0.1:6379/0"])
+    assert plain.guard_period == plain.max_ttl
+    plain.close()
 
 
 @pytest.mark.parametrize(("url", "why"), BAD)
@@ -190,7 +196,7 @@ def test_sentinel_failover_while_a_lock_is_held(groups, make_redlock):
     assert not b.lock("report").acquire(blocking=False)
     health = b.health()
     assert health[0].master == f"{new[0]}:{new[1]}"
-    assert health[0].status == "guarded" and health[0].guarded_for > 0
+    assert health[0].status == "guarded" and health[0].guarded_for > b.max_ttl
     assert [h.status for h in health[1:]] == ["voting", "voting"]
     # The holder still holds it on a quorum, releases it, and its client follows the move.
     assert lock.check()
@@ -290,7 +296,7 @@ def test_history_of_holders_across_failovers(groups, make_redlock):
             while not any(p == phase[0] for _, _, p in holds):
                 assert time.monotonic() < deadline, f"no hold after failover {index}"
                 time.sleep(0.05)
-            time.sleep(opts["max_ttl"])
+            time.sleep(clients[0].guard_period)
         deadline = time.monotonic() + 60
         while len([h for h in holds if h[2] == 3]) < 20:
             assert time.monotonic() < deadline

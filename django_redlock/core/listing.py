@@ -23,6 +23,7 @@ class Listing:
     nodes: list[Node]
     quorum: int
     max_ttl: float
+    guard_period: float
     restart_guard: bool
     trust_fresh_cluster: bool
 
@@ -131,11 +132,11 @@ class Listing:
             armed = run_id is not None and run_id.decode() == info.get("run_id")
             if not armed:
                 # The next acquire arms the marker: the guard runs from then.
-                guarded_for, fresh = self.max_ttl, run_id is None
+                guarded_for, fresh = self.guard_period, run_id is None
             elif int(trusted or 0) > 0:
                 guarded_for, fresh = 0.0, False
             else:
-                guarded_for = max(int(started) / 1000 + self.max_ttl - node_now, 0.0)
+                guarded_for = max(int(started) / 1000 + self.guard_period - node_now, 0.0)
                 fresh = is_fresh == b"1" and guarded_for > 0
         return NodeHealth(
             node=node.name,

@@ -36,6 +36,7 @@ _AsyncSentinel: Callable[..., Any] = redis.asyncio.sentinel.Sentinel
 __all__ = [
     "CONFIRM_EVERY",
     "DEFAULT_SENTINEL_PORT",
+    "GUARD_MARGIN",
     "SCHEME",
     "GroupURL",
     "SentinelGroup",
@@ -58,6 +59,13 @@ DEFAULT_SENTINEL_PORT = 26379
 #: using it would count it as the group's vote beside the promoted replica's. Asking again
 #: this often keeps that overlap far inside the restart guard of the new master.
 CONFIRM_EVERY = 1.0
+
+#: Seconds added to the restart guard (``max_ttl``) of every node of a Redlock that has a
+#: Sentinel group among its nodes. A promoted master's guard may start as soon as it is
+#: promoted; the Sentinels announce the switch up to a second or two later, and a client may use
+#: the deposed master for up to :data:`CONFIRM_EVERY` after that (a descheduled thread a little
+#: longer): a lease the deposed master granted then ends within this margin after ``max_ttl``.
+GUARD_MARGIN = 5.0
 
 
 class SentinelUnavailable(ConnectionError):
