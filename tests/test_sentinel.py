@@ -205,6 +205,52 @@ def test_sentinel_failover_while_a_lock_is_held(groups, make_redlock):
     assert a.health()[0].master == f"{new[0]}:{new[1]}"
 
 
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_a_release_a_master_refused_goes_out_again(groups, make_redlock, client):
+    """A master that refuses writes (``NOREPLICAS``, as a deposed one does; ``READONLY`` from
+    a demoted one is handled alike) does not keep the key: its connection is dropped, and the
+    release goes out again with the node's next connection, to the master the Sentinels
+    name."""
+    prefix = _prefix()
+    key = f"{prefix}:lock:again"
+    master = groups.master(0)
+    with master.client() as admin:
+
+        def refuse(yes: bool) -> None:
+            admin.config_set("min-replicas-to-write", "5" if yes else "0")
+
+        if client == "sync":
+            rl = make_redlock(groups.urls, key_prefix=prefix, **_options())
+            lock = rl.lock("again", ttl=3.0)
+            assert lock.acquire(blocking=False)
+            refuse(True)
+            try:
+                lock.release()  # on groups 1 and 2
+                assert admin.exists(key)
+            finally:
+                refuse(False)
+            rl.locked("something else")  # the next operation that reaches the node
+        else:
+
+            async def scenario() -> None:
+                rl = AsyncRedlock(groups.urls, key_prefix=prefix, **_options())
+                try:
+                    lock = rl.lock("again", ttl=3.0)
+                    assert await lock.acquire(blocking=False)
+                    refuse(True)
+                    try:
+                        await lock.release()
+                        assert admin.exists(key)
+                    finally:
+                        refuse(False)
+                    await rl.locked("something else")
+                finally:
+                    await rl.close()
+
+            asyncio.run(scenario())
+        assert not admin.exists(key)
+
+
 def test_a_killed_master_whose_replica_missed_the_lock(own_groups, make_redlock):
     """The promoted replica never got the lock (its replication was cut while the lock was
     taken) and two groups fail over so: only the restart guard stands between a second

@@ -632,7 +632,8 @@ class AsyncFanOut:
         self.wires[index] = None
         if on_replica(reply):
             # A demoted master (so are the idle connections to it): the next connection asks
-            # the Sentinels where the master is now.
+            # the Sentinels where the master is now (a release refused is kept for it by
+            # the operation: see base._keep_unreached).
             for other in (wire, *self.pool.idle[index]):
                 other.close()
         else:

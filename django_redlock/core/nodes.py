@@ -346,7 +346,7 @@ class Wire:
             entry = due[0]
             reply = self.take() if entry.count == 1 else self.take_many(entry.count)
             due.popleft()
-            if entry.count > 1 and on_replica(reply):
+            if on_replica(reply):
                 self.on_replica = True
             if reply.__class__ is ReplyError:
                 if reply.code == "NOSCRIPT" and not entry.left:
@@ -356,7 +356,6 @@ class Wire:
                 # A script of an operation that ended did not run: running it now, after the
                 # operation decided without it (an acquire's lock may be released by now),
                 # would leave its effect behind.
-                self.on_replica = self.on_replica or on_replica(reply)
                 reply = reply_failure(reply)
             entry.reply = fold(entry.command, self, reply)
             if entry.unwanted and entry.late is not None:
