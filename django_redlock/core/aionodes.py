@@ -657,6 +657,13 @@ class AsyncFanOut:
         wire.owed.remove(due)
         if noscript(reply):
             return  # it did not run; run now, it could outlive what the fan-out decided
+        if on_replica(reply):
+            # Refused by a server that is no longer the group's master: a release goes to the
+            # one the next connection finds (token-checked, harmless anywhere).
+            if due.again is not None:
+                wire.later.append(due.again)
+            wire.close()
+            return
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         # Read for what it tells the connection (a changed restart-guard marker).

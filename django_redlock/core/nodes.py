@@ -237,6 +237,8 @@ class Wire:
         #: True once the server answered ``READONLY``: it is a replica now (demoted by a
         #: failover), and the connection is not pooled again (:meth:`Node.checkin`).
         self.on_replica = False
+        #: Where a command that must still reach the node goes (:attr:`Node.later`).
+        self.later = node.later
         params = node.params
         #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
         self.address = (params.get("host"), params.get("port"))
@@ -348,6 +350,10 @@ class Wire:
             due.popleft()
             if on_replica(reply):
                 self.on_replica = True
+                if entry.left and entry.again is not None:
+                    # A release whose operation ended without this reply (it kept nothing
+                    # for the node): it goes to the master the next connection finds.
+                    self.later.append(entry.again)
             if reply.__class__ is ReplyError:
                 if reply.code == "NOSCRIPT" and not entry.left:
                     self.write(as_eval(entry.command))
