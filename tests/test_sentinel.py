@@ -147,6 +147,32 @@ def test_group_options():
         Redlock([{"URL": "redis://s1:6379/0", "OPTIONS": {"sentinel_kwargs": {}}}])
 
 
+def test_unreachable_sentinels_fail_the_node_at_once_naming_them():
+    """No retries with back-off on the lock path (redis-py's default waited ~7 s)."""
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/orders/0"
+    rl = Redlock([url], node_timeout=0.1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(QuorumError, match=r"asked 127.0.0.1:1, 127.0.0.1:2: unreachable"):
+            rl.lock("x").acquire(blocking=False)
+        [health] = rl.health()
+        assert time.monotonic() - started < 3.0
+        assert not health.reachable and "no Sentinel named a master for 'orders'" in health.error
+    finally:
+        rl.close()
+
+
+def test_a_service_the_sentinels_do_not_know(groups):
+    url = f"redis+sentinel://{groups.sentinel_hosts}/nope/0"
+    rl = Redlock([url], node_timeout=0.5)
+    try:
+        [health] = rl.health()
+        assert not health.reachable and "'nope'" in health.error
+        assert "no such master" in health.error
+    finally:
+        rl.close()
+
+
 def test_the_same_group_twice_is_one_node(settings):
     a = "redis+sentinel://s1:26379,s2:26379/mymaster/0"
     b = "redis+sentinel://S2:26379,s1:26379/mymaster/1"

@@ -24,8 +24,11 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.asyncio.retry
 import redis.asyncio.sentinel
+import redis.retry
 import redis.sentinel
+from redis.backoff import NoBackoff
 from redis.connection import parse_url as _parse_url
 
 # redis-py's URL parser and Sentinel clients, untyped in redis-py.
@@ -190,7 +193,7 @@ class SentinelGroup:
         }
         #: redis-py connection settings for the master, without its address.
         self.master_kwargs: dict[str, Any] = {**parsed.kwargs, **options}
-        self._sentinel = _Sentinel(list(self.sentinels), sentinel_kwargs=dict(self.sentinel_kwargs))
+        self._sentinel = _Sentinel(list(self.sentinels), sentinel_kwargs=self._kwargs(redis.retry))
         #: ``(host, port)`` the Sentinels last named, or None before they were first asked.
         self.master: tuple[str, int] | None = None
         #: When (``time.monotonic``) the Sentinels were last asked, answering or not.
@@ -199,6 +202,11 @@ class SentinelGroup:
 
     def __repr__(self) -> str:
         return f"<SentinelGroup {self.name} master={self.address}>"
+
+    def _kwargs(self, retry: Any) -> dict[str, Any]:
+        # No retries of redis-py's own (its default backs off for seconds): the next Sentinel
+        # is the retry, and the master last named the fallback.
+        return {"retry": retry.Retry(NoBackoff(), 0), **self.sentinel_kwargs}
 
     @property
     def address(self) -> str | None:
@@ -232,7 +240,9 @@ class SentinelGroup:
 
     async def aresolve(self) -> tuple[str, int]:
         """:meth:`resolve` for the asyncio client, on connections of the running loop."""
-        sentinel = _AsyncSentinel(list(self.sentinels), sentinel_kwargs=dict(self.sentinel_kwargs))
+        sentinel = _AsyncSentinel(
+            list(self.sentinels), sentinel_kwargs=self._kwargs(redis.asyncio.retry)
+        )
         try:
             found = await sentinel.discover_master(self.service)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -255,8 +265,11 @@ class SentinelGroup:
         self.asked = time.monotonic()
         master = self.master
         if master is None:
+            # redis-py's message lists its clients' reprs: name the Sentinels instead.
+            asked = ", ".join(f"{host}:{port}" for host, port in self.sentinels)
+            why = "unreachable" if "Error" in str(exc) else "no such master"
             raise SentinelUnavailable(
-                f"no Sentinel of {self.name} named a master for {self.service!r}: {exc}"
+                f"no Sentinel named a master for {self.service!r} (asked {asked}: {why})"
             ) from None
         return master
 
