@@ -25,6 +25,7 @@ from .core import (
     Redlock,
     check_positive,
     check_prefix,
+    connection_args,
     node_client,
     node_identity,
     parse_spec,
@@ -203,6 +204,7 @@ def _node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[
                 continue
         try:
             url, options = parse_spec(spec)
+            connection_args(url, options)
         except (TypeError, ValueError) as exc:
             messages.append(
                 _error(

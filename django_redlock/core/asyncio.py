@@ -54,9 +54,8 @@ from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, W
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, WireError, eval_form, os_failure, reply_failure
+from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
 from .renewal import BATCH_WINDOW
-from .resp import ReplyError
 from .validation import check_name, check_timeout
 from .waiting import HolderWatch
 
@@ -218,6 +217,8 @@ class AsyncRedlock(RedlockBase):
     One instance may serve several event loops (each gets its own connections, waiters and
     renewal task) and several threads; it is fork-safe like the sync client.
     """
+
+    asyncio_transport = True
 
     lock_class = AsyncLock
 

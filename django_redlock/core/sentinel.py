@@ -45,6 +45,7 @@ __all__ = [
     "SentinelGroup",
     "SentinelUnavailable",
     "group_identity",
+    "group_master_url",
     "is_group_url",
     "parse_group_url",
     "redact_group_url",
@@ -148,6 +149,12 @@ def parse_group_url(url: str) -> GroupURL:
     credentials = f"{userinfo}@" if userinfo else ""
     master_url = f"redis://{credentials}{{address}}/{db}{query}"
     return GroupURL(sentinels, service, kwargs, master_url)
+
+
+def group_master_url(url: str, address: str = "localhost:6379") -> str:
+    """The ``redis://`` URL of a group's master at ``address`` (``host:port``): the URL's
+    credentials, database and options, as a server's URL would give them."""
+    return parse_group_url(url).master_url.replace("{address}", address)
 
 
 def redact_group_url(url: str) -> str:
