@@ -23,7 +23,7 @@ from .info import (
 )
 from .listing import glob_escape
 from .lock import Lock
-from .nodes import NodeSpec, connection_args, node_identity, parse_spec, redact
+from .nodes import NodeSpec, connection_args, node_client, node_identity, parse_spec, redact
 from .redlock import Redlock
 from .validation import (
     MAX_DURATION,
@@ -80,6 +80,7 @@ __all__ = [
     "connection_args",
     "emit",
     "glob_escape",
+    "node_client",
     "node_identity",
     "parse_spec",
     "process_gone",

@@ -47,6 +47,7 @@ from .aionodes import (
     noscript,
     open_wire,
     parse_info,
+    relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
 from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
@@ -739,6 +740,7 @@ class AsyncRedlock(RedlockBase):
     async def _probe(self, index: int) -> NodeHealth:
         node = self.nodes[index]
         try:
+            await relocate(node, self._state(), index)
             wire = await self._wire(index)
             sent = time.time()
             t0 = time.perf_counter()

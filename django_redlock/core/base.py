@@ -41,6 +41,7 @@ from .nodes import (
     reached,
     reply_failure,
 )
+from .sentinel import GUARD_MARGIN
 from .validation import (
     check_flag,
     check_meta,
@@ -153,7 +154,7 @@ class AcquireRequest:
                 script = scripts.FAIR_ACQUIRE
                 keys = keys + redlock._line_keys(handle.name)
                 extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
-            guard = str(int(redlock.max_ttl * 1000)) if self._guarded else "0"
+            guard = str(int(redlock.guard_period * 1000)) if self._guarded else "0"
             head = [
                 "EVALSHA",
                 script.sha,
@@ -422,6 +423,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             nodes, node_timeout=self.node_timeout, asyncio=self.asyncio_transport
         )
         self.quorum = len(self.nodes) // 2 + 1
+        #: How long a node sits out after its marker was armed anew: ``max_ttl``, and with a
+        #: Sentinel group among the nodes the time a deposed master may still grant.
+        self.guard_period = self.max_ttl + (
+            GUARD_MARGIN if any(node.group is not None for node in self.nodes) else 0.0
+        )
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._yield_until: dict[str, float] = {}

@@ -111,6 +111,8 @@ class NodeLockState:
     fence: int | None
     acquired_at: datetime | None
     lease: float | None = None  #: the lease length last armed (acquire or renewal), seconds
+    #: A Sentinel group's master that answered (``host:port``); None for a server's URL.
+    master: str | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,9 @@ class NodeHealth:
     #: One of :data:`NODE_STATUSES`, judged with the whole cluster in view (``health()``);
     #: left out, a reachable node with no guard votes (a one-node service such as a backend).
     status: str = ""
+    #: A Sentinel group's current master (``host:port``, as the Sentinels last named it);
+    #: None for a node given as a server's URL.
+    master: str | None = None
 
     def __post_init__(self) -> None:
         if not self.status:

@@ -26,6 +26,7 @@ class Listing:
     nodes: list[Node]
     quorum: int
     max_ttl: float
+    guard_period: float
     restart_guard: bool
     trust_fresh_cluster: bool
 
@@ -61,6 +62,7 @@ class Listing:
                 fence=int(entry[3]) or None,
                 acquired_at=_from_ms(entry[5]),
                 lease=int(entry[6]) / 1000 or None,
+                master=node.address,
             )
             for node, entry in states
         )
@@ -121,7 +123,10 @@ class Listing:
         unlike = _unlike_redis(info, server_time, probe["marker"] if self.restart_guard else None)
         if unlike:
             return NodeHealth(
-                node=node.name, reachable=False, error=f"not a Redis server: {unlike}"
+                node=node.name,
+                reachable=False,
+                error=f"not a Redis server: {unlike}",
+                master=node.address,
             )
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
         guarded_for = fresh = armed = None
@@ -130,11 +135,11 @@ class Listing:
             armed = run_id is not None and run_id.decode() == info.get("run_id")
             if not armed:
                 # The next acquire arms the marker: the guard runs from then.
-                guarded_for, fresh = self.max_ttl, run_id is None
+                guarded_for, fresh = self.guard_period, run_id is None
             elif int(trusted or 0) > 0:
                 guarded_for, fresh = 0.0, False
             else:
-                guarded_for = max(int(started) / 1000 + self.max_ttl - node_now, 0.0)
+                guarded_for = max(int(started) / 1000 + self.guard_period - node_now, 0.0)
                 fresh = is_fresh == b"1" and guarded_for > 0
         return NodeHealth(
             node=node.name,
@@ -150,6 +155,7 @@ class Listing:
             guarded_for=guarded_for,
             fresh=fresh,
             armed=armed,
+            master=node.address,
         )
 
     def _permission_probe(self) -> list[list[Any]]:
@@ -180,7 +186,7 @@ class Listing:
             error = "not a Redis server: it answered with replies Redis never gives"
         else:
             error = str(exc) or type(exc).__name__
-        return NodeHealth(node=node.name, reachable=False, error=error)
+        return NodeHealth(node=node.name, reachable=False, error=error, master=node.address)
 
     def _refuse_trust(self, held: Sequence[LockInfo]) -> None:
         """``trust_cluster()`` asserts that no lock is held: refuse when a node says one is."""

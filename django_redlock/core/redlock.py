@@ -311,6 +311,7 @@ class Redlock(RedlockBase):
 
     def _probe(self, node: Node) -> NodeHealth:
         try:
+            node.locate()  # a group node: where its master is now
             # A lock connection first (pooled, or opened with its handshake, then pooled): its
             # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
             # its HELLO leaves it waiting for the rest until its timeout).
