@@ -12,11 +12,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import scripts
+from . import rwscripts, scripts
 from .info import HOLDER_PLACE
+from .kinds import base_name, is_reader
 from .lock import Lease
 from .nodes import eval_command, script_command
-from .resp import encode_args
+from .resp import encode, encode_args
 from .validation import check_name
 
 __all__ = ["KeyLayout", "lock_fields", "lock_value"]
@@ -69,6 +70,8 @@ class KeyLayout:
         return [self._key(name), f"{self.key_prefix}:fence:{name}", self._node_key()]
 
     def _line_keys(self, name: str) -> list[str]:
+        # A semaphore's permits share one line (a fair waiter takes whichever slot frees).
+        name = base_name(name)
         p = self.key_prefix
         return [f"{p}:queue:{name}", f"{p}:beats:{name}", f"{p}:qseq:{name}"]
 
@@ -93,10 +96,39 @@ class KeyLayout:
         return f"{self.key_prefix}:node"
 
     def _channel(self, name: str) -> str:
-        return f"{self.key_prefix}:released:{name}"
+        # One channel per primitive: a release of any permit (or reader) wakes its waiters.
+        return f"{self.key_prefix}:released:{base_name(name)}"
+
+    def _rw_keys(self, name: str) -> list[str]:
+        """A read/write lock's keys, in the order of :mod:`.rwscripts`' acquire scripts."""
+        p = self.key_prefix
+        return [
+            *self._acquire_keys(name),
+            f"{p}:readers:{name}",
+            f"{p}:rmeta:{name}",
+            f"{p}:wwait:{name}",
+        ]
+
+    def _reader_keys(self, reader: str) -> list[str]:
+        """The readers set and their values, of the read/write lock a reader hold is of."""
+        name, p = base_name(reader), self.key_prefix
+        return [f"{p}:readers:{name}", f"{p}:rmeta:{name}"]
+
+    def _check_command(self, name: str, token: str) -> list[Any]:
+        """What :meth:`check` reads on each node: a value starting with ``"<token> "`` when
+        the hold is ours there."""
+        if is_reader(name):
+            return script_command(rwscripts.READ_CHECK, self._reader_keys(name)[:1], [token])
+        return ["GET", self._key(name)]
 
     def _release_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token``, encoded (it runs on every release)."""
+        if is_reader(name):
+            return encode(
+                eval_command(
+                    rwscripts.READ_RELEASE, self._reader_keys(name), [token, self._channel(name)]
+                )
+            )
         key, channel, value = self._key(name).encode(), self._channel(name).encode(), token.encode()
         return _RELEASE_HEAD + b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
             len(key),
@@ -143,6 +175,9 @@ class KeyLayout:
     def _extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
         """``EXTEND`` of the lease; with ``claim``, taking the lock where nobody holds it
         (see :mod:`.scripts`), with the value its acquire wrote (as near as it is known)."""
+        if is_reader(lease.name):
+            # A reader never claims: its set may hold a writer's wait on the missing nodes.
+            return self._extend_token_command(lease.name, lease.token, ttl)
         value = ""
         if claim:
             acquired_ms = int((time.time() - (time.monotonic() - lease.acquired)) * 1000)
@@ -158,6 +193,9 @@ class KeyLayout:
         )
 
     def _extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
+        if is_reader(name):
+            keys = self._reader_keys(name)
+            return script_command(rwscripts.READ_EXTEND, keys, [token, int(ttl * 1000)])
         return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000), ""])
 
     def _holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
