@@ -71,9 +71,10 @@ class HoldBase(LockBase):
     kind = "permit"
     limit = 1
 
-    @property  # type: ignore[override]
+    @property
     def _lease(self) -> Lease | None:
-        return self.__dict__.setdefault("_holds", {}).get(self._owner())
+        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_holds", {})
+        return holds.get(self._owner())
 
     @_lease.setter
     def _lease(self, lease: Lease | None) -> None:
