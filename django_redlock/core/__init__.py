@@ -24,15 +24,17 @@ from .info import (
 from .listing import glob_escape
 from .lock import Lock
 from .nodes import NodeSpec, node_identity, parse_spec, redact
-from .permits import MAX_LIMIT, ReadLock, Semaphore, WriteLock
+from .permits import ReadLock, Semaphore, WriteLock
 from .redlock import Redlock
 from .validation import (
     MAX_DURATION,
     MAX_KEY_LENGTH,
+    MAX_LIMIT,
     MAX_META_BYTES,
     MAX_NODE_TIMEOUT,
     MAX_RETRY_COUNT,
     check_flag,
+    check_limit,
     check_meta,
     check_name,
     check_node_timeout,
@@ -77,6 +79,7 @@ __all__ = [
     "TrustRefused",
     "WriteLock",
     "check_flag",
+    "check_limit",
     "check_meta",
     "check_name",
     "check_node_timeout",

@@ -45,7 +45,15 @@ from .kinds import permit_name, reader_name
 from .lock import Lease, Lock, LockBase
 from .nodes import Failure, script_command
 from .scripts import Script
-from .validation import check_flag, check_meta, check_name, check_positive, check_timeout
+from .validation import (
+    MAX_LIMIT,
+    check_flag,
+    check_limit,
+    check_meta,
+    check_name,
+    check_positive,
+    check_timeout,
+)
 
 __all__ = [
     "MAX_LIMIT",
@@ -57,10 +65,6 @@ __all__ = [
     "WriteLock",
     "WriterRequest",
 ]
-
-#: The most permits a semaphore may have: each is a slot read by every acquire that finds
-#: the first one it tries taken.
-MAX_LIMIT = 1000
 
 
 class HoldBase(LockBase):
@@ -169,10 +173,7 @@ class Primitives(RedlockBase):
         permit (a slot, see :mod:`.permits`) with the mutex's rules: ``ttl``, ``auto_renew``,
         ``fencing`` (a fence per slot), ``fair`` (one line for every slot), ``meta``.
         Every user of one name must give the same ``limit`` (a larger one lets more in)."""
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise TypeError(f"limit must be an int, got {limit!r}")
-        if not 1 <= limit <= MAX_LIMIT:
-            raise ValueError(f"limit {limit!r} for semaphore {name!r} must be 1..{MAX_LIMIT}")
+        check_limit(limit, f"limit of semaphore {name!r}")
         handle = self._hold(
             self.semaphore_class, name, ttl, auto_renew, fencing, fair, blocking, timeout,
             meta, owner, renew_for,
