@@ -215,6 +215,8 @@ class Command(BaseCommand):
                             "split": i.split,
                             "stuck": bool(reasons[i.name]),
                             "flags": reasons[i.name],
+                            "semaphore": i.semaphore,
+                            "permit": i.permit,
                         }
                         for i in locks
                     ]
