@@ -12,7 +12,7 @@ import traceback
 import pytest
 
 from django_redlock import LockNotAcquired, LockNotOwned, QuorumError
-from tests.helpers import warm_up
+from tests.helpers import node_client, wait_until, warm_up
 
 INSIDE = "semaphore:inside"  # outside the lock prefix: plain data the permits guard
 
@@ -277,3 +277,66 @@ def test_faults_while_permits_held_never_admit_more(
             h.release()
         except LockNotOwned:
             assert fault in ("restart_empty", "flush")
+
+
+def test_fair_semaphore_serves_waiters_in_arrival_order(redis_nodes, make_redlock) -> None:
+    rl = make_redlock(redis_nodes, ttl=10.0)
+    other = make_redlock(redis_nodes, ttl=10.0)
+    holders = [other.semaphore("line", 2, owner=i) for i in range(2)]
+    assert all(h.acquire(blocking=False) for h in holders)
+    order: list[int] = []
+    clients = [node_client(node) for node in redis_nodes]
+
+    def wait(i: int) -> None:
+        sem = rl.semaphore("line", 2, fair=True, owner=f"w{i}")
+        if sem.acquire(timeout=30.0):
+            order.append(i)
+            sem.release()
+
+    threads = []
+    for i in range(3):
+        thread = threading.Thread(target=wait, args=(i,))
+        thread.start()
+        threads.append(thread)
+        # The next waiter arrives once this one stands in the one line of every slot.
+        wait_until(lambda n=i + 1: all(c.zcard("redlock:queue:line") == n for c in clients))
+    holders[0].release()
+    for thread in threads:
+        thread.join(30)
+    assert order == [0, 1, 2]
+    holders[1].release()
+
+
+def test_majority_down_is_a_quorum_error(redis_cluster_factory, make_redlock) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=5.0, node_timeout=0.05)
+    warm_up(rl)
+    cluster[0].kill()
+    cluster[1].kill()
+    with pytest.raises(QuorumError):
+        rl.semaphore("down", 3).acquire(blocking=False)
+    with pytest.raises(QuorumError):
+        rl.read_lock("down").acquire(blocking=False)
+    with pytest.raises(QuorumError):
+        rl.write_lock("down").acquire(blocking=False)
+
+
+def test_cancelled_async_waiter_leaves_no_permit(redis_nodes, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes, ttl=10.0)
+
+    async def main() -> None:
+        held = rl.semaphore("cancel", 1, owner="holder")
+        assert await held.acquire(blocking=False)
+        waiter = asyncio.ensure_future(rl.semaphore("cancel", 1).acquire(timeout=20.0))
+        await asyncio.sleep(0.2)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await held.release()
+        names = [i.name for i in await rl.live_locks("cancel*")]
+        assert names == []
+        again = rl.semaphore("cancel", 1)
+        assert await again.acquire(blocking=False)
+        await again.release()
+
+    asyncio.run(main())
