@@ -19,7 +19,7 @@ from tests.helpers import warm_up
 
 
 def test_readers_share_writer_excludes(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     r1, r2 = rl.read_lock("doc:9", owner=1), rl.read_lock("doc:9", owner=2)
     w = rl.write_lock("doc:9", owner="w")
     assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
@@ -41,7 +41,7 @@ def test_readers_share_writer_excludes(redis_nodes, make_redlock) -> None:
 
 
 def test_reader_renewal_and_fenced_writer(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     with rl.read_lock("renew", ttl=1.0, auto_renew=True) as r:
         assert threading.Event().wait(1.6) is False
         assert r.held and r.check()
@@ -57,7 +57,7 @@ def test_waiting_writer_is_not_starved_by_readers(redis_nodes, make_redlock) -> 
     """Readers overlap one another without a gap, so without the writer's waiting mark there
     would never be a moment with no reader; the writer still gets in, and no reader holds the
     lock while it does."""
-    rl = make_redlock(redis_nodes, ttl=10.0, retry_delay=0.05)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5, retry_delay=0.05)
     stop = threading.Event()
     writer_in = threading.Event()
     overlap: list[str] = []
@@ -94,7 +94,7 @@ def test_waiting_writer_is_not_starved_by_readers(redis_nodes, make_redlock) -> 
 
 
 def test_writer_giving_up_lets_readers_in(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     r = rl.read_lock("giveup", owner="r")
     assert r.acquire(blocking=False)
     assert rl.write_lock("giveup").acquire(timeout=0.3) is False
@@ -103,7 +103,7 @@ def test_writer_giving_up_lets_readers_in(redis_nodes, make_redlock) -> None:
 
 
 def test_async_read_write(redis_nodes, make_async_redlock) -> None:
-    rl = make_async_redlock(redis_nodes, ttl=10.0)
+    rl = make_async_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
 
     async def main() -> None:
         async with rl.read_lock("adoc") as r1, rl.read_lock("adoc") as r2:
@@ -124,7 +124,7 @@ def test_restarted_node_does_not_let_a_writer_past_readers(
     redis_cluster_factory, make_redlock
 ) -> None:
     cluster = redis_cluster_factory(3)
-    rl = make_redlock(cluster, ttl=20.0, node_timeout=0.05)
+    rl = make_redlock(cluster, ttl=20.0, node_timeout=0.2)
     warm_up(rl)
     r = rl.read_lock("guarded", owner="r")
     assert r.acquire(blocking=False)
@@ -149,7 +149,7 @@ def _worker(urls, seed, gate, results) -> None:
     history, error = [], None
     try:
         rng = random.Random(seed)
-        rl = Redlock(urls, ttl=10.0, retry_delay=0.02)
+        rl = Redlock(urls, ttl=10.0, node_timeout=0.5, retry_delay=0.02)
         gate.wait(30)
         for _ in range(CYCLES):
             write = rng.random() < 0.3

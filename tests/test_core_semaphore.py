@@ -33,7 +33,7 @@ def test_history_checker_sees_overlaps() -> None:
 
 
 def test_limit_permits_then_refused(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     sems = [rl.semaphore("export:7", limit=3, owner=i) for i in range(4)]
     assert [s.acquire(blocking=False) for s in sems] == [True, True, True, False]
     assert sorted(s.permit for s in sems[:3]) == [0, 1, 2]
@@ -53,7 +53,7 @@ def test_limit_permits_then_refused(redis_nodes, make_redlock) -> None:
 
 
 def test_blocking_acquire_woken_by_a_release(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=30.0, retry_delay=5.0)
+    rl = make_redlock(redis_nodes, ttl=30.0, node_timeout=0.5, retry_delay=5.0)
     holders = [rl.semaphore("wake", limit=2, owner=i) for i in range(2)]
     assert all(h.acquire(blocking=False) for h in holders)
     waiter = rl.semaphore("wake", limit=2)
@@ -76,7 +76,7 @@ def test_blocking_acquire_woken_by_a_release(redis_nodes, make_redlock) -> None:
 
 
 def test_shared_handle_gives_each_thread_its_own_permit(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     sem = rl.semaphore("shared", limit=2)
     results: list[tuple[bool, int | None]] = []
     barrier = threading.Barrier(3)
@@ -100,7 +100,7 @@ def test_shared_handle_gives_each_thread_its_own_permit(redis_nodes, make_redloc
 
 
 def test_context_manager_renewal_extend_check_fence(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     with rl.semaphore("ctx", 1, ttl=1.0, auto_renew=True, fencing=True) as sem:
         first = sem.fence
         assert first is not None
@@ -120,7 +120,7 @@ def test_context_manager_renewal_extend_check_fence(redis_nodes, make_redlock) -
 
 
 def test_force_release_of_one_permit(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     a, b = rl.semaphore("ops", 2, owner="a"), rl.semaphore("ops", 2, owner="b")
     assert a.acquire(blocking=False) and b.acquire(blocking=False)
     assert rl.force_release(f"ops#permit:{a.permit}") == 3
@@ -150,7 +150,7 @@ def test_bad_arguments_named_before_sending(kwargs, error, make_redlock) -> None
 
 
 def test_async_semaphore(redis_nodes, make_async_redlock) -> None:
-    rl = make_async_redlock(redis_nodes, ttl=10.0)
+    rl = make_async_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
 
     async def main() -> None:
         sems = [rl.semaphore("aexp", 2) for _ in range(3)]
@@ -184,7 +184,7 @@ def _worker(urls, counter_url, gate, results) -> None:
 
     intervals, most, error = [], 0, None
     try:
-        rl = Redlock(urls, ttl=10.0, retry_delay=0.02)
+        rl = Redlock(urls, ttl=10.0, node_timeout=0.5, retry_delay=0.02)
         counter = redis.Redis.from_url(counter_url, socket_timeout=5)
         gate.wait(30)
         for _ in range(CYCLES):
@@ -246,8 +246,8 @@ def test_faults_while_permits_held_never_admit_more(
     fault, redis_cluster_factory, make_redlock
 ) -> None:
     cluster = redis_cluster_factory(3)
-    rl = make_redlock(cluster, ttl=20.0, node_timeout=0.05)
-    other = make_redlock(cluster, ttl=20.0, node_timeout=0.05)
+    rl = make_redlock(cluster, ttl=20.0, node_timeout=0.2)
+    other = make_redlock(cluster, ttl=20.0, node_timeout=0.2)
     warm_up(rl)
     warm_up(other)
     held = [rl.semaphore("faulty", 2, owner=i) for i in range(2)]
@@ -280,8 +280,8 @@ def test_faults_while_permits_held_never_admit_more(
 
 
 def test_fair_semaphore_serves_waiters_in_arrival_order(redis_nodes, make_redlock) -> None:
-    rl = make_redlock(redis_nodes, ttl=10.0)
-    other = make_redlock(redis_nodes, ttl=10.0)
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    other = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     holders = [other.semaphore("line", 2, owner=i) for i in range(2)]
     assert all(h.acquire(blocking=False) for h in holders)
     order: list[int] = []
@@ -309,7 +309,7 @@ def test_fair_semaphore_serves_waiters_in_arrival_order(redis_nodes, make_redloc
 
 def test_majority_down_is_a_quorum_error(redis_cluster_factory, make_redlock) -> None:
     cluster = redis_cluster_factory(3)
-    rl = make_redlock(cluster, ttl=5.0, node_timeout=0.05)
+    rl = make_redlock(cluster, ttl=5.0, node_timeout=0.2)
     warm_up(rl)
     cluster[0].kill()
     cluster[1].kill()
@@ -322,7 +322,7 @@ def test_majority_down_is_a_quorum_error(redis_cluster_factory, make_redlock) ->
 
 
 def test_cancelled_async_waiter_leaves_no_permit(redis_nodes, make_async_redlock) -> None:
-    rl = make_async_redlock(redis_nodes, ttl=10.0)
+    rl = make_async_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
 
     async def main() -> None:
         held = rl.semaphore("cancel", 1, owner="holder")
