@@ -16,8 +16,8 @@ from . import rwscripts, scripts
 from .info import HOLDER_PLACE
 from .kinds import base_name, is_reader
 from .lock import Lease
-from .nodes import eval_command, script_command
-from .resp import encode, encode_args
+from .nodes import as_bytes, eval_command, script_command
+from .resp import encode_args
 from .validation import check_name
 
 __all__ = ["KeyLayout", "lock_fields", "lock_value"]
@@ -124,11 +124,8 @@ class KeyLayout:
     def _release_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token``, encoded (it runs on every release)."""
         if is_reader(name):
-            return encode(
-                eval_command(
-                    rwscripts.READ_RELEASE, self._reader_keys(name), [token, self._channel(name)]
-                )
-            )
+            keys, args = self._reader_keys(name), [token, self._channel(name)]
+            return as_bytes(eval_command(rwscripts.READ_RELEASE, keys, args))
         key, channel, value = self._key(name).encode(), self._channel(name).encode(), token.encode()
         return _RELEASE_HEAD + b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
             len(key),
