@@ -60,3 +60,28 @@ def test_manage_list_shows_permits(admin_redlock_settings, holder):
     assert item["semaphore"] == "job:1" and item["permit"] == sem.permit
     assert 0 < item["ttl"] <= 30 and item["meta"]["pid"]
     sem.release()
+
+
+def test_readers_listed_one_per_reader_and_one_released(client: Client, lock_releaser, holder):
+    readers = [holder.read_lock("doc:9", owner=i, meta={"user": f"r{i}"}) for i in range(2)]
+    assert all(r.acquire(blocking=False) for r in readers)
+    infos = {i.name: i for i in holder.live_locks("doc:*")}
+    assert set(infos) == {f"doc:9#read:{r.token}" for r in readers}
+    first = infos[f"doc:9#read:{readers[0].token}"]
+    assert first.reader_of == "doc:9" and first.meta["user"] == "r0"
+    assert first.nodes == 3 and not first.split and 0 < first.ttl <= 30
+    client.force_login(lock_releaser)
+    html = client.get(LIST).content.decode()
+    assert html.count("reader of doc:9") == 2
+    done = client.post(
+        RELEASE, {"name": [first.name], "confirm": "yes", "token": [first.token]}, follow=True
+    )
+    assert done.status_code == 200
+    assert [i.name for i in holder.live_locks("doc:*")] == [f"doc:9#read:{readers[1].token}"]
+    assert readers[0].check() is False
+    # One reader left: a writer still waits; with both gone it gets in.
+    assert holder.write_lock("doc:9", owner="w").acquire(blocking=False) is False
+    assert holder.force_release(f"doc:9#read:{readers[1].token}") == 3
+    writer = holder.write_lock("doc:9", owner="w2")
+    assert writer.acquire(blocking=False)
+    writer.release()

@@ -824,15 +824,17 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
         entries (see :meth:`_lock_info`)."""
-        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
-        while any(c is not None for c in cursors):
-            commands = {
-                id(node): self._list_command(cursor, pattern)
-                for node, cursor in zip(self.nodes, cursors, strict=True)
-            }
-            replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
-            self._list_step(cursors, replies, found)
+        # The locks, then the read/write locks' readers (one entry per reader).
+        for command in (self._list_command, self._list_readers_command):
+            cursors: list[bytes | None] = [b"0"] * len(self.nodes)
+            while any(c is not None for c in cursors):
+                commands = {
+                    id(node): command(cursor, pattern)
+                    for node, cursor in zip(self.nodes, cursors, strict=True)
+                }
+                replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
+                self._list_step(cursors, replies, found)
         return found
 
     def _trust_cluster_steps(self) -> Steps[int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import rwscripts, scripts
 from .info import HOLDER_PLACE
-from .kinds import base_name, is_reader
+from .kinds import base_name, is_reader, reader_entry_of
 from .lock import Lease
 from .nodes import as_bytes, eval_command, script_command
 from .resp import encode_args
@@ -144,6 +144,13 @@ class KeyLayout:
         )
 
     def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
+        entry = reader_entry_of(check_name(name))
+        if entry is not None:
+            # One reader, as listed: its token is in its name (a token given must match).
+            base, reader = entry
+            keys = self._reader_keys(base)
+            gone = reader if token in (None, reader) else ""
+            return eval_command(rwscripts.READ_FORCE_RELEASE, keys, [gone, self._channel(base)])
         # With its body, as a release: a slow node runs it late, whatever its script cache.
         return eval_command(
             scripts.FORCE_RELEASE, [self._key(check_name(name))], [self._channel(name), token or ""]
@@ -162,6 +169,18 @@ class KeyLayout:
             return ["PING"]
         match = f"{self.key_prefix}:lock:{pattern}"
         return script_command(scripts.LIST, [], [cursor, match, self.LIST_BATCH])
+
+    def _list_readers_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
+        """The next step of listing readers (see :meth:`_list_command`); ``pattern`` is on
+        the read/write locks' names."""
+        if cursor is None:
+            return ["PING"]
+        p = self.key_prefix
+        pattern = pattern.split("#read", 1)[0] + ("*" if "#read" in pattern else "")
+        args = [cursor, f"{p}:readers:{pattern}", self.LIST_BATCH]
+        return script_command(
+            rwscripts.LIST_READERS, [], [*args, f"{p}:readers:", f"{p}:rmeta:", f"{p}:lock:"]
+        )
 
     def _trust_command(self, run_id: str, marker: bytes) -> list[Any]:
         return script_command(scripts.TRUST, [self._node_key()], [run_id, marker])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .kinds import permit_of
+from .kinds import permit_of, reader_entry_of
 
 __all__ = [
     "HOLDER_PLACE",
@@ -149,6 +149,13 @@ class LockInfo:
         ``"export:7#permit:2"``), else None."""
         permit = permit_of(self.name)
         return None if permit is None else permit[0]
+
+    @property
+    def reader_of(self) -> str | None:
+        """The read/write lock this entry is a reader of (``"doc:9"`` for
+        ``"doc:9#read:<token>"``), else None."""
+        entry = reader_entry_of(self.name)
+        return None if entry is None else entry[0]
 
     @property
     def permit(self) -> int | None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 __all__ = [
     "PERMIT_SEP",
+    "READER_ENTRY",
     "READER_SUFFIX",
     "base_name",
     "is_reader",
     "permit_name",
     "permit_of",
+    "reader_entry_of",
     "reader_name",
 ]
 
@@ -25,6 +27,10 @@ PERMIT_SEP = "#permit:"
 
 #: After a read/write lock's name, for the hold of one of its readers.
 READER_SUFFIX = "#read"
+
+#: Between a read/write lock's name and a reader's token, in listings (one entry per reader:
+#: ``"doc:9#read:<token>"``, which ``force_release`` takes).
+READER_ENTRY = "#read:"
 
 
 def permit_name(name: str, slot: int) -> str:
@@ -47,6 +53,14 @@ def reader_name(name: str) -> str:
 
 def is_reader(name: str) -> bool:
     return name.endswith(READER_SUFFIX) and len(name) > len(READER_SUFFIX)
+
+
+def reader_entry_of(name: str) -> tuple[str, str] | None:
+    """``(read/write lock, reader token)`` when ``name`` is a listed reader, else None."""
+    base, sep, token = name.rpartition(READER_ENTRY)
+    if sep and base and token and all(c in "0123456789abcdef" for c in token):
+        return base, token
+    return None
 
 
 def base_name(name: str) -> str:

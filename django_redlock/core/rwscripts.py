@@ -22,10 +22,12 @@ from __future__ import annotations
 from .scripts import _FIELDS, _GUARD, _TAKE, Script
 
 __all__ = [
+    "LIST_READERS",
     "PERMIT_PTTLS",
     "READ_ACQUIRE",
     "READ_CHECK",
     "READ_EXTEND",
+    "READ_FORCE_RELEASE",
     "READ_RELEASE",
     "WRITE_ACQUIRE",
     "WRITE_LEAVE",
@@ -204,6 +206,53 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0') > now then
   return ARGV[1] .. ' '
+end
+return false
+"""
+)
+
+# One step of listing the readers on this node, in the shape of scripts.LIST's entries, each
+# reader named "<lock>#read:<token>" under the locks' key prefix (so a listing reads both alike).
+# KEYS none
+# ARGV[1] SCAN cursor, ARGV[2] MATCH pattern (on the readers' sets), ARGV[3] COUNT, ARGV[4] the
+# readers' sets' key prefix ("p:readers:"), ARGV[5] the reader values' ("p:rmeta:"), ARGV[6] the
+# locks' ("p:lock:")
+# Returns {next cursor, JSON list of [key, token, meta, fence, renewals, acquired, ttl, pttl]}
+LIST_READERS = Script(
+    _FIELDS
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local step = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3], 'TYPE', 'zset')
+local out = {}
+for _, key in ipairs(step[2]) do
+  local name = string.sub(key, #ARGV[4] + 1)
+  local live = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES')
+  for i = 1, #live, 2 do
+    local value = redis.call('HGET', ARGV[5] .. name, live[i]) or ''
+    local token, fence, renewals, acquired, ttl, meta = fields(value)
+    if token then
+      out[#out + 1] = {ARGV[6] .. name .. '#read:' .. token, token, meta, fence, renewals,
+                       acquired, ttl, tonumber(live[i + 1]) - now}
+    end
+  end
+end
+if #out == 0 then
+  return {step[1], '[]'}
+end
+return {step[1], cjson.encode(out)}
+"""
+)
+
+# Remove one reader whoever it is (an operator's action), and wake whoever waits.
+# KEYS[1] readers, KEYS[2] reader values; ARGV[1] the reader's token, ARGV[2] release channel
+# Returns the token when it was removed, else false.
+READ_FORCE_RELEASE = Script(
+    """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  return ARGV[1]
 end
 return false
 """

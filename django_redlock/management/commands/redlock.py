@@ -217,6 +217,7 @@ class Command(BaseCommand):
                             "flags": reasons[i.name],
                             "semaphore": i.semaphore,
                             "permit": i.permit,
+                            "reader_of": i.reader_of,
                         }
                         for i in locks
                     ]
