@@ -74,5 +74,5 @@ def test_bad_lock_limit_is_refused_naming_the_task(worker):
         return None
 
     bad = tasks.app.task(name="tests.bad_limit", base=LockedTask, bind=True, lock_limit=0)(body)
-    with pytest.raises(ValueError, match="tests.bad_limit.*lock_limit must be 1..1000"):
+    with pytest.raises(ValueError, match=r"tests\.bad_limit.*lock_limit must be 1\.\.1000"):
         bad.lock_options()

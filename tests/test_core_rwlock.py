@@ -5,7 +5,6 @@ and the restart guard holds for readers too."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import random
 import sys
 import threading
@@ -15,7 +14,7 @@ import traceback
 import pytest
 
 from django_redlock import QuorumError
-from tests.helpers import warm_up
+from tests.helpers import run_processes, warm_up
 
 
 def test_readers_share_writer_excludes(redis_nodes, make_redlock) -> None:
@@ -172,20 +171,7 @@ def _worker(urls, seed, gate, results) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="system-wide monotonic clock")
 def test_processes_writer_alone(redis_nodes) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    gate = ctx.Barrier(PROCESSES)
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(redis_nodes.urls, seed, gate, results))
-        for seed in range(PROCESSES)
-    ]
-    for p in procs:
-        p.start()
-    outcomes = [results.get(timeout=240) for _ in procs]
-    for p in procs:
-        p.join(30)
-    errors = [e for _, e in outcomes if e]
-    assert not errors, errors[0]
+    outcomes = run_processes(_worker, [(redis_nodes.urls, seed) for seed in range(PROCESSES)])
     history = [h for got, _ in outcomes for h in got]
     writes = [(b, e) for w, b, e in history if w]
     assert writes and len(writes) < len(history)

@@ -4,7 +4,6 @@ critical section (many processes), and kept through node faults while permits ar
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import sys
 import threading
 import traceback
@@ -12,7 +11,7 @@ import traceback
 import pytest
 
 from django_redlock import LockNotAcquired, LockNotOwned, QuorumError
-from tests.helpers import node_client, wait_until, warm_up
+from tests.helpers import node_client, run_processes, wait_until, warm_up
 
 INSIDE = "semaphore:inside"  # outside the lock prefix: plain data the permits guard
 
@@ -209,20 +208,7 @@ def _worker(urls, counter_url, gate, results) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="system-wide monotonic clock")
 def test_processes_never_exceed_the_limit(redis_nodes, redis_node) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    gate = ctx.Barrier(PROCESSES)
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(redis_nodes.urls, redis_node.url, gate, results))
-        for _ in range(PROCESSES)
-    ]
-    for p in procs:
-        p.start()
-    outcomes = [results.get(timeout=240) for _ in procs]
-    for p in procs:
-        p.join(30)
-    errors = [e for _, _, e in outcomes if e]
-    assert not errors, errors[0]
+    outcomes = run_processes(_worker, [(redis_nodes.urls, redis_node.url)] * PROCESSES)
     intervals = [i for got, _, _ in outcomes for i in got]
     assert len(intervals) == PROCESSES * CYCLES
     assert max_inside(intervals) <= LIMIT

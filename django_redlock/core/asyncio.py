@@ -205,25 +205,14 @@ class AsyncSemaphore(HoldBase, AsyncLock):
 
     kind = "permit"
 
-    def acquire(
-        self,
-        blocking: bool | None = None,
-        timeout: float | None = None,
-        *,
-        retries: int | None = None,
-    ) -> Coroutine[Any, Any, bool]:
-        if retries is not None:
-            raise ValueError(f"{self.name!r}: retries= is for locks; give a timeout instead")
-        owner = self._owner()
-        prepared = self._prepare(owner, blocking, check_timeout(timeout), None)
-        return self._acquire_hold_for(owner, prepared)
-
-    async def _acquire_hold_for(
+    async def _acquire_for(
         self, owner: Hashable, prepared: tuple[bool, float | None, int | None] | None
     ) -> bool:
         if prepared is None:
             return False
-        blocking, timeout, _ = prepared
+        blocking, timeout, retries = prepared
+        if retries is not None:
+            raise ValueError(f"{self.name!r}: retries= is for locks; give a timeout instead")
         return self._won_for(
             owner, await self.redlock._acquire_hold(self, owner, blocking, timeout)
         )

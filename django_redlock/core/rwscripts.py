@@ -46,6 +46,12 @@ return out
 """
 )
 
+# The server's clock in ms (the acquire scripts get it from the restart guard's opening).
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
 # Shared by the read/write scripts after the restart guard: drop readers and waiting writers
 # whose time has come. Uses KEYS[4] readers, KEYS[5] reader values, KEYS[6] waiting writers.
 _PRUNE = """
@@ -163,9 +169,8 @@ return 0
 # Returns 1 when extended, 0 when the token is not a live reader here.
 READ_EXTEND = Script(
     _FIELDS
+    + _NOW
     + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_ms = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
 if until_ms <= now then
   return 0
@@ -201,9 +206,8 @@ return 0
 # KEYS[1] readers; ARGV[1] token
 # Returns "<token> " when it is, else false.
 READ_CHECK = Script(
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    _NOW
+    + """
 if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0') > now then
   return ARGV[1] .. ' '
 end
@@ -220,9 +224,8 @@ return false
 # Returns {next cursor, JSON list of [key, token, meta, fence, renewals, acquired, ttl, pttl]}
 LIST_READERS = Script(
     _FIELDS
+    + _NOW
     + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local step = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3], 'TYPE', 'zset')
 local out = {}
 for _, key in ipairs(step[2]) do
