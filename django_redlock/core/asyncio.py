@@ -172,11 +172,15 @@ class AsyncLock(LockBase):
         calling task is not the one that took it) and :class:`LockLost` if we knew it was
         lost. A cancelled caller still has the release finished in the background."""
         lease = self._take_lease(self._owner())
-        self._lease = None
+        self._drop_hold()
         return self.redlock._release(lease)
 
     def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum: the
+        lease then ends ``ttl`` from now (redis-py's ``extend`` adds to what is left). False
+        when it could not be re-armed on a quorum (when the nodes no longer hold our token,
+        the handle is also marked lost); another owner's call raises :class:`LockNotOwned`
+        and sends nothing."""
         lease = self._take_lease(self._owner())
         return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
