@@ -77,17 +77,21 @@ class HoldBase(LockBase):
 
     @property
     def _lease(self) -> Lease | None:
-        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_holds", {})
+        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_by_owner", {})
         return holds.get(self._owner())
 
     @_lease.setter
     def _lease(self, lease: Lease | None) -> None:
-        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_holds", {})
+        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_by_owner", {})
         owner = self._owner()
         if lease is None:
             holds.pop(owner, None)
         else:
             holds[owner] = lease
+
+    def _drop_hold(self) -> None:
+        # Permits and read holds are not reentrant: the owner's one hold ends here.
+        self._lease = None
 
     @property
     def permit(self) -> int | None:
@@ -107,7 +111,7 @@ class HoldBase(LockBase):
         """Keep a won hold for ``owner`` (the caller of ``acquire()``, which may not be the
         task that finishes it)."""
         if lease is not None:
-            self.__dict__.setdefault("_holds", {})[owner] = lease
+            self.__dict__.setdefault("_by_owner", {})[owner] = lease
         return lease is not None
 
     def _not_acquired(self) -> Any:
