@@ -986,8 +986,11 @@ class LockedTask(Task):
         policy = opts.on_locked
         if holder is None:
             holder = _holder(redlock, name)
+        held_by = f"is held by {_describe(holder)}"
+        if opts.limit is not None:
+            held_by = f"has all {opts.limit} permits taken"
         exc = LockNotAcquired(
-            f"task {self.name}[{request.id}]: lock {name!r} is held by {_describe(holder)}",
+            f"task {self.name}[{request.id}]: lock {name!r} {held_by}",
             name,
             retry_after=lock.retry_after,
         )
@@ -1018,8 +1021,9 @@ class LockedTask(Task):
             return self._skip(redlock, lock, request, name, holder, args, kwargs)
         if policy == "wait":
             exc = LockNotAcquired(
-                f"task {self.name}[{request.id}]: lock {name!r} still held by "
-                f"{_describe(holder)} after waiting {opts.effective_wait():g}s",
+                f"task {self.name}[{request.id}]: lock {name!r} still "
+                f"{'full' if opts.limit is not None else 'held by ' + _describe(holder)} "
+                f"after waiting {opts.effective_wait():g}s",
                 name,
                 retry_after=lock.retry_after,
             )

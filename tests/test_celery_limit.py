@@ -56,7 +56,7 @@ def test_policies_once_every_permit_is_taken(worker, rl):
     skipped = tasks.limited_skip.delay("p", run.id)
     assert skipped.get(timeout=TIMEOUT) is None and skipped.state == "SUCCESS"
     raised = tasks.limited_raise.delay("p", run.id)
-    with pytest.raises(LockNotAcquired, match="limited:p"):
+    with pytest.raises(LockNotAcquired, match="'limited:p' has all 2 permits taken"):
         raised.get(timeout=TIMEOUT)
     waiting = tasks.limited_wait.delay("p", run.id)
     retried = tasks.limited.delay("p", run.id)
