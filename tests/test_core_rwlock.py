@@ -119,6 +119,7 @@ def test_async_read_write(redis_nodes, make_async_redlock) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.faults
 def test_restarted_node_does_not_let_a_writer_past_readers(
     redis_cluster_factory, make_redlock
 ) -> None:

@@ -227,6 +227,7 @@ def _refused(sem) -> bool:
         return True
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("fault", ["pause", "kill", "restart_empty", "flush"])
 def test_faults_while_permits_held_never_admit_more(
     fault, redis_cluster_factory, make_redlock
@@ -293,6 +294,7 @@ def test_fair_semaphore_serves_waiters_in_arrival_order(redis_nodes, make_redloc
     holders[1].release()
 
 
+@pytest.mark.faults
 def test_majority_down_is_a_quorum_error(redis_cluster_factory, make_redlock) -> None:
     cluster = redis_cluster_factory(3)
     rl = make_redlock(cluster, ttl=5.0, node_timeout=0.2)
