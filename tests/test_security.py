@@ -158,7 +158,7 @@ def test_requirepass_without_a_password(password_cluster) -> None:
     )
     try:
         err = _auth_refused(rl, password_cluster)
-        assert all("NOAUTH" in why for why in err.failures.values()), err.failures
+        assert all("Authentication required" in why for why in err.failures.values()), err.failures
     finally:
         rl.close()
 
@@ -253,8 +253,16 @@ class Pki:
         path.write_bytes(data)
         return str(path)
 
-    def issue(self, name: str, *, server: bool) -> tuple[str, str]:
-        """(cert file, key file) for ``name`` (a server certificate covers 127.0.0.1)."""
+    def issue(
+        self,
+        name: str,
+        *,
+        server: bool,
+        names: list[str] | None = None,
+        password: str | None = None,
+    ) -> tuple[str, str]:
+        """(cert file, key file) for ``name``. A server certificate covers 127.0.0.1 and
+        localhost, or only the DNS ``names`` given; ``password`` encrypts the key file."""
         x509, oid = self._x509, self._oid
         key = self._ec.generate_private_key(self._ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
@@ -285,15 +293,20 @@ class Pki:
             )
         )
         if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-                ),
-                critical=False,
+            alt: list[x509.GeneralName] = (
+                [x509.DNSName(n) for n in names]
+                if names
+                else [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
             )
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
         cert = builder.sign(self.key, self._hashes.SHA256())
         enc = self._ser.Encoding.PEM
-        key_pem = key.private_bytes(enc, self._ser.PrivateFormat.PKCS8, self._ser.NoEncryption())
+        encryption = (
+            self._ser.BestAvailableEncryption(password.encode())
+            if password
+            else self._ser.NoEncryption()
+        )
+        key_pem = key.private_bytes(enc, self._ser.PrivateFormat.PKCS8, encryption)
         return (
             self._write(f"{name}.crt", cert.public_bytes(enc)),
             self._write(f"{name}.key", key_pem),

@@ -1,7 +1,8 @@
 """Connections to the nodes for the asyncio client (the twin of :mod:`.nodes`).
 
-Each node gets lean connections (an :class:`asyncio.Protocol` parsing RESP with the sans-IO
-:mod:`.resp`, the same handshake as the sync ``Wire``: AUTH, SELECT, INFO for the run id). A
+Each node gets connections opened by ``redis.asyncio`` (TLS, AUTH, SELECT as redis-py does
+them, then INFO for the run id), whose transport is then driven by an :class:`asyncio.Protocol`
+that hands hiredis's parsed replies to the fan-out's callbacks (no read task per connection). A
 fan-out writes the command to every node, then waits for the replies at once with one
 deadline (``node_timeout``), or until a quorum granted an acquire or removed a released key;
 a connection whose reply did not come in time is given up (after the undo of what it
@@ -20,6 +21,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import redis
+
 from .nodes import (
     DRAIN_FOR,
     SENT_TWICE,
@@ -29,18 +32,19 @@ from .nodes import (
     Node,
     Pipelined,
     ProtocolError,
+    ReplyError,
     WireError,
     as_bytes,
     as_eval,
+    connect_failure,
     fold,
-    handshake,
     os_failure,
-    parse_reply,
+    pack_many,
+    reader,
     reply_failure,
     server_of,
     unfinished,
 )
-from .resp import Incomplete, ReplyError, bulk, encode
 
 __all__ = [
     "NOT_CONNECTED",
@@ -81,10 +85,9 @@ class AsyncWire(asyncio.Protocol):
         #: The node's :attr:`.nodes.Node.later`: what must still reach it if this is cut.
         self.later = later
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
+        #: hiredis's parser: replies are handed on as soon as they are whole.
+        self.reader = reader()
         self.run_id = ""
-        #: The run id as a RESP argument (every acquire sends it).
-        self.run_id_arg = b""
         #: As :attr:`.nodes.Wire.started`.
         self.started = 0.0
         #: As :attr:`.nodes.Wire.vote_marker`.
@@ -100,6 +103,8 @@ class AsyncWire(asyncio.Protocol):
         self.owed: deque[Due] = deque()
         self.push: Callable[[Any], None] | None = None
         self.on_lost: Callable[[AsyncWire], None] | None = None
+        #: The stream writer redis-py opened the connection with (see :func:`open_wire`).
+        self.stream: asyncio.StreamWriter | None = None
 
     # protocol callbacks
 
@@ -112,12 +117,10 @@ class AsyncWire(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos = 0
+        parser = self.reader
+        parser.feed(data)
         try:
-            while pos < len(buf):
-                value, pos = parse_reply(buf, pos)
+            while (value := parser.gets()) is not False:
                 if self.push is not None:
                     self.push(value)
                 elif self.waiters:
@@ -126,13 +129,9 @@ class AsyncWire(asyncio.Protocol):
                         self.close()  # given up, and now everything is answered
                 else:
                     raise ProtocolError("a reply nobody asked for")
-        except Incomplete:
-            pass
         except ProtocolError as exc:
             # Out of step with the node: this connection can never be trusted again.
             self.abort(exc)
-            return
-        del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         error = (
@@ -196,7 +195,7 @@ class AsyncWire(asyncio.Protocol):
                 future.set_result(ConnectionResetError("connection closed"))
             return futures
         self.waiters.extend(functools.partial(settle, f) for f in futures)
-        self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
+        self.transport.write(pack_many(commands))  # type: ignore[union-attr]
         return futures
 
     def send_unowned(self, command: bytes) -> None:
@@ -266,14 +265,15 @@ def settle(future: asyncio.Future[Any], value: Any) -> None:
 
 
 async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float) -> AsyncWire:
-    """Connect and shake hands (AUTH, SELECT, INFO server for the run id) within ``timeout``
-    seconds. Raises :class:`WireError` (at once while the node is unreachable: see
+    """Connect through ``redis.asyncio`` (TLS with every ``ssl_*`` option, AUTH, SELECT as
+    redis-py does them) and ask INFO for the run id, within ``timeout`` seconds. Raises
+    :class:`WireError` (at once while the node is unreachable: see
     :meth:`.nodes.Node.connect`); cancelling aborts the connection."""
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
     try:
-        return await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
+        return await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
     except asyncio.TimeoutError:
         node.went_silent()
         raise WireError(NOT_CONNECTED) from None
@@ -283,49 +283,40 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
         raise
 
 
-async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire:
-    params = node.params
-    wire: AsyncWire | None = None
+async def _connect_and_shake_hands(
+    node: Node, loop: asyncio.AbstractEventLoop, timeout: float
+) -> AsyncWire:
+    conn = node.connection(timeout, asyncio=True)
     try:
-
-        def protocol() -> AsyncWire:
-            return AsyncWire(loop, node.later)
-
-        if "path" in params:
-            _, wire = await loop.create_unix_connection(protocol, params["path"])
-        elif params.get("ssl"):
-            _, wire = await loop.create_connection(
-                protocol,
-                params["host"],
-                params["port"],
-                ssl=node.ssl_context(),
-                server_hostname=params["host"],
-            )
-        else:
-            _, wire = await loop.create_connection(protocol, params["host"], params["port"])
-        replies = []
-        for waiter in wire.request_many(handshake(params)):
-            reply = await waiter
-            if isinstance(reply, OSError):
-                raise reply
-            replies.append(reply)
-        wire.run_id, wire.started = server_of(replies)
-        wire.run_id_arg = bulk(wire.run_id)
-        return wire
-    except WireError:
-        if wire is not None:
-            wire.abort()
+        await conn.connect()
+        await conn.send_command("INFO", "server")
+        run_id, started = server_of([await conn.read_response()])
+        # The connected transport is handed to an AsyncWire: replies are parsed as they
+        # arrive and handed to the fan-out's callbacks, with no read task per connection.
+        writer = conn._writer
+        assert writer is not None
+        transport = writer.transport
+        conn._reader = conn._writer = None
+        wire = AsyncWire(loop, node.later)
+        # Kept with the wire: a stream writer closes its transport when it is collected.
+        wire.stream = writer
+        transport.set_protocol(wire)
+        wire.connection_made(transport)
+    except BaseException as exc:
+        _abort(conn)
+        if isinstance(exc, (redis.RedisError, OSError)) and not isinstance(exc, WireError):
+            raise WireError(connect_failure(exc)) from None
         raise
-    except OSError as exc:
-        if wire is not None:
-            wire.abort()
-        if isinstance(exc, TimeoutError):
-            raise WireError(NOT_CONNECTED) from None
-        raise WireError(os_failure(exc)) from None
-    except BaseException:
-        if wire is not None:
-            wire.abort()
-        raise
+    wire.run_id, wire.started = run_id, started
+    return wire
+
+
+def _abort(conn: Any) -> None:
+    """Close a redis.asyncio connection that failed to open, without awaiting."""
+    writer = getattr(conn, "_writer", None)
+    if writer is not None:
+        writer.transport.abort()
+    conn._reader = conn._writer = None
 
 
 def parse_info(raw: Any) -> dict[str, Any]:

@@ -53,10 +53,9 @@ from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, WireError, eval_form, os_failure, reply_failure
+from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
 from .permits import HoldBase, Primitives
 from .renewal import BATCH_WINDOW
-from .resp import ReplyError
 from .validation import check_name, check_timeout
 from .waiting import HolderWatch
 
@@ -249,6 +248,8 @@ class AsyncRedlock(Primitives):
     One instance may serve several event loops (each gets its own connections, waiters and
     renewal task) and several threads; it is fork-safe like the sync client.
     """
+
+    asyncio_transport = True
 
     lock_class = AsyncLock
     semaphore_class = AsyncSemaphore

@@ -16,8 +16,7 @@ from . import rwscripts, scripts
 from .info import HOLDER_PLACE
 from .kinds import base_name, is_reader, reader_entry_of
 from .lock import Lease
-from .nodes import as_bytes, eval_command, script_command
-from .resp import encode_args
+from .nodes import as_bytes, eval_command, pack, script_command
 from .validation import check_name
 
 __all__ = ["KeyLayout", "lock_fields", "lock_value"]
@@ -45,12 +44,12 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
     return {**dict(zip(scripts.VALUE_FIELDS, header.split(" "), strict=True)), "meta": meta}
 
 
-#: ``EVAL <RELEASE> 1`` of a six-part command; the key, token and channel follow. The body
-#: rather than its SHA: a release (or an undo) may be the last command a connection carries
-#: before nobody reads it for a while (an acquire and a release stop waiting at a quorum), so
+#: The release is ``EVAL <RELEASE> 1 key token channel``: the body rather than its SHA: a
+#: release (or an undo) may be the last command a connection carries before nobody reads it
+#: for a while (an acquire and a release stop waiting at a quorum), so
 #: it must not depend on the node's script cache; a ``NOSCRIPT`` there would not be retried
 #: in time.
-_RELEASE_HEAD = b"*6\r\n" + encode_args(["EVAL", scripts.RELEASE.body, 1])
+_RELEASE_BODY = scripts.RELEASE.body
 
 
 class KeyLayout:
@@ -126,15 +125,7 @@ class KeyLayout:
         if is_reader(name):
             keys, args = self._reader_keys(name), [token, self._channel(name)]
             return as_bytes(eval_command(rwscripts.READ_RELEASE, keys, args))
-        key, channel, value = self._key(name).encode(), self._channel(name).encode(), token.encode()
-        return _RELEASE_HEAD + b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-            len(key),
-            key,
-            len(value),
-            value,
-            len(channel),
-            channel,
-        )
+        return pack(["EVAL", _RELEASE_BODY, 1, self._key(name), token, self._channel(name)])
 
     def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
         return script_command(

@@ -45,8 +45,8 @@ from .nodes import (
     WireError,
     as_bytes,
     os_failure,
+    pack_many,
 )
-from .resp import encode
 
 __all__ = ["FanOut", "Round", "Rounds", "fan_out_batch"]
 
@@ -728,7 +728,7 @@ def fan_out_batch(
     ``timeout`` (the watchdog renews every due lease this way, so a silent node costs one
     timeout per round, not one per lease).
     """
-    payload = b"".join(encode(c) for c in commands)
+    payload = pack_many(commands)
     results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
     #: fd -> (node index, wire, what this batch waits for on it)
     waiting: dict[int, tuple[int, Wire, list[Due]]] = {}
