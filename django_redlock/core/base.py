@@ -682,6 +682,9 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
            three times);
         5. else the refusal says why, and when the lock frees up (retry with jitter is the
            caller's loop: :meth:`_pause_for`).
+
+        ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
+        write hold's script: :mod:`.permits`); the rest of the attempt is the same.
         """
         settle, trusted = 3, False
         while True:
