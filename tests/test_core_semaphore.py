@@ -328,3 +328,22 @@ def test_cancelled_async_waiter_leaves_no_permit(redis_nodes, make_async_redlock
         await again.release()
 
     asyncio.run(main())
+
+
+@pytest.mark.faults
+def test_renewed_permit_outlives_a_paused_node(redis_cluster_factory, make_redlock) -> None:
+    """A permit renewed by the watchdog while one node of three is paused for longer than its
+    lease: still held (the other two keep re-arming it), and still exclusive of its slot."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=10.0, node_timeout=0.2)
+    other = make_redlock(cluster, ttl=10.0, node_timeout=0.2)
+    warm_up(rl)
+    warm_up(other)
+    sem = rl.semaphore("renewed", 1, ttl=2.0, auto_renew=True)
+    assert sem.acquire(blocking=False)
+    with cluster[0].paused():
+        assert threading.Event().wait(3.0) is False  # longer than the 2 s lease
+        assert sem.held and sem.check()
+        assert _refused(other.semaphore("renewed", 1))
+    sem.release()
+    assert other.semaphore("renewed", 1).acquire(blocking=False)
