@@ -55,7 +55,7 @@ from .listing import glob_escape
 from .lock import Lease, LockBase
 from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
 from .permits import HoldBase, Primitives
-from .renewal import BATCH_WINDOW
+from .renewal import BATCH_WINDOW, pauses
 from .validation import check_name, check_timeout
 from .waiting import HolderWatch
 
@@ -89,8 +89,21 @@ class LoopState(LoopPool):
         try:
             await self.loop.create_future()
         finally:
+            if not self.closed:
+                # The loop is ending: what its idle connections still owe (a release that
+                # stopped at quorum) is read first, briefly, so they can be parked for the
+                # next loop (a fresh loop per request then connects nothing).
+                with contextlib.suppress(BaseException):
+                    await self._settle_idle(self.redlock.node_timeout)
             self.close(stop_renewals=True)
             self.redlock._forget(self)
+
+    async def _settle_idle(self, timeout: float) -> None:
+        deadline = self.loop.time() + timeout
+        while self.loop.time() < deadline and any(
+            wire.waiters for idle in self.idle for wire in idle
+        ):
+            await asyncio.sleep(0.001)
 
     def close(self, stop_renewals: bool = False) -> None:
         """Close this loop's connections (from the loop's thread). Renewals go on over new
@@ -99,7 +112,8 @@ class LoopState(LoopPool):
         if stop_renewals and self.renewer is not None:
             self.renewer.cancel()
         self.notices.close()
-        super().close()
+        # A loop that ends leaves its idle connections to the next loop of this process.
+        self.close_parking(self.redlock.nodes if stop_renewals else None)
         if not self.keeper.done() and self.keeper is not _current_task():
             self.keeper.cancel()
 
@@ -346,6 +360,25 @@ class AsyncRedlock(Primitives):
             state = self._states[id(loop)] = LoopState(self, loop)
             return state
 
+    def _in_background(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Run ``make()`` as a task of this loop, for cleanup after a cancellation (a lease
+        the caller never got, a release it stopped waiting for): unless the loop is shutting
+        down (``asyncio.run`` cancels every task, then closes the loop, and a task started
+        meanwhile is destroyed pending). Then nothing starts: the lease ends with its TTL."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        state = self._states.get(id(loop))
+        if state is None or state.loop is not loop or state.closed or state.pid != os.getpid():
+            return  # no connections here (the loop's keeper closed them: it is ending)
+        # The loop is shutting down once its keeper (a task nothing else cancels) is being
+        # cancelled (``Task.cancelling``: Python 3.11+; on 3.10, once it has ended).
+        cancelling = getattr(state.keeper, "cancelling", None)
+        if state.keeper.done() or (cancelling is not None and cancelling()):
+            return
+        state.spawn(make())
+
     def _forget(self, state: LoopState) -> None:
         with self._states_lock:
             if self._states.get(id(state.loop)) is state:
@@ -447,9 +480,8 @@ class AsyncRedlock(Primitives):
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
             won = self._won_unreturned(handle.name, owner)
-            state = self._state()
-            if won is not None and not state.closed:
-                state.spawn(self._give_back(won))
+            if won is not None:
+                self._in_background(functools.partial(self._give_back, won))
             raise
 
     async def _give_back(self, lease: Lease) -> None:
@@ -567,9 +599,9 @@ class AsyncRedlock(Primitives):
             return await self._fan_out(*step.fan_out_args())
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
-            state = self._state()
-            if step.undo_if_cancelled and not state.closed:
-                state.spawn(self._release_everywhere(*step.undo_if_cancelled))
+            if step.undo_if_cancelled:
+                undo = step.undo_if_cancelled
+                self._in_background(lambda: self._release_everywhere(*undo))
             raise
 
     def _join_queue(self, state: LoopState, name: str) -> TaskQueue:
@@ -616,7 +648,7 @@ class AsyncRedlock(Primitives):
             replies = await self._release_after_renewal(lease)
         except asyncio.CancelledError:
             # The caller was cancelled: the release still goes out (it is idempotent).
-            self._state().spawn(self._release_after_renewal(lease))
+            self._in_background(functools.partial(self._release_after_renewal, lease))
             raise
         finally:
             if lease.leave_queue is not None:
@@ -663,7 +695,11 @@ class AsyncRedlock(Primitives):
             while state.due:
                 delay = state.due[0][0] - time.monotonic()
                 if delay > 0:
+                    asked = time.monotonic()
                     await state.renew_wake.wait(delay)
+                    if delay is not None:
+                        now = time.monotonic()
+                        pauses.note(delay, now - asked, now)
                     state.renew_wake.clear()
                     continue
                 horizon = time.monotonic() + BATCH_WINDOW
@@ -762,6 +798,10 @@ class AsyncRedlock(Primitives):
             t0 = time.perf_counter()
             await self._ask(index, wire, [["PING"]])
             latency = time.perf_counter() - t0
+            try:
+                await self._call(index, self._permission_probe())
+            except ReplyError as exc:
+                raise self._script_refused(exc) from None
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(

@@ -31,6 +31,7 @@ import hiredis
 import redis
 from redis.connection import parse_url as _parse_url
 
+from .detector import NodeDetector, connect_budget, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
 from .scripts import BODIES, Script
@@ -553,6 +554,15 @@ class Node:
         #: the node is reached again: operations then count it as failed at once
         #: (:meth:`unreachable`). A forked child has no reconnector: it starts over.
         self._silent: tuple[int, float] | None = None
+        #: ``(process id, time.monotonic())`` of a miss, while the reconnector connects to
+        #: the node in the background (:meth:`not_now`).
+        self._probing: tuple[int, float] | None = None
+        #: What this process has seen of the node: misses, connection errors, round trips.
+        self.detector = NodeDetector(node_timeout)
+        #: Idle asyncio connections of event loops that ended, for the next loop to adopt
+        #: (``aionodes.park``): a fresh loop per request (an async view under WSGI) then
+        #: connects nothing. Each entry has a ``sock`` (closed with the node).
+        self.parked: deque[Any] = deque()
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
@@ -579,6 +589,7 @@ class Node:
             # parent's reconnector is not running here.
             self._idle = deque()
             self._draining = deque()
+            self.detector.reset()
             self._pid = ThisProcess.pid
         if self._draining:
             self._sweep()
@@ -589,16 +600,22 @@ class Node:
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
-        while the node is unreachable)."""
-        failure = self.unreachable()
+        while the node is unreachable, or being connected to in the background)."""
+        failure = self.not_now()
         if failure is not None:
             raise WireError(failure)
+        started = time.monotonic()
         try:
-            return Wire(self, timeout)
+            wire = Wire(self, timeout)
         except WireError as exc:
             if exc.failure.reason == "timeout":
-                self.went_silent()
+                self.went_silent(overrun(timeout, time.monotonic() - started) > 0)
+            elif exc.failure.reason == "refused":
+                self.detector.refused(time.monotonic(), exc.failure.detail)
             raise
+        if self.detector.down:
+            self.detector.answered(time.monotonic())
+        return wire
 
     def unreachable(self) -> Failure | None:
         """Why an operation must not wait to connect to the node now: a connection attempt
@@ -610,16 +627,37 @@ class Node:
             return None
         return Failure(
             "timeout",
-            f"no answer for {time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
+            f"{self.detector.reason or 'no answer'}; down for "
+            f"{time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
         )
 
-    def went_silent(self) -> None:
-        """A connection attempt, or a command, timed out: hand the node to the reconnector.
-        Until the node answers again, operations count it as failed at once instead of
-        waiting for it once more (to connect, for a new connection)."""
-        if self.unreachable() is None:
-            self._silent = (ThisProcess.pid, time.monotonic())
-            reconnector.watch(self)
+    def not_now(self) -> Failure | None:
+        """Why an operation must not connect to the node itself now: it is down
+        (:meth:`unreachable`), or it just missed an answer and the reconnector is connecting
+        to it in the background (an operation waiting to connect would pay a node timeout
+        for a node that may be silent; a live one is back in the pool within a round trip)."""
+        failure = self.unreachable()
+        if failure is not None:
+            return failure
+        probing = self._probing
+        if probing is None or probing[0] != ThisProcess.pid:
+            return None
+        return Failure("timeout", "missed an answer; connecting in the background")
+
+    def went_silent(self, excused: bool = False) -> None:
+        """A connection attempt, or a command, got no answer within its budget: one miss
+        (``excused``: this process itself did not run for part of the wait, so it says nothing
+        about the node). The reconnector connects to it in the background, and operations
+        use what it opens instead of connecting themselves (:meth:`not_now`). Once the
+        misses are evidence that the node is down (see :mod:`.detector`: never one late
+        reply), it counts as failed at once until it answers again."""
+        if self.unreachable() is not None:
+            return
+        now = time.monotonic()
+        if self.detector.missed(now, excused=excused):
+            self._silent = (ThisProcess.pid, now)
+        self._probing = (ThisProcess.pid, now)
+        reconnector.watch(self)
 
     def reconnect(self) -> bool:
         """One attempt of the reconnector; True once the node is reached (or no longer
@@ -627,13 +665,23 @@ class Node:
         meanwhile and reads the answers before the node counts as back (an asyncio client
         never reads this connection, and a connection cut with them unanswered keeps them
         for the next try); then it goes to the pool."""
-        if self.unreachable() is None:
+        if self.unreachable() is None and self._probing is None:
             return True
+        budget = connect_budget(self.node_timeout)
+        started = time.monotonic()
         try:
-            wire = Wire(self, self.node_timeout)
-        except WireError:
+            wire = Wire(self, budget)
+        except WireError as exc:
+            now = time.monotonic()
+            if exc.failure.reason == "refused":
+                # Refused at once: operations may try it themselves, it costs them nothing.
+                self.detector.refused(now, exc.failure.detail)
+                self._silent = self._probing = None
+                return True
+            if self.detector.missed(now, excused=overrun(budget, now - started) > 0):
+                self._silent = (ThisProcess.pid, now)
             return False
-        if self.unreachable() is None:  # closed meanwhile
+        if self.unreachable() is None and self._probing is None:  # closed meanwhile
             wire.close()
             return True
         try:
@@ -642,8 +690,15 @@ class Node:
         except (OSError, Incomplete):
             self.lose(wire)  # what it carries goes out again with the next try
             return False
-        self.checkin(wire)
+        if self._idle and not wire.due:
+            # The pool has one already (an asyncio client's misses are probed here too, and
+            # never use this pool): one per probe would pile up.
+            wire.close()
+        else:
+            self.checkin(wire)
+        self.detector.answered(time.monotonic())
         self._silent = None
+        self._probing = None
         return True
 
     def checkin(self, wire: Wire) -> None:
@@ -720,6 +775,11 @@ class Node:
     def close(self) -> None:
         reconnector.forget(self)
         self._silent = None
+        self._probing = None
+        self.detector.reset()
+        while self.parked:
+            with contextlib.suppress(OSError):
+                self.parked.pop().sock.close()
         while self._idle:
             wire = self._idle.pop()
             with contextlib.suppress(OSError):
@@ -904,9 +964,11 @@ def _check_url(url: object) -> str:
         if not parts.hostname:
             raise ValueError(f"node URL {url!r} names no host")
         try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
+            port = parts.port  # raises ValueError on a port that is not a number below 65536
         except ValueError:
-            raise ValueError(f"node URL {url!r} has an invalid port") from None
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"node URL {url!r} has an invalid port (ports are 1-65535)")
         db = parts.path.strip("/")
         if db and not db.isdigit():
             raise ValueError(f"node URL {url!r} has an invalid database number {db!r}")
