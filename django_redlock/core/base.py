@@ -146,14 +146,8 @@ class AcquireRequest:
         """The full acquire script (the run id is per wire; encoded at the first use, as most
         attempts never send it)."""
         if self._script is None:
-            redlock, handle, line = self._redlock, self._handle, self._line
-            keys = redlock._acquire_keys(handle.name)
-            script = scripts.ACQUIRE
-            extra: list[Any] = []
-            if line is not None:
-                script = scripts.FAIR_ACQUIRE
-                keys = keys + redlock._line_keys(handle.name)
-                extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
+            redlock, handle = self._redlock, self._handle
+            script, keys, extra = self._parts()
             guard = str(int(redlock.guard_period * 1000)) if self._guarded else "0"
             head = [
                 "EVALSHA",
@@ -168,6 +162,15 @@ class AcquireRequest:
             self._script = (head, [guard, *extra])
         head, tail = self._script
         return Pipelined(pack([*head, wire.run_id, *tail]), 1, _fold_script)
+
+    def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
+        """The acquire script, its keys, and its arguments after the guard period."""
+        redlock, handle, line = self._redlock, self._handle, self._line
+        keys = redlock._acquire_keys(handle.name)
+        if line is None:
+            return scripts.ACQUIRE, keys, []
+        keys = keys + redlock._line_keys(handle.name)
+        return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
         """The builder of a second round, after some node's marker changed: the full script
@@ -666,7 +669,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return lease
 
     def _attempt_steps(
-        self, handle: LockBase, owner: Hashable, line: tuple[str, int] | None = None
+        self,
+        handle: LockBase,
+        owner: Hashable,
+        line: tuple[str, int] | None = None,
+        make: Callable[[], AcquireRequest] | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
 
@@ -681,10 +688,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
            three times);
         5. else the refusal says why, and when the lock frees up (retry with jitter is the
            caller's loop: :meth:`_pause_for`).
+
+        ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
+        write hold's script: :mod:`.permits`); the rest of the attempt is the same.
         """
         settle, trusted = 3, False
         while True:
-            request = AcquireRequest(self, handle, line)
+            request = AcquireRequest(self, handle, line) if make is None else make()
             cancel = (handle.name, request.token)
             start = time.monotonic()
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
@@ -787,7 +797,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False
-        replies = yield Send(to_every_node(["GET", self._key(lease.name)]))
+        replies = yield Send(to_every_node(self._check_command(lease.name, lease.token)))
         return self._judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
@@ -823,15 +833,17 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
         entries (see :meth:`_lock_info`)."""
-        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
-        while any(c is not None for c in cursors):
-            commands = {
-                id(node): self._list_command(cursor, pattern)
-                for node, cursor in zip(self.nodes, cursors, strict=True)
-            }
-            replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
-            self._list_step(cursors, replies, found)
+        # The locks, then the read/write locks' readers (one entry per reader).
+        for command in (self._list_command, self._list_readers_command):
+            cursors: list[bytes | None] = [b"0"] * len(self.nodes)
+            while any(c is not None for c in cursors):
+                commands = {
+                    id(node): command(cursor, pattern)
+                    for node, cursor in zip(self.nodes, cursors, strict=True)
+                }
+                replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
+                self._list_step(cursors, replies, found)
         return found
 
     def _trust_cluster_steps(self) -> Steps[int]:

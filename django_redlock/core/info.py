@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .kinds import permit_of, reader_entry_of
+
 __all__ = [
     "HOLDER_PLACE",
     "NODE_STATUSES",
@@ -142,6 +144,26 @@ class LockInfo:
     def key(self) -> str:
         """The lock's name (what ``rl.lock(key)`` was called with)."""
         return self.name
+
+    @property
+    def semaphore(self) -> str | None:
+        """The semaphore this lock is a permit of (``"export:7"`` for
+        ``"export:7#permit:2"``), else None."""
+        permit = permit_of(self.name)
+        return None if permit is None else permit[0]
+
+    @property
+    def reader_of(self) -> str | None:
+        """The read/write lock this entry is a reader of (``"doc:9"`` for
+        ``"doc:9#read:<token>"``), else None."""
+        entry = reader_entry_of(self.name)
+        return None if entry is None else entry[0]
+
+    @property
+    def permit(self) -> int | None:
+        """Which permit of :attr:`semaphore` this is (0 .. limit-1), else None."""
+        permit = permit_of(self.name)
+        return None if permit is None else permit[1]
 
     @property
     def owner(self) -> dict[str, Any]:

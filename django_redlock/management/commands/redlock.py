@@ -215,6 +215,9 @@ class Command(BaseCommand):
                             "split": i.split,
                             "stuck": bool(reasons[i.name]),
                             "flags": reasons[i.name],
+                            "semaphore": i.semaphore,
+                            "permit": i.permit,
+                            "reader_of": i.reader_of,
                         }
                         for i in locks
                     ]
