@@ -26,7 +26,7 @@ from .commands import KeyLayout, lock_value
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable, replies_of
-from .listing import Listing, glob_escape
+from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     Failure,
@@ -76,11 +76,6 @@ _T = TypeVar("_T")
 AnyBuilder = Callable[[Node, Any], Sequence[Any] | bytes | Pipelined]
 
 _INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
-
-#: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
-#: second): servers restarted further apart lost their data apart, and a lease may have been
-#: taken on the later ones in between (see :meth:`RedlockBase._all_fresh`).
-FRESH_START_SPREAD = 2.0
 
 
 def _forget_inherited_state() -> None:
@@ -588,9 +583,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # A node that lost its data and was not reached again before the others lost theirs
         # is armed with them, but its server restarted earlier. (Servers that all started
         # more than a lease ago lost nothing to a restart that a lease could outlive.)
-        started: list[float] = [r[5] for r in replies]
-        recent = time.time() - max(started) < self.max_ttl
-        return not recent or max(started) - min(started) <= FRESH_START_SPREAD
+        return started_together([r[5] for r in replies], time.time(), self.max_ttl)
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still

@@ -4,6 +4,7 @@ node health (a part of :class:`.base.RedlockBase`)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -17,6 +18,20 @@ from .nodes import Node
 from .scripts import PERMITTED
 
 __all__ = ["Listing", "glob_escape"]
+
+
+#: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
+#: second): servers restarted further apart lost their data apart, and a lease may have been
+#: taken on the later ones in between (see :meth:`RedlockBase._all_fresh`).
+FRESH_START_SPREAD = 2.0
+
+
+def started_together(started: Sequence[float], now: float, max_ttl: float) -> bool:
+    """Whether servers that started at ``started`` (``time.time()`` values) may be trusted as
+    one brand-new cluster: they started within :data:`FRESH_START_SPREAD` of each other, or all
+    longer than a lease ago (a restart that long ago lost nothing a lease could outlive)."""
+    recent = now - max(started) < max_ttl
+    return not recent or max(started) - min(started) <= FRESH_START_SPREAD
 
 
 class Listing:
@@ -100,10 +115,15 @@ class Listing:
         """Each node's :attr:`NodeHealth.status`, with the whole cluster in view: the nodes of
         a brand-new cluster (every node reachable and fresh) vote at the first lock, which
         trusts them all, so they are not shown as guarded."""
+        # The judgement an acquire makes (RedlockBase._all_fresh), so that health, `redlock
+        # check` and the readiness view do not call a cluster voting that refuses every lock.
         new_cluster = (
             self.restart_guard
             and self.trust_fresh_cluster
             and all(h.reachable and h.guarded_for and h.fresh for h in health)
+            and started_together(
+                [time.time() - (h.uptime or 0.0) for h in health], time.time(), self.max_ttl
+            )
         )
         judged = []
         for h in health:
