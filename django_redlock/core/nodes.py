@@ -508,10 +508,11 @@ def connect_failure(exc: BaseException) -> Failure:
 
 def server_of(replies: Sequence[Any]) -> tuple[str, float]:
     """The server's run id, and when it started (``time.time()``, to the second: INFO's
-    uptime), from the handshake replies. Raises :class:`WireError` for an error reply, and
-    for an INFO that names no run id and version: a service that speaks RESP but is not Redis
-    would answer the lock commands with replies the algorithm never gets from Redis (and the
-    restart guard needs the run id), so it fails here, as a node that cannot be reached."""
+    uptime, by the server's clock where INFO has it), from the handshake replies. Raises
+    :class:`WireError` for an error reply, and for an INFO that names no run id and version: a
+    service that speaks RESP but is not Redis would answer the lock commands with replies the
+    algorithm never gets from Redis (and the restart guard needs the run id), so it fails
+    here, as a node that cannot be reached."""
     for reply in replies:
         if isinstance(reply, ReplyError):
             raise WireError(reply_failure(reply))
@@ -520,6 +521,10 @@ def server_of(replies: Sequence[Any]) -> tuple[str, float]:
     run_id = ""
     versioned = False
     uptime = 0
+    # The server's own clock when it wrote INFO (Redis 6.2+, Valkey): a start time computed
+    # from it does not move with how long this process took to read the reply (a busy host
+    # made servers started together look seconds apart).
+    server_now: float | None = None
     for line in text.splitlines():
         if line.startswith("run_id:"):
             run_id = line[7:].strip()
@@ -527,9 +532,11 @@ def server_of(replies: Sequence[Any]) -> tuple[str, float]:
             versioned = True
         elif line.startswith("uptime_in_seconds:") and line[18:].strip().isdigit():
             uptime = int(line[18:])
+        elif line.startswith("server_time_usec:") and line[17:].strip().isdigit():
+            server_now = int(line[17:]) / 1e6
     if not run_id or not versioned:
         raise WireError(not_redis("INFO", info))
-    return run_id, time.time() - uptime
+    return run_id, (time.time() if server_now is None else server_now) - uptime
 
 
 def not_redis(command: str, reply: Any) -> Failure:
