@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import socket
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from django_redlock import QuorumError, Redlock
+from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.testing import RedisCluster, RedisNode, tls_redis_server_binary
 
 PASSWORD = "s3cr3t-Pa55"
@@ -66,11 +67,15 @@ def _auth_refused(rl: Redlock, cluster: RedisCluster, *secrets: str) -> QuorumEr
 
 ACL_LOCKER = ["--user", "locker", "on", f">{PASSWORD}", "~redlock:*", "&*", "+@all"]
 ACL_OTHER = ["--user", "other", "on", f">{PASSWORD}", "~elsewhere:*", "&*", "+@all"]
+ACL_NOEVAL = [
+    *["--user", "noeval", "on", f">{PASSWORD}", "~redlock:*", "&*", "+@all"],
+    *["-eval", "-evalsha"],
+]
 
 
 @pytest.fixture(scope="module")
 def acl_cluster():
-    with _cluster(3, extra_args=[*ACL_LOCKER, *ACL_OTHER]) as cluster:
+    with _cluster(3, extra_args=[*ACL_LOCKER, *ACL_OTHER, *ACL_NOEVAL]) as cluster:
         yield cluster
 
 
@@ -114,6 +119,32 @@ def test_acl_user_restricted_to_other_keys_gets_noperm(acl_cluster) -> None:
     for node in acl_cluster:
         with node.client(username="locker", password=PASSWORD, socket_timeout=5) as c:
             assert c.keys("redlock:lock:*") == []
+
+
+@pytest.mark.parametrize(("user", "refused"), [("noeval", "EVAL"), ("other", "redlock:lock:*")])
+def test_health_names_a_node_whose_user_cannot_run_the_lock_scripts(
+    acl_cluster, user: str, refused: str
+) -> None:
+    """A user that may not run EVAL/EVALSHA, or not on the lock keys, never votes: health()
+    calls its nodes down and says why, sync and async alike."""
+    rl = Redlock(_urls(acl_cluster, f"{user}:{PASSWORD}"), node_timeout=NODE_TIMEOUT)
+    try:
+        health = rl.health()
+    finally:
+        rl.close()
+    assert [h.status for h in health] == ["down"] * 3
+    assert all("NOPERM" in h.error and refused in h.error for h in health), health
+
+    async def probe() -> list:
+        arl = AsyncRedlock(_urls(acl_cluster, f"{user}:{PASSWORD}"), node_timeout=NODE_TIMEOUT)
+        try:
+            return await arl.health()
+        finally:
+            await arl.close()
+
+    health = asyncio.run(probe())
+    assert [h.status for h in health] == ["down"] * 3
+    assert all("NOPERM" in h.error and refused in h.error for h in health), health
 
 
 def test_acl_user_restricted_to_the_prefix_works_with_a_matching_prefix(acl_cluster) -> None:

@@ -16,13 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from .detector import MAX_STALLS, connect_budget, overrun
 from .nodes import (
     DRAIN_FOR,
     SENT_TWICE,
@@ -34,10 +38,12 @@ from .nodes import (
     ProtocolError,
     ReplyError,
     WireError,
+    address_of,
     as_bytes,
     as_eval,
     connect_failure,
     fold,
+    on_replica,
     os_failure,
     pack_many,
     reader,
@@ -45,18 +51,23 @@ from .nodes import (
     server_of,
     unfinished,
 )
+from .sentinel import SentinelGroup, SentinelUnavailable
 
 __all__ = [
     "NOT_CONNECTED",
+    "PARK_AT_MOST",
     "SLOW_TIMEOUT",
     "AsyncFanOut",
     "AsyncOwing",
     "AsyncWire",
     "CommandBuilder",
     "LoopPool",
+    "Parked",
     "noscript",
     "open_wire",
+    "park",
     "parse_info",
+    "relocate",
 ]
 
 #: Per-command timeout of the slow operations (listing, health), like the sync client's
@@ -88,6 +99,8 @@ class AsyncWire(asyncio.Protocol):
         #: hiredis's parser: replies are handed on as soon as they are whole.
         self.reader = reader()
         self.run_id = ""
+        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
+        self.address: tuple[Any, Any] = (None, None)
         #: As :attr:`.nodes.Wire.started`.
         self.started = 0.0
         #: As :attr:`.nodes.Wire.vote_marker`.
@@ -278,15 +291,144 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
+    if node.group is not None:
+        # Where its master is now; a parked connection to a former one is not adopted.
+        node.locate(await asyncio.wait_for(_resolve(node.group), timeout))
+    adopted = await _adopt(node, loop)
+    if adopted is not None:
+        return adopted
+    failure = node.not_now()
+    if failure is not None:
+        raise WireError(failure)
+    started = loop.time()
     try:
-        return await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
+        wire = await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
     except asyncio.TimeoutError:
-        node.went_silent()
+        node.went_silent(overrun(timeout, loop.time() - started) > 0)
         raise WireError(NOT_CONNECTED) from None
     except WireError as exc:
         if exc.failure.reason == "timeout":
-            node.went_silent()
+            node.went_silent(overrun(timeout, loop.time() - started) > 0)
+        elif exc.failure.reason == "refused":
+            node.detector.refused(time.monotonic(), exc.failure.detail)
         raise
+    if node.detector.down:
+        node.detector.answered(time.monotonic())
+    return wire
+
+
+#: Most connections parked per node (beyond it, a loop's idle connections are closed).
+PARK_AT_MOST = 32
+
+
+@dataclass
+class Parked:
+    """An idle connection of an event loop that ended (see :func:`park`)."""
+
+    sock: socket.socket
+    pid: int
+    run_id: str
+    started: float
+    vote_marker: list[bytes] | None
+    trusted_at: float | None
+    #: As :attr:`AsyncWire.address`.
+    address: tuple[Any, Any] = (None, None)
+
+
+def park(node: Node, wire: AsyncWire) -> bool:
+    """Keep the socket of ``wire``, an idle connection of a loop that is ending, for the next
+    loop of this process to adopt (:func:`_adopt`): an async view run by a WSGI server gets a
+    fresh event loop per request, and connecting anew inside each request's node timeout is
+    what made a busy host answer 503. Only a connection that owes nothing and is not TLS
+    (a TLS session cannot move to another transport); whether it was kept (the caller closes
+    the transport either way: the socket kept is a duplicate, so the connection stays open)."""
+    transport = wire.transport
+    if (
+        transport is None
+        or not wire.usable()
+        or wire.owed
+        or wire.waiters
+        or wire.push is not None
+        or transport.get_extra_info("sslcontext") is not None
+        or len(node.parked) >= PARK_AT_MOST
+    ):
+        return False
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        kept = socket.socket(fileno=os.dup(sock.fileno()))
+    except OSError:
+        return False
+    node.parked.append(
+        Parked(
+            kept,
+            os.getpid(),
+            wire.run_id,
+            wire.started,
+            wire.vote_marker,
+            wire.trusted_at,
+            wire.address,
+        )
+    )
+    return True
+
+
+async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | None:
+    """A connection parked by a loop that ended (:func:`park`), on ``loop``; None when there
+    is none. It counts as reused: if the node closed it meanwhile, the fan-out's one fresh try
+    for a stale pooled connection applies."""
+    while node.parked:
+        try:
+            parked = node.parked.popleft()
+        except IndexError:  # another thread took it
+            return None
+        if parked.pid != os.getpid() or (node.group and parked.address != node.master):
+            # The parent's conversation with the node (not ours to use: closing this
+            # process's copy of the descriptor leaves the parent's connection open), or one
+            # to a group's former master.
+            parked.sock.close()
+            continue
+        try:
+            parked.sock.setblocking(False)
+            if parked.sock.family == socket.AF_UNIX:
+                _, wire = await loop.create_unix_connection(
+                    lambda: AsyncWire(loop, node.later), sock=parked.sock
+                )
+            else:
+                _, wire = await loop.create_connection(
+                    lambda: AsyncWire(loop, node.later), sock=parked.sock
+                )
+        except OSError:
+            parked.sock.close()
+            continue
+        wire.run_id, wire.started = parked.run_id, parked.started
+        wire.vote_marker, wire.trusted_at = parked.vote_marker, parked.trusted_at
+        wire.address = parked.address
+        wire.reused = True
+        return wire
+    return None
+
+
+async def relocate(node: Node, pool: LoopPool, index: int) -> None:
+    """A group node: ask the Sentinels where its master is now (health shows it); idle
+    connections to a former master are closed."""
+    if node.group is None:
+        return
+    try:
+        node.locate(await _resolve(node.group))
+    except WireError:
+        return  # no master known: connecting reports it
+    for wire in pool.idle[index]:
+        if not node.current(wire):
+            wire.close()
+
+
+async def _resolve(group: SentinelGroup) -> tuple[str, int]:
+    try:
+        return await group.aresolve()
+    except SentinelUnavailable as exc:
+        raise WireError(Failure("error", str(exc))) from None
 
 
 async def _connect_and_shake_hands(
@@ -304,6 +446,7 @@ async def _connect_and_shake_hands(
         transport = writer.transport
         conn._reader = conn._writer = None
         wire = AsyncWire(loop, node.later)
+        wire.address = address_of(conn)
         # Kept with the wire: a stream writer closes its transport when it is collected.
         wire.stream = writer
         transport.set_protocol(wire)
@@ -386,11 +529,18 @@ class LoopPool:
     def close(self) -> None:
         """Close the idle connections (from the loop's thread), after the undos they owe;
         connections checked in later are closed at once."""
+        self.close_parking(None)
+
+    def close_parking(self, park_on: Sequence[Node] | None) -> None:
+        """:meth:`close`; ``park_on``: the loop is ending, and its connections that owe
+        nothing are parked on these nodes for the next loop (:func:`park`)."""
         self.closed = True
-        for idle in self.idle:
+        for index, idle in enumerate(self.idle):
             while idle:
                 wire = idle.pop()
                 wire.undo_unwanted()
+                if park_on is not None:
+                    park(park_on[index], wire)
                 wire.close()
 
 
@@ -471,6 +621,10 @@ class AsyncFanOut:
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
+        # A group node whose master is due to be confirmed (see sentinel.CONFIRM_EVERY).
+        confirm = [i for i, node in enumerate(self.nodes) if node.group and node.group.due()]
+        if confirm:
+            await asyncio.gather(*(relocate(self.nodes[i], self.pool, i) for i in confirm))
         for index, node in enumerate(self.nodes):
             owing = behind.get(index) if behind else None
             wire = None if owing is None else self.pool.reclaim(index, owing[0])
@@ -478,17 +632,29 @@ class AsyncFanOut:
                 owing[1].unwanted = True
             if wire is None:
                 wire = self.pool.checkout(index)
+                if wire is not None and not node.current(wire):
+                    wire.close()  # to a group's former master
+                    wire = None
             if wire is None:
                 connecting.append(index)
             else:
                 self._send(index, wire, self.build(node, wire))
         for index in connecting:
             self._connect(index)
-        self.deadline = max(self.deadline, loop.time() + (2 * timeout if connecting else timeout))
+        # Connecting has a budget of its own; a node's reply budget starts once its command
+        # is out (see _connected).
+        wait = connect_budget(timeout) if connecting else timeout
+        self.deadline = max(self.deadline, loop.time() + wait)
         expired = False  # the deadline passed with nodes not heard (not: the caller cancelled)
+        # A wait that overran by far: the loop did not run (a blocking call, a stalled
+        # process), and that is not the nodes' silence (see .detector.Wait).
+        stalls = 0
+        stalled = 0.0
+        clean = 0.0  # waited since the last stall, without one
         try:
             while self.left and not self.decided:
-                remaining = self.deadline - loop.time()
+                started = loop.time()
+                remaining = self.deadline - started
                 if remaining <= 0:
                     expired = True
                     break
@@ -498,13 +664,21 @@ class AsyncFanOut:
                     await waiter
                 finally:
                     timer.cancel()
+                waited = loop.time() - started
+                if stalls < MAX_STALLS and overrun(remaining, waited):
+                    stalls += 1
+                    stalled += waited
+                    clean = 0.0
+                    self.deadline += waited
+                else:
+                    clean += waited
         finally:
             self.finished = True
             now = loop.time()
             for index, wire in enumerate(self.wires):
                 if wire is None:
                     continue
-                if self.decided and wire.usable() and not wire.overdue(now, timeout):
+                if self.decided and wire.usable() and not wire.overdue(now, timeout + stalled):
                     # Its reply still comes to _deliver, which reads it and moves on.
                     wire.undo_unwanted()
                     command = self.commands[index]
@@ -517,8 +691,9 @@ class AsyncFanOut:
                         self.owing_out[index] = (wire, due)
                     self.pool.checkin(index, wire)
                 else:
-                    if expired or wire.overdue(now, timeout):
-                        self.nodes[index].went_silent()  # no answer within the node timeout
+                    if expired or wire.overdue(now, timeout + stalled):
+                        # No answer within the node timeout: a miss, unless the loop stalled.
+                        self.nodes[index].went_silent(stalls > 0 and clean < timeout)
                     wire.abandon(self.late)
             for index in self.tasks:
                 self.replies[index] = NOT_CONNECTED
@@ -538,7 +713,9 @@ class AsyncFanOut:
 
     def _connect(self, index: int) -> None:
         # Not cancelled when a quorum decides first: the connection goes to the pool.
-        task = self.pool.spawn(open_wire(self.nodes[index], self.pool.loop, self.timeout))
+        task = self.pool.spawn(
+            open_wire(self.nodes[index], self.pool.loop, connect_budget(self.timeout))
+        )
         self.tasks[index] = task
         task.add_done_callback(functools.partial(self._connected, index))
 
@@ -557,6 +734,8 @@ class AsyncFanOut:
             if self.cut_on.pop(index, None) == wire.run_id:
                 self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
+            # The node's reply budget starts now: connecting was not its silence.
+            self.deadline = max(self.deadline, self.pool.loop.time() + self.timeout)
         elif isinstance(error, WireError):
             self._final(index, error.failure)
         else:
@@ -591,7 +770,15 @@ class AsyncFanOut:
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
-        self.pool.checkin(index, wire)
+        self.nodes[index].detector.answered(time.monotonic())
+        if on_replica(reply):
+            # A demoted master (so are the idle connections to it): the next connection asks
+            # the Sentinels where the master is now (a release refused is kept for it by
+            # the operation: see base._keep_unreached).
+            for other in (wire, *self.pool.idle[index]):
+                other.close()
+        else:
+            self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         self._final(index, fold(self.commands[index], wire, reply))
@@ -613,6 +800,13 @@ class AsyncFanOut:
             if due.again is not None:  # a release runs the same however late
                 wire.send_unowned(as_eval(due.again))
             # Any other script did not run; run now, it could outlive what the fan-out decided.
+            return
+        if on_replica(reply):
+            # Refused by a server that is no longer the group's master: a release goes to the
+            # one the next connection finds (token-checked, harmless anywhere).
+            if due.again is not None:
+                wire.later.append(due.again)
+            wire.close()
             return
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)

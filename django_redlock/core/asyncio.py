@@ -47,18 +47,20 @@ from .aionodes import (
     noscript,
     open_wire,
     parse_info,
+    relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
 from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
-from .renewal import BATCH_WINDOW
+from .permits import HoldBase, Primitives
+from .renewal import BATCH_WINDOW, pauses
 from .validation import check_name, check_timeout
 from .waiting import HolderWatch, HolderWatches
 
-__all__ = ["AsyncLock", "AsyncRedlock"]
+__all__ = ["AsyncLock", "AsyncReadLock", "AsyncRedlock", "AsyncSemaphore", "AsyncWriteLock"]
 
 _T = TypeVar("_T")
 
@@ -90,8 +92,21 @@ class LoopState(LoopPool):
         try:
             await self.loop.create_future()
         finally:
+            if not self.closed:
+                # The loop is ending: what its idle connections still owe (a release that
+                # stopped at quorum) is read first, briefly, so they can be parked for the
+                # next loop (a fresh loop per request then connects nothing).
+                with contextlib.suppress(BaseException):
+                    await self._settle_idle(self.redlock.node_timeout)
             self.close(stop_renewals=True)
             self.redlock._forget(self)
+
+    async def _settle_idle(self, timeout: float) -> None:
+        deadline = self.loop.time() + timeout
+        while self.loop.time() < deadline and any(
+            wire.waiters for idle in self.idle for wire in idle
+        ):
+            await asyncio.sleep(0.001)
 
     def close(self, stop_renewals: bool = False) -> None:
         """Close this loop's connections (from the loop's thread). Renewals go on over new
@@ -100,7 +115,8 @@ class LoopState(LoopPool):
         if stop_renewals and self.renewer is not None:
             self.renewer.cancel()
         self.notices.close()
-        super().close()
+        # A loop that ends leaves its idle connections to the next loop of this process.
+        self.close_parking(self.redlock.nodes if stop_renewals else None)
         if not self.keeper.done() and self.keeper is not _current_task():
             self.keeper.cancel()
 
@@ -203,7 +219,38 @@ class AsyncLock(LockBase):
         await self.release()
 
 
-class AsyncRedlock(RedlockBase):
+class AsyncSemaphore(HoldBase, AsyncLock):
+    """A semaphore's handle for asyncio code (:meth:`AsyncRedlock.semaphore`): the calling
+    task takes one permit; the rest as :class:`AsyncLock`."""
+
+    kind = "permit"
+
+    async def _acquire_for(
+        self, owner: Hashable, prepared: tuple[bool, float | None, int | None] | None
+    ) -> bool:
+        if prepared is None:
+            return False
+        blocking, timeout, retries = prepared
+        if retries is not None:
+            raise ValueError(f"{self.name!r}: retries= is for locks; give a timeout instead")
+        return self._won_for(
+            owner, await self.redlock._acquire_hold(self, owner, blocking, timeout)
+        )
+
+
+class AsyncReadLock(AsyncSemaphore):
+    """The read side of a read/write lock, for asyncio code."""
+
+    kind = "read"
+
+
+class AsyncWriteLock(AsyncSemaphore):
+    """The write side of a read/write lock, for asyncio code."""
+
+    kind = "write"
+
+
+class AsyncRedlock(Primitives):
     """A lock manager over independent Redis nodes, for asyncio code.
 
     The same constructor, names and semantics as :class:`Redlock`, awaitable::
@@ -222,6 +269,9 @@ class AsyncRedlock(RedlockBase):
     asyncio_transport = True
 
     lock_class = AsyncLock
+    semaphore_class = AsyncSemaphore
+    read_lock_class = AsyncReadLock
+    write_lock_class = AsyncWriteLock
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -312,6 +362,25 @@ class AsyncRedlock(RedlockBase):
                     del self._states[key]
             state = self._states[id(loop)] = LoopState(self, loop)
             return state
+
+    def _in_background(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Run ``make()`` as a task of this loop, for cleanup after a cancellation (a lease
+        the caller never got, a release it stopped waiting for): unless the loop is shutting
+        down (``asyncio.run`` cancels every task, then closes the loop, and a task started
+        meanwhile is destroyed pending). Then nothing starts: the lease ends with its TTL."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        state = self._states.get(id(loop))
+        if state is None or state.loop is not loop or state.closed or state.pid != os.getpid():
+            return  # no connections here (the loop's keeper closed them: it is ending)
+        # The loop is shutting down once its keeper (a task nothing else cancels) is being
+        # cancelled (``Task.cancelling``: Python 3.11+; on 3.10, once it has ended).
+        cancelling = getattr(state.keeper, "cancelling", None)
+        if state.keeper.done() or (cancelling is not None and cancelling()):
+            return
+        state.spawn(make())
 
     def _forget(self, state: LoopState) -> None:
         with self._states_lock:
@@ -414,9 +483,8 @@ class AsyncRedlock(RedlockBase):
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
             won = self._won_unreturned(handle.name, owner)
-            state = self._state()
-            if won is not None and not state.closed:
-                state.spawn(self._give_back(won))
+            if won is not None:
+                self._in_background(functools.partial(self._give_back, won))
             raise
 
     async def _give_back(self, lease: Lease) -> None:
@@ -473,6 +541,25 @@ class AsyncRedlock(RedlockBase):
                 lease.wake_queue = functools.partial(_on_loop, state.loop, queue.wake)
         return lease
 
+    async def _acquire_hold(
+        self, handle: HoldBase, owner: Hashable, blocking: bool, timeout: float | None
+    ) -> Lease | None:
+        """A permit or a read/write hold (:mod:`.permits`)."""
+        start = time.monotonic()
+        deadline = self._deadline(start, timeout, None)
+        try:
+            lease = await self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
+            if lease is not None and lease.auto_renew:
+                await self._state().notices.ready()
+            return lease
+        except BaseException:
+            state = self._state()
+            for name in handle.hold_names():
+                won = self._won_unreturned(name, owner)
+                if won is not None and won.acquired >= start and not state.closed:
+                    state.spawn(self._give_back(won))
+            raise
+
     async def _drive(self, steps: Steps[_T]) -> _T:
         """Run the algorithm's steps on this loop: each :class:`Send` is one fan-out, a
         :class:`Listen` a subscription kept until the operation ends."""
@@ -509,9 +596,9 @@ class AsyncRedlock(RedlockBase):
             return await self._fan_out(*step.fan_out_args())
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
-            state = self._state()
-            if step.undo_if_cancelled and not state.closed:
-                state.spawn(self._release_everywhere(*step.undo_if_cancelled))
+            if step.undo_if_cancelled:
+                undo = step.undo_if_cancelled
+                self._in_background(lambda: self._release_everywhere(*undo))
             raise
 
     def _join_queue(self, state: LoopState, name: str) -> TaskQueue:
@@ -558,7 +645,7 @@ class AsyncRedlock(RedlockBase):
             replies = await self._release_after_renewal(lease)
         except asyncio.CancelledError:
             # The caller was cancelled: the release still goes out (it is idempotent).
-            self._state().spawn(self._release_after_renewal(lease))
+            self._in_background(functools.partial(self._release_after_renewal, lease))
             raise
         finally:
             if lease.leave_queue is not None:
@@ -608,7 +695,11 @@ class AsyncRedlock(RedlockBase):
             while state.due:
                 delay = state.due[0][0] - time.monotonic()
                 if delay > 0:
+                    asked = time.monotonic()
                     await state.renew_wake.wait(delay)
+                    if delay is not None:
+                        now = time.monotonic()
+                        pauses.note(delay, now - asked, now)
                     state.renew_wake.clear()
                     continue
                 horizon = time.monotonic() + BATCH_WINDOW
@@ -702,11 +793,16 @@ class AsyncRedlock(RedlockBase):
     async def _probe(self, index: int) -> NodeHealth:
         node = self.nodes[index]
         try:
+            await relocate(node, self._state(), index)
             wire = await self._wire(index)
             sent = time.time()
             t0 = time.perf_counter()
             await self._ask(index, wire, [["PING"]])
             latency = time.perf_counter() - t0
+            try:
+                await self._call(index, self._permission_probe())
+            except ReplyError as exc:
+                raise self._script_refused(exc) from None
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(

@@ -64,6 +64,9 @@ class Lease:
     auto_renew: bool = False
     renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
     last_renewal: float = field(default_factory=time.monotonic)
+    #: How too few nodes answered its last renewal (None once one succeeded): why it was
+    #: lost, if it runs out before the next succeeds.
+    refused: str | None = None
     #: Held while a renewal is on the wire, so release never races a PEXPIRE.
     io_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Releases this process's local queue for the name, if it used one.

@@ -31,9 +31,19 @@ import hiredis
 import redis
 from redis.connection import parse_url as _parse_url
 
+from .detector import NodeDetector, connect_budget, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
 from .scripts import BODIES, Script
+from .sentinel import (
+    SentinelGroup,
+    SentinelUnavailable,
+    group_identity,
+    group_master_url,
+    is_group_url,
+    parse_group_url,
+    redact_group_url,
+)
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
@@ -61,8 +71,10 @@ __all__ = [
     "eval_form",
     "fold",
     "make_nodes",
+    "node_client",
     "node_identity",
     "not_redis",
+    "on_replica",
     "os_failure",
     "pack",
     "pack_many",
@@ -80,7 +92,7 @@ __all__ = [
 #: (whose connection pool's settings are reused).
 NodeSpec = Union[str, Mapping[str, Any], "redis.Redis"]
 
-_SCHEMES = ("redis", "rediss", "unix")
+_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
 
 #: redis-py's URL parser (untyped in redis-py): connection keyword arguments from a URL.
 parse_url: Callable[[str], dict[str, Any]] = _parse_url
@@ -284,10 +296,17 @@ class Wire:
         self.reused = False
         #: How long a write may wait for the node to take it (see :meth:`write`).
         self.timeout = node.node_timeout
+        #: True once the server answered ``READONLY``: it is a replica now (demoted by a
+        #: failover), and the connection is not pooled again (:meth:`Node.checkin`).
+        self.on_replica = False
+        #: Where a command that must still reach the node goes (:attr:`Node.later`).
+        self.later = node.later
         #: redis-py's connection: it connects (TCP or unix socket, TLS with every ``ssl_*``
         #: option, AUTH, SELECT, client name) exactly as the node's URL and OPTIONS mean in
         #: redis-py; the lock commands then pipeline on its socket without blocking.
         self.conn = conn = node.connection(timeout)
+        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
+        self.address = address_of(conn)
         try:
             conn.connect()
             conn.send_command("INFO", "server")
@@ -370,6 +389,12 @@ class Wire:
             entry = due[0]
             reply = self.take() if entry.count == 1 else self.take_many(entry.count)
             due.popleft()
+            if on_replica(reply):
+                self.on_replica = True
+                if entry.left and entry.again is not None:
+                    # A release whose operation ended without this reply (it kept nothing
+                    # for the node): it goes to the master the next connection finds.
+                    self.later.append(entry.again)
             if reply.__class__ is ReplyError:
                 if reply.code == "NOSCRIPT" and (not entry.left or entry.again is not None):
                     # A release or an undo runs the same however late (it deletes only its
@@ -489,10 +514,11 @@ def connect_failure(exc: BaseException) -> Failure:
 
 def server_of(replies: Sequence[Any]) -> tuple[str, float]:
     """The server's run id, and when it started (``time.time()``, to the second: INFO's
-    uptime), from the handshake replies. Raises :class:`WireError` for an error reply, and
-    for an INFO that names no run id and version: a service that speaks RESP but is not Redis
-    would answer the lock commands with replies the algorithm never gets from Redis (and the
-    restart guard needs the run id), so it fails here, as a node that cannot be reached."""
+    uptime, by the server's clock where INFO has it), from the handshake replies. Raises
+    :class:`WireError` for an error reply, and for an INFO that names no run id and version: a
+    service that speaks RESP but is not Redis would answer the lock commands with replies the
+    algorithm never gets from Redis (and the restart guard needs the run id), so it fails
+    here, as a node that cannot be reached."""
     for reply in replies:
         if isinstance(reply, ReplyError):
             raise WireError(reply_failure(reply))
@@ -501,6 +527,10 @@ def server_of(replies: Sequence[Any]) -> tuple[str, float]:
     run_id = ""
     versioned = False
     uptime = 0
+    # The server's own clock when it wrote INFO (Redis 6.2+, Valkey): a start time computed
+    # from it does not move with how long this process took to read the reply (a busy host
+    # made servers started together look seconds apart).
+    server_now: float | None = None
     for line in text.splitlines():
         if line.startswith("run_id:"):
             run_id = line[7:].strip()
@@ -508,9 +538,11 @@ def server_of(replies: Sequence[Any]) -> tuple[str, float]:
             versioned = True
         elif line.startswith("uptime_in_seconds:") and line[18:].strip().isdigit():
             uptime = int(line[18:])
+        elif line.startswith("server_time_usec:") and line[17:].strip().isdigit():
+            server_now = int(line[17:]) / 1e6
     if not run_id or not versioned:
         raise WireError(not_redis("INFO", info))
-    return run_id, time.time() - uptime
+    return run_id, (time.time() if server_now is None else server_now) - uptime
 
 
 def not_redis(command: str, reply: Any) -> Failure:
@@ -520,6 +552,20 @@ def not_redis(command: str, reply: Any) -> Failure:
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return Failure("error", f"not a Redis server: {command} answered {shown}")
+
+
+#: Error codes of a server that is not (or no longer) its group's writable master: a
+#: replica, or a master cut off from its replicas (``min-replicas-to-write``; a master
+#: deposed by a failover it did not hear of).
+_NOT_MASTER = ("READONLY", "NOREPLICAS")
+
+
+def on_replica(reply: Any) -> bool:
+    """Whether a reply (or one of a pipeline's) says the server is not the group's master
+    any more: the connection is then dropped, and the next one asks where the master is."""
+    if reply.__class__ is list:
+        return any(on_replica(r) for r in reply)
+    return reply.__class__ is ReplyError and reply.code in _NOT_MASTER
 
 
 def reply_failure(reply: ReplyError) -> Failure:
@@ -540,8 +586,17 @@ class Node:
         #: The URL without credentials: safe for logs, errors and the admin page.
         self.name = redact(url)
         options.pop("decode_responses", None)
+        #: A Sentinel-managed group's Sentinels: the node's address is its master's, asked
+        #: for with every new connection (:meth:`locate`). None for a server's URL.
+        self.group: SentinelGroup | None = None
+        #: ``(host, port)`` of a group's master as last located (None before, and for a
+        #: server's URL): its connections go there (:meth:`connection`).
+        self.master: tuple[str, int] | None = None
+        if is_group_url(url):
+            self.group = SentinelGroup(url, options, node_timeout=node_timeout)
         #: redis-py's connection class and arguments for the node, from redis-py's own URL
-        #: parsing with OPTIONS on top: every option means what it means in redis-py.
+        #: parsing with OPTIONS on top: every option means what it means in redis-py (a
+        #: group's are its master's, at the address :meth:`locate` finds).
         self.connection_class, self.connection_kwargs = connection_args(url, options)
         #: The same for ``redis.asyncio`` (an asyncio client's lock connections; the
         #: reconnector's probes stay sync), None for a sync client.
@@ -559,21 +614,66 @@ class Node:
         #: the node is reached again: operations then count it as failed at once
         #: (:meth:`unreachable`). A forked child has no reconnector: it starts over.
         self._silent: tuple[int, float] | None = None
+        #: ``(process id, time.monotonic())`` of a miss, while the reconnector connects to
+        #: the node in the background (:meth:`not_now`).
+        self._probing: tuple[int, float] | None = None
+        #: What this process has seen of the node: misses, connection errors, round trips.
+        self.detector = NodeDetector(node_timeout)
+        #: Idle asyncio connections of event loops that ended, for the next loop to adopt
+        #: (``aionodes.park``): a fresh loop per request (an async view under WSGI) then
+        #: connects nothing. Each entry has a ``sock`` (closed with the node).
+        self.parked: deque[Any] = deque()
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
-        self.client = redis.Redis.from_url(url, **slow)
+        self.client = (
+            redis.Redis.from_url(url, **slow)
+            if self.group is None
+            else self.group.client(**{k: v for k, v in slow.items() if k != "sentinel_kwargs"})
+        )
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
 
+    @property
+    def address(self) -> str | None:
+        """A group node's master as last resolved (``host:port``); None for a server's URL."""
+        return None if self.group is None else self.group.address
+
+    def locate(self, master: tuple[str, int] | None = None) -> None:
+        """Before a new connection: point a group node at its master (``master``, else asked
+        of the Sentinels now). When the master moved, the idle connections to the old one are
+        closed (what they owe for ended operations goes out on the new one). Raises
+        :class:`WireError` when no master is known."""
+        group = self.group
+        if group is None:
+            return
+        if master is None:
+            try:
+                master = group.resolve()
+            except SentinelUnavailable as exc:
+                raise WireError(Failure("error", str(exc))) from None
+        if self.master == master:
+            return
+        self.master = master  # one tuple, swapped whole: other threads may be connecting
+        while self._idle:
+            try:
+                wire = self._idle.pop()
+            except IndexError:
+                break
+            self.lose(wire)
+
     def connection(self, timeout: float, *, asyncio: bool = False) -> Any:
         """A new (unconnected) redis-py connection to the node (``redis.asyncio``'s with
-        ``asyncio``) that connects, and answers its handshake, within ``timeout`` seconds."""
+        ``asyncio``) that connects, and answers its handshake, within ``timeout`` seconds:
+        a group node's to its master as last located."""
         cls, kwargs = self.connection_class, self.connection_kwargs
         if asyncio:
             assert self.aio_connection_args is not None
             cls, kwargs = self.aio_connection_args
+        master = self.master
+        if master is not None:
+            kwargs = {**kwargs, "host": master[0], "port": master[1]}
         return cls(**kwargs, socket_timeout=timeout, socket_connect_timeout=timeout)
 
     def checkout(self, deadline: float) -> Wire:
@@ -585,26 +685,45 @@ class Node:
             # parent's reconnector is not running here.
             self._idle = deque()
             self._draining = deque()
+            self.detector.reset()
             self._pid = ThisProcess.pid
         if self._draining:
             self._sweep()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self.connect(max(deadline - time.monotonic(), 0.005))
+        if self.group is not None and self.group.due():
+            self.locate()
+        while True:
+            try:
+                wire = self._idle.pop()
+            except IndexError:
+                return self.connect(max(deadline - time.monotonic(), 0.005))
+            if self.current(wire):
+                return wire
+            self.lose(wire)  # to a group's former master
+
+    def current(self, wire: Any) -> bool:
+        """Whether ``wire`` goes to the node's server: a group's master as last named (a
+        connection to a former master is not used again)."""
+        return self.group is None or wire.address == self.master
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
-        while the node is unreachable)."""
-        failure = self.unreachable()
+        while the node is unreachable, or being connected to in the background)."""
+        failure = self.not_now()
         if failure is not None:
             raise WireError(failure)
+        started = time.monotonic()
         try:
-            return Wire(self, timeout)
+            self.locate()
+            wire = Wire(self, timeout)
         except WireError as exc:
             if exc.failure.reason == "timeout":
-                self.went_silent()
+                self.went_silent(overrun(timeout, time.monotonic() - started) > 0)
+            elif exc.failure.reason == "refused":
+                self.detector.refused(time.monotonic(), exc.failure.detail)
             raise
+        if self.detector.down:
+            self.detector.answered(time.monotonic())
+        return wire
 
     def unreachable(self) -> Failure | None:
         """Why an operation must not wait to connect to the node now: a connection attempt
@@ -616,16 +735,37 @@ class Node:
             return None
         return Failure(
             "timeout",
-            f"no answer for {time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
+            f"{self.detector.reason or 'no answer'}; down for "
+            f"{time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
         )
 
-    def went_silent(self) -> None:
-        """A connection attempt, or a command, timed out: hand the node to the reconnector.
-        Until the node answers again, operations count it as failed at once instead of
-        waiting for it once more (to connect, for a new connection)."""
-        if self.unreachable() is None:
-            self._silent = (ThisProcess.pid, time.monotonic())
-            reconnector.watch(self)
+    def not_now(self) -> Failure | None:
+        """Why an operation must not connect to the node itself now: it is down
+        (:meth:`unreachable`), or it just missed an answer and the reconnector is connecting
+        to it in the background (an operation waiting to connect would pay a node timeout
+        for a node that may be silent; a live one is back in the pool within a round trip)."""
+        failure = self.unreachable()
+        if failure is not None:
+            return failure
+        probing = self._probing
+        if probing is None or probing[0] != ThisProcess.pid:
+            return None
+        return Failure("timeout", "missed an answer; connecting in the background")
+
+    def went_silent(self, excused: bool = False) -> None:
+        """A connection attempt, or a command, got no answer within its budget: one miss
+        (``excused``: this process itself did not run for part of the wait, so it says nothing
+        about the node). The reconnector connects to it in the background, and operations
+        use what it opens instead of connecting themselves (:meth:`not_now`). Once the
+        misses are evidence that the node is down (see :mod:`.detector`: never one late
+        reply), it counts as failed at once until it answers again."""
+        if self.unreachable() is not None:
+            return
+        now = time.monotonic()
+        if self.detector.missed(now, excused=excused):
+            self._silent = (ThisProcess.pid, now)
+        self._probing = (ThisProcess.pid, now)
+        reconnector.watch(self)
 
     def reconnect(self) -> bool:
         """One attempt of the reconnector; True once the node is reached (or no longer
@@ -633,13 +773,24 @@ class Node:
         meanwhile and reads the answers before the node counts as back (an asyncio client
         never reads this connection, and a connection cut with them unanswered keeps them
         for the next try); then it goes to the pool."""
-        if self.unreachable() is None:
+        if self.unreachable() is None and self._probing is None:
             return True
+        budget = connect_budget(self.node_timeout)
+        started = time.monotonic()
         try:
-            wire = Wire(self, self.node_timeout)
-        except WireError:
+            self.locate()
+            wire = Wire(self, budget)
+        except WireError as exc:
+            now = time.monotonic()
+            if exc.failure.reason == "refused":
+                # Refused at once: operations may try it themselves, it costs them nothing.
+                self.detector.refused(now, exc.failure.detail)
+                self._silent = self._probing = None
+                return True
+            if self.detector.missed(now, excused=overrun(budget, now - started) > 0):
+                self._silent = (ThisProcess.pid, now)
             return False
-        if self.unreachable() is None:  # closed meanwhile
+        if self.unreachable() is None and self._probing is None:  # closed meanwhile
             wire.close()
             return True
         try:
@@ -648,11 +799,21 @@ class Node:
         except (OSError, Incomplete):
             self.lose(wire)  # what it carries goes out again with the next try
             return False
-        self.checkin(wire)
+        if self._idle and not wire.due:
+            # The pool has one already (an asyncio client's misses are probed here too, and
+            # never use this pool): one per probe would pile up.
+            wire.close()
+        else:
+            self.checkin(wire)
+        self.detector.answered(time.monotonic())
         self._silent = None
+        self._probing = None
         return True
 
     def checkin(self, wire: Wire) -> None:
+        if wire.on_replica or not self.current(wire):
+            self.lose(wire)  # the next connection goes to the master (see locate)
+            return
         wire.reused = True
         self._idle.append(wire)
 
@@ -726,6 +887,11 @@ class Node:
     def close(self) -> None:
         reconnector.forget(self)
         self._silent = None
+        self._probing = None
+        self.detector.reset()
+        while self.parked:
+            with contextlib.suppress(OSError):
+                self.parked.pop().sock.close()
         while self._idle:
             wire = self._idle.pop()
             with contextlib.suppress(OSError):
@@ -734,6 +900,8 @@ class Node:
         while self._draining:
             self._draining.pop()[0].close()
         self.client.close()
+        if self.group is not None:
+            self.group.close()
 
 
 def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
@@ -768,7 +936,8 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         options = spec.get("OPTIONS") or {}
         if not isinstance(options, Mapping):
             raise TypeError(f"node OPTIONS must be a dict, got {options!r}")
-        return _check_url(spec["URL"]), _check_options(options)
+        url = _check_url(spec["URL"])
+        return url, _check_options(options, group=is_group_url(url))
     return _check_url(spec), {}
 
 
@@ -787,15 +956,22 @@ _OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
 _DURATION_OPTIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
 
 
-def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[str, Any]:
     """A node's OPTIONS, refused before anything connects (an unknown name or a bad value
-    would otherwise surface as a node that looks down)."""
-    unknown = sorted(str(name) for name in options if name not in _OPTIONS)
+    would otherwise surface as a node that looks down). A Sentinel group's may also give
+    ``sentinel_kwargs``: redis-py's settings for the connections to its Sentinels."""
+    allowed = _OPTIONS | {"sentinel_kwargs"} if group else _OPTIONS
+    unknown = sorted(str(name) for name in options if name not in allowed)
     if unknown:
         raise ValueError(
             f"node OPTIONS {unknown[0]!r} is not a redis-py connection setting that a node may "
             "set (the URL gives the address; e.g. password, username, ssl_ca_certs, "
             "socket_timeout)"
+        )
+    sentinel_kwargs = options.get("sentinel_kwargs")
+    if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
+        raise TypeError(
+            f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
         )
     if options.get("protocol") not in (None, 2, "2"):
         raise ValueError(
@@ -843,6 +1019,11 @@ def connection_args(
     cannot honour (a TLS option on a plain connection, OCSP on an asyncio one): a security
     setting is never dropped."""
     options = dict(options)
+    if is_group_url(url):
+        # A group's master, as its redis:// URL gives it; the address is located later
+        # (Node.connection).
+        options.pop("sentinel_kwargs", None)
+        url = group_master_url(url)
     if options.pop("ssl", False) and not issubclass(
         options.get("connection_class", object), redis.connection.SSLConnection
     ):
@@ -900,9 +1081,15 @@ def _asyncio_class(cls: type) -> type:
 def _check_url(url: object) -> str:
     if not isinstance(url, str):
         raise TypeError(f"a node must be a URL string, a dict or a redis.Redis, got {url!r}")
+    if is_group_url(url):
+        parse_group_url(url)
+        return url
     parts = urlsplit(url)
     if parts.scheme not in _SCHEMES:
-        raise ValueError(f"node URL {url!r} must start with redis://, rediss:// or unix://")
+        raise ValueError(
+            f"node URL {redact(url)!r} must start with redis://, rediss://, unix:// or "
+            "redis+sentinel://"
+        )
     if parts.scheme == "unix":
         if not parts.path:
             raise ValueError(f"node URL {url!r} names no socket path")
@@ -910,9 +1097,11 @@ def _check_url(url: object) -> str:
         if not parts.hostname:
             raise ValueError(f"node URL {url!r} names no host")
         try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
+            port = parts.port  # raises ValueError on a port that is not a number below 65536
         except ValueError:
-            raise ValueError(f"node URL {url!r} has an invalid port") from None
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"node URL {url!r} has an invalid port (ports are 1-65535)")
         db = parts.path.strip("/")
         if db and not db.isdigit():
             raise ValueError(f"node URL {url!r} has an invalid database number {db!r}")
@@ -920,6 +1109,13 @@ def _check_url(url: object) -> str:
 
 
 def redact(url: str) -> str:
+    if is_group_url(url):
+        return redact_group_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return redact_group_url(url)
     parts = urlsplit(url)
     if parts.password is None and parts.username is None:
         return url
@@ -930,7 +1126,10 @@ def redact(url: str) -> str:
 
 def node_identity(url: str) -> tuple[str, str, int]:
     """What makes two configured nodes the same server. The database number is left out on
-    purpose: two databases of one server fail together, so they are not independent nodes."""
+    purpose: two databases of one server fail together, so they are not independent nodes.
+    A Sentinel group is its service name on its Sentinels."""
+    if is_group_url(url):
+        return group_identity(url)
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return ("unix", parts.path, 0)
@@ -938,6 +1137,22 @@ def node_identity(url: str) -> tuple[str, str, int]:
     if host in ("localhost", "::1"):
         host = "127.0.0.1"
     return ("tcp", host, parts.port or 6379)
+
+
+def address_of(conn: Any) -> tuple[Any, Any]:
+    """``(host, port)`` a redis-py connection goes to (``(None, None)`` for a unix socket)."""
+    return getattr(conn, "host", None), getattr(conn, "port", None)
+
+
+def node_client(url: str, options: Mapping[str, Any], **kwargs: Any) -> redis.Redis:
+    """A redis-py client of a node (a group's: of its master, found through its Sentinels)
+    for one-off work such as the deploy checks' probe; ``kwargs`` override ``options``."""
+    if is_group_url(url):
+        timeout = kwargs.get("socket_timeout") or options.get("socket_timeout") or 2.0
+        group = SentinelGroup(url, options, node_timeout=timeout)
+        return group.client(**kwargs)
+    client: redis.Redis = redis.Redis.from_url(url, **{**options, **kwargs})
+    return client
 
 
 def make_nodes(
