@@ -237,3 +237,15 @@ def test_asyncio_auto_renewed_locks_share_one_subscription_per_node(
             await rl.close()
 
     asyncio.run(main())
+
+
+def test_a_force_released_auto_renewed_reader_hears_it(redis_nodes, make_redlock) -> None:
+    """A reader of a read/write lock, auto-renewed, listens on the holders' channel too: an
+    operator's force release of that reader (as listed: ``name#read:token``) turns it lost."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=1.0)
+    reader = rl.read_lock("shared", ttl=30, auto_renew=True)
+    assert reader.acquire(blocking=False)
+    token = reader.token
+    assert token is not None
+    assert rl.force_release(f"shared#read:{token}") == len(redis_nodes)
+    wait_until(lambda: not reader.held)
