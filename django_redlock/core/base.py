@@ -199,8 +199,9 @@ class AcquireRequest:
 
     def undo(self) -> bytes:
         """The release of this attempt's token, for a node whose answer did not come in time
-        (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`)."""
-        return self._redlock._release_command(self._handle.name, self.token)
+        (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
+        the script's body: nobody may ever read its answer."""
+        return self._redlock._undo_command(self._handle.name, self.token)
 
 
 def _fold_script(wire: Any, replies: list[Any]) -> Any:

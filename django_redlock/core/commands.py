@@ -49,7 +49,9 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
 #: ``SCRIPT FLUSH``) answers ``NOSCRIPT``, and whoever reads that answer sends the body on the
 #: same connection, behind everything sent before: also when the release's operation ended
 #: without waiting for that node (a release runs the same however late: it deletes only its
-#: own token), so a late undo still follows the acquire it undoes.
+#: own token). The one exception is the undo sent behind an acquire on a connection given up
+#: (:meth:`KeyLayout._undo_command`): nobody may ever read its answer (the process may close
+#: first), so it carries the body; it is sent only when a node did not answer in time.
 _RELEASE_HEAD = ("EVALSHA", scripts.RELEASE.sha, 1)
 
 
@@ -132,6 +134,14 @@ class KeyLayout:
             keys, args = self._reader_keys(name), [token, self._channel(name)]
             return pack(script_command(rwscripts.READ_RELEASE, keys, args))
         return pack((*_RELEASE_HEAD, self._key(name), token, self._channel(name)))
+
+    def _undo_command(self, name: str, token: str) -> bytes:
+        """``RELEASE`` of ``token`` with the script's body, for a connection given up (see
+        ``_RELEASE_HEAD``): it runs whatever the node's script cache, unread."""
+        if is_reader(name):
+            keys, args = self._reader_keys(name), [token, self._channel(name)]
+            return pack(eval_command(rwscripts.READ_RELEASE, keys, args))
+        return pack(eval_command(scripts.RELEASE, [self._key(name)], [token, self._channel(name)]))
 
     def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
         return script_command(
