@@ -9,8 +9,8 @@ import sys
 import time
 
 from .mutants import MUTANTS
-from .scenario import run_scenario
-from .sweep import shrink, sweep
+from .scenario import Outcome, run_scenario
+from .sweep import Summary, run_seed, shrink, sweep
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list-mutants", action="store_true")
     parser.add_argument("--no-shrink", action="store_true")
     parser.add_argument("--stop", action="store_true", help="stop at the first violation")
+    parser.add_argument(
+        "--replay", type=int, metavar="RUN_SEED", help="run the one scenario of a run's seed"
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
     # Lock events are logged by the core; a simulation has millions of them.
@@ -33,17 +36,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--runs must be at least 1, got {args.runs}")
     started = time.process_time()
 
-    def progress(i: int, outcome: object) -> None:
+    def progress(i: int, outcome: Outcome) -> None:
         if args.verbose:
-            print(f"run {i}: {outcome.scenario.family} ops={outcome.ops} "  # type: ignore[attr-defined]
-                  f"violations={sum(outcome.violations.values())}", file=sys.stderr)  # type: ignore[attr-defined]
+            print(
+                f"run {i}: {outcome.scenario.family} ops={outcome.ops} "
+                f"violations={sum(outcome.violations.values())}",
+                file=sys.stderr,
+            )
 
-    summary = sweep(args.runs, args.seed, args.mutant, stop_at_first=args.stop, progress=progress)
+    if args.replay is not None:
+        summary = Summary()
+        summary.add(run_seed(args.replay, args.mutant))
+    else:
+        summary = sweep(
+            args.runs, args.seed, args.mutant, stop_at_first=args.stop, progress=progress
+        )
     cpu = time.process_time() - started
     first = summary.first
     if first is not None:
         sc = first.scenario
-        print(f"VIOLATION in run seed={sc.seed} (python -m tests.simulation replays it)")
+        mutant = f" --mutant {args.mutant}" if args.mutant else ""
+        print(
+            f"VIOLATION in run seed={sc.seed} "
+            f"(replay: python -m tests.simulation --replay {sc.seed}{mutant})"
+        )
         for line in first.details[:10]:
             print(f"  {line}")
         print("schedule:")

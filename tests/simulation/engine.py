@@ -32,7 +32,7 @@ from django_redlock.core.resp import ReplyError, bulk, encode, parse
 
 from .node import SimNode
 
-__all__ = ["Cancelled", "Proc", "SimRedlock", "Task", "World"]
+__all__ = ["Cancelled", "Gen", "Proc", "SimRedlock", "Sleep", "Task", "World"]
 
 Gen = Generator[Any, Any, Any]
 
@@ -131,7 +131,8 @@ class Task:
     """A client thread: a generator of waits, resumed by the event loop."""
 
     def __init__(self, world: World, proc: Proc, gen: Gen | None, name: str) -> None:
-        self.world, self.proc, self.gen, self.name = world, proc, gen, name
+        self.world, self.proc, self.name = world, proc, name
+        self.gen: Gen = gen if gen is not None else iter(())  # type: ignore[assignment]
         self.done = False
         self.conns: dict[int, Conn] = {}
         self.parked: Park | None = None
@@ -218,8 +219,10 @@ def _commands(data: bytes) -> list[list[bytes]]:
 
 
 def _args(command: Any) -> list[bytes]:
-    return [a if a.__class__ is bytes else (b"%d" % a if isinstance(a, int) else str(a).encode())
-            for a in command]
+    return [
+        a if a.__class__ is bytes else (b"%d" % a if isinstance(a, int) else str(a).encode())
+        for a in command
+    ]
 
 
 class SimRedlock(RedlockBase):
@@ -315,7 +318,7 @@ class World:
         return p.wall_offset + self.now * p.rate
 
     def token_hex(self, n: int) -> str:
-        return "%0*x" % (2 * n, self.client_rng.getrandbits(8 * n))
+        return f"{self.client_rng.getrandbits(8 * n):0{2 * n}x}"
 
     def uniform(self, a: float, b: float) -> float:
         return self.client_rng.uniform(a, b)
@@ -432,7 +435,9 @@ class World:
                 self.at(self.now + self.delay(node.index), on_reply, conn, [_REFUSED])
             return
         if node.paused:
-            node.queued.append((conn, commands, lambda r: self._reply(node, conn, r, on_reply, pid)))
+            node.queued.append(
+                (conn, commands, lambda r: self._reply(node, conn, r, on_reply, pid))
+            )
             return
         replies = [node.command(c) for c in commands]
         self._reply(node, conn, replies, on_reply, pid)
@@ -609,7 +614,9 @@ class Driver:
         assert rl is not None
         n = len(world.nodes)
         op = FanOp(n)
-        sent = [["PING"] if lease.released else c for lease, c in zip(leases, commands)]
+        sent = [
+            ["PING"] if lease.released else c for lease, c in zip(leases, commands, strict=False)
+        ]
         encoded = [_args(c) for c in sent]
         for i in range(n):
             conn = self.conn(task, i)
@@ -719,12 +726,16 @@ class Driver:
             if self.world.mutant == "renewal_serial":
                 # One lease after the other, each waiting for every node.
                 per: list[list[Any]] = [[] for _ in self.world.nodes]
-                for lease, command in zip(step.leases, step.commands):
+                for lease, command in zip(step.leases, step.commands, strict=False):
                     op = yield self.batch(task, [command], [lease])
                     for i, r in enumerate(op):
                         per[i].append(r[0] if isinstance(r, list) else r)
-                return [p if not any(isinstance(x, Failure) for x in p) else next(
-                    x for x in p if isinstance(x, Failure)) for p in per]
+                return [
+                    p
+                    if not any(isinstance(x, Failure) for x in p)
+                    else next(x for x in p if isinstance(x, Failure))
+                    for p in per
+                ]
             return (yield self.batch(task, step.commands, step.leases))
         finally:
             for lease in step.leases:
@@ -732,9 +743,7 @@ class Driver:
 
     # -- what the sync client does around the steps ---------------------------------------
 
-    def release_everywhere(
-        self, task: Task, name: str, token: str, behind: Any = None
-    ) -> Gen:
+    def release_everywhere(self, task: Task, name: str, token: str, behind: Any = None) -> Gen:
         rl = task.proc.rl
         assert rl is not None
         command = rl._release_command(name, token)
@@ -749,9 +758,7 @@ class Driver:
         rl._keep_unreached(command, replies)
         return replies
 
-    def acquire(
-        self, task: Task, handle: LockBase, blocking: bool, timeout: float | None
-    ) -> Gen:
+    def acquire(self, task: Task, handle: LockBase, blocking: bool, timeout: float | None) -> Gen:
         """``Redlock._acquire`` without the local queue (each simulated thread contends on
         its own)."""
         rl = task.proc.rl
@@ -834,14 +841,14 @@ class Driver:
             except Exception:
                 proc.rl._renewal_failed(due)
                 continue
-            for lease, when in zip(due, whens):
+            for lease, when in zip(due, whens, strict=False):
                 if when is not None:
                     proc.renewals[id(lease)] = (when, lease)
 
 
 def _is_fence(step: Send) -> bool:
     try:
-        built = step.build(None, None)
+        built = step.build(None, None)  # type: ignore[arg-type]
     except Exception:
         return False
     return isinstance(built, list) and len(built) > 1 and built[1] == scripts.FENCE_SYNC.sha

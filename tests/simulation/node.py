@@ -65,7 +65,7 @@ def _compile(body: str) -> Any:
 
 def _arg(value: Any) -> bytes:
     if value.__class__ is bytes:
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, float):
         # Redis formats a Lua number argument with %.17g: integers print without a point.
         return b"%d" % int(value) if value.is_integer() else repr(value).encode()
@@ -112,7 +112,7 @@ def _from_lua(value: Any) -> Any:
     err = value[b"err"]
     if err is not None:
         return ReplyError(err.decode(errors="replace"))
-    out = []
+    out: list[Any] = []
     i = 1
     while True:
         item = value[i]

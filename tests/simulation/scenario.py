@@ -3,9 +3,10 @@ scenario in a :class:`~.engine.World`, and the invariants checked on it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import random
-from collections.abc import Iterator
 from typing import Any
 
 from django_redlock.core import scripts
@@ -13,7 +14,7 @@ from django_redlock.core.errors import QuorumError
 from django_redlock.core.errors import RedlockError as LockError
 from django_redlock.core.lock import Lease
 
-from .engine import Cancelled, Driver, Proc, Sleep, Task, World
+from .engine import Cancelled, Driver, Gen, Proc, Sleep, Task, World
 from .mutants import applied
 
 __all__ = ["VIOLATIONS", "Fault", "Outcome", "Scenario", "generate", "run_scenario"]
@@ -109,13 +110,12 @@ class Scenario:
         kinds = {f.kind for f in lost}
         if kinds == {"crash"}:
             # Servers restarted apart are told apart by their start times.
-            first_restart = {}
+            first_restart: dict[int, float] = {}
             for f in lost:
                 first_restart.setdefault(f.node, f.at + f.span)
             return max(first_restart.values()) - min(first_restart.values()) <= _TOGETHER
-        if kinds == {"failover"} and not self.fresh_cluster:
-            return False  # the replicas have the markers: another run id, guarded
-        return True
+        # Replicas of a running cluster have the markers (another run id: guarded).
+        return not (kinds == {"failover"} and not self.fresh_cluster)
 
     def describe(self) -> str:
         ops = sum(len(w.ops) for w in self.workers)
@@ -190,8 +190,18 @@ def _random_faults(rng: random.Random, n: int, procs: int, workers: int, end: fl
         at = rng.uniform(0.2, end)
         kind = rng.choices(
             (
-                "delay", "drop", "partition", "pause", "crash", "flush", "evict_all",
-                "evict_one", "failover", "stall", "cancel", "clock_step",
+                "delay",
+                "drop",
+                "partition",
+                "pause",
+                "crash",
+                "flush",
+                "evict_all",
+                "evict_one",
+                "failover",
+                "stall",
+                "cancel",
+                "clock_step",
             ),
             weights=(3, 2, 2, 3, 2, 1.5, 0.5, 0.3, 1.5, 2, 2, 0.3),
         )[0]
@@ -277,7 +287,7 @@ def _storm(rng: random.Random, seed: int) -> Scenario:
     n = rng.choice((3, 3, 5))
     ttl = rng.uniform(8, 12)
     kind = rng.choice(("crash", "failover", "flush"))
-    spacing = rng.choice((0.0, rng.uniform(0.5, 4)))
+    spacing = rng.choice((0.0, rng.uniform(0.5, 4), rng.uniform(1.5, 4)))
     first = rng.uniform(0.5, 1.5)
     faults = []
     for k in range(n):
@@ -365,8 +375,14 @@ def _drift(rng: random.Random, seed: int) -> Scenario:
     ttl = rng.uniform(1, 3)
     bound = 0.01 / 2
     workers = tuple(
-        Worker(p, tuple(Op("job", 0.0, ttl * 2, ttl, "plain", timeout=ttl * 3)
-                        for _ in range(rng.randint(2, 4))), 0.0)
+        Worker(
+            p,
+            tuple(
+                Op("job", 0.0, ttl * 2, ttl, "plain", timeout=ttl * 3)
+                for _ in range(rng.randint(2, 4))
+            ),
+            0.0,
+        )
         for p in range(2)
     )
     return Scenario(
@@ -427,10 +443,10 @@ class Run:
     def setup(self) -> None:
         sc, world = self.sc, self.world
         rng = random.Random(sc.seed ^ 0xC1A5)
-        for node, rate in zip(world.nodes, sc.node_rates):
+        for node, rate in zip(world.nodes, sc.node_rates, strict=False):
             node.rate = rate
             node.offset += rng.uniform(-0.02, 0.02)  # NTP keeps the wall clocks close
-            node.run_id = "%040x" % rng.getrandbits(160)
+            node.run_id = f"{rng.getrandbits(160):040x}"
             if sc.fresh_cluster:
                 node.started_wall = node.wall() - rng.uniform(0, 1)
             else:
@@ -476,7 +492,7 @@ class Run:
         if f.kind in ("delay", "drop"):
             table = world.extra_delay if f.kind == "delay" else world.drop
             table[f.node] = f.value
-            world.at(now + f.span, table.pop, f.node, None)
+            world.at(now + f.span, _forget, table, f.node)
             self._disturb(now, now + f.span + 0.5, [f.node])
         elif f.kind == "partition":
             pid = world.procs[f.node].pid
@@ -543,7 +559,7 @@ class Run:
         def restart() -> None:
             node.flush()
             node.up = True
-            node.run_id = "%040x" % world.rng.getrandbits(160)
+            node.run_id = f"{world.rng.getrandbits(160):040x}"
             node.started_wall = node.wall()
             node.released = set()
             world.note(f"node{index} restarted empty")
@@ -559,7 +575,7 @@ class Run:
         node.epoch += 1
         node.paused = False
         node.queued = []
-        node.run_id = "%040x" % world.rng.getrandbits(160)
+        node.run_id = f"{world.rng.getrandbits(160):040x}"
         node.started_wall = node.wall() - 86400  # the replica has been running for a day
         node.released = set()
         self._drop_subscriptions(index)
@@ -585,7 +601,7 @@ class Run:
 
     # -- the clients' work -----------------------------------------------------------------
 
-    def _work(self, task: Task, worker: Worker) -> Iterator[Any]:
+    def _work(self, task: Task, worker: Worker) -> Gen:
         world, driver = self.world, self.driver
         proc = task.proc
         rl = proc.rl
@@ -634,18 +650,14 @@ class Run:
                 continue  # held to the end of the run (released by the final phase)
             self._end_hold(proc, lease)
             self.ops += 1
-            try:
+            with contextlib.suppress(LockError):
                 yield from driver.release(task, lease)
-            except LockError:
-                pass
 
-    def _child(self, task: Task, lease: Lease) -> Iterator[Any]:
+    def _child(self, task: Task, lease: Lease) -> Gen:
         """A forked child runs the rest of its parent's ``with`` block: it leaves it too."""
         yield Sleep(0.01)
-        try:
+        with contextlib.suppress(LockError):
             yield from self.driver.release(task, lease)
-        except LockError:
-            pass
 
     @property
     def _attempt_tokens(self) -> set[str]:
@@ -734,7 +746,7 @@ class Run:
     def _final(self) -> None:
         """Faults are over: everything still held is released, what could not reach a node
         goes out, and then every name must be free and no failed attempt left a key."""
-        world, driver = self.world, self.driver
+        world, _driver = self.world, self.driver
         for node in world.nodes:
             if node.paused:
                 world.resume_node(node)
@@ -760,8 +772,8 @@ class Run:
                 token = value.split(b" ", 1)[0].decode()
                 if token in self.failed_tokens and token not in live:
                     self.violation(
-                        "leftovers", f"{node.name} still holds {key.decode()} for failed attempt "
-                        f"{token[:8]}"
+                        "leftovers",
+                        f"{node.name} still holds {key.decode()} for failed attempt {token[:8]}",
                     )
         proc = world.new_proc(1.0, 5000.0, **self.config)
         task = Task(world, proc, None, "final-check")
@@ -771,20 +783,18 @@ class Run:
         if not task.done:
             self.violation("not_free", "the final check never finished")
 
-    def _release_all(self, task: Task, leases: list[Lease]) -> Iterator[Any]:
+    def _release_all(self, task: Task, leases: list[Lease]) -> Gen:
         proc = task.proc
         for lease in leases:
             self._end_hold(proc, lease)
-            try:
+            with contextlib.suppress(LockError):
                 yield from self.driver.release(task, lease)
-            except LockError:
-                pass
         rl = proc.rl
         assert rl is not None
         for name in sorted({h.name for h in self.holds.values()}):
             yield from self.driver.drive(task, rl._locked_steps(name))
 
-    def _claim(self, task: Task, names: list[str]) -> Iterator[Any]:
+    def _claim(self, task: Task, names: list[str]) -> Gen:
         rl = task.proc.rl
         assert rl is not None
         for name in names:
@@ -797,7 +807,9 @@ class Run:
             except LockError as exc:
                 self.violation("not_free", f"{name}: {exc}")
             if lease is None:
-                self.violation("not_free", f"{name} could not be taken once everything was released")
+                self.violation(
+                    "not_free", f"{name} could not be taken once everything was released"
+                )
                 continue
             yield from self.driver.release(task, lease)
 
@@ -825,11 +837,13 @@ class Run:
                 (h for h in self.holds.values() if h.name == name and h.fence is not None),
                 key=lambda h: h.start,
             )
-            for a, b in zip(fenced, fenced[1:]):
+            for a, b in itertools.pairwise(fenced):
                 if b.fence is not None and a.fence is not None and b.fence <= a.fence:
-                    self.violation(
-                        "fences", f"{name}: fence {b.fence} handed out after {a.fence}"
-                    )
+                    self.violation("fences", f"{name}: fence {b.fence} handed out after {a.fence}")
+
+
+def _forget(table: dict[int, float], key: int) -> None:
+    table.pop(key, None)
 
 
 def _copy_lease(lease: Lease) -> Lease:

@@ -37,9 +37,7 @@ class Summary:
     assumption_runs: int = 0
     assumption_violations: int = 0
     known: int = 0
-    counts: dict[str, int] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(VIOLATIONS, 0)
-    )
+    counts: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(VIOLATIONS, 0))
     first: Outcome | None = None
 
     @property
@@ -121,7 +119,7 @@ def shrink(sc: Scenario, mutant: str | None = None, budget: float = 20.0) -> Sce
                     break
                 fewer = dataclasses.replace(worker, ops=worker.ops[:o] + worker.ops[o + 1 :])
                 trial = dataclasses.replace(
-                    sc, workers=sc.workers[:w] + (fewer,) + sc.workers[w + 1 :]
+                    sc, workers=(*sc.workers[:w], fewer, *sc.workers[w + 1 :])
                 )
                 if _still_fails(trial, mutant):
                     sc, changed = trial, True
