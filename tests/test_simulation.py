@@ -87,7 +87,10 @@ _SLOW = {"trust_apart", "fresh_kept", "flushed_votes", "fork_releases"}
 
 @pytest.mark.parametrize(
     "mutant",
-    [pytest.param(m, marks=pytest.mark.slow) if m in _SLOW else m for m in sorted(MUTANTS)],
+    [
+        pytest.param(m, marks=[pytest.mark.slow, pytest.mark.timeout(600)]) if m in _SLOW else m
+        for m in sorted(MUTANTS)
+    ],
 )
 def test_every_historical_bug_is_found_within_300_runs_of_seed_7(mutant: str) -> None:
     summary = sweep(300, seed=7, mutant=mutant, stop_at_first=True)

@@ -399,27 +399,32 @@ class World:
         conn: Conn,
         commands: list[list[bytes]],
         on_reply: Callable[[Conn, list[Any]], None] | None,
-    ) -> None:
-        """Commands out on ``conn`` (FIFO), run by node ``i`` in order, replies back."""
+    ) -> float | None:
+        """Commands out on ``conn`` (FIFO), run by node ``i`` in order, replies back. Returns
+        None, or, when the link failed and cut the connection, the moment the client can
+        know it (after the node ran the commands, if they got there at all)."""
         self.messages += 1
         node = self.nodes[i]
         pid = task.proc.pid
         t = self.now + self.delay(i)
+        cut = None
         drop = self.drop.get(i, 0.0)
         if drop and self.rng.random() < drop:
             # The link fails: the command runs or not, the reply never comes back, and the
             # connection is cut (the next command opens a new one).
             conn.broken = True
+            cut = max(t, conn.last_out)
             if self.rng.random() < 0.5:
-                return
+                return cut
             on_reply = None
         if (pid, i) in self.cut:
             t = max(t, self.heal_at.get((pid, i), float("inf")))
         t = max(t, conn.last_out)
         conn.last_out = t
         if t == float("inf"):
-            return
+            return cut
         self.at(t, self._arrive, node, conn, commands, on_reply, pid)
+        return None if cut is None else t
 
     def _arrive(
         self,
@@ -545,7 +550,17 @@ class Driver:
             later = [c for item in rl.nodes[i].take_later() for c in _commands(item)]
             if later:
                 world.send(task, i, conn, later, None)
-            world.send(task, i, conn, commands, self._on_reply(op, i, built, idempotent, task))
+            on_reply = self._on_reply(op, i, built, idempotent, task)
+            cut = world.send(task, i, conn, commands, on_reply)
+            if cut is not None and (idempotent or late is not None):
+                # The connection was reset with the command out: sent again on a new one
+                # (a duplicate, if the first one ran), as the sync driver does.
+                again = self.conn(task, i)
+                if again is not None:
+                    again.last_out = cut
+                    op.wires[i] = again
+                    world.duplicates += 1
+                    world.send(task, i, again, commands, on_reply)
         if not all(op.answered):
             world.at(world.now + (timeout or rl.node_timeout), self._timeout, op, task)
         self._check_done(op, rl.quorum)

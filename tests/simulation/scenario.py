@@ -286,7 +286,7 @@ def _storm(rng: random.Random, seed: int) -> Scenario:
     lock now and then."""
     n = rng.choice((3, 3, 5))
     ttl = rng.uniform(8, 12)
-    kind = rng.choice(("crash", "failover", "flush"))
+    kind = rng.choices(("crash", "failover", "flush"), weights=(2, 1.5, 1))[0]
     spacing = rng.choice((0.0, rng.uniform(0.5, 4), rng.uniform(1.5, 4)))
     first = rng.uniform(0.5, 1.5)
     faults = []
