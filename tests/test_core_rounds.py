@@ -25,7 +25,8 @@ class Interrupted(BaseException):
 
 def _taker(rl, name: str, results: dict) -> threading.Thread:
     def take() -> None:
-        lock = rl.lock(name)
+        # Taken in this thread, released by the test's: the test is the handle's owner.
+        lock = rl.lock(name, owner="test")
         results[name] = (lock, lock.acquire(blocking=False))
 
     thread = threading.Thread(target=take, name=f"take-{name}", daemon=True)
