@@ -62,9 +62,10 @@ class Park:
         if self.done:
             return
         self.done = True
+        self.value = value
         task, self.task = self.task, None
         if task is not None:
-            task.world.at(task.world.now, task.step, value)
+            task.world.at(task.world.now, task.wake, self, value)
 
 
 class Notice:
@@ -168,6 +169,11 @@ class Task:
             return
         self._park(wait)
 
+    def wake(self, park: Park, value: Any) -> None:
+        """Resume after ``park`` (unless the task was cancelled off it meanwhile)."""
+        if self.parked is park:
+            self.step(value)
+
     def _park(self, wait: Any) -> None:
         world = self.world
         if wait.__class__ is Sleep:
@@ -177,6 +183,7 @@ class Task:
             world.at(world.now + max(wait.seconds, 0.0), park.resume, None)
         elif isinstance(wait, Park):
             if wait.done:
+                self.parked = None
                 world.at(world.now, self.step, wait.value)
             else:
                 wait.task = self
@@ -186,8 +193,8 @@ class Task:
 
     def cancel(self) -> None:
         """Interrupt whatever the task waits for now."""
-        if self.done or self.parked is None:
-            return
+        if self.done or self.parked is None or self.parked.done:
+            return  # not waiting, or already woken: it runs on before it could be interrupted
         park, self.parked = self.parked, None
         park.task = None
         self.cancel_pending = True

@@ -79,7 +79,11 @@ def sweep(
     """``runs`` scenarios, seeds ``seed*1_000_003 + i``."""
     summary = Summary()
     for i in range(runs):
-        outcome = run_seed(seed * 1_000_003 + i, mutant)
+        run = seed * 1_000_003 + i
+        try:
+            outcome = run_seed(run, mutant)
+        except Exception as exc:  # a simulator bug: name the run that shows it
+            raise RuntimeError(f"run seed={run} crashed (--replay {run}): {exc!r}") from exc
         summary.add(outcome)
         if progress is not None:
             progress(i, outcome)
