@@ -99,6 +99,9 @@ class Conn:
         self.last_out = 0.0
         self.last_back = 0.0
         self.broken = False
+        #: When the link cut it: what had not run on the node by then never runs (the
+        #: server drops a reset connection's unread commands), and no reply comes back.
+        self.cut_at: float | None = None
 
 
 class Proc:
@@ -422,7 +425,9 @@ class World:
             conn.broken = True
             cut = max(t, conn.last_out)
             if self.rng.random() < 0.5:
+                conn.cut_at = self.now  # lost on the way: nothing queued behind runs either
                 return cut
+            conn.cut_at = cut  # it runs (if the node is running then); the reply is lost
             on_reply = None
         if (pid, i) in self.cut:
             t = max(t, self.heal_at.get((pid, i), float("inf")))
@@ -441,6 +446,8 @@ class World:
         on_reply: Callable[[Conn, list[Any]], None] | None,
         pid: int,
     ) -> None:
+        if conn.cut_at is not None and self.now > conn.cut_at:
+            return
         if not node.up or node.epoch != conn.epoch:
             conn.broken = True
             if on_reply is not None:
@@ -469,6 +476,8 @@ class World:
             t = max(t, self.heal_at.get((pid, node.index), float("inf")))
         t = max(t, conn.last_back)
         conn.last_back = t
+        if conn.cut_at is not None and t > conn.cut_at:
+            return
         if t != float("inf"):
             self.at(t, on_reply, conn, replies)
 
@@ -488,7 +497,7 @@ class World:
         self.rng.shuffle(order)
         for key in order:
             for conn, commands, done in by_conn[key]:
-                if node.up and node.epoch == conn.epoch:
+                if node.up and node.epoch == conn.epoch and conn.cut_at is None:
                     done([node.command(c) for c in commands])
 
 
