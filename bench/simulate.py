@@ -53,6 +53,8 @@ def main() -> int:
         f"simulated_hours_per_cpu_minute={summary.sim_seconds / 3600 / cpu * 60:.2f}"
     )
     print(f"  families: {dict(sorted(families.items()))}")
+    if summary.seeds:
+        print(f"  violating runs (--replay): {summary.seeds}")
     print(f"  assumption-breaking labels: {dict(sorted(labels.items()))}")
     if not args.no_mutants:
         print("mutants (runs of seed 7 until found, at most 300):")

@@ -39,6 +39,8 @@ class Summary:
     known: int = 0
     counts: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(VIOLATIONS, 0))
     first: Outcome | None = None
+    #: The run seeds that violated an invariant (within the assumptions).
+    seeds: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def violated(self) -> bool:
@@ -56,8 +58,10 @@ class Summary:
         self.known += sum(outcome.known.values())
         for kind, count in outcome.violations.items():
             self.counts[kind] += count
-        if outcome.violated and self.first is None:
-            self.first = outcome
+        if outcome.violated:
+            self.seeds.append(outcome.scenario.seed)
+            if self.first is None:
+                self.first = outcome
 
     def line(self) -> str:
         counts = " ".join(f"{k}={v}" for k, v in self.counts.items())
