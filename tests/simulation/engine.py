@@ -414,6 +414,9 @@ class World:
         None, or, when the link failed and cut the connection, the moment the client can
         know it (after the node ran the commands, if they got there at all)."""
         self.messages += 1
+        if conn.cut_at is not None:
+            # The link already failed; the client learns it at the cut: this never runs.
+            return max(conn.cut_at, self.now)
         node = self.nodes[i]
         pid = task.proc.pid
         t = self.now + self.delay(i)
@@ -421,8 +424,8 @@ class World:
         drop = self.drop.get(i, 0.0)
         if drop and self.rng.random() < drop:
             # The link fails: the command runs or not, the reply never comes back, and the
-            # connection is cut (the next command opens a new one).
-            conn.broken = True
+            # connection is cut (the client learns it at the cut; the next command after
+            # that opens a new connection).
             cut = max(t, conn.last_out)
             if self.rng.random() < 0.5:
                 conn.cut_at = self.now  # lost on the way: nothing queued behind runs either
@@ -520,7 +523,12 @@ class Driver:
     def conn(self, task: Task, i: int, fresh: bool = False) -> Conn | None:
         node = self.world.nodes[i]
         conn = None if fresh else task.conns.get(i)
-        if conn is None or conn.broken or conn.epoch != node.epoch:
+        if (
+            conn is None
+            or conn.broken
+            or conn.epoch != node.epoch
+            or (conn.cut_at is not None and self.world.now >= conn.cut_at)
+        ):
             if not node.up:
                 return None
             conn = Conn(node, task.proc)
@@ -571,9 +579,11 @@ class Driver:
             if cut is not None and (idempotent or late is not None):
                 # The connection was reset with the command out: sent again on a new one
                 # (a duplicate, if the first one ran), as the sync driver does.
-                again = self.conn(task, i)
-                if again is not None:
-                    again.last_out = cut
+                node_i = world.nodes[i]
+                if node_i.up:
+                    again = Conn(node_i, task.proc)
+                    again.last_out = cut  # sent once the client saw the reset
+                    task.conns[i] = again
                     op.wires[i] = again
                     world.duplicates += 1
                     world.send(task, i, again, commands, on_reply)
