@@ -45,7 +45,7 @@ from django_redlock import Redlock  # noqa: E402
 from django_redlock.core import scripts  # noqa: E402
 from django_redlock.core.base import AcquireRequest  # noqa: E402
 from django_redlock.core.commands import lock_value  # noqa: E402
-from django_redlock.core.resp import Incomplete, encode  # noqa: E402
+from django_redlock.core.nodes import Incomplete  # noqa: E402
 from django_redlock.testing import RedisCluster  # noqa: E402
 
 TTL = 10.0
@@ -84,7 +84,7 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
         while left:
             for fd, _ in poller.poll(1000):
                 wire = by_fd[fd]
-                wire.buf += wire.sock.recv(65536)
+                wire.feed()
                 try:
                     wire.take_many(count)
                 except Incomplete:
@@ -95,7 +95,7 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
         request = AcquireRequest(rl, handle)
         acquire = [request.build(node, wire) for node, wire in zip(rl.nodes, wires, strict=True)]
         fan_out([a.data for a in acquire], acquire[0].count)
-        fan_out([encode(rl._release_command(name, request.token))] * len(wires), 1)
+        fan_out([rl._release_command(name, request.token)] * len(wires), 1)
 
     return cycle
 

@@ -21,7 +21,15 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import CACHE_PREFIX, DEFAULTS, REDIS_CACHE_BACKENDS, REDLOCK_ARGUMENTS, cache_client
-from .core import Redlock, check_positive, check_prefix, node_identity, parse_spec, redact
+from .core import (
+    Redlock,
+    check_positive,
+    check_prefix,
+    connection_args,
+    node_identity,
+    parse_spec,
+    redact,
+)
 from .task_options import SETTING_OPTIONS, check_task_options, header_values
 
 __all__ = [
@@ -195,6 +203,7 @@ def _node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[
                 continue
         try:
             url, options = parse_spec(spec)
+            connection_args(url, options)
         except (TypeError, ValueError) as exc:
             messages.append(
                 _error(

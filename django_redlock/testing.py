@@ -401,29 +401,6 @@ def _make_node_dir() -> Path:
     return Path(path)
 
 
-def _resp_command(args: Sequence[str]) -> bytes:
-    """Encode one command in RESP (for the readiness probe, which avoids redis-py)."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg.encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-def _resp_read(stream: Any) -> tuple[bool, bytes]:
-    """Read one RESP2 reply: (not an error, payload). Enough for AUTH/INFO/PING replies."""
-    line = stream.readline()
-    if not line.endswith(b"\r\n"):
-        raise ValueError("connection closed mid-reply")
-    kind, body = line[:1], line[1:-2]
-    if kind == b"$":
-        size = int(body)
-        return True, b"" if size < 0 else stream.read(size + 2)[:-2]
-    if kind == b"-":
-        return False, body
-    return True, body
-
-
 def _proc_state(pid: int) -> str | None:
     """The one-letter state from ``/proc/<pid>/stat`` ("T" = stopped), or None off Linux."""
     try:
@@ -884,32 +861,43 @@ class RedisNode:
         proc = self._proc
         if proc is None:
             return False
-        commands: list[tuple[str, ...]] = []
-        if self.password is not None:
-            commands.append(("AUTH", self.password))
-        commands += [("INFO", "server"), ("PING",)]
+        # redis-py's connection (AUTH on connect, RESP2 so INFO is plain text), no pool.
+        conn: redis.connection.AbstractConnection
+        common: dict[str, Any] = {
+            "password": self.password,
+            "socket_timeout": timeout,
+            "protocol": 2,
+        }
+        if self.unix_socket:
+            conn = redis.connection.UnixDomainSocketConnection(  # type: ignore[abstract]
+                path=self.unix_socket_path or "", **common
+            )
+        else:
+            conn = redis.connection.Connection(
+                host=self.host, port=self.port, socket_connect_timeout=timeout, **common
+            )
+        info_ok = False
         try:
-            if self.unix_socket:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(timeout)
-                try:
-                    sock.connect(self.unix_socket_path or "")
-                except OSError:
-                    sock.close()
-                    raise
-            else:
-                sock = socket.create_connection((self.host, self.port), timeout=timeout)
-            with sock, sock.makefile("rb") as stream:
-                sock.sendall(b"".join(_resp_command(c) for c in commands))
-                replies = [_resp_read(stream) for _ in commands]
-        except (OSError, ValueError):
-            return False
-        (info_ok, info), (ping_ok, ping) = replies[-2:]
-        if ping.startswith(b"LOADING"):
-            return False
+            try:
+                conn.connect()
+                conn.send_packed_command(conn.pack_commands([("INFO", "server"), ("PING",)]))
+                info = conn.read_response()
+                info_ok = True
+                conn.read_response()  # PING: an error (other than LOADING) is not ready
+            except redis.exceptions.BusyLoadingError:
+                return False  # still replaying the AOF
+            except (redis.AuthenticationError, redis.ResponseError):
+                if info_ok:
+                    return False
+                # INFO refused (an ACL the probe cannot satisfy): the log tells.
+            except (redis.RedisError, OSError):
+                return False
+        finally:
+            conn.disconnect()
         if info_ok:
-            match = re.search(rb"\r?\nprocess_id:(\d+)", b"\n" + info)
-            return match is not None and int(match.group(1)) == proc.pid and ping_ok
+            text = info if isinstance(info, bytes) else str(info).encode()
+            match = re.search(rb"\r?\nprocess_id:(\d+)", b"\n" + text)
+            return match is not None and int(match.group(1)) == proc.pid
         return proc.poll() is None and "Ready to accept connections" in self._log_tail(200)
 
     def _forget_process(self, state: str) -> None:

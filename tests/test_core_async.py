@@ -31,6 +31,7 @@ from tests.helpers import (
     lock_keys,
     node_client,
     pttls_on_nodes,
+    run_python,
     tokens_on_nodes,
     wait_until,
 )
@@ -466,7 +467,8 @@ def test_one_redlock_serves_successive_event_loops(
     redis_nodes: RedisCluster, make_async_redlock
 ) -> None:
     """Built outside any loop, used from two ``asyncio.run`` calls (Django's async_to_sync does
-    the same): each loop gets its own connections, closed when that loop shuts down."""
+    the same): each loop gets its own connections; when it shuts down its idle ones are parked
+    for the next loop (one per node here), and closed with the client."""
     baseline = connected_clients(redis_nodes)
     rl: AsyncRedlock = make_async_redlock(redis_nodes)
     lock = rl.lock("loops", ttl=5.0, auto_renew=True)
@@ -482,6 +484,8 @@ def test_one_redlock_serves_successive_event_loops(
     second = asyncio.run(cycle())
     assert first != second
     assert rl._states == {}
+    assert [len(node.parked) for node in rl.nodes] == [1] * len(rl.nodes)
+    asyncio.run(rl.close())
     wait_until(lambda: connected_clients(redis_nodes) == baseline)
 
 
@@ -562,3 +566,99 @@ def test_a_listener_that_unwatches_while_hearing_does_not_hide_the_next_one() ->
         assert heard == ["holder", "waiter"]
     finally:
         loop.close()
+
+
+def test_an_async_redlock_left_unclosed_in_asyncio_run_exits_quietly(redis_cluster_factory):
+    """``asyncio.run`` cancels every task at the end, then closes the loop: an acquire
+    cancelled then (it had won: the lease is given back in the background) must not start a
+    task the loop never runs ("Task was destroyed but it is pending") nor touch the closed
+    loop. The renewed lease and the given-back one end with their TTL."""
+    cluster = redis_cluster_factory(3)
+    result = run_python(
+        f"""
+        import asyncio
+        from django_redlock import AsyncRedlock
+
+        async def main():
+            rl = AsyncRedlock({cluster.urls!r})
+            held = rl.lock("held", ttl=5, auto_renew=True)
+            assert await held.acquire()
+            async with rl.lock("cycled"):
+                pass
+            waiter = rl.lock("held")
+            asyncio.ensure_future(waiter.acquire(timeout=0.5))  # still waiting at the end
+            racer = rl.lock("raced", ttl=5)
+            asyncio.ensure_future(racer.acquire())  # on the wire at the end
+            await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+        print("done")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert "destroyed" not in result.stderr and "Event loop is closed" not in result.stderr
+    assert result.stderr == "", result.stderr
+
+
+def _connections_received(nodes) -> list[int]:
+    return [node_client(node).info("stats")["total_connections_received"] for node in nodes]
+
+
+def test_a_fresh_event_loop_per_call_reuses_the_connections_of_the_last_one(
+    redis_cluster_factory,
+):
+    """An async view under a WSGI server runs in a fresh event loop per request (asgiref's
+    ``async_to_sync``): the loop that ends leaves its idle lock connections to the next, so
+    a request connects nothing (connecting inside each request's node timeout made a busy
+    host answer 503), and what one loop did is seen by the next."""
+    from asgiref.sync import async_to_sync
+
+    cluster = redis_cluster_factory(3)
+    rl = AsyncRedlock(cluster.urls, node_timeout=0.05)
+
+    async def request(i: int) -> bool:
+        lock = rl.lock(f"view-{i % 3}", ttl=10)
+        got = await lock.acquire(blocking=False)
+        if got:
+            await lock.release()
+        return got
+
+    try:
+        assert async_to_sync(request)(0)  # the first loop connects
+        before = _connections_received(cluster)
+        results = [async_to_sync(request)(i) for i in range(1, 41)]
+        after = _connections_received(cluster)
+        assert results == [True] * 40
+        # Forty loops, no new lock connection (one per node per loop before): the one
+        # connection counted is the stats client reading these numbers.
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]  # ours
+        assert all(len(node.parked) >= 1 for node in rl.nodes)
+    finally:
+        asyncio.run(rl.close())
+    assert [len(node.parked) for node in rl.nodes] == [0, 0, 0]
+
+
+def test_a_parked_connection_the_node_closed_meanwhile_gets_a_fresh_one(
+    redis_cluster_factory,
+):
+    """The node closes idle connections (restart, ``timeout``): the next loop's adopted one
+    is found closed when used, and the operation connects anew within its one fresh try."""
+    cluster = redis_cluster_factory(3)
+    rl = AsyncRedlock(cluster.urls, node_timeout=0.25)
+
+    async def cycle() -> bool:
+        lock = rl.lock("parked", ttl=10)
+        got = await lock.acquire(blocking=False)
+        if got:
+            await lock.release()
+        return got
+
+    try:
+        assert asyncio.run(cycle())
+        for node in cluster:
+            node_client(node).client_kill_filter(_type="normal", skipme=True)
+        assert asyncio.run(cycle())
+        assert asyncio.run(cycle())
+    finally:
+        asyncio.run(rl.close())

@@ -213,3 +213,42 @@ def test_asyncio_wait_for_acquire_is_owned_by_the_caller_on_every_python(
     other, held = asyncio.run(main())
     assert other is False and held is True
     assert tokens_on_nodes(redis_nodes, "handle:wait-for") == [None] * 3
+
+
+def test_a_reentrant_handle_acquired_twice_is_held_until_its_last_release(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """python-redis-lock's ``AlreadyAcquired`` translated to ``reentrant=True``: the owner
+    acquires its own handle twice; the first release leaves one hold (the handle still
+    holds it and can release again), the second frees the nodes."""
+    rl = make_redlock(redis_nodes, reentrant=True)
+    lock = rl.lock("handle:twice", ttl=10.0)
+    assert lock.acquire(blocking=False) and lock.acquire(blocking=False)
+    lock.release()
+    assert lock.held and tokens_on_nodes(redis_nodes, "handle:twice") == [lock.token] * 3
+    lock.release()
+    assert not lock.held and tokens_on_nodes(redis_nodes, "handle:twice") == [None] * 3
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    # Two handles: each release ends that handle's own hold only.
+    outer, inner = rl.lock("handle:twice"), rl.lock("handle:twice")
+    assert outer.acquire(blocking=False) and inner.acquire(blocking=False)
+    inner.release()
+    assert not inner.held and outer.held
+    outer.release()
+    assert tokens_on_nodes(redis_nodes, "handle:twice") == [None] * 3
+
+    async def main() -> None:
+        arl = AsyncRedlock(redis_nodes.urls, reentrant=True)
+        try:
+            alock = arl.lock("handle:twice-async", ttl=10.0)
+            assert await alock.acquire(blocking=False) and await alock.acquire(blocking=False)
+            await alock.release()
+            assert alock.held
+            await alock.release()
+            assert not alock.held
+        finally:
+            await arl.close()
+
+    asyncio.run(main())
+    assert tokens_on_nodes(redis_nodes, "handle:twice-async") == [None] * 3

@@ -13,8 +13,7 @@ from collections import deque
 import pytest
 
 from django_redlock import AsyncRedlock, LockLost, LockNotOwned, QuorumError, Redlock
-from django_redlock.core.nodes import Due, Node
-from django_redlock.core.resp import encode
+from django_redlock.core.nodes import Due, Node, pack
 from tests.helpers import PREFIX, node_client, occupy, tokens_on_nodes, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
@@ -305,7 +304,7 @@ def test_a_command_larger_than_the_socket_buffer_goes_out_whole(redis_nodes) -> 
     try:
         wire = node.connect(2.0)
         wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
-        wire.write(encode(["SET", "big", b"x" * 2_000_000]), 2.0)
+        wire.write(pack(["SET", "big", b"x" * 2_000_000]), 2.0)
         wire.due.append(Due(b"", None, time.monotonic()))
         wire.settle_within(2.0)
         assert wire.due == deque() and node_client(redis_nodes[0]).strlen("big") == 2_000_000

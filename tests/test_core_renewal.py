@@ -137,7 +137,7 @@ def test_token_gone_behind_our_back_is_lost(
     assert event is not None, "no lost event within one lease"
     assert time.monotonic() - t0 < TTL / 3 + 0.3
     # A force release is heard at once on the release channel (issue 10, fault 5).
-    why = "gone" if how == "del" else "force-released"
+    why = "the nodes refused: the token is gone" if how == "del" else "force-released"
     assert event.token == lock.token and why in event.reason
     assert not lock.held and lock.validity == 0
     assert lock.lost
@@ -173,6 +173,9 @@ def test_quorum_unreachable_is_lost_by_the_end_of_validity(
         cluster[1].resume()
     assert event is not None, "the lock was never declared lost"
     assert lost_at - paused_at <= TTL + 0.3, lost_at - paused_at
+    # The message names the cause (not "was the process paused?") and the nodes that failed.
+    assert "the nodes refused: 1 of 3 nodes renewed it, 2 needed" in event.reason, event.reason
+    assert rl.nodes[0].name in event.reason and rl.nodes[1].name in event.reason
     assert not lock.held
     with pytest.raises(LockLost):
         lock.release()
@@ -239,6 +242,7 @@ def test_holder_frozen_past_its_lease_finds_out_when_it_resumes(
     assert report["lost_event"] is True, report
     assert report["held"] is False, report
     assert "ran out" in report["reason"], report
+    assert "the process was paused" in report["reason"], report  # not "fell behind"
     assert report["release"] == "LockLost", report
     # The resumed holder neither renewed nor deleted the new holder's lock.
     assert tokens_on_nodes(redis_nodes, "renew:frozen") == [other.token] * 3

@@ -1,4 +1,7 @@
-"""The RESP reply parser: every reply shape the nodes send, whole or cut anywhere."""
+"""The wire format as the transport uses it: redis-py packs the commands, hiredis parses the
+replies. What is checked is the package's use of them: replies cut anywhere (as TCP may
+deliver them) come out whole and in order, error replies are values with their code, a
+service that is not Redis is a :class:`ProtocolError`, and an encoded command reads back."""
 
 from __future__ import annotations
 
@@ -8,7 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from django_redlock.core.resp import Incomplete, ReplyError, parse
+from django_redlock.core.nodes import (
+    ProtocolError,
+    ReplyError,
+    as_eval,
+    pack,
+    pack_many,
+    reader,
+    unpack,
+)
+from django_redlock.core.scripts import RELEASE
 
 
 def wire_form(value: Any) -> bytes:
@@ -29,36 +41,50 @@ replies = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(replies, st.binary(max_size=8))
-def test_every_reply_parses_back_and_stops_at_its_end(value: Any, after: bytes) -> None:
-    data = wire_form(value)
-    assert parse(bytearray(data + after)) == (value, len(data))
-    assert parse(data + after) == (value, len(data))
-
-
 @settings(max_examples=200, deadline=None)
-@given(replies)
-def test_a_reply_cut_anywhere_is_incomplete(value: Any) -> None:
-    data = wire_form(value)
-    for cut in range(len(data)):
-        with pytest.raises(Incomplete):
-            parse(bytearray(data[:cut]))
+@given(st.lists(replies, min_size=1, max_size=4), st.data())
+def test_replies_cut_anywhere_come_out_whole_and_in_order(values: list[Any], data) -> None:
+    stream = b"".join(wire_form(v) for v in values)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(stream)), max_size=6)))
+    parser = reader()
+    out: list[Any] = []
+    start = 0
+    for end in [*cuts, len(stream)]:
+        parser.feed(stream[start:end])
+        start = end
+        while (value := parser.gets()) is not False:
+            out.append(value)
+    assert out == values
 
 
-def test_pipelined_replies_parse_one_after_another() -> None:
-    # What an uncontended acquire gets back: SET's +OK, PTTL, HMGET of the marker.
-    data = b"+OK\r\n:30000\r\n*2\r\n$4\r\nabcd\r\n$16\r\n1795560454739336\r\n"
-    first, pos = parse(data)
-    second, pos = parse(data, pos)
-    third, pos = parse(data, pos)
-    assert (first, second, third) == (b"OK", 30000, [b"abcd", b"1795560454739336"])
-    assert pos == len(data)
+def test_error_replies_are_values_with_their_code() -> None:
+    parser = reader()
+    parser.feed(b"-NOSCRIPT No matching script.\r\n:1\r\n")
+    error = parser.gets()
+    assert isinstance(error, ReplyError) and error.code == "NOSCRIPT"
+    assert parser.gets() == 1
+    assert parser.gets() is False
 
 
-def test_error_and_nil_array_replies() -> None:
-    error, end = parse(b"-NOSCRIPT No matching script\r\n")
-    assert isinstance(error, ReplyError) and error.code == "NOSCRIPT" and end == 30
-    assert parse(b"*-1\r\n") == (None, 5)
-    with pytest.raises(ValueError, match="unexpected RESP reply type"):
-        parse(b"?what\r\n")
+def test_a_service_that_is_not_redis_is_a_protocol_error() -> None:
+    parser = reader()
+    parser.feed(b"HTTP/1.1 400 Bad Request\r\n")
+    with pytest.raises(ProtocolError):
+        parser.gets()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=30) | st.integers(0, 2**40), min_size=1, max_size=6))
+def test_commands_read_back(args: list[Any]) -> None:
+    command = [b"ECHO", *args]
+    expected = [a if isinstance(a, bytes) else str(a).encode() for a in command]
+    assert unpack(pack(command)) == expected
+    both = pack_many([command, ["PING"]])
+    parser = reader()
+    parser.feed(both)
+    assert parser.gets() == expected and parser.gets() == [b"PING"]
+
+
+def test_an_evalsha_becomes_its_eval() -> None:
+    command = pack(["EVALSHA", RELEASE.sha, 1, "k", "t", "c"])
+    assert unpack(as_eval(command)) == [b"EVAL", RELEASE.body.encode(), b"1", b"k", b"t", b"c"]

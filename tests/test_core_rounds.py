@@ -38,6 +38,15 @@ def _queued(rl, count: int) -> None:
     wait_until(lambda: len(rl._rounds._queue) == count)
 
 
+def _acquires_run(node) -> int:
+    """How many acquire commands (a plain ``SET`` or the acquire script) the node has run."""
+    with node.client(socket_timeout=5) as client:
+        stats = client.info("commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("set", "evalsha", "eval")
+    )
+
+
 def _idle(rl) -> bool:
     return not rl._rounds._leading and not rl._rounds._queue
 
@@ -189,10 +198,13 @@ def test_one_slow_node_does_not_hold_up_the_threads_queued_behind(
     for node in rl.nodes:  # a second idle connection per node, as under concurrency
         node.checkin(node.connect(1.0))
     results: dict = {}
+    before = [_acquires_run(node) for node in cluster]
     cluster[2].pause()
     try:
         refused = _taker(rl, "busy", results)
-        wait_until(lambda: rl._rounds._leading)
+        # The refused attempt is on the wire and a majority ran it: it now waits for the
+        # frozen node only.
+        wait_until(lambda: all(_acquires_run(cluster[i]) > before[i] for i in (0, 1)))
         free = _taker(rl, "free", results)
         free.join(0.5)
         assert not free.is_alive(), "a free lock waited for the frozen node behind another"

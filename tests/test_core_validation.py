@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import Redlock
+from django_redlock import AsyncRedlock, Redlock
 from django_redlock.testing import RedisCluster
 from tests.helpers import all_keys, node_client
 
@@ -336,3 +336,15 @@ def test_a_name_that_is_not_valid_unicode_is_refused() -> None:
     rl = Redlock(["redis://127.0.0.1:7000/0"])
     with pytest.raises(ValueError, match="surrogate"):
         rl.lock("bad\ud800name")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:0/0", "rediss://127.0.0.1:0/0", "redis://127.0.0.1:65536/0"],
+)
+def test_a_node_port_outside_1_to_65535_is_refused_at_configuration(url: str) -> None:
+    """Port 0 used to pass, then the sync acquire raised a bare ``KeyError: 'port'``."""
+    with pytest.raises(ValueError, match=r"invalid port \(ports are 1-65535\)"):
+        Redlock([url])
+    with pytest.raises(ValueError, match=r"invalid port"):
+        AsyncRedlock([{"URL": url}])

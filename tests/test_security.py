@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import socket
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from django_redlock import QuorumError, Redlock
+from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.testing import RedisCluster, RedisNode, tls_redis_server_binary
 
 PASSWORD = "s3cr3t-Pa55"
@@ -66,11 +67,15 @@ def _auth_refused(rl: Redlock, cluster: RedisCluster, *secrets: str) -> QuorumEr
 
 ACL_LOCKER = ["--user", "locker", "on", f">{PASSWORD}", "~redlock:*", "&*", "+@all"]
 ACL_OTHER = ["--user", "other", "on", f">{PASSWORD}", "~elsewhere:*", "&*", "+@all"]
+ACL_NOEVAL = [
+    *["--user", "noeval", "on", f">{PASSWORD}", "~redlock:*", "&*", "+@all"],
+    *["-eval", "-evalsha"],
+]
 
 
 @pytest.fixture(scope="module")
 def acl_cluster():
-    with _cluster(3, extra_args=[*ACL_LOCKER, *ACL_OTHER]) as cluster:
+    with _cluster(3, extra_args=[*ACL_LOCKER, *ACL_OTHER, *ACL_NOEVAL]) as cluster:
         yield cluster
 
 
@@ -116,6 +121,32 @@ def test_acl_user_restricted_to_other_keys_gets_noperm(acl_cluster) -> None:
             assert c.keys("redlock:lock:*") == []
 
 
+@pytest.mark.parametrize(("user", "refused"), [("noeval", "EVAL"), ("other", "redlock:lock:*")])
+def test_health_names_a_node_whose_user_cannot_run_the_lock_scripts(
+    acl_cluster, user: str, refused: str
+) -> None:
+    """A user that may not run EVAL/EVALSHA, or not on the lock keys, never votes: health()
+    calls its nodes down and says why, sync and async alike."""
+    rl = Redlock(_urls(acl_cluster, f"{user}:{PASSWORD}"), node_timeout=NODE_TIMEOUT)
+    try:
+        health = rl.health()
+    finally:
+        rl.close()
+    assert [h.status for h in health] == ["down"] * 3
+    assert all("NOPERM" in h.error and refused in h.error for h in health), health
+
+    async def probe() -> list:
+        arl = AsyncRedlock(_urls(acl_cluster, f"{user}:{PASSWORD}"), node_timeout=NODE_TIMEOUT)
+        try:
+            return await arl.health()
+        finally:
+            await arl.close()
+
+    health = asyncio.run(probe())
+    assert [h.status for h in health] == ["down"] * 3
+    assert all("NOPERM" in h.error and refused in h.error for h in health), health
+
+
 def test_acl_user_restricted_to_the_prefix_works_with_a_matching_prefix(acl_cluster) -> None:
     """A user limited to ``elsewhere:*`` locks fine once the Redlock uses that prefix."""
     rl = Redlock(
@@ -158,7 +189,7 @@ def test_requirepass_without_a_password(password_cluster) -> None:
     )
     try:
         err = _auth_refused(rl, password_cluster)
-        assert all("NOAUTH" in why for why in err.failures.values()), err.failures
+        assert all("Authentication required" in why for why in err.failures.values()), err.failures
     finally:
         rl.close()
 
@@ -253,8 +284,16 @@ class Pki:
         path.write_bytes(data)
         return str(path)
 
-    def issue(self, name: str, *, server: bool) -> tuple[str, str]:
-        """(cert file, key file) for ``name`` (a server certificate covers 127.0.0.1)."""
+    def issue(
+        self,
+        name: str,
+        *,
+        server: bool,
+        names: list[str] | None = None,
+        password: str | None = None,
+    ) -> tuple[str, str]:
+        """(cert file, key file) for ``name``. A server certificate covers 127.0.0.1 and
+        localhost, or only the DNS ``names`` given; ``password`` encrypts the key file."""
         x509, oid = self._x509, self._oid
         key = self._ec.generate_private_key(self._ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
@@ -285,15 +324,20 @@ class Pki:
             )
         )
         if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-                ),
-                critical=False,
+            alt: list[x509.GeneralName] = (
+                [x509.DNSName(n) for n in names]
+                if names
+                else [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
             )
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
         cert = builder.sign(self.key, self._hashes.SHA256())
         enc = self._ser.Encoding.PEM
-        key_pem = key.private_bytes(enc, self._ser.PrivateFormat.PKCS8, self._ser.NoEncryption())
+        encryption = (
+            self._ser.BestAvailableEncryption(password.encode())
+            if password
+            else self._ser.NoEncryption()
+        )
+        key_pem = key.private_bytes(enc, self._ser.PrivateFormat.PKCS8, encryption)
         return (
             self._write(f"{name}.crt", cert.public_bytes(enc)),
             self._write(f"{name}.key", key_pem),

@@ -699,7 +699,7 @@ class AsyncBackendLock:
         """See :meth:`BackendLock.release`; only the task that acquired may release."""
         handle = self._handle
         grant = handle._take_lease(handle._owner())
-        handle._lease = None
+        handle._drop_hold()
         return asyncio.to_thread(handle.redlock._release, grant)
 
     def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:

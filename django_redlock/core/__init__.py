@@ -23,7 +23,7 @@ from .info import (
 )
 from .listing import glob_escape
 from .lock import Lock
-from .nodes import NodeSpec, node_identity, parse_spec, redact
+from .nodes import NodeSpec, connection_args, node_identity, parse_spec, redact
 from .redlock import Redlock
 from .validation import (
     MAX_DURATION,
@@ -77,6 +77,7 @@ __all__ = [
     "check_retry_count",
     "check_timeout",
     "check_token",
+    "connection_args",
     "emit",
     "glob_escape",
     "node_identity",

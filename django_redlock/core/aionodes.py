@@ -1,7 +1,8 @@
 """Connections to the nodes for the asyncio client (the twin of :mod:`.nodes`).
 
-Each node gets lean connections (an :class:`asyncio.Protocol` parsing RESP with the sans-IO
-:mod:`.resp`, the same handshake as the sync ``Wire``: AUTH, SELECT, INFO for the run id). A
+Each node gets connections opened by ``redis.asyncio`` (TLS, AUTH, SELECT as redis-py does
+them, then INFO for the run id), whose transport is then driven by an :class:`asyncio.Protocol`
+that hands hiredis's parsed replies to the fan-out's callbacks (no read task per connection). A
 fan-out writes the command to every node, then waits for the replies at once with one
 deadline (``node_timeout``), or until a quorum granted an acquire or removed a released key;
 a connection whose reply did not come in time is given up (after the undo of what it
@@ -15,11 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import redis
+
+from .detector import MAX_STALLS, connect_budget, overrun
 from .nodes import (
     DRAIN_FOR,
     SENT_TWICE,
@@ -29,29 +36,33 @@ from .nodes import (
     Node,
     Pipelined,
     ProtocolError,
+    ReplyError,
     WireError,
     as_bytes,
     as_eval,
+    connect_failure,
     fold,
-    handshake,
     os_failure,
-    parse_reply,
+    pack_many,
+    reader,
     reply_failure,
     server_of,
     unfinished,
 )
-from .resp import Incomplete, ReplyError, bulk, encode
 
 __all__ = [
     "NOT_CONNECTED",
+    "PARK_AT_MOST",
     "SLOW_TIMEOUT",
     "AsyncFanOut",
     "AsyncOwing",
     "AsyncWire",
     "CommandBuilder",
     "LoopPool",
+    "Parked",
     "noscript",
     "open_wire",
+    "park",
     "parse_info",
 ]
 
@@ -81,10 +92,9 @@ class AsyncWire(asyncio.Protocol):
         #: The node's :attr:`.nodes.Node.later`: what must still reach it if this is cut.
         self.later = later
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
+        #: hiredis's parser: replies are handed on as soon as they are whole.
+        self.reader = reader()
         self.run_id = ""
-        #: The run id as a RESP argument (every acquire sends it).
-        self.run_id_arg = b""
         #: As :attr:`.nodes.Wire.started`.
         self.started = 0.0
         #: As :attr:`.nodes.Wire.vote_marker`.
@@ -100,6 +110,8 @@ class AsyncWire(asyncio.Protocol):
         self.owed: deque[Due] = deque()
         self.push: Callable[[Any], None] | None = None
         self.on_lost: Callable[[AsyncWire], None] | None = None
+        #: The stream writer redis-py opened the connection with (see :func:`open_wire`).
+        self.stream: asyncio.StreamWriter | None = None
 
     # protocol callbacks
 
@@ -112,12 +124,10 @@ class AsyncWire(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos = 0
+        parser = self.reader
+        parser.feed(data)
         try:
-            while pos < len(buf):
-                value, pos = parse_reply(buf, pos)
+            while (value := parser.gets()) is not False:
                 if self.push is not None:
                     self.push(value)
                 elif self.waiters:
@@ -126,13 +136,9 @@ class AsyncWire(asyncio.Protocol):
                         self.close()  # given up, and now everything is answered
                 else:
                     raise ProtocolError("a reply nobody asked for")
-        except Incomplete:
-            pass
         except ProtocolError as exc:
             # Out of step with the node: this connection can never be trusted again.
             self.abort(exc)
-            return
-        del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         error = (
@@ -196,7 +202,7 @@ class AsyncWire(asyncio.Protocol):
                 future.set_result(ConnectionResetError("connection closed"))
             return futures
         self.waiters.extend(functools.partial(settle, f) for f in futures)
-        self.transport.write(b"".join(encode(c) for c in commands))  # type: ignore[union-attr]
+        self.transport.write(pack_many(commands))  # type: ignore[union-attr]
         return futures
 
     def send_unowned(self, command: bytes) -> None:
@@ -266,66 +272,151 @@ def settle(future: asyncio.Future[Any], value: Any) -> None:
 
 
 async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float) -> AsyncWire:
-    """Connect and shake hands (AUTH, SELECT, INFO server for the run id) within ``timeout``
-    seconds. Raises :class:`WireError` (at once while the node is unreachable: see
+    """Connect through ``redis.asyncio`` (TLS with every ``ssl_*`` option, AUTH, SELECT as
+    redis-py does them) and ask INFO for the run id, within ``timeout`` seconds. Raises
+    :class:`WireError` (at once while the node is unreachable: see
     :meth:`.nodes.Node.connect`); cancelling aborts the connection."""
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
+    adopted = await _adopt(node, loop)
+    if adopted is not None:
+        return adopted
+    failure = node.not_now()
+    if failure is not None:
+        raise WireError(failure)
+    started = loop.time()
     try:
-        return await asyncio.wait_for(_connect_and_shake_hands(node, loop), timeout)
+        wire = await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
     except asyncio.TimeoutError:
-        node.went_silent()
+        node.went_silent(overrun(timeout, loop.time() - started) > 0)
         raise WireError(NOT_CONNECTED) from None
     except WireError as exc:
         if exc.failure.reason == "timeout":
-            node.went_silent()
+            node.went_silent(overrun(timeout, loop.time() - started) > 0)
+        elif exc.failure.reason == "refused":
+            node.detector.refused(time.monotonic(), exc.failure.detail)
         raise
+    if node.detector.down:
+        node.detector.answered(time.monotonic())
+    return wire
 
 
-async def _connect_and_shake_hands(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire:
-    params = node.params
-    wire: AsyncWire | None = None
+#: Most connections parked per node (beyond it, a loop's idle connections are closed).
+PARK_AT_MOST = 32
+
+
+@dataclass
+class Parked:
+    """An idle connection of an event loop that ended (see :func:`park`)."""
+
+    sock: socket.socket
+    pid: int
+    run_id: str
+    started: float
+    vote_marker: list[bytes] | None
+    trusted_at: float | None
+
+
+def park(node: Node, wire: AsyncWire) -> bool:
+    """Keep the socket of ``wire``, an idle connection of a loop that is ending, for the next
+    loop of this process to adopt (:func:`_adopt`): an async view run by a WSGI server gets a
+    fresh event loop per request, and connecting anew inside each request's node timeout is
+    what made a busy host answer 503. Only a connection that owes nothing and is not TLS
+    (a TLS session cannot move to another transport); whether it was kept (the caller closes
+    the transport either way: the socket kept is a duplicate, so the connection stays open)."""
+    transport = wire.transport
+    if (
+        transport is None
+        or not wire.usable()
+        or wire.owed
+        or wire.waiters
+        or wire.push is not None
+        or transport.get_extra_info("sslcontext") is not None
+        or len(node.parked) >= PARK_AT_MOST
+    ):
+        return False
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
     try:
+        kept = socket.socket(fileno=os.dup(sock.fileno()))
+    except OSError:
+        return False
+    node.parked.append(
+        Parked(kept, os.getpid(), wire.run_id, wire.started, wire.vote_marker, wire.trusted_at)
+    )
+    return True
 
-        def protocol() -> AsyncWire:
-            return AsyncWire(loop, node.later)
 
-        if "path" in params:
-            _, wire = await loop.create_unix_connection(protocol, params["path"])
-        elif params.get("ssl"):
-            _, wire = await loop.create_connection(
-                protocol,
-                params["host"],
-                params["port"],
-                ssl=node.ssl_context(),
-                server_hostname=params["host"],
-            )
-        else:
-            _, wire = await loop.create_connection(protocol, params["host"], params["port"])
-        replies = []
-        for waiter in wire.request_many(handshake(params)):
-            reply = await waiter
-            if isinstance(reply, OSError):
-                raise reply
-            replies.append(reply)
-        wire.run_id, wire.started = server_of(replies)
-        wire.run_id_arg = bulk(wire.run_id)
+async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | None:
+    """A connection parked by a loop that ended (:func:`park`), on ``loop``; None when there
+    is none. It counts as reused: if the node closed it meanwhile, the fan-out's one fresh try
+    for a stale pooled connection applies."""
+    while node.parked:
+        try:
+            parked = node.parked.popleft()
+        except IndexError:  # another thread took it
+            return None
+        if parked.pid != os.getpid():
+            # The parent's conversation with the node: not ours to use. Closing this
+            # process's copy of the descriptor leaves the parent's connection open.
+            parked.sock.close()
+            continue
+        try:
+            parked.sock.setblocking(False)
+            if parked.sock.family == socket.AF_UNIX:
+                _, wire = await loop.create_unix_connection(
+                    lambda: AsyncWire(loop, node.later), sock=parked.sock
+                )
+            else:
+                _, wire = await loop.create_connection(
+                    lambda: AsyncWire(loop, node.later), sock=parked.sock
+                )
+        except OSError:
+            parked.sock.close()
+            continue
+        wire.run_id, wire.started = parked.run_id, parked.started
+        wire.vote_marker, wire.trusted_at = parked.vote_marker, parked.trusted_at
+        wire.reused = True
         return wire
-    except WireError:
-        if wire is not None:
-            wire.abort()
+    return None
+
+
+async def _connect_and_shake_hands(
+    node: Node, loop: asyncio.AbstractEventLoop, timeout: float
+) -> AsyncWire:
+    conn = node.connection(timeout, asyncio=True)
+    try:
+        await conn.connect()
+        await conn.send_command("INFO", "server")
+        run_id, started = server_of([await conn.read_response()])
+        # The connected transport is handed to an AsyncWire: replies are parsed as they
+        # arrive and handed to the fan-out's callbacks, with no read task per connection.
+        writer = conn._writer
+        assert writer is not None
+        transport = writer.transport
+        conn._reader = conn._writer = None
+        wire = AsyncWire(loop, node.later)
+        # Kept with the wire: a stream writer closes its transport when it is collected.
+        wire.stream = writer
+        transport.set_protocol(wire)
+        wire.connection_made(transport)
+    except BaseException as exc:
+        _abort(conn)
+        if isinstance(exc, (redis.RedisError, OSError)) and not isinstance(exc, WireError):
+            raise WireError(connect_failure(exc)) from None
         raise
-    except OSError as exc:
-        if wire is not None:
-            wire.abort()
-        if isinstance(exc, TimeoutError):
-            raise WireError(NOT_CONNECTED) from None
-        raise WireError(os_failure(exc)) from None
-    except BaseException:
-        if wire is not None:
-            wire.abort()
-        raise
+    wire.run_id, wire.started = run_id, started
+    return wire
+
+
+def _abort(conn: Any) -> None:
+    """Close a redis.asyncio connection that failed to open, without awaiting."""
+    writer = getattr(conn, "_writer", None)
+    if writer is not None:
+        writer.transport.abort()
+    conn._reader = conn._writer = None
 
 
 def parse_info(raw: Any) -> dict[str, Any]:
@@ -389,11 +480,18 @@ class LoopPool:
     def close(self) -> None:
         """Close the idle connections (from the loop's thread), after the undos they owe;
         connections checked in later are closed at once."""
+        self.close_parking(None)
+
+    def close_parking(self, park_on: Sequence[Node] | None) -> None:
+        """:meth:`close`; ``park_on``: the loop is ending, and its connections that owe
+        nothing are parked on these nodes for the next loop (:func:`park`)."""
         self.closed = True
-        for idle in self.idle:
+        for index, idle in enumerate(self.idle):
             while idle:
                 wire = idle.pop()
                 wire.undo_unwanted()
+                if park_on is not None:
+                    park(park_on[index], wire)
                 wire.close()
 
 
@@ -487,11 +585,20 @@ class AsyncFanOut:
                 self._send(index, wire, self.build(node, wire))
         for index in connecting:
             self._connect(index)
-        self.deadline = max(self.deadline, loop.time() + (2 * timeout if connecting else timeout))
+        # Connecting has a budget of its own; a node's reply budget starts once its command
+        # is out (see _connected).
+        wait = connect_budget(timeout) if connecting else timeout
+        self.deadline = max(self.deadline, loop.time() + wait)
         expired = False  # the deadline passed with nodes not heard (not: the caller cancelled)
+        # A wait that overran by far: the loop did not run (a blocking call, a stalled
+        # process), and that is not the nodes' silence (see .detector.Wait).
+        stalls = 0
+        stalled = 0.0
+        clean = 0.0  # waited since the last stall, without one
         try:
             while self.left and not self.decided:
-                remaining = self.deadline - loop.time()
+                started = loop.time()
+                remaining = self.deadline - started
                 if remaining <= 0:
                     expired = True
                     break
@@ -501,13 +608,21 @@ class AsyncFanOut:
                     await waiter
                 finally:
                     timer.cancel()
+                waited = loop.time() - started
+                if stalls < MAX_STALLS and overrun(remaining, waited):
+                    stalls += 1
+                    stalled += waited
+                    clean = 0.0
+                    self.deadline += waited
+                else:
+                    clean += waited
         finally:
             self.finished = True
             now = loop.time()
             for index, wire in enumerate(self.wires):
                 if wire is None:
                     continue
-                if self.decided and wire.usable() and not wire.overdue(now, timeout):
+                if self.decided and wire.usable() and not wire.overdue(now, timeout + stalled):
                     # Its reply still comes to _deliver, which reads it and moves on.
                     wire.undo_unwanted()
                     command = self.commands[index]
@@ -520,8 +635,9 @@ class AsyncFanOut:
                         self.owing_out[index] = (wire, due)
                     self.pool.checkin(index, wire)
                 else:
-                    if expired or wire.overdue(now, timeout):
-                        self.nodes[index].went_silent()  # no answer within the node timeout
+                    if expired or wire.overdue(now, timeout + stalled):
+                        # No answer within the node timeout: a miss, unless the loop stalled.
+                        self.nodes[index].went_silent(stalls > 0 and clean < timeout)
                     wire.abandon(self.late)
             for index in self.tasks:
                 self.replies[index] = NOT_CONNECTED
@@ -541,7 +657,9 @@ class AsyncFanOut:
 
     def _connect(self, index: int) -> None:
         # Not cancelled when a quorum decides first: the connection goes to the pool.
-        task = self.pool.spawn(open_wire(self.nodes[index], self.pool.loop, self.timeout))
+        task = self.pool.spawn(
+            open_wire(self.nodes[index], self.pool.loop, connect_budget(self.timeout))
+        )
         self.tasks[index] = task
         task.add_done_callback(functools.partial(self._connected, index))
 
@@ -560,6 +678,8 @@ class AsyncFanOut:
             if self.cut_on.pop(index, None) == wire.run_id:
                 self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
+            # The node's reply budget starts now: connecting was not its silence.
+            self.deadline = max(self.deadline, self.pool.loop.time() + self.timeout)
         elif isinstance(error, WireError):
             self._final(index, error.failure)
         else:
@@ -594,6 +714,7 @@ class AsyncFanOut:
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
+        self.nodes[index].detector.answered(time.monotonic())
         self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)

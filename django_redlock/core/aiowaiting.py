@@ -17,8 +17,7 @@ from typing import Any
 
 from .aionodes import AsyncWire, open_wire
 from .lock import Lease
-from .nodes import Node
-from .resp import encode
+from .nodes import Node, pack
 from .waiting import NOTICE_GRACE, RECONNECT_DELAY, Listener, Tally, confirmations_due
 
 __all__ = ["AsyncReleaseNotice", "AsyncReleaseNotices", "Signal", "TaskQueue"]
@@ -256,7 +255,7 @@ class AsyncReleaseNotices:
 
     def _send(self, wire: AsyncWire, command: list[Any]) -> None:
         if wire.transport is not None and not wire.closed:
-            wire.transport.write(encode(command))
+            wire.transport.write(pack(command))
 
     def _on_message(self, index: int, message: Any) -> None:
         if not isinstance(message, list) or len(message) < 3:

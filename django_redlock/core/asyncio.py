@@ -53,9 +53,8 @@ from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, W
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, WireError, eval_form, os_failure, reply_failure
-from .renewal import BATCH_WINDOW
-from .resp import ReplyError
+from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
+from .renewal import BATCH_WINDOW, pauses
 from .validation import check_name, check_timeout
 from .waiting import HolderWatch
 
@@ -89,8 +88,21 @@ class LoopState(LoopPool):
         try:
             await self.loop.create_future()
         finally:
+            if not self.closed:
+                # The loop is ending: what its idle connections still owe (a release that
+                # stopped at quorum) is read first, briefly, so they can be parked for the
+                # next loop (a fresh loop per request then connects nothing).
+                with contextlib.suppress(BaseException):
+                    await self._settle_idle(self.redlock.node_timeout)
             self.close(stop_renewals=True)
             self.redlock._forget(self)
+
+    async def _settle_idle(self, timeout: float) -> None:
+        deadline = self.loop.time() + timeout
+        while self.loop.time() < deadline and any(
+            wire.waiters for idle in self.idle for wire in idle
+        ):
+            await asyncio.sleep(0.001)
 
     def close(self, stop_renewals: bool = False) -> None:
         """Close this loop's connections (from the loop's thread). Renewals go on over new
@@ -99,7 +111,8 @@ class LoopState(LoopPool):
         if stop_renewals and self.renewer is not None:
             self.renewer.cancel()
         self.notices.close()
-        super().close()
+        # A loop that ends leaves its idle connections to the next loop of this process.
+        self.close_parking(self.redlock.nodes if stop_renewals else None)
         if not self.keeper.done() and self.keeper is not _current_task():
             self.keeper.cancel()
 
@@ -171,11 +184,15 @@ class AsyncLock(LockBase):
         calling task is not the one that took it) and :class:`LockLost` if we knew it was
         lost. A cancelled caller still has the release finished in the background."""
         lease = self._take_lease(self._owner())
-        self._lease = None
+        self._drop_hold()
         return self.redlock._release(lease)
 
     def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum: the
+        lease then ends ``ttl`` from now (redis-py's ``extend`` adds to what is left). False
+        when it could not be re-armed on a quorum (when the nodes no longer hold our token,
+        the handle is also marked lost); another owner's call raises :class:`LockNotOwned`
+        and sends nothing."""
         lease = self._take_lease(self._owner())
         return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
@@ -213,6 +230,8 @@ class AsyncRedlock(RedlockBase):
     One instance may serve several event loops (each gets its own connections, waiters and
     renewal task) and several threads; it is fork-safe like the sync client.
     """
+
+    asyncio_transport = True
 
     lock_class = AsyncLock
 
@@ -305,6 +324,25 @@ class AsyncRedlock(RedlockBase):
                     del self._states[key]
             state = self._states[id(loop)] = LoopState(self, loop)
             return state
+
+    def _in_background(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Run ``make()`` as a task of this loop, for cleanup after a cancellation (a lease
+        the caller never got, a release it stopped waiting for): unless the loop is shutting
+        down (``asyncio.run`` cancels every task, then closes the loop, and a task started
+        meanwhile is destroyed pending). Then nothing starts: the lease ends with its TTL."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        state = self._states.get(id(loop))
+        if state is None or state.loop is not loop or state.closed or state.pid != os.getpid():
+            return  # no connections here (the loop's keeper closed them: it is ending)
+        # The loop is shutting down once its keeper (a task nothing else cancels) is being
+        # cancelled (``Task.cancelling``: Python 3.11+; on 3.10, once it has ended).
+        cancelling = getattr(state.keeper, "cancelling", None)
+        if state.keeper.done() or (cancelling is not None and cancelling()):
+            return
+        state.spawn(make())
 
     def _forget(self, state: LoopState) -> None:
         with self._states_lock:
@@ -407,9 +445,8 @@ class AsyncRedlock(RedlockBase):
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
             won = self._won_unreturned(handle.name, owner)
-            state = self._state()
-            if won is not None and not state.closed:
-                state.spawn(self._give_back(won))
+            if won is not None:
+                self._in_background(functools.partial(self._give_back, won))
             raise
 
     async def _give_back(self, lease: Lease) -> None:
@@ -508,9 +545,9 @@ class AsyncRedlock(RedlockBase):
             return await self._fan_out(*step.fan_out_args())
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
-            state = self._state()
-            if step.undo_if_cancelled and not state.closed:
-                state.spawn(self._release_everywhere(*step.undo_if_cancelled))
+            if step.undo_if_cancelled:
+                undo = step.undo_if_cancelled
+                self._in_background(lambda: self._release_everywhere(*undo))
             raise
 
     def _join_queue(self, state: LoopState, name: str) -> TaskQueue:
@@ -557,7 +594,7 @@ class AsyncRedlock(RedlockBase):
             replies = await self._release_after_renewal(lease)
         except asyncio.CancelledError:
             # The caller was cancelled: the release still goes out (it is idempotent).
-            self._state().spawn(self._release_after_renewal(lease))
+            self._in_background(functools.partial(self._release_after_renewal, lease))
             raise
         finally:
             if lease.leave_queue is not None:
@@ -604,7 +641,11 @@ class AsyncRedlock(RedlockBase):
             while state.due:
                 delay = state.due[0][0] - time.monotonic()
                 if delay > 0:
+                    asked = time.monotonic()
                     await state.renew_wake.wait(delay)
+                    if delay is not None:
+                        now = time.monotonic()
+                        pauses.note(delay, now - asked, now)
                     state.renew_wake.clear()
                     continue
                 horizon = time.monotonic() + BATCH_WINDOW
@@ -703,6 +744,10 @@ class AsyncRedlock(RedlockBase):
             t0 = time.perf_counter()
             await self._ask(index, wire, [["PING"]])
             latency = time.perf_counter() - t0
+            try:
+                await self._call(index, self._permission_probe())
+            except ReplyError as exc:
+                raise self._script_refused(exc) from None
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(

@@ -30,12 +30,14 @@ from .nodes import (
     Node,
     NodeSpec,
     Pipelined,
+    ReplyError,
     make_nodes,
     not_redis,
+    pack,
+    pack_many,
     reached,
     reply_failure,
 )
-from .resp import ReplyError, encode, encode_args
 from .validation import (
     check_flag,
     check_meta,
@@ -119,7 +121,7 @@ class AcquireRequest:
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
         self._fast: Pipelined | None = None
-        self._script: tuple[bytes, bytes] | None = None
+        self._script: tuple[list[Any], list[Any]] | None = None
         if line is None and not handle.fencing:
             key = redlock._key(handle.name).encode()
             value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
@@ -159,12 +161,9 @@ class AcquireRequest:
                 self._meta_json,
                 "1" if handle.fencing else "0",
             ]
-            self._script = (
-                b"*%d\r\n" % (len(head) + 2 + len(extra)) + encode_args(head),
-                encode_args([guard, *extra]),
-            )
-        head_bytes, tail = self._script
-        return Pipelined(head_bytes + wire.run_id_arg + tail, 1, _fold_script)
+            self._script = (head, [guard, *extra])
+        head, tail = self._script
+        return Pipelined(pack([*head, wire.run_id, *tail]), 1, _fold_script)
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
         """The builder of a second round, after some node's marker changed: the full script
@@ -237,17 +236,13 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
 #: it gets the full acquire script (:meth:`AcquireRequest.recheck`).
 MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 
-_PING = encode(["PING"])
+_PING = pack(["PING"])
 
 
 def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
     """``SET key value NX PX ttl`` and ``PTTL key``, encoded in one step (this runs on every
     uncontended acquire)."""
-    ttl = b"%d" % ttl_ms
-    return (
-        b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$2\r\nNX\r\n$2\r\nPX\r\n"
-        b"$%d\r\n%s\r\n*2\r\n$4\r\nPTTL\r\n$%d\r\n%s\r\n"
-    ) % (len(key), key, len(value), value, len(ttl), ttl, len(key), key)
+    return pack_many((("SET", key, value, "NX", "PX", ttl_ms), ("PTTL", key)))
 
 
 class Send:
@@ -377,6 +372,9 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
     #: The handle class :meth:`lock` returns.
     lock_class: type[LockBase] = LockBase
+    #: Whether the nodes' connections are ``redis.asyncio``'s (an option they cannot honour
+    #: is refused when the client is built).
+    asyncio_transport = False
 
     def __init__(
         self,
@@ -417,14 +415,16 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         #: A fair lock's waiter that stops refreshing its place for this long is dropped.
         self.fair_heartbeat = check_positive("fair_heartbeat", fair_heartbeat)
         self.meta = details
-        self.nodes: list[Node] = make_nodes(nodes, node_timeout=self.node_timeout)
+        self.nodes: list[Node] = make_nodes(
+            nodes, node_timeout=self.node_timeout, asyncio=self.asyncio_transport
+        )
         self.quorum = len(self.nodes) // 2 + 1
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._yield_until: dict[str, float] = {}
         self._host = socket.gethostname()
         #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
-        self._marker_read = encode(["HMGET", self._node_key(), "run_id", "id"])
+        self._marker_read = pack(["HMGET", self._node_key(), "run_id", "id"])
         self._meta_cache: tuple[int, dict[str, Any], str] | None = None
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
@@ -731,7 +731,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
         token = None if token is None else check_token(token)
-        command = encode(self._force_release_command(name, token))
+        command = pack(self._force_release_command(name, token))
         replies = yield Send(to_every_node(command), idempotent=token is not None)
         if token is not None:
             # Only that holder's copies: sending it late never touches another holder's lock

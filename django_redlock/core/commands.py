@@ -13,8 +13,7 @@ from typing import Any
 from . import clock, scripts
 from .info import HOLDER_PLACE
 from .lock import Lease
-from .nodes import eval_command, script_command
-from .resp import encode_args
+from .nodes import eval_command, pack, script_command
 from .validation import check_name
 
 __all__ = ["KeyLayout", "lock_fields", "lock_value"]
@@ -42,12 +41,12 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
     return {**dict(zip(scripts.VALUE_FIELDS, header.split(" "), strict=True)), "meta": meta}
 
 
-#: ``EVAL <RELEASE> 1`` of a six-part command; the key, token and channel follow. The body
-#: rather than its SHA: a release (or an undo) may be the last command a connection carries
-#: before nobody reads it for a while (an acquire and a release stop waiting at a quorum), so
+#: The release is ``EVAL <RELEASE> 1 key token channel``: the body rather than its SHA: a
+#: release (or an undo) may be the last command a connection carries before nobody reads it
+#: for a while (an acquire and a release stop waiting at a quorum), so
 #: it must not depend on the node's script cache; a ``NOSCRIPT`` there would not be retried
 #: in time.
-_RELEASE_HEAD = b"*6\r\n" + encode_args(["EVAL", scripts.RELEASE.body, 1])
+_RELEASE_BODY = scripts.RELEASE.body
 
 
 class KeyLayout:
@@ -95,15 +94,7 @@ class KeyLayout:
 
     def _release_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token``, encoded (it runs on every release)."""
-        key, channel, value = self._key(name).encode(), self._channel(name).encode(), token.encode()
-        return _RELEASE_HEAD + b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-            len(key),
-            key,
-            len(value),
-            value,
-            len(channel),
-            channel,
-        )
+        return pack(["EVAL", _RELEASE_BODY, 1, self._key(name), token, self._channel(name)])
 
     def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
         return script_command(

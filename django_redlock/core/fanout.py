@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .detector import Wait, connect_budget
 from .nodes import (
     NOT_SENT,
     OWED,
@@ -45,8 +46,8 @@ from .nodes import (
     WireError,
     as_bytes,
     os_failure,
+    pack_many,
 )
-from .resp import encode
 
 __all__ = ["FanOut", "Round", "Rounds", "fan_out_batch"]
 
@@ -171,7 +172,7 @@ def fan_out(
     last: Any = None  # most commands are one object for every node: encoded once
     data = b""
     now = time.monotonic()
-    connect_deadline = now + timeout
+    connect_deadline = now + connect_budget(timeout)
     stale: list[int] = []
     expired = False
     try:
@@ -203,7 +204,8 @@ def fan_out(
             poller.register(wire.fd, select.POLLIN)
         for index in stale:
             _resend_one(nodes, index, op, waiting, poller, timeout)
-        deadline = time.monotonic() + timeout
+        # Connecting is not the nodes' silence: their time starts once the command is out.
+        wait = Wait(timeout, time.monotonic())
         need = len(nodes) - op.majority  # a majority
         while waiting:
             if then is not None and len(nodes) - len(waiting) >= need:
@@ -211,11 +213,14 @@ def fan_out(
                 then = None
                 handed()
             # Past the deadline this still sweeps up replies that have already arrived.
-            remaining = max(deadline - time.monotonic(), 0.0)
+            remaining = wait.remaining(time.monotonic())
             events = poller.poll(remaining * 1000)
             if not events:
+                if wait.remaining(time.monotonic()):
+                    continue  # the process did not run meanwhile: the nodes get their time
                 expired = True
                 break
+            now = time.monotonic()
             # Every reply that came in is read before deciding: a connection left owing costs
             # the next user a read, and the release a connection of its own.
             for fd, _ in events:
@@ -237,7 +242,9 @@ def fan_out(
                     continue
                 del waiting[fd]
                 poller.unregister(fd)
-                nodes[index].checkin(wire)
+                node = nodes[index]
+                node.detector.answered(now, now - due.sent if wire.reused else None)
+                node.checkin(wire)
                 replies[index] = op.reply_of(index, due.reply)
             if enough is not None and waiting and enough(replies):
                 op.in_time = True
@@ -252,8 +259,10 @@ def fan_out(
     now = time.monotonic()
     for index, wire, due in waiting.values():
         due.left = True
-        overdue = wire.overdue(now, timeout)
-        kept = _put_back(nodes[index], wire, op.in_time and not overdue, expired or overdue)
+        overdue = wire.overdue(now, timeout + wait.stalled)
+        kept = _put_back(
+            nodes[index], wire, op.in_time and not overdue, expired or overdue, wait.excused
+        )
         if kept and op.left is not None:
             op.left[index] = (wire, due)
 
@@ -340,13 +349,14 @@ def _fresh(
     return wire
 
 
-def _put_back(node: Node, wire: Wire, timely: bool, silent: bool) -> bool:
+def _put_back(node: Node, wire: Wire, timely: bool, silent: bool, excused: bool = False) -> bool:
     """End a fan-out's use of a connection that still owes replies: back to the pool when
     what it owes is for operations that ended in time (the next user reads it first), else
     given up with the undo of what it carried sent behind it (:meth:`~.nodes.Node.abandon`).
-    ``silent``: the node did not answer within the node timeout. Whether it went back."""
+    ``silent``: the node did not answer within the node timeout, a miss (``excused`` when
+    this process stalled during the wait: see :mod:`.detector`). Whether it went back."""
     if silent:
-        node.went_silent()
+        node.went_silent(excused)
     if timely:
         try:
             wire.undo_unwanted()
@@ -377,7 +387,8 @@ class Round:
         self.carried: dict[int, _Carried] = {}
         self.poller = select.poll()
         self.sent = False
-        self.deadline = 0.0
+        #: The wait for the replies, once the commands are out.
+        self.wait = Wait(timeout, 0.0)
         #: Called once the first operation heard from a majority (see :meth:`serve`).
         self.then: Callable[[], None] | None = None
         #: The deadline passed with fan-outs still waiting (the nodes not heard are silent).
@@ -419,7 +430,8 @@ class Round:
         self.sent = True
         nodes = self.nodes
         now = time.monotonic()
-        connect_deadline = now + self.timeout  # for all the connecting together
+        # For all the connecting together; not the nodes' silence (see .detector).
+        connect_deadline = now + connect_budget(self.timeout)
         # One fresh try for a pooled socket that had gone stale (the node closed it while idle).
         stale: list[tuple[int, list[FanOut]]] = []
         claimed = self.claimed
@@ -443,7 +455,7 @@ class Round:
                         self._fail(index, ops, os_failure(exc))
         for index, ops in stale:
             self._resend(index, ops, self.timeout)
-        self.deadline = time.monotonic() + self.timeout
+        self.wait = Wait(self.timeout, time.monotonic())
 
     def _claim(self, index: int) -> list[tuple[Wire | None, list[FanOut]]]:
         """The round's fan-outs grouped by the connection they go out on to node ``index``:
@@ -517,12 +529,15 @@ class Round:
                 # round need not wait for.
                 self._next_round()
             # Past the deadline this still sweeps up replies that have already arrived.
-            remaining = max(self.deadline - time.monotonic(), 0.0)
+            remaining = self.wait.remaining(time.monotonic())
             events = poller.poll(remaining * 1000)
             if not events:
+                if self.wait.remaining(time.monotonic()):
+                    continue  # the process did not run meanwhile: the nodes get their time
                 self.expired = True
                 self._end_all()
                 return
+            now = time.monotonic()
             for fd, _ in events:
                 on = carried[fd]
                 wire = on[1]
@@ -537,7 +552,9 @@ class Round:
                 if self._take_answers(on):
                     del carried[fd]
                     poller.unregister(fd)
-                    self.nodes[on[0]].checkin(wire)
+                    node = self.nodes[on[0]]
+                    node.detector.answered(now)
+                    node.checkin(wire)
 
     def _cut(self, carried: _Carried, exc: OSError, remaining: float) -> None:
         """A connection broke before it answered: its fan-outs get one fresh try if it had
@@ -599,10 +616,11 @@ class Round:
         user reads what it owes first); otherwise it is given up with the undo of what it
         carried sent behind (:meth:`~.nodes.Node.abandon`)."""
         now = time.monotonic()
+        stalled = self.wait.stalled
         for index, wire, owed in self.carried.values():
-            overdue = wire.overdue(now, self.timeout)
+            overdue = wire.overdue(now, self.timeout + stalled)
             timely = all(due.op.in_time for due in owed) and not overdue
-            _put_back(self.nodes[index], wire, timely, self.expired or overdue)
+            _put_back(self.nodes[index], wire, timely, self.expired or overdue, self.wait.excused)
         self.carried = {}
 
 
@@ -728,13 +746,13 @@ def fan_out_batch(
     ``timeout`` (the watchdog renews every due lease this way, so a silent node costs one
     timeout per round, not one per lease).
     """
-    payload = b"".join(encode(c) for c in commands)
+    payload = pack_many(commands)
     results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
     #: fd -> (node index, wire, what this batch waits for on it)
     waiting: dict[int, tuple[int, Wire, list[Due]]] = {}
     poller = select.poll()
     now = time.monotonic()
-    connect_deadline = now + timeout
+    connect_deadline = now + connect_budget(timeout)
     for index in _pooled_first(nodes):
         try:
             wire = nodes[index].checkout(connect_deadline)
@@ -750,11 +768,14 @@ def fan_out_batch(
         wire.due.extend(dues)
         waiting[wire.fd] = (index, wire, dues)
         poller.register(wire.fd, select.POLLIN)
-    deadline = time.monotonic() + timeout
+    wait = Wait(timeout, time.monotonic())
     while waiting:
-        events = poller.poll(max(deadline - time.monotonic(), 0.0) * 1000)
+        events = poller.poll(wait.remaining(time.monotonic()) * 1000)
         if not events:
+            if wait.remaining(time.monotonic()):
+                continue  # the process did not run meanwhile: the nodes get their time
             break
+        now = time.monotonic()
         for fd, _ in events:
             index, wire, dues = waiting[fd]
             try:
@@ -771,11 +792,12 @@ def fan_out_batch(
                 continue
             del waiting[fd]
             poller.unregister(fd)
+            nodes[index].detector.answered(now)
             nodes[index].checkin(wire)
             results[index] = [due.reply for due in dues]
     for index, wire, dues in waiting.values():
         for due in dues:
             due.left = True
-        nodes[index].went_silent()
+        nodes[index].went_silent(wait.excused)
         nodes[index].abandon(wire)
     return results

@@ -8,10 +8,12 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
 from . import clock
+from .detector import why_lost
 from .errors import LockLost, LockNotOwned
 from .events import Listener, LockEvent, emit, heard
 from .lock import Lease, LockBase
 from .nodes import Failure, Node
+from .renewal import pauses, renewer
 
 __all__ = ["COURTESY", "DRIFT_FLOOR", "LeaseTable", "replies_of"]
 
@@ -103,7 +105,7 @@ class LeaseTable:
             if renewing:
                 # The watchdog had not run yet (the whole process was frozen): the lease it
                 # should have kept is lost, whether or not another owner took the name since.
-                self._mark_lost(lease, "the lease ran out before release")
+                self._mark_lost(lease, self._why_ran_out(lease, clock.monotonic()))
             else:
                 # Nobody was to renew it: it simply ran out (LockNotOwned, not LockLost).
                 lease.ran_out = True
@@ -182,21 +184,47 @@ class LeaseTable:
             lease.valid_until = start + ttl - margin
             lease.ttl = ttl
             lease.last_renewal = start
+            lease.refused = None
             return True
-        if sum(1 for r in replies if r == 0) > len(self.nodes) - self.quorum:
-            self._mark_lost(lease, "the token is gone from a quorum of nodes")
+        gone = sum(1 for r in replies if r == 0)
+        if gone > len(self.nodes) - self.quorum:
+            self._mark_lost(
+                lease,
+                f"the nodes refused: the token is gone from {gone} of {len(self.nodes)} nodes",
+            )
+        else:
+            lease.refused = self._too_few(ours, replies)
         return False
+
+    def _too_few(self, ours: int, replies: Sequence[Any]) -> str:
+        """How a renewal answered by too few nodes went, node by node."""
+        failed = [
+            f"{node.name}: {reply}"
+            for node, reply in zip(self.nodes, replies, strict=False)
+            if isinstance(reply, Failure)
+        ]
+        detail = f" ({'; '.join(failed)})" if failed else ""
+        return f"{ours} of {len(self.nodes)} nodes renewed it, {self.quorum} needed{detail}"
 
     def _wants_renewal(self, lease: Lease, now: float) -> bool:
         """Whether the watchdog renews ``lease`` now (False: it stops renewing it)."""
         if lease.released or lease.lost:
             return False
         if lease.validity <= 0:
-            self._mark_lost(
-                lease, "the lease ran out before it could be renewed (was the process paused?)"
-            )
+            self._mark_lost(lease, self._why_ran_out(lease, now))
             return False
         return lease.renew_until is None or now < lease.renew_until
+
+    def _why_ran_out(self, lease: Lease, now: float) -> str:
+        """Why an auto-renewed lease ran out before the watchdog renewed it (see
+        :func:`.detector.why_lost`)."""
+        why = why_lost(
+            refused=lease.refused,
+            paused=max(pauses.since(lease.last_renewal), renewer.overslept(now)),
+            late=max(now - (lease.last_renewal + lease.ttl / 3), 0.0),
+            ttl=lease.ttl,
+        )
+        return f"the lease ran out before it could be renewed: {why}"
 
     def _judge_renewals(
         self, leases: Sequence[Lease], replies: list[list[Any]], start: float

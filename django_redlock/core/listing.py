@@ -9,9 +9,12 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+import redis
+
 from .errors import TrustRefused
 from .info import LockInfo, NodeHealth, NodeLockState
 from .nodes import Node
+from .scripts import PERMITTED
 
 __all__ = ["Listing", "glob_escape"]
 
@@ -147,6 +150,25 @@ class Listing:
             guarded_for=guarded_for,
             fresh=fresh,
             armed=armed,
+        )
+
+    def _permission_probe(self) -> list[list[Any]]:
+        """Commands a health probe sends to learn whether the node's user may run the lock
+        scripts (see ``scripts.PERMITTED``): EVAL first (which caches it), then EVALSHA."""
+        key = f"{self.key_prefix}:lock:\x00health-probe"
+        return [["EVAL", PERMITTED.body, 1, key], ["EVALSHA", PERMITTED.sha, 1, key]]
+
+    def _script_refused(self, exc: Exception) -> Exception:
+        """What a health probe reports when the permission probe was answered ``exc``."""
+        detail = str(exc)
+        # redis-py drops the error code from the message (its NoPermissionError); ours keeps it.
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            detail = f"NOPERM {detail}"
+        if not detail.startswith("NOPERM"):
+            return exc
+        return PermissionError(
+            "the node's user may not run the lock scripts (EVAL/EVALSHA on "
+            f"{self.key_prefix}:lock:*), so it can never vote: {detail}"
         )
 
     def _failed_health(self, node: Node, exc: Exception) -> NodeHealth:

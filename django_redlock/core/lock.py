@@ -64,6 +64,9 @@ class Lease:
     auto_renew: bool = False
     renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
     last_renewal: float = field(default_factory=lambda: clock.monotonic())
+    #: How too few nodes answered its last renewal (None once one succeeded): why it was
+    #: lost, if it runs out before the next succeeds.
+    refused: str | None = None
     #: Held while a renewal is on the wire, so release never races a PEXPIRE.
     io_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Releases this process's local queue for the name, if it used one.
@@ -124,6 +127,9 @@ class LockBase:
         self.renew_for = renew_for
         self.retries = retries
         self._lease: Lease | None = None
+        #: How many of the lease's holds were taken through this handle (a reentrant owner may
+        #: acquire its own handle again): the handle forgets the lease at the last release.
+        self._holds = 0
         #: Seconds until the holder's lease ends, from the last failed attempt (if known).
         self.retry_after: float | None = None
 
@@ -162,7 +168,7 @@ class LockBase:
         renewal here) and returns the token the new owner releases it with, through
         ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker)."""
         lease = self._take_lease(self._owner())
-        self._lease = None
+        self._lease, self._holds = None, 0
         return self.redlock._detach(lease)  # type: ignore[no-any-return]
 
     def _owner(self) -> Hashable:
@@ -181,7 +187,8 @@ class LockBase:
         retries = self.retries if retries is None else check_retry_count(retries)
         lease = self._lease
         if lease is not None and (lease.released or lease.validity <= 0):
-            self._lease = lease = None  # a hold that ended (released elsewhere, ran out, lost)
+            # a hold that ended (released elsewhere, ran out, lost)
+            self._lease, self._holds, lease = None, 0, None
         if lease is not None and lease.owner == owner and not self.reentrant:
             if not blocking:
                 return None
@@ -197,8 +204,18 @@ class LockBase:
     def _won(self, lease: Lease | None) -> bool:
         # Only a win takes the handle's slot: a failed attempt never touches the holder's.
         if lease is not None:
-            self._lease = lease
+            if lease is self._lease:
+                self._holds += 1  # the owner re-entered through this very handle
+            else:
+                self._lease, self._holds = lease, 1
         return lease is not None
+
+    def _drop_hold(self) -> None:
+        """One hold taken through this handle is being released; the handle lets go of the
+        lease with its last one (earlier ones leave it held, as the nodes still do)."""
+        self._holds -= 1
+        if self._holds <= 0:
+            self._lease, self._holds = None, 0
 
     def _take_lease(self, owner: Hashable) -> Lease:
         """The hold ``owner`` may release or extend: the handle's, when ``owner`` took it
@@ -278,7 +295,11 @@ class Lock(LockBase):
         self._release_as(self._owner())
 
     def extend(self, ttl: float | None = None) -> bool:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum."""
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum: the
+        lease then ends ``ttl`` from now (redis-py's ``extend`` adds to what is left). False
+        when it could not be re-armed on a quorum (when the nodes no longer hold our token,
+        the handle is also marked lost); another owner's call raises :class:`LockNotOwned`
+        and sends nothing."""
         return self._extend_as(self._owner(), ttl)
 
     # For adapters that run these in a worker thread for the owner that called them (the
@@ -301,7 +322,7 @@ class Lock(LockBase):
 
     def _release_as(self, owner: Hashable) -> None:
         lease = self._take_lease(owner)
-        self._lease = None
+        self._drop_hold()
         self.redlock._release(lease)
 
     def _extend_as(self, owner: Hashable, ttl: float | None = None) -> bool:

@@ -1,5 +1,13 @@
-"""Connections to the Redis nodes: lean sockets for lock commands (:class:`Wire`), the replies
-each one owes (:class:`Due`), and one :class:`Node` per server with its pool.
+"""Connections to the Redis nodes: lock connections (:class:`Wire`), the replies each one owes
+(:class:`Due`), and one :class:`Node` per server with its pool.
+
+Every connection is opened by redis-py's connection classes, from redis-py's parsing of the
+node's URL with its OPTIONS on top (:func:`connection_args`), so TLS, credentials and every
+other option mean what they mean in redis-py. Commands are packed by hiredis (:func:`pack`,
+redis-py's packer when hiredis is installed) and replies parsed by hiredis's ``Reader``
+(:func:`reader`); the fan-out waits on the sockets itself (:mod:`.fanout`), non-blocking,
+because redis-py's ``read_response`` blocks until a whole reply is in. Where a connection's
+address is chosen: :meth:`Node.connection`.
 
 Idle connections are kept per node in a lock-free deque, so threads share them without
 contention, and a forked child opens its own. The fan-out over them is :mod:`.fanout`.
@@ -19,12 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import urlsplit
 
+import hiredis
 import redis
 from redis.connection import parse_url as _parse_url
 
+from .detector import NodeDetector, connect_budget, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
-from .resp import Incomplete, ReplyError, bulk, encode, parse
 from .scripts import BODIES, Script
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
@@ -36,29 +45,36 @@ __all__ = [
     "TIMED_OUT",
     "Due",
     "Failure",
+    "Incomplete",
     "Node",
     "NodeSpec",
     "Owing",
     "Pipelined",
     "ProtocolError",
+    "ReplyError",
     "Wire",
     "WireError",
     "as_bytes",
     "as_eval",
+    "connect_failure",
+    "connection_args",
     "eval_command",
     "eval_form",
     "fold",
-    "handshake",
     "make_nodes",
     "node_identity",
     "not_redis",
     "os_failure",
+    "pack",
+    "pack_many",
     "parse_spec",
     "reached",
+    "reader",
     "redact",
     "reply_failure",
     "script_command",
     "server_of",
+    "unpack",
 ]
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
@@ -99,12 +115,56 @@ def os_failure(exc: OSError) -> Failure:
     return Failure("refused", exc.strerror or str(exc))
 
 
-def parse_reply(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
-    """:func:`parse`, with garbage reported as :class:`ProtocolError`."""
+class ReplyError(Exception):
+    """An error reply (``-ERR ...``), returned as a value rather than raised mid-fan-out."""
+
+    @property
+    def code(self) -> str:
+        return str(self).split(" ", 1)[0]
+
+
+class Incomplete(Exception):
+    """A connection has not received a whole reply yet."""
+
+
+def reader() -> hiredis.Reader:
+    """hiredis's RESP parser (the one redis-py uses) for one connection: replies as bytes,
+    error replies as :class:`ReplyError` values, garbage as :class:`ProtocolError`."""
+    return hiredis.Reader(protocolError=ProtocolError, replyError=ReplyError)
+
+
+def pack(command: Sequence[Any]) -> bytes:
+    """One command, encoded by hiredis (redis-py's packer with hiredis installed, called
+    directly: this runs for every command sent). Arguments are str, bytes or numbers (a bool
+    as 0/1, as redis-py's own packer does not take it)."""
     try:
-        return parse(buf, pos)
-    except ValueError as exc:
-        raise ProtocolError(str(exc) or repr(bytes(buf[pos : pos + 20]))) from None
+        return hiredis.pack_command(tuple(command))  # type: ignore[no-any-return]
+    except TypeError:
+        return hiredis.pack_command(tuple(_arg(a) for a in command))  # type: ignore[arg-type,no-any-return]
+
+
+def _arg(arg: Any) -> str | bytes | int | float:
+    if isinstance(arg, (bytearray, memoryview)):
+        return bytes(arg)
+    if isinstance(arg, bool):
+        return int(arg)
+    if isinstance(arg, (str, bytes, int, float)):
+        return arg
+    raise TypeError(f"a command argument must be str, bytes or a number, got {arg!r}")
+
+
+def pack_many(commands: Iterable[Sequence[Any]]) -> bytes:
+    """Several commands in one buffer (one write)."""
+    return b"".join([pack(c) for c in commands])
+
+
+def unpack(data: bytes) -> list[Any]:
+    """The arguments of an encoded command (hiredis reads a command as the array it is)."""
+    parser = hiredis.Reader()
+    parser.feed(data)
+    args = parser.gets()
+    assert isinstance(args, list), "not an encoded command"
+    return args
 
 
 class Pipelined:
@@ -205,9 +265,11 @@ class Wire:
     """
 
     def __init__(self, node: Node, timeout: float) -> None:
-        self.buf = bytearray()
+        #: The replies that have arrived, parsed by hiredis as they come.
+        self.reader = reader()
+        #: Replies taken of a :class:`Pipelined` command still waiting for the rest.
+        self.partial: list[Any] = []
         self.run_id = ""
-        self.run_id_arg = b""
         #: When the server started (``time.time()``; see :func:`server_of`).
         self.started = 0.0
         #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
@@ -223,38 +285,27 @@ class Wire:
         self.reused = False
         #: How long a write may wait for the node to take it (see :meth:`write`).
         self.timeout = node.node_timeout
-        params = node.params
+        #: redis-py's connection: it connects (TCP or unix socket, TLS with every ``ssl_*``
+        #: option, AUTH, SELECT, client name) exactly as the node's URL and OPTIONS mean in
+        #: redis-py; the lock commands then pipeline on its socket without blocking.
+        self.conn = conn = node.connection(timeout)
         try:
-            if "path" in params:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(timeout)
-                sock.connect(params["path"])
-            else:
-                sock = socket.create_connection((params["host"], params["port"]), timeout)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if params.get("ssl"):
-                    sock = node.ssl_context().wrap_socket(sock, server_hostname=params["host"])
-            self.sock = sock
-            self._handshake(params)
-        except WireError:
+            conn.connect()
+            conn.send_command("INFO", "server")
+            self.run_id, self.started = server_of([conn.read_response()])
+            sock = conn._sock
+            assert sock is not None
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, WireError):
+                raise
+            if isinstance(exc, (redis.RedisError, OSError)):
+                raise WireError(connect_failure(exc)) from None
             raise
-        except TimeoutError:
-            self.close()
-            raise WireError(Failure("timeout", "no answer while connecting")) from None
-        except OSError as exc:
-            self.close()
-            raise WireError(os_failure(exc)) from None
+        self.sock: socket.socket = sock
         sock.settimeout(0)
         #: Kept: the fan-out looks it up per reply, and a closed socket's would be -1.
         self.fd = sock.fileno()
-
-    def _handshake(self, params: Mapping[str, Any]) -> None:
-        commands = handshake(params)
-        self.sock.sendall(b"".join(encode(c) for c in commands))
-        self.run_id, self.started = server_of([self.read_blocking() for _ in commands])
-        #: The run id as a RESP argument (every acquire sends it).
-        self.run_id_arg = bulk(self.run_id)
 
     def write(self, data: bytes, timeout: float | None = None) -> None:
         """Send ``data`` whole on the non-blocking socket: one ``send`` as a rule. What the
@@ -280,45 +331,35 @@ class Wire:
             with contextlib.suppress(*_FULL):
                 rest = rest[sock.send(rest) :]
 
-    def read_blocking(self) -> Any:
-        while True:
-            try:
-                value, pos = parse_reply(self.buf)
-            except Incomplete:
-                data = self.sock.recv(65536)
-                if not data:
-                    raise ConnectionResetError("connection closed by the node") from None
-                self.buf += data
-                continue
-            del self.buf[:pos]
-            return value
-
     def feed(self) -> None:
-        """Move what has arrived on the socket into the buffer (never blocks)."""
+        """Hand what has arrived on the socket to the parser (never blocks)."""
         try:
             data = self.sock.recv(65536)
         except (BlockingIOError, ssl.SSLWantReadError):
             return
         if not data:
             raise ConnectionResetError("connection closed by the node")
-        self.buf += data
+        self.reader.feed(data)
 
     def take(self) -> Any:
-        """The next whole reply in the buffer; raises :class:`Incomplete` if there is none
+        """The next whole reply; raises :class:`Incomplete` if there is none
         (:class:`ProtocolError` for garbage)."""
-        value, pos = parse_reply(self.buf)
-        del self.buf[:pos]
+        value = self.reader.gets()
+        if value is False:
+            raise Incomplete
         return value
 
     def take_many(self, count: int) -> list[Any]:
-        """The next ``count`` whole replies, or :class:`Incomplete` (nothing taken) until all
-        of them are in the buffer."""
-        values, pos = [], 0
-        for _ in range(count):
-            value, pos = parse_reply(self.buf, pos)
-            values.append(value)
-        del self.buf[:pos]
-        return values
+        """The next ``count`` whole replies, or :class:`Incomplete` until all of them are in
+        (those already in are kept for the next call)."""
+        partial = self.partial
+        while len(partial) < count:
+            value = self.reader.gets()
+            if value is False:
+                raise Incomplete
+            partial.append(value)
+        self.partial = []
+        return partial
 
     def settle(self) -> None:
         """Fold every whole reply in the buffer into the :class:`Due` it answers, oldest
@@ -394,10 +435,8 @@ class Wire:
         return self.sock.fileno()
 
     def close(self) -> None:
-        sock = getattr(self, "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
+        with contextlib.suppress(OSError, redis.RedisError):
+            self.conn.disconnect()
 
 
 #: How long a connection given up stays open to be read (:meth:`Node.abandon`): a lease
@@ -409,19 +448,38 @@ DRAIN_FOR = 60.0
 Owing = tuple[Wire, Due]
 
 
-def handshake(params: Mapping[str, Any]) -> list[list[Any]]:
-    """What a new lock connection sends first: credentials, database, and INFO for the run id
-    the restart guard compares."""
-    commands: list[list[Any]] = []
-    if params.get("password") is not None:
-        user = params.get("username")
-        commands.append(
-            ["AUTH", user, params["password"]] if user else ["AUTH", params["password"]]
-        )
-    if params.get("db"):
-        commands.append(["SELECT", params["db"]])
-    commands.append(["INFO", "server"])
-    return commands
+_AUTH_ERRORS = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+    redis.exceptions.NoPermissionError,
+)
+
+
+def connect_failure(exc: BaseException) -> Failure:
+    """The :class:`Failure` of a connection redis-py could not open: ``auth`` for refused
+    credentials, ``timeout``, else the socket's or TLS's own reason (``refused``). redis-py
+    may wrap the cause (a connection error around an authentication error), so the chain
+    is read."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    for link in chain:
+        if isinstance(link, redis.exceptions.InvalidResponse):
+            return Failure("error", str(ProtocolError(str(link))))
+        if isinstance(link, _AUTH_ERRORS):
+            return Failure("auth", str(link))
+        if isinstance(link, redis.ResponseError):
+            text = str(link)
+            auth = "AUTH" in text.upper() or "password" in text
+            return Failure("auth" if auth else "error", text)
+    for link in chain:
+        if isinstance(link, (redis.TimeoutError, TimeoutError)):
+            return Failure("timeout", "no answer while connecting")
+        if isinstance(link, OSError):
+            return os_failure(link)
+    return Failure("error", str(exc))
 
 
 def server_of(replies: Sequence[Any]) -> tuple[str, float]:
@@ -468,21 +526,22 @@ def reply_failure(reply: ReplyError) -> Failure:
 
 
 class Node:
-    """One independent Redis server: lean sockets for lock commands, and a redis-py client
+    """One independent Redis server: pooled connections for lock commands, and a redis-py client
     for listing, health and pub/sub."""
 
-    def __init__(self, spec: NodeSpec, *, node_timeout: float) -> None:
+    def __init__(self, spec: NodeSpec, *, node_timeout: float, asyncio: bool = False) -> None:
         url, options = parse_spec(spec)
         self.url = url
         #: The URL without credentials: safe for logs, errors and the admin page.
         self.name = redact(url)
         options.pop("decode_responses", None)
-        self.params: dict[str, Any] = {**parse_url(url), **options}
-        cls = self.params.pop("connection_class", None)
-        if cls is not None and "SSL" in cls.__name__:
-            self.params["ssl"] = True
+        #: redis-py's connection class and arguments for the node, from redis-py's own URL
+        #: parsing with OPTIONS on top: every option means what it means in redis-py.
+        self.connection_class, self.connection_kwargs = connection_args(url, options)
+        #: The same for ``redis.asyncio`` (an asyncio client's lock connections; the
+        #: reconnector's probes stay sync), None for a sync client.
+        self.aio_connection_args = connection_args(url, options, asyncio=True) if asyncio else None
         self.node_timeout = node_timeout
-        self._ssl_context: ssl.SSLContext | None = None
         self._idle: deque[Wire] = deque()
         #: Connections given up, kept open (and read) until the node has run what they
         #: carry: see :meth:`abandon`.
@@ -495,6 +554,15 @@ class Node:
         #: the node is reached again: operations then count it as failed at once
         #: (:meth:`unreachable`). A forked child has no reconnector: it starts over.
         self._silent: tuple[int, float] | None = None
+        #: ``(process id, time.monotonic())`` of a miss, while the reconnector connects to
+        #: the node in the background (:meth:`not_now`).
+        self._probing: tuple[int, float] | None = None
+        #: What this process has seen of the node: misses, connection errors, round trips.
+        self.detector = NodeDetector(node_timeout)
+        #: Idle asyncio connections of event loops that ended, for the next loop to adopt
+        #: (``aionodes.park``): a fresh loop per request (an async view under WSGI) then
+        #: connects nothing. Each entry has a ``sock`` (closed with the node).
+        self.parked: deque[Any] = deque()
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
@@ -502,6 +570,15 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
+
+    def connection(self, timeout: float, *, asyncio: bool = False) -> Any:
+        """A new (unconnected) redis-py connection to the node (``redis.asyncio``'s with
+        ``asyncio``) that connects, and answers its handshake, within ``timeout`` seconds."""
+        cls, kwargs = self.connection_class, self.connection_kwargs
+        if asyncio:
+            assert self.aio_connection_args is not None
+            cls, kwargs = self.aio_connection_args
+        return cls(**kwargs, socket_timeout=timeout, socket_connect_timeout=timeout)
 
     def checkout(self, deadline: float) -> Wire:
         """A pooled connection, or a new one (which may take until ``deadline``, on the
@@ -512,6 +589,7 @@ class Node:
             # parent's reconnector is not running here.
             self._idle = deque()
             self._draining = deque()
+            self.detector.reset()
             self._pid = ThisProcess.pid
         if self._draining:
             self._sweep()
@@ -522,16 +600,22 @@ class Node:
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
-        while the node is unreachable)."""
-        failure = self.unreachable()
+        while the node is unreachable, or being connected to in the background)."""
+        failure = self.not_now()
         if failure is not None:
             raise WireError(failure)
+        started = time.monotonic()
         try:
-            return Wire(self, timeout)
+            wire = Wire(self, timeout)
         except WireError as exc:
             if exc.failure.reason == "timeout":
-                self.went_silent()
+                self.went_silent(overrun(timeout, time.monotonic() - started) > 0)
+            elif exc.failure.reason == "refused":
+                self.detector.refused(time.monotonic(), exc.failure.detail)
             raise
+        if self.detector.down:
+            self.detector.answered(time.monotonic())
+        return wire
 
     def unreachable(self) -> Failure | None:
         """Why an operation must not wait to connect to the node now: a connection attempt
@@ -543,16 +627,37 @@ class Node:
             return None
         return Failure(
             "timeout",
-            f"no answer for {time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
+            f"{self.detector.reason or 'no answer'}; down for "
+            f"{time.monotonic() - silent[1]:.1f} s (reconnecting in the background)",
         )
 
-    def went_silent(self) -> None:
-        """A connection attempt, or a command, timed out: hand the node to the reconnector.
-        Until the node answers again, operations count it as failed at once instead of
-        waiting for it once more (to connect, for a new connection)."""
-        if self.unreachable() is None:
-            self._silent = (ThisProcess.pid, time.monotonic())
-            reconnector.watch(self)
+    def not_now(self) -> Failure | None:
+        """Why an operation must not connect to the node itself now: it is down
+        (:meth:`unreachable`), or it just missed an answer and the reconnector is connecting
+        to it in the background (an operation waiting to connect would pay a node timeout
+        for a node that may be silent; a live one is back in the pool within a round trip)."""
+        failure = self.unreachable()
+        if failure is not None:
+            return failure
+        probing = self._probing
+        if probing is None or probing[0] != ThisProcess.pid:
+            return None
+        return Failure("timeout", "missed an answer; connecting in the background")
+
+    def went_silent(self, excused: bool = False) -> None:
+        """A connection attempt, or a command, got no answer within its budget: one miss
+        (``excused``: this process itself did not run for part of the wait, so it says nothing
+        about the node). The reconnector connects to it in the background, and operations
+        use what it opens instead of connecting themselves (:meth:`not_now`). Once the
+        misses are evidence that the node is down (see :mod:`.detector`: never one late
+        reply), it counts as failed at once until it answers again."""
+        if self.unreachable() is not None:
+            return
+        now = time.monotonic()
+        if self.detector.missed(now, excused=excused):
+            self._silent = (ThisProcess.pid, now)
+        self._probing = (ThisProcess.pid, now)
+        reconnector.watch(self)
 
     def reconnect(self) -> bool:
         """One attempt of the reconnector; True once the node is reached (or no longer
@@ -560,13 +665,23 @@ class Node:
         meanwhile and reads the answers before the node counts as back (an asyncio client
         never reads this connection, and a connection cut with them unanswered keeps them
         for the next try); then it goes to the pool."""
-        if self.unreachable() is None:
+        if self.unreachable() is None and self._probing is None:
             return True
+        budget = connect_budget(self.node_timeout)
+        started = time.monotonic()
         try:
-            wire = Wire(self, self.node_timeout)
-        except WireError:
+            wire = Wire(self, budget)
+        except WireError as exc:
+            now = time.monotonic()
+            if exc.failure.reason == "refused":
+                # Refused at once: operations may try it themselves, it costs them nothing.
+                self.detector.refused(now, exc.failure.detail)
+                self._silent = self._probing = None
+                return True
+            if self.detector.missed(now, excused=overrun(budget, now - started) > 0):
+                self._silent = (ThisProcess.pid, now)
             return False
-        if self.unreachable() is None:  # closed meanwhile
+        if self.unreachable() is None and self._probing is None:  # closed meanwhile
             wire.close()
             return True
         try:
@@ -575,8 +690,15 @@ class Node:
         except (OSError, Incomplete):
             self.lose(wire)  # what it carries goes out again with the next try
             return False
-        self.checkin(wire)
+        if self._idle and not wire.due:
+            # The pool has one already (an asyncio client's misses are probed here too, and
+            # never use this pool): one per probe would pile up.
+            wire.close()
+        else:
+            self.checkin(wire)
+        self.detector.answered(time.monotonic())
         self._silent = None
+        self._probing = None
         return True
 
     def checkin(self, wire: Wire) -> None:
@@ -650,24 +772,14 @@ class Node:
             return False
         return True
 
-    def ssl_context(self) -> ssl.SSLContext:
-        if self._ssl_context is None:
-            p = self.params
-            context = ssl.create_default_context(cafile=p.get("ssl_ca_certs"))
-            reqs = p.get("ssl_cert_reqs", "required")
-            if reqs in ("none", None, ssl.CERT_NONE):
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            else:
-                context.check_hostname = bool(p.get("ssl_check_hostname", False))
-            if p.get("ssl_certfile"):
-                context.load_cert_chain(p["ssl_certfile"], p.get("ssl_keyfile"))
-            self._ssl_context = context
-        return self._ssl_context
-
     def close(self) -> None:
         reconnector.forget(self)
         self._silent = None
+        self._probing = None
+        self.detector.reset()
+        while self.parked:
+            with contextlib.suppress(OSError):
+                self.parked.pop().sock.close()
         while self._idle:
             wire = self._idle.pop()
             with contextlib.suppress(OSError):
@@ -680,22 +792,26 @@ class Node:
 
 def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
     if isinstance(spec, redis.Redis):
-        kwargs = dict(spec.connection_pool.connection_kwargs)
+        pool = spec.connection_pool
+        kwargs = dict(pool.connection_kwargs)
         if "path" in kwargs:
             url = f"unix://{kwargs.pop('path')}?db={kwargs.pop('db', 0)}"
         else:
-            scheme = (
-                "rediss"
-                if "ssl" in spec.connection_pool.connection_class.__name__.lower()
-                else "redis"
-            )
+            tls = issubclass(pool.connection_class, redis.connection.SSLConnection)
             url = (
-                f"{scheme}://{kwargs.pop('host', 'localhost')}:{kwargs.pop('port', 6379)}/"
-                f"{kwargs.pop('db', 0)}"
+                f"{'rediss' if tls else 'redis'}://{kwargs.pop('host', 'localhost')}:"
+                f"{kwargs.pop('port', 6379)}/{kwargs.pop('db', 0)}"
             )
-        for drop in ("socket_timeout", "socket_connect_timeout", "decode_responses"):
+        # Every connection setting of the client (TLS, credentials, keepalive...) is kept;
+        # timeouts are the Redlock's own, and the default retry of a redis.Redis would make a
+        # down node cost several connection attempts with back-off inside one lock operation.
+        # The lock connections parse RESP2 whatever the client speaks: the same replies.
+        drop_list = ("socket_timeout", "socket_connect_timeout", "decode_responses", "retry")
+        kwargs.pop("protocol", None)
+        for drop in drop_list:
             kwargs.pop(drop, None)
-        return url, {k: v for k, v in kwargs.items() if k in ("username", "password")}
+        kwargs["connection_class"] = pool.connection_class
+        return url, {k: v for k, v in kwargs.items() if k in _OPTIONS}
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"URL", "OPTIONS"}
         if "URL" not in spec or unknown:
@@ -735,6 +851,11 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             "set (the URL gives the address; e.g. password, username, ssl_ca_certs, "
             "socket_timeout)"
         )
+    if options.get("protocol") not in (None, 2, "2"):
+        raise ValueError(
+            f"node OPTIONS 'protocol' {options['protocol']!r} cannot be honoured: the lock "
+            "connections speak RESP2 (protocol=2)"
+        )
     for name in ("username", "password"):
         value = options.get(name)
         if value is not None and not isinstance(value, str):
@@ -750,6 +871,86 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+def _init_params(cls: type) -> frozenset[str]:
+    """The keyword arguments a redis-py connection class takes (its ``__init__`` and those of
+    the bases it passes ``**kwargs`` on to)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            names.update(
+                name
+                for name, param in inspect.signature(init).parameters.items()
+                if param.kind is param.KEYWORD_ONLY or param.kind is param.POSITIONAL_OR_KEYWORD
+            )
+    names.discard("self")
+    return frozenset(names)
+
+
+def connection_args(
+    url: str, options: Mapping[str, Any], *, asyncio: bool = False
+) -> tuple[type, dict[str, Any]]:
+    """redis-py's connection class (``redis.asyncio``'s with ``asyncio``) and its arguments
+    for a node, parsed by redis-py from the URL with the node's OPTIONS on top. An OPTION
+    that is a ``redis.Redis`` setting but no connection's (``max_connections``) serves only
+    the node's redis-py client. Raises ValueError naming an option that the connection
+    cannot honour (a TLS option on a plain connection, OCSP on an asyncio one): a security
+    setting is never dropped."""
+    options = dict(options)
+    if options.pop("ssl", False) and not issubclass(
+        options.get("connection_class", object), redis.connection.SSLConnection
+    ):
+        options["connection_class"] = redis.connection.SSLConnection
+    pool = redis.ConnectionPool.from_url(url, **options)
+    cls = pool.connection_class
+    kwargs = dict(pool.connection_kwargs)
+    if asyncio:
+        cls = _asyncio_class(cls)
+    accepted = _init_params(cls)
+    for name in sorted(kwargs):
+        if name in accepted:
+            continue
+        value = kwargs.pop(name)
+        if name.startswith("ssl_") and value not in (None, False):
+            where = "an asyncio" if asyncio and cls.__name__ == "SSLConnection" else "this"
+            raise ValueError(
+                f"node OPTIONS {name!r} cannot be honoured on {where} connection "
+                f"({cls.__module__}.{cls.__name__}; a TLS option needs a rediss:// URL)"
+            )
+    for name in ("socket_timeout", "socket_connect_timeout", "decode_responses"):
+        kwargs.pop(name, None)
+    if asyncio and kwargs.get("retry") is not None:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        if not isinstance(kwargs["retry"], AsyncRetry):
+            raise ValueError(
+                "node OPTIONS 'retry' must be a redis.asyncio.retry.Retry for an asyncio client"
+            )
+    # The lock commands' replies are read as RESP2 (redis-py itself may default to RESP3).
+    kwargs["protocol"] = 2
+    # A new connection's CLIENT SETINFO costs it a round trip before its first lock command:
+    # sent only when asked for.
+    if not {"lib_name", "lib_version", "driver_info"} & set(options):
+        kwargs.pop("lib_name", None)
+        kwargs.pop("lib_version", None)
+        if "driver_info" in accepted:  # redis-py 7.1+: the others are deprecated
+            kwargs["driver_info"] = None
+        else:
+            kwargs["lib_name"] = kwargs["lib_version"] = None
+    return cls, kwargs
+
+
+def _asyncio_class(cls: type) -> type:
+    """The ``redis.asyncio`` twin of a redis-py connection class."""
+    import redis.asyncio.connection as aio
+
+    if issubclass(cls, redis.connection.SSLConnection):
+        return aio.SSLConnection
+    if issubclass(cls, redis.connection.UnixDomainSocketConnection):
+        return aio.UnixDomainSocketConnection
+    return aio.Connection
+
+
 def _check_url(url: object) -> str:
     if not isinstance(url, str):
         raise TypeError(f"a node must be a URL string, a dict or a redis.Redis, got {url!r}")
@@ -763,9 +964,11 @@ def _check_url(url: object) -> str:
         if not parts.hostname:
             raise ValueError(f"node URL {url!r} names no host")
         try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
+            port = parts.port  # raises ValueError on a port that is not a number below 65536
         except ValueError:
-            raise ValueError(f"node URL {url!r} has an invalid port") from None
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"node URL {url!r} has an invalid port (ports are 1-65535)")
         db = parts.path.strip("/")
         if db and not db.isdigit():
             raise ValueError(f"node URL {url!r} has an invalid database number {db!r}")
@@ -793,8 +996,11 @@ def node_identity(url: str) -> tuple[str, str, int]:
     return ("tcp", host, parts.port or 6379)
 
 
-def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
-    """Validate every spec before opening anything, then build the nodes."""
+def make_nodes(
+    specs: Sequence[NodeSpec], *, node_timeout: float, asyncio: bool = False
+) -> list[Node]:
+    """Validate every spec before opening anything, then build the nodes (for an asyncio
+    client with ``asyncio``: its connections are ``redis.asyncio``'s)."""
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         raise TypeError(f"nodes must be a list of node URLs, got {specs!r}")
     if not specs:
@@ -809,7 +1015,7 @@ def make_nodes(specs: Sequence[NodeSpec], *, node_timeout: float) -> list[Node]:
                 "Redlock needs independent nodes"
             )
         seen[ident] = url
-    return [Node(spec, node_timeout=node_timeout) for spec in specs]
+    return [Node(spec, node_timeout=node_timeout, asyncio=asyncio) for spec in specs]
 
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
@@ -829,7 +1035,7 @@ def as_bytes(command: Sequence[Any] | bytes | Pipelined) -> bytes:
         return command
     if isinstance(command, Pipelined):
         return command.data
-    return encode(command)
+    return pack(command)
 
 
 def eval_form(command: Sequence[Any] | bytes | Pipelined) -> list[Any]:
@@ -837,14 +1043,14 @@ def eval_form(command: Sequence[Any] | bytes | Pipelined) -> list[Any]:
     or flushed its script cache; this also caches the script again)."""
     if isinstance(command, Pipelined):
         command = command.data
-    args = list(parse(command)[0] if isinstance(command, bytes) else command)
+    args = unpack(command) if isinstance(command, bytes) else list(command)
     sha = args[1].decode() if isinstance(args[1], bytes) else args[1]
     return ["EVAL", BODIES[sha], *args[2:]]
 
 
 def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
     """:func:`eval_form`, encoded."""
-    return encode(eval_form(command))
+    return pack(eval_form(command))
 
 
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out): the

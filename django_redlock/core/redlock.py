@@ -13,6 +13,8 @@ import time
 from collections.abc import Hashable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import redis
+
 from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
@@ -317,6 +319,11 @@ class Redlock(RedlockBase):
             t0 = time.perf_counter()
             node.client.ping()
             latency = time.perf_counter() - t0
+            try:
+                for command in self._permission_probe():
+                    node.client.execute_command(*command)  # type: ignore[no-untyped-call]
+            except redis.ResponseError as exc:
+                raise self._script_refused(exc) from None
             probe = {
                 "latency": latency,
                 "sent": sent,

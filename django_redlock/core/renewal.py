@@ -19,9 +19,14 @@ import threading
 import time
 from typing import Protocol
 
+from .detector import PauseLog, overrun
 from .lock import Lease
 
-__all__ = ["BATCH_WINDOW", "Renewer", "RenewingClient", "renewer"]
+__all__ = ["BATCH_WINDOW", "Renewer", "RenewingClient", "pauses", "renewer"]
+
+#: When this process did not run, as the watchdogs saw it (their waits came back late): what
+#: tells "the process was paused" from "renewal fell behind" when a lease runs out.
+pauses = PauseLog()
 
 #: Leases due within this many seconds of the first are renewed in the same round.
 BATCH_WINDOW = 0.05
@@ -42,6 +47,8 @@ class Renewer:
         self._due: list[tuple[float, int, RenewingClient, Lease]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        #: ``(when, for how long)`` the watchdog thread went to sleep, while it sleeps.
+        self._sleeping: tuple[float, float] | None = None
 
     def add(self, redlock: RenewingClient, lease: Lease) -> None:
         self._schedule(redlock, lease, time.monotonic() + lease.ttl / 3)
@@ -61,7 +68,14 @@ class Renewer:
             with self._cond:
                 while not self._due or self._due[0][0] > time.monotonic():
                     timeout = self._due[0][0] - time.monotonic() if self._due else None
+                    asked = time.monotonic()
+                    if timeout is not None:
+                        self._sleeping = (asked, timeout)
                     self._cond.wait(timeout)
+                    self._sleeping = None
+                    if timeout is not None:
+                        now = time.monotonic()
+                        pauses.note(timeout, now - asked, now)
                 # Every lease due now or very soon goes in one round: renewed together, they
                 # stay together, and each round costs one fan-out per Redlock.
                 horizon = time.monotonic() + BATCH_WINDOW
@@ -80,9 +94,18 @@ class Renewer:
                     if when is not None:
                         self._schedule(redlock, lease, when)
 
+    def overslept(self, now: float) -> float:
+        """How much longer than it asked the watchdog thread has been asleep by ``now``: a
+        process that was frozen finds this out before the thread has run again."""
+        sleeping = self._sleeping
+        if sleeping is None:
+            return 0.0
+        return overrun(sleeping[1], now - sleeping[0])
+
     def _after_fork(self) -> None:
         # The child inherits the heap but not the thread: it renews only what it acquires.
         self.__init__()  # type: ignore[misc]
+        pauses.clear()
 
 
 renewer = Renewer()

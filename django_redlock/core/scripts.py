@@ -36,6 +36,7 @@ __all__ = [
     "FENCE_SYNC",
     "FORCE_RELEASE",
     "LIST",
+    "PERMITTED",
     "RELEASE",
     "TRUST",
     "TRUST_NOW",
@@ -281,6 +282,18 @@ if held and string.match(held, '^(%S+) ') == ARGV[1] then
   return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 return 0
+"""
+)
+
+# What a health probe runs to learn whether the node's user may run the lock scripts: EVAL and
+# EVALSHA, touching a lock key (an ACL user limited to other commands or other keys is refused
+# with NOPERM, and would never vote). Reads one key, writes nothing.
+# KEYS[1] a lock key (of a name no lock uses)
+# Returns 1.
+PERMITTED = Script(
+    """
+redis.call('EXISTS', KEYS[1])
+return 1
 """
 )
 

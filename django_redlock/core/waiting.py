@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from .lock import Lease
-from .nodes import Node, Wire, WireError
-from .resp import Incomplete, encode
+from .nodes import Incomplete, Node, Wire, WireError, pack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -302,7 +301,7 @@ class ReleaseNotices:
 
     def _send(self, wire: Wire, command: list[object]) -> None:
         try:
-            wire.write(encode(command))
+            wire.write(pack(command))
         except OSError:
             wire.close()
 

@@ -778,7 +778,8 @@ def rule_4_the_holder_asking_again_does_not_re_enter(
 
 def rule_4_reentrancy_only_when_asked(make: Make, name: str) -> None:
     """``reentrant=True``: handles of the owner that holds the name share its hold (one
-    token), which ends at the last release; another owner still contends."""
+    token), which ends at the last release (also when one handle was acquired twice);
+    another owner still contends."""
     locks, observer = make(), make()
     outer = locks.lock(name, ttl=10, reentrant=True)
     inner = locks.lock(name, ttl=10, reentrant=True)
@@ -790,6 +791,14 @@ def rule_4_reentrancy_only_when_asked(make: Make, name: str) -> None:
     assert outer.held and observer.lock_info(name).token == outer.token
     outer.release()
     assert not observer.locked(name)
+    # The owner's own handle acquired twice (python-redis-lock's AlreadyAcquired case): one
+    # release leaves it held through that handle, the second frees it.
+    again = locks.lock(name, ttl=10, reentrant=True)
+    assert again.acquire(blocking=False) and again.acquire(blocking=False)
+    again.release()
+    assert again.held and observer.lock_info(name).token == again.token
+    again.release()
+    assert not again.held and not observer.locked(name)
 
 
 def rule_racing_threads_never_overlap(make: Make, name: str, history: Path) -> None:

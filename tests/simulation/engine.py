@@ -15,6 +15,8 @@ import random
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
+import hiredis
+
 from django_redlock.core import clock, scripts
 from django_redlock.core.base import (
     Finally,
@@ -26,9 +28,8 @@ from django_redlock.core.base import (
     Wait,
 )
 from django_redlock.core.lock import Lease, LockBase
-from django_redlock.core.nodes import TIMED_OUT, Failure, Pipelined, reply_failure
+from django_redlock.core.nodes import TIMED_OUT, Failure, Pipelined, ReplyError, pack, reply_failure
 from django_redlock.core.process import ThisProcess
-from django_redlock.core.resp import ReplyError, bulk, encode, parse
 
 from .node import SimNode
 
@@ -91,7 +92,7 @@ class Conn:
         self.node = node
         self.epoch = node.epoch
         self.run_id = node.run_id
-        self.run_id_arg = bulk(node.run_id)
+        self.run_id_arg = node.run_id.encode()
         # INFO's uptime, to the second, read on this process's wall clock.
         self.started = proc.wall() - int(node.wall() - node.started_wall)
         self.vote_marker: list[bytes] | None = None
@@ -220,10 +221,11 @@ class FanOp(Park):
 
 
 def _commands(data: bytes) -> list[list[bytes]]:
+    """The commands in an encoded buffer (a command is the array it is sent as)."""
+    reader = hiredis.Reader()
+    reader.feed(data)
     out = []
-    pos = 0
-    while pos < len(data):
-        cmd, pos = parse(data, pos)
+    while (cmd := reader.gets()) is not False:
         out.append(cmd)
     return out
 
@@ -896,4 +898,4 @@ def _is_fence(step: Send) -> bool:
 
 
 def encode_command(args: list[Any]) -> bytes:
-    return encode(args)
+    return pack(args)

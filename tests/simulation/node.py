@@ -14,7 +14,7 @@ from typing import Any
 from lupa import lua51
 
 from django_redlock.core import scripts
-from django_redlock.core.resp import ReplyError
+from django_redlock.core.nodes import ReplyError
 
 __all__ = ["LuaError", "SimNode", "lua_runtime"]
 
