@@ -23,7 +23,7 @@ from .commands import KeyLayout, lock_value
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable, replies_of
-from .listing import Listing, glob_escape
+from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     Failure,
@@ -38,6 +38,7 @@ from .nodes import (
     reached,
     reply_failure,
 )
+from .sentinel import GUARD_MARGIN
 from .validation import (
     check_flag,
     check_meta,
@@ -72,11 +73,6 @@ _T = TypeVar("_T")
 AnyBuilder = Callable[[Node, Any], Sequence[Any] | bytes | Pipelined]
 
 _INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
-
-#: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
-#: second): servers restarted further apart lost their data apart, and a lease may have been
-#: taken on the later ones in between (see :meth:`RedlockBase._all_fresh`).
-FRESH_START_SPREAD = 2.0
 
 
 def _forget_inherited_state() -> None:
@@ -142,15 +138,9 @@ class AcquireRequest:
         """The full acquire script (the run id is per wire; encoded at the first use, as most
         attempts never send it)."""
         if self._script is None:
-            redlock, handle, line = self._redlock, self._handle, self._line
-            keys = redlock._acquire_keys(handle.name)
-            script = scripts.ACQUIRE
-            extra: list[Any] = []
-            if line is not None:
-                script = scripts.FAIR_ACQUIRE
-                keys = keys + redlock._line_keys(handle.name)
-                extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
-            guard = str(int(redlock.max_ttl * 1000)) if self._guarded else "0"
+            redlock, handle = self._redlock, self._handle
+            script, keys, extra = self._parts()
+            guard = str(int(redlock.guard_period * 1000)) if self._guarded else "0"
             head = [
                 "EVALSHA",
                 script.sha,
@@ -164,6 +154,15 @@ class AcquireRequest:
             self._script = (head, [guard, *extra])
         head, tail = self._script
         return Pipelined(pack([*head, wire.run_id, *tail]), 1, _fold_script)
+
+    def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
+        """The acquire script, its keys, and its arguments after the guard period."""
+        redlock, handle, line = self._redlock, self._handle, self._line
+        keys = redlock._acquire_keys(handle.name)
+        if line is None:
+            return scripts.ACQUIRE, keys, []
+        keys = keys + redlock._line_keys(handle.name)
+        return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
         """The builder of a second round, after some node's marker changed: the full script
@@ -419,6 +418,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             nodes, node_timeout=self.node_timeout, asyncio=self.asyncio_transport
         )
         self.quorum = len(self.nodes) // 2 + 1
+        #: How long a node sits out after its marker was armed anew: ``max_ttl``, and with a
+        #: Sentinel group among the nodes the time a deposed master may still grant.
+        self.guard_period = self.max_ttl + (
+            GUARD_MARGIN if any(node.group is not None for node in self.nodes) else 0.0
+        )
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._yield_until: dict[str, float] = {}
@@ -576,9 +580,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # A node that lost its data and was not reached again before the others lost theirs
         # is armed with them, but its server restarted earlier. (Servers that all started
         # more than a lease ago lost nothing to a restart that a lease could outlive.)
-        started: list[float] = [r[5] for r in replies]
-        recent = clock.wall() - max(started) < self.max_ttl
-        return not recent or max(started) - min(started) <= FRESH_START_SPREAD
+        return started_together([r[5] for r in replies], clock.wall(), self.max_ttl)
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still
@@ -657,7 +659,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return lease
 
     def _attempt_steps(
-        self, handle: LockBase, owner: Hashable, line: tuple[str, int] | None = None
+        self,
+        handle: LockBase,
+        owner: Hashable,
+        line: tuple[str, int] | None = None,
+        make: Callable[[], AcquireRequest] | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
 
@@ -672,10 +678,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
            three times);
         5. else the refusal says why, and when the lock frees up (retry with jitter is the
            caller's loop: :meth:`_pause_for`).
+
+        ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
+        write hold's script: :mod:`.permits`); the rest of the attempt is the same.
         """
         settle, trusted = 3, False
         while True:
-            request = AcquireRequest(self, handle, line)
+            request = AcquireRequest(self, handle, line) if make is None else make()
             cancel = (handle.name, request.token)
             start = clock.monotonic()
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
@@ -778,7 +787,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False
-        replies = yield Send(to_every_node(["GET", self._key(lease.name)]))
+        replies = yield Send(to_every_node(self._check_command(lease.name, lease.token)))
         return self._judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
@@ -814,15 +823,17 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
         entries (see :meth:`_lock_info`)."""
-        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
-        while any(c is not None for c in cursors):
-            commands = {
-                id(node): self._list_command(cursor, pattern)
-                for node, cursor in zip(self.nodes, cursors, strict=True)
-            }
-            replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
-            self._list_step(cursors, replies, found)
+        # The locks, then the read/write locks' readers (one entry per reader).
+        for command in (self._list_command, self._list_readers_command):
+            cursors: list[bytes | None] = [b"0"] * len(self.nodes)
+            while any(c is not None for c in cursors):
+                commands = {
+                    id(node): command(cursor, pattern)
+                    for node, cursor in zip(self.nodes, cursors, strict=True)
+                }
+                replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
+                self._list_step(cursors, replies, found)
         return found
 
     def _trust_cluster_steps(self) -> Steps[int]:

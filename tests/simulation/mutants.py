@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from django_redlock.core import scripts
-from django_redlock.core.base import FRESH_START_SPREAD
 from django_redlock.core.lock import Lease
 
 from .engine import SimRedlock, World
@@ -89,4 +88,3 @@ def applied(mutant: str | None, world: World) -> Iterator[None]:
 
 
 _MISSING = object()
-assert FRESH_START_SPREAD > 0
