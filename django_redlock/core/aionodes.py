@@ -29,6 +29,7 @@ import redis
 from .detector import MAX_STALLS, connect_budget, overrun
 from .nodes import (
     DRAIN_FOR,
+    HANDSHAKE,
     SENT_TWICE,
     TIMED_OUT,
     Due,
@@ -437,8 +438,11 @@ async def _connect_and_shake_hands(
     conn = node.connection(timeout, asyncio=True)
     try:
         await conn.connect()
-        await conn.send_command("INFO", "server")
-        run_id, started = server_of([await conn.read_response()])
+        await conn.send_packed_command([HANDSHAKE])
+        info = await conn.read_response()
+        with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
+            await conn.read_response()
+        run_id, started = server_of([info])
         # The connected transport is handed to an AsyncWire: replies are parsed as they
         # arrive and handed to the fan-out's callbacks, with no read task per connection.
         writer = conn._writer

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import math
 import os
-import random
-import secrets
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import scripts
+from . import clock, scripts
 from .commands import KeyLayout, lock_value
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
@@ -114,7 +111,7 @@ class AcquireRequest:
     def __init__(
         self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
     ) -> None:
-        self.token = secrets.token_hex(16)
+        self.token = clock.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
         self.meta, self._meta_json = redlock._holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
@@ -192,7 +189,7 @@ class AcquireRequest:
             return MARKER_CHANGED
         # The marker is unchanged, so is its trust: its age has grown by the time since.
         trusted = wire.trusted_at
-        age = -1 if trusted is None else int((time.monotonic() - trusted) * 1000)
+        age = -1 if trusted is None else int((clock.monotonic() - trusted) * 1000)
         if replies[0] is not None:  # +OK: taken
             return [0, 0, age, None]
         return [1, replies[1], age, None]
@@ -223,7 +220,7 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
             marker = reply[3]
             wire.vote_marker = [wire.run_id.encode(), marker] if isinstance(marker, bytes) else None
             trusted_age = reply[2]
-            wire.trusted_at = None if trusted_age < 0 else time.monotonic() - trusted_age / 1000
+            wire.trusted_at = None if trusted_age < 0 else clock.monotonic() - trusted_age / 1000
             return reply
         if status == 3:
             return reply
@@ -539,7 +536,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """The lease when a quorum granted it with validity left (validity measured after the
         replies came in: node-redlock returned locks with none left)."""
         granted = self._granted(replies)
-        validity = handle.ttl - (time.monotonic() - start) - self._margin(handle.ttl)
+        validity = handle.ttl - (clock.monotonic() - start) - self._margin(handle.ttl)
         if len(granted) < self.quorum or validity <= 0:
             return None
         return Lease(
@@ -584,7 +581,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # A node that lost its data and was not reached again before the others lost theirs
         # is armed with them, but its server restarted earlier. (Servers that all started
         # more than a lease ago lost nothing to a restart that a lease could outlive.)
-        return started_together([r[5] for r in replies], time.time(), self.max_ttl)
+        return started_together([r[5] for r in replies], clock.wall(), self.max_ttl)
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still
@@ -637,7 +634,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             if isinstance(outcome, Lease):
                 return self._won(handle, outcome, start)
             attempts += 1
-            now = time.monotonic()
+            now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
                 return None
@@ -657,7 +654,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
-        self._register(handle, lease, time.monotonic() - start)
+        self._register(handle, lease, clock.monotonic() - start)
         if lease.auto_renew:
             self._start_renewal(lease)
         return lease
@@ -690,7 +687,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         while True:
             request = AcquireRequest(self, handle, line) if make is None else make()
             cancel = (handle.name, request.token)
-            start = time.monotonic()
+            start = clock.monotonic()
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
             replies = yield send
             if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
@@ -702,12 +699,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 recheck = request.recheck([self.nodes[i] for i in answered])
                 again = yield Send(recheck, request.undo, cancel)
                 replies = [again[i] if i in answered else r for i, r in enumerate(replies)]
-            spread = time.monotonic() - start
+            spread = clock.monotonic() - start
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:
                 command = self._fence_command(handle.name, request.token, lease.fence)
                 synced = yield Send(to_every_node(command), None, cancel, None, self._synced)
-                valid = time.monotonic() < lease.valid_until
+                valid = clock.monotonic() < lease.valid_until
                 if not self._synced(synced) or not valid:
                     lease = None
             if lease is not None:
@@ -768,7 +765,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ttl = self._check_extend_ttl(ttl)
         if lease.released or lease.lost or lease.foreign:
             return False
-        start = time.monotonic()
+        start = clock.monotonic()
         replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
         if self._should_claim(lease, replies):
             claimed = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
@@ -798,11 +795,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """One watchdog round over the due leases, in one pipelined fan-out (a silent node
         costs one node timeout per round, not one per lease): per lease, when to renew it
         next, or None to stop."""
-        now = time.monotonic()
+        now = clock.monotonic()
         batch = [lease for lease in leases if self._wants_renewal(lease, now)]
         whens: dict[int, float | None] = {}
         if batch:
-            start = time.monotonic()
+            start = clock.monotonic()
             commands = [self._extend_command(lease, lease.ttl) for lease in batch]
             results = yield SendBatch(commands, batch)
             replies = [replies_of(results, position) for position in range(len(batch))]
@@ -930,7 +927,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         the holder's lease runs out when the nodes told us, else a random retry delay. With
         ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
         contenders from retrying in lock step."""
-        jitter = random.uniform(0, self.retry_delay / 2)
+        jitter = clock.uniform(0, self.retry_delay / 2)
         if refusal.retry_after is not None:
             delay = refusal.retry_after + min(jitter, 0.002)
         else:

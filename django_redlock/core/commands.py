@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import rwscripts, scripts
+from . import clock, rwscripts, scripts
 from .info import HOLDER_PLACE
 from .kinds import base_name, is_reader, reader_entry_of
 from .lock import Lease
@@ -32,7 +30,7 @@ def lock_value(
     acquired_ms: int | None = None,
 ) -> str:
     """A lock key's value, as :mod:`.scripts` reads it (``acquired_ms`` defaults to now)."""
-    acquired = int(time.time() * 1000) if acquired_ms is None else acquired_ms
+    acquired = int(clock.wall() * 1000) if acquired_ms is None else acquired_ms
     return f"{token} {fence} {renewals} {acquired} {ttl_ms}\n{meta_json}"
 
 
@@ -89,7 +87,7 @@ class KeyLayout:
         """A new waiter's place: the largest ticket any node drew (quorums overlap, so a waiter
         arriving after another finished joining always draws a larger one)."""
         tickets = [r for r in replies if isinstance(r, int)]
-        return secrets.token_hex(8), max(tickets, default=0)
+        return clock.token_hex(8), max(tickets, default=0)
 
     #: Marker fields a health probe reads (see ``scripts._GUARD``).
     MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed")
@@ -206,7 +204,7 @@ class KeyLayout:
             return self._extend_token_command(lease.name, lease.token, ttl)
         value = ""
         if claim:
-            acquired_ms = int((time.time() - (time.monotonic() - lease.acquired)) * 1000)
+            acquired_ms = int((clock.wall() - (clock.monotonic() - lease.acquired)) * 1000)
             value = lock_value(
                 lease.token,
                 ttl_ms=int(ttl * 1000),
@@ -232,7 +230,7 @@ class KeyLayout:
             fixed = {"host": self._host, "pid": pid, **HOLDER_PLACE, **self.meta}
             self._meta_cache = (pid, fixed, json.dumps(fixed, default=str)[1:-1])
         _, fixed, fixed_json = self._meta_cache
-        thread, now = threading.current_thread().name, time.time()
+        thread, now = threading.current_thread().name, clock.wall()
         holder = {**fixed, "thread": thread, "acquired_at": now}
         if self._thread_json[0] != thread:  # one entry: a thread mostly locks again and again
             self._thread_json = (thread, f'"thread": {json.dumps(thread)}')

@@ -34,7 +34,7 @@ from redis.connection import parse_url as _parse_url
 from .detector import NodeDetector, connect_budget, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
-from .scripts import BODIES, Script
+from .scripts import BODIES, RELEASE, Script
 from .sentinel import (
     SentinelGroup,
     SentinelUnavailable,
@@ -48,6 +48,7 @@ from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
     "DRAIN_FOR",
+    "HANDSHAKE",
     "NOT_SENT",
     "OWED",
     "SENT_TWICE",
@@ -263,6 +264,11 @@ def unfinished(dues: Iterable[Due]) -> list[bytes]:
     return kept
 
 
+#: A new connection's first round trip: INFO (the run id and start of the server), and the
+#: release script loaded, so a release (an ``EVALSHA``) whose answer nobody reads in time
+#: does not meet a ``NOSCRIPT`` on a server that restarted (see ``commands._RELEASE_HEAD``).
+HANDSHAKE = pack(["INFO", "server"]) + pack(["SCRIPT", "LOAD", RELEASE.body])
+
 #: What a non-blocking socket raises when it takes nothing now (a TLS one may need to read).
 _FULL = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
 
@@ -309,8 +315,11 @@ class Wire:
         self.address = address_of(conn)
         try:
             conn.connect()
-            conn.send_command("INFO", "server")
-            self.run_id, self.started = server_of([conn.read_response()])
+            conn.send_packed_command([HANDSHAKE])
+            info = conn.read_response()
+            with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
+                conn.read_response()
+            self.run_id, self.started = server_of([info])
             sock = conn._sock
             assert sock is not None
         except BaseException as exc:
