@@ -109,7 +109,22 @@ def zookeeper() -> Iterator[Server]:
         "500",
     ]
     with _serving(command, port, f"127.0.0.1:{port}", data) as server:
+        _wait_for_session(server)
         yield server
+
+
+def _wait_for_session(server: Server, timeout: float = 60.0) -> None:
+    """Until a client gets a session: a listening port is not yet a server that answers in a
+    client's connect timeout (the JVM's warm-up on a busy host took longer than 5 s)."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(server.address, timeout=10.0)
+    try:
+        client.start(timeout)
+        client.get_children("/")
+    finally:
+        client.stop()
+        client.close()
 
 
 @contextlib.contextmanager
