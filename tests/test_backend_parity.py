@@ -219,3 +219,8 @@ def test_async_rule_2_racing_tasks_on_one_handle(abuild, name) -> None:
 
 def test_async_rules_3_and_4_waiting_and_asking_again(abuild, name) -> None:
     run_async(abuild, cases.arule_3_and_4_waiting_and_asking_again, name)
+
+
+@pytest.mark.parametrize("start", ["os.fork", "multiprocessing"])
+def test_forked_children_hold_none_of_the_parents_locks(make, name, start, tmp_path) -> None:
+    cases.rule_forked_children_hold_none_of_the_parents_locks(make, name, tmp_path, start)
