@@ -373,9 +373,7 @@ class EtcdLocks(BackendLocks):
             raise ValueError(f"EtcdLocks: root must look like /locks, got {root!r}")
         self.endpoints = list(endpoints)
         self.root = root
-        self._gateway = _Gateway(
-            self.endpoints, check_positive("request_timeout", request_timeout)
-        )
+        self._gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
         self._key_watch = _KeyWatch(self)
 
     @property
