@@ -226,13 +226,18 @@ def test_forked_children_hold_none_of_the_parents_locks(make, name, start, tmp_p
     cases.rule_forked_children_hold_none_of_the_parents_locks(make, name, tmp_path, start)
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
 def test_forked_children_leave_a_pessimistic_parents_transaction_alone(
     kind, make, name, tmp_path
 ) -> None:
     # The parent's lock lives in a transaction on its own connection: a child's goodbye on
     # that connection would end the transaction, and the lock with it.
-    if kind not in ("postgres", "mysql"):
-        pytest.skip("pessimistic locks need PostgreSQL or MariaDB/MySQL")
     cases.rule_forked_children_hold_none_of_the_parents_locks(
         lambda: make(pessimistic=True), name, tmp_path, "os.fork"
     )
