@@ -926,8 +926,8 @@ def _forked_worker(locks: Any, name: str, held: Any, history: Path, i: int) -> d
         for _ in range(5):
             lock = locks.lock(name, ttl=10)
             started = time.monotonic()
-            if not lock.acquire(timeout=60):
-                report["errors"].append("no lock within 60 s")
+            if not lock.acquire(timeout=20):
+                report["errors"].append("no lock within 20 s")
                 continue
             now = time.monotonic()
             token = lock.token
@@ -943,8 +943,15 @@ def _forked_worker(locks: Any, name: str, held: Any, history: Path, i: int) -> d
     return report
 
 
+#: How long a forked child may take (its five holds take well under a second; a child that
+#: hangs on a connection it shares with another process is killed and reported).
+CHILD_BOUND = 120.0
+
+
 def _via_os_fork(work: Callable[[], dict[str, Any]]) -> tuple[int, Any]:
     """Run ``work`` in a child made by ``os.fork()``: its pid, and a reader of its report."""
+    import select
+
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: always leaves through os._exit (never into pytest's code)
@@ -961,14 +968,22 @@ def _via_os_fork(work: Callable[[], dict[str, Any]]) -> tuple[int, Any]:
             os._exit(code)
     os.close(write_end)
 
-    def collect() -> Any:
+    def collect(deadline: float) -> Any:
         chunks = []
-        while chunk := os.read(read_end, 65536):
-            chunks.append(chunk)
-        os.close(read_end)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        return json.loads(b"".join(chunks) or b"{}")
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                    os.kill(pid, signal.SIGKILL)
+                    return {"errors": [f"os.fork child hung for {CHILD_BOUND} s"]}
+                chunk = os.read(read_end, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(read_end)
+            os.waitpid(pid, 0)
+        return json.loads(b"".join(chunks) or b'{"errors": ["no report"]}')
 
     return pid, collect
 
@@ -977,23 +992,27 @@ def _via_multiprocessing(work: Callable[[], dict[str, Any]]) -> tuple[int, Any]:
     """Run ``work`` in a multiprocessing child of the 'fork' start method (Celery's prefork
     pool starts its workers so)."""
     import multiprocessing
+    import queue
 
     context = multiprocessing.get_context("fork")
-    queue = context.SimpleQueue()
+    reports = context.Queue()
 
     def target() -> None:
         try:
-            queue.put(work())
+            reports.put(work())
         except BaseException as exc:
-            queue.put({"errors": [f"{type(exc).__name__}: {exc}"]})
+            reports.put({"errors": [f"{type(exc).__name__}: {exc}"]})
 
     process = context.Process(target=target)
     process.start()
 
-    def collect() -> Any:
-        report = queue.get()
-        process.join(60)
-        assert process.exitcode == 0
+    def collect(deadline: float) -> Any:
+        try:
+            report = reports.get(timeout=max(deadline - time.monotonic(), 0.1))
+        except queue.Empty:
+            report = {"errors": [f"multiprocessing child hung for {CHILD_BOUND} s"]}
+            process.kill()
+        process.join(30)
         return report
 
     assert process.pid is not None
@@ -1018,7 +1037,8 @@ def rule_forked_children_hold_none_of_the_parents_locks(
     running = [
         fork(lambda i=i: _forked_worker(locks, name, held, history, i)) for i in range(children)
     ]
-    reports = [collect() for _, collect in running]
+    deadline = time.monotonic() + CHILD_BOUND
+    reports = [collect(deadline) for _, collect in running]
     for report in reports:
         assert report["errors"] == [], report
         assert report["inherited_held"] is False, report
