@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from .core import (
     AsyncLock,
+    AsyncReadLock,
     AsyncRedlock,
+    AsyncSemaphore,
+    AsyncWriteLock,
     Lock,
     LockInfo,
     LockLost,
@@ -18,8 +21,11 @@ from .core import (
     LockNotOwned,
     NodeHealth,
     QuorumError,
+    ReadLock,
     Redlock,
     RedlockError,
+    Semaphore,
+    WriteLock,
 )
 
 if TYPE_CHECKING:
@@ -31,7 +37,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncLock",
+    "AsyncReadLock",
     "AsyncRedlock",
+    "AsyncSemaphore",
+    "AsyncWriteLock",
     "Lock",
     "LockInfo",
     "LockLost",
@@ -39,8 +48,11 @@ __all__ = [
     "LockNotOwned",
     "NodeHealth",
     "QuorumError",
+    "ReadLock",
     "Redlock",
     "RedlockError",
+    "Semaphore",
+    "WriteLock",
     "get_async_locks",
     "get_async_redlock",
     "get_locks",

@@ -141,7 +141,11 @@ class LockAdmin(admin.ModelAdmin):
         # SCANs every node and stays on its own page.
         per_node = Counter(s.node for r in rows for s in r.info.per_node)
         node_counts = [
-            {"node": node.name, "locks": per_node.get(node.name, 0)}
+            {
+                "node": node.name,
+                "master": getattr(node, "address", None),
+                "locks": per_node.get(node.name, 0),
+            }
             for node in (rl.nodes if rl is not None else [])
         ]
         counts = dict.fromkeys([code for code, _, _ in av.STUCK_REASONS], 0)
@@ -274,6 +278,7 @@ class LockAdmin(admin.ModelAdmin):
                 node_rows.append(
                     {
                         "node": node.name,
+                        "master": getattr(node, "address", None),
                         "state": state,
                         "same_token": state is not None and state.token == info.token,
                         "ttl_display": av.format_duration(state.ttl) if state else "",

@@ -158,6 +158,7 @@ class LockOptions:
     retry_jitter: float
     dedupe: str | bool
     dedupe_ttl: float
+    limit: int | None = None
 
     def effective_wait(self) -> float:
         """Seconds to block for the lock before ``on_locked`` applies."""
@@ -496,8 +497,11 @@ class LockedTask(Task):
         Enqueue-time duplicate policy: False (default), ``"merge"`` (or True: return the queued
         task's result), ``"drop"`` (log, signal, return a REJECTED result) or ``"raise"``
         (LockNotAcquired); at most one queued plus one running task per key.
+    ``lock_limit``
+        None (default): one run per key. N: a semaphore per key, up to N runs at once, each
+        holding a permit; the same ``on_locked`` policies apply once all N are taken.
 
-    Every option except ``lock_key`` and ``lock_redlock`` defaults to the project's
+    Every option except ``lock_key``, ``lock_limit`` and ``lock_redlock`` defaults to the project's
     ``REDLOCK["LOCKED_TASK"]`` value when the task does not set it. ``acks_late`` and
     ``reject_on_worker_lost`` are True: a task whose worker dies mid-run is delivered again
     (docs/celery.rst, "No lost task").
@@ -522,6 +526,7 @@ class LockedTask(Task):
     lock_retry_jitter: float = DEFAULT_RETRY_JITTER
     lock_dedupe: bool | str = False
     lock_dedupe_ttl: float = DEFAULT_DEDUPE_TTL
+    lock_limit: int | None = None
 
     # -- options ----------------------------------------------------------------------------
 
@@ -803,15 +808,22 @@ class LockedTask(Task):
             "on_locked": opts.on_locked,
             **_hold_times.meta(self.name),
         }
-        lock = redlock.lock(
-            name,
-            ttl=ttl,
-            auto_renew=renew,
-            renew_for=renew_for,
-            reentrant=False,
-            owner=("celery", task_id or id(request)),
-            meta=meta,
-        )
+        owner = ("celery", task_id or id(request))
+        if opts.limit is not None:
+            # A semaphore per key: up to lock_limit runs at once, each holding a permit.
+            lock = redlock.semaphore(
+                name, opts.limit, ttl, auto_renew=renew, renew_for=renew_for, owner=owner, meta=meta
+            )
+        else:
+            lock = redlock.lock(
+                name,
+                ttl=ttl,
+                auto_renew=renew,
+                renew_for=renew_for,
+                reentrant=False,
+                owner=owner,
+                meta=meta,
+            )
         run = _TaskRun(self, request, redlock, lock)
         # One try from the first attempt to the end: an exception landing anywhere (a soft
         # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
@@ -974,8 +986,11 @@ class LockedTask(Task):
         policy = opts.on_locked
         if holder is None:
             holder = _holder(redlock, name)
+        held_by = f"is held by {_describe(holder)}"
+        if opts.limit is not None:
+            held_by = f"has all {opts.limit} permits taken"
         exc = LockNotAcquired(
-            f"task {self.name}[{request.id}]: lock {name!r} is held by {_describe(holder)}",
+            f"task {self.name}[{request.id}]: lock {name!r} {held_by}",
             name,
             retry_after=lock.retry_after,
         )
@@ -1006,8 +1021,9 @@ class LockedTask(Task):
             return self._skip(redlock, lock, request, name, holder, args, kwargs)
         if policy == "wait":
             exc = LockNotAcquired(
-                f"task {self.name}[{request.id}]: lock {name!r} still held by "
-                f"{_describe(holder)} after waiting {opts.effective_wait():g}s",
+                f"task {self.name}[{request.id}]: lock {name!r} still "
+                f"{'full' if opts.limit is not None else 'held by ' + _describe(holder)} "
+                f"after waiting {opts.effective_wait():g}s",
                 name,
                 retry_after=lock.retry_after,
             )

@@ -26,6 +26,7 @@ from .core import (
     check_positive,
     check_prefix,
     connection_args,
+    node_client,
     node_identity,
     parse_spec,
     redact,
@@ -210,8 +211,9 @@ def _node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[
                     4,
                     f"{where} is malformed: {exc}",
                     hint='A node is a URL ("redis://host:6379/0", "rediss://...", '
-                    '"unix:///path/redis.sock?db=0"), {"URL": ..., "OPTIONS": {...}} or '
-                    '"cache:<alias>".',
+                    '"unix:///path/redis.sock?db=0", a Sentinel group '
+                    '"redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE/DB"), '
+                    '{"URL": ..., "OPTIONS": {...}} or "cache:<alias>".',
                 )
             )
             continue
@@ -538,9 +540,8 @@ def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None
     the CONFIG permission managed services often withhold)."""
     import redis
 
-    kwargs = {**options, "socket_timeout": 2.0, "socket_connect_timeout": 2.0}
     try:
-        client = redis.Redis.from_url(url, **kwargs)
+        client = node_client(url, options, socket_timeout=2.0, socket_connect_timeout=2.0)
         try:
             client.ping()
             try:

@@ -42,6 +42,8 @@ from .core import (
     LockInfo,
     LockNotAcquired,
     QuorumError,
+    check_flag,
+    check_limit,
     check_meta,
     check_positive,
     check_timeout,
@@ -293,6 +295,8 @@ class Locked:
         values: Mapping[str, Any] | None = None,
         retry_after: float | Callable[[LockNotAcquired], float] | None = None,
         using: str = "default",
+        limit: int | None = None,
+        shared: bool = False,
     ) -> None:
         if callable(template):
             raise TypeError("@locked needs a key: write @locked('name:{arg}'), not @locked")
@@ -314,17 +318,18 @@ class Locked:
         self.retry_after = retry_after
         #: How long this decorator's calls held their lock lately (the default Retry-After).
         self._holds = HoldTimes()
-        self.auto_renew = auto_renew
-        self.fencing = bool(fencing)
+        self.auto_renew = None if auto_renew is None else check_flag("auto_renew", auto_renew)
+        self.fencing = check_flag("fencing", fencing)
         if on_locked is not None and not (callable(on_locked) or isinstance(on_locked, str)):
             raise TypeError(f"on_locked must be a callable or a dotted path, got {on_locked!r}")
         self.on_locked = on_locked
         self.meta = check_meta(meta)
-        self.fair = bool(fair)
+        self.fair = check_flag("fair", fair)
         self.reentrant = reentrant
         if renew_for is not None and auto_renew is False:
             raise ValueError(f"renew_for={renew_for!r} caps auto-renewal: it needs auto_renew")
         self.renew_for = renew_for
+        self.limit, self.shared = _check_kind(limit, shared, fair=fair, reentrant=reentrant)
         self.values = dict(values or {})
         #: The REDLOCK["BACKENDS"] alias the lock is taken on (get_locks(alias)).
         self.backend = using
@@ -358,6 +363,11 @@ class Locked:
         return plan
 
     def _call(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        if isinstance(self.on_locked, str):
+            # A dotted on_locked is imported at the first call (at decoration the module it
+            # names may still be loading): a wrong path fails every call, not only a refused
+            # one, and before anything is sent.
+            self.on_locked = self._handler()
         request = _find_request(plan, args)
         if request is not None and _before_drf(plan, args, request):
             raise TypeError(_drf_order_error(self, plan.qualname))
@@ -428,20 +438,31 @@ class Locked:
         if auto_renew is None:
             # renew_for caps a renewal: it asks for one whatever the setting says.
             auto_renew = self.renew_for is not None or bool(get_config().get("AUTO_RENEW", False))
+        meta = {**call.meta, **self._holds.meta(_HOLD)}
+        common = {"auto_renew": auto_renew, "meta": meta, "owner": call.owner}
+        common["renew_for"] = self.renew_for
+        if self.limit is not None:
+            return redlock.semaphore(
+                call.name, self.limit, self.ttl, fencing=self.fencing, fair=self.fair, **common
+            )
+        if self.shared:
+            return redlock.read_lock(call.name, self.ttl, **common)
         return redlock.lock(
             call.name,
             self.ttl,
-            auto_renew=auto_renew,
             fencing=self.fencing,
             reentrant=self.reentrant,
             fair=self.fair,
-            meta={**call.meta, **self._holds.meta(_HOLD)},
-            owner=call.owner,
-            renew_for=self.renew_for,
+            **common,
         )
 
     @staticmethod
     def _acquire_args_for(lock: Any, wait: float | None) -> dict[str, Any]:
+        if wait is None and getattr(lock, "kind", None) is not None:
+            # A permit or a read hold waits by time: as long as the retry policy's retries.
+            redlock = lock.redlock
+            tries = redlock.retry_count + 1
+            return {"blocking": True, "timeout": tries * max(redlock.retry_delay, 0.01)}
         if wait is None:
             # The lock service's retry policy (REDLOCK["RETRY_COUNT"] retries).
             return {"blocking": True, "retries": lock.redlock.retry_count}
@@ -460,9 +481,10 @@ class Locked:
         _owner.reset(tokens[1])
 
     def _busy(self, lock: Any, holder: LockInfo | None = None) -> LockNotAcquired:
-        exc = LockNotAcquired(
-            f"lock {lock.name!r} is held by another owner", lock.name, retry_after=lock.retry_after
-        )
+        what = f"lock {lock.name!r} is held by another owner"
+        if getattr(lock, "kind", None) is not None:
+            what = str(lock._not_acquired())
+        exc = LockNotAcquired(what, lock.name, retry_after=lock.retry_after)
         exc.retry_after = self._expected_wait(exc, holder)
         return exc
 
@@ -494,7 +516,11 @@ class Locked:
     def _handler(self) -> Callable[..., Any] | None:
         handler = self.on_locked
         if isinstance(handler, str):
-            return _import_handler(handler)
+            try:
+                return _import_handler(handler)
+            except ImportError as exc:
+                msg = f"@locked on_locked={handler!r} cannot be imported: {exc}"
+                raise ImportError(msg) from exc
         return handler
 
     def _view_handler(self, request: Any) -> Callable[..., Any]:
@@ -871,6 +897,23 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
+def _check_kind(
+    limit: object, shared: object, *, fair: bool, reentrant: bool | None
+) -> tuple[int | None, bool]:
+    """``@locked``'s ``limit`` / ``shared``: a semaphore, a read lock, or (neither) a lock."""
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be True or False, got {shared!r}")
+    if limit is not None:
+        limit = check_limit(limit)
+        if shared:
+            raise ValueError("give @locked limit= (a semaphore) or shared=True, not both")
+    if (limit is not None or shared) and reentrant:
+        raise ValueError("a semaphore's permits and read holds are not reentrant")
+    if shared and fair:
+        raise ValueError("shared=True takes a read lock, which has no fair line")
+    return limit, shared
+
+
 def locked(
     template: str | None = None,
     /,
@@ -887,6 +930,8 @@ def locked(
     renew_for: float | None = None,
     retry_after: float | Callable[[LockNotAcquired], float] | None = None,
     using: str = "default",
+    limit: int | None = None,
+    shared: bool = False,
 ) -> Locked:
     """Hold a distributed lock around a view, function, method or ``with`` block.
 
@@ -902,7 +947,10 @@ def locked(
     a refused view (or a callable ``(exc) -> seconds``, ``exc.retry_after`` being the holder's
     remaining lease); default: the typical hold of this decorator's calls, capped by that
     lease. ``using``: the lock service, a ``REDLOCK["BACKENDS"]``
-    alias (default: the Redlock over ``NODES``).
+    alias (default: the Redlock over ``NODES``). ``limit=N``: a semaphore instead of a
+    lock, at most N calls inside at once per key (423 when all permits are taken);
+    ``shared=True``: a read lock (many at once; a ``@locked`` without it on the same key is
+    the writer, which waits for them and holds new ones back).
     """
     return Locked(
         template,
@@ -918,4 +966,6 @@ def locked(
         renew_for=renew_for,
         retry_after=retry_after,
         using=using,
+        limit=limit,
+        shared=shared,
     )

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from django.db import models
+from django.db import models, router
 from django.db.models import Q
 
 __all__ = ["afenced_update", "fenced_update"]
@@ -112,7 +112,10 @@ def _prepare(
         if target.pk is None:
             raise ValueError("fenced_update needs a saved instance (its pk is None)")
         instance = target
-        queryset = type(target)._base_manager.filter(pk=target.pk)
+        # The instance's own database, as save() would pick it (a row loaded with .using()
+        # is written there, not in the default database).
+        db = router.db_for_write(type(target), instance=target)
+        queryset = type(target)._base_manager.db_manager(db).filter(pk=target.pk)
     elif isinstance(target, models.QuerySet):
         queryset = target
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .core import check_positive
+from .core import check_limit, check_positive
 
 __all__ = [
     "CALL_OPTIONS",
@@ -42,10 +42,11 @@ CALL_OPTIONS = {
     "lock_retry_jitter": "retry_jitter",
     "lock_dedupe": "dedupe",
     "lock_dedupe_ttl": "dedupe_ttl",
+    "lock_limit": "limit",
 }
 HEADER_FIELDS = {v: k for k, v in CALL_OPTIONS.items()}
 #: Options a project may default in ``REDLOCK["LOCKED_TASK"]`` (a key is per task).
-SETTING_OPTIONS = tuple(name for name in CALL_OPTIONS if name != "lock_key")
+SETTING_OPTIONS = tuple(name for name in CALL_OPTIONS if name not in ("lock_key", "lock_limit"))
 
 _BOOLEANS = ("renew", "retry_counts")
 
@@ -85,6 +86,12 @@ def check_task_options(values: Mapping[str, Any], where: str, *, per_call: bool 
         raise ValueError(
             f"{where}: lock_dedupe must be True, False or one of {DEDUPE_POLICIES}, got {dedupe!r}"
         )
+    limit = values.get("limit")
+    if limit is not None:
+        try:
+            check_limit(limit, "lock_limit")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
     key = values.get("key")
     if key is not None and not isinstance(key, str) and (per_call or not callable(key)):
         kinds = "a str template" if per_call else "a str template or a callable"

@@ -33,8 +33,11 @@ READY_CACHE = 1.0
 
 def _node(h: NodeHealth) -> dict[str, Any]:
     guarded = h.guarded_for if h.guarded_for and math.isfinite(h.guarded_for) else None
+    # A Sentinel group's current master, when the node is one.
+    master = {"master": h.master} if getattr(h, "master", None) else {}
     return {
         "node": h.node,
+        **master,
         "status": h.status,
         "reachable": h.reachable,
         "latency_ms": round(h.latency * 1000, 3) if h.latency is not None else None,

@@ -79,6 +79,8 @@ else:
             "NAME": os.environ.get("REDLOCK_SQLITE", str(BASE_DIR / "db.sqlite3")),
         }
     }
+# A second database, for what must follow an instance's own database (fenced_update).
+DATABASES["second"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 USE_TZ = True

@@ -213,3 +213,13 @@ def bench_plain(key: str, hold: float = 0.0) -> None:
 def bench_locked(self: Any, key: str, hold: float = 0.0) -> None:
     if hold:
         time.sleep(hold)
+
+
+#: lock_limit=2: a semaphore per key, up to two runs at once (the tests of lock_limit).
+_LIMITED: dict[str, Any] = {**_COMMON, "lock_key": "limited:{key}", "lock_limit": 2}
+limited = app.task(name="testproject.limited", **_LIMITED)(_critical)
+limited_wait = app.task(
+    name="testproject.limited_wait", on_locked="wait", lock_wait=20, **_LIMITED
+)(_critical)
+limited_skip = app.task(name="testproject.limited_skip", on_locked="skip", **_LIMITED)(_critical)
+limited_raise = app.task(name="testproject.limited_raise", on_locked="raise", **_LIMITED)(_critical)

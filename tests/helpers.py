@@ -171,3 +171,23 @@ def run_pytest(args: list[str], env: dict[str, str], timeout: float) -> tuple[in
         timeout=timeout,
     )
     return result.returncode, result.stdout + result.stderr
+
+
+def run_processes(target: Callable[..., None], args: list[tuple[Any, ...]]) -> list[Any]:
+    """Start one spawned process per ``args`` entry, each calling ``target(*entry, gate,
+    results)`` (``gate``: a barrier all of them pass at once, ``results``: a queue each puts one
+    outcome on); returns the outcomes. Each outcome's last item is an error text or None."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    gate = ctx.Barrier(len(args))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*entry, gate, results)) for entry in args]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(30)
+    errors = [o[-1] for o in outcomes if o[-1]]
+    assert not errors, errors[0]
+    return outcomes

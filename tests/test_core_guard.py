@@ -197,3 +197,21 @@ def test_refused_attempt_during_a_restart_guard_is_one_round_trip(
     # blocking=False is one attempt: one acquire per node (the full script on the restarted
     # node, a plain SET on the two that voted before), no sleeping.
     assert attempts == [1, 1, 1] and elapsed < 0.05, (attempts, elapsed)
+
+
+def test_a_servers_start_time_is_read_by_its_own_clock_not_by_when_the_reply_was_read() -> None:
+    """INFO's uptime is counted from the server's clock at the moment it wrote INFO: a reply
+    read seconds later (a busy client) gives the same start time, so servers started
+    together still look together."""
+    from django_redlock.core.nodes import server_of
+
+    info = (
+        b"# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\n"
+        b"server_time_usec:1000000000000000\r\nuptime_in_seconds:10\r\n"
+    )
+    assert server_of([info]) == ("abc", 1_000_000_000.0 - 10)
+    # Without server_time_usec (older servers) the local clock stands in.
+    old = b"redis_version:6.0.0\r\nrun_id:abc\r\nuptime_in_seconds:10\r\n"
+    before = time.time()
+    _, started = server_of([old])
+    assert before - 10 <= started <= time.time() - 10

@@ -477,6 +477,33 @@ def test_nodes_that_lost_their_data_apart_unseen_in_between_are_not_brand_new(
     assert holder.held
 
 
+def test_health_calls_nodes_that_lost_their_data_apart_guarded_as_the_acquire_does(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """Every node restarted empty, node 2 seconds before the others: an acquire refuses them
+    (no brand-new cluster), and health() says so too (it said "voting" with guarded_for 0,
+    so `redlock check` and the readiness view passed while every lock was refused)."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=30.0, max_ttl=60.0, node_timeout=0.1)
+    cluster[2].restart(empty=True)
+    time.sleep(3.0)  # node 2's server starts earlier than the others' (a duration, not a sync)
+    cluster[0].restart(empty=True)
+    cluster[1].restart(empty=True)
+    before = rl.health()
+    assert [h.status for h in before] == ["guarded"] * 3, before
+    assert all(h.guarded_for and h.guarded_for > 0 for h in before)
+    with pytest.raises(QuorumError, match="not every node is new"):
+        rl.lock("job").acquire(blocking=False)
+    after = rl.health()
+    assert [h.status for h in after] == ["guarded"] * 3, after
+    # Restarted together, the same nodes are one brand-new cluster: voting, and a lock is taken.
+    for node in cluster:
+        node.restart(empty=True)
+    fresh = make_redlock(cluster, ttl=30.0, max_ttl=60.0, node_timeout=0.1)
+    assert [h.status for h in fresh.health()] == ["voting"] * 3
+    assert fresh.lock("job").acquire(blocking=False)
+
+
 class _Interrupted(BaseException):
     """Stands for KeyboardInterrupt (which would end the test session if it escaped)."""
 

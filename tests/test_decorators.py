@@ -843,3 +843,40 @@ class TestAnonymousClients:
             return HttpResponse(current_lock().name)
 
         assert view(rf.get("/"), client="acme").content == b"x:acme"
+
+
+# =========================================================================== argument checks
+
+
+@pytest.mark.parametrize("name", ["fair", "fencing", "auto_renew"])
+def test_a_flag_that_is_not_a_bool_is_refused_at_decoration(name):
+    with pytest.raises(TypeError, match=name):
+        locked("flags:k", **{name: "yes"})
+
+
+def test_a_wrong_on_locked_path_fails_the_first_call_before_any_lock_is_asked_for():
+    calls = []
+
+    @locked("onlocked:k", on_locked="no.such.path")
+    def work():
+        calls.append(is_locked("onlocked:k"))
+
+    with pytest.raises(ImportError, match=r"on_locked='no\.such\.path'"):
+        work()  # the lock is free: the path is checked all the same
+    assert calls == [] and not is_locked("onlocked:k")
+
+
+def test_renew_for_alone_turns_renewal_on_and_auto_renew_false_with_it_is_refused():
+    with pytest.raises(ValueError, match="renew_for"):
+        locked("renewfor:k", renew_for=5, auto_renew=False)
+
+    @locked("renewfor:k", ttl=0.6, renew_for=5)
+    def work():
+        lock = current_lock()
+        start = lock.validity
+        # Past the first lease: only a renewal keeps it.
+        threading.Event().wait(1.0)
+        return start, lock.held
+
+    _, held = work()
+    assert held

@@ -51,6 +51,23 @@ def test_rules_stale_equal_and_greater_fences() -> None:
     assert Account.objects.get(pk=account.pk).balance == 5
 
 
+@pytest.mark.django_db(databases=["default", "second"])
+def test_rules_an_instance_is_written_in_its_own_database() -> None:
+    """An instance loaded with .using() is fenced and written in that database; a row with the
+    same pk elsewhere is not touched (sync and async)."""
+    there = Account.objects.using("second").create(name="there", balance=100, fence=10)
+    here = Account.objects.create(pk=there.pk, name="here", balance=5, fence=None)
+    loaded = Account.objects.using("second").get(pk=there.pk)
+    assert fenced_update(loaded, 9, balance=1) is False  # stale against ITS row's fence
+    assert fenced_update(loaded, 11, balance=99) is True
+    assert async_to_sync(afenced_update)(loaded, 12, balance=98) is True
+    assert Account.objects.using("second").values_list("balance", "fence").get(pk=there.pk) == (
+        98,
+        12,
+    )
+    assert Account.objects.values_list("balance", "fence").get(pk=here.pk) == (5, None)
+
+
 @pytest.mark.django_db
 def test_rules_null_fence_and_big_fences() -> None:
     account = Account.objects.create(name="fresh", balance=7)

@@ -233,6 +233,24 @@ class BackendLocks:
         """How the service is named in listings (the one "node" of LockInfo/NodeHealth)."""
         return self.service
 
+    def semaphore(self, name: str, *args: Any, **options: Any) -> Any:
+        raise self._refuse("semaphore", name)
+
+    def read_lock(self, name: str, *args: Any, **options: Any) -> Any:
+        raise self._refuse("read_lock", name)
+
+    def write_lock(self, name: str, *args: Any, **options: Any) -> Any:
+        raise self._refuse("write_lock", name)
+
+    def _refuse(self, primitive: str, name: str) -> NotImplementedError:
+        """Semaphores and read/write locks exist on the Redlock only (for now): said before
+        anything is sent, naming the backend, the primitive and where to find it."""
+        return NotImplementedError(
+            f"{type(self).__name__} ({self.service}) has no {primitive}() for {name!r}: "
+            "semaphores and read/write locks are offered by the Redlock over REDLOCK['NODES'] "
+            "(using='default'); this backend offers lock() only"
+        )
+
     @property
     def nodes(self) -> list[ServiceNode]:
         return [ServiceNode(self.node_name)]
@@ -814,6 +832,15 @@ class AsyncLocks:
 
     def lock(self, name: str, ttl: float | None = None, **options: Any) -> AsyncBackendLock:
         return AsyncBackendLock(self.manager.lock(name, ttl, **options))
+
+    def semaphore(self, name: str, *args: Any, **options: Any) -> Any:
+        return self.manager.semaphore(name, *args, **options)
+
+    def read_lock(self, name: str, *args: Any, **options: Any) -> Any:
+        return self.manager.read_lock(name, *args, **options)
+
+    def write_lock(self, name: str, *args: Any, **options: Any) -> Any:
+        return self.manager.write_lock(name, *args, **options)
 
     async def locked(self, name: str) -> bool:
         return await asyncio.to_thread(self.manager.locked, name)

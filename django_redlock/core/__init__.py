@@ -1,6 +1,6 @@
 """The Redlock core: stdlib and redis-py only. It never imports Django or Celery."""
 
-from .asyncio import AsyncLock, AsyncRedlock
+from .asyncio import AsyncLock, AsyncReadLock, AsyncRedlock, AsyncSemaphore, AsyncWriteLock
 from .errors import (
     LockLost,
     LockNotAcquired,
@@ -23,15 +23,18 @@ from .info import (
 )
 from .listing import glob_escape
 from .lock import Lock
-from .nodes import NodeSpec, connection_args, node_identity, parse_spec, redact
+from .nodes import NodeSpec, connection_args, node_client, node_identity, parse_spec, redact
+from .permits import ReadLock, Semaphore, WriteLock
 from .redlock import Redlock
 from .validation import (
     MAX_DURATION,
     MAX_KEY_LENGTH,
+    MAX_LIMIT,
     MAX_META_BYTES,
     MAX_NODE_TIMEOUT,
     MAX_RETRY_COUNT,
     check_flag,
+    check_limit,
     check_meta,
     check_name,
     check_node_timeout,
@@ -46,6 +49,7 @@ __all__ = [
     "HOLDER_PLACE",
     "MAX_DURATION",
     "MAX_KEY_LENGTH",
+    "MAX_LIMIT",
     "MAX_META_BYTES",
     "MAX_NODE_TIMEOUT",
     "MAX_RETRY_COUNT",
@@ -54,7 +58,10 @@ __all__ = [
     "STALE_RENEWAL_FRACTION",
     "STUCK_REASONS",
     "AsyncLock",
+    "AsyncReadLock",
     "AsyncRedlock",
+    "AsyncSemaphore",
+    "AsyncWriteLock",
     "Lock",
     "LockEvent",
     "LockInfo",
@@ -65,10 +72,14 @@ __all__ = [
     "NodeLockState",
     "NodeSpec",
     "QuorumError",
+    "ReadLock",
     "Redlock",
     "RedlockError",
+    "Semaphore",
     "TrustRefused",
+    "WriteLock",
     "check_flag",
+    "check_limit",
     "check_meta",
     "check_name",
     "check_node_timeout",
@@ -80,6 +91,7 @@ __all__ = [
     "connection_args",
     "emit",
     "glob_escape",
+    "node_client",
     "node_identity",
     "parse_spec",
     "process_gone",

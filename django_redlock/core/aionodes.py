@@ -38,10 +38,12 @@ from .nodes import (
     ProtocolError,
     ReplyError,
     WireError,
+    address_of,
     as_bytes,
     as_eval,
     connect_failure,
     fold,
+    on_replica,
     os_failure,
     pack_many,
     reader,
@@ -49,6 +51,7 @@ from .nodes import (
     server_of,
     unfinished,
 )
+from .sentinel import SentinelGroup, SentinelUnavailable
 
 __all__ = [
     "NOT_CONNECTED",
@@ -64,6 +67,7 @@ __all__ = [
     "open_wire",
     "park",
     "parse_info",
+    "relocate",
 ]
 
 #: Per-command timeout of the slow operations (listing, health), like the sync client's
@@ -95,6 +99,8 @@ class AsyncWire(asyncio.Protocol):
         #: hiredis's parser: replies are handed on as soon as they are whole.
         self.reader = reader()
         self.run_id = ""
+        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
+        self.address: tuple[Any, Any] = (None, None)
         #: As :attr:`.nodes.Wire.started`.
         self.started = 0.0
         #: As :attr:`.nodes.Wire.vote_marker`.
@@ -279,6 +285,9 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
+    if node.group is not None:
+        # Where its master is now; a parked connection to a former one is not adopted.
+        node.locate(await asyncio.wait_for(_resolve(node.group), timeout))
     adopted = await _adopt(node, loop)
     if adopted is not None:
         return adopted
@@ -316,6 +325,8 @@ class Parked:
     started: float
     vote_marker: list[bytes] | None
     trusted_at: float | None
+    #: As :attr:`AsyncWire.address`.
+    address: tuple[Any, Any] = (None, None)
 
 
 def park(node: Node, wire: AsyncWire) -> bool:
@@ -344,7 +355,15 @@ def park(node: Node, wire: AsyncWire) -> bool:
     except OSError:
         return False
     node.parked.append(
-        Parked(kept, os.getpid(), wire.run_id, wire.started, wire.vote_marker, wire.trusted_at)
+        Parked(
+            kept,
+            os.getpid(),
+            wire.run_id,
+            wire.started,
+            wire.vote_marker,
+            wire.trusted_at,
+            wire.address,
+        )
     )
     return True
 
@@ -358,9 +377,10 @@ async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | Non
             parked = node.parked.popleft()
         except IndexError:  # another thread took it
             return None
-        if parked.pid != os.getpid():
-            # The parent's conversation with the node: not ours to use. Closing this
-            # process's copy of the descriptor leaves the parent's connection open.
+        if parked.pid != os.getpid() or (node.group and parked.address != node.master):
+            # The parent's conversation with the node (not ours to use: closing this
+            # process's copy of the descriptor leaves the parent's connection open), or one
+            # to a group's former master.
             parked.sock.close()
             continue
         try:
@@ -378,9 +398,31 @@ async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | Non
             continue
         wire.run_id, wire.started = parked.run_id, parked.started
         wire.vote_marker, wire.trusted_at = parked.vote_marker, parked.trusted_at
+        wire.address = parked.address
         wire.reused = True
         return wire
     return None
+
+
+async def relocate(node: Node, pool: LoopPool, index: int) -> None:
+    """A group node: ask the Sentinels where its master is now (health shows it); idle
+    connections to a former master are closed."""
+    if node.group is None:
+        return
+    try:
+        node.locate(await _resolve(node.group))
+    except WireError:
+        return  # no master known: connecting reports it
+    for wire in pool.idle[index]:
+        if not node.current(wire):
+            wire.close()
+
+
+async def _resolve(group: SentinelGroup) -> tuple[str, int]:
+    try:
+        return await group.aresolve()
+    except SentinelUnavailable as exc:
+        raise WireError(Failure("error", str(exc))) from None
 
 
 async def _connect_and_shake_hands(
@@ -398,6 +440,7 @@ async def _connect_and_shake_hands(
         transport = writer.transport
         conn._reader = conn._writer = None
         wire = AsyncWire(loop, node.later)
+        wire.address = address_of(conn)
         # Kept with the wire: a stream writer closes its transport when it is collected.
         wire.stream = writer
         transport.set_protocol(wire)
@@ -572,6 +615,10 @@ class AsyncFanOut:
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
+        # A group node whose master is due to be confirmed (see sentinel.CONFIRM_EVERY).
+        confirm = [i for i, node in enumerate(self.nodes) if node.group and node.group.due()]
+        if confirm:
+            await asyncio.gather(*(relocate(self.nodes[i], self.pool, i) for i in confirm))
         for index, node in enumerate(self.nodes):
             owing = behind.get(index) if behind else None
             wire = None if owing is None else self.pool.reclaim(index, owing[0])
@@ -579,6 +626,9 @@ class AsyncFanOut:
                 owing[1].unwanted = True
             if wire is None:
                 wire = self.pool.checkout(index)
+                if wire is not None and not node.current(wire):
+                    wire.close()  # to a group's former master
+                    wire = None
             if wire is None:
                 connecting.append(index)
             else:
@@ -715,7 +765,14 @@ class AsyncFanOut:
             return
         self.wires[index] = None
         self.nodes[index].detector.answered(time.monotonic())
-        self.pool.checkin(index, wire)
+        if on_replica(reply):
+            # A demoted master (so are the idle connections to it): the next connection asks
+            # the Sentinels where the master is now (a release refused is kept for it by
+            # the operation: see base._keep_unreached).
+            for other in (wire, *self.pool.idle[index]):
+                other.close()
+        else:
+            self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         self._final(index, fold(self.commands[index], wire, reply))
@@ -735,6 +792,13 @@ class AsyncFanOut:
         wire.owed.remove(due)
         if noscript(reply):
             return  # it did not run; run now, it could outlive what the fan-out decided
+        if on_replica(reply):
+            # Refused by a server that is no longer the group's master: a release goes to the
+            # one the next connection finds (token-checked, harmless anywhere).
+            if due.again is not None:
+                wire.later.append(due.again)
+            wire.close()
+            return
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         # Read for what it tells the connection (a changed restart-guard marker).

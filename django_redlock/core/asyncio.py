@@ -47,18 +47,20 @@ from .aionodes import (
     noscript,
     open_wire,
     parse_info,
+    relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
 from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
+from .permits import HoldBase, Primitives
 from .renewal import BATCH_WINDOW, pauses
 from .validation import check_name, check_timeout
 from .waiting import HolderWatch
 
-__all__ = ["AsyncLock", "AsyncRedlock"]
+__all__ = ["AsyncLock", "AsyncReadLock", "AsyncRedlock", "AsyncSemaphore", "AsyncWriteLock"]
 
 _T = TypeVar("_T")
 
@@ -215,7 +217,38 @@ class AsyncLock(LockBase):
         await self.release()
 
 
-class AsyncRedlock(RedlockBase):
+class AsyncSemaphore(HoldBase, AsyncLock):
+    """A semaphore's handle for asyncio code (:meth:`AsyncRedlock.semaphore`): the calling
+    task takes one permit; the rest as :class:`AsyncLock`."""
+
+    kind = "permit"
+
+    async def _acquire_for(
+        self, owner: Hashable, prepared: tuple[bool, float | None, int | None] | None
+    ) -> bool:
+        if prepared is None:
+            return False
+        blocking, timeout, retries = prepared
+        if retries is not None:
+            raise ValueError(f"{self.name!r}: retries= is for locks; give a timeout instead")
+        return self._won_for(
+            owner, await self.redlock._acquire_hold(self, owner, blocking, timeout)
+        )
+
+
+class AsyncReadLock(AsyncSemaphore):
+    """The read side of a read/write lock, for asyncio code."""
+
+    kind = "read"
+
+
+class AsyncWriteLock(AsyncSemaphore):
+    """The write side of a read/write lock, for asyncio code."""
+
+    kind = "write"
+
+
+class AsyncRedlock(Primitives):
     """A lock manager over independent Redis nodes, for asyncio code.
 
     The same constructor, names and semantics as :class:`Redlock`, awaitable::
@@ -234,6 +267,9 @@ class AsyncRedlock(RedlockBase):
     asyncio_transport = True
 
     lock_class = AsyncLock
+    semaphore_class = AsyncSemaphore
+    read_lock_class = AsyncReadLock
+    write_lock_class = AsyncWriteLock
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -509,6 +545,25 @@ class AsyncRedlock(RedlockBase):
                 lease.wake_queue = functools.partial(_on_loop, state.loop, queue.wake)
         return lease
 
+    async def _acquire_hold(
+        self, handle: HoldBase, owner: Hashable, blocking: bool, timeout: float | None
+    ) -> Lease | None:
+        """A permit or a read/write hold (:mod:`.permits`)."""
+        start = time.monotonic()
+        deadline = self._deadline(start, timeout, None)
+        try:
+            lease = await self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
+            if lease is not None and lease.auto_renew:
+                await self._state().notices.ready()
+            return lease
+        except BaseException:
+            state = self._state()
+            for name in handle.hold_names():
+                won = self._won_unreturned(name, owner)
+                if won is not None and won.acquired >= start and not state.closed:
+                    state.spawn(self._give_back(won))
+            raise
+
     async def _drive(self, steps: Steps[_T]) -> _T:
         """Run the algorithm's steps on this loop: each :class:`Send` is one fan-out, a
         :class:`Listen` a subscription kept until the operation ends."""
@@ -739,6 +794,7 @@ class AsyncRedlock(RedlockBase):
     async def _probe(self, index: int) -> NodeHealth:
         node = self.nodes[index]
         try:
+            await relocate(node, self._state(), index)
             wire = await self._wire(index)
             sent = time.time()
             t0 = time.perf_counter()

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import math
 import os
-import random
-import secrets
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import scripts
+from . import clock, scripts
 from .commands import KeyLayout, lock_value
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable, replies_of
-from .listing import Listing, glob_escape
+from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     Failure,
@@ -41,6 +38,7 @@ from .nodes import (
     reached,
     reply_failure,
 )
+from .sentinel import GUARD_MARGIN
 from .validation import (
     check_flag,
     check_meta,
@@ -75,11 +73,6 @@ _T = TypeVar("_T")
 AnyBuilder = Callable[[Node, Any], Sequence[Any] | bytes | Pipelined]
 
 _INSTANCES: weakref.WeakSet[RedlockBase] = weakref.WeakSet()
-
-#: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
-#: second): servers restarted further apart lost their data apart, and a lease may have been
-#: taken on the later ones in between (see :meth:`RedlockBase._all_fresh`).
-FRESH_START_SPREAD = 2.0
 
 
 def _forget_inherited_state() -> None:
@@ -118,7 +111,7 @@ class AcquireRequest:
     def __init__(
         self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
     ) -> None:
-        self.token = secrets.token_hex(16)
+        self.token = clock.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
         self.meta, self._meta_json = redlock._holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
@@ -145,15 +138,9 @@ class AcquireRequest:
         """The full acquire script (the run id is per wire; encoded at the first use, as most
         attempts never send it)."""
         if self._script is None:
-            redlock, handle, line = self._redlock, self._handle, self._line
-            keys = redlock._acquire_keys(handle.name)
-            script = scripts.ACQUIRE
-            extra: list[Any] = []
-            if line is not None:
-                script = scripts.FAIR_ACQUIRE
-                keys = keys + redlock._line_keys(handle.name)
-                extra = [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
-            guard = str(int(redlock.max_ttl * 1000)) if self._guarded else "0"
+            redlock, handle = self._redlock, self._handle
+            script, keys, extra = self._parts()
+            guard = str(int(redlock.guard_period * 1000)) if self._guarded else "0"
             head = [
                 "EVALSHA",
                 script.sha,
@@ -167,6 +154,15 @@ class AcquireRequest:
             self._script = (head, [guard, *extra])
         head, tail = self._script
         return Pipelined(pack([*head, wire.run_id, *tail]), 1, _fold_script)
+
+    def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
+        """The acquire script, its keys, and its arguments after the guard period."""
+        redlock, handle, line = self._redlock, self._handle, self._line
+        keys = redlock._acquire_keys(handle.name)
+        if line is None:
+            return scripts.ACQUIRE, keys, []
+        keys = keys + redlock._line_keys(handle.name)
+        return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
         """The builder of a second round, after some node's marker changed: the full script
@@ -193,7 +189,7 @@ class AcquireRequest:
             return MARKER_CHANGED
         # The marker is unchanged, so is its trust: its age has grown by the time since.
         trusted = wire.trusted_at
-        age = -1 if trusted is None else int((time.monotonic() - trusted) * 1000)
+        age = -1 if trusted is None else int((clock.monotonic() - trusted) * 1000)
         if replies[0] is not None:  # +OK: taken
             return [0, 0, age, None]
         return [1, replies[1], age, None]
@@ -223,7 +219,7 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
             marker = reply[3]
             wire.vote_marker = [wire.run_id.encode(), marker] if isinstance(marker, bytes) else None
             trusted_age = reply[2]
-            wire.trusted_at = None if trusted_age < 0 else time.monotonic() - trusted_age / 1000
+            wire.trusted_at = None if trusted_age < 0 else clock.monotonic() - trusted_age / 1000
             return reply
         if status == 3:
             return reply
@@ -422,6 +418,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             nodes, node_timeout=self.node_timeout, asyncio=self.asyncio_transport
         )
         self.quorum = len(self.nodes) // 2 + 1
+        #: How long a node sits out after its marker was armed anew: ``max_ttl``, and with a
+        #: Sentinel group among the nodes the time a deposed master may still grant.
+        self.guard_period = self.max_ttl + (
+            GUARD_MARGIN if any(node.group is not None for node in self.nodes) else 0.0
+        )
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._yield_until: dict[str, float] = {}
@@ -534,7 +535,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """The lease when a quorum granted it with validity left (validity measured after the
         replies came in: node-redlock returned locks with none left)."""
         granted = self._granted(replies)
-        validity = handle.ttl - (time.monotonic() - start) - self._margin(handle.ttl)
+        validity = handle.ttl - (clock.monotonic() - start) - self._margin(handle.ttl)
         if len(granted) < self.quorum or validity <= 0:
             return None
         return Lease(
@@ -579,9 +580,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # A node that lost its data and was not reached again before the others lost theirs
         # is armed with them, but its server restarted earlier. (Servers that all started
         # more than a lease ago lost nothing to a restart that a lease could outlive.)
-        started: list[float] = [r[5] for r in replies]
-        recent = time.time() - max(started) < self.max_ttl
-        return not recent or max(started) - min(started) <= FRESH_START_SPREAD
+        return started_together([r[5] for r in replies], clock.wall(), self.max_ttl)
 
     def _settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still
@@ -634,7 +633,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             if isinstance(outcome, Lease):
                 return self._won(handle, outcome, start)
             attempts += 1
-            now = time.monotonic()
+            now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
                 return None
@@ -654,13 +653,17 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
-        self._register(handle, lease, time.monotonic() - start)
+        self._register(handle, lease, clock.monotonic() - start)
         if lease.auto_renew:
             self._start_renewal(lease)
         return lease
 
     def _attempt_steps(
-        self, handle: LockBase, owner: Hashable, line: tuple[str, int] | None = None
+        self,
+        handle: LockBase,
+        owner: Hashable,
+        line: tuple[str, int] | None = None,
+        make: Callable[[], AcquireRequest] | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
 
@@ -675,12 +678,15 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
            three times);
         5. else the refusal says why, and when the lock frees up (retry with jitter is the
            caller's loop: :meth:`_pause_for`).
+
+        ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
+        write hold's script: :mod:`.permits`); the rest of the attempt is the same.
         """
         settle, trusted = 3, False
         while True:
-            request = AcquireRequest(self, handle, line)
+            request = AcquireRequest(self, handle, line) if make is None else make()
             cancel = (handle.name, request.token)
-            start = time.monotonic()
+            start = clock.monotonic()
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
             replies = yield send
             if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
@@ -692,12 +698,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 recheck = request.recheck([self.nodes[i] for i in answered])
                 again = yield Send(recheck, request.undo, cancel)
                 replies = [again[i] if i in answered else r for i, r in enumerate(replies)]
-            spread = time.monotonic() - start
+            spread = clock.monotonic() - start
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:
                 command = self._fence_command(handle.name, request.token, lease.fence)
                 synced = yield Send(to_every_node(command), None, cancel, None, self._synced)
-                valid = time.monotonic() < lease.valid_until
+                valid = clock.monotonic() < lease.valid_until
                 if not self._synced(synced) or not valid:
                     lease = None
             if lease is not None:
@@ -758,7 +764,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ttl = self._check_extend_ttl(ttl)
         if lease.released or lease.lost or lease.foreign:
             return False
-        start = time.monotonic()
+        start = clock.monotonic()
         replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
         if self._should_claim(lease, replies):
             claimed = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
@@ -781,18 +787,18 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False
-        replies = yield Send(to_every_node(["GET", self._key(lease.name)]))
+        replies = yield Send(to_every_node(self._check_command(lease.name, lease.token)))
         return self._judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
         """One watchdog round over the due leases, in one pipelined fan-out (a silent node
         costs one node timeout per round, not one per lease): per lease, when to renew it
         next, or None to stop."""
-        now = time.monotonic()
+        now = clock.monotonic()
         batch = [lease for lease in leases if self._wants_renewal(lease, now)]
         whens: dict[int, float | None] = {}
         if batch:
-            start = time.monotonic()
+            start = clock.monotonic()
             commands = [self._extend_command(lease, lease.ttl) for lease in batch]
             results = yield SendBatch(commands, batch)
             replies = [replies_of(results, position) for position in range(len(batch))]
@@ -817,15 +823,17 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
         entries (see :meth:`_lock_info`)."""
-        cursors: list[bytes | None] = [b"0"] * len(self.nodes)
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
-        while any(c is not None for c in cursors):
-            commands = {
-                id(node): self._list_command(cursor, pattern)
-                for node, cursor in zip(self.nodes, cursors, strict=True)
-            }
-            replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
-            self._list_step(cursors, replies, found)
+        # The locks, then the read/write locks' readers (one entry per reader).
+        for command in (self._list_command, self._list_readers_command):
+            cursors: list[bytes | None] = [b"0"] * len(self.nodes)
+            while any(c is not None for c in cursors):
+                commands = {
+                    id(node): command(cursor, pattern)
+                    for node, cursor in zip(self.nodes, cursors, strict=True)
+                }
+                replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
+                self._list_step(cursors, replies, found)
         return found
 
     def _trust_cluster_steps(self) -> Steps[int]:
@@ -918,7 +926,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         the holder's lease runs out when the nodes told us, else a random retry delay. With
         ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
         contenders from retrying in lock step."""
-        jitter = random.uniform(0, self.retry_delay / 2)
+        jitter = clock.uniform(0, self.retry_delay / 2)
         if refusal.retry_after is not None:
             delay = refusal.retry_after + min(jitter, 0.002)
         else:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import scripts
+from . import clock, rwscripts, scripts
 from .info import HOLDER_PLACE
+from .kinds import base_name, is_reader, reader_entry_of
 from .lock import Lease
-from .nodes import eval_command, pack, script_command
+from .nodes import as_bytes, eval_command, pack, script_command
 from .validation import check_name
 
 __all__ = ["KeyLayout", "lock_fields", "lock_value"]
@@ -31,7 +30,7 @@ def lock_value(
     acquired_ms: int | None = None,
 ) -> str:
     """A lock key's value, as :mod:`.scripts` reads it (``acquired_ms`` defaults to now)."""
-    acquired = int(time.time() * 1000) if acquired_ms is None else acquired_ms
+    acquired = int(clock.wall() * 1000) if acquired_ms is None else acquired_ms
     return f"{token} {fence} {renewals} {acquired} {ttl_ms}\n{meta_json}"
 
 
@@ -68,6 +67,8 @@ class KeyLayout:
         return [self._key(name), f"{self.key_prefix}:fence:{name}", self._node_key()]
 
     def _line_keys(self, name: str) -> list[str]:
+        # A semaphore's permits share one line (a fair waiter takes whichever slot frees).
+        name = base_name(name)
         p = self.key_prefix
         return [f"{p}:queue:{name}", f"{p}:beats:{name}", f"{p}:qseq:{name}"]
 
@@ -83,7 +84,7 @@ class KeyLayout:
         """A new waiter's place: the largest ticket any node drew (quorums overlap, so a waiter
         arriving after another finished joining always draws a larger one)."""
         tickets = [r for r in replies if isinstance(r, int)]
-        return secrets.token_hex(8), max(tickets, default=0)
+        return clock.token_hex(8), max(tickets, default=0)
 
     #: Marker fields a health probe reads (see ``scripts._GUARD``).
     MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed")
@@ -92,10 +93,36 @@ class KeyLayout:
         return f"{self.key_prefix}:node"
 
     def _channel(self, name: str) -> str:
-        return f"{self.key_prefix}:released:{name}"
+        # One channel per primitive: a release of any permit (or reader) wakes its waiters.
+        return f"{self.key_prefix}:released:{base_name(name)}"
+
+    def _rw_keys(self, name: str) -> list[str]:
+        """A read/write lock's keys, in the order of :mod:`.rwscripts`' acquire scripts."""
+        p = self.key_prefix
+        return [
+            *self._acquire_keys(name),
+            f"{p}:readers:{name}",
+            f"{p}:rmeta:{name}",
+            f"{p}:wwait:{name}",
+        ]
+
+    def _reader_keys(self, reader: str) -> list[str]:
+        """The readers set and their values, of the read/write lock a reader hold is of."""
+        name, p = base_name(reader), self.key_prefix
+        return [f"{p}:readers:{name}", f"{p}:rmeta:{name}"]
+
+    def _check_command(self, name: str, token: str) -> list[Any]:
+        """What :meth:`check` reads on each node: a value starting with ``"<token> "`` when
+        the hold is ours there."""
+        if is_reader(name):
+            return script_command(rwscripts.READ_CHECK, self._reader_keys(name)[:1], [token])
+        return ["GET", self._key(name)]
 
     def _release_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token``, encoded (it runs on every release)."""
+        if is_reader(name):
+            keys, args = self._reader_keys(name), [token, self._channel(name)]
+            return as_bytes(eval_command(rwscripts.READ_RELEASE, keys, args))
         return pack(["EVAL", _RELEASE_BODY, 1, self._key(name), token, self._channel(name)])
 
     def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
@@ -106,6 +133,13 @@ class KeyLayout:
         )
 
     def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
+        entry = reader_entry_of(check_name(name))
+        if entry is not None:
+            # One reader, as listed: its token is in its name (a token given must match).
+            base, reader = entry
+            keys = self._reader_keys(base)
+            gone = reader if token in (None, reader) else ""
+            return eval_command(rwscripts.READ_FORCE_RELEASE, keys, [gone, self._channel(base)])
         # With its body, as a release: a slow node runs it late, whatever its script cache.
         return eval_command(
             scripts.FORCE_RELEASE, [self._key(check_name(name))], [self._channel(name), token or ""]
@@ -125,6 +159,18 @@ class KeyLayout:
         match = f"{self.key_prefix}:lock:{pattern}"
         return script_command(scripts.LIST, [], [cursor, match, self.LIST_BATCH])
 
+    def _list_readers_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
+        """The next step of listing readers (see :meth:`_list_command`); ``pattern`` is on
+        the read/write locks' names."""
+        if cursor is None:
+            return ["PING"]
+        p = self.key_prefix
+        pattern = pattern.split("#read", 1)[0] + ("*" if "#read" in pattern else "")
+        args = [cursor, f"{p}:readers:{pattern}", self.LIST_BATCH]
+        return script_command(
+            rwscripts.LIST_READERS, [], [*args, f"{p}:readers:", f"{p}:rmeta:", f"{p}:lock:"]
+        )
+
     def _trust_command(self, run_id: str, marker: bytes) -> list[Any]:
         return script_command(scripts.TRUST, [self._node_key()], [run_id, marker])
 
@@ -134,9 +180,12 @@ class KeyLayout:
     def _extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
         """``EXTEND`` of the lease; with ``claim``, taking the lock where nobody holds it
         (see :mod:`.scripts`), with the value its acquire wrote (as near as it is known)."""
+        if is_reader(lease.name):
+            # A reader never claims: its set may hold a writer's wait on the missing nodes.
+            return self._extend_token_command(lease.name, lease.token, ttl)
         value = ""
         if claim:
-            acquired_ms = int((time.time() - (time.monotonic() - lease.acquired)) * 1000)
+            acquired_ms = int((clock.wall() - (clock.monotonic() - lease.acquired)) * 1000)
             value = lock_value(
                 lease.token,
                 ttl_ms=int(ttl * 1000),
@@ -149,6 +198,9 @@ class KeyLayout:
         )
 
     def _extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
+        if is_reader(name):
+            keys = self._reader_keys(name)
+            return script_command(rwscripts.READ_EXTEND, keys, [token, int(ttl * 1000)])
         return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000), ""])
 
     def _holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -159,7 +211,7 @@ class KeyLayout:
             fixed = {"host": self._host, "pid": pid, **HOLDER_PLACE, **self.meta}
             self._meta_cache = (pid, fixed, json.dumps(fixed, default=str)[1:-1])
         _, fixed, fixed_json = self._meta_cache
-        thread, now = threading.current_thread().name, time.time()
+        thread, now = threading.current_thread().name, clock.wall()
         holder = {**fixed, "thread": thread, "acquired_at": now}
         if self._thread_json[0] != thread:  # one entry: a thread mostly locks again and again
             self._thread_json = (thread, f'"thread": {json.dumps(thread)}')

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .kinds import permit_of, reader_entry_of
+
 __all__ = [
     "HOLDER_PLACE",
     "NODE_STATUSES",
@@ -111,6 +113,8 @@ class NodeLockState:
     fence: int | None
     acquired_at: datetime | None
     lease: float | None = None  #: the lease length last armed (acquire or renewal), seconds
+    #: A Sentinel group's master that answered (``host:port``); None for a server's URL.
+    master: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,26 @@ class LockInfo:
     def key(self) -> str:
         """The lock's name (what ``rl.lock(key)`` was called with)."""
         return self.name
+
+    @property
+    def semaphore(self) -> str | None:
+        """The semaphore this lock is a permit of (``"export:7"`` for
+        ``"export:7#permit:2"``), else None."""
+        permit = permit_of(self.name)
+        return None if permit is None else permit[0]
+
+    @property
+    def reader_of(self) -> str | None:
+        """The read/write lock this entry is a reader of (``"doc:9"`` for
+        ``"doc:9#read:<token>"``), else None."""
+        entry = reader_entry_of(self.name)
+        return None if entry is None else entry[0]
+
+    @property
+    def permit(self) -> int | None:
+        """Which permit of :attr:`semaphore` this is (0 .. limit-1), else None."""
+        permit = permit_of(self.name)
+        return None if permit is None else permit[1]
 
     @property
     def owner(self) -> dict[str, Any]:
@@ -213,6 +237,9 @@ class NodeHealth:
     #: One of :data:`NODE_STATUSES`, judged with the whole cluster in view (``health()``);
     #: left out, a reachable node with no guard votes (a one-node service such as a backend).
     status: str = ""
+    #: A Sentinel group's current master (``host:port``, as the Sentinels last named it);
+    #: None for a node given as a server's URL.
+    master: str | None = None
 
     def __post_init__(self) -> None:
         if not self.status:

@@ -4,10 +4,10 @@ renewals and checks, and loss (a part of :class:`.base.RedlockBase`)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
+from . import clock
 from .detector import why_lost
 from .errors import LockLost, LockNotOwned
 from .events import Listener, LockEvent, emit, heard
@@ -105,7 +105,7 @@ class LeaseTable:
             if renewing:
                 # The watchdog had not run yet (the whole process was frozen): the lease it
                 # should have kept is lost, whether or not another owner took the name since.
-                self._mark_lost(lease, self._why_ran_out(lease, time.monotonic()))
+                self._mark_lost(lease, self._why_ran_out(lease, clock.monotonic()))
             else:
                 # Nobody was to renew it: it simply ran out (LockNotOwned, not LockLost).
                 lease.ran_out = True
@@ -126,7 +126,7 @@ class LeaseTable:
             return 0.0
         with self._leases_lock:
             until = self._yield_until.pop(name, 0.0)
-        return max(until - time.monotonic(), 0.0)
+        return max(until - clock.monotonic(), 0.0)
 
     def _stop_watching(self, lease: Lease) -> None:
         unwatch, lease.unwatch = lease.unwatch, None
@@ -136,7 +136,7 @@ class LeaseTable:
     def _finish_release(self, lease: Lease, replies: list[Any]) -> None:
         self._stop_watching(lease)
         if any(isinstance(r, int) and r > 1 for r in replies):
-            now = time.monotonic()
+            now = clock.monotonic()
             with self._leases_lock:
                 # Entries live a few ms: dropping the run-out ones keeps the table to the
                 # names released just now (per-entity names would otherwise pile up).
@@ -178,7 +178,7 @@ class LeaseTable:
         margin = self._margin(ttl)
         if (
             ours >= self.quorum
-            and ttl - (time.monotonic() - start) - margin > 0
+            and ttl - (clock.monotonic() - start) - margin > 0
             and not (lease.released or lease.lost)
         ):
             lease.valid_until = start + ttl - margin
@@ -234,12 +234,12 @@ class LeaseTable:
         whens: list[float | None] = []
         for lease, its in zip(leases, replies, strict=True):
             if self._judge_extend(lease, lease.ttl, its, start):
-                whens.append(time.monotonic() + lease.ttl / 3)
+                whens.append(clock.monotonic() + lease.ttl / 3)
             elif lease.lost or lease.released:
                 whens.append(None)
             else:
                 # No quorum this time: try again soon, while the lease still has validity.
-                whens.append(time.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01)))
+                whens.append(clock.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01)))
         return whens
 
     def _judge_check(self, lease: Lease, replies: list[Any]) -> bool:

@@ -4,6 +4,7 @@ node health (a part of :class:`.base.RedlockBase`)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -19,6 +20,20 @@ from .scripts import PERMITTED
 __all__ = ["Listing", "glob_escape"]
 
 
+#: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
+#: second): servers restarted further apart lost their data apart, and a lease may have been
+#: taken on the later ones in between (see :meth:`RedlockBase._all_fresh`).
+FRESH_START_SPREAD = 2.0
+
+
+def started_together(started: Sequence[float], now: float, max_ttl: float) -> bool:
+    """Whether servers that started at ``started`` (``time.time()`` values) may be trusted as
+    one brand-new cluster: they started within :data:`FRESH_START_SPREAD` of each other, or all
+    longer than a lease ago (a restart that long ago lost nothing a lease could outlive)."""
+    recent = now - max(started) < max_ttl
+    return not recent or max(started) - min(started) <= FRESH_START_SPREAD
+
+
 class Listing:
     """Live locks and node health, judged from the nodes' answers."""
 
@@ -26,6 +41,7 @@ class Listing:
     nodes: list[Node]
     quorum: int
     max_ttl: float
+    guard_period: float
     restart_guard: bool
     trust_fresh_cluster: bool
 
@@ -61,6 +77,7 @@ class Listing:
                 fence=int(entry[3]) or None,
                 acquired_at=_from_ms(entry[5]),
                 lease=int(entry[6]) / 1000 or None,
+                master=node.address,
             )
             for node, entry in states
         )
@@ -98,10 +115,15 @@ class Listing:
         """Each node's :attr:`NodeHealth.status`, with the whole cluster in view: the nodes of
         a brand-new cluster (every node reachable and fresh) vote at the first lock, which
         trusts them all, so they are not shown as guarded."""
+        # The judgement an acquire makes (RedlockBase._all_fresh), so that health, `redlock
+        # check` and the readiness view do not call a cluster voting that refuses every lock.
         new_cluster = (
             self.restart_guard
             and self.trust_fresh_cluster
             and all(h.reachable and h.guarded_for and h.fresh for h in health)
+            and started_together(
+                [time.time() - (h.uptime or 0.0) for h in health], time.time(), self.max_ttl
+            )
         )
         judged = []
         for h in health:
@@ -121,7 +143,10 @@ class Listing:
         unlike = _unlike_redis(info, server_time, probe["marker"] if self.restart_guard else None)
         if unlike:
             return NodeHealth(
-                node=node.name, reachable=False, error=f"not a Redis server: {unlike}"
+                node=node.name,
+                reachable=False,
+                error=f"not a Redis server: {unlike}",
+                master=node.address,
             )
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
         guarded_for = fresh = armed = None
@@ -130,11 +155,11 @@ class Listing:
             armed = run_id is not None and run_id.decode() == info.get("run_id")
             if not armed:
                 # The next acquire arms the marker: the guard runs from then.
-                guarded_for, fresh = self.max_ttl, run_id is None
+                guarded_for, fresh = self.guard_period, run_id is None
             elif int(trusted or 0) > 0:
                 guarded_for, fresh = 0.0, False
             else:
-                guarded_for = max(int(started) / 1000 + self.max_ttl - node_now, 0.0)
+                guarded_for = max(int(started) / 1000 + self.guard_period - node_now, 0.0)
                 fresh = is_fresh == b"1" and guarded_for > 0
         return NodeHealth(
             node=node.name,
@@ -150,6 +175,7 @@ class Listing:
             guarded_for=guarded_for,
             fresh=fresh,
             armed=armed,
+            master=node.address,
         )
 
     def _permission_probe(self) -> list[list[Any]]:
@@ -180,7 +206,7 @@ class Listing:
             error = "not a Redis server: it answered with replies Redis never gives"
         else:
             error = str(exc) or type(exc).__name__
-        return NodeHealth(node=node.name, reachable=False, error=error)
+        return NodeHealth(node=node.name, reachable=False, error=error, master=node.address)
 
     def _refuse_trust(self, held: Sequence[LockInfo]) -> None:
         """``trust_cluster()`` asserts that no lock is held: refuse when a node says one is."""

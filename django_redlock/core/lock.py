@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
+from . import clock
 from .errors import LockNotAcquired, LockNotOwned
 from .process import ThisProcess
 from .validation import check_flag, check_retry_count, check_timeout
@@ -52,8 +52,8 @@ class Lease:
     token: str
     ttl: float
     owner: Hashable
-    valid_until: float  #: time.monotonic() deadline
-    acquired: float = field(default_factory=time.monotonic)
+    valid_until: float  #: clock.monotonic() deadline
+    acquired: float = field(default_factory=lambda: clock.monotonic())
     meta: dict[str, Any] = field(default_factory=dict)
     fence: int | None = None
     count: int = 1
@@ -63,7 +63,7 @@ class Lease:
     ran_out: bool = False
     auto_renew: bool = False
     renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
-    last_renewal: float = field(default_factory=time.monotonic)
+    last_renewal: float = field(default_factory=lambda: clock.monotonic())
     #: How too few nodes answered its last renewal (None once one succeeded): why it was
     #: lost, if it runs out before the next succeeds.
     refused: str | None = None
@@ -90,7 +90,7 @@ class Lease:
     def validity(self) -> float:
         if self.released or self.lost or self.foreign:
             return 0.0
-        return max(self.valid_until - time.monotonic(), 0.0)
+        return max(self.valid_until - clock.monotonic(), 0.0)
 
 
 class LockBase:

@@ -35,6 +35,15 @@ from .detector import NodeDetector, connect_budget, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
 from .scripts import BODIES, Script
+from .sentinel import (
+    SentinelGroup,
+    SentinelUnavailable,
+    group_identity,
+    group_master_url,
+    is_group_url,
+    parse_group_url,
+    redact_group_url,
+)
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
@@ -62,8 +71,10 @@ __all__ = [
     "eval_form",
     "fold",
     "make_nodes",
+    "node_client",
     "node_identity",
     "not_redis",
+    "on_replica",
     "os_failure",
     "pack",
     "pack_many",
@@ -81,7 +92,7 @@ __all__ = [
 #: (whose connection pool's settings are reused).
 NodeSpec = Union[str, Mapping[str, Any], "redis.Redis"]
 
-_SCHEMES = ("redis", "rediss", "unix")
+_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
 
 #: redis-py's URL parser (untyped in redis-py): connection keyword arguments from a URL.
 parse_url: Callable[[str], dict[str, Any]] = _parse_url
@@ -285,10 +296,17 @@ class Wire:
         self.reused = False
         #: How long a write may wait for the node to take it (see :meth:`write`).
         self.timeout = node.node_timeout
+        #: True once the server answered ``READONLY``: it is a replica now (demoted by a
+        #: failover), and the connection is not pooled again (:meth:`Node.checkin`).
+        self.on_replica = False
+        #: Where a command that must still reach the node goes (:attr:`Node.later`).
+        self.later = node.later
         #: redis-py's connection: it connects (TCP or unix socket, TLS with every ``ssl_*``
         #: option, AUTH, SELECT, client name) exactly as the node's URL and OPTIONS mean in
         #: redis-py; the lock commands then pipeline on its socket without blocking.
         self.conn = conn = node.connection(timeout)
+        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
+        self.address = address_of(conn)
         try:
             conn.connect()
             conn.send_command("INFO", "server")
@@ -371,6 +389,12 @@ class Wire:
             entry = due[0]
             reply = self.take() if entry.count == 1 else self.take_many(entry.count)
             due.popleft()
+            if on_replica(reply):
+                self.on_replica = True
+                if entry.left and entry.again is not None:
+                    # A release whose operation ended without this reply (it kept nothing
+                    # for the node): it goes to the master the next connection finds.
+                    self.later.append(entry.again)
             if reply.__class__ is ReplyError:
                 if reply.code == "NOSCRIPT" and not entry.left:
                     self.write(as_eval(entry.command))
@@ -484,10 +508,11 @@ def connect_failure(exc: BaseException) -> Failure:
 
 def server_of(replies: Sequence[Any]) -> tuple[str, float]:
     """The server's run id, and when it started (``time.time()``, to the second: INFO's
-    uptime), from the handshake replies. Raises :class:`WireError` for an error reply, and
-    for an INFO that names no run id and version: a service that speaks RESP but is not Redis
-    would answer the lock commands with replies the algorithm never gets from Redis (and the
-    restart guard needs the run id), so it fails here, as a node that cannot be reached."""
+    uptime, by the server's clock where INFO has it), from the handshake replies. Raises
+    :class:`WireError` for an error reply, and for an INFO that names no run id and version: a
+    service that speaks RESP but is not Redis would answer the lock commands with replies the
+    algorithm never gets from Redis (and the restart guard needs the run id), so it fails
+    here, as a node that cannot be reached."""
     for reply in replies:
         if isinstance(reply, ReplyError):
             raise WireError(reply_failure(reply))
@@ -496,6 +521,10 @@ def server_of(replies: Sequence[Any]) -> tuple[str, float]:
     run_id = ""
     versioned = False
     uptime = 0
+    # The server's own clock when it wrote INFO (Redis 6.2+, Valkey): a start time computed
+    # from it does not move with how long this process took to read the reply (a busy host
+    # made servers started together look seconds apart).
+    server_now: float | None = None
     for line in text.splitlines():
         if line.startswith("run_id:"):
             run_id = line[7:].strip()
@@ -503,9 +532,11 @@ def server_of(replies: Sequence[Any]) -> tuple[str, float]:
             versioned = True
         elif line.startswith("uptime_in_seconds:") and line[18:].strip().isdigit():
             uptime = int(line[18:])
+        elif line.startswith("server_time_usec:") and line[17:].strip().isdigit():
+            server_now = int(line[17:]) / 1e6
     if not run_id or not versioned:
         raise WireError(not_redis("INFO", info))
-    return run_id, time.time() - uptime
+    return run_id, (time.time() if server_now is None else server_now) - uptime
 
 
 def not_redis(command: str, reply: Any) -> Failure:
@@ -515,6 +546,20 @@ def not_redis(command: str, reply: Any) -> Failure:
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return Failure("error", f"not a Redis server: {command} answered {shown}")
+
+
+#: Error codes of a server that is not (or no longer) its group's writable master: a
+#: replica, or a master cut off from its replicas (``min-replicas-to-write``; a master
+#: deposed by a failover it did not hear of).
+_NOT_MASTER = ("READONLY", "NOREPLICAS")
+
+
+def on_replica(reply: Any) -> bool:
+    """Whether a reply (or one of a pipeline's) says the server is not the group's master
+    any more: the connection is then dropped, and the next one asks where the master is."""
+    if reply.__class__ is list:
+        return any(on_replica(r) for r in reply)
+    return reply.__class__ is ReplyError and reply.code in _NOT_MASTER
 
 
 def reply_failure(reply: ReplyError) -> Failure:
@@ -535,8 +580,17 @@ class Node:
         #: The URL without credentials: safe for logs, errors and the admin page.
         self.name = redact(url)
         options.pop("decode_responses", None)
+        #: A Sentinel-managed group's Sentinels: the node's address is its master's, asked
+        #: for with every new connection (:meth:`locate`). None for a server's URL.
+        self.group: SentinelGroup | None = None
+        #: ``(host, port)`` of a group's master as last located (None before, and for a
+        #: server's URL): its connections go there (:meth:`connection`).
+        self.master: tuple[str, int] | None = None
+        if is_group_url(url):
+            self.group = SentinelGroup(url, options, node_timeout=node_timeout)
         #: redis-py's connection class and arguments for the node, from redis-py's own URL
-        #: parsing with OPTIONS on top: every option means what it means in redis-py.
+        #: parsing with OPTIONS on top: every option means what it means in redis-py (a
+        #: group's are its master's, at the address :meth:`locate` finds).
         self.connection_class, self.connection_kwargs = connection_args(url, options)
         #: The same for ``redis.asyncio`` (an asyncio client's lock connections; the
         #: reconnector's probes stay sync), None for a sync client.
@@ -566,18 +620,54 @@ class Node:
         self._pid = ThisProcess.pid
         slow = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **options}
         #: For work that may take longer than a lock operation (SCAN, INFO, pub/sub).
-        self.client = redis.Redis.from_url(url, **slow)
+        self.client = (
+            redis.Redis.from_url(url, **slow)
+            if self.group is None
+            else self.group.client(**{k: v for k, v in slow.items() if k != "sentinel_kwargs"})
+        )
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
 
+    @property
+    def address(self) -> str | None:
+        """A group node's master as last resolved (``host:port``); None for a server's URL."""
+        return None if self.group is None else self.group.address
+
+    def locate(self, master: tuple[str, int] | None = None) -> None:
+        """Before a new connection: point a group node at its master (``master``, else asked
+        of the Sentinels now). When the master moved, the idle connections to the old one are
+        closed (what they owe for ended operations goes out on the new one). Raises
+        :class:`WireError` when no master is known."""
+        group = self.group
+        if group is None:
+            return
+        if master is None:
+            try:
+                master = group.resolve()
+            except SentinelUnavailable as exc:
+                raise WireError(Failure("error", str(exc))) from None
+        if self.master == master:
+            return
+        self.master = master  # one tuple, swapped whole: other threads may be connecting
+        while self._idle:
+            try:
+                wire = self._idle.pop()
+            except IndexError:
+                break
+            self.lose(wire)
+
     def connection(self, timeout: float, *, asyncio: bool = False) -> Any:
         """A new (unconnected) redis-py connection to the node (``redis.asyncio``'s with
-        ``asyncio``) that connects, and answers its handshake, within ``timeout`` seconds."""
+        ``asyncio``) that connects, and answers its handshake, within ``timeout`` seconds:
+        a group node's to its master as last located."""
         cls, kwargs = self.connection_class, self.connection_kwargs
         if asyncio:
             assert self.aio_connection_args is not None
             cls, kwargs = self.aio_connection_args
+        master = self.master
+        if master is not None:
+            kwargs = {**kwargs, "host": master[0], "port": master[1]}
         return cls(**kwargs, socket_timeout=timeout, socket_connect_timeout=timeout)
 
     def checkout(self, deadline: float) -> Wire:
@@ -593,10 +683,21 @@ class Node:
             self._pid = ThisProcess.pid
         if self._draining:
             self._sweep()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self.connect(max(deadline - time.monotonic(), 0.005))
+        if self.group is not None and self.group.due():
+            self.locate()
+        while True:
+            try:
+                wire = self._idle.pop()
+            except IndexError:
+                return self.connect(max(deadline - time.monotonic(), 0.005))
+            if self.current(wire):
+                return wire
+            self.lose(wire)  # to a group's former master
+
+    def current(self, wire: Any) -> bool:
+        """Whether ``wire`` goes to the node's server: a group's master as last named (a
+        connection to a former master is not used again)."""
+        return self.group is None or wire.address == self.master
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
@@ -606,6 +707,7 @@ class Node:
             raise WireError(failure)
         started = time.monotonic()
         try:
+            self.locate()
             wire = Wire(self, timeout)
         except WireError as exc:
             if exc.failure.reason == "timeout":
@@ -670,6 +772,7 @@ class Node:
         budget = connect_budget(self.node_timeout)
         started = time.monotonic()
         try:
+            self.locate()
             wire = Wire(self, budget)
         except WireError as exc:
             now = time.monotonic()
@@ -702,6 +805,9 @@ class Node:
         return True
 
     def checkin(self, wire: Wire) -> None:
+        if wire.on_replica or not self.current(wire):
+            self.lose(wire)  # the next connection goes to the master (see locate)
+            return
         wire.reused = True
         self._idle.append(wire)
 
@@ -788,6 +894,8 @@ class Node:
         while self._draining:
             self._draining.pop()[0].close()
         self.client.close()
+        if self.group is not None:
+            self.group.close()
 
 
 def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
@@ -822,7 +930,8 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         options = spec.get("OPTIONS") or {}
         if not isinstance(options, Mapping):
             raise TypeError(f"node OPTIONS must be a dict, got {options!r}")
-        return _check_url(spec["URL"]), _check_options(options)
+        url = _check_url(spec["URL"])
+        return url, _check_options(options, group=is_group_url(url))
     return _check_url(spec), {}
 
 
@@ -841,15 +950,22 @@ _OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
 _DURATION_OPTIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
 
 
-def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[str, Any]:
     """A node's OPTIONS, refused before anything connects (an unknown name or a bad value
-    would otherwise surface as a node that looks down)."""
-    unknown = sorted(str(name) for name in options if name not in _OPTIONS)
+    would otherwise surface as a node that looks down). A Sentinel group's may also give
+    ``sentinel_kwargs``: redis-py's settings for the connections to its Sentinels."""
+    allowed = _OPTIONS | {"sentinel_kwargs"} if group else _OPTIONS
+    unknown = sorted(str(name) for name in options if name not in allowed)
     if unknown:
         raise ValueError(
             f"node OPTIONS {unknown[0]!r} is not a redis-py connection setting that a node may "
             "set (the URL gives the address; e.g. password, username, ssl_ca_certs, "
             "socket_timeout)"
+        )
+    sentinel_kwargs = options.get("sentinel_kwargs")
+    if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
+        raise TypeError(
+            f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
         )
     if options.get("protocol") not in (None, 2, "2"):
         raise ValueError(
@@ -897,6 +1013,11 @@ def connection_args(
     cannot honour (a TLS option on a plain connection, OCSP on an asyncio one): a security
     setting is never dropped."""
     options = dict(options)
+    if is_group_url(url):
+        # A group's master, as its redis:// URL gives it; the address is located later
+        # (Node.connection).
+        options.pop("sentinel_kwargs", None)
+        url = group_master_url(url)
     if options.pop("ssl", False) and not issubclass(
         options.get("connection_class", object), redis.connection.SSLConnection
     ):
@@ -954,9 +1075,15 @@ def _asyncio_class(cls: type) -> type:
 def _check_url(url: object) -> str:
     if not isinstance(url, str):
         raise TypeError(f"a node must be a URL string, a dict or a redis.Redis, got {url!r}")
+    if is_group_url(url):
+        parse_group_url(url)
+        return url
     parts = urlsplit(url)
     if parts.scheme not in _SCHEMES:
-        raise ValueError(f"node URL {url!r} must start with redis://, rediss:// or unix://")
+        raise ValueError(
+            f"node URL {redact(url)!r} must start with redis://, rediss://, unix:// or "
+            "redis+sentinel://"
+        )
     if parts.scheme == "unix":
         if not parts.path:
             raise ValueError(f"node URL {url!r} names no socket path")
@@ -976,6 +1103,13 @@ def _check_url(url: object) -> str:
 
 
 def redact(url: str) -> str:
+    if is_group_url(url):
+        return redact_group_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return redact_group_url(url)
     parts = urlsplit(url)
     if parts.password is None and parts.username is None:
         return url
@@ -986,7 +1120,10 @@ def redact(url: str) -> str:
 
 def node_identity(url: str) -> tuple[str, str, int]:
     """What makes two configured nodes the same server. The database number is left out on
-    purpose: two databases of one server fail together, so they are not independent nodes."""
+    purpose: two databases of one server fail together, so they are not independent nodes.
+    A Sentinel group is its service name on its Sentinels."""
+    if is_group_url(url):
+        return group_identity(url)
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return ("unix", parts.path, 0)
@@ -994,6 +1131,22 @@ def node_identity(url: str) -> tuple[str, str, int]:
     if host in ("localhost", "::1"):
         host = "127.0.0.1"
     return ("tcp", host, parts.port or 6379)
+
+
+def address_of(conn: Any) -> tuple[Any, Any]:
+    """``(host, port)`` a redis-py connection goes to (``(None, None)`` for a unix socket)."""
+    return getattr(conn, "host", None), getattr(conn, "port", None)
+
+
+def node_client(url: str, options: Mapping[str, Any], **kwargs: Any) -> redis.Redis:
+    """A redis-py client of a node (a group's: of its master, found through its Sentinels)
+    for one-off work such as the deploy checks' probe; ``kwargs`` override ``options``."""
+    if is_group_url(url):
+        timeout = kwargs.get("socket_timeout") or options.get("socket_timeout") or 2.0
+        group = SentinelGroup(url, options, node_timeout=timeout)
+        return group.client(**kwargs)
+    client: redis.Redis = redis.Redis.from_url(url, **{**options, **kwargs})
+    return client
 
 
 def make_nodes(

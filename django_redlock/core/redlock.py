@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 
 import redis
 
-from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock
 from .nodes import Node, Owing
+from .permits import HoldBase, Primitives, ReadLock, Semaphore, WriteLock
 from .renewal import renewer
 from .validation import check_name
 from .waiting import HolderWatch, LocalQueue, ReleaseNotices
@@ -30,7 +31,7 @@ __all__ = ["Redlock"]
 _T = TypeVar("_T")
 
 
-class Redlock(RedlockBase):
+class Redlock(Primitives):
     """A lock manager over independent Redis nodes.
 
     Build one per process (the Django layer does, from settings) and take locks with
@@ -39,6 +40,9 @@ class Redlock(RedlockBase):
     """
 
     lock_class = Lock
+    semaphore_class = Semaphore
+    read_lock_class = ReadLock
+    write_lock_class = WriteLock
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -180,6 +184,22 @@ class Redlock(RedlockBase):
                 lease.wake_queue = queue.wake
         return lease
 
+    def _acquire_hold(
+        self, handle: HoldBase, owner: Hashable, blocking: bool, timeout: float | None
+    ) -> Lease | None:
+        """A permit or a read/write hold (:mod:`.permits`)."""
+        start = time.monotonic()
+        deadline = self._deadline(start, timeout, None)
+        try:
+            return self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
+        except BaseException:
+            for name in handle.hold_names():
+                won = self._won_unreturned(name, owner)
+                if won is not None and won.acquired >= start:
+                    with contextlib.suppress(Exception):
+                        self._release(won)
+            raise
+
     def _drive(self, steps: Steps[_T]) -> _T:
         """Run the algorithm's steps over sockets: each :class:`Send` is one fan-out, a
         :class:`Listen` a subscription kept until the operation ends."""
@@ -311,6 +331,7 @@ class Redlock(RedlockBase):
 
     def _probe(self, node: Node) -> NodeHealth:
         try:
+            node.locate()  # a group node: where its master is now
             # A lock connection first (pooled, or opened with its handshake, then pooled): its
             # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
             # its HELLO leaves it waiting for the rest until its timeout).

@@ -186,3 +186,17 @@ def check_flag(label: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{label} must be True or False, got {value!r}")
     return value
+
+
+#: The most permits a semaphore may have: each is a slot read by every acquire that finds
+#: the first one it tries taken.
+MAX_LIMIT = 1000
+
+
+def check_limit(limit: object, label: str = "limit") -> int:
+    """A semaphore's number of permits: an int in 1..MAX_LIMIT."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"{label} must be an int (a semaphore's permits), got {limit!r}")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"{label} must be 1..{MAX_LIMIT}, got {limit!r}")
+    return limit

@@ -215,6 +215,9 @@ class Command(BaseCommand):
                             "split": i.split,
                             "stuck": bool(reasons[i.name]),
                             "flags": reasons[i.name],
+                            "semaphore": i.semaphore,
+                            "permit": i.permit,
+                            "reader_of": i.reader_of,
                         }
                         for i in locks
                     ]
@@ -373,7 +376,7 @@ class Command(BaseCommand):
             ]
             for h in health:
                 if not h.reachable:
-                    rows.append((h.node, "no", "-", "-", "-", "-", "-", h.error or ""))
+                    rows.append((_node_label(h), "no", "-", "-", "-", "-", "-", h.error or ""))
                     continue
                 if h.voting and h.fresh:
                     guard = "fresh (trusted at first lock)"
@@ -386,7 +389,7 @@ class Command(BaseCommand):
                 clock = f"{h.clock_offset * 1000:+.1f}ms" if h.clock_offset is not None else "-"
                 rows.append(
                     (
-                        h.node,
+                        _node_label(h),
                         "yes",
                         f"{(h.latency or 0) * 1000:.2f}ms",
                         h.software or "?",
@@ -416,6 +419,12 @@ class Command(BaseCommand):
             self.stdout.write(
                 "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             )
+
+
+def _node_label(health: Any) -> str:
+    """A node as the table shows it: a Sentinel group with its current master."""
+    master = getattr(health, "master", None)
+    return f"{health.node} (master {master})" if master else health.node
 
 
 def _nodes_down(health: Sequence[Any]) -> str:

@@ -1,0 +1,438 @@
+"""Semaphores and read/write locks, built from the mutex's own steps.
+
+A semaphore of ``limit`` permits is ``limit`` mutexes (its slots, :mod:`.kinds`): a permit is
+held when one slot's lock was granted by a quorum with validity left, so the Redlock argument
+applies slot by slot and no more than ``limit`` holders can be inside at once. (Counting
+permits per node instead is not safe: with 3 nodes and a limit of 2, permits A on nodes 1+2, B
+on 2+3 and C on 1+3 each hold a quorum while no node holds more than 2.) Acquiring one is an
+attempt on a slot that looks free: the first at random, the next after reading how long each
+slot stays taken on every node (one script per node, :data:`.rwscripts.PERMIT_PTTLS`), among
+the slots free on a quorum. Renewal, fencing (a fence per slot), the restart guard, undo,
+release and listing are the mutex's.
+
+A read/write lock's writer is the mutex of the lock's name, taken by a script that also
+checks the node's readers; each reader is an entry with an expiry in the node's set of
+readers (:mod:`.rwscripts`). A writer and a reader (or two writers) both holding a quorum
+would share a node, whose script let only one in, so they exclude each other as two mutex
+holders do. A writer that has to wait marks itself waiting on the nodes it asked; readers are
+refused where a writer waits, so a stream of readers cannot starve it.
+
+The steps are the drivers' (:class:`Send`, :class:`Listen`, :class:`Wait`, :class:`Finally`),
+so :class:`~.redlock.Redlock` and :class:`~.asyncio.AsyncRedlock` run them unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from . import rwscripts
+from .base import (
+    AcquireRequest,
+    Finally,
+    Listen,
+    RedlockBase,
+    Refusal,
+    Send,
+    Steps,
+    Wait,
+    to_every_node,
+)
+from .kinds import permit_name, reader_name
+from .lock import Lease, Lock, LockBase
+from .nodes import Failure, script_command
+from .scripts import Script
+from .validation import (
+    MAX_LIMIT,
+    check_flag,
+    check_limit,
+    check_meta,
+    check_name,
+    check_positive,
+    check_timeout,
+)
+
+__all__ = [
+    "MAX_LIMIT",
+    "HoldBase",
+    "Primitives",
+    "ReadLock",
+    "ReaderRequest",
+    "Semaphore",
+    "WriteLock",
+    "WriterRequest",
+]
+
+
+class HoldBase(LockBase):
+    """A handle on a semaphore or one side of a read/write lock: a :class:`LockBase` whose
+    holds are per owner, so one handle shared by threads (tasks) gives each its own permit
+    (read hold). ``kind`` is ``"permit"``, ``"read"`` or ``"write"``."""
+
+    kind = "permit"
+    limit = 1
+
+    @property
+    def _lease(self) -> Lease | None:
+        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_by_owner", {})
+        return holds.get(self._owner())
+
+    @_lease.setter
+    def _lease(self, lease: Lease | None) -> None:
+        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_by_owner", {})
+        owner = self._owner()
+        if lease is None:
+            holds.pop(owner, None)
+        else:
+            holds[owner] = lease
+
+    def _drop_hold(self) -> None:
+        # Permits and read holds are not reentrant: the owner's one hold ends here.
+        self._lease = None
+
+    @property
+    def permit(self) -> int | None:
+        """The slot of the permit this owner holds (0 .. limit-1), for a semaphore."""
+        lease = self._lease
+        if lease is None or self.kind != "permit":
+            return None
+        return int(lease.name.rpartition(":")[2])
+
+    def hold_names(self) -> list[str]:
+        """The names a hold of this handle may have in the lease table."""
+        if self.kind == "permit":
+            return [permit_name(self.name, slot) for slot in range(self.limit)]
+        return [reader_name(self.name) if self.kind == "read" else self.name]
+
+    def _won_for(self, owner: Hashable, lease: Lease | None) -> bool:
+        """Keep a won hold for ``owner`` (the caller of ``acquire()``, which may not be the
+        task that finishes it)."""
+        if lease is not None:
+            self.__dict__.setdefault("_by_owner", {})[owner] = lease
+        return lease is not None
+
+    def _not_acquired(self) -> Any:
+        error = super()._not_acquired()
+        what = {"permit": "all permits of semaphore", "read": "read lock", "write": "write lock"}
+        held = {"permit": "are taken", "read": "is held by a writer", "write": "is held"}
+        error.args = (f"{what[self.kind]} {self.name!r} {held[self.kind]}",)
+        return error
+
+
+class ReaderRequest(AcquireRequest):
+    """One attempt at a read hold: :data:`.rwscripts.READ_ACQUIRE` on every node."""
+
+    def __init__(self, redlock: Primitives, handle: LockBase, base: str) -> None:
+        super().__init__(redlock, handle)
+        self._fast = None  # no plain SET: a reader is an entry in the readers' set
+        self._base = base
+
+    def _parts(self) -> tuple[Script, list[str], list[Any]]:
+        return rwscripts.READ_ACQUIRE, self._redlock._rw_keys(self._base), ["", 0]
+
+
+class WriterRequest(AcquireRequest):
+    """One attempt at the write hold: :data:`.rwscripts.WRITE_ACQUIRE` on every node, which
+    marks ``waiter`` as waiting where it cannot take it yet."""
+
+    def __init__(self, redlock: Primitives, handle: LockBase, waiter: str) -> None:
+        super().__init__(redlock, handle)
+        self._fast = None  # no plain SET: the readers must be checked
+        self._waiter = waiter
+
+    def _parts(self) -> tuple[Script, list[str], list[Any]]:
+        redlock = self._redlock
+        wait_ms = int(redlock.fair_heartbeat * 1000)
+        return rwscripts.WRITE_ACQUIRE, redlock._rw_keys(self._handle.name), [self._waiter, wait_ms]
+
+
+class Primitives(RedlockBase):
+    """:meth:`semaphore`, :meth:`read_lock` and :meth:`write_lock`, and their steps (a part of
+    :class:`~.redlock.Redlock` and :class:`~.asyncio.AsyncRedlock`)."""
+
+    #: The handle classes (sync or async) the factories return.
+    semaphore_class: type[HoldBase] = HoldBase
+    read_lock_class: type[HoldBase] = HoldBase
+    write_lock_class: type[HoldBase] = HoldBase
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fair: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on semaphore ``name``: at most ``limit`` holders at once, each holding one
+        permit (a slot, see :mod:`.permits`) with the mutex's rules: ``ttl``, ``auto_renew``,
+        ``fencing`` (a fence per slot), ``fair`` (one line for every slot), ``meta``.
+        Every user of one name must give the same ``limit`` (a larger one lets more in)."""
+        check_limit(limit, f"limit of semaphore {name!r}")
+        handle = self._hold(
+            self.semaphore_class, name, ttl, auto_renew, fencing, fair, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+        handle.limit = limit
+        return handle
+
+    def read_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the read side of read/write lock ``name``: many readers at once, never
+        while a writer holds it or waits for it."""
+        return self._hold(
+            self.read_lock_class, name, ttl, auto_renew, False, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def write_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the write side of read/write lock ``name``: one writer, no reader. The
+        writer is the lock ``name`` itself (listed, renewed, fenced and force-released as
+        any lock); don't take ``rl.lock(name)`` on the same name, which ignores readers."""
+        return self._hold(
+            self.write_lock_class, name, ttl, auto_renew, fencing, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def _hold(
+        self,
+        cls: type[HoldBase],
+        name: str,
+        ttl: float | None,
+        auto_renew: bool,
+        fencing: bool,
+        fair: bool,
+        blocking: bool,
+        timeout: float | None,
+        meta: Mapping[str, Any] | None,
+        owner: Hashable | None,
+        renew_for: float | None,
+    ) -> HoldBase:
+        check_name(name)
+        lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
+        if lease_ttl > self.max_ttl:
+            raise ValueError(f"ttl {ttl!r} for {name!r} exceeds max_ttl {self.max_ttl!r}")
+        if lease_ttl <= self.node_timeout:
+            raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
+        if renew_for is not None:
+            check_positive("renew_for", renew_for)
+            if not auto_renew:
+                raise ValueError(f"renew_for={renew_for!r} for {name!r} needs auto_renew=True")
+        return cls(
+            self,
+            name,
+            ttl=lease_ttl,
+            auto_renew=check_flag("auto_renew", auto_renew),
+            fencing=check_flag("fencing", fencing),
+            reentrant=False,
+            fair=check_flag("fair", fair),
+            blocking=check_flag("blocking", blocking),
+            timeout=check_timeout(timeout),
+            meta=check_meta(meta, besides=self.meta),
+            owner=owner,
+            renew_for=renew_for,
+        )
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _part(self, handle: HoldBase, name: str) -> LockBase:
+        """The mutex-shaped view of one hold of ``handle`` (a slot, the readers' entry, the
+        writer) that the mutex's attempt takes."""
+        return LockBase(
+            self,
+            name,
+            ttl=handle.ttl,
+            auto_renew=handle.auto_renew,
+            fencing=handle.fencing,
+            reentrant=False,
+            fair=handle.fair,
+            blocking=False,
+            timeout=None,
+            meta=handle.meta,
+            owner=handle.owner,
+            renew_for=handle.renew_for,
+        )
+
+    def _hold_steps(
+        self,
+        handle: HoldBase,
+        owner: Hashable,
+        blocking: bool,
+        deadline: float | None,
+        start: float,
+    ) -> Steps[Lease | None]:
+        """Attempts until a hold is ours or the time is up, woken by a release of any hold of
+        the primitive (one channel: :mod:`.kinds`), as the mutex waits."""
+        line = None
+        waiter = secrets.token_hex(8)
+        if handle.fair:
+            line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
+            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+        if handle.kind == "write" and blocking:
+            leave = script_command(
+                rwscripts.WRITE_LEAVE,
+                [self._rw_keys(handle.name)[5]],
+                [waiter, self._channel(handle.name)],
+            )
+            yield Finally(Send(to_every_node(leave)))
+        attempts = 0
+        notice = None
+        while True:
+            if handle.kind == "permit":
+                won = yield from self._permit_attempt_steps(handle, owner, line, attempts == 0)
+            else:
+                won = yield from self._rw_attempt_steps(handle, owner, waiter if blocking else "")
+            if isinstance(won, tuple):
+                part, lease = won
+                return self._won(part, lease, start)
+            attempts += 1
+            now = time.monotonic()
+            if self._out_of_time(blocking, attempts, None, deadline, now):
+                self._give_up(handle, won, now - start)
+                return None
+            if notice is None:
+                notice = yield Listen(self._channel(handle.name))
+                continue
+            pause = self._pause_for(handle, won, None, deadline, now)
+            if handle.kind == "write":
+                pause = min(pause, self.fair_heartbeat / 3)  # keeps its waiting mark alive
+            yield Wait(notice, pause)
+
+    def _rw_attempt_steps(
+        self, handle: HoldBase, owner: Hashable, waiter: str
+    ) -> Steps[tuple[LockBase, Lease] | Refusal]:
+        if handle.kind == "read":
+            part = self._part(handle, reader_name(handle.name))
+            outcome = yield from self._attempt_steps(
+                part, owner, make=lambda: ReaderRequest(self, part, handle.name)
+            )
+        else:
+            part = self._part(handle, handle.name)
+            outcome = yield from self._attempt_steps(
+                part, owner, make=lambda: WriterRequest(self, part, waiter)
+            )
+        return (part, outcome) if isinstance(outcome, Lease) else outcome
+
+    def _permit_attempt_steps(
+        self,
+        handle: HoldBase,
+        owner: Hashable,
+        line: tuple[str, int] | None,
+        first: bool,
+    ) -> Steps[tuple[LockBase, Lease] | Refusal]:
+        """One attempt at a permit: a slot this process does not hold, at random, on the
+        first attempt (one round trip while permits are free); otherwise the slots free on
+        the most nodes, read first. The slots tried are at most two per attempt."""
+        limit = handle.limit
+        if first:
+            with self._leases_lock:
+                mine = {n for n in handle.hold_names() if n in self._leases}
+            others = [k for k in range(limit) if permit_name(handle.name, k) not in mine]
+            part = self._part(handle, permit_name(handle.name, random.choice(others or [0])))
+            outcome = yield from self._attempt_steps(part, owner, line)
+            if isinstance(outcome, Lease):
+                return part, outcome
+            if outcome.answered < self.quorum or limit == 1:
+                return outcome
+        keys = [self._key(permit_name(handle.name, k)) for k in range(limit)]
+        replies = yield Send(to_every_node(script_command(rwscripts.PERMIT_PTTLS, keys, [])))
+        candidates, refusal = self._free_slots(limit, replies)
+        for slot in candidates:
+            part = self._part(handle, permit_name(handle.name, slot))
+            outcome = yield from self._attempt_steps(part, owner, line)
+            if isinstance(outcome, Lease):
+                return part, outcome
+            refusal = outcome
+        return refusal
+
+    def _free_slots(self, limit: int, replies: list[Any]) -> tuple[list[int], Refusal]:
+        """Up to two slots free on a quorum (most free first, ties at random), and the
+        refusal to give when none is: when the first slot frees up on a quorum."""
+        failures: dict[str, str] = {}
+        pttls: list[list[int]] = []
+        for node, reply in zip(self.nodes, replies, strict=True):
+            if isinstance(reply, list) and len(reply) == limit:
+                pttls.append([int(r) for r in reply])
+            else:
+                failures[node.name] = str(reply) if isinstance(reply, Failure) else "no reply"
+        free = [sum(1 for node in pttls if node[k] == -2) for k in range(limit)]
+        order = sorted(range(limit), key=lambda k: (-free[k], random.random()))
+        candidates = [k for k in order if free[k] >= self.quorum][:2]
+        retry_after: float | None = None
+        for k in range(limit):
+            held = sorted(max(node[k], 0) for node in pttls if node[k] != -2)
+            needed = self.quorum - free[k]
+            if 0 < needed <= len(held):
+                when = held[needed - 1] / 1000
+                retry_after = when if retry_after is None else min(retry_after, when)
+        for node in self.nodes:
+            if node.name not in failures:
+                failures[node.name] = "every permit taken"
+        return candidates, Refusal(failures, len(pttls), retry_after)
+
+
+class Semaphore(HoldBase, Lock):
+    """A semaphore's handle (:meth:`Redlock.semaphore`): ``acquire()`` takes one permit for
+    the calling thread, ``release()`` gives it back; ``held``, ``validity``, ``token``,
+    ``fence``, ``permit``, ``extend()``, ``check()`` and ``with`` as a :class:`Lock`'s."""
+
+    kind = "permit"
+
+    def _acquire_as(
+        self,
+        owner: Hashable,
+        blocking: bool | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> bool:
+        if retries is not None:
+            raise ValueError(f"{self.name!r}: retries= is for locks; give a timeout instead")
+        prepared = self._prepare(owner, blocking, check_timeout(timeout), None)
+        if prepared is None:
+            return False
+        blocking, timeout, _ = prepared
+        client: Any = self.redlock
+        return self._won_for(owner, client._acquire_hold(self, owner, blocking, timeout))
+
+
+class ReadLock(Semaphore):
+    """The read side of a read/write lock (:meth:`Redlock.read_lock`)."""
+
+    kind = "read"
+
+
+class WriteLock(Semaphore):
+    """The write side of a read/write lock (:meth:`Redlock.write_lock`)."""
+
+    kind = "write"

@@ -1,0 +1,294 @@
+"""Sentinel-managed groups as Redlock nodes: ``redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE/DB``.
+
+A group (a master, its replicas and the Sentinels watching them) counts as one node. Its
+address is not fixed: the node asks the Sentinels (redis-py's :class:`redis.sentinel.Sentinel`,
+``discover_master``) where the master is each time it opens a connection, and it opens one
+after a connection error or a ``READONLY`` reply (the server it reached was demoted), so a
+failover moves the node to the new master with its next connection.
+
+A promoted replica may lack writes its master acknowledged (replication is asynchronous), so
+it could vote a lock free that another client still holds. The restart guard keeps it out of
+the quorum: the acquire script finds the node's marker written under another server's run id
+(the old master's, replicated), arms it anew, and the node does not vote until the longest
+lease (``max_ttl``) has passed, by when every lease the old master granted has ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.retry
+import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.connection import parse_url as _parse_url
+
+# redis-py's URL parser and Sentinel clients, untyped in redis-py.
+parse_url: Callable[[str], dict[str, Any]] = _parse_url
+_Sentinel: Callable[..., Any] = redis.sentinel.Sentinel
+_AsyncSentinel: Callable[..., Any] = redis.asyncio.sentinel.Sentinel
+
+__all__ = [
+    "CONFIRM_EVERY",
+    "DEFAULT_SENTINEL_PORT",
+    "GUARD_MARGIN",
+    "SCHEME",
+    "GroupURL",
+    "SentinelGroup",
+    "SentinelUnavailable",
+    "group_identity",
+    "group_master_url",
+    "is_group_url",
+    "parse_group_url",
+    "redact_group_url",
+]
+
+#: The URL scheme of a Sentinel-managed group.
+SCHEME = "redis+sentinel"
+
+#: The port a Sentinel listens on when the URL names none.
+DEFAULT_SENTINEL_PORT = 26379
+
+#: Seconds a group node keeps using its master without the Sentinels confirming it. A master
+#: deposed by a failover keeps taking writes until the Sentinels reconfigure it (about ten
+#: seconds after the switch, or never while it is cut off from them); a client that went on
+#: using it would count it as the group's vote beside the promoted replica's. Asking again
+#: this often keeps that overlap far inside the restart guard of the new master.
+CONFIRM_EVERY = 1.0
+
+#: Seconds added to the restart guard (``max_ttl``) of every node of a Redlock that has a
+#: Sentinel group among its nodes. A promoted master's guard may start as soon as it is
+#: promoted; the Sentinels announce the switch up to a second or two later, and a client may use
+#: the deposed master for up to :data:`CONFIRM_EVERY` after that (a descheduled thread a little
+#: longer): a lease the deposed master granted then ends within this margin after ``max_ttl``.
+GUARD_MARGIN = 5.0
+
+
+class SentinelUnavailable(ConnectionError):
+    """No Sentinel named the group's master, and none was known before."""
+
+
+@dataclass(frozen=True)
+class GroupURL:
+    """A ``redis+sentinel://`` URL taken apart."""
+
+    #: ``(host, port)`` of each Sentinel, in the URL's order.
+    sentinels: tuple[tuple[str, int], ...]
+    #: The service (master) name the Sentinels monitor.
+    service: str
+    #: redis-py connection settings for the master (db, username, password and the query's
+    #: options, parsed as redis-py parses a ``redis://`` URL's).
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The master's ``redis://`` URL with ``{address}`` for its ``host:port``.
+    master_url: str = ""
+
+
+def is_group_url(url: object) -> bool:
+    return isinstance(url, str) and url.lower().startswith(SCHEME + "://")
+
+
+def _host_port(url: str, item: str) -> tuple[str, int]:
+    if item.startswith("["):  # [IPv6]:port
+        host, sep, rest = item[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"node URL {redact_group_url(url)!r} has an invalid Sentinel {item!r}")
+        port_text = rest[1:]
+    else:
+        host, _, port_text = item.partition(":")
+    if not host:
+        raise ValueError(f"node URL {redact_group_url(url)!r} names a Sentinel without a host")
+    if not port_text:
+        return host, DEFAULT_SENTINEL_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(
+            f"node URL {redact_group_url(url)!r} has an invalid Sentinel port {port_text!r}"
+        )
+    return host, int(port_text)
+
+
+def parse_group_url(url: str) -> GroupURL:
+    """Raises ValueError naming the URL (without its password) for a malformed one."""
+    shown = redact_group_url(url)
+    parts = urlsplit(url)
+    if parts.scheme.lower() != SCHEME:
+        raise ValueError(f"node URL {shown!r} is not a {SCHEME}:// URL")
+    if parts.fragment:
+        raise ValueError(f"node URL {shown!r} has a fragment")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if not hosts:
+        raise ValueError(f"node URL {shown!r} names no Sentinel (HOST:PORT[,HOST:PORT...])")
+    sentinels = tuple(_host_port(url, item.strip()) for item in hosts.split(","))
+    if len(set(sentinels)) != len(sentinels):
+        raise ValueError(f"node URL {shown!r} names a Sentinel twice")
+    segments = parts.path.split("/")[1:]
+    if not segments or not segments[0]:
+        raise ValueError(f"node URL {shown!r} names no service: {SCHEME}://HOST:PORT/SERVICE/DB")
+    if len(segments) > 2 or (len(segments) == 2 and not segments[1].isdigit()):
+        raise ValueError(
+            f"node URL {shown!r} must end in /SERVICE/DB (DB a database number), got {parts.path!r}"
+        )
+    service = unquote(segments[0])
+    db = segments[1] if len(segments) == 2 else "0"
+    # The master's settings mean what they mean in a redis:// URL: redis-py parses them.
+    netloc = f"{userinfo}@placeholder" if userinfo else "placeholder"
+    query = f"?{parts.query}" if parts.query else ""
+    try:
+        kwargs = parse_url(f"redis://{netloc}/{db}{query}")
+    except ValueError as exc:
+        raise ValueError(f"node URL {shown!r}: {exc}") from None
+    for key in ("host", "port", "path", "connection_class"):
+        kwargs.pop(key, None)
+    credentials = f"{userinfo}@" if userinfo else ""
+    master_url = f"redis://{credentials}{{address}}/{db}{query}"
+    return GroupURL(sentinels, service, kwargs, master_url)
+
+
+def group_master_url(url: str, address: str = "localhost:6379") -> str:
+    """The ``redis://`` URL of a group's master at ``address`` (``host:port``): the URL's
+    credentials, database and options, as a server's URL would give them."""
+    return parse_group_url(url).master_url.replace("{address}", address)
+
+
+def redact_group_url(url: str) -> str:
+    """The URL without credentials (safe for logs, errors and the admin page)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    if "@" not in netloc:
+        return url
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+
+
+def group_identity(url: str) -> tuple[str, str, int]:
+    """What makes two configured groups the same: the service name on the same Sentinels."""
+    parsed = parse_group_url(url)
+    hosts = ",".join(sorted(f"{h.lower()}:{p}" for h, p in parsed.sentinels))
+    return ("sentinel", f"{parsed.service}@{hosts}", 0)
+
+
+class SentinelGroup:
+    """The Sentinels of one group, and where they last said its master is.
+
+    ``options`` are the node's OPTIONS: redis-py connection settings for the master (TLS,
+    credentials, timeouts), and ``sentinel_kwargs`` for the connections to the Sentinels
+    (as redis-py's ``Sentinel`` takes them). The Sentinels are asked with the node timeout
+    unless ``sentinel_kwargs`` says otherwise: resolution happens while a lock operation
+    connects.
+    """
+
+    def __init__(self, url: str, options: Mapping[str, Any], *, node_timeout: float) -> None:
+        self.url = url
+        self.name = redact_group_url(url)
+        parsed = parse_group_url(url)
+        self.service = parsed.service
+        self.sentinels = parsed.sentinels
+        self._master_url = parsed.master_url
+        options = dict(options)
+        self.sentinel_kwargs: dict[str, Any] = {
+            "socket_timeout": node_timeout,
+            "socket_connect_timeout": node_timeout,
+            **(options.pop("sentinel_kwargs", None) or {}),
+        }
+        #: redis-py connection settings for the master, without its address.
+        self.master_kwargs: dict[str, Any] = {**parsed.kwargs, **options}
+        self._sentinel = _Sentinel(list(self.sentinels), sentinel_kwargs=self._kwargs(redis.retry))
+        #: ``(host, port)`` the Sentinels last named, or None before they were first asked.
+        self.master: tuple[str, int] | None = None
+        #: When (``time.monotonic``) the Sentinels were last asked, answering or not.
+        self.asked = -CONFIRM_EVERY
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<SentinelGroup {self.name} master={self.address}>"
+
+    def _kwargs(self, retry: Any) -> dict[str, Any]:
+        # No retries of redis-py's own (its default backs off for seconds): the next Sentinel
+        # is the retry, and the master last named the fallback.
+        return {"retry": retry.Retry(NoBackoff(), 0), **self.sentinel_kwargs}
+
+    @property
+    def address(self) -> str | None:
+        """``host:port`` of the master as last resolved."""
+        if self.master is None:
+            return None
+        host, port = self.master
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def master_url(self, master: tuple[str, int]) -> str:
+        """A ``redis://`` URL of ``master`` with the group URL's credentials, database and
+        options: what a node at that address would be configured as."""
+        host, port = master
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return self._master_url.replace("{address}", address)
+
+    def due(self) -> bool:
+        """Whether the master is to be confirmed before the next use (see
+        :data:`CONFIRM_EVERY`)."""
+        return time.monotonic() - self.asked >= CONFIRM_EVERY
+
+    def resolve(self) -> tuple[str, int]:
+        """Ask the Sentinels where the master is now. When none answers, the master last
+        named (it may well be up: the Sentinels are a separate service); raises
+        :class:`SentinelUnavailable` when there is none."""
+        try:
+            found = self._sentinel.discover_master(self.service)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            return self._fall_back(exc)
+        return self._found(found)
+
+    async def aresolve(self) -> tuple[str, int]:
+        """:meth:`resolve` for the asyncio client, on connections of the running loop."""
+        sentinel = _AsyncSentinel(
+            list(self.sentinels), sentinel_kwargs=self._kwargs(redis.asyncio.retry)
+        )
+        try:
+            found = await sentinel.discover_master(self.service)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            return self._fall_back(exc)
+        finally:
+            for client in sentinel.sentinels:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+        return self._found(found)
+
+    def _found(self, found: Any) -> tuple[str, int]:
+        master = (str(found[0]), int(found[1]))
+        with self._lock:
+            self.master = master
+            self.asked = time.monotonic()
+        return master
+
+    def _fall_back(self, exc: Exception) -> tuple[str, int]:
+        # Not asked again before CONFIRM_EVERY: every operation would wait for them.
+        self.asked = time.monotonic()
+        master = self.master
+        if master is None:
+            # redis-py's message lists its clients' reprs: name the Sentinels instead.
+            asked = ", ".join(f"{host}:{port}" for host, port in self.sentinels)
+            why = "unreachable" if "Error" in str(exc) else "no such master"
+            raise SentinelUnavailable(
+                f"no Sentinel named a master for {self.service!r} (asked {asked}: {why})"
+            ) from None
+        return master
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A redis-py client of the master (redis-py's Sentinel pool: it finds the master
+        again after a failover), for work other than lock commands (listing, health)."""
+        client: redis.Redis = self._sentinel.master_for(
+            self.service, **{**self.master_kwargs, **kwargs}
+        )
+        return client
+
+    def close(self) -> None:
+        for client in self._sentinel.sentinels:
+            with contextlib.suppress(Exception):
+                client.close()

@@ -1,0 +1,181 @@
+"""Read/write locks on real nodes: many readers or one writer (a history of every holder's
+critical section, many processes), a waiting writer is not starved by a stream of readers,
+and the restart guard holds for readers too."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import threading
+import time
+import traceback
+
+import pytest
+
+from django_redlock import QuorumError
+from tests.helpers import run_processes, warm_up
+
+
+def test_readers_share_writer_excludes(redis_nodes, make_redlock) -> None:
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    r1, r2 = rl.read_lock("doc:9", owner=1), rl.read_lock("doc:9", owner=2)
+    w = rl.write_lock("doc:9", owner="w")
+    assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
+    assert r1.held and r2.held and r1.token != r2.token
+    assert w.acquire(blocking=False) is False
+    assert r1.check() and r1.extend(5.0)
+    r1.release()
+    assert w.acquire(blocking=False) is False  # r2 still reads
+    r2.release()
+    assert w.acquire(blocking=False) is True
+    # The writer is the lock of the name itself: listed, seen by locked().
+    assert [i.name for i in rl.live_locks("doc:*")] == ["doc:9"] and rl.locked("doc:9")
+    r3 = rl.read_lock("doc:9", owner=3)
+    assert r3.acquire(blocking=False) is False
+    assert rl.write_lock("doc:9", owner="w2").acquire(blocking=False) is False
+    w.release()
+    assert r3.acquire(blocking=False) is True
+    r3.release()
+
+
+def test_reader_renewal_and_fenced_writer(redis_nodes, make_redlock) -> None:
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    with rl.read_lock("renew", ttl=1.0, auto_renew=True) as r:
+        assert threading.Event().wait(1.6) is False
+        assert r.held and r.check()
+        assert rl.write_lock("renew", owner="w").acquire(blocking=False) is False
+    fences = []
+    for _ in range(2):
+        with rl.write_lock("renew", fencing=True) as w:
+            fences.append(w.fence)
+    assert fences[1] > fences[0]
+
+
+def test_waiting_writer_is_not_starved_by_readers(redis_nodes, make_redlock) -> None:
+    """Readers overlap one another without a gap, so without the writer's waiting mark there
+    would never be a moment with no reader; the writer still gets in, and no reader holds the
+    lock while it does."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5, retry_delay=0.05)
+    stop = threading.Event()
+    writer_in = threading.Event()
+    overlap: list[str] = []
+    reads = [0]
+
+    def reader() -> None:
+        while not stop.is_set():
+            r = rl.read_lock("starve")
+            if r.acquire(timeout=10.0):
+                if writer_in.is_set():
+                    overlap.append("a reader held it while the writer did")
+                reads[0] += 1
+                time.sleep(0.05)
+                r.release()
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        while reads[0] < 8:  # the stream is flowing
+            time.sleep(0.01)
+        w = rl.write_lock("starve")
+        assert w.acquire(timeout=20.0), "the writer starved"
+        writer_in.set()
+        time.sleep(0.2)
+        writer_in.clear()
+        w.release()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(20)
+    assert not overlap
+    assert reads[0] > 8  # readers went on after the writer
+
+
+def test_writer_giving_up_lets_readers_in(redis_nodes, make_redlock) -> None:
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    r = rl.read_lock("giveup", owner="r")
+    assert r.acquire(blocking=False)
+    assert rl.write_lock("giveup").acquire(timeout=0.3) is False
+    # Its waiting mark is gone with it: a new reader is not held back.
+    assert rl.read_lock("giveup", owner="r2").acquire(blocking=False) is True
+
+
+def test_async_read_write(redis_nodes, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+
+    async def main() -> None:
+        async with rl.read_lock("adoc") as r1, rl.read_lock("adoc") as r2:
+            assert r1.held and r2.held
+            assert await rl.write_lock("adoc").acquire(blocking=False) is False
+        w = rl.write_lock("adoc")
+        assert await w.acquire(blocking=False)
+        reader = asyncio.ensure_future(rl.read_lock("adoc").acquire(timeout=10.0))
+        await asyncio.sleep(0.1)
+        assert not reader.done()
+        await w.release()
+        assert await reader is True
+
+    asyncio.run(main())
+
+
+@pytest.mark.faults
+def test_restarted_node_does_not_let_a_writer_past_readers(
+    redis_cluster_factory, make_redlock
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=20.0, node_timeout=0.2)
+    warm_up(rl)
+    r = rl.read_lock("guarded", owner="r")
+    assert r.acquire(blocking=False)
+    cluster[0].restart(empty=True)
+    cluster[1].flush()
+    try:
+        got = rl.write_lock("guarded", owner="w").acquire(blocking=False)
+    except QuorumError:
+        got = False
+    assert got is False
+
+
+# -- many processes: a writer is alone ------------------------------------------------------------
+
+PROCESSES = 4
+CYCLES = 25
+
+
+def _worker(urls, seed, gate, results) -> None:
+    from django_redlock import Redlock
+
+    history, error = [], None
+    try:
+        rng = random.Random(seed)
+        rl = Redlock(urls, ttl=10.0, node_timeout=0.5, retry_delay=0.02)
+        gate.wait(30)
+        for _ in range(CYCLES):
+            write = rng.random() < 0.3
+            hold = rl.write_lock("rw-history") if write else rl.read_lock("rw-history")
+            if not hold.acquire(timeout=60.0):
+                raise AssertionError("not acquired within 60 s")
+            begin = time.monotonic()
+            time.sleep(0.003)
+            end = time.monotonic()
+            still = hold.held
+            hold.release()
+            if not still:
+                raise AssertionError("the hold ran out inside the critical section")
+            history.append((write, begin, end))
+        rl.close()
+    except BaseException:
+        error = traceback.format_exc()
+    results.put((history, error))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="system-wide monotonic clock")
+def test_processes_writer_alone(redis_nodes) -> None:
+    outcomes = run_processes(_worker, [(redis_nodes.urls, seed) for seed in range(PROCESSES)])
+    history = [h for got, _ in outcomes for h in got]
+    writes = [(b, e) for w, b, e in history if w]
+    assert writes and len(writes) < len(history)
+    for wb, we in writes:
+        others = [(b, e) for _, b, e in history if (b, e) != (wb, we)]
+        assert not [o for o in others if o[0] < we and wb < o[1]], "a writer was not alone"

@@ -1,0 +1,147 @@
+"""@locked(..., limit=N) (a semaphore per key) and @locked(..., shared=True) (a read lock), on
+views and plain functions, sync and async, against real nodes (the redlock_settings fixture).
+"Taken" is always real permits or a real writer held by another owner."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from django.http import HttpResponse
+from django.test import RequestFactory
+
+from django_redlock import LockNotAcquired, get_redlock, locked
+from django_redlock.decorators import current_lock
+
+pytestmark = pytest.mark.usefixtures("redlock_settings")
+rf = RequestFactory()
+
+
+def take(kind: str, name: str, count: int = 1, limit: int = 2) -> list:
+    rl = get_redlock()
+    holds = []
+    for i in range(count):
+        if kind == "permit":
+            hold = rl.semaphore(name, limit, 10.0, owner=f"other-{i}")
+        elif kind == "write":
+            hold = rl.write_lock(name, 10.0, owner=f"other-{i}")
+        else:
+            hold = rl.read_lock(name, 10.0, owner=f"other-{i}")
+        assert hold.acquire(blocking=False)
+        holds.append(hold)
+    return holds
+
+
+def test_view_with_limit_answers_423_only_when_every_permit_is_taken() -> None:
+    @locked("export:{client}", limit=2)
+    def export(request, client):
+        return HttpResponse(f"permit {current_lock().permit}")
+
+    held = take("permit", "export:acme")
+    response = export(rf.get("/"), client="acme")
+    assert response.status_code == 200
+    assert response.content.decode() == f"permit {1 - held[0].permit}"  # the free one
+    held += take("permit", "export:acme")
+    response = export(rf.get("/"), client="acme")
+    assert response.status_code == 423 and "Retry-After" in response
+    held.pop().release()
+    assert export(rf.get("/"), client="acme").status_code == 200
+    held[0].release()
+
+
+def test_plain_function_with_limit_raises_when_full() -> None:
+    @locked("job:{n}", limit=1)
+    def job(n):
+        return current_lock().name
+
+    assert job(1) == "job:1"
+    held = take("permit", "job:1", limit=1)
+    with pytest.raises(LockNotAcquired, match="all permits of semaphore 'job:1' are taken"):
+        job(1)
+    held[0].release()
+    assert list(get_redlock().live_locks("job:*")) == []
+
+
+def test_limit_lets_n_calls_in_at_once() -> None:
+    """Three calls inside at once: two permits held elsewhere, the call takes the third."""
+    inside: list[int] = []
+
+    @locked("nested:{n}", limit=3)
+    def enter(n):
+        inside.append(current_lock().permit)
+
+    holds = take("permit", "nested:1", count=2, limit=3)
+    enter(1)
+    assert len(inside) == 1 and inside[0] not in {h.permit for h in holds}
+    for h in holds:
+        h.release()
+
+
+def test_shared_view_reads_together_and_waits_for_a_writer() -> None:
+    @locked("doc:{pk}", shared=True)
+    def read(request, pk):
+        return HttpResponse("read")
+
+    readers = take("read", "doc:1", count=2)
+    assert read(rf.get("/"), pk=1).status_code == 200  # readers share it
+    for r in readers:
+        r.release()
+    writer = take("write", "doc:1")[0]
+    response = read(rf.get("/"), pk=1)
+    assert response.status_code == 423
+    writer.release()
+    assert read(rf.get("/"), pk=1).status_code == 200
+
+
+def test_async_function_with_limit() -> None:
+    @locked("ajob:{n}", limit=1)
+    async def job(n):
+        return current_lock().permit
+
+    assert asyncio.run(job(5)) == 0
+    held = take("permit", "ajob:5", limit=1)
+    with pytest.raises(LockNotAcquired):
+        asyncio.run(job(5))
+    held[0].release()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"limit": 0}, ValueError),
+        ({"limit": "3"}, TypeError),
+        ({"limit": 2, "shared": True}, ValueError),
+        ({"shared": 1}, TypeError),
+        ({"limit": 2, "reentrant": True}, ValueError),
+        ({"shared": True, "fair": True}, ValueError),
+    ],
+)
+def test_bad_limit_or_shared_refused_at_decoration(kwargs, error) -> None:
+    with pytest.raises(error):
+        locked("k", **kwargs)
+
+
+def test_backend_without_primitives_refuses_by_name(settings) -> None:
+    settings.REDLOCK = {
+        **settings.REDLOCK,
+        "BACKENDS": {
+            "db": {
+                "BACKEND": "django_redlock.backends.database.DatabaseLocks",
+                "OPTIONS": {"using": "default"},
+            }
+        },
+    }
+
+    @locked("b:{n}", limit=2, using="db")
+    def job(n):
+        return n
+
+    with pytest.raises(NotImplementedError, match=r"DatabaseLocks \(database\) has no semaphore"):
+        job(1)
+    from django_redlock import get_async_locks, get_locks
+
+    for method in ("semaphore", "read_lock", "write_lock"):
+        with pytest.raises(NotImplementedError, match=f"no {method}"):
+            getattr(get_locks("db"), method)("x", 2)
+        with pytest.raises(NotImplementedError, match=f"no {method}"):
+            getattr(get_async_locks("db"), method)("x", 2)

@@ -1,0 +1,480 @@
+"""Sentinel-managed groups as Redlock nodes (``redis+sentinel://``): URL validation, locks over
+three groups, a failover and a killed master while a lock is held, a history of holders across
+failovers, and the views (health, listing, CLI, admin) showing each group's current master.
+
+Every server is real: per group a master and a replica (``redis-server --replicaof``), and
+two Sentinels (``redis-server --sentinel``) watching all groups (see ``sentinel_support``).
+When a Sentinel cannot start here the tests skip, naming why (a failure under
+``REDLOCK_REQUIRE_ALL=1``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from django_redlock import AsyncRedlock, QuorumError, Redlock
+from django_redlock.checks import check_reachable, check_settings
+from django_redlock.core import node_identity, parse_spec, redact
+from django_redlock.core.sentinel import GUARD_MARGIN
+from django_redlock.probes import probes
+from tests.sentinel_support import SentinelGroups, SentinelUnavailable
+
+pytestmark = pytest.mark.timeout(300)
+
+_prefixes = itertools.count()
+
+
+def _prefix() -> str:
+    """A key prefix of its own per client family: fresh restart-guard markers per test."""
+    return f"sent{next(_prefixes)}x{int(time.time() * 1000) % 100000}"
+
+
+def _start(n: int = 3, **kwargs: bool) -> SentinelGroups:
+    try:
+        return SentinelGroups(n, **kwargs)
+    except SentinelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def groups():
+    """Three groups shared by the tests that leave them healthy (a SENTINEL FAILOVER
+    leaves the old master as the new one's replica)."""
+    made = _start()
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def own_groups():
+    """Three groups of the test's own (it kills servers)."""
+    made = _start()
+    yield made
+    made.stop()
+
+
+def _options(**kwargs):
+    # A generous node timeout (a shared, loaded machine), and a short guard so a failed-over
+    # group votes again within the test.
+    return {"node_timeout": 0.5, "ttl": 2.0, "max_ttl": 3.0, **kwargs}
+
+
+# -- the URL form ------------------------------------------------------------------------------
+
+GOOD = [
+    "redis+sentinel://10.0.0.1:26379/mymaster/0",
+    "redis+sentinel://10.0.0.1:26379,10.0.0.2:26380,10.0.0.3/mymaster/2",
+    "redis+sentinel://:secret@[::1]:26379/orders/0",
+    "redis+sentinel://user:secret@s1:26379,s2:26379/orders/1?socket_keepalive=true",
+]
+
+BAD = [
+    ("redis+sentinel:///mymaster/0", "names no Sentinel"),
+    ("redis+sentinel://s1:26379", "names no service"),
+    ("redis+sentinel://s1:26379/", "names no service"),
+    ("redis+sentinel://s1:port/mymaster/0", "invalid Sentinel port"),
+    ("redis+sentinel://s1:70000/mymaster/0", "invalid Sentinel port"),
+    ("redis+sentinel://s1:26379/mymaster/x", "must end in /SERVICE/DB"),
+    ("redis+sentinel://s1:26379/mymaster/0/extra", "must end in /SERVICE/DB"),
+    ("redis+sentinel://s1:26379,s1:26379/mymaster/0", "names a Sentinel twice"),
+    ("redis+sentinel://s1:26379,,s2:26379/mymaster/0", "without a host"),
+    ("redis+sentinel://s1:26379/mymaster/0?db=x", "Invalid value for 'db'"),
+]
+
+
+@pytest.mark.parametrize("url", GOOD)
+def test_group_urls_are_accepted(url):
+    rl = Redlock([url])
+    try:
+        node = rl.nodes[0]
+        assert node.group is not None and node.address is None  # nothing asked yet
+        assert "secret" not in node.name and "secret" not in repr(node)
+        # A deposed master may grant a little past the switch: the guard covers it.
+        assert rl.guard_period == rl.max_ttl + GUARD_MARGIN
+    finally:
+        rl.close()
+    plain = Redlock(["redis://127.0.0.1:6379/0"])
+    assert plain.guard_period == plain.max_ttl
+    plain.close()
+
+
+@pytest.mark.parametrize(("url", "why"), BAD)
+def test_bad_group_urls_are_refused_naming_the_url(url, why, settings):
+    shown = redact(url)
+    with pytest.raises(ValueError, match=why) as info:
+        Redlock([url])
+    assert shown in str(info.value)
+    with pytest.raises(ValueError, match=why):
+        Redlock([{"URL": url, "OPTIONS": {"password": "x"}}])
+    settings.REDLOCK = {"NODES": [url]}
+    [error] = [m for m in check_settings() if m.id == "django_redlock.E004"]
+    assert shown in error.msg and why.split("'")[0] in error.msg
+
+
+def test_a_group_password_is_never_shown():
+    url = "redis+sentinel://app:hunter2@s1:26379/mymaster/0"
+    with pytest.raises(ValueError) as info:
+        Redlock([url, url])
+    assert "hunter2" not in str(info.value)
+    assert redact(url) == "redis+sentinel://***@s1:26379/mymaster/0"
+
+
+def test_group_options():
+    url = "redis+sentinel://s1:26379/mymaster/0"
+    spec = {"URL": url, "OPTIONS": {"password": "p", "sentinel_kwargs": {"password": "q"}}}
+    assert parse_spec(spec)[1]["sentinel_kwargs"] == {"password": "q"}
+    rl = Redlock([spec])
+    try:
+        group = rl.nodes[0].group
+        assert group.sentinel_kwargs["password"] == "q"
+        assert (
+            group.master_kwargs["password"] == "p" and "sentinel_kwargs" not in group.master_kwargs
+        )
+    finally:
+        rl.close()
+    with pytest.raises(TypeError, match="sentinel_kwargs must be a dict"):
+        Redlock([{"URL": url, "OPTIONS": {"sentinel_kwargs": "password=q"}}])
+    # Only a group has Sentinels.
+    with pytest.raises(ValueError, match="'sentinel_kwargs'"):
+        Redlock([{"URL": "redis://s1:6379/0", "OPTIONS": {"sentinel_kwargs": {}}}])
+
+
+def test_unreachable_sentinels_fail_the_node_at_once_naming_them():
+    """No retries with back-off on the lock path (redis-py's default waited ~7 s)."""
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/orders/0"
+    rl = Redlock([url], node_timeout=0.1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(QuorumError, match=r"asked 127.0.0.1:1, 127.0.0.1:2: unreachable"):
+            rl.lock("x").acquire(blocking=False)
+        [health] = rl.health()
+        assert time.monotonic() - started < 3.0
+        assert not health.reachable and "no Sentinel named a master for 'orders'" in health.error
+    finally:
+        rl.close()
+
+
+def test_a_service_the_sentinels_do_not_know(groups):
+    url = f"redis+sentinel://{groups.sentinel_hosts}/nope/0"
+    rl = Redlock([url], node_timeout=0.5)
+    try:
+        [health] = rl.health()
+        assert not health.reachable and "'nope'" in health.error
+        assert "no such master" in health.error
+    finally:
+        rl.close()
+
+
+def test_the_same_group_twice_is_one_node(settings):
+    a = "redis+sentinel://s1:26379,s2:26379/mymaster/0"
+    b = "redis+sentinel://S2:26379,s1:26379/mymaster/1"
+    assert node_identity(a) == node_identity(b)
+    assert node_identity(a) != node_identity("redis+sentinel://s1:26379,s2:26379/other/0")
+    with pytest.raises(ValueError, match="same Redis server"):
+        Redlock([a, b, "redis://127.0.0.1:6379/0"])
+    settings.REDLOCK = {"NODES": [a, b, "redis://127.0.0.1:6379/0"]}
+    assert "django_redlock.E007" in [m.id for m in check_settings()]
+
+
+# -- locks over groups -------------------------------------------------------------------------
+
+
+def test_a_lock_over_three_groups(groups, make_redlock):
+    prefix = _prefix()
+    a = make_redlock(groups.urls, key_prefix=prefix, **_options())
+    b = make_redlock(groups.urls, key_prefix=prefix, **_options())
+    lock = a.lock("invoice:1", ttl=3.0)
+    assert lock.acquire(blocking=False)
+    assert not b.lock("invoice:1").acquire(blocking=False)
+    assert b.locked("invoice:1") and lock.check()
+    masters = [f"{h}:{p}" for h, p in map(groups.master_address, range(3))]
+    [info] = b.live_locks("invoice:*")
+    assert info.nodes == 3 and sorted(s.master for s in info.per_node) == sorted(masters)
+    health = b.health()
+    assert [h.master for h in health] == masters
+    assert all(h.reachable and h.voting for h in health)
+    # Each group's key is on its master, and replicated.
+    for i in range(3):
+        with groups.master(i).client() as c:
+            assert c.exists(f"{prefix}:lock:invoice:1")
+    lock.release()
+    assert b.lock("invoice:1").acquire(blocking=False)
+
+
+def test_sentinel_failover_while_a_lock_is_held(groups, make_redlock):
+    prefix = _prefix()
+    a = make_redlock(groups.urls, key_prefix=prefix, **_options(max_ttl=30.0))
+    b = make_redlock(groups.urls, key_prefix=prefix, **_options(max_ttl=30.0))
+    lock = a.lock("report", ttl=20.0)
+    assert lock.acquire(blocking=False)
+    old = groups.master_address(0)
+    new = groups.failover(0)
+    assert new != old
+    # The promoted replica is guarded: it may lack writes its master acknowledged.
+    assert not b.lock("report").acquire(blocking=False)
+    health = b.health()
+    assert health[0].master == f"{new[0]}:{new[1]}"
+    assert health[0].status == "guarded" and health[0].guarded_for > b.max_ttl
+    assert [h.status for h in health[1:]] == ["voting", "voting"]
+    # The holder still holds it on a quorum, releases it, and its client follows the move.
+    assert lock.check()
+    lock.release()
+    assert b.lock("report").acquire(blocking=False)  # groups 1 and 2
+    assert a.health()[0].master == f"{new[0]}:{new[1]}"
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_a_release_a_master_refused_goes_out_again(groups, make_redlock, client):
+    """A master that refuses writes (``NOREPLICAS``, as a deposed one does; ``READONLY`` from
+    a demoted one is handled alike) does not keep the key: its connection is dropped, and the
+    release goes out again with the node's next connection, to the master the Sentinels
+    name."""
+    prefix = _prefix()
+    key = f"{prefix}:lock:again"
+    master = groups.master(0)
+    with master.client() as admin:
+
+        def refuse(yes: bool) -> None:
+            admin.config_set("min-replicas-to-write", "5" if yes else "0")
+
+        if client == "sync":
+            rl = make_redlock(groups.urls, key_prefix=prefix, **_options())
+            lock = rl.lock("again", ttl=3.0)
+            assert lock.acquire(blocking=False)
+            refuse(True)
+            try:
+                lock.release()  # on groups 1 and 2
+                assert admin.exists(key)
+            finally:
+                refuse(False)
+            # The next operations that reach the node (a refusal read late, on the connection's
+            # next use, keeps the release for the one after).
+            for _ in range(2):
+                rl.locked("something else")
+        else:
+
+            async def scenario() -> None:
+                rl = AsyncRedlock(groups.urls, key_prefix=prefix, **_options())
+                try:
+                    lock = rl.lock("again", ttl=3.0)
+                    assert await lock.acquire(blocking=False)
+                    refuse(True)
+                    try:
+                        await lock.release()
+                        assert admin.exists(key)
+                    finally:
+                        refuse(False)
+                    for _ in range(2):
+                        await rl.locked("something else")
+                finally:
+                    await rl.close()
+
+            asyncio.run(scenario())
+        assert not admin.exists(key)
+
+
+def test_a_killed_master_whose_replica_missed_the_lock(own_groups, make_redlock):
+    """The promoted replica never got the lock (its replication was cut while the lock was
+    taken) and two groups fail over so: only the restart guard stands between a second
+    client and the lock. With the guard off, the same history grants it twice."""
+    groups = own_groups
+    prefix = _prefix()
+    opts = _options(max_ttl=60.0)
+    a = make_redlock(groups.urls, key_prefix=prefix, **opts)
+    # Markers armed and replicated first: the replicas hold the old masters' markers.
+    warm_up = a.lock("warm-up")
+    assert warm_up.acquire(blocking=False)
+    warm_up.release()
+    for i in (0, 1):
+        with groups.master(i).client() as c:
+            assert c.wait(1, 5000) == 1
+    masters = [groups.master(i) for i in (0, 1)]
+    replicas = [groups.replica(i) for i in (0, 1)]
+    for replica in replicas:
+        # Cut its replication: it reconnects as a user its master does not know, and fails.
+        with replica.client(decode_responses=True) as c:
+            c.config_set("masteruser", "nobody-here")
+            c.config_set("masterauth", "wrong")
+            c.client_kill_filter(_type="master")
+            deadline = time.monotonic() + 30
+            while c.info("replication")["master_link_status"] != "down":
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    lock = a.lock("payroll", ttl=50.0)
+    assert lock.acquire(blocking=False)
+    with groups.switch(0), groups.switch(1):
+        for master in masters:
+            master.kill()
+    key = f"{prefix}:lock:payroll"
+    for i, replica in zip((0, 1), replicas, strict=True):
+        assert groups.master_address(i) == (replica.host, replica.port)
+        with replica.client() as c:
+            assert not c.exists(key)  # the promoted replica lost the lock
+    b = make_redlock(groups.urls, key_prefix=prefix, **opts)
+    # Two groups sit out their guard: no quorum can answer, let alone grant.
+    with pytest.raises(QuorumError, match=r"guarded for .*failover"):
+        b.lock("payroll").acquire(blocking=False)
+    health = b.health()
+    assert [h.status for h in health] == ["guarded", "guarded", "voting"]
+    assert [h.master for h in health[:2]] == [f"{r.host}:{r.port}" for r in replicas]
+    assert lock.held and lock.check() is False  # the holder's own quorum view: 1 of 3
+    unguarded = make_redlock(groups.urls, key_prefix=prefix, **opts, restart_guard=False)
+    assert unguarded.lock("payroll").acquire(blocking=False)  # the hazard the guard closes
+
+
+def test_history_of_holders_across_failovers(groups, make_redlock):
+    """Four clients take one lock in turn while every group fails over; no two holds
+    overlap, and every client keeps taking it after each failover. The deposed masters go
+    on taking writes for about ten seconds after each switch (until the Sentinels
+    reconfigure them): a client that kept using its pooled connections to one would count
+    it beside the promoted replica, and two clients would hold the lock at once."""
+    prefix = _prefix()
+    opts = _options(ttl=1.0, max_ttl=4.0)
+    clients = [make_redlock(groups.urls, key_prefix=prefix, **opts) for _ in range(4)]
+    holds: list[tuple[float, float, int]] = []  # (start, end, phase)
+    phase = [0]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def work(rl: Redlock) -> None:
+        try:
+            while not stop.is_set():
+                lock = rl.lock("history")
+                if not lock.acquire(timeout=1.0):
+                    continue
+                start, at = time.monotonic(), phase[0]
+                valid_until = start + lock.validity
+                stop.wait(0.002)
+                end = min(time.monotonic(), valid_until)
+                holds.append((start, end, at))
+                with contextlib.suppress(Exception):  # lost after the hold: still checked
+                    lock.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(rl,)) for rl in clients]
+    for t in threads:
+        t.start()
+    try:
+        for index in range(3):
+            groups.failover(index)
+            phase[0] += 1
+            # The promoted replica's guard passes, so the next failover leaves a quorum.
+            deadline = time.monotonic() + 60
+            while not any(p == phase[0] for _, _, p in holds):
+                assert time.monotonic() < deadline, f"no hold after failover {index}"
+                time.sleep(0.05)
+            time.sleep(clients[0].guard_period)
+        deadline = time.monotonic() + 60
+        while len([h for h in holds if h[2] == 3]) < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    ordered = sorted(holds)
+    overlaps = sum(1 for x, y in itertools.pairwise(ordered) if y[0] < x[1])
+    assert overlaps == 0
+    assert len(holds) >= 40 and {p for _, _, p in holds} == {0, 1, 2, 3}
+    health = clients[0].health()
+    assert [h.master for h in health] == [
+        "{}:{}".format(*groups.master_address(i)) for i in range(3)
+    ]
+
+
+def test_async_client_follows_a_failover(groups, make_redlock):
+    prefix = _prefix()
+
+    async def scenario():
+        rl = AsyncRedlock(groups.urls, key_prefix=prefix, **_options(max_ttl=30.0))
+        try:
+            lock = rl.lock("async-job", ttl=20.0)
+            assert await lock.acquire(blocking=False)
+            new = await asyncio.to_thread(groups.failover, 1)
+            other = rl.lock("async-job")
+            assert not await other.acquire(blocking=False)
+            health = await rl.health()
+            assert health[1].master == f"{new[0]}:{new[1]}" and health[1].status == "guarded"
+            await lock.release()
+            assert await other.acquire(blocking=False)
+            await other.release()
+        finally:
+            await rl.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_group_with_a_password(make_redlock):
+    """The URL's password is the master's (the Sentinels here have none)."""
+    groups = _start(password="s3cret")
+    try:
+        rl = make_redlock(groups.urls, key_prefix=_prefix(), **_options())
+        lock = rl.lock("secret-job")
+        assert lock.acquire(blocking=False)
+        assert all(h.reachable and h.voting for h in rl.health())
+        lock.release()
+        wrong = [u.replace("s3cret", "wrong") for u in groups.urls]
+        bad = make_redlock(wrong, key_prefix=_prefix(), **_options())
+        health = bad.health()[0]
+        assert not health.reachable and "s3cret" not in str(health)
+        assert health.master == "{}:{}".format(*groups.master_address(0))
+    finally:
+        groups.stop()
+
+
+# -- the views ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def group_settings(settings, groups):
+    settings.REDLOCK = {
+        "NODES": groups.urls,
+        "KEY_PREFIX": _prefix(),
+        "NODE_TIMEOUT": 0.5,
+        "TTL": 10.0,
+    }
+    yield settings.REDLOCK
+    from django_redlock.conf import reset
+
+    reset()
+
+
+def test_cli_check_shows_each_groups_master(group_settings, groups):
+    assert check_reachable() == []  # the deploy check's probe finds each group's master
+    out = StringIO()
+    call_command("redlock", "check", stdout=out)
+    text = out.getvalue()
+    for i in range(3):
+        host, port = groups.master_address(i)
+        assert f"{redact(groups.url(i))} (master {host}:{port})" in text
+
+
+@pytest.mark.django_db
+def test_admin_pages_show_each_groups_master(group_settings, groups, admin_client):
+    from django_redlock import get_redlock
+
+    lock = get_redlock().lock("admin:seen", ttl=10.0)
+    assert lock.acquire(blocking=False)
+    try:
+        masters = ["{}:{}".format(*groups.master_address(i)) for i in range(3)]
+        html = admin_client.get("/admin/django_redlock/lock/nodes/").content.decode()
+        assert all(f"master {m}" in html for m in masters)
+        html = admin_client.get("/admin/django_redlock/lock/").content.decode()
+        assert all(f"(master {m})" in html for m in masters)
+        detail = admin_client.get("/admin/django_redlock/lock/detail/?name=admin:seen")
+        assert all(f"master {m}" in detail.content.decode() for m in masters)
+        probes.forget()  # a probe of another test's nodes may be cached
+        ready = admin_client.get("/redlock/ready/").json()
+        assert [n["master"] for n in ready["nodes"]] == masters
+    finally:
+        lock.release()
