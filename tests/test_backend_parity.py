@@ -219,3 +219,25 @@ def test_async_rule_2_racing_tasks_on_one_handle(abuild, name) -> None:
 
 def test_async_rules_3_and_4_waiting_and_asking_again(abuild, name) -> None:
     run_async(abuild, cases.arule_3_and_4_waiting_and_asking_again, name)
+
+
+@pytest.mark.parametrize("start", ["os.fork", "multiprocessing"])
+def test_forked_children_hold_none_of_the_parents_locks(make, name, start, tmp_path) -> None:
+    cases.rule_forked_children_hold_none_of_the_parents_locks(make, name, tmp_path, start)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_forked_children_leave_a_pessimistic_parents_transaction_alone(
+    kind, make, name, tmp_path
+) -> None:
+    # The parent's lock lives in a transaction on its own connection: a child's goodbye on
+    # that connection would end the transaction, and the lock with it.
+    cases.rule_forked_children_hold_none_of_the_parents_locks(
+        lambda: make(pessimistic=True), name, tmp_path, "os.fork"
+    )

@@ -47,6 +47,7 @@ from ..core import (
     emit,
 )
 from ..core import check_name as core_check_name
+from ..core.process import ThisProcess
 
 __all__ = [
     "AsyncBackendLock",
@@ -155,10 +156,17 @@ class Grant:
     count: int = 1
     auto_renew: bool = False
     stop_renewal: threading.Event = field(default_factory=threading.Event)
+    #: The process that acquired it; a forked child holds none of its parent's locks.
+    pid: int = field(default_factory=lambda: ThisProcess.pid)
+
+    @property
+    def foreign(self) -> bool:
+        """Inherited through fork: this process must never touch it on the service."""
+        return self.pid != ThisProcess.pid
 
     @property
     def validity(self) -> float:
-        if self.released or self.lost:
+        if self.released or self.lost or self.foreign:
             return 0.0
         return max(self.valid_until - time.monotonic(), 0.0)
 
@@ -294,6 +302,30 @@ class BackendLocks:
         #: The grant of each name held through this manager, for reentrant holds.
         self._holds: dict[str, Grant] = {}
         self._holds_lock = threading.Lock()
+        #: The process whose connections this manager holds (see :meth:`_this_process`).
+        self._pid = ThisProcess.pid
+
+    # -- fork -----------------------------------------------------------------------------------
+
+    def _this_process(self) -> None:
+        """Called before any use of the service: in a process forked since the last use,
+        let go of everything inherited (:meth:`_after_fork`) before anything is sent. The
+        parent's connections, sessions and watch threads stay the parent's: a child that
+        talked on them would read the parent's replies (and the parent the child's)."""
+        if self._pid == ThisProcess.pid:
+            return
+        with _fork_guard():
+            if self._pid != ThisProcess.pid:
+                # Locks other threads of the parent held at the fork stay held here for ever.
+                self._holds = {}
+                self._holds_lock = threading.Lock()
+                self._after_fork()
+                self._pid = ThisProcess.pid
+
+    def _after_fork(self) -> None:
+        """Drop the parent's connections, sessions and watch state WITHOUT ending them at
+        the protocol level (that would end the parent's), and start afresh. Each backend
+        replaces what it has; nothing here."""
 
     # -- the primitives a backend implements ----------------------------------------------------
 
@@ -385,6 +417,7 @@ class BackendLocks:
         Redlock; without it (the default) a second acquire by the holder contends.
         """
         check_name(name)
+        self._this_process()
         lease = self.ttl if ttl is None else check_positive("ttl", ttl)
         timeout = check_timeout(timeout)
         details = check_meta(meta)
@@ -418,12 +451,14 @@ class BackendLocks:
         """Release ``name`` if ``token`` still holds it (a lock handed over with
         :meth:`BackendLock.detach`): 1, or 0 when another holder has it by now."""
         check_name(name)
+        self._this_process()
         return self._remove(name, check_token(token))
 
     def extend_token(self, name: str, token: str, ttl: float) -> bool:
         """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it."""
         check_name(name)
         ttl = check_positive("ttl", ttl)
+        self._this_process()
         grant = self._adopt(name, check_token(token))
         return grant is not None and bool(self._renew(grant, ttl))
 
@@ -431,16 +466,19 @@ class BackendLocks:
         """Every live lock whose name matches the glob ``pattern``, by name."""
         if not isinstance(pattern, str):
             raise TypeError(f"pattern must be a str, got {pattern!r}")
+        self._this_process()
         return iter(sorted(self._infos(pattern), key=lambda info: info.name))
 
     def lock_info(self, name: str) -> LockInfo | None:
         check_name(name)
+        self._this_process()
         return next((i for i in self._infos(glob_escape(name)) if i.name == name), None)
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Remove ``name`` whoever holds it (only ``token``'s hold, when given); 1 or 0.
         The former holder learns it lost the lock at its next renewal, check or release."""
         check_name(name)
+        self._this_process()
         removed = self._remove(name, None if token is None else check_token(token))
         if removed:
             self._emit(LockEvent("force_released", name, token=token, nodes=removed))
@@ -458,6 +496,7 @@ class BackendLocks:
         retries: int | None,
     ) -> Grant | None:
         start = time.monotonic()
+        self._this_process()
         held = self._reenter(handle, owner)
         if held is not None:
             return held
@@ -561,6 +600,10 @@ class BackendLocks:
         )
 
     def _release(self, grant: Grant) -> None:
+        if grant.foreign:
+            # The parent's lock, seen from a forked child: the parent still holds it.
+            return
+        self._this_process()
         with self._holds_lock:
             if grant.count > 1 and not grant.released:  # an inner reentrant hold
                 grant.count -= 1
@@ -584,8 +627,9 @@ class BackendLocks:
 
     def _extend(self, grant: Grant, ttl: float) -> bool:
         ttl = check_positive("ttl", ttl)
-        if grant.released or grant.lost:
+        if grant.released or grant.lost or grant.foreign:
             return False
+        self._this_process()
         started = time.monotonic()
         renewed = self._renew(grant, ttl)
         if renewed:
@@ -597,8 +641,9 @@ class BackendLocks:
         return False
 
     def _check(self, grant: Grant) -> bool:
-        if grant.lost:
+        if grant.lost or grant.foreign:
             return False
+        self._this_process()
         try:
             return self._still_held(grant)
         except self.unavailable():
@@ -640,6 +685,24 @@ class BackendLocks:
 
     def _emit(self, event: LockEvent) -> None:
         emit(self.listeners, event)
+
+
+_FORK_GUARD = threading.Lock()
+
+
+def _fork_guard() -> threading.Lock:
+    """The lock serialising the first use of managers in a new process (made anew in each
+    child: another thread of the parent may have held it at the fork)."""
+    return _FORK_GUARD
+
+
+def _new_fork_guard() -> None:
+    global _FORK_GUARD
+    _FORK_GUARD = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_fork_guard)
 
 
 def glob_escape(name: str) -> str:

@@ -42,6 +42,7 @@ import copy
 import fnmatch
 import json
 import math
+import os
 import select
 import threading
 import time
@@ -152,6 +153,44 @@ def discard(wrapper: Any) -> None:
         wrapper.close()
 
 
+def _socket_fd(raw: Any) -> int | None:
+    """The socket descriptor of a driver's connection (psycopg's fileno(), PyMySQL's
+    _sock), or None (SQLite, or a driver that does not show it)."""
+    for holder in (raw, getattr(raw, "_sock", None)):
+        fileno = getattr(holder, "fileno", None)
+        if fileno is not None:
+            with contextlib.suppress(Exception):
+                return int(fileno())
+    return None
+
+
+def abandon(wrapper: Any) -> None:
+    """Let go of a connection inherited through fork without ending the parent's session.
+
+    As Celery's Django fixup does, the child's copy of the socket is closed before the
+    driver object goes: closing through the driver would first send the protocol's goodbye
+    (PostgreSQL's Terminate, MySQL's COM_QUIT) on the socket the parent still talks on, and
+    the server would end the parent's session (and with it the parent's pessimistic locks).
+    /dev/null is put in the socket's place (dup2: the descriptor number is never free for a
+    new socket of another thread to take), so the driver's close writes its goodbye there.
+    """
+    raw = wrapper.connection
+    if raw is None:
+        return
+    fd = _socket_fd(raw)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+    if fd is not None or wrapper.vendor == "sqlite":
+        with contextlib.suppress(Exception):  # it only frees the child's memory and descriptor
+            raw.close()
+    wrapper.connection = None
+
+
 class _Mutex:
     """A pessimistic lock's connection, in the transaction holding the mutex row; ``guard``
     keeps the holder's thread and its renewal thread from using it at the same time."""
@@ -249,9 +288,23 @@ class DatabaseLocks(BackendLocks):
 
         return (OperationalError, InterfaceError)
 
+    def _after_fork(self) -> None:
+        # The parent's listener and row-watch threads do not run here, and every connection
+        # opened so far is the parent's: drop them all without a goodbye (see abandon()).
+        with contextlib.suppress(Exception):
+            for wrapper in list(self._opened):
+                abandon(wrapper)
+        self._local = threading.local()
+        self._opened = []
+        self._opened_lock = threading.Lock()
+        self._listener = None
+        self._listener_lock = threading.Lock()
+        self._row_watch = _RowWatch(self)
+
     def _connection(self, *, idle: bool = False) -> Any:
         """This thread's own connection (autocommit), separate from Django's. ``idle``: it is
         not in a transaction, so one the server dropped meanwhile is replaced before use."""
+        self._this_process()
         wrapper = getattr(self._local, "wrapper", None)
         if wrapper is None:
             wrapper = self._local.wrapper = self._open()
@@ -264,6 +317,7 @@ class DatabaseLocks(BackendLocks):
         from django.db import connections
         from django.db.utils import load_backend
 
+        self._this_process()
         reason = self.unusable_reason()
         if reason:  # checked here too: a test runner may swap the NAME after the checks ran
             raise ImproperlyConfigured(reason)
@@ -692,6 +746,7 @@ class DatabaseLocks(BackendLocks):
     def locked(self, name: str) -> bool:
         from .base import check_name
 
+        self._this_process()
         rows = self._sql(
             f"SELECT 1 FROM {LOCKS} WHERE name = %s AND expires_us > NOW_US",
             [check_name(name)],
@@ -740,6 +795,7 @@ class DatabaseLocks(BackendLocks):
         ]
 
     def close(self) -> None:
+        self._this_process()  # in a forked child: close the child's own, never the parent's
         self._row_watch.close()
         if self._listener is not None:
             self._listener.stop()
@@ -753,6 +809,7 @@ class DatabaseLocks(BackendLocks):
     # -- LISTEN / NOTIFY ------------------------------------------------------------------------
 
     def _listen(self, name: str) -> threading.Event:
+        self._this_process()
         with self._listener_lock:
             if self._listener is not None and not self._listener.alive:
                 self._listener.stop()  # its connection dropped: listen on a new one
@@ -767,6 +824,7 @@ class DatabaseLocks(BackendLocks):
         they are, and whether listening began just now (a removal before it was not heard)."""
         from django.db import Error
 
+        self._this_process()
         with self._listener_lock:
             if self._listener is not None and not self._listener.alive:
                 self._listener.stop()

@@ -373,7 +373,20 @@ class EtcdLocks(BackendLocks):
             raise ValueError(f"EtcdLocks: root must look like /locks, got {root!r}")
         self.endpoints = list(endpoints)
         self.root = root
-        self.gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
+        self._gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
+        self._key_watch = _KeyWatch(self)
+
+    @property
+    def gateway(self) -> _Gateway:
+        """The HTTP connections of this process (a forked child gets its own)."""
+        self._this_process()
+        return self._gateway
+
+    def _after_fork(self) -> None:
+        # The parent's keep-alive connections and its watch stream are left as they are (no
+        # close, no shutdown: shutdown would end the parent's stream): a fresh pool and a
+        # fresh watch, whose thread starts with this process's first held lock.
+        self._gateway = _Gateway(self.endpoints, self._gateway.timeout)
         self._key_watch = _KeyWatch(self)
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
@@ -615,5 +628,6 @@ class EtcdLocks(BackendLocks):
         return result
 
     def close(self) -> None:
+        self._this_process()  # in a forked child: close the child's own, never the parent's
         self._key_watch.close()
         self.gateway.close()

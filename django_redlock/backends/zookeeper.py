@@ -103,13 +103,31 @@ class ZooKeeperLocks(BackendLocks):
         self.root = root
         self.session_timeout = check_positive("session_timeout", session_timeout)
         self.connect_timeout = check_positive("connect_timeout", connect_timeout)
-        self.client = KazooClient(hosts=hosts, timeout=self.session_timeout)
-        self.client.add_listener(self._on_state)
+        self._client = KazooClient(hosts=hosts, timeout=self.session_timeout)
+        self._client.add_listener(self._on_state)
         self._grants: weakref.WeakSet[Grant] = weakref.WeakSet()
         self._started = self._rooted = False
         self._start_lock = threading.Lock()
 
+    @property
+    def client(self) -> Any:
+        """This process's KazooClient (a forked child gets its own session)."""
+        self._this_process()
+        return self._client
+
+    def _after_fork(self) -> None:
+        from kazoo.client import KazooClient
+
+        # The parent's client is left alone: its connection thread does not run here, and
+        # stopping it would close the parent's session, and its ephemeral lock nodes with it.
+        self._client = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
+        self._client.add_listener(self._on_state)
+        self._grants = weakref.WeakSet()
+        self._started = self._rooted = False
+        self._start_lock = threading.Lock()
+
     def _zk(self) -> Any:
+        self._this_process()
         if not self._start_lock.acquire(timeout=self.connect_timeout):
             raise ZooKeeperUnreachable(f"zookeeper unreachable ({self.hosts}: still connecting)")
         try:
@@ -365,6 +383,7 @@ class ZooKeeperLocks(BackendLocks):
         return [NodeHealth(node=self.node_name, reachable=True, latency=latency, lock_keys=count)]
 
     def close(self) -> None:
+        self._this_process()  # in a forked child: close the child's own, never the parent's
         with self._start_lock:
             if self._started:
                 self.client.stop()

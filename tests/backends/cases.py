@@ -906,3 +906,153 @@ async def arule_3_and_4_waiting_and_asking_again(amake: AsyncMake, name: str) ->
     assert lock.held and (await observer.lock_info(name)).token == lock.token
     await lock.release()
     assert not await observer.locked(name)
+
+
+def _forked_worker(locks: Any, name: str, held: Any, history: Path, i: int) -> dict[str, Any]:
+    """A forked child's run: the parent's lock is not held here (its handle says so, its
+    release sends nothing, the name cannot be taken), then ``name`` taken five times
+    through the parent's manager, each hold written to the history."""
+    report: dict[str, Any] = {"errors": []}
+    report["inherited_held"] = held.held
+    report["inherited_check"] = held.check()
+    try:
+        held.release()  # the parent's hold: nothing is sent from here
+    except Exception as exc:
+        report["errors"].append(f"inherited release: {type(exc).__name__}: {exc}")
+    report["parent_lock_taken"] = locks.lock(held.name, ttl=10).acquire(blocking=False)
+    report["parent_lock_seen"] = locks.locked(held.name)
+    writer = HistoryWriter(history / f"child-{i}.jsonl", f"child-{i}")
+    try:
+        for _ in range(5):
+            lock = locks.lock(name, ttl=10)
+            started = time.monotonic()
+            if not lock.acquire(timeout=20):
+                report["errors"].append("no lock within 20 s")
+                continue
+            now = time.monotonic()
+            token = lock.token
+            writer.acquired(name, token, lock.fence, now, now + lock.validity, started)
+            time.sleep(0.002)
+            writer.releasing(token, time.monotonic(), time.monotonic() + lock.validity)
+            lock.release()
+            writer.outcome(token, "ok")
+    except Exception as exc:
+        report["errors"].append(f"{type(exc).__name__}: {exc}")
+    finally:
+        writer.close()
+    return report
+
+
+#: How long a forked child may take (its five holds take well under a second; a child that
+#: hangs on a connection it shares with another process is killed and reported).
+CHILD_BOUND = 120.0
+
+
+def _via_os_fork(work: Callable[[], dict[str, Any]]) -> tuple[int, Any]:
+    """Run ``work`` in a child made by ``os.fork()``: its pid, and a reader of its report."""
+    import select
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: always leaves through os._exit (never into pytest's code)
+        code = 1
+        try:
+            os.close(read_end)
+            try:
+                report = work()
+            except BaseException as exc:
+                report = {"errors": [f"{type(exc).__name__}: {exc}"]}
+            os.write(write_end, json.dumps(report).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+
+    def collect(deadline: float) -> Any:
+        chunks = []
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                    os.kill(pid, signal.SIGKILL)
+                    return {"errors": [f"os.fork child hung for {CHILD_BOUND} s"]}
+                chunk = os.read(read_end, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(read_end)
+            os.waitpid(pid, 0)
+        return json.loads(b"".join(chunks) or b'{"errors": ["no report"]}')
+
+    return pid, collect
+
+
+def _via_multiprocessing(work: Callable[[], dict[str, Any]]) -> tuple[int, Any]:
+    """Run ``work`` in a multiprocessing child of the 'fork' start method (Celery's prefork
+    pool starts its workers so)."""
+    import multiprocessing
+    import queue
+
+    context = multiprocessing.get_context("fork")
+    reports = context.Queue()
+
+    def target() -> None:
+        try:
+            reports.put(work())
+        except BaseException as exc:
+            reports.put({"errors": [f"{type(exc).__name__}: {exc}"]})
+
+    process = context.Process(target=target)
+    process.start()
+
+    def collect(deadline: float) -> Any:
+        try:
+            report = reports.get(timeout=max(deadline - time.monotonic(), 0.1))
+        except queue.Empty:
+            report = {"errors": [f"multiprocessing child hung for {CHILD_BOUND} s"]}
+            process.kill()
+        process.join(30)
+        return report
+
+    assert process.pid is not None
+    return process.pid, collect
+
+
+def rule_forked_children_hold_none_of_the_parents_locks(
+    make: Make, name: str, history: Path, start: str, children: int = 4
+) -> None:
+    """The parent takes and releases a lock, holds another, then forks ``children`` that
+    contend on ``name`` through the parent's very manager (``start``: ``os.fork`` or
+    multiprocessing's 'fork'). No child uses a connection, session or lease of the parent:
+    no child holds the parent's lock, their holds never overlap, none fails; the parent's
+    lock stays held, and the parent releases it cleanly afterwards."""
+    locks = make()
+    warm = locks.lock(f"{name}/warm", ttl=10)
+    assert warm.acquire(blocking=False)
+    warm.release()
+    held = locks.lock(f"{name}/parent", ttl=30, owner="parent")
+    assert held.acquire(blocking=False)
+    fork = _via_os_fork if start == "os.fork" else _via_multiprocessing
+    running = [
+        fork(lambda i=i: _forked_worker(locks, name, held, history, i)) for i in range(children)
+    ]
+    deadline = time.monotonic() + CHILD_BOUND
+    reports = [collect(deadline) for _, collect in running]
+    for report in reports:
+        assert report["errors"] == [], report
+        assert report["inherited_held"] is False, report
+        assert report["inherited_check"] is False, report
+        assert report["parent_lock_taken"] is False, report
+        assert report["parent_lock_seen"] is True, report
+    holds = load_holds(load_events(history))
+    assert len(holds) == 5 * children and all(h.outcome == "ok" for h in holds)
+    assert not find_overlaps(holds), [str(o) for o in find_overlaps(holds)]
+    # The parent's connections, session and lease are untouched: its lock is still its own.
+    assert held.held and held.check()
+    assert locks.locked(held.name)
+    held.release()
+    assert not locks.locked(held.name)
+    again = locks.lock(name, ttl=10)
+    assert again.acquire(timeout=30)
+    again.release()
