@@ -33,7 +33,7 @@ from tests.celery_support import (
     worker_env,
 )
 
-pytestmark = [pytest.mark.celery, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.celery, pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(240)]
 
 LEASE = 2.0  # long_task's lock_ttl
 #: The Redis transport hands an unacknowledged message out again after this many seconds.

@@ -464,11 +464,13 @@ def test_fencing_tokens_strictly_increase(redis_nodes: RedisCluster, make_async_
 
 
 def test_one_redlock_serves_successive_event_loops(
-    redis_nodes: RedisCluster, make_async_redlock
+    redis_cluster_factory, make_async_redlock
 ) -> None:
     """Built outside any loop, used from two ``asyncio.run`` calls (Django's async_to_sync does
     the same): each loop gets its own connections; when it shuts down its idle ones are parked
-    for the next loop (one per node here), and closed with the client."""
+    for the next loop (one per node here), and closed with the client. Nodes of its own: it
+    counts their clients."""
+    redis_nodes: RedisCluster = redis_cluster_factory(3)
     baseline = connected_clients(redis_nodes)
     rl: AsyncRedlock = make_async_redlock(redis_nodes)
     lock = rl.lock("loops", ttl=5.0, auto_renew=True)

@@ -181,11 +181,13 @@ def _subscribers(cluster) -> list[int]:
 
 
 def test_auto_renewed_locks_share_one_subscription_per_node(
-    redis_nodes, make_redlock, node_calls
+    redis_cluster_factory, make_redlock, node_calls
 ) -> None:
     """200 auto-renewed locks held at once, then 50 taken one after another: each node sees
     one subscriber connection and one SUBSCRIBE in all (not one per lock), nothing is
-    unsubscribed per release, and a force release still reaches its holder."""
+    unsubscribed per release, and a force release still reaches its holder. Nodes of its own:
+    another test's client still subscribed would count."""
+    redis_nodes = redis_cluster_factory(3)
     rl = make_redlock(redis_nodes, node_timeout=1.0)
     before = node_calls(redis_nodes)
     locks = [rl.lock(f"renewed:{i:03}", ttl=30, auto_renew=True) for i in range(200)]
@@ -208,10 +210,12 @@ def test_auto_renewed_locks_share_one_subscription_per_node(
 
 
 def test_asyncio_auto_renewed_locks_share_one_subscription_per_node(
-    redis_nodes, node_calls
+    redis_cluster_factory, node_calls
 ) -> None:
     """The asyncio client: 200 auto-renewed locks of one loop, one SUBSCRIBE and one
-    subscriber connection per node; a force release still reaches its holder."""
+    subscriber connection per node; a force release still reaches its holder (nodes of its
+    own)."""
+    redis_nodes = redis_cluster_factory(3)
 
     async def main() -> None:
         rl = AsyncRedlock(redis_nodes.urls, node_timeout=1.0)

@@ -27,7 +27,7 @@ from django_redlock.core.sentinel import GUARD_MARGIN
 from django_redlock.probes import probes
 from tests.sentinel_support import SentinelGroups, SentinelUnavailable
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 _prefixes = itertools.count()
 

@@ -88,7 +88,9 @@ _SLOW = {"trust_apart", "fresh_kept", "flushed_votes", "fork_releases"}
 @pytest.mark.parametrize(
     "mutant",
     [
-        pytest.param(m, marks=[pytest.mark.slow, pytest.mark.timeout(600)]) if m in _SLOW else m
+        pytest.param(m, marks=[pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)])
+        if m in _SLOW
+        else m
         for m in sorted(MUTANTS)
     ],
 )

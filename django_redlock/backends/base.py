@@ -38,6 +38,7 @@ from ..core import (
     NodeHealth,
     NodeLockState,
     QuorumError,
+    ThisProcess,
     check_flag,
     check_meta,
     check_positive,
@@ -47,7 +48,6 @@ from ..core import (
     emit,
 )
 from ..core import check_name as core_check_name
-from ..core.process import ThisProcess
 
 __all__ = [
     "AsyncBackendLock",

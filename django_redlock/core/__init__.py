@@ -25,6 +25,7 @@ from .listing import glob_escape
 from .lock import Lock
 from .nodes import NodeSpec, connection_args, node_client, node_identity, parse_spec, redact
 from .permits import ReadLock, Semaphore, WriteLock
+from .process import ThisProcess
 from .redlock import Redlock
 from .validation import (
     MAX_DURATION,
@@ -76,6 +77,7 @@ __all__ = [
     "Redlock",
     "RedlockError",
     "Semaphore",
+    "ThisProcess",
     "TrustRefused",
     "WriteLock",
     "check_flag",
