@@ -262,7 +262,8 @@ def test_row_the_holder_acquiring_its_handle_again(masters, rl) -> None:
     assert theirs.acquire(blocking=False) is False
     with pytest.raises(ReleaseUnlockedLock):
         theirs.release()
-    assert all(m.exists("redlock:again") for m in masters)
+    # Still held: pottery's own acquire may have reached a bare quorum of its masters.
+    assert sum(bool(m.exists("redlock:again")) for m in masters) > len(masters) // 2
     ours = rl.lock("again", ttl=10)
     assert ours.acquire(blocking=False)
     assert ours.acquire(blocking=False) is False

@@ -65,7 +65,7 @@ MAX_STALLS = 3
 #: fresh connection on a busy host needs the node's process to run for its handshake, which
 #: the reply budget (``node_timeout``) does not have to cover. A node that is really silent
 #: costs an operation that must connect to it this much, until it is found down.
-CONNECT_AT_LEAST = 0.25
+CONNECT_AT_LEAST = 1.0
 
 # Round-trip smoothing (RFC 6298's gains) and how many deviations the budget allows.
 _ALPHA = 0.125
