@@ -111,7 +111,9 @@ def test_contention_across_processes(name, tmp_path: Path) -> None:
 
 def test_holder_sigkill_recovered_within_one_lease(make, name) -> None:
     spec, env = child_spec(name)
-    cases.holder_killed(make, {**spec, "ttl": 2.0}, env, bound=2.0 + 1.0)
+    # A lease after the kill at most, plus what a loaded host adds to opening a manager's
+    # connection and waking the waiter (3.1 s of a 3 s bound was seen on MariaDB under load).
+    cases.holder_killed(make, {**spec, "ttl": 2.0}, env, bound=2.0 + 2.0)
 
 
 def test_lock_has_its_own_connection(make, name) -> None:
