@@ -170,7 +170,10 @@ def _worker(urls, seed, gate, results) -> None:
     results.put((history, error))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="system-wide monotonic clock")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="the history compares time.monotonic() across processes: system-wide on Linux only",
+)
 def test_processes_writer_alone(redis_nodes) -> None:
     outcomes = run_processes(_worker, [(redis_nodes.urls, seed) for seed in range(PROCESSES)])
     history = [h for got, _ in outcomes for h in got]

@@ -206,7 +206,10 @@ def _worker(urls, counter_url, gate, results) -> None:
     results.put((intervals, most, error))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="system-wide monotonic clock")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="the history compares time.monotonic() across processes: system-wide on Linux only",
+)
 def test_processes_never_exceed_the_limit(redis_nodes, redis_node) -> None:
     outcomes = run_processes(_worker, [(redis_nodes.urls, redis_node.url)] * PROCESSES)
     intervals = [i for got, _, _ in outcomes for i in got]
