@@ -115,15 +115,14 @@ class Listing:
         """Each node's :attr:`NodeHealth.status`, with the whole cluster in view: the nodes of
         a brand-new cluster (every node reachable and fresh) vote at the first lock, which
         trusts them all, so they are not shown as guarded."""
+        now = time.time()
         # The judgement an acquire makes (RedlockBase._all_fresh), so that health, `redlock
         # check` and the readiness view do not call a cluster voting that refuses every lock.
         new_cluster = (
             self.restart_guard
             and self.trust_fresh_cluster
             and all(h.reachable and h.guarded_for and h.fresh for h in health)
-            and started_together(
-                [time.time() - (h.uptime or 0.0) for h in health], time.time(), self.max_ttl
-            )
+            and started_together([now - (h.uptime or 0.0) for h in health], now, self.max_ttl)
         )
         judged = []
         for h in health:
