@@ -577,7 +577,7 @@ class AsyncRedlock(Primitives):
                 elif isinstance(step, SendBatch):
                     reply = await self._send_batch(step)
                 elif isinstance(step, Wait):
-                    await step.notice.wait(step.seconds)
+                    reply = await step.notice.wait(step.seconds)
                 elif isinstance(step, Pause):
                     await asyncio.sleep(step.seconds)
                 else:

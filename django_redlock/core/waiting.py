@@ -196,15 +196,18 @@ class ReleaseNotice(Tally):
             super().hear(node, token)
             self._cond.notify_all()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         """Until a quorum announced a release (or a grace period after a partial one), or
-        ``timeout`` seconds; then forget what was heard, ready for the next round."""
+        ``timeout`` seconds; then forget what was heard, ready for the next round. True when
+        a quorum announced a release (the waiter contends with everyone it woke)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             if self._cond.wait_for(lambda: self.heard, timeout):
                 grace = min(NOTICE_GRACE, max(deadline - time.monotonic(), 0.0))
                 self._cond.wait_for(lambda: self.freed, grace)
+            freed = self.freed
             self.reset()
+            return freed
 
 
 #: Seconds between attempts to reconnect a subscriber connection that dropped.
