@@ -91,8 +91,17 @@ if hasattr(os, "register_at_fork"):
 class Refusal:
     """Why one attempt did not produce a lock."""
 
-    def __init__(self, failures: dict[str, str], answered: int, retry_after: float | None) -> None:
+    def __init__(
+        self,
+        failures: dict[str, str],
+        answered: int,
+        retry_after: float | None,
+        ahead: int = 0,
+    ) -> None:
         self.failures = failures
+        #: A fair waiter's place: how many waiters are ahead of it in line (0: next, or not
+        #: queued).
+        self.ahead = ahead
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
 
@@ -634,19 +643,24 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         attempts = 0
         notice = None
         line = None
-        released = False  #: the last wait ended on a release a quorum announced
+        #: Whether the next attempt goes to the lead node first (:meth:`_lead_steps`): it
+        #: does once the name was found held, unless the last wait heard no release at all
+        #: (then every node is asked, so a copy left on the lead node alone cannot keep the
+        #: lock from a quorum of free nodes).
+        lead_next = False
         if handle.fair:
             line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
             yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
         while True:
             if first is None:
-                lead = self._lead_node(handle.name) if released else None
+                lead = self._lead_node(handle.name) if lead_next else None
                 outcome = yield from self._attempt_steps(handle, owner, line, lead=lead)
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
                 return self._won(handle, outcome, start)
             attempts += 1
+            lead_next = True
             now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
@@ -654,9 +668,24 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             if notice is None:
                 notice = yield Listen(self._channel(handle.name))
                 continue
-            released = bool(
-                (yield Wait(notice, self._pause_for(handle, outcome, retries, deadline, now)))
-            )
+            pause = self._pause_for(handle, outcome, retries, deadline, now)
+            heard: int = (yield Wait(notice, pause)) or 0
+            lead_next = heard > 0
+            # A fair waiter with others ahead in line lets their releases go by (each one is
+            # the hand-off to the next in line) instead of asking the nodes on each: the line
+            # moves one place per release. A node answers with the place only while the lock
+            # is free there (the first in line is about to take it), so it is this waiter's
+            # turn at the release of the last waiter ahead. The pause still bounds the whole
+            # wait, so a line that stalls (a waiter ahead died) is asked again as before.
+            until = now + pause
+            skip = outcome.ahead - heard
+            while lead_next and skip > 0:
+                left = until - clock.monotonic()
+                if left <= 0:
+                    break
+                heard = (yield Wait(notice, left)) or 0
+                lead_next = heard > 0
+                skip -= heard
 
     def _alone_steps(
         self, handle: LockBase, owner: Hashable, start: float, contended: bool = False
@@ -722,7 +751,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if isinstance(reply, list) and reply[0] in (1, 3):
             # The lead node's verdict stands for the cluster's in this attempt (no
             # QuorumError: a node answered); when it frees up is told by the next release.
-            return Refusal({node.name: "held (lead node of a contended name)"}, self.quorum, None)
+            ahead = int(reply[1]) if reply[0] == 3 else 0
+            return Refusal(
+                {node.name: "held (lead node of a contended name)"}, self.quorum, None, ahead
+            )
         if reply is MARKER_CHANGED:  # its SET ran there (a node that did not answer in
             # time got the undo behind the acquire already: the fan-out's ``late``)
             undo = request.undo()
@@ -966,6 +998,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
+        places: list[int] = []  # a fair waiter's place in line, as each node sees it
         answered = 0
         for node, reply in zip(self.nodes, replies, strict=True):
             if isinstance(reply, Failure):
@@ -979,6 +1012,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             elif reply[0] == 3:
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
+                places.append(int(reply[1]))
             else:
                 answered += 1
         retry_after = None
@@ -987,7 +1021,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if held_pttls and 0 < still_needed <= len(held_pttls):
             # The lock frees up once enough leases have run out to leave a quorum free.
             retry_after = sorted(held_pttls)[still_needed - 1] / 1000
-        return Refusal(failures, answered, retry_after)
+        return Refusal(failures, answered, retry_after, min(places, default=0))
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""

@@ -132,6 +132,11 @@ class Tally:
         if len(nodes) >= self.quorum:
             self.freed = True
 
+    @property
+    def releases(self) -> int:
+        """How many releases (distinct tokens) were heard since the last reset."""
+        return len(self._nodes)
+
     def reset(self) -> None:
         self.heard = self.freed = False
         self._nodes.clear()
@@ -196,18 +201,18 @@ class ReleaseNotice(Tally):
             super().hear(node, token)
             self._cond.notify_all()
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float) -> int:
         """Until a quorum announced a release (or a grace period after a partial one), or
-        ``timeout`` seconds; then forget what was heard, ready for the next round. True when
-        a quorum announced a release (the waiter contends with everyone it woke)."""
+        ``timeout`` seconds; then forget what was heard, ready for the next round. Returns
+        how many releases (distinct tokens) some node announced: 0 for none."""
         deadline = time.monotonic() + timeout
         with self._cond:
             if self._cond.wait_for(lambda: self.heard, timeout):
                 grace = min(NOTICE_GRACE, max(deadline - time.monotonic(), 0.0))
                 self._cond.wait_for(lambda: self.freed, grace)
-            freed = self.freed
+            releases = self.releases
             self.reset()
-            return freed
+            return releases
 
 
 #: Seconds between attempts to reconnect a subscriber connection that dropped.
