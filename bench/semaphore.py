@@ -101,25 +101,47 @@ class Holder(Protocol):
 
     def release(self) -> None: ...
 
+    def holds(self) -> bool | None:
+        """Whether the library still tells this holder it holds (None: it has no way to)."""
+        ...
 
-#: (semaphore name, limit) -> a new holder
-Factory = Callable[[str, int], Holder]
+
+@dataclass(frozen=True)
+class Terms:
+    """The lease and the bound of a blocking acquire, seconds; ``renew``: keep the lease."""
+
+    ttl: float = TTL
+    wait: float = WAIT
+    renew: bool = False
+
+
+USUAL = Terms()
+
+#: (semaphore name, limit, terms) -> a new holder
+Factory = Callable[[str, int, Terms], Holder]
 
 
 class _Ours:
-    def __init__(self, rl: Redlock, name: str, limit: int, mutex: bool = False) -> None:
-        self.rl, self.name, self.limit, self.mutex = rl, name, limit, mutex
+    def __init__(
+        self, rl: Redlock, name: str, limit: int, terms: Terms = USUAL, mutex: bool = False
+    ) -> None:
+        self.rl, self.name, self.limit, self.terms, self.mutex = rl, name, limit, terms, mutex
         self.handle: Any = None
 
     def acquire(self, blocking: bool) -> bool:
+        ttl, renew = self.terms.ttl, self.terms.renew
         if self.mutex:
-            self.handle = self.rl.lock(self.name, TTL)
+            self.handle = self.rl.lock(self.name, ttl, auto_renew=renew)
         else:
-            self.handle = self.rl.semaphore(self.name, self.limit, TTL)
-        return bool(self.handle.acquire(blocking=blocking, timeout=WAIT if blocking else None))
+            self.handle = self.rl.semaphore(self.name, self.limit, ttl, auto_renew=renew)
+        wait = self.terms.wait if blocking else None
+        return bool(self.handle.acquire(blocking=blocking, timeout=wait))
 
     def release(self) -> None:
         self.handle.release()
+
+    def holds(self) -> bool | None:
+        return bool(self.handle.held)
 
 
 class _Managed:
@@ -136,10 +158,16 @@ class _Managed:
     def release(self) -> None:
         self.stack.close()
 
+    def holds(self) -> bool | None:
+        return None
+
 
 class _PyRedisSemaphore:
-    def __init__(self, mod: Any, client: redis.Redis, name: str, limit: int) -> None:
-        config = mod.SemaphoreConfig(name=name, limit=limit, lock_timeout=TTL, acquire_timeout=WAIT)
+    def __init__(self, mod: Any, client: redis.Redis, name: str, limit: int, terms: Terms) -> None:
+        # Its heartbeat always runs (every lock_timeout / 3): ``renew`` changes nothing here.
+        config = mod.SemaphoreConfig(
+            name=name, limit=limit, lock_timeout=terms.ttl, acquire_timeout=terms.wait
+        )
         self.sem = mod.Semaphore(client, config)
 
     def acquire(self, blocking: bool) -> bool:
@@ -147,6 +175,9 @@ class _PyRedisSemaphore:
 
     def release(self) -> None:
         self.sem.release()
+
+    def holds(self) -> bool | None:
+        return bool(self.sem.is_acquired)
 
 
 class _ZsetByHand:
@@ -161,6 +192,9 @@ class _ZsetByHand:
     def release(self) -> None:
         self.client.zrem(self.name, self.token)
 
+    def holds(self) -> bool | None:
+        return None
+
 
 def peer_factory(label: str, url: str) -> Factory:
     """The holder factory of one PyPI peer on the node at ``url`` (ImportError: not there)."""
@@ -169,12 +203,17 @@ def peer_factory(label: str, url: str) -> Factory:
     mod = peers.load_isolated(dist, module, module)
     client = redis.Redis.from_url(url)
     if label == "py-redis-semaphore":
-        return lambda name, limit: _PyRedisSemaphore(mod, client, name, limit)
+        return lambda name, limit, terms: _PyRedisSemaphore(mod, client, name, limit, terms)
     if label == "redis-limiters":
 
-        def limiters(name: str, limit: int) -> Holder:
+        def limiters(name: str, limit: int, terms: Terms) -> Holder:
+            # No renewal: ``expiry`` (whole seconds) is the list's, pushed back by each use.
             sem = mod.SyncSemaphore(
-                name=name, capacity=limit, expiry=int(TTL), max_sleep=WAIT, connection=client
+                name=name,
+                capacity=limit,
+                expiry=max(1, round(terms.ttl)),
+                max_sleep=terms.wait,
+                connection=client,
             )
             return _Managed(lambda: sem)
 
@@ -183,9 +222,13 @@ def peer_factory(label: str, url: str) -> Factory:
     # refuses (TypeError); its documented connection_pool field goes around that.
     config = mod.RedisConfiguration(connection_pool=redis.ConnectionPool.from_url(url))
 
-    def concurrency(name: str, limit: int) -> Holder:
+    def concurrency(name: str, limit: int, terms: Terms) -> Holder:
+        # No renewal: ``limit_expire`` (whole seconds) is the hash's, pushed back by each entry.
         cfg = mod.LimitConfiguration(
-            key=name, limit=limit, limit_timeout=int(WAIT), limit_expire=int(TTL)
+            key=name,
+            limit=limit,
+            limit_timeout=int(terms.wait),
+            limit_expire=max(1, round(terms.ttl)),
         )
         return _Managed(lambda: mod.limit(config, cfg))
 
@@ -280,7 +323,7 @@ def uncontended_rows(
         f"ours: write lock ({nodes})": write,
     }
     for label, factory in peer_rows.items():
-        holder = factory(f"bench:u:{label}", LIMIT)
+        holder = factory(f"bench:u:{label}", LIMIT, USUAL)
         table[f"{label} (1)"] = cycle(holder, blocking=label != "py-redis-semaphore")
     table["ZSET by hand (1)"] = cycle(_ZsetByHand(zset, "bench:zset", LIMIT, single))
     return table
@@ -311,6 +354,7 @@ class Contended:
     seconds: float = 0.0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    per_thread: list[int] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -327,7 +371,7 @@ def contend(
     row: Contended,
 ) -> None:
     """``threads`` threads loop acquire / hold / release on one semaphore for ``seconds``."""
-    holders = [factory(name, limit) for _ in range(threads)]
+    holders = [factory(name, limit, USUAL) for _ in range(threads)]
     lock = threading.Lock()
     start = threading.Barrier(threads + 1)
     deadline = [0.0]
@@ -358,6 +402,7 @@ def contend(
             row.intervals.extend(mine)
             row.failed += failed
             row.errors.extend(errors)
+            row.per_thread.append(len(mine))
 
     workers = [threading.Thread(target=worker, args=(h,), daemon=True) for h in holders]
     for w in workers:
@@ -387,6 +432,49 @@ def run_contended(
     return list(rows.values())
 
 
+# -- part 3: a hold past the lease ------------------------------------------------------------
+
+
+@dataclass
+class PastLease:
+    name: str
+    limit: int
+    probes: int = 0
+    admitted: int = 0  #: probes let in while ``limit`` holders held
+    told: list[bool | None] = field(default_factory=list)  #: each holder's ``holds()`` at the end
+    errors: list[str] = field(default_factory=list)
+
+
+def past_lease(factory: Factory, name: str, limit: int, lease: float, row: PastLease) -> None:
+    """``limit`` holders hold for 3 leases, with the library's renewal where it has one; one
+    caller comes after 1.5 leases of quiet and again after 3, and must be refused."""
+    terms = Terms(ttl=lease, wait=0.2, renew=True)
+    holders = [factory(name, limit, terms) for _ in range(limit)]
+    for h in holders:
+        assert h.acquire(True), f"{row.name}: a free permit was refused"
+    t0 = time.monotonic()
+    for at in (1.5 * lease, 3.0 * lease):
+        # The quiet is the point: no event to wait for, the leases run on the servers' clocks.
+        time.sleep(max(0.0, t0 + at - time.monotonic()))
+        probe = factory(name, limit, terms)
+        row.probes += 1
+        try:
+            got = probe.acquire(False)
+        except Exception as exc:  # the context-manager peers refuse by raising
+            got = False
+            if "Exceeded" not in type(exc).__name__:
+                row.errors.append(f"{type(exc).__name__}: {exc}")
+        if got:
+            row.admitted += 1
+            probe.release()
+    row.told = [h.holds() for h in holders]
+    for h in holders:
+        try:
+            h.release()
+        except Exception as exc:
+            row.errors.append(f"release: {type(exc).__name__}: {exc}")
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -399,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=3, help="permits (part 2)")
     parser.add_argument("--seconds", type=float, default=2.5, help="per row and round (part 2)")
     parser.add_argument("--hold-ms", type=float, default=1.0)
+    parser.add_argument("--lease", type=float, default=2.0, help="part 3's lease, seconds")
+    parser.add_argument("--no-lease", action="store_true", help="skip part 3")
     parser.add_argument("--quick", action="store_true", help="2 rounds, 200 cycles, 1.5 s")
     parser.add_argument(
         "--only", default="ours," + ",".join(PEERS), help="ours and/or peers, comma-separated"
@@ -448,11 +538,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         factories: dict[str, tuple[Factory, int]] = {}
         if "ours" in only:
             factories[f"ours: mutex ({args.nodes})"] = (
-                lambda name, limit: _Ours(rl, name, 1, mutex=True),
+                lambda name, limit, terms: _Ours(rl, name, 1, terms, mutex=True),
                 1,
             )
             factories[f"ours: semaphore ({args.nodes})"] = (
-                lambda name, limit: _Ours(rl, name, limit),
+                lambda name, limit, terms: _Ours(rl, name, limit, terms),
                 args.limit,
             )
         for label, factory in peer_rows.items():
@@ -466,18 +556,46 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{args.hold_ms:g} ms, {args.rounds} rounds x {args.seconds:g} s"
         )
         print(
-            f"{'row':<30} {'cyc/s':>7} {'/permit':>7} {'failed':>6} {'max held':>8} "
-            f"{'at max':>6}  verdict"
+            f"{'row':<30} {'cyc/s':>7} {'/permit':>7} {'slowest':>7} {'failed':>6} "
+            f"{'max held':>8} {'at max':>6}  verdict"
         )
         for row in rows:
             most, at_most = max_holders(row.intervals)
             verdict = "ok" if most <= row.limit else f"OVERSHOOT: {most} > {row.limit}"
+            mean = statistics.mean(row.per_thread) if row.per_thread else 0
+            slowest = f"{min(row.per_thread) / mean:.0%}" if mean else "-"
             print(
-                f"{row.name:<30} {row.rate:>7.0f} {row.rate / row.limit:>7.0f} "
+                f"{row.name:<30} {row.rate:>7.0f} {row.rate / row.limit:>7.0f} {slowest:>7} "
                 f"{row.failed:>6} {most:>8} {at_most:>6}  {verdict}"
             )
             if row.errors:
                 print(f"    {len(row.errors)} errors, first: {row.errors[0][:160]}")
+        if not args.no_lease:
+            print()
+            print(
+                f"past the lease: {args.limit} holders hold 3 leases of {args.lease:g} s "
+                "(renewed where the library can); one more caller after 1.5 and 3 leases"
+            )
+            print(f"{'row':<30} {'admitted':>8}  {'holders told':<24} verdict")
+            for name, (factory, limit) in factories.items():
+                if limit == 1:
+                    continue  # the mutex: the semaphore row says the same
+                past = PastLease(name, limit)
+                key = f"bench:lease:{name.split()[0]}"
+                past_lease(factory, key, limit, args.lease, past)
+                told = (
+                    "no API"
+                    if all(t is None for t in past.told)
+                    else f"{sum(bool(t) for t in past.told)} of {limit} still hold"
+                )
+                verdict = (
+                    "ok"
+                    if past.admitted == 0
+                    else f"OVERSHOOT: {limit + 1} holders ({past.admitted} of {past.probes})"
+                )
+                print(f"{name:<30} {past.admitted:>8}  {told:<24} {verdict}")
+                if past.errors:
+                    print(f"    {len(past.errors)} errors, first: {past.errors[0][:160]}")
         rl.close()
         other.close()
     finally:
