@@ -1,7 +1,7 @@
 """What a semaphore permit costs next to the mutex and next to the Redis semaphores on PyPI.
 
-    python bench/semaphore.py                 # 3 nodes, full size (about a minute)
-    python bench/semaphore.py --quick         # about 20 s
+    python bench/semaphore.py                 # 3 nodes, full size (about 90 s)
+    python bench/semaphore.py --quick         # about 40 s
     python bench/semaphore.py --only ours     # no peer (nothing installed)
 
 One process, ``--nodes`` local ``redis-server`` nodes started here. Ours runs on every node (a
@@ -37,6 +37,11 @@ for the cost per permit. Reported: cycles/s, cycles/s per permit, failed acquire
 largest number of holders at once. Every thread notes the time after its acquire returned
 and before it calls release (``time.monotonic``, one process): the noted intervals lie inside
 the true holds, so more than N of them overlapping is a proven overshoot, never an artefact.
+
+Part 3, past the lease: ``--limit`` holders hold for 3 leases of ``--lease`` seconds (2), each
+library renewing where it can (ours ``auto_renew=True``, py-redis-semaphore its heartbeat; the
+other two have no renewal), and one more caller comes after 1.5 and after 3 leases of quiet.
+It must be refused; "holders told" is what each holder's library says at the end.
 
 Nothing here is a test; the numbers are this machine's (a shared 2-core box: compare rows of
 one run, not runs).
