@@ -43,6 +43,14 @@ def _take_turns(clients: list, name: str, fair: bool) -> list[int]:
     return counts
 
 
+def _clients(nodes: RedisCluster, make_redlock) -> list:
+    """CLIENTS Redlock clients, each warmed up (connections open, markers armed)."""
+    clients = [make_redlock(nodes, ttl=10.0) for _ in range(CLIENTS)]
+    for client in clients:
+        warm_up(client)
+    return clients
+
+
 def _spent(before: list[dict[str, int]], after: list[dict[str, int]], command: str) -> list[int]:
     return [a.get(command, 0) - b.get(command, 0) for b, a in zip(before, after, strict=True)]
 
@@ -50,9 +58,7 @@ def _spent(before: list[dict[str, int]], after: list[dict[str, int]], command: s
 def test_contenders_woken_by_one_release_do_not_split_the_vote(
     redis_nodes: RedisCluster, make_redlock, node_calls
 ) -> None:
-    clients = [make_redlock(redis_nodes, ttl=10.0) for _ in range(CLIENTS)]
-    for client in clients:
-        warm_up(client)
+    clients = _clients(redis_nodes, make_redlock)
     before = node_calls(redis_nodes)
     counts = _take_turns(clients, "hot:plain", fair=False)
     after = node_calls(redis_nodes)
@@ -71,9 +77,7 @@ def test_contenders_woken_by_one_release_do_not_split_the_vote(
 def test_fair_waiters_let_the_releases_ahead_of_them_go_by(
     redis_nodes: RedisCluster, make_redlock, node_calls
 ) -> None:
-    clients = [make_redlock(redis_nodes, ttl=10.0) for _ in range(CLIENTS)]
-    for client in clients:
-        warm_up(client)
+    clients = _clients(redis_nodes, make_redlock)
     before = node_calls(redis_nodes)
     counts = _take_turns(clients, "hot:fair", fair=True)
     after = node_calls(redis_nodes)
