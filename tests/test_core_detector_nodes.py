@@ -14,7 +14,7 @@ from django_redlock import QuorumError
 from django_redlock.core import fanout
 from django_redlock.core.base import Refusal
 from django_redlock.core.detector import MIN_SPAN, MISSES_TO_DOWN
-from django_redlock.core.nodes import TIMED_OUT
+from django_redlock.core.nodes import BEHIND_LATE, TIMED_OUT, Failure
 from tests.faults.proxy import Proxy
 from tests.helpers import tokens_on_nodes, wait_until, warm_up
 
@@ -294,6 +294,8 @@ def test_a_refusal_for_lateness_alone_is_retried_after_a_short_pause(redis_nodes
     contended = rl._refusal([held, TIMED_OUT, held])
     assert not contended.late and contended.retry_after == 9.0
     assert not rl._refusal([granted, held, held]).late  # nothing was late
+    assert rl._refusal([granted, BEHIND_LATE, held]).late  # its connections owed late replies
+    assert not rl._refusal([granted, Failure("refused", "x"), held]).late
     for _ in range(50):
         assert rl._pause_for(handle, late, None, None, 0.0) <= 0.05
         assert rl._pause_for(handle, Refusal({}, 3, None), None, None, 0.0) >= 0.2

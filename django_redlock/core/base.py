@@ -26,6 +26,7 @@ from .leases import DRIFT_FLOOR, LeaseTable, replies_of
 from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
+    BEHIND_LATE,
     TIMED_OUT,
     Failure,
     Node,
@@ -99,9 +100,10 @@ class Refusal:
         self.failures = failures
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
-        #: Refused for lateness: some node's answer did not come in time (the command went
-        #: out; a lossy link holds a reply up for TCP's retransmission), no node is guarded or
-        #: queued for, and the nodes that said "held" are too few to keep a quorum away.
+        #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
+        #: reply up for TCP's retransmission) or every connection to it still owed one, no
+        #: node is guarded or queued for, and the nodes that said "held" are too few to keep
+        #: a quorum away.
         self.late = late
 
 
@@ -871,7 +873,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         for node, reply in zip(self.nodes, replies, strict=True):
             if isinstance(reply, Failure):
                 failures[node.name] = str(reply)
-                timed_out = timed_out or reply is TIMED_OUT
+                timed_out = timed_out or reply is TIMED_OUT or reply == BEHIND_LATE
             elif reply[0] == 1:
                 answered += 1
                 held_pttls.append(max(int(reply[1]), 0))

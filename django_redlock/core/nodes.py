@@ -47,6 +47,7 @@ from .sentinel import (
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
+    "BEHIND_LATE",
     "DRAIN_FOR",
     "HANDSHAKE",
     "NOT_SENT",
@@ -749,9 +750,7 @@ class Node:
             self.want_spare()
             if young is not None:
                 return young
-            raise WireError(
-                Failure("timeout", "every connection waits for a late reply; opening another")
-            )
+            raise WireError(BEHIND_LATE)
         if young is not None:
             return young
         return self.connect(max(deadline - time.monotonic(), 0.005))
@@ -761,7 +760,7 @@ class Node:
         :data:`SPARES` wanted at a time)."""
         if self._spares < SPARES:
             self._spares += 1
-            reconnector.watch(self)
+        reconnector.watch(self)
 
     @property
     def late_after(self) -> float:
@@ -909,7 +908,7 @@ class Node:
         self.detector.answered(time.monotonic())
         self._silent = None
         self._probing = None
-        return True
+        return self._open_spares()
 
     def _open_spares(self) -> bool:
         """Open the spare connections wanted, into the pool; True when done (a failure
@@ -1359,6 +1358,10 @@ def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out): the
 #: command went out to it, and runs there when the node gets to it.
 TIMED_OUT = Failure("timeout")
+
+#: The reply of a node every connection to which owes a late reply (the command did not go
+#: out: it would have waited behind them; another connection is being opened).
+BEHIND_LATE = Failure("timeout", "every connection waits for a late reply; opening another")
 
 #: The reply of a node the command never went out to (the sending thread was interrupted
 #: first): a release so answered is kept for the node (:func:`reached` is False).
