@@ -271,10 +271,12 @@ def test_a_late_reply_keeps_its_connection(redis_cluster_factory, make_redlock):
         assert rl.locked("late") is False  # node 2's reply misses the deadline
         assert wire not in node._idle and wire.due and wire.sock.fileno() >= 0
         proxy.delay = 0.0
-        # Taking a lock meanwhile does not wait behind the late reply.
+        # Taking a lock meanwhile does not wait behind the late reply; another connection
+        # to the node is opened in the background.
         lock = rl.lock("meanwhile", ttl=30)
         assert lock.acquire(blocking=False)
         lock.release()
+        wait_until(lambda: any(other is not wire for other in node._idle), timeout=5.0)
         wait_until(lambda: rl.locked("late") is False and wire in node._idle, timeout=5.0)
         assert not wire.due and wire.sock.fileno() >= 0
     finally:

@@ -481,7 +481,7 @@ class Wire:
 
 #: Spare connections a node may want opened in the background at a time (see
 #: :meth:`Node.want_spare`).
-SPARES = 8
+SPARES = 2
 
 #: How long a connection given up stays open to be read (:meth:`Node.abandon`): a lease
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
