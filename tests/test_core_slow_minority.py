@@ -727,7 +727,7 @@ def test_the_reconnected_node_gets_the_releases_it_missed_without_another_operat
     assert not node.later
     # It read their answers before it counted the node as back (an asyncio client would
     # never read that connection, and one cut with them unanswered keeps them for next time).
-    assert [wire.due for wire in node._idle] == [deque()]
+    assert node._idle and all(wire.due == deque() for wire in node._idle)
 
 
 def test_kept_releases_and_a_connection_closing_under_them_do_not_spin_the_loop(

@@ -701,9 +701,10 @@ class Node:
         A pooled connection that still owes a reply it should have had by now (a lost packet
         holds it up for TCP's retransmission, 200 ms at least) is not used: a command sent
         behind it would wait for it too. It is set aside, read as its replies come, and
-        pooled again once it owes nothing (:meth:`_sweep`). One whose reply is merely on its
-        way (owed for less than :attr:`late_after`) is used when no other is idle: connecting
-        costs a round trip of its own."""
+        pooled again once it owes nothing (:meth:`_sweep`). One whose reply may still come in
+        time is used when no other is idle (owed for less than :attr:`late_after` first, else
+        for less than the node timeout): connecting costs a round trip of its own, and on a
+        loaded host replies are merely slow."""
         if self._pid != ThisProcess.pid:
             # Inherited sockets belong to the parent's conversations with the node, and the
             # parent's reconnector is not running here.
@@ -716,7 +717,10 @@ class Node:
             self._sweep()
         if self.group is not None and self.group.due():
             self.locate()
+        #: An owing connection whose reply may still come in time: owed for less than
+        #: :attr:`late_after` (``young``), or for less than the node timeout (``due``).
         young: Wire | None = None
+        due: Wire | None = None
         while True:
             try:
                 wire = self._idle.pop()
@@ -733,26 +737,34 @@ class Node:
                     continue
                 if owes:
                     now = time.monotonic()
-                    if young is None and not wire.overdue(now, self.late_after):
-                        young = wire
-                    elif wire.overdue(now, self.node_timeout):
+                    if wire.overdue(now, self.node_timeout):
                         self.abandon(wire)  # as a fan-out gives up a connection past it
+                    elif young is None and not wire.overdue(now, self.late_after):
+                        young = wire
+                    elif due is None:
+                        due = wire
                     else:
                         self._draining.append((wire, now + DRAIN_FOR))
                     continue
-            if young is not None:
-                self._idle.appendleft(young)  # last in line: its reply may be late
+            for owing in (young, due):
+                if owing is not None:
+                    self._idle.appendleft(owing)  # last in line: its reply may be late
             return wire
-        if self._draining:
-            # Every connection owes a late reply: the node is frozen, or slow, or behind a
-            # lossy link, where a handshake may be late too. This operation does not wait for
-            # one; another connection is opened in the background.
-            self.want_spare()
-            if young is not None:
-                return young
-            raise WireError(BEHIND_LATE)
         if young is not None:
+            if due is not None:
+                self._idle.appendleft(due)
             return young
+        if due is not None:
+            # On a loaded host a reply is merely slow: waiting behind it within the node
+            # timeout beats counting the node out. A spare is opened in the background.
+            self.want_spare()
+            return due
+        if self._draining:
+            # Every connection owes a reply past its deadline: the node is frozen, or behind
+            # a lossy link, where a handshake may be late too. This operation does not wait
+            # for one; another connection is opened in the background.
+            self.want_spare()
+            raise WireError(BEHIND_LATE)
         return self.connect(max(deadline - time.monotonic(), 0.005))
 
     def want_spare(self) -> None:
@@ -1359,9 +1371,9 @@ def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
 #: command went out to it, and runs there when the node gets to it.
 TIMED_OUT = Failure("timeout")
 
-#: The reply of a node every connection to which owes a late reply (the command did not go
-#: out: it would have waited behind them; another connection is being opened).
-BEHIND_LATE = Failure("timeout", "every connection waits for a late reply; opening another")
+#: The reply of a node every connection to which owes a reply past its deadline (the command
+#: did not go out: it would have waited behind them; another connection is being opened).
+BEHIND_LATE = Failure("timeout", "every connection owes a late reply; opening another")
 
 #: The reply of a node the command never went out to (the sending thread was interrupted
 #: first): a release so answered is kept for the node (:func:`reached` is False).
