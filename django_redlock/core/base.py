@@ -27,6 +27,7 @@ from .leases import DRIFT_FLOOR, LeaseTable, replies_of
 from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
+    BEHIND_LATE,
     NOT_SENT,
     TIMED_OUT,
     Failure,
@@ -96,6 +97,7 @@ class Refusal:
         failures: dict[str, str],
         answered: int,
         retry_after: float | None,
+        late: bool = False,
         ahead: int = 0,
     ) -> None:
         self.failures = failures
@@ -104,6 +106,11 @@ class Refusal:
         self.ahead = ahead
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
+        #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
+        #: reply up for TCP's retransmission) or every connection to it still owed one, no
+        #: node is guarded or queued for, and the nodes that said "held" are too few to keep
+        #: a quorum away.
+        self.late = late
 
 
 class AcquireRequest:
@@ -753,7 +760,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             # QuorumError: a node answered); when it frees up is told by the next release.
             ahead = int(reply[1]) if reply[0] == 3 else 0
             return Refusal(
-                {node.name: "held (lead node of a contended name)"}, self.quorum, None, ahead
+                {node.name: "held (lead node of a contended name)"},
+                self.quorum,
+                None,
+                ahead=ahead,
             )
         if reply is MARKER_CHANGED:  # its SET ran there (a node that did not answer in
             # time got the undo behind the acquire already: the fan-out's ``late``)
@@ -865,8 +875,15 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 undo = self._release_command(handle.name, request.token)
                 # Behind the acquire where it is still on its way, as a release goes; kept
                 # for a node it could not reach, as a release is.
+                # Its answers change nothing once a majority has them: a slower node gets it
+                # behind whatever it still owes, and nobody waits for it there.
                 undone = yield Send(
-                    to_every_node(undo), None, cancel, idempotent=True, behind=send.left
+                    to_every_node(undo),
+                    None,
+                    cancel,
+                    enough=_any_answers,
+                    idempotent=True,
+                    behind=send.left,
                 )
                 self._keep_unreached(undo, undone)
             if not trusted and self._all_fresh(replies, spread):
@@ -1000,18 +1017,22 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         held_pttls: list[int] = []
         places: list[int] = []  # a fair waiter's place in line, as each node sees it
         answered = 0
+        timed_out = contended = False
         for node, reply in zip(self.nodes, replies, strict=True):
             if isinstance(reply, Failure):
                 failures[node.name] = str(reply)
+                timed_out = timed_out or reply is TIMED_OUT or reply == BEHIND_LATE
             elif reply[0] == 1:
                 answered += 1
                 held_pttls.append(max(int(reply[1]), 0))
                 failures[node.name] = "held"
             elif reply[0] == 2:
                 failures[node.name] = _guard_reason(reply)
+                contended = True
             elif reply[0] == 3:
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
+                contended = True
                 places.append(int(reply[1]))
             else:
                 answered += 1
@@ -1021,7 +1042,16 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if held_pttls and 0 < still_needed <= len(held_pttls):
             # The lock frees up once enough leases have run out to leave a quorum free.
             retry_after = sorted(held_pttls)[still_needed - 1] / 1000
-        return Refusal(failures, answered, retry_after, min(places, default=0))
+        # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
+        # release because it landed late, or a late node's; no split vote to break up.
+        contended = contended or still_needed > 0
+        return Refusal(
+            failures,
+            answered,
+            retry_after,
+            timed_out and not contended,
+            ahead=min(places, default=0),
+        )
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""
@@ -1080,7 +1110,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
         contenders from retrying in lock step."""
         jitter = clock.uniform(0, self.retry_delay / 2)
-        if refusal.retry_after is not None:
+        if refusal.late:
+            # The next attempt goes out on other connections (a late one is set aside until
+            # it answered), so it is not held up behind the late reply; a little jitter keeps
+            # this process's own threads apart.
+            delay = clock.uniform(0, min(self.node_timeout, self.retry_delay / 2))
+        elif refusal.retry_after is not None:
             delay = refusal.retry_after + min(jitter, 0.002)
         else:
             delay = self.retry_delay / 2 + jitter
@@ -1100,6 +1135,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} must exceed node_timeout {self.node_timeout!r}")
         return ttl
+
+
+def _any_answers(replies: list[Any]) -> bool:
+    """An ``enough`` for a command whose answers nobody reads: a majority's (asked only
+    once a majority answered)."""
+    return True
 
 
 def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:
