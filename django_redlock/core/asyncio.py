@@ -104,7 +104,7 @@ class LoopState(LoopPool):
     async def _settle_idle(self, timeout: float) -> None:
         deadline = self.loop.time() + timeout
         while self.loop.time() < deadline and any(
-            wire.waiters for idle in self.idle for wire in idle
+            wire.waiters for index in range(len(self.idle)) for wire in self.wires(index)
         ):
             await asyncio.sleep(0.001)
 
