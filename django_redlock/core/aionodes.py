@@ -120,7 +120,7 @@ class AsyncWire(asyncio.Protocol):
         #: The stream writer redis-py opened the connection with (see :func:`open_wire`).
         self.stream: asyncio.StreamWriter | None = None
         #: Commands written in this loop tick after its first write, sent together by
-        #: :meth:`_flush` at the start of the next one (None: no flush is due).
+        #: :meth:`flush` at the start of the next one (None: no flush is due).
         self.pending: list[bytes] | None = None
 
     # protocol callbacks
@@ -176,16 +176,16 @@ class AsyncWire(asyncio.Protocol):
         on loopback, a wake-up of the node: the first write of a loop tick goes out at once
         (a lone caller waits no extra turn), the others of that tick (the tasks a batch of
         replies woke, each sending its next command) go out together in one write when the
-        loop turns (:meth:`_flush`)."""
+        loop turns (:meth:`flush`)."""
         pending = self.pending
         if pending is not None:
             pending.append(data)
             return
         self.pending = []
-        self.loop.call_soon(self._flush)
+        self.loop.call_soon(self.flush)
         self.transport.write(data)  # type: ignore[union-attr]
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         pending, self.pending = self.pending, None
         if pending and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(pending))
@@ -266,12 +266,16 @@ class AsyncWire(asyncio.Protocol):
         if self.closed:
             if late is not None:
                 self.send_unowned(late())
+            self.flush()
             return
         lates = [due.late for due in self.owed if due.late is not None]
         if late is not None:
             lates.append(late)
         for undo in lates:
             self.send_unowned(undo())
+        # The undos go out now, not when the loop turns: it may not turn again (it ends, or
+        # a blocking call holds it) while the node could run what it was sent.
+        self.flush()
         self.closed = True  # not usable any more, but still read
         self.loop.call_later(DRAIN_FOR, self.abort)
         if not self.waiters:
@@ -289,7 +293,7 @@ class AsyncWire(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
-            self._flush()  # what was written goes out before the close
+            self.flush()  # what was written goes out before the close
             with contextlib.suppress(RuntimeError):
                 self.transport.close()
 
@@ -812,6 +816,7 @@ class AsyncFanOut:
                     # right behind it.
                     if self.late is not None:
                         wire.send_unowned(self.late())
+                        wire.flush()  # as in abandon: now, not when the loop turns
                 else:
                     if expired or wire.overdue(now, timeout + stalled):
                         # No answer within the node timeout: a miss, unless the loop stalled.
