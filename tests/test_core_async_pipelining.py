@@ -178,3 +178,28 @@ def test_a_node_that_stops_answering_gets_each_fan_outs_undo_behind_its_command(
         await asyncio.to_thread(wait_until, lambda: lock_keys(redis_nodes) == [{}, {}, {}], 10.0)
 
     asyncio.run(main())
+
+
+def test_closing_the_client_lets_operations_on_the_shared_connection_finish(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    """``close()`` while other tasks' acquires are on the shared connections: they get their
+    replies (the connections close once those are in), and the client reconnects after."""
+    rl = make_async_redlock(redis_nodes, node_timeout=2.0)
+
+    async def main() -> None:
+        warm = rl.lock("closing:warm")
+        assert await warm.acquire(blocking=False)
+        await warm.release()
+        await rl._drive(rl._locked_steps("closing:warm"))
+        locks = [rl.lock(f"closing:{i}", ttl=30) for i in range(20)]
+        acquiring = [asyncio.create_task(lock.acquire(blocking=False)) for lock in locks]
+        await asyncio.sleep(0)  # every acquire written
+        await asyncio.sleep(0)  # and flushed
+        await rl.close()
+        assert await asyncio.gather(*acquiring) == [True] * 20
+        for lock in locks:
+            await lock.release()
+
+    asyncio.run(main())
+    assert lock_keys(redis_nodes) == [{}, {}, {}]

@@ -273,12 +273,21 @@ class AsyncWire(asyncio.Protocol):
             lates.append(late)
         for undo in lates:
             self.send_unowned(undo())
-        # The undos go out now, not when the loop turns: it may not turn again (it ends, or
-        # a blocking call holds it) while the node could run what it was sent.
+        self.retire()
+
+    def retire(self) -> None:
+        """Take no more commands, but read what it carries (other fan-outs' replies, on a
+        shared connection), then close: once everything is answered, or after
+        :data:`.nodes.DRAIN_FOR` seconds. What was written goes out now, not when the loop
+        turns: it may not turn again (it ends, or a blocking call holds it) while the node
+        could run what it was sent."""
+        if self.closed:
+            return
         self.flush()
         self.closed = True  # not usable any more, but still read
-        self.loop.call_later(DRAIN_FOR, self.abort)
-        if not self.waiters:
+        if self.waiters:
+            self.loop.call_later(DRAIN_FOR, self.abort)
+        else:
             self.close()
 
     def abort(self, error: OSError | None = None) -> None:
@@ -460,7 +469,7 @@ async def relocate(node: Node, pool: LoopPool, index: int) -> None:
         return  # no master known: connecting reports it
     for wire in pool.wires(index):
         if not node.current(wire):
-            wire.close()
+            wire.retire()
 
 
 async def _resolve(group: SentinelGroup) -> tuple[str, int]:
@@ -562,7 +571,7 @@ class LoopPool:
         if wire is not None and wire.usable() and node.current(wire):
             return wire
         if wire is not None and wire.usable():
-            wire.close()  # to a group's former master
+            wire.retire()  # to a group's former master
         self.shared[index] = None
         wire = self.checkout(index)
         while wire is not None and not node.current(wire):
@@ -619,7 +628,7 @@ class LoopPool:
     def checkin(self, index: int, wire: AsyncWire) -> None:
         wire.reused = True
         if self.closed:
-            wire.close()
+            wire.retire()  # the shared one may still carry other fan-outs' commands
             return
         if wire is self.shared[index] or wire.closed:
             return
@@ -652,7 +661,12 @@ class LoopPool:
         self.closed = True
         for index, idle in enumerate(self.idle):
             shared, self.shared[index] = self.shared[index], None
-            if shared is not None:
+            if shared is not None and park_on is None and shared.waiters:
+                # Closed while other tasks' operations are on it (the loop goes on): they
+                # get their replies; it closes once they are in.
+                shared.undo_unwanted()
+                shared.retire()
+            elif shared is not None:
                 idle.append(shared)
             while idle:
                 wire = idle.pop()
@@ -902,7 +916,7 @@ class AsyncFanOut:
             # the Sentinels where the master is now (a release refused is kept for it by
             # the operation: see base._keep_unreached).
             for other in (wire, *self.pool.wires(index)):
-                other.close()
+                other.retire()  # what other fan-outs sent on it is answered, refused too
         else:
             self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):
