@@ -322,7 +322,8 @@ class AsyncRedlock(Primitives):
 
     async def close(self) -> None:
         """Close every connection this Redlock opened, on every loop (held locks stay held
-        until their lease ends). The instance stays usable: it reconnects when used again."""
+        until their lease ends); one that carries other tasks' operations closes once they
+        have their replies. The instance stays usable: it reconnects when used again."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
