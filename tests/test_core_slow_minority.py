@@ -527,7 +527,9 @@ def test_an_overtaken_acquire_whose_connection_is_cut_is_undone_on_another_async
             lock = rl.lock(name, ttl=30)
             assert await lock.acquire(blocking=False)
             token = lock.token
-            busy = state.idle[2].pop()  # in use elsewhere
+            busy = state.shared[2]  # in use elsewhere: taken out of the pool
+            assert busy is not None
+            state.shared[2] = None
             assert busy.owed
             await lock.release()
             assert tokens_on_nodes(cluster, name) == [None] * 3
@@ -747,7 +749,7 @@ def test_kept_releases_and_a_connection_closing_under_them_do_not_spin_the_loop(
         async def main():
             rl = AsyncRedlock({cluster.urls!r}, node_timeout=0.5)
             assert await rl.locked("warm-up") is False
-            wire = rl._state().idle[2][-1]
+            wire = rl._state().shared[2]
             wire.transport.close()  # closing; connection_lost comes at the next loop turn
             rl.nodes[2].later.append(rl._release_command("kept", "t" * 32))
             assert await rl.locked("other") is False
