@@ -442,3 +442,18 @@ def test_lock_events_reach_the_log_without_listeners(
         pass
     kinds = [r.lock_event for r in caplog.records if getattr(r, "lock_name", None) == "logged"]
     assert kinds == ["acquired", "released"]
+
+
+def test_a_lost_lock_says_why_in_its_log_line(
+    redis_nodes: RedisCluster, make_redlock, caplog
+) -> None:
+    """The WARNING a lost lock logs names the reason in its text, not only in ``extra``: a
+    log reader must tell "the nodes refused" from a paused process or a late renewal."""
+    rl = make_redlock(redis_nodes)
+    lock = rl.lock("logged-lost", ttl=5)
+    assert lock.acquire(blocking=False)
+    caplog.set_level(logging.WARNING, logger="django_redlock")
+    assert rl.force_release("logged-lost") == 3
+    [record] = [r for r in caplog.records if getattr(r, "lock_event", None) == "lost"]
+    assert record.lock_reason == "force-released by an operator"
+    assert record.getMessage() == "lock logged-lost lost: force-released by an operator"

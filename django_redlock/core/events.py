@@ -73,11 +73,14 @@ def heard(listeners: list[Listener], kind: EventKind) -> bool:
 def emit(listeners: list[Listener], event: LockEvent) -> None:
     level = _level(event.kind)
     if logger.isEnabledFor(level):
+        # A lost lock's line says why (the renewal fell behind, the process was paused, the
+        # nodes refused): the reason is what an operator reading the log acts on.
         logger.log(
             level,
-            "lock %s %s",
+            "lock %s %s: %s" if event.reason else "lock %s %s",
             event.name,
             event.kind,
+            *((event.reason,) if event.reason else ()),
             extra={
                 "lock_event": event.kind,
                 "lock_name": event.name,
