@@ -178,11 +178,17 @@ def test_pessimistic_wait_honours_a_fraction_of_a_second(make, name) -> None:
     whole_seconds = connection.vendor == "mysql" and not connection.mysql_is_mariadb
     try:
         for timeout in (0.2, 0.6):
-            start = time.monotonic()
-            assert not locks.lock(name, ttl=5).acquire(timeout=timeout)
-            waited = time.monotonic() - start
             expected = 1.0 if whole_seconds else timeout
-            assert expected <= waited < expected + 0.3, (timeout, waited)
+            # Every attempt waits its timeout at least. A loaded host adds to any one attempt
+            # (0.62 s for 0.2 s beside two CPU burners), while a wait rounded up to the next
+            # whole second takes 1 s every time: the fastest of up to three is compared.
+            waits: list[float] = []
+            while len(waits) < 3 and (not waits or min(waits) >= expected + 0.3):
+                start = time.monotonic()
+                assert not locks.lock(name, ttl=5).acquire(timeout=timeout)
+                waits.append(time.monotonic() - start)
+                assert waits[-1] >= expected, (timeout, waits)
+            assert min(waits) < expected + 0.3, (timeout, waits)
     finally:
         holder.release()
 
