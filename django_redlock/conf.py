@@ -22,6 +22,15 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .core import AsyncRedlock, NodeSpec, Redlock
+from .setting import (
+    CACHE_PREFIX,
+    DEFAULTS,
+    REDLOCK_ARGUMENTS,
+    cache_client,
+    constructor_error,
+    first_error,
+    format_message,
+)
 
 __all__ = [
     "CACHE_PREFIX",
@@ -36,69 +45,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("django_redlock")
-
-#: Every accepted setting and its default. ``checks.py`` flags any other name as a typo.
-DEFAULTS: dict[str, Any] = {
-    #: Redis nodes: URLs, ``{"URL": ..., "OPTIONS": {...}}`` dicts, or ``"cache:<alias>"``.
-    "NODES": [],
-    "KEY_PREFIX": "redlock",
-    #: Default lease in seconds.
-    "TTL": 30.0,
-    #: Seconds to wait for one node's answer in a lock operation.
-    "NODE_TIMEOUT": 0.05,
-    "RETRY_COUNT": 3,
-    "RETRY_DELAY": 0.2,
-    "DRIFT_FACTOR": 0.01,
-    #: Longest lease allowed; the restart guard keeps a restarted node out this long.
-    "MAX_TTL": None,
-    "RESTART_GUARD": True,
-    "TRUST_FRESH_CLUSTER": True,
-    "REENTRANT": True,
-    #: Seconds after which a fair lock's silent waiter loses its place.
-    "FAIR_HEARTBEAT": 3.0,
-    #: Default of ``@locked(auto_renew=...)``.
-    "AUTO_RENEW": False,
-    #: Extra holder metadata stored with every lock (shown on the admin page).
-    "META": {},
-    #: Dotted path of a callable ``(request, exc) -> HttpResponse`` for views that could not
-    #: get their lock; None gives the built-in 423 response.
-    "LOCKED_RESPONSE": None,
-    #: Seconds after which the admin page and ``manage.py redlock list`` flag a lock as stuck.
-    "STUCK_AFTER": 300.0,
-    #: Project-wide defaults of LockedTask options (``{"lock_ttl": 60, "on_locked": "wait"}``);
-    #: a task's own options win.
-    "LOCKED_TASK": {},
-    #: More lock services by alias (django_redlock.backends.registry; checks E101-E105).
-    "BACKENDS": {},
-    #: Prometheus metrics (django_redlock.metrics): False, True or a dict of options (E013).
-    "METRICS": False,
-    #: OpenTelemetry spans where opentelemetry-api is installed (django_redlock.tracing).
-    "TRACING": True,
-}
-
-#: Settings passed to the Redlock constructor, and the argument each becomes.
-REDLOCK_ARGUMENTS = {
-    "KEY_PREFIX": "key_prefix",
-    "TTL": "ttl",
-    "NODE_TIMEOUT": "node_timeout",
-    "RETRY_COUNT": "retry_count",
-    "RETRY_DELAY": "retry_delay",
-    "DRIFT_FACTOR": "drift_factor",
-    "MAX_TTL": "max_ttl",
-    "RESTART_GUARD": "restart_guard",
-    "TRUST_FRESH_CLUSTER": "trust_fresh_cluster",
-    "REENTRANT": "reentrant",
-    "FAIR_HEARTBEAT": "fair_heartbeat",
-    "META": "meta",
-}
-
-CACHE_PREFIX = "cache:"
-
-#: Cache backends whose client is a redis-py client ``"cache:<alias>"`` can reuse.
-REDIS_CACHE_BACKENDS = (
-    "django.core.cache.backends.redis.RedisCache",
-    "django_redis.cache.RedisCache",
-)
 
 T = TypeVar("T")
 
@@ -153,43 +99,8 @@ def resolve_node(spec: Any) -> NodeSpec:
     return spec
 
 
-def cache_client(alias: str) -> Any:
-    """The redis-py client behind cache ``alias`` (django-redis or Django's RedisCache).
-
-    Raises ValueError naming the problem: no such alias, or not a Redis cache. Building the
-    client opens no connection.
-    """
-    from django.core.cache import caches
-    from django.core.cache.backends.base import InvalidCacheBackendError
-
-    if alias not in getattr(settings, "CACHES", {}):
-        raise ValueError(f"REDLOCK node 'cache:{alias}' names no cache in CACHES")
-    try:
-        cache = caches[alias]
-    except InvalidCacheBackendError as exc:
-        raise ValueError(f"REDLOCK node 'cache:{alias}': {exc}") from None
-    if not _is_redis_cache(cache):
-        raise ValueError(
-            f"REDLOCK node 'cache:{alias}' is not a Redis cache ({type(cache).__module__}."
-            f"{type(cache).__name__}); use django-redis or django.core.cache.backends.redis"
-        )
-    client = getattr(cache, "client", None)
-    if client is not None and hasattr(client, "get_client"):  # django-redis
-        return client.get_client(write=True)
-    return cache._cache.get_client(write=True)  # type: ignore[attr-defined]  # Django's own
-
-
-def _is_redis_cache(cache: Any) -> bool:
-    for cls in type(cache).__mro__:
-        if f"{cls.__module__}.{cls.__qualname__}" in REDIS_CACHE_BACKENDS:
-            return True
-    return False
-
-
 def _build(factory: Callable[..., T]) -> T:
     # Servers never run the system checks: refuse a broken setting here, as the check would.
-    from .checks import constructor_error, first_error, format_message
-
     problem = first_error(constructor=False)
     if problem is not None:
         raise ImproperlyConfigured(format_message(problem))

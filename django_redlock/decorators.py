@@ -297,6 +297,7 @@ class Locked:
         using: str = "default",
         limit: int | None = None,
         shared: bool = False,
+        writer: bool = False,
     ) -> None:
         if callable(template):
             raise TypeError("@locked needs a key: write @locked('name:{arg}'), not @locked")
@@ -329,7 +330,9 @@ class Locked:
         if renew_for is not None and auto_renew is False:
             raise ValueError(f"renew_for={renew_for!r} caps auto-renewal: it needs auto_renew")
         self.renew_for = renew_for
-        self.limit, self.shared = _check_kind(limit, shared, fair=fair, reentrant=reentrant)
+        self.limit, self.shared, self.writer = _check_kind(
+            limit, shared, writer, fair=fair, reentrant=reentrant, fencing=self.fencing
+        )
         self.values = dict(values or {})
         #: The REDLOCK["BACKENDS"] alias the lock is taken on (get_locks(alias)).
         self.backend = using
@@ -447,6 +450,8 @@ class Locked:
             )
         if self.shared:
             return redlock.read_lock(call.name, self.ttl, **common)
+        if self.writer:
+            return redlock.write_lock(call.name, self.ttl, fencing=self.fencing, **common)
         return redlock.lock(
             call.name,
             self.ttl,
@@ -898,20 +903,33 @@ async def _await(awaitable: Any) -> Any:
 
 
 def _check_kind(
-    limit: object, shared: object, *, fair: bool, reentrant: bool | None
-) -> tuple[int | None, bool]:
-    """``@locked``'s ``limit`` / ``shared``: a semaphore, a read lock, or (neither) a lock."""
-    if not isinstance(shared, bool):
-        raise TypeError(f"shared must be True or False, got {shared!r}")
+    limit: object,
+    shared: object,
+    writer: object,
+    *,
+    fair: bool,
+    reentrant: bool | None,
+    fencing: bool,
+) -> tuple[int | None, bool, bool]:
+    """``@locked``'s ``limit`` / ``shared`` / ``writer``: a semaphore, a read lock, the write
+    lock, or (none of them) a lock. Options a kind cannot honour are refused, not ignored."""
+    for flag, value in (("shared", shared), ("writer", writer)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, got {value!r}")
+    if sum((limit is not None, bool(shared), bool(writer))) > 1:
+        raise ValueError(
+            "give @locked one of limit= (a semaphore), shared=True (a read lock) and "
+            "writer=True (the write lock)"
+        )
     if limit is not None:
         limit = check_limit(limit)
-        if shared:
-            raise ValueError("give @locked limit= (a semaphore) or shared=True, not both")
-    if (limit is not None or shared) and reentrant:
-        raise ValueError("a semaphore's permits and read holds are not reentrant")
-    if shared and fair:
-        raise ValueError("shared=True takes a read lock, which has no fair line")
-    return limit, shared
+    if (limit is not None or shared or writer) and reentrant:
+        raise ValueError("a semaphore's permits, read holds and write holds are not reentrant")
+    if (shared or writer) and fair:
+        raise ValueError("a read/write lock has no fair line (its writers hold readers back)")
+    if shared and fencing:
+        raise ValueError("shared=True takes a read lock, which draws no fence")
+    return limit, bool(shared), bool(writer)
 
 
 def locked(
@@ -932,6 +950,7 @@ def locked(
     using: str = "default",
     limit: int | None = None,
     shared: bool = False,
+    writer: bool = False,
 ) -> Locked:
     """Hold a distributed lock around a view, function, method or ``with`` block.
 
@@ -949,8 +968,9 @@ def locked(
     lease. ``using``: the lock service, a ``REDLOCK["BACKENDS"]``
     alias (default: the Redlock over ``NODES``). ``limit=N``: a semaphore instead of a
     lock, at most N calls inside at once per key (423 when all permits are taken);
-    ``shared=True``: a read lock (many at once; a ``@locked`` without it on the same key is
-    the writer, which waits for them and holds new ones back).
+    ``shared=True``: a read lock (many at once); ``writer=True``: the write side of the same
+    read/write lock, which waits for the readers and holds new ones back (a plain ``@locked``
+    on the same key is a plain lock, which does not see readers).
     """
     return Locked(
         template,
@@ -968,4 +988,5 @@ def locked(
         using=using,
         limit=limit,
         shared=shared,
+        writer=writer,
     )

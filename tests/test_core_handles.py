@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from django_redlock import AsyncRedlock, LockNotOwned
+from django_redlock import AsyncRedlock, LockNotAcquired, LockNotOwned
 from django_redlock.testing import RedisCluster
 from tests.helpers import tokens_on_nodes
 
@@ -131,6 +131,33 @@ def test_blocking_acquire_without_a_timeout_waits_until_acquired(
     holder.release()
     thread.join(10)
     assert got["acquired"] is True and got["waited"] >= 1.5, got
+
+
+def test_a_with_block_given_a_timeout_raises_when_it_stays_taken(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """The README's and usage page's ``with`` forms: ``timeout=`` on the handle turns "still
+    taken" into LockNotAcquired (without it, ``with`` waits as ``acquire()`` does)."""
+    holder = make_redlock(redis_nodes)
+    held = holder.lock("handle:with", ttl=10.0)
+    assert held.acquire(blocking=False)
+    permits = [holder.semaphore("handle:sem", limit=2, ttl=10.0, owner=i) for i in range(2)]
+    assert all(p.acquire(blocking=False) for p in permits)
+    rl = make_redlock(redis_nodes)
+    for handle in (
+        rl.lock("handle:with", ttl=10, timeout=0.3, fencing=True),
+        rl.semaphore("handle:sem", limit=2, ttl=10.0, timeout=0.3),
+    ):
+        t0 = time.monotonic()
+        with pytest.raises(LockNotAcquired):
+            with handle:
+                raise AssertionError("entered a lock that is taken")
+        assert time.monotonic() - t0 < 5.0  # the timeout, not the 10 s lease
+    held.release()
+    for p in permits:
+        p.release()
+    with rl.lock("handle:with", ttl=10, timeout=0.3) as lock:
+        assert lock.held
 
 
 def test_retries_bound_an_acquire_by_attempts(redis_nodes: RedisCluster, make_redlock) -> None:

@@ -73,11 +73,17 @@ def test_no_import_cycle_inside_the_core() -> None:
                     deps.update(alias.name for alias in node.names if alias.name in modules)
         graph[path.stem] = deps - {path.stem}
     assert graph["redlock"] and graph["asyncio"], graph  # the parse found the imports
+    graph.pop("__init__")
+    _assert_acyclic(graph)
+
+
+def _assert_acyclic(graph: dict[str, set[str]]) -> None:
     done: set[str] = set()
 
     def visit(module: str, path: tuple[str, ...]) -> None:
         if module in path:
-            raise AssertionError("import cycle: " + " -> ".join((*path, module)))
+            cycle = path[path.index(module) :]
+            raise AssertionError("import cycle: " + " -> ".join((*cycle, module)))
         if module in done:
             return
         for dep in sorted(graph.get(module, ())):
@@ -85,8 +91,7 @@ def test_no_import_cycle_inside_the_core() -> None:
         done.add(module)
 
     for module in sorted(graph):
-        if module != "__init__":
-            visit(module, ())
+        visit(module, ())
 
 
 def test_integrations_import_only_what_the_core_exports() -> None:
@@ -121,3 +126,43 @@ def test_integrations_import_only_what_the_core_exports() -> None:
             else:
                 offenders.append(f"{where} imports a core module ({target})")
     assert not offenders, offenders
+
+
+def _package_import_graph() -> dict[str, set[str]]:
+    """Every module of the package and the package modules its import statements name
+    (lazy ones and TYPE_CHECKING ones included), resolved to dotted names."""
+    root = Path(REPO_ROOT)
+    modules: dict[str, Path] = {}
+    for path in (root / "django_redlock").rglob("*.py"):
+        dotted = ".".join(path.relative_to(root).with_suffix("").parts)
+        modules[dotted.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names if alias.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1])
+                    target = f"{base}.{node.module}" if node.module else base
+                else:
+                    target = node.module or ""
+                submodules = {f"{target}.{a.name}" for a in node.names} & modules.keys()
+                deps.update(submodules or ({target} & modules.keys()))
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_no_import_cycle_anywhere_in_the_package() -> None:
+    """The whole package's modules import each other in one direction only (settings ->
+    conf -> core, integrations -> conf -> core): no cycle, lazy imports included, so no module
+    needs a function-level import to break one."""
+    graph = _package_import_graph()
+    assert "django_redlock.core.redlock" in graph["django_redlock.core"], graph[
+        "django_redlock.core"
+    ]
+    assert "django_redlock.setting" in graph["django_redlock.conf"]  # the parse resolved them
+    _assert_acyclic(graph)

@@ -105,9 +105,71 @@ def test_async_function_with_limit() -> None:
     held[0].release()
 
 
+def test_writer_waits_for_shared_readers_and_a_plain_lock_does_not() -> None:
+    """``writer=True`` is the write side of the readers' lock: refused (423) while a reader
+    holds the key, in once the readers left. A plain ``@locked`` on the same key is a plain
+    lock, which the docs say does not see readers."""
+
+    @locked("doc:{pk}", writer=True)
+    def edit(request, pk):
+        return HttpResponse(f"{current_lock().kind} {current_lock().fence}")
+
+    @locked("doc:{pk}", writer=True, fencing=True)
+    def edit_fenced(pk):
+        return current_lock().fence
+
+    @locked("doc:{pk}")
+    def plain(pk):
+        return "plain"
+
+    readers = take("read", "doc:7", count=2)
+    assert edit(rf.get("/"), pk=7).status_code == 423
+    with pytest.raises(LockNotAcquired, match="write lock 'doc:7' is held"):
+        edit_fenced(7)
+    assert plain(7) == "plain"  # a plain lock ignores readers, as documented
+    for reader in readers:
+        reader.release()
+    response = edit(rf.get("/"), pk=7)
+    assert response.status_code == 200 and response.content.decode() == "write None"
+    assert isinstance(edit_fenced(7), int)
+
+
+def test_writer_holds_readers_out_while_inside() -> None:
+    @locked("doc:{pk}", shared=True)
+    def read(pk):
+        return "read"
+
+    @locked("doc:{pk}", writer=True)
+    def write(pk):
+        with pytest.raises(LockNotAcquired):
+            read(pk)
+        return "written"
+
+    assert write(8) == "written"
+    assert read(8) == "read"
+
+
+def test_async_writer_waits_for_readers() -> None:
+    @locked("adoc:{pk}", writer=True)
+    async def write(pk):
+        return current_lock().kind
+
+    readers = take("read", "adoc:3")
+    with pytest.raises(LockNotAcquired):
+        asyncio.run(write(3))
+    readers[0].release()
+    assert asyncio.run(write(3)) == "write"
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [
+        ({"writer": 1}, TypeError),
+        ({"writer": True, "shared": True}, ValueError),
+        ({"writer": True, "limit": 2}, ValueError),
+        ({"writer": True, "reentrant": True}, ValueError),
+        ({"writer": True, "fair": True}, ValueError),
+        ({"shared": True, "fencing": True}, ValueError),
         ({"limit": 0}, ValueError),
         ({"limit": "3"}, TypeError),
         ({"limit": 2, "shared": True}, ValueError),

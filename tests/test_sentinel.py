@@ -215,6 +215,8 @@ def test_sentinel_failover_while_a_lock_is_held(groups, make_redlock):
     b = make_redlock(groups.urls, key_prefix=prefix, **_options(max_ttl=30.0))
     lock = a.lock("report", ttl=20.0)
     assert lock.acquire(blocking=False)
+    # Probed before the failover: a long-lived client's health connections reach the old master.
+    assert [h.status for h in b.health()] == ["voting"] * 3
     old = groups.master_address(0)
     new = groups.failover(0)
     assert new != old

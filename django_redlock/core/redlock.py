@@ -52,6 +52,8 @@ class Redlock(Primitives):
         self._notices = ReleaseNotices(self.nodes, self.node_timeout)
         self._holders = HolderWatches()
         self._rounds = Rounds(self.nodes, self.node_timeout)
+        #: Group node name -> the master its health client was last pointed at.
+        self._probed: dict[str, str | None] = {}
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -336,6 +338,12 @@ class Redlock(Primitives):
     def _probe(self, node: Node) -> NodeHealth:
         try:
             node.locate()  # a group node: where its master is now
+            if node.group is not None and self._probed.get(node.name) != node.address:
+                # redis-py's Sentinel pool keeps connections to a deposed master, which still
+                # answers reads as a replica (and would report its own, armed marker): after a
+                # failover the probe must reach the master the lock connections reach.
+                node.client.connection_pool.disconnect()
+                self._probed[node.name] = node.address
             # A lock connection first (pooled, or opened with its handshake, then pooled): its
             # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
             # its HELLO leaves it waiting for the rest until its timeout).
