@@ -56,6 +56,42 @@ def test_an_answer_between_misses_starts_the_count_over() -> None:
     assert detector.missed(11.3) is True  # three in a row again, 0.5 s apart
 
 
+def test_a_miss_of_a_node_that_answered_later_traffic_is_no_evidence() -> None:
+    """A lossy link: the reply to a command sent at 10.0 is held up, while the node answered
+    a command sent at 10.01 on another connection. The node ran what reached it after the
+    missed command went out: it is there, and the miss does not count."""
+    detector = NodeDetector(0.05)
+    detector.answered(10.012, sent=10.01)
+    assert detector.heard_since(10.0) and not detector.heard_since(10.02)
+    for i in range(MISSES_TO_DOWN + 2):
+        assert detector.missed(10.05 + i * MIN_SPAN, since=10.0) is False
+    assert detector.misses == 0 and not detector.down
+    # A command sent after the last answer and never answered is a miss as before.
+    assert detector.missed(20.0, since=19.95) is False
+    assert detector.misses == 1
+
+
+def test_a_reply_read_late_to_a_command_sent_before_the_misses_clears_nothing() -> None:
+    """A frozen node's reply that arrived before it froze, read only later, is old news: it
+    neither forgets the misses nor brings a down node back; an answer to a command sent
+    after them does."""
+    detector = NodeDetector(0.05)
+    now = 10.0
+    for _ in range(MISSES_TO_DOWN):
+        detector.missed(now, since=now - 0.05)
+        now += MIN_SPAN
+    assert detector.down
+    assert detector.answered(now, sent=9.0) is False
+    assert detector.down
+    assert detector.answered(now + 0.1, sent=now) is True
+    assert not detector.down
+    detector.missed(20.0, since=19.95)
+    detector.answered(20.1, sent=19.9)
+    assert detector.misses == 1
+    detector.answered(20.2, sent=20.15)
+    assert detector.misses == 0
+
+
 def test_misses_while_the_process_was_stalled_are_excused() -> None:
     detector = NodeDetector(0.05)
     for i in range(10):

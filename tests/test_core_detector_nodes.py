@@ -12,7 +12,10 @@ from typing import Any
 
 from django_redlock import QuorumError
 from django_redlock.core import fanout
+from django_redlock.core.base import Refusal
 from django_redlock.core.detector import MIN_SPAN, MISSES_TO_DOWN
+from django_redlock.core.nodes import BEHIND_LATE, TIMED_OUT, Failure
+from tests.faults.proxy import Proxy
 from tests.helpers import tokens_on_nodes, wait_until, warm_up
 
 _CATASTROPHIC = re.compile(r"(a+)+$")
@@ -249,3 +252,52 @@ def test_one_late_answer_is_not_a_failed_node(redis_cluster_factory, make_redloc
     lock.release()
     assert rl.locked("next") is False  # waits for every node's answer
     assert node.detector.misses == 0  # an answer clears the misses
+
+
+def test_a_late_reply_keeps_its_connection(redis_cluster_factory, make_redlock):
+    """A lossy link: node 2's replies are held up past the node timeout (as TCP's
+    retransmission of a lost packet holds them) while the node runs every command. The
+    connection that missed its deadline is not closed: the next operations do not queue
+    behind it, it is read as its reply comes, and then it is pooled again, owing nothing."""
+    cluster = redis_cluster_factory(3)
+    proxy = Proxy((cluster[2].host, cluster[2].port))
+    try:
+        rl = make_redlock([*cluster.urls[:2], proxy.url], node_timeout=0.1)
+        warm_up(rl)
+        node = rl.nodes[2]
+        assert rl.locked("late") is False  # waits for every node: one connection each
+        wire = node._idle[-1]
+        proxy.delay = 0.5
+        assert rl.locked("late") is False  # node 2's reply misses the deadline
+        assert wire not in node._idle and wire.due and wire.sock.fileno() >= 0
+        proxy.delay = 0.0
+        # Taking a lock meanwhile does not wait behind the late reply; another connection
+        # to the node is opened in the background.
+        lock = rl.lock("meanwhile", ttl=30)
+        assert lock.acquire(blocking=False)
+        lock.release()
+        wait_until(lambda: any(other is not wire for other in node._idle), timeout=5.0)
+        wait_until(lambda: rl.locked("late") is False and wire in node._idle, timeout=5.0)
+        assert not wire.due and wire.sock.fileno() >= 0
+    finally:
+        proxy.close()
+
+
+def test_a_refusal_for_lateness_alone_is_retried_after_a_short_pause(redis_nodes, make_redlock):
+    """An attempt refused only because replies were late (no node holds the lock for
+    anyone else on enough nodes to keep a quorum away) is tried again within a node
+    timeout, not after a retry delay: there is no split vote to break up."""
+    rl = make_redlock(redis_nodes, node_timeout=0.05, retry_delay=0.4)
+    handle = rl.lock("late")
+    granted = [0, 0, 0, 0, 0, 0]
+    held = [1, 9_000]
+    late = rl._refusal([granted, TIMED_OUT, held])  # one held copy: a quorum is still free
+    assert late.late and late.retry_after is None
+    contended = rl._refusal([held, TIMED_OUT, held])
+    assert not contended.late and contended.retry_after == 9.0
+    assert not rl._refusal([granted, held, held]).late  # nothing was late
+    assert rl._refusal([granted, BEHIND_LATE, held]).late  # its connections owed late replies
+    assert not rl._refusal([granted, Failure("refused", "x"), held]).late
+    for _ in range(50):
+        assert rl._pause_for(handle, late, None, None, 0.0) <= 0.05
+        assert rl._pause_for(handle, Refusal({}, 3, None), None, None, 0.0) >= 0.2

@@ -26,6 +26,8 @@ from .leases import DRIFT_FLOOR, LeaseTable, replies_of
 from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
+    BEHIND_LATE,
+    TIMED_OUT,
     Failure,
     Node,
     NodeSpec,
@@ -88,10 +90,21 @@ if hasattr(os, "register_at_fork"):
 class Refusal:
     """Why one attempt did not produce a lock."""
 
-    def __init__(self, failures: dict[str, str], answered: int, retry_after: float | None) -> None:
+    def __init__(
+        self,
+        failures: dict[str, str],
+        answered: int,
+        retry_after: float | None,
+        late: bool = False,
+    ) -> None:
         self.failures = failures
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
+        #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
+        #: reply up for TCP's retransmission) or every connection to it still owed one, no
+        #: node is guarded or queued for, and the nodes that said "held" are too few to keep
+        #: a quorum away.
+        self.late = late
 
 
 class AcquireRequest:
@@ -715,8 +728,15 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 undo = self._release_command(handle.name, request.token)
                 # Behind the acquire where it is still on its way, as a release goes; kept
                 # for a node it could not reach, as a release is.
+                # Its answers change nothing once a majority has them: a slower node gets it
+                # behind whatever it still owes, and nobody waits for it there.
                 undone = yield Send(
-                    to_every_node(undo), None, cancel, idempotent=True, behind=send.left
+                    to_every_node(undo),
+                    None,
+                    cancel,
+                    enough=_any_answers,
+                    idempotent=True,
+                    behind=send.left,
                 )
                 self._keep_unreached(undo, undone)
             if not trusted and self._all_fresh(replies, spread):
@@ -849,18 +869,22 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
         answered = 0
+        timed_out = contended = False
         for node, reply in zip(self.nodes, replies, strict=True):
             if isinstance(reply, Failure):
                 failures[node.name] = str(reply)
+                timed_out = timed_out or reply is TIMED_OUT or reply == BEHIND_LATE
             elif reply[0] == 1:
                 answered += 1
                 held_pttls.append(max(int(reply[1]), 0))
                 failures[node.name] = "held"
             elif reply[0] == 2:
                 failures[node.name] = _guard_reason(reply)
+                contended = True
             elif reply[0] == 3:
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
+                contended = True
             else:
                 answered += 1
         retry_after = None
@@ -869,7 +893,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if held_pttls and 0 < still_needed <= len(held_pttls):
             # The lock frees up once enough leases have run out to leave a quorum free.
             retry_after = sorted(held_pttls)[still_needed - 1] / 1000
-        return Refusal(failures, answered, retry_after)
+        # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
+        # release because it landed late, or a late node's; no split vote to break up.
+        contended = contended or still_needed > 0
+        return Refusal(failures, answered, retry_after, timed_out and not contended)
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""
@@ -928,7 +955,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
         contenders from retrying in lock step."""
         jitter = clock.uniform(0, self.retry_delay / 2)
-        if refusal.retry_after is not None:
+        if refusal.late:
+            # The next attempt goes out on other connections (a late one is set aside until
+            # it answered), so it is not held up behind the late reply; a little jitter keeps
+            # this process's own threads apart.
+            delay = clock.uniform(0, min(self.node_timeout, self.retry_delay / 2))
+        elif refusal.retry_after is not None:
             delay = refusal.retry_after + min(jitter, 0.002)
         else:
             delay = self.retry_delay / 2 + jitter
@@ -948,6 +980,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} must exceed node_timeout {self.node_timeout!r}")
         return ttl
+
+
+def _any_answers(replies: list[Any]) -> bool:
+    """An ``enough`` for a command whose answers nobody reads: a majority's (asked only
+    once a majority answered)."""
+    return True
 
 
 def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:

@@ -147,7 +147,9 @@ class NodeDetector:
     __slots__ = (
         "down_since",
         "first_miss",
+        "heard_at",
         "min_span",
+        "missed_since",
         "misses",
         "misses_to_down",
         "node_timeout",
@@ -180,15 +182,29 @@ class NodeDetector:
         #: Smoothed round trip and its mean deviation (seconds); None before the first one.
         self.srtt: float | None = None
         self.rttvar = 0.0
+        #: When the newest command the node answered (on any connection) was sent; -inf
+        #: before the first answer that says.
+        self.heard_at = float("-inf")
+        #: When the first of the misses went out (its command or connection attempt).
+        self.missed_since = 0.0
 
     @property
     def down(self) -> bool:
         return self.down_since is not None
 
-    def answered(self, now: float, rtt: float | None = None) -> bool:
+    def answered(self, now: float, rtt: float | None = None, sent: float | None = None) -> bool:
         """The node answered (a reply, a probe's connection): its misses are forgotten and,
-        if it was down, it votes again. ``rtt``: the round trip of the reply, for the budget.
-        Returns whether it was down."""
+        if it was down, it votes again. ``rtt``: the round trip of the reply, for the budget;
+        ``sent``: when the command it answered was sent (see :meth:`heard_since`): a reply
+        to a command sent before the misses began (read late) clears nothing. Returns
+        whether it was down."""
+        if sent is not None:
+            if sent > self.heard_at:
+                self.heard_at = sent
+            if self.down_since is not None and sent < self.down_since:
+                return False
+            if self.misses and sent < self.missed_since:
+                return False
         if rtt is not None and rtt >= 0.0:
             srtt = self.srtt
             if srtt is None:
@@ -204,14 +220,25 @@ class NodeDetector:
         self.reason = ""
         return True
 
-    def missed(self, now: float, *, excused: bool = False) -> bool:
+    def heard_since(self, when: float) -> bool:
+        """Whether the node answered a command (on any connection) sent at or after ``when``:
+        it ran what reached it after that moment, so it is not frozen or gone."""
+        return self.heard_at >= when
+
+    def missed(self, now: float, *, excused: bool = False, since: float | None = None) -> bool:
         """The node did not answer within its budget (a reply, or a connection attempt).
         ``excused``: this process was stalled meanwhile, so the silence says nothing about the
-        node. Returns True when this miss made the node down."""
+        node. ``since``: when the unanswered command went out; a node that answered a command
+        sent on another connection after that is not silent (one reply held up on a lossy link
+        is late, not lost), so the miss says nothing about it either. Returns True when this
+        miss made the node down."""
         if excused or self.down_since is not None:
+            return False
+        if since is not None and self.heard_since(since):
             return False
         if not self.misses:
             self.first_miss = now
+            self.missed_since = now if since is None else since
         self.misses += 1
         if self.misses >= self.misses_to_down and now - self.first_miss >= self.min_span:
             self.down_since = now
@@ -252,6 +279,8 @@ class NodeDetector:
         self.reason = ""
         self.srtt = None
         self.rttvar = 0.0
+        self.heard_at = float("-inf")
+        self.missed_since = 0.0
 
 
 class PauseLog:

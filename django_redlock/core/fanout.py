@@ -243,7 +243,7 @@ def fan_out(
                 del waiting[fd]
                 poller.unregister(fd)
                 node = nodes[index]
-                node.detector.answered(now, now - due.sent if wire.reused else None)
+                node.detector.answered(now, now - due.sent if wire.reused else None, due.sent)
                 node.checkin(wire)
                 replies[index] = op.reply_of(index, due.reply)
             if enough is not None and waiting and enough(replies):
@@ -356,7 +356,7 @@ def _put_back(node: Node, wire: Wire, timely: bool, silent: bool, excused: bool 
     ``silent``: the node did not answer within the node timeout, a miss (``excused`` when
     this process stalled during the wait: see :mod:`.detector`). Whether it went back."""
     if silent:
-        node.went_silent(excused)
+        node.went_silent(excused, wire.due[0].sent if wire.due else None)
     if timely:
         try:
             wire.undo_unwanted()
@@ -549,11 +549,12 @@ class Round:
                 except OSError as exc:
                     self._cut(on, exc, remaining)
                     continue
+                sent = on[2][-1].sent if on[2] else None
                 if self._take_answers(on):
                     del carried[fd]
                     poller.unregister(fd)
                     node = self.nodes[on[0]]
-                    node.detector.answered(now)
+                    node.detector.answered(now, None, sent)
                     node.checkin(wire)
 
     def _cut(self, carried: _Carried, exc: OSError, remaining: float) -> None:
@@ -801,12 +802,12 @@ def fan_out_batch(
                 continue
             del waiting[fd]
             poller.unregister(fd)
-            nodes[index].detector.answered(now)
+            nodes[index].detector.answered(now, None, dues[-1].sent)
             nodes[index].checkin(wire)
             results[index] = [due.reply for due in dues]
     for index, wire, dues in waiting.values():
         for due in dues:
             due.left = True
-        nodes[index].went_silent(wait.excused)
+        nodes[index].went_silent(wait.excused, dues[0].sent)
         nodes[index].abandon(wire)
     return results

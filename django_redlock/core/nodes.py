@@ -47,6 +47,7 @@ from .sentinel import (
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
 __all__ = [
+    "BEHIND_LATE",
     "DRAIN_FOR",
     "HANDSHAKE",
     "NOT_SENT",
@@ -478,6 +479,10 @@ class Wire:
             self.conn.disconnect()
 
 
+#: Spare connections a node may want opened in the background at a time (see
+#: :meth:`Node.want_spare`).
+SPARES = 2
+
 #: How long a connection given up stays open to be read (:meth:`Node.abandon`): a lease
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
 DRAIN_FOR = 60.0
@@ -626,6 +631,9 @@ class Node:
         #: ``(process id, time.monotonic())`` of a miss, while the reconnector connects to
         #: the node in the background (:meth:`not_now`).
         self._probing: tuple[int, float] | None = None
+        #: Spare connections wanted from the reconnector (:meth:`want_spare`).
+        self._spares = 0
+        self.closed = False
         #: What this process has seen of the node: misses, connection errors, round trips.
         self.detector = NodeDetector(node_timeout)
         #: Idle asyncio connections of event loops that ended, for the next loop to adopt
@@ -688,26 +696,115 @@ class Node:
     def checkout(self, deadline: float) -> Wire:
         """A pooled connection, or a new one (which may take until ``deadline``, on the
         monotonic clock, and at least 5 ms). Raises :class:`WireError` at once while the
-        node is unreachable (:meth:`unreachable`)."""
+        node is unreachable (:meth:`unreachable`).
+
+        A pooled connection that still owes a reply it should have had by now (a lost packet
+        holds it up for TCP's retransmission, 200 ms at least) is not used: a command sent
+        behind it would wait for it too. It is set aside, read as its replies come, and
+        pooled again once it owes nothing (:meth:`_sweep`). One whose reply may still come in
+        time is used when no other is idle (owed for less than :attr:`late_after` first, else
+        for less than the node timeout): connecting costs a round trip of its own, and on a
+        loaded host replies are merely slow."""
         if self._pid != ThisProcess.pid:
             # Inherited sockets belong to the parent's conversations with the node, and the
             # parent's reconnector is not running here.
             self._idle = deque()
             self._draining = deque()
+            self._spares = 0
             self.detector.reset()
             self._pid = ThisProcess.pid
         if self._draining:
             self._sweep()
         if self.group is not None and self.group.due():
             self.locate()
+        #: An owing connection whose reply may still come in time: owed for less than
+        #: :attr:`late_after` (``young``), or for less than the node timeout (``due``).
+        young: Wire | None = None
+        due: Wire | None = None
         while True:
             try:
                 wire = self._idle.pop()
             except IndexError:
-                return self.connect(max(deadline - time.monotonic(), 0.005))
-            if self.current(wire):
-                return wire
-            self.lose(wire)  # to a group's former master
+                break
+            if not self.current(wire):
+                self.lose(wire)  # to a group's former master
+                continue
+            if wire.due:
+                try:
+                    owes = self._owes(wire)
+                except OSError:
+                    self.lose(wire)
+                    continue
+                if owes:
+                    now = time.monotonic()
+                    if wire.overdue(now, self.node_timeout):
+                        self.abandon(wire)  # as a fan-out gives up a connection past it
+                    elif young is None and not wire.overdue(now, self.late_after):
+                        young = wire
+                    elif due is None:
+                        due = wire
+                    else:
+                        self._draining.append((wire, now + DRAIN_FOR))
+                    continue
+            for owing in (young, due):
+                if owing is not None:
+                    self._idle.appendleft(owing)  # last in line: its reply may be late
+            return wire
+        if young is not None:
+            if due is not None:
+                self._idle.appendleft(due)
+            return young
+        if due is not None:
+            # On a loaded host a reply is merely slow: waiting behind it within the node
+            # timeout beats counting the node out. A spare is opened in the background.
+            self.want_spare()
+            return due
+        if self._draining:
+            # Every connection owes a reply past its deadline: the node is frozen, or behind
+            # a lossy link, where a handshake may be late too. This operation does not wait
+            # for one; another connection is opened in the background.
+            self.want_spare()
+            raise WireError(BEHIND_LATE)
+        return self.connect(max(deadline - time.monotonic(), 0.005))
+
+    def want_spare(self) -> None:
+        """Have the reconnector open one more connection to the node for the pool (at most
+        :data:`SPARES` wanted at a time)."""
+        if self._spares < SPARES:
+            self._spares += 1
+        reconnector.watch(self)
+
+    @property
+    def late_after(self) -> float:
+        """How long a pooled connection may have owed a reply and still take the next command
+        (behind it): a reply later than this is probably held up on the link."""
+        return self.node_timeout / 4
+
+    def _owes(self, wire: Wire) -> bool:
+        """Read what has arrived on a pooled connection that owes replies (never blocks):
+        whether it still owes some. Raises ``OSError`` for a broken connection."""
+        sent = wire.due[-1].sent
+        wire.feed()
+        try:
+            wire.settle()
+        except Incomplete:
+            return True
+        self.heard(sent)
+        return False
+
+    def heard(self, sent: float) -> None:
+        """A connection got every reply it owed, the last for a command sent at ``sent``
+        (perhaps after it missed its deadline: a late reply is a lossy or slow link, not a
+        down node): operations connect to the node again, and its misses are forgotten."""
+        self.detector.answered(time.monotonic(), None, sent)
+        # Only news from after a miss says the node is back: a reply read late may have
+        # been sent before it froze.
+        probing = self._probing
+        if probing is not None and sent >= probing[1]:
+            self._probing = None
+        silent = self._silent
+        if silent is not None and sent >= silent[1]:
+            self._silent = None
 
     def current(self, wire: Any) -> bool:
         """Whether ``wire`` goes to the node's server: a group's master as last named (a
@@ -761,17 +858,22 @@ class Node:
             return None
         return Failure("timeout", "missed an answer; connecting in the background")
 
-    def went_silent(self, excused: bool = False) -> None:
+    def went_silent(self, excused: bool = False, since: float | None = None) -> None:
         """A connection attempt, or a command, got no answer within its budget: one miss
         (``excused``: this process itself did not run for part of the wait, so it says nothing
-        about the node). The reconnector connects to it in the background, and operations
-        use what it opens instead of connecting themselves (:meth:`not_now`). Once the
-        misses are evidence that the node is down (see :mod:`.detector`: never one late
-        reply), it counts as failed at once until it answers again."""
+        about the node; ``since``: when the command went out; a node that has answered a
+        command sent on another connection since is there, its reply is late, held up on the
+        link, and its connection is read as it comes: see :meth:`abandon`). The reconnector
+        connects to it in the background, and operations use what it opens instead of
+        connecting themselves (:meth:`not_now`). Once the misses are evidence that the node is
+        down (see :mod:`.detector`: never one late reply), it counts as failed at once until it
+        answers again."""
         if self.unreachable() is not None:
             return
+        if since is not None and self.detector.heard_since(since):
+            return
         now = time.monotonic()
-        if self.detector.missed(now, excused=excused):
+        if self.detector.missed(now, excused=excused, since=since):
             self._silent = (ThisProcess.pid, now)
         self._probing = (ThisProcess.pid, now)
         reconnector.watch(self)
@@ -781,9 +883,10 @@ class Node:
         waited for: :meth:`close`). The new connection sends what could not reach the node
         meanwhile and reads the answers before the node counts as back (an asyncio client
         never reads this connection, and a connection cut with them unanswered keeps them
-        for the next try); then it goes to the pool."""
+        for the next try); then it goes to the pool. For a node that is up, it opens the
+        spare connections wanted (:meth:`want_spare`)."""
         if self.unreachable() is None and self._probing is None:
-            return True
+            return self._open_spares()
         budget = connect_budget(self.node_timeout)
         started = time.monotonic()
         try:
@@ -817,7 +920,28 @@ class Node:
         self.detector.answered(time.monotonic())
         self._silent = None
         self._probing = None
-        return True
+        return self._open_spares()
+
+    def _open_spares(self) -> bool:
+        """Open the spare connections wanted, into the pool; True when done (a failure
+        leaves it to the operations to find out why). False when a miss made the node
+        wanted meanwhile: the reconnector, which may have been asked while this ran, must
+        keep it for that."""
+        while self._spares > 0:
+            try:
+                self.locate()
+                wire = Wire(self, connect_budget(self.node_timeout))
+            except WireError:
+                self._spares = 0
+                break
+            self._spares -= 1
+            if self._pid != ThisProcess.pid or self.closed:
+                wire.close()
+                return True
+            self.detector.answered(time.monotonic())
+            wire.reused = True
+            self._idle.appendleft(wire)
+        return self.unreachable() is None and self._probing is None
 
     def checkin(self, wire: Wire) -> None:
         if wire.on_replica or not self.current(wire):
@@ -827,12 +951,14 @@ class Node:
         self._idle.append(wire)
 
     def abandon(self, wire: Wire) -> None:
-        """Give a connection up (it owes a reply older than the node timeout): the undo of
-        every command it carries goes out behind them, and it is never used again. It is not
-        closed yet: closing a socket whose replies are still coming resets the connection, and
-        the node then drops what it has not read (a frozen node: the commands and the undos
-        queued behind them). It is read, and closed once the node answered everything or after
-        :data:`DRAIN_FOR` seconds, by the next :meth:`checkout`."""
+        """Stop waiting on a connection (it owes a reply older than the node timeout): the
+        undo of every command it carries goes out behind them, on the same connection, so the
+        node runs it after the command however late that arrives. It is not closed: closing a
+        socket whose replies are still coming resets the connection, and the node then drops
+        what it has not read (a frozen node: the commands and the undos queued behind them);
+        and a late reply is not a dead connection (a lost packet delays it by TCP's
+        retransmission). The next :meth:`checkout` reads it; once it owes nothing it is pooled
+        again, and after :data:`DRAIN_FOR` seconds without that it is closed."""
         undos = wire.undos()
         try:
             if undos:
@@ -854,6 +980,7 @@ class Node:
                 wire, until = self._draining.popleft()
             except IndexError:  # another thread swept it
                 return
+            sent = wire.due[-1].sent if wire.due else None
             try:
                 wire.feed()
                 wire.settle()
@@ -861,10 +988,18 @@ class Node:
                 if time.monotonic() < until:
                     self._draining.append((wire, until))
                     continue
+                wire.close()
+                continue
             except OSError:
                 self.lose(wire)
                 continue
-            wire.close()
+            if sent is not None:
+                self.heard(sent)
+            if wire.on_replica or not self.current(wire):
+                self.lose(wire)
+            else:
+                wire.reused = True
+                self._idle.appendleft(wire)
 
     def send_later(self, wire: Wire) -> None:
         """Send on ``wire`` what could not reach the node before (see :attr:`later`). If
@@ -885,15 +1020,26 @@ class Node:
         return pending
 
     def reclaim(self, wire: Wire) -> bool:
-        """Take ``wire`` out of the pool if it is idle there (another thread may be using it,
-        or it was given up)."""
+        """Take ``wire`` out of the pool if it is idle there, or set aside owing a late reply
+        (another thread may be using it, or it was closed)."""
         try:
             self._idle.remove(wire)
         except ValueError:
-            return False
-        return True
+            pass
+        else:
+            return True
+        for entry in list(self._draining):
+            if entry[0] is wire:
+                try:
+                    self._draining.remove(entry)
+                except ValueError:
+                    return False
+                return True
+        return False
 
     def close(self) -> None:
+        self.closed = True
+        self._spares = 0
         reconnector.forget(self)
         self._silent = None
         self._probing = None
@@ -1224,6 +1370,10 @@ def as_eval(command: Sequence[Any] | bytes | Pipelined) -> bytes:
 #: The reply of a node that did not answer in time (immutable: shared by every fan-out): the
 #: command went out to it, and runs there when the node gets to it.
 TIMED_OUT = Failure("timeout")
+
+#: The reply of a node every connection to which owes a reply past its deadline (the command
+#: did not go out: it would have waited behind them; another connection is being opened).
+BEHIND_LATE = Failure("timeout", "every connection owes a late reply; opening another")
 
 #: The reply of a node the command never went out to (the sending thread was interrupted
 #: first): a release so answered is kept for the node (:func:`reached` is False).
