@@ -527,7 +527,9 @@ def test_an_overtaken_acquire_whose_connection_is_cut_is_undone_on_another_async
             lock = rl.lock(name, ttl=30)
             assert await lock.acquire(blocking=False)
             token = lock.token
-            busy = state.idle[2].pop()  # in use elsewhere
+            busy = state.shared[2]  # in use elsewhere: taken out of the pool
+            assert busy is not None
+            state.shared[2] = None
             assert busy.owed
             await lock.release()
             assert tokens_on_nodes(cluster, name) == [None] * 3
@@ -704,9 +706,8 @@ def test_a_silent_node_does_not_hold_up_new_subscriptions_async(redis_cluster_fa
 def test_the_reconnected_node_gets_the_releases_it_missed_without_another_operation(
     redis_cluster_factory, make_redlock
 ) -> None:
-    """A lock held on every node is released while one of them is silent: the release is
-    kept, and the connection the reconnector opens once the node answers again sends it,
-    with no further operation by the application."""
+    """A lock held on every node is released while one of them is silent: the release reaches
+    it once it answers again, with no further operation by the application."""
     cluster = redis_cluster_factory(3)
     rl = make_redlock(cluster, node_timeout=0.5)
     warm_up(rl)
@@ -718,8 +719,10 @@ def test_the_reconnected_node_gets_the_releases_it_missed_without_another_operat
     frozen.pause()
     try:
         _until_down(rl, 2)
-        lock.release()  # cannot reach the silent node: kept
-        assert list(node.later) and node.unreachable() is not None
+        # The silent node cannot answer: the release is kept for it, or already written on a
+        # connection opened to it in the background (the kernel accepts for a stopped
+        # server), which it reads once it runs again. Either way nothing else is needed.
+        lock.release()
     finally:
         frozen.resume()
     wait_until(lambda: tokens_on_nodes(cluster, "missed") == [None] * 3, timeout=3.0)
@@ -747,7 +750,7 @@ def test_kept_releases_and_a_connection_closing_under_them_do_not_spin_the_loop(
         async def main():
             rl = AsyncRedlock({cluster.urls!r}, node_timeout=0.5)
             assert await rl.locked("warm-up") is False
-            wire = rl._state().idle[2][-1]
+            wire = rl._state().shared[2]
             wire.transport.close()  # closing; connection_lost comes at the next loop turn
             rl.nodes[2].later.append(rl._release_command("kept", "t" * 32))
             assert await rl.locked("other") is False

@@ -119,6 +119,9 @@ class AsyncWire(asyncio.Protocol):
         self.on_lost: Callable[[AsyncWire], None] | None = None
         #: The stream writer redis-py opened the connection with (see :func:`open_wire`).
         self.stream: asyncio.StreamWriter | None = None
+        #: Commands written in this loop tick after its first write, sent together by
+        #: :meth:`flush` at the start of the next one (None: no flush is due).
+        self.pending: list[bytes] | None = None
 
     # protocol callbacks
 
@@ -168,6 +171,26 @@ class AsyncWire(asyncio.Protocol):
     def usable(self) -> bool:
         return not self.closed and self.transport is not None and not self.transport.is_closing()
 
+    def _write(self, data: bytes) -> None:
+        """Write ``data`` behind everything written before it. Every send is a syscall and,
+        on loopback, a wake-up of the node: the first write of a loop tick goes out at once
+        (a lone caller waits no extra turn), the others of that tick (the tasks a batch of
+        replies woke, each sending its next command) go out together in one write when the
+        loop turns (:meth:`flush`)."""
+        pending = self.pending
+        if pending is not None:
+            pending.append(data)
+            return
+        self.pending = []
+        self.loop.call_soon(self.flush)
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(pending))
+        # A transport closed meanwhile fails the waiters of what it never sent (_fail).
+
     def send(
         self, command: Sequence[Any] | bytes | Pipelined, callback: Callable[[Any], None]
     ) -> None:
@@ -176,7 +199,7 @@ class AsyncWire(asyncio.Protocol):
             callback(ConnectionResetError("connection closed"))
             return
         self.waiters.append(callback)
-        self.transport.write(as_bytes(command))
+        self._write(as_bytes(command))
 
     def send_many(self, data: bytes, count: int, callback: Callable[[Any], None]) -> None:
         """Send ``count`` commands encoded in ``data`` in one write; ``callback`` gets the
@@ -198,7 +221,7 @@ class AsyncWire(asyncio.Protocol):
                 callback(replies)
 
         self.waiters.extend([collect] * count)
-        self.transport.write(data)  # type: ignore[union-attr]
+        self._write(data)
 
     def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
         """Pipeline commands in one write; the futures resolve to the replies (or the
@@ -209,7 +232,7 @@ class AsyncWire(asyncio.Protocol):
                 future.set_result(ConnectionResetError("connection closed"))
             return futures
         self.waiters.extend(functools.partial(settle, f) for f in futures)
-        self.transport.write(pack_many(commands))  # type: ignore[union-attr]
+        self._write(pack_many(commands))
         return futures
 
     def send_unowned(self, command: bytes) -> None:
@@ -231,23 +254,46 @@ class AsyncWire(asyncio.Protocol):
         """Give the connection up after sending the undo of every command it still owes
         (``late`` builds the current one's) behind them; it is never used again, and closed
         once the node answered everything (or after :data:`.nodes.DRAIN_FOR` seconds), not
-        at once: see :meth:`.nodes.Node.abandon`."""
-        if not self.usable():
+        at once: see :meth:`.nodes.Node.abandon`.
+
+        A connection shared by several fan-outs (:attr:`LoopPool.shared`) that another one
+        already gave up is still read until it answered what it carries: this one's undo
+        goes behind its own command there, and the connection is left to drain."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
             self.abort()
+            return
+        if self.closed:
+            if late is not None:
+                self.send_unowned(late())
+            self.flush()
             return
         lates = [due.late for due in self.owed if due.late is not None]
         if late is not None:
             lates.append(late)
         for undo in lates:
             self.send_unowned(undo())
+        self.retire()
+
+    def retire(self) -> None:
+        """Take no more commands, but read what it carries (other fan-outs' replies, on a
+        shared connection), then close: once everything is answered, or after
+        :data:`.nodes.DRAIN_FOR` seconds. What was written goes out now, not when the loop
+        turns: it may not turn again (it ends, or a blocking call holds it) while the node
+        could run what it was sent."""
+        if self.closed:
+            return
+        self.flush()
         self.closed = True  # not usable any more, but still read
-        self.loop.call_later(DRAIN_FOR, self.abort)
-        if not self.waiters:
+        if self.waiters:
+            self.loop.call_later(DRAIN_FOR, self.abort)
+        else:
             self.close()
 
     def abort(self, error: OSError | None = None) -> None:
         """Drop the connection at once: a reply we stopped waiting for must never be read as
         the answer to a later command."""
+        self.pending = None
         if self.transport is not None:
             with contextlib.suppress(RuntimeError):  # its loop is already closed
                 self.transport.abort()
@@ -256,6 +302,7 @@ class AsyncWire(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
+            self.flush()  # what was written goes out before the close
             with contextlib.suppress(RuntimeError):
                 self.transport.close()
 
@@ -420,9 +467,9 @@ async def relocate(node: Node, pool: LoopPool, index: int) -> None:
         node.locate(await _resolve(node.group))
     except WireError:
         return  # no master known: connecting reports it
-    for wire in pool.idle[index]:
+    for wire in pool.wires(index):
         if not node.current(wire):
-            wire.close()
+            wire.retire()
 
 
 async def _resolve(group: SentinelGroup) -> tuple[str, int]:
@@ -491,14 +538,73 @@ def parse_info(raw: Any) -> dict[str, Any]:
 
 
 class LoopPool:
-    """One event loop's idle connections per node, and the background tasks that use them
-    (kept referenced: the loop holds tasks only weakly)."""
+    """One event loop's connections per node, and the background tasks that use them (kept
+    referenced: the loop holds tasks only weakly).
+
+    The fan-outs of a loop share one connection per node (:attr:`shared`), pipelined: the
+    commands its tasks send in one loop tick leave in one write per node and the node's
+    replies come back in one read, each handed to its fan-out in order. A connection per task
+    would cost a send and a receive per command per node, and on loopback those syscalls are
+    most of a lock's cost (three nodes pay three times what one Redis pays). Sharing keeps
+    what the transport promises: a fan-out's undo goes behind its own command on the same
+    connection; a fan-out that stops waiting (quorum, deadline, cancellation) leaves the
+    others' replies to be read, since each command has its own callback in the connection's
+    queue; a connection given up is only closed once it answered what it carries.
+    :meth:`checkout` hands out the other, idle connections for exclusive use (renewal
+    batches, listing, health)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, nodes: int) -> None:
         self.loop = loop
         self.idle: list[list[AsyncWire]] = [[] for _ in range(nodes)]
+        #: The connection per node the fan-outs pipeline on, or None (see the class).
+        self.shared: list[AsyncWire | None] = [None] * nodes
+        #: A connection being opened to become a node's shared one, and its budget: the
+        #: fan-outs that find none wait for the same one.
+        self.connecting: list[tuple[asyncio.Task[AsyncWire], float] | None] = [None] * nodes
         self.background: set[asyncio.Task[Any]] = set()
         self.closed = False
+
+    def share(self, index: int, node: Node) -> AsyncWire | None:
+        """The node's shared connection (an idle one becomes it when there is none), or None
+        when there is no usable one to the node's current server."""
+        wire = self.shared[index]
+        if wire is not None and wire.usable() and node.current(wire):
+            return wire
+        if wire is not None and wire.usable():
+            wire.retire()  # to a group's former master
+        self.shared[index] = None
+        wire = self.checkout(index)
+        while wire is not None and not node.current(wire):
+            wire.close()
+            wire = self.checkout(index)
+        self.shared[index] = wire
+        return wire
+
+    def connect_shared(self, node: Node, index: int, budget: float) -> asyncio.Task[AsyncWire]:
+        """A task opening a connection to the node within ``budget`` seconds, which becomes
+        its shared one; one at a time per node and budget."""
+        pending = self.connecting[index]
+        if pending is not None and pending[1] == budget and not pending[0].done():
+            return pending[0]
+        task = self.spawn(open_wire(node, self.loop, budget))
+        self.connecting[index] = (task, budget)
+        task.add_done_callback(functools.partial(self._opened, index))
+        return task
+
+    def _opened(self, index: int, task: asyncio.Task[AsyncWire]) -> None:
+        pending = self.connecting[index]
+        if pending is not None and pending[0] is task:
+            self.connecting[index] = None
+        if task.cancelled() or task.exception() is not None:
+            return
+        wire = task.result()
+        shared = self.shared[index]
+        if self.closed:
+            wire.close()
+        elif shared is None or not shared.usable():
+            self.shared[index] = wire
+        elif wire is not shared:
+            self.idle[index].append(wire)
 
     def checkout(self, index: int) -> AsyncWire | None:
         idle = self.idle[index]
@@ -509,7 +615,10 @@ class LoopPool:
         return None
 
     def reclaim(self, index: int, wire: AsyncWire) -> AsyncWire | None:
-        """``wire`` taken out of the pool if it is idle there."""
+        """``wire`` taken out of the pool if it is idle there, or the node's shared
+        connection if it is that one and still usable."""
+        if wire is self.shared[index]:
+            return wire if wire.usable() else None
         idle = self.idle[index]
         if wire.closed or wire not in idle:
             return None
@@ -519,9 +628,20 @@ class LoopPool:
     def checkin(self, index: int, wire: AsyncWire) -> None:
         wire.reused = True
         if self.closed:
-            wire.close()
+            wire.retire()  # the shared one may still carry other fan-outs' commands
+            return
+        if wire is self.shared[index] or wire.closed:
+            return
+        shared = self.shared[index]
+        if shared is None or not shared.usable():
+            self.shared[index] = wire
         else:
             self.idle[index].append(wire)
+
+    def wires(self, index: int) -> list[AsyncWire]:
+        """The node's pooled connections: idle ones and the shared one."""
+        shared = self.shared[index]
+        return [*self.idle[index], *([shared] if shared is not None else [])]
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """A background task kept alive until it ends."""
@@ -540,6 +660,14 @@ class LoopPool:
         nothing are parked on these nodes for the next loop (:func:`park`)."""
         self.closed = True
         for index, idle in enumerate(self.idle):
+            shared, self.shared[index] = self.shared[index], None
+            if shared is not None and park_on is None and shared.waiters:
+                # Closed while other tasks' operations are on it (the loop goes on): they
+                # get their replies; it closes once they are in.
+                shared.undo_unwanted()
+                shared.retire()
+            elif shared is not None:
+                idle.append(shared)
             while idle:
                 wire = idle.pop()
                 wire.undo_unwanted()
@@ -635,10 +763,7 @@ class AsyncFanOut:
             if owing is not None and wire is None:
                 owing[1].unwanted = True
             if wire is None:
-                wire = self.pool.checkout(index)
-                if wire is not None and not node.current(wire):
-                    wire.close()  # to a group's former master
-                    wire = None
+                wire = self.pool.share(index, node)
             if wire is None:
                 connecting.append(index)
             else:
@@ -694,6 +819,18 @@ class AsyncFanOut:
                     if self.owing_out is not None:
                         self.owing_out[index] = (wire, due)
                     self.pool.checkin(index, wire)
+                elif (
+                    not expired
+                    and wire is self.pool.shared[index]
+                    and wire.usable()
+                    and not wire.overdue(now, timeout + stalled)
+                ):
+                    # Cancelled: the other fan-outs' commands on the shared connection stay
+                    # there; this one's reply is read and dropped (_deliver), its undo goes
+                    # right behind it.
+                    if self.late is not None:
+                        wire.send_unowned(self.late())
+                        wire.flush()  # as in abandon: now, not when the loop turns
                 else:
                     if expired or wire.overdue(now, timeout + stalled):
                         # No answer within the node timeout: a miss, unless the loop stalled.
@@ -717,9 +854,7 @@ class AsyncFanOut:
 
     def _connect(self, index: int) -> None:
         # Not cancelled when a quorum decides first: the connection goes to the pool.
-        task = self.pool.spawn(
-            open_wire(self.nodes[index], self.pool.loop, connect_budget(self.timeout))
-        )
+        task = self.pool.connect_shared(self.nodes[index], index, connect_budget(self.timeout))
         self.tasks[index] = task
         task.add_done_callback(functools.partial(self._connected, index))
 
@@ -729,12 +864,13 @@ class AsyncFanOut:
         if task.cancelled():
             return
         error = task.exception()
-        if error is None and self.finished:
-            self.pool.checkin(index, task.result())  # too late for us; the next one uses it
-        elif self.finished:
-            return
+        if self.finished:
+            return  # the pool keeps the connection (LoopPool.connect_shared)
         elif error is None:
             wire = task.result()
+            shared = self.pool.shared[index]
+            if shared is not None and shared.usable():
+                wire = shared  # the pool's (see LoopPool._opened); this one stays idle there
             if self.cut_on.pop(index, None) == wire.run_id:
                 self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
@@ -779,8 +915,8 @@ class AsyncFanOut:
             # A demoted master (so are the idle connections to it): the next connection asks
             # the Sentinels where the master is now (a release refused is kept for it by
             # the operation: see base._keep_unreached).
-            for other in (wire, *self.pool.idle[index]):
-                other.close()
+            for other in (wire, *self.pool.wires(index)):
+                other.retire()  # what other fan-outs sent on it is answered, refused too
         else:
             self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):

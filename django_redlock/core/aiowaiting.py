@@ -140,15 +140,18 @@ class AsyncReleaseNotice(Tally):
         super().hear(node, token)
         self._signal.set()
 
-    async def wait(self, timeout: float) -> None:
+    async def wait(self, timeout: float) -> int:
         """Until a quorum announced a release (or a grace period after a partial one), or
-        ``timeout`` seconds; then forget what was heard, ready for the next round."""
+        ``timeout`` seconds; then forget what was heard, ready for the next round. Returns
+        how many releases (distinct tokens) some node announced: 0 for none."""
         deadline = self._loop.time() + timeout
         await self._until(lambda: self.heard, deadline)
         if self.heard:
             await self._until(lambda: self.freed, min(deadline, self._loop.time() + NOTICE_GRACE))
+        releases = self.releases
         self.reset()
         self._signal.clear()
+        return releases
 
     async def _until(self, condition: Any, deadline: float) -> None:
         while not condition():

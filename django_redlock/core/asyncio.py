@@ -104,7 +104,7 @@ class LoopState(LoopPool):
     async def _settle_idle(self, timeout: float) -> None:
         deadline = self.loop.time() + timeout
         while self.loop.time() < deadline and any(
-            wire.waiters for idle in self.idle for wire in idle
+            wire.waiters for index in range(len(self.idle)) for wire in self.wires(index)
         ):
             await asyncio.sleep(0.001)
 
@@ -322,7 +322,8 @@ class AsyncRedlock(Primitives):
 
     async def close(self) -> None:
         """Close every connection this Redlock opened, on every loop (held locks stay held
-        until their lease ends). The instance stays usable: it reconnects when used again."""
+        until their lease ends); one that carries other tasks' operations closes once they
+        have their replies. The instance stays usable: it reconnects when used again."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -577,7 +578,7 @@ class AsyncRedlock(Primitives):
                 elif isinstance(step, SendBatch):
                     reply = await self._send_batch(step)
                 elif isinstance(step, Wait):
-                    await step.notice.wait(step.seconds)
+                    reply = await step.notice.wait(step.seconds)
                 elif isinstance(step, Pause):
                     await asyncio.sleep(step.seconds)
                 else:

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     BEHIND_LATE,
+    NOT_SENT,
     TIMED_OUT,
     Failure,
     Node,
@@ -96,8 +98,12 @@ class Refusal:
         answered: int,
         retry_after: float | None,
         late: bool = False,
+        ahead: int = 0,
     ) -> None:
         self.failures = failures
+        #: A fair waiter's place: how many waiters are ahead of it in line (0: next, or not
+        #: queued).
+        self.ahead = ahead
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
         #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
@@ -250,6 +256,14 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
 MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 
 _PING = pack(["PING"])
+
+
+def _verdict(reply: Any) -> bool:
+    """Whether a node's entry in a fan-out's replies is its answer (not a placeholder for
+    one still on its way)."""
+    return isinstance(reply, list) or (
+        isinstance(reply, Failure) and reply is not TIMED_OUT and reply is not NOT_SENT
+    )
 
 
 def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
@@ -636,17 +650,24 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         attempts = 0
         notice = None
         line = None
+        #: Whether the next attempt goes to the lead node first (:meth:`_lead_steps`): it
+        #: does once the name was found held, unless the last wait heard no release at all
+        #: (then every node is asked, so a copy left on the lead node alone cannot keep the
+        #: lock from a quorum of free nodes).
+        lead_next = False
         if handle.fair:
             line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
             yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
         while True:
             if first is None:
-                outcome = yield from self._attempt_steps(handle, owner, line)
+                lead = self._lead_node(handle.name) if lead_next else None
+                outcome = yield from self._attempt_steps(handle, owner, line, lead=lead)
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
                 return self._won(handle, outcome, start)
             attempts += 1
+            lead_next = True
             now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
@@ -654,17 +675,122 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             if notice is None:
                 notice = yield Listen(self._channel(handle.name))
                 continue
-            yield Wait(notice, self._pause_for(handle, outcome, retries, deadline, now))
+            pause = self._pause_for(handle, outcome, retries, deadline, now)
+            heard: int = (yield Wait(notice, pause)) or 0
+            lead_next = heard > 0
+            # A fair waiter with others ahead in line lets their releases go by (each one is
+            # the hand-off to the next in line) instead of asking the nodes on each: the line
+            # moves one place per release. A node answers with the place only while the lock
+            # is free there (the first in line is about to take it), so it is this waiter's
+            # turn at the release of the last waiter ahead. The pause still bounds the whole
+            # wait, so a line that stalls (a waiter ahead died) is asked again as before.
+            until = now + pause
+            skip = outcome.ahead - heard
+            while lead_next and skip > 0:
+                left = until - clock.monotonic()
+                if left <= 0:
+                    break
+                heard = (yield Wait(notice, left)) or 0
+                lead_next = heard > 0
+                skip -= heard
 
     def _alone_steps(
-        self, handle: LockBase, owner: Hashable, start: float
+        self, handle: LockBase, owner: Hashable, start: float, contended: bool = False
     ) -> Steps[Lease | Refusal]:
         """A blocking acquire's first attempt while no other thread (or task) of this process
         wants the name: one attempt, as a non-blocking acquire makes, without lining up in
         the local queue, which exists to line up this process's own contenders. A refusal is
-        then :meth:`_contend_steps`' first attempt, made in line."""
-        outcome = yield from self._attempt_steps(handle, owner)
+        then :meth:`_contend_steps`' first attempt, made in line. ``contended``: this process
+        just released the name to waiting processes, which are contending for it right now
+        (the attempt goes to the lead node first, as theirs do)."""
+        lead = self._lead_node(handle.name) if contended else None
+        outcome = yield from self._attempt_steps(handle, owner, lead=lead)
         return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
+
+    def _lead_node(self, name: str) -> int | None:
+        """The node a contended attempt on ``name`` goes to first (see :meth:`_lead_steps`):
+        fixed per name, spread over the nodes across names."""
+        if len(self.nodes) < 2:
+            return None
+        return zlib.crc32(name.encode()) % len(self.nodes)
+
+    def _lead_steps(
+        self, request: AcquireRequest, cancel: tuple[str, str], index: int
+    ) -> Steps[tuple[int, Any, set[int], dict[int, Any]] | Refusal | None]:
+        """Step 1 of an attempt made by one of several contenders woken by the same release,
+        on the lead node alone: the others get a ``PING``.
+
+        Woken together, contenders that all send to every node at once split the vote: each
+        node grants whoever reached it first, often a different one, nobody has a quorum,
+        everyone undoes and waits again (and each undo is announced as a release, waking them
+        all once more). One node deciding first makes one of them the only one to go on; the
+        rest are refused there without having written anything. The winner pays one more
+        round trip; the quorum, the validity (measured from before this step) and the undo of
+        a failed attempt are Redlock's as ever.
+
+        Returns ``(index, grant, gone, left)`` when the lead node granted (``gone``: nodes
+        that did not answer their ``PING``, ``left``: connections still owing it), a
+        :class:`Refusal` when it is held there (a verdict for this attempt only: the next
+        attempt that was not woken by a release goes to every node, so a copy left on that
+        node alone cannot keep the lock from a quorum of free nodes for longer than a retry
+        delay), or None when it gave no
+        clean verdict (down, slow, guarded, its marker changed): after the undo of what may
+        have landed, a plain attempt follows."""
+        node = self.nodes[index]
+        send = Send(
+            lambda n, wire: request.build(n, wire) if n is node else _PING,
+            request.undo,
+            cancel,
+            None,
+            lambda replies: _verdict(replies[index]),
+        )
+        replies = yield send
+        reply = replies[index]
+        if isinstance(reply, list) and reply[0] == 0:
+            # A node whose PING went unanswered got the undo of this token behind it (the
+            # fan-out's ``late``): the acquire must not follow it there.
+            gone = {
+                i
+                for i, r in enumerate(replies)
+                if i != index and isinstance(r, Failure) and i not in send.left
+            }
+            return index, reply, gone, send.left
+        if isinstance(reply, list) and reply[0] in (1, 3):
+            # The lead node's verdict stands for the cluster's in this attempt (no
+            # QuorumError: a node answered); when it frees up is told by the next release.
+            ahead = int(reply[1]) if reply[0] == 3 else 0
+            return Refusal(
+                {node.name: "held (lead node of a contended name)"},
+                self.quorum,
+                None,
+                ahead=ahead,
+            )
+        if reply is MARKER_CHANGED:  # its SET ran there (a node that did not answer in
+            # time got the undo behind the acquire already: the fan-out's ``late``)
+            undo = request.undo()
+            # Behind the acquire where it is still on its way (see step 3).
+            undone = yield Send(
+                to_every_node(undo), None, cancel, idempotent=True, behind=send.left
+            )
+            self._keep_unreached(undo, undone)
+        return None
+
+    def _after_lead(
+        self, request: AcquireRequest, index: int, grant: Any, gone: set[int]
+    ) -> tuple[AnyBuilder, Callable[[list[Any]], bool]]:
+        """The builder and quorum test of step 1 on the other nodes, once the lead node
+        (``index``) granted ``request`` there with ``grant`` (``gone``: nodes it skips)."""
+        skipped = {id(self.nodes[i]) for i in gone | {index}}
+
+        def build(node: Node, wire: Any) -> Any:
+            return _PING if id(node) in skipped else request.build(node, wire)
+
+        def enough(replies: list[Any]) -> bool:
+            return self._granted_by_quorum(
+                [grant if i == index else r for i, r in enumerate(replies)]
+            )
+
+        return build, enough
 
     def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
         self._register(handle, lease, clock.monotonic() - start)
@@ -678,6 +804,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         owner: Hashable,
         line: tuple[str, int] | None = None,
         make: Callable[[], AcquireRequest] | None = None,
+        lead: int | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
 
@@ -695,14 +822,34 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
         ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
         write hold's script: :mod:`.permits`); the rest of the attempt is the same.
+
+        ``lead``: the name was just released to several contenders at once (see
+        :meth:`_lead_steps`): step 1 goes to that node first, and to the others only once it
+        granted there.
         """
         settle, trusted = 3, False
         while True:
             request = AcquireRequest(self, handle, line) if make is None else make()
             cancel = (handle.name, request.token)
             start = clock.monotonic()
+            held: Any = None
+            if lead is not None:
+                index, lead = lead, None
+                held = yield from self._lead_steps(request, cancel, index)
+                if isinstance(held, Refusal):
+                    return held
+                if held is None:
+                    continue  # no clean verdict there: a plain attempt (a new token)
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
+            if held is not None:
+                # Granted on the lead node: the same token to the others.
+                send.build, send.enough = self._after_lead(request, *held[:3])
+                send.behind = held[3]
             replies = yield send
+            if held is not None:
+                replies[held[0]] = held[1]
+                for i in held[2]:
+                    replies[i] = TIMED_OUT  # not asked: silent a moment ago
             if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
                 answered = {
                     i
@@ -868,6 +1015,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
+        places: list[int] = []  # a fair waiter's place in line, as each node sees it
         answered = 0
         timed_out = contended = False
         for node, reply in zip(self.nodes, replies, strict=True):
@@ -885,6 +1033,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
                 contended = True
+                places.append(int(reply[1]))
             else:
                 answered += 1
         retry_after = None
@@ -896,7 +1045,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
         # release because it landed late, or a late node's; no split vote to break up.
         contended = contended or still_needed > 0
-        return Refusal(failures, answered, retry_after, timed_out and not contended)
+        return Refusal(
+            failures,
+            answered,
+            retry_after,
+            timed_out and not contended,
+            ahead=min(places, default=0),
+        )
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""

@@ -154,7 +154,7 @@ class Redlock(Primitives):
             time.sleep(min(courtesy, (deadline or start + 1) - start))
         first: Refusal | None = None
         if blocking and not handle.fair and handle.name not in self._queues:
-            alone = self._drive(self._alone_steps(handle, owner, start))
+            alone = self._drive(self._alone_steps(handle, owner, start, courtesy > 0))
             if isinstance(alone, Lease):
                 return alone
             first = alone
@@ -229,7 +229,7 @@ class Redlock(Primitives):
                 elif isinstance(step, SendBatch):
                     reply = self._send_batch(step)
                 elif isinstance(step, Wait):
-                    step.notice.wait(step.seconds)
+                    reply = step.notice.wait(step.seconds)
                 elif isinstance(step, Pause):
                     time.sleep(step.seconds)
                 else:

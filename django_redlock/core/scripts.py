@@ -179,7 +179,7 @@ return ticket
 # KEYS[1..3] as ACQUIRE, KEYS[4] queue (zset waiter -> ticket), KEYS[5] heartbeats (zset
 # waiter -> expiry ms), KEYS[6] queue sequence counter
 # ARGV[1..6] as ACQUIRE, ARGV[7] waiter id, ARGV[8] ticket, ARGV[9] heartbeat ms
-# Returns as ACQUIRE, plus {3, -2, trusted_age} queued behind an earlier waiter
+# Returns as ACQUIRE, plus {3, ahead, trusted_age, marker} queued behind `ahead` earlier waiters
 FAIR_ACQUIRE = Script(
     _FIELDS
     + _GUARD
@@ -204,7 +204,7 @@ redis.call('PEXPIRE', KEYS[6], ttl)
     + _HELD
     + """
 if redis.call('ZRANGE', KEYS[4], 0, 0)[1] ~= ARGV[7] then
-  return {3, -2, trusted_age, marker}
+  return {3, redis.call('ZRANK', KEYS[4], ARGV[7]), trusted_age, marker}
 end
 redis.call('ZREM', KEYS[4], ARGV[7])
 redis.call('ZREM', KEYS[5], ARGV[7])

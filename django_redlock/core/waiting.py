@@ -132,6 +132,11 @@ class Tally:
         if len(nodes) >= self.quorum:
             self.freed = True
 
+    @property
+    def releases(self) -> int:
+        """How many releases (distinct tokens) were heard since the last reset."""
+        return len(self._nodes)
+
     def reset(self) -> None:
         self.heard = self.freed = False
         self._nodes.clear()
@@ -196,15 +201,18 @@ class ReleaseNotice(Tally):
             super().hear(node, token)
             self._cond.notify_all()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> int:
         """Until a quorum announced a release (or a grace period after a partial one), or
-        ``timeout`` seconds; then forget what was heard, ready for the next round."""
+        ``timeout`` seconds; then forget what was heard, ready for the next round. Returns
+        how many releases (distinct tokens) some node announced: 0 for none."""
         deadline = time.monotonic() + timeout
         with self._cond:
             if self._cond.wait_for(lambda: self.heard, timeout):
                 grace = min(NOTICE_GRACE, max(deadline - time.monotonic(), 0.0))
                 self._cond.wait_for(lambda: self.freed, grace)
+            releases = self.releases
             self.reset()
+            return releases
 
 
 #: Seconds between attempts to reconnect a subscriber connection that dropped.

@@ -747,12 +747,14 @@ class Driver:
                 notice = step.notice
                 if notice.fired:
                     notice.fired = False
+                    reply = True  # woken by a release: the next attempt leads with one node
                     continue
                 park = Park()
                 notice.park = park
                 if not (world.mutant == "notice_dies" and notice.dead):
                     world.at(world.now + step.seconds / task.proc.rate, park.resume)
                 yield park
+                reply = notice.fired
                 notice.fired = False
                 notice.park = None
             elif cls is Finally:
@@ -815,7 +817,9 @@ class Driver:
                 yield Sleep(courtesy / task.proc.rate)
             first = None
             if blocking and not handle.fair:
-                alone = yield from self.drive(task, rl._alone_steps(handle, owner, start))
+                alone = yield from self.drive(
+                    task, rl._alone_steps(handle, owner, start, courtesy > 0)
+                )
                 if isinstance(alone, Lease):
                     return alone
                 first = alone
