@@ -93,30 +93,40 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture
-def browser_page(monkeypatch) -> Iterator:
+@pytest.fixture(scope="module")
+def _browser() -> Iterator:
+    """One Chromium for the module (a launch per test cost about a second and a half on a
+    busy host); each test gets a context of its own, so no cookie or page outlives it."""
     executable = _chromium()
-    # Playwright's sync API keeps an asyncio loop on this thread; Django's guard would take
-    # the test's own (synchronous) ORM calls for calls from async code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:  # pragma: no cover - playwright is in the test extra
         if os.environ.get("REDLOCK_REQUIRE_ALL") == "1":
             pytest.fail("playwright is not installed (REDLOCK_REQUIRE_ALL=1)")
         pytest.skip("playwright is not installed (pip install playwright)")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(
-                viewport={"width": 1440, "height": 860}, timezone_id="UTC", locale="en-US"
-            )
-            page = context.new_page()
-            page.set_default_timeout(30_000)
-            yield page
-            context.close()
-        finally:
-            browser.close()
+    # Playwright's sync API keeps an asyncio loop on this thread while it runs; Django's
+    # guard would take the tests' own (synchronous) ORM calls for calls from async code.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+            try:
+                yield browser
+            finally:
+                browser.close()
+
+
+@pytest.fixture
+def browser_page(_browser) -> Iterator:
+    context = _browser.new_context(
+        viewport={"width": 1440, "height": 860}, timezone_id="UTC", locale="en-US"
+    )
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        yield page
+    finally:
+        context.close()
 
 
 class Holder:

@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,21 @@ def hold(locks: Any, spec: dict[str, Any]) -> None:
     time.sleep(3600)
 
 
+def end_with_parent() -> None:
+    """A test ended by pytest-timeout's thread method (os._exit) or SIGKILL runs no cleanup,
+    and a holder sleeps for an hour: a child whose parent is gone ends itself."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main() -> None:
+    end_with_parent()
     spec = json.loads(sys.argv[1])
     locks = build(spec)
     {"contend": contend, "hold": hold}[spec["mode"]](locks, spec)

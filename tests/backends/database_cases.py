@@ -36,7 +36,12 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
 )
 from tests.helpers import wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Committed rows are what the lock connections see, hence transaction=True; the flush after each
+# case is limited to the lock table and the project's models (flushing every installed app's
+# tables took about a second per case on PostgreSQL and MariaDB).
+pytestmark = pytest.mark.django_db(
+    transaction=True, available_apps=["django_redlock", "testproject"]
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -173,11 +178,17 @@ def test_pessimistic_wait_honours_a_fraction_of_a_second(make, name) -> None:
     whole_seconds = connection.vendor == "mysql" and not connection.mysql_is_mariadb
     try:
         for timeout in (0.2, 0.6):
-            start = time.monotonic()
-            assert not locks.lock(name, ttl=5).acquire(timeout=timeout)
-            waited = time.monotonic() - start
             expected = 1.0 if whole_seconds else timeout
-            assert expected <= waited < expected + 0.3, (timeout, waited)
+            # Every attempt waits its timeout at least. A loaded host adds to any one attempt
+            # (0.62 s for 0.2 s beside two CPU burners), while a wait rounded up to the next
+            # whole second takes 1 s every time: the fastest of up to three is compared.
+            waits: list[float] = []
+            while len(waits) < 3 and (not waits or min(waits) >= expected + 0.3):
+                start = time.monotonic()
+                assert not locks.lock(name, ttl=5).acquire(timeout=timeout)
+                waits.append(time.monotonic() - start)
+                assert waits[-1] >= expected, (timeout, waits)
+            assert min(waits) < expected + 0.3, (timeout, waits)
     finally:
         holder.release()
 
@@ -435,6 +446,7 @@ def test_a_pessimistic_holder_whose_connection_died_checks_false(make, name) -> 
         assert not make().locked(name), notice  # its row went too, not at its lease's end
 
 
+@pytest.mark.django_db(transaction=True)  # the admin needs auth, sessions and contenttypes
 def test_admin_round_trip(admin_client, name) -> None:
     entry = {
         "BACKEND": "django_redlock.backends.database.DatabaseLocks",
