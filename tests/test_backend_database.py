@@ -90,7 +90,16 @@ def _server(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", SERVERS)
-@pytest.mark.parametrize("ending", ["pytest-timeout", "SIGKILL", "Ctrl-C"])
+# The timeout's ending runs with every suite; a killed and an interrupted run (each a run of
+# pytest started and stopped) with the fault scenarios.
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "pytest-timeout",
+        pytest.param("SIGKILL", marks=pytest.mark.faults),
+        pytest.param("Ctrl-C", marks=pytest.mark.faults),
+    ],
+)
 def test_a_run_that_is_killed_leaves_no_test_database(kind: str, ending: str, tmp_path) -> None:
     """A database test killed by pytest-timeout (its thread method ends the process with
     os._exit, no teardown), by SIGKILL or by Ctrl-C leaves no test database behind (two

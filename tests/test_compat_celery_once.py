@@ -187,6 +187,8 @@ def test_a_failed_task_frees_its_key(worker, rl):
     assert after.id != failing.id and after.get(timeout=TIMEOUT)["lock"] == "sync:45"
 
 
+# A crashed worker is a fault scenario (a worker started and killed): the marked set.
+@pytest.mark.faults
 def test_a_killed_worker_frees_the_key(
     rl, redis_nodes, celery_broker_node, celery_test_app, tmp_path
 ):

@@ -143,6 +143,8 @@ def test_clear_locks_is_force_release_of_one_key(worker, rl, broker_url):
     assert fresh.get(timeout=TIMEOUT)["task_id"] == fresh.id
 
 
+# A crashed worker is a fault scenario (a worker started and killed): the marked set.
+@pytest.mark.faults
 def test_a_killed_worker_frees_the_key(
     rl, redis_nodes, celery_broker_node, celery_test_app, tmp_path
 ):
