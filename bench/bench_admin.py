@@ -15,7 +15,7 @@ and, for the breakdown, ``rl.live_locks()`` and ``rl.health()`` alone.
 
     python bench/bench_admin.py [--locks 10000] [--repeat 5]
 
-Target (issue 6): the list page under 1 s with 10,000 live locks.
+Target: the list page under 1 s with 10,000 live locks.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Regression tests for the faults found by testing from outside the project (issue 10), one per
+"""Regression tests for the faults found by testing from outside the project, one per
 fault and named after it, on real redis-server processes (sync and async where the fault
 existed in both clients)."""
 

@@ -136,7 +136,7 @@ def test_token_gone_behind_our_back_is_lost(
     event = log.wait_for("lost", lock.name, timeout=TTL)
     assert event is not None, "no lost event within one lease"
     assert time.monotonic() - t0 < TTL / 3 + 0.3
-    # A force release is heard at once on the release channel (issue 10, fault 5).
+    # A force release is heard at once on the release channel, not at the next renewal.
     why = "the nodes refused: the token is gone" if how == "del" else "force-released"
     assert event.token == lock.token and why in event.reason
     assert not lock.held and lock.validity == 0

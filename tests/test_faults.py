@@ -143,7 +143,7 @@ def test_key_deleted_on_one_node(fault_profile: Profile) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "Redlock limit, not covered by the restart guard (issue 10, fault 2 covers a node that "
+        "Redlock limit, not covered by the restart guard (which covers a node that "
         "lost *all* its data: FLUSHALL, restart, failover): here one lock key is deleted on one "
         "node while its marker survives, so nothing on the node shows the loss. A hold on a "
         "bare quorum (2 of 3, the usual result of a contended race) then has no quorum, and "

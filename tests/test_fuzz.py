@@ -7,7 +7,7 @@ example the nodes are scanned: no ``fuzz:lock:*`` key may be left (never a half-
 The watchdog thread renews a lock through the whole run and must still be renewing it at the end.
 
 The regression tests at the end pin inputs that broke these rules once (huge finite durations
-included: they are refused up front since issue 10, so the strategies draw them too).
+included: they are refused up front, so the strategies draw them too).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trusting a cluster by hand (issue 10, fault 3): a brand-new cluster with one node down waits
+"""Trusting a cluster by hand: a brand-new cluster with one node down waits
 ``max_ttl`` before any lock, because no node can vouch that nothing was held. The error says so,
 and ``Redlock.trust_cluster()`` / ``manage.py redlock trust`` let the reachable nodes vote at
 once after checking that no lock is held. Real nodes throughout."""
