@@ -51,20 +51,26 @@ def _clients(nodes: RedisCluster, make_redlock) -> list:
     return clients
 
 
-def _spent(before: list[dict[str, int]], after: list[dict[str, int]], command: str) -> list[int]:
-    return [a.get(command, 0) - b.get(command, 0) for b, a in zip(before, after, strict=True)]
+def _hand_offs(
+    nodes: RedisCluster, make_redlock, node_calls, name: str, fair: bool, command: str
+) -> tuple[list[int], int, list[int]]:
+    """Warmed-up clients take turns on ``name``: each client's acquisitions, their total,
+    and how many ``command`` calls each node ran meanwhile, fewest first."""
+    clients = _clients(nodes, make_redlock)
+    before = node_calls(nodes)
+    counts = _take_turns(clients, name, fair=fair)
+    after = node_calls(nodes)
+    spent = [a.get(command, 0) - b.get(command, 0) for b, a in zip(before, after, strict=True)]
+    return counts, sum(counts), sorted(spent)
 
 
 def test_contenders_woken_by_one_release_do_not_split_the_vote(
     redis_nodes: RedisCluster, make_redlock, node_calls
 ) -> None:
-    clients = _clients(redis_nodes, make_redlock)
-    before = node_calls(redis_nodes)
-    counts = _take_turns(clients, "hot:plain", fair=False)
-    after = node_calls(redis_nodes)
-    taken = sum(counts)
+    _, taken, sets = _hand_offs(
+        redis_nodes, make_redlock, node_calls, "hot:plain", fair=False, command="set"
+    )
     assert taken == CLIENTS * ROUNDS
-    sets = sorted(_spent(before, after, "set"))
     # The contenders a release wakes ask one node first and only its winner asks the others:
     # apart from that node, a node sees about one SET per acquisition (plus the attempts made
     # before anyone waited), where contenders that ask every node at once send each node one
@@ -77,17 +83,14 @@ def test_contenders_woken_by_one_release_do_not_split_the_vote(
 def test_fair_waiters_let_the_releases_ahead_of_them_go_by(
     redis_nodes: RedisCluster, make_redlock, node_calls
 ) -> None:
-    clients = _clients(redis_nodes, make_redlock)
-    before = node_calls(redis_nodes)
-    counts = _take_turns(clients, "hot:fair", fair=True)
-    after = node_calls(redis_nodes)
-    taken = sum(counts)
+    counts, taken, attempts = _hand_offs(
+        redis_nodes, make_redlock, node_calls, "hot:fair", fair=True, command="zrangebyscore"
+    )
     # Fair shares: every client got every one of its turns (none timed out meanwhile).
     assert counts == [ROUNDS] * CLIENTS
     # The fair acquire script reads the line's heartbeats once per run: a waiter asks the
     # nodes when its turn comes, not on every release, and asks the lead node alone until it
     # is its turn. Apart from that node, a node runs it about twice per acquisition, where
     # waiters that all ask every node on every release run it about five times here.
-    attempts = sorted(_spent(before, after, "zrangebyscore"))
     for spent in attempts[:-1]:
         assert spent <= 3 * taken, (attempts, taken)

@@ -866,7 +866,7 @@ class AsyncFanOut:
         error = task.exception()
         if self.finished:
             return  # the pool keeps the connection (LoopPool.connect_shared)
-        elif error is None:
+        if error is None:
             wire = task.result()
             shared = self.pool.shared[index]
             if shared is not None and shared.usable():

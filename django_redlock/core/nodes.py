@@ -781,15 +781,16 @@ class Node:
         return self.node_timeout / 4
 
     def _owes(self, wire: Wire) -> bool:
-        """Read what has arrived on a pooled connection that owes replies (never blocks):
-        whether it still owes some. Raises ``OSError`` for a broken connection."""
-        sent = wire.due[-1].sent
+        """Read what has arrived on a pooled or set-aside connection (never blocks): whether
+        it still owes replies. Raises ``OSError`` for a broken connection."""
+        sent = wire.due[-1].sent if wire.due else None
         wire.feed()
         try:
             wire.settle()
         except Incomplete:
             return True
-        self.heard(sent)
+        if sent is not None:
+            self.heard(sent)
         return False
 
     def heard(self, sent: float) -> None:
@@ -980,21 +981,17 @@ class Node:
                 wire, until = self._draining.popleft()
             except IndexError:  # another thread swept it
                 return
-            sent = wire.due[-1].sent if wire.due else None
             try:
-                wire.feed()
-                wire.settle()
-            except Incomplete:
-                if time.monotonic() < until:
-                    self._draining.append((wire, until))
-                    continue
-                wire.close()
-                continue
+                owes = self._owes(wire)
             except OSError:
                 self.lose(wire)
                 continue
-            if sent is not None:
-                self.heard(sent)
+            if owes:
+                if time.monotonic() < until:
+                    self._draining.append((wire, until))
+                else:
+                    wire.close()
+                continue
             if wire.on_replica or not self.current(wire):
                 self.lose(wire)
             else:
