@@ -29,6 +29,7 @@ from .lock import Lease, LockBase
 from .nodes import (
     BEHIND_LATE,
     NOT_SENT,
+    NOTHING_LEFT,
     TIMED_OUT,
     Failure,
     Node,
@@ -288,6 +289,7 @@ class Send:
         "behind",
         "build",
         "enough",
+        "hedge",
         "idempotent",
         "late",
         "left",
@@ -313,6 +315,10 @@ class Send:
         self.enough = enough
         self.idempotent = idempotent
         self.left: dict[int, Any] = {}
+        #: Builds the copy of the command a node late to answer gets on a second connection
+        #: (the sync driver's hedged request: see :func:`.fanout.fan_out`); None: the command
+        #: itself if ``idempotent``, else no copy.
+        self.hedge: AnyBuilder | None = None
 
     def fan_out_args(self) -> tuple[Any, ...]:
         """The arguments of either driver's fan-out, in its order (the two take the same)."""
@@ -549,8 +555,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _released_by_quorum(self, replies: list[Any]) -> bool:
         """A release's wait ends once a quorum removed the key: the lock is free for others
         and cannot be reported as lost any more (a slower node removes its copy as it gets
-        to it)."""
-        return sum(1 for r in replies if r.__class__ is int and r > 0) >= self.quorum
+        to it). A copy of the release that found nothing left while the first one's reply is
+        still on its way (:data:`~.nodes.NOTHING_LEFT`) counts: the key is not ours there."""
+        return (
+            sum(1 for r in replies if (r.__class__ is int and r > 0) or r is NOTHING_LEFT)
+            >= self.quorum
+        )
 
     def _lease_if_valid(
         self,
@@ -841,7 +851,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 if held is None:
                     continue  # no clean verdict there: a plain attempt (a new token)
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
+            if make is None and line is None and not handle.fencing:
+                # The full script takes our own token as our grant: the copy may land second.
+                send.hedge = request.script
             if held is not None:
+                send.hedge = None
                 # Granted on the lead node: the same token to the others.
                 send.build, send.enough = self._after_lead(request, *held[:3])
                 send.behind = held[3]

@@ -33,6 +33,7 @@ from typing import Any
 from .detector import Wait, connect_budget
 from .nodes import (
     NOT_SENT,
+    NOTHING_LEFT,
     OWED,
     SENT_TWICE,
     TIMED_OUT,
@@ -102,6 +103,9 @@ class FanOut:
     wake: threading.Lock | None = None
     batch: list[FanOut] | None = None
     round: Round | None = None
+    #: Builds a copy of the command for a node that is late to answer, sent on a second
+    #: connection (a hedged request: see :func:`fan_out`); None: no copies.
+    hedge: CommandBuilder | None = None
 
     def __init__(
         self,
@@ -207,14 +211,35 @@ def fan_out(
         # Connecting is not the nodes' silence: their time starts once the command is out.
         wait = Wait(timeout, time.monotonic())
         need = len(nodes) - op.majority  # a majority
+        hedge_at = _hedge_at(nodes, wait.last, timeout) if op.hedge is not None else None
+        every = 0.0 if hedge_at is None else hedge_at - wait.last
+        #: node index -> how many copies of the command it was sent (hedged nodes only).
+        copies: dict[int, int] = {}
+        #: hedged nodes that answered on one of their connections.
+        answered: set[int] = set()
         while waiting:
-            if then is not None and len(nodes) - len(waiting) >= need:
+            outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
+            if not outstanding:
+                # Every node answered; only copies of a command that another connection
+                # already answered are owed: they go back to the pool owing them.
+                op.in_time = True
+                break
+            if then is not None and len(nodes) - outstanding >= need:
                 handed: Callable[[], None] = then
                 then = None
                 handed()
             # Past the deadline this still sweeps up replies that have already arrived.
             remaining = wait.remaining(time.monotonic())
-            events = poller.poll(remaining * 1000)
+            poll_for = remaining
+            if hedge_at is not None:
+                now = time.monotonic()
+                if now >= hedge_at:
+                    hedge_at = _hedge(nodes, op, waiting, poller, copies, answered, now, every)
+                    if hedge_at is not None:
+                        poll_for = min(remaining, max(hedge_at - now, 0.0))
+                else:
+                    poll_for = min(remaining, hedge_at - now)
+            events = poller.poll(poll_for * 1000)
             if not events:
                 if wait.remaining(time.monotonic()):
                     continue  # the process did not run meanwhile: the nodes get their time
@@ -235,7 +260,11 @@ def fan_out(
                     del waiting[fd]
                     poller.unregister(fd)
                     nodes[index].lose(wire)
-                    if wire.reused and remaining > 0:
+                    if index in copies:
+                        # Another copy may still answer; if none does, it timed out.
+                        if index not in answered and not _waits_on(waiting, index):
+                            replies[index] = os_failure(exc)
+                    elif wire.reused and remaining > 0:
                         _resend_one(nodes, index, op, waiting, poller, remaining, wire)
                     else:
                         replies[index] = os_failure(exc)
@@ -245,7 +274,17 @@ def fan_out(
                 node = nodes[index]
                 node.detector.answered(now, now - due.sent if wire.reused else None, due.sent)
                 node.checkin(wire)
-                replies[index] = op.reply_of(index, due.reply)
+                reply = op.reply_of(index, due.reply)
+                if index in copies:
+                    reply = _first_word(op, index, reply, answered, waiting)
+                    if reply is None:
+                        continue
+                    answered.add(index)
+                    if _granted(reply):
+                        for other in waiting.values():
+                            if other[0] == index:
+                                other[2].counted = True
+                replies[index] = reply
             if enough is not None and waiting and enough(replies):
                 op.in_time = True
                 break
@@ -260,11 +299,152 @@ def fan_out(
     for index, wire, due in waiting.values():
         due.left = True
         overdue = wire.overdue(now, timeout + wait.stalled)
-        kept = _put_back(
-            nodes[index], wire, op.in_time and not overdue, expired or overdue, wait.excused
-        )
+        silent = (expired or overdue) and index not in answered
+        kept = _put_back(nodes[index], wire, op.in_time and not overdue, silent, wait.excused)
         if kept and op.left is not None:
-            op.left[index] = (wire, due)
+            owing = op.left.get(index)
+            if owing is None:
+                op.left[index] = (wire, due)
+            else:
+                # Another copy of the command is owed here too: what ends the first (a
+                # release, an undo) must end this one as well.
+                first = owing[1]
+                first.twins = [*(first.twins or ()), due]
+    if op.in_time and op.idempotent and op.hedge is not None and waiting:
+        _send_copies(nodes, op, waiting, copies, answered)
+
+
+def _send_copies(
+    nodes: Sequence[Node],
+    op: FanOut,
+    waiting: Mapping[int, tuple[int, Wire, Due]],
+    copies: Mapping[int, int],
+    answered: set[int],
+) -> None:
+    """A release or an undo that a quorum answered leaves the slower nodes their copy of the
+    command on a connection that owes a late reply: the key stays there until that reply's
+    retransmission, and a quorum of the other nodes must then grant the next acquire alone.
+    Each such node gets one more copy now on an idle connection, if one is there, whose reply
+    nobody waits for (read by the connection's next user)."""
+    now = time.monotonic()
+    for index in {entry[0] for entry in waiting.values()} - answered:
+        if copies.get(index, 1) > 1:
+            continue  # it has one already
+        sent = _send_copy(nodes[index], op, now)
+        if sent is not None:
+            sent[1].left = True
+            nodes[index].checkin(sent[0])
+
+
+def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
+    """``op``'s hedge sent to ``node`` on an idle connection that owes nothing: the
+    connection and the reply it owes, or None when none is idle (or sending failed)."""
+    hedge = op.hedge
+    assert hedge is not None
+    wire = node.spare()
+    if wire is None:
+        return None
+    command = hedge(node, wire)
+    try:
+        return wire, _send_one(node, wire, op, command, as_bytes(command), now)
+    except OSError:
+        node.lose(wire)
+        return None
+
+
+#: The shortest wait before a copy of a command goes out on a second connection to a node
+#: that has not answered (seconds): well above a loopback or LAN round trip, far below TCP's
+#: 200 ms retransmission timeout, which is what a lost packet costs the first connection.
+HEDGE_AFTER = 0.002
+
+#: How many connections to one node may carry copies of one command (the first included).
+MAX_COPIES = 3
+
+
+def _hedge_at(nodes: Sequence[Node], start: float, timeout: float) -> float | None:
+    """When a node that has not answered a command sent at ``start`` gets a copy on another
+    connection: after :data:`HEDGE_AFTER`, or a few of the slowest node's usual round trips
+    (smoothed round trip plus four deviations, doubled), and never later than half the node
+    timeout (a copy sent later could not beat it). None when that leaves no time."""
+    after = HEDGE_AFTER
+    for node in nodes:
+        srtt = node.detector.srtt
+        if srtt is not None:
+            usual = 2 * (srtt + 4 * node.detector.rttvar)
+            if usual > after:
+                after = usual
+    if after > timeout / 2:
+        return None
+    return start + after
+
+
+def _outstanding(waiting: Mapping[int, tuple[int, Wire, Due]], answered: set[int]) -> int:
+    """How many nodes have not answered yet (a hedged node waits on several connections)."""
+    return len({entry[0] for entry in waiting.values() if entry[0] not in answered})
+
+
+def _waits_on(waiting: Mapping[int, tuple[int, Wire, Due]], index: int) -> bool:
+    return any(entry[0] == index for entry in waiting.values())
+
+
+def _first_word(
+    op: FanOut,
+    index: int,
+    reply: Any,
+    answered: set[int],
+    waiting: Mapping[int, tuple[int, Wire, Due]],
+) -> Any:
+    """Node ``index``'s answer from the reply of one copy of a hedged command, or None when
+    it does not change it. The first reply wins, except that a grant of our token counts from
+    whichever copy it came (both carried the same token, and the lease's validity runs from
+    the first send). A token-checked delete's "nothing to do" while another copy is still
+    out is :data:`~.nodes.NOTHING_LEFT`: that one may have deleted the key first."""
+    if index in answered:
+        if not op.idempotent and _granted(reply) and not _granted(op.replies[index]):
+            return reply
+        return None
+    if op.idempotent and reply == 0 and _waits_on(waiting, index):
+        return NOTHING_LEFT
+    return reply
+
+
+def _granted(reply: Any) -> bool:
+    return reply.__class__ is list and bool(reply) and reply[0] == 0
+
+
+def _hedge(
+    nodes: Sequence[Node],
+    op: FanOut,
+    waiting: dict[int, tuple[int, Wire, Due]],
+    poller: Any,
+    copies: dict[int, int],
+    answered: set[int],
+    now: float,
+    every: float,
+) -> float | None:
+    """Send ``op``'s hedge (a copy of its command that the node may run twice: a
+    token-checked delete, or the acquire script, which takes our own token as our grant)
+    to every node that has not answered yet, on an idle connection that owes nothing (none
+    is opened for it). A connection that carries a copy owes its reply like the first: an
+    undo or release goes behind each (see :attr:`~.nodes.Due.twins`). Returns when the next
+    copies go out (one more each ``every`` seconds, up to :data:`MAX_COPIES` connections),
+    or None."""
+    late = {entry[0] for entry in waiting.values()} - answered
+    more = False
+    for index in late:
+        sent = copies.get(index, 1)
+        if sent >= MAX_COPIES:
+            continue
+        copy = _send_copy(nodes[index], op, now)
+        if copy is None:
+            more = True  # a connection may be back in the pool by the next try
+            continue
+        wire, due = copy
+        copies[index] = sent + 1
+        more = more or sent + 1 < MAX_COPIES
+        waiting[wire.fd] = (index, wire, due)
+        poller.register(wire.fd, select.POLLIN)
+    return now + every if more else None
 
 
 def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
@@ -321,6 +501,10 @@ def _reclaim(node: Node, owing: Owing) -> bool:
     earlier command unwanted: whoever holds the connection next sends the undo behind it (it
     may have come back before it could see the mark: then it is taken after all)."""
     wire, due = owing
+    for twin in due.twins or ():
+        # A copy of the command on another connection: whoever reads its reply sends the
+        # undo behind it (if it is read already, the node ran it before this goes out).
+        twin.unwanted = True
     if node.reclaim(wire):
         return True
     due.unwanted = True
@@ -662,10 +846,17 @@ class Rounds:
         left: dict[int, Owing] | None = None,
         behind: Mapping[int, Owing] | None = None,
         idempotent: bool = False,
+        *,
+        hedge: CommandBuilder | None = None,
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
-        (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone."""
+        (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone.
+        ``hedge`` builds the copy a late node gets on a second connection (an idempotent
+        command's is itself; see :func:`fan_out`)."""
         op = FanOut(len(self.nodes), build, late, enough, left, behind, idempotent)
+        hedge = hedge if hedge is not None or not idempotent else build
+        if hedge is not None:
+            op.hedge = hedge
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies

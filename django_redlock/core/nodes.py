@@ -20,6 +20,7 @@ import inspect
 import select
 import socket
 import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +51,7 @@ __all__ = [
     "BEHIND_LATE",
     "DRAIN_FOR",
     "HANDSHAKE",
+    "NOTHING_LEFT",
     "NOT_SENT",
     "OWED",
     "SENT_TWICE",
@@ -216,7 +218,19 @@ class Due:
     an undo: token-checked deletes); if the connection is cut before it answers, the command
     goes out again with the next operation that reaches the node (:meth:`Node.lose`)."""
 
-    __slots__ = ("again", "command", "count", "late", "left", "op", "reply", "sent", "unwanted")
+    __slots__ = (
+        "again",
+        "command",
+        "count",
+        "counted",
+        "late",
+        "left",
+        "op",
+        "reply",
+        "sent",
+        "twins",
+        "unwanted",
+    )
 
     def __init__(
         self,
@@ -236,6 +250,12 @@ class Due:
         self.reply: Any = OWED
         self.unwanted = False
         self.left = False
+        #: Copies of the same command still owed on other connections to the node (a hedged
+        #: request: see :mod:`.fanout`): whatever ends this command ends them too.
+        self.twins: list[Due] | None = None
+        #: A copy of an acquire whose node granted it on another connection, counted in the
+        #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
+        self.counted = False
 
     def take_undo(self) -> bytes:
         """The undo of an unwanted command, once (``late`` is cleared)."""
@@ -468,8 +488,10 @@ class Wire:
         """The undo of every command it still owes (sent behind them when the connection is
         given up: the node runs one connection's commands in order, so the undo cannot
         overtake a command still queued there; on a new connection it could, and leave the
-        command's effect behind)."""
-        return [entry.late() for entry in self.due if entry.late is not None]
+        command's effect behind). Not of a copy of an acquire whose node granted it on
+        another connection (:attr:`Due.counted`): that grant is part of a lease, which its
+        release ends (see :attr:`Due.twins`)."""
+        return [entry.late() for entry in self.due if entry.late is not None and not entry.counted]
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -481,7 +503,7 @@ class Wire:
 
 #: Spare connections a node may want opened in the background at a time (see
 #: :meth:`Node.want_spare`).
-SPARES = 2
+SPARES = 4
 
 #: How long a connection given up stays open to be read (:meth:`Node.abandon`): a lease
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
@@ -745,10 +767,15 @@ class Node:
                         due = wire
                     else:
                         self._draining.append((wire, now + DRAIN_FOR))
+                        self.want_spare()  # its stand-in, while it waits for its reply
                     continue
             for owing in (young, due):
                 if owing is not None:
                     self._idle.appendleft(owing)  # last in line: its reply may be late
+            if self._draining and len(self._idle) < SPARES:
+                # Replies are late on this link: stand-ins for the connections waiting for
+                # theirs are opened before the pool runs dry, not once it has.
+                self.want_spare()
             return wire
         if young is not None:
             if due is not None:
@@ -761,11 +788,38 @@ class Node:
             return due
         if self._draining:
             # Every connection owes a reply past its deadline: the node is frozen, or behind
-            # a lossy link, where a handshake may be late too. This operation does not wait
-            # for one; another connection is opened in the background.
+            # a lossy link, where a handshake may be late too. Others are opened in the
+            # background; this operation tries one handshake within the node timeout if the
+            # node answered anything since its oldest late command went out (a lossy link,
+            # not a frozen node), and a handshake that is late itself is no miss: the
+            # connections waiting for their replies tell that story already.
             self.want_spare()
+            oldest = min((w.due[0].sent for w, _ in list(self._draining) if w.due), default=0.0)
+            if self.unreachable() is None and self.detector.heard_since(oldest):
+                try:
+                    return Wire(self, min(self.node_timeout, deadline - time.monotonic()))
+                except WireError:
+                    pass
             raise WireError(BEHIND_LATE)
         return self.connect(max(deadline - time.monotonic(), 0.005))
+
+    def spare(self) -> Wire | None:
+        """An idle pooled connection that owes nothing, taken out of the pool, for a copy of
+        a command whose reply is late on another connection (a hedged request: see
+        :mod:`.fanout`); None when there is none. It never connects: a copy that must wait
+        for a handshake comes too late to help (the pool grows where replies are late: see
+        :meth:`checkout`)."""
+        if self._draining:
+            self._sweep()
+        for wire in list(self._idle):
+            if wire.due or not self.current(wire):
+                continue
+            try:
+                self._idle.remove(wire)
+            except ValueError:  # another thread took it
+                continue
+            return wire
+        return None
 
     def want_spare(self) -> None:
         """Have the reconnector open one more connection to the node for the pool (at most
@@ -924,25 +978,39 @@ class Node:
         return self._open_spares()
 
     def _open_spares(self) -> bool:
-        """Open the spare connections wanted, into the pool; True when done (a failure
+        """Open the spare connections wanted, into the pool, all at once (behind a lossy link
+        a handshake waits for a retransmission now and then: one after the other, the pool
+        would refill more slowly than late replies drain it); True when done (a failure
         leaves it to the operations to find out why). False when a miss made the node
         wanted meanwhile: the reconnector, which may have been asked while this ran, must
         keep it for that."""
         while self._spares > 0:
-            try:
-                self.locate()
-                wire = Wire(self, connect_budget(self.node_timeout))
-            except WireError:
-                self._spares = 0
-                break
-            self._spares -= 1
-            if self._pid != ThisProcess.pid or self.closed:
-                wire.close()
-                return True
-            self.detector.answered(time.monotonic())
-            wire.reused = True
-            self._idle.appendleft(wire)
+            helpers = [
+                threading.Thread(target=self._open_spare, name="redlock-spare", daemon=True)
+                for _ in range(self._spares - 1)
+            ]
+            for helper in helpers:
+                helper.start()
+            self._open_spare()
+            for helper in helpers:
+                helper.join()
         return self.unreachable() is None and self._probing is None
+
+    def _open_spare(self) -> None:
+        try:
+            self.locate()
+            wire = Wire(self, connect_budget(self.node_timeout))
+        except WireError:
+            self._spares = 0
+            return
+        self._spares = max(self._spares - 1, 0)
+        if self._pid != ThisProcess.pid or self.closed:
+            wire.close()
+            self._spares = 0
+            return
+        self.detector.answered(time.monotonic())
+        wire.reused = True
+        self._idle.appendleft(wire)
 
     def checkin(self, wire: Wire) -> None:
         if wire.on_replica or not self.current(wire):
@@ -1384,10 +1452,25 @@ SENT_TWICE = Failure(
 )
 
 
+#: The answer "nothing to do" (0) of a copy of an idempotent command (a hedged release: see
+#: :mod:`.fanout`) while the first is still unanswered on another connection: the first may
+#: have run, its reply held up on the link. Either way the key does not hold our token on the
+#: node any more, so the release counts it as done there; it reports nothing of whether the
+#: key was ours (no false LockNotOwned).
+NOTHING_LEFT = Failure(
+    "error", "a copy of the command found nothing left to do; the first one is still unanswered"
+)
+
+
 def reached(reply: Any) -> bool:
     """Whether a fan-out's command reached the node (answered, or queued there): a
     :class:`Failure` other than :data:`TIMED_OUT` means no connection, or a broken one."""
-    return reply.__class__ is not Failure or reply is TIMED_OUT or reply is SENT_TWICE
+    return (
+        reply.__class__ is not Failure
+        or reply is TIMED_OUT
+        or reply is SENT_TWICE
+        or reply is NOTHING_LEFT
+    )
 
 
 def fold(command: Any, wire: Any, reply: Any) -> Any:
