@@ -855,6 +855,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 # The full script takes our own token as our grant: the copy may land second.
                 send.hedge = request.script
             if held is not None:
+                # The lead node's connections go on to carry the next step (``behind``),
+                # which must not end a copy of its grant: no copies there.
                 send.hedge = None
                 # Granted on the lead node: the same token to the others.
                 send.build, send.enough = self._after_lead(request, *held[:3])

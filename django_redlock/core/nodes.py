@@ -503,7 +503,7 @@ class Wire:
 
 #: Spare connections a node may want opened in the background at a time (see
 #: :meth:`Node.want_spare`).
-SPARES = 4
+SPARES = 8
 
 #: How long a connection given up stays open to be read (:meth:`Node.abandon`): a lease
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
@@ -806,9 +806,9 @@ class Node:
     def spare(self) -> Wire | None:
         """An idle pooled connection that owes nothing, taken out of the pool, for a copy of
         a command whose reply is late on another connection (a hedged request: see
-        :mod:`.fanout`); None when there is none. It never connects: a copy that must wait
-        for a handshake comes too late to help (the pool grows where replies are late: see
-        :meth:`checkout`)."""
+        :mod:`.fanout`); None when there is none (where replies are late, more are then
+        opened in the background). It never connects: a copy that must wait for a handshake
+        comes too late to help."""
         if self._draining:
             self._sweep()
         for wire in list(self._idle):
@@ -819,6 +819,8 @@ class Node:
             except ValueError:  # another thread took it
                 continue
             return wire
+        if self._draining:
+            self.want_spare()  # replies are late on this link: copies will want more
         return None
 
     def want_spare(self) -> None:
