@@ -183,7 +183,7 @@ def fan_out(
         for index in _pooled_first(nodes):
             node = nodes[index]
             owing = behind.get(index) if behind else None
-            if owing is not None and _reclaim(node, owing):
+            if owing is not None and _reclaim(node, owing, op.idempotent):
                 wire = owing[0]
             else:
                 try:
@@ -298,6 +298,11 @@ def fan_out(
     now = time.monotonic()
     for index, wire, due in waiting.values():
         due.left = True
+        if index in answered and not _granted(replies[index]):
+            # A copy of an acquire still out to a node that refused it on another
+            # connection: the node is not counted, and the copy may still land (once the
+            # key is free there): whoever reads its reply sends the undo behind it.
+            due.unwanted = True
         overdue = wire.overdue(now, timeout + wait.stalled)
         silent = (expired or overdue) and index not in answered
         kept = _put_back(nodes[index], wire, op.in_time and not overdue, silent, wait.excused)
@@ -495,15 +500,16 @@ def _resend_one(
     poller.register(wire.fd, select.POLLIN)
 
 
-def _reclaim(node: Node, owing: Owing) -> bool:
+def _reclaim(node: Node, owing: Owing, ends: bool) -> bool:
     """Take the connection that owes the reply of a command this one ends (``behind``) out
     of the pool, for the command to go out behind it. When another thread has it, mark the
     earlier command unwanted: whoever holds the connection next sends the undo behind it (it
     may have come back before it could see the mark: then it is taken after all)."""
     wire, due = owing
-    for twin in due.twins or ():
-        # A copy of the command on another connection: whoever reads its reply sends the
-        # undo behind it (if it is read already, the node ran it before this goes out).
+    for twin in due.twins or () if ends else ():
+        # The command ends the earlier one (a release, an undo), whose copy on another
+        # connection is ended too: whoever reads its reply sends the undo behind it (if it
+        # is read already, the node ran it before this goes out).
         twin.unwanted = True
     if node.reclaim(wire):
         return True
@@ -650,7 +656,7 @@ class Round:
         for op in self.ops:
             owing = op.behind.get(index) if op.behind else None
             wire: Wire | None = None
-            if owing is not None and (owing[0] in groups or _reclaim(node, owing)):
+            if owing is not None and (owing[0] in groups or _reclaim(node, owing, op.idempotent)):
                 wire = owing[0]
             groups.setdefault(wire, []).append(op)
         return list(groups.items())

@@ -812,12 +812,22 @@ class Node:
         if self._draining:
             self._sweep()
         for wire in list(self._idle):
-            if wire.due or not self.current(wire):
+            if not self.current(wire):
                 continue
             try:
                 self._idle.remove(wire)
             except ValueError:  # another thread took it
                 continue
+            if wire.due:
+                # Most owe only replies that came in since (a copy's, read by nobody yet).
+                try:
+                    owes = self._owes(wire)
+                except OSError:
+                    self.lose(wire)
+                    continue
+                if owes:
+                    self._idle.appendleft(wire)
+                    continue
             return wire
         if self._draining:
             self.want_spare()  # replies are late on this link: copies will want more
