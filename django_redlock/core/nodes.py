@@ -751,24 +751,21 @@ class Node:
             if not self.current(wire):
                 self.lose(wire)  # to a group's former master
                 continue
-            if wire.due:
-                try:
-                    owes = self._owes(wire)
-                except OSError:
-                    self.lose(wire)
-                    continue
-                if owes:
-                    now = time.monotonic()
-                    if wire.overdue(now, self.node_timeout):
-                        self.abandon(wire)  # as a fan-out gives up a connection past it
-                    elif young is None and not wire.overdue(now, self.late_after):
-                        young = wire
-                    elif due is None:
-                        due = wire
-                    else:
-                        self._draining.append((wire, now + DRAIN_FOR))
-                        self.want_spare()  # its stand-in, while it waits for its reply
-                    continue
+            owes = self._owing(wire)
+            if owes is None:
+                continue
+            if owes:
+                now = time.monotonic()
+                if wire.overdue(now, self.node_timeout):
+                    self.abandon(wire)  # as a fan-out gives up a connection past it
+                elif young is None and not wire.overdue(now, self.late_after):
+                    young = wire
+                elif due is None:
+                    due = wire
+                else:
+                    self._draining.append((wire, now + DRAIN_FOR))
+                    self.want_spare()  # its stand-in, while it waits for its reply
+                continue
             for owing in (young, due):
                 if owing is not None:
                     self._idle.appendleft(owing)  # last in line: its reply may be late
@@ -818,16 +815,13 @@ class Node:
                 self._idle.remove(wire)
             except ValueError:  # another thread took it
                 continue
-            if wire.due:
-                # Most owe only replies that came in since (a copy's, read by nobody yet).
-                try:
-                    owes = self._owes(wire)
-                except OSError:
-                    self.lose(wire)
-                    continue
-                if owes:
-                    self._idle.appendleft(wire)
-                    continue
+            # Most that owe owe only replies that came in since (a copy's, read by nobody).
+            owes = self._owing(wire)
+            if owes is None:
+                continue
+            if owes:
+                self._idle.appendleft(wire)
+                continue
             return wire
         if self._draining:
             self.want_spare()  # replies are late on this link: copies will want more
@@ -845,6 +839,17 @@ class Node:
         """How long a pooled connection may have owed a reply and still take the next command
         (behind it): a reply later than this is probably held up on the link."""
         return self.node_timeout / 4
+
+    def _owing(self, wire: Wire) -> bool | None:
+        """:meth:`_owes` for a connection taken out of the pool; None when it broke (it is
+        lost: see :meth:`lose`)."""
+        if not wire.due:
+            return False
+        try:
+            return self._owes(wire)
+        except OSError:
+            self.lose(wire)
+            return None
 
     def _owes(self, wire: Wire) -> bool:
         """Read what has arrived on a pooled or set-aside connection (never blocks): whether
