@@ -362,23 +362,26 @@ def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
 #: 200 ms retransmission timeout, which is what a lost packet costs the first connection.
 HEDGE_AFTER = 0.002
 
+#: How many of the slowest node's unhindered round trips pass before the copies go out.
+HEDGE_TRIPS = 3
+
 #: How many connections to one node may carry copies of one command (the first included).
 MAX_COPIES = 3
 
 
 def _hedge_at(nodes: Sequence[Node], start: float, timeout: float) -> float | None:
     """When a node that has not answered a command sent at ``start`` gets a copy on another
-    connection: after :data:`HEDGE_AFTER`, or a few of the slowest node's usual round trips
-    (smoothed round trip plus four deviations, doubled), and never later than half the node
-    timeout (a copy sent later could not beat it). None when that leaves no time."""
+    connection: after :data:`HEDGE_AFTER`, or :data:`HEDGE_TRIPS` of the slowest node's
+    unhindered round trips (:attr:`~.detector.NodeDetector.quick`: the round trips late by a
+    retransmission, which the copies are for, do not count), and never later than a quarter
+    of the node timeout (a copy sent later could hardly beat it). None when that leaves no
+    time."""
     after = HEDGE_AFTER
     for node in nodes:
-        srtt = node.detector.srtt
-        if srtt is not None:
-            usual = 2 * (srtt + 4 * node.detector.rttvar)
-            if usual > after:
-                after = usual
-    if after > timeout / 2:
+        quick = node.detector.quick
+        if quick is not None and quick * HEDGE_TRIPS > after:
+            after = quick * HEDGE_TRIPS
+    if after > timeout / 4:
         return None
     return start + after
 
