@@ -289,6 +289,7 @@ class Send:
         "behind",
         "build",
         "enough",
+        "granted",
         "hedge",
         "idempotent",
         "late",
@@ -318,7 +319,9 @@ class Send:
         #: Builds the copy of the command a node late to answer gets on a second connection
         #: (the sync driver's hedged request: see :func:`.fanout.fan_out`); None: the command
         #: itself if ``idempotent``, else no copy.
-        self.hedge: AnyBuilder | None = None
+        self.hedge: Callable[[Node, Any], Any] | None = None
+        #: Nodes whose grant is counted already (see :attr:`.fanout.FanOut.granted`).
+        self.granted: frozenset[int] = frozenset()
 
     def fan_out_args(self) -> tuple[Any, ...]:
         """The arguments of either driver's fan-out, in its order (the two take the same)."""
@@ -725,7 +728,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return zlib.crc32(name.encode()) % len(self.nodes)
 
     def _lead_steps(
-        self, request: AcquireRequest, cancel: tuple[str, str], index: int
+        self, request: AcquireRequest, cancel: tuple[str, str], index: int, hedged: bool
     ) -> Steps[tuple[int, Any, set[int], dict[int, Any]] | Refusal | None]:
         """Step 1 of an attempt made by one of several contenders woken by the same release,
         on the lead node alone: the others get a ``PING``.
@@ -745,7 +748,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         node alone cannot keep the lock from a quorum of free nodes for longer than a retry
         delay), or None when it gave no
         clean verdict (down, slow, guarded, its marker changed): after the undo of what may
-        have landed, a plain attempt follows."""
+        have landed, a plain attempt follows. ``hedged``: a lead node late to answer gets a
+        copy of the acquire script (see :meth:`_attempt_steps`); the ``PING`` goes once."""
         node = self.nodes[index]
         send = Send(
             lambda n, wire: request.build(n, wire) if n is node else _PING,
@@ -754,6 +758,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             None,
             lambda replies: _verdict(replies[index]),
         )
+        if hedged:
+            send.hedge = lambda n, wire: request.script(n, wire) if n is node else None
         replies = yield send
         reply = replies[index]
         if isinstance(reply, list) and reply[0] == 0:
@@ -787,20 +793,24 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
     def _after_lead(
         self, request: AcquireRequest, index: int, grant: Any, gone: set[int]
-    ) -> tuple[AnyBuilder, Callable[[list[Any]], bool]]:
-        """The builder and quorum test of step 1 on the other nodes, once the lead node
-        (``index``) granted ``request`` there with ``grant`` (``gone``: nodes it skips)."""
+    ) -> tuple[AnyBuilder, Callable[[list[Any]], bool], Callable[[Node, Any], Any]]:
+        """The builder, quorum test and hedge of step 1 on the other nodes, once the lead
+        node (``index``) granted ``request`` there with ``grant`` (``gone``: nodes it skips;
+        they get no copy)."""
         skipped = {id(self.nodes[i]) for i in gone | {index}}
 
         def build(node: Node, wire: Any) -> Any:
             return _PING if id(node) in skipped else request.build(node, wire)
+
+        def hedge(node: Node, wire: Any) -> Any:
+            return None if id(node) in skipped else request.script(node, wire)
 
         def enough(replies: list[Any]) -> bool:
             return self._granted_by_quorum(
                 [grant if i == index else r for i, r in enumerate(replies)]
             )
 
-        return build, enough
+        return build, enough, hedge
 
     def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
         self._register(handle, lease, clock.monotonic() - start)
@@ -838,6 +848,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         granted there.
         """
         settle, trusted = 3, False
+        # A node late to answer gets a copy of the full acquire script on a second connection
+        # (the sync driver's hedged request): it takes our own token as our grant, so the
+        # copy may land second. Not for fair or fencing locks, nor another hold's request.
+        hedged = make is None and line is None and not handle.fencing
         while True:
             request = AcquireRequest(self, handle, line) if make is None else make()
             cancel = (handle.name, request.token)
@@ -845,23 +859,31 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             held: Any = None
             if lead is not None:
                 index, lead = lead, None
-                held = yield from self._lead_steps(request, cancel, index)
+                held = yield from self._lead_steps(request, cancel, index, hedged)
                 if isinstance(held, Refusal):
                     return held
                 if held is None:
                     continue  # no clean verdict there: a plain attempt (a new token)
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
-            if make is None and line is None and not handle.fencing:
-                # The full script takes our own token as our grant: the copy may land second.
+            if hedged:
                 send.hedge = request.script
             if held is not None:
-                # The lead node's connections go on to carry the next step (``behind``),
-                # which must not end a copy of its grant: no copies there.
-                send.hedge = None
                 # Granted on the lead node: the same token to the others.
-                send.build, send.enough = self._after_lead(request, *held[:3])
-                send.behind = held[3]
+                send.build, send.enough, hedge = self._after_lead(request, *held[:3])
+                send.hedge = hedge if hedged else None
+                # The lead node's grant counts: its PING carries no undo, and it does not go
+                # behind a copy of the grant still on its way there (it would end it).
+                send.granted = frozenset((held[0],))
+                send.behind = {i: owing for i, owing in held[3].items() if i != held[0]}
             replies = yield send
+            left = send.left
+            if held is not None and held[0] in held[3]:
+                # A copy of the lead node's grant still on its way: what ends the lock goes
+                # behind it, and ends the PING's connection too.
+                first = held[3][held[0]]
+                if held[0] in left:
+                    first[1].twins = [*(first[1].twins or ()), left[held[0]][1]]
+                left = {**left, held[0]: first}
             if held is not None:
                 replies[held[0]] = held[1]
                 for i in held[2]:
@@ -885,7 +907,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                     lease = None
             if lease is not None:
                 # The release goes out behind the acquire where it is still on its way.
-                lease.behind = send.left
+                lease.behind = left
                 return lease
             if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
                 undo = self._release_command(handle.name, request.token)
@@ -899,7 +921,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                     cancel,
                     enough=_any_answers,
                     idempotent=True,
-                    behind=send.left,
+                    behind=left,
                 )
                 self._keep_unreached(undo, undone)
             if not trusted and self._all_fresh(replies, spread):

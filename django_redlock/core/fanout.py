@@ -104,8 +104,13 @@ class FanOut:
     batch: list[FanOut] | None = None
     round: Round | None = None
     #: Builds a copy of the command for a node that is late to answer, sent on a second
-    #: connection (a hedged request: see :func:`fan_out`); None: no copies.
-    hedge: CommandBuilder | None = None
+    #: connection (a hedged request: see :func:`fan_out`), or None for a node that gets no
+    #: copy; None: no copies.
+    hedge: Callable[[Node, Wire], Any] | None = None
+    #: Nodes whose grant of this lock is already counted (the lead node of a contended
+    #: attempt): what goes to them never carries an undo for when the connection is given
+    #: up (see :attr:`~.nodes.Due.counted`).
+    granted: frozenset[int] = frozenset()
 
     def __init__(
         self,
@@ -195,7 +200,7 @@ def fan_out(
             if command is not last:
                 last, data = command, as_bytes(command)
             try:
-                due = _send_one(node, wire, op, command, data, now)
+                due = _send_one(node, index, wire, op, command, data, now)
             except OSError as exc:
                 node.lose(wire)
                 if wire.reused and not isinstance(exc, TimeoutError):
@@ -217,6 +222,8 @@ def fan_out(
         copies: dict[int, int] = {}
         #: hedged nodes that answered on one of their connections.
         answered: set[int] = set()
+        #: nodes the hedge builds no copy for.
+        uncopied: set[int] = set()
         while waiting:
             outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
             if not outstanding:
@@ -234,7 +241,9 @@ def fan_out(
             if hedge_at is not None:
                 now = time.monotonic()
                 if now >= hedge_at:
-                    hedge_at = _hedge(nodes, op, waiting, poller, copies, answered, now, every)
+                    hedge_at = _hedge(
+                        nodes, op, waiting, poller, copies, answered, uncopied, now, every
+                    )
                     if hedge_at is not None:
                         poll_for = min(remaining, max(hedge_at - now, 0.0))
                 else:
@@ -315,7 +324,7 @@ def fan_out(
                 # release, an undo) must end this one as well.
                 first = owing[1]
                 first.twins = [*(first.twins or ()), due]
-    if op.in_time and op.idempotent and op.hedge is not None and waiting:
+    if every and op.in_time and op.idempotent and waiting:
         _send_copies(nodes, op, waiting, copies, answered)
 
 
@@ -335,26 +344,30 @@ def _send_copies(
     for index in {entry[0] for entry in waiting.values()} - answered:
         if copies.get(index, 1) > 1:
             continue  # it has one already
-        sent = _send_copy(nodes[index], op, now)
-        if sent is not None:
+        sent = _send_copy(nodes[index], index, op, now)
+        if isinstance(sent, tuple):
             sent[1].left = True
             nodes[index].checkin(sent[0])
 
 
-def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
-    """``op``'s hedge sent to ``node`` on an idle connection that owes nothing: the
-    connection and the reply it owes, or None when none is idle (or sending failed)."""
+def _send_copy(node: Node, index: int, op: FanOut, now: float) -> tuple[Wire, Due] | bool:
+    """``op``'s hedge sent to node ``index`` on an idle connection that owes nothing: the
+    connection and the reply it owes; False when none is idle (or sending failed), True when
+    the node gets no copy (the hedge built none for it)."""
     hedge = op.hedge
     assert hedge is not None
     wire = node.spare()
     if wire is None:
-        return None
+        return False
     command = hedge(node, wire)
+    if command is None:
+        node.checkin(wire)
+        return True
     try:
-        return wire, _send_one(node, wire, op, command, as_bytes(command), now)
+        return wire, _send_one(node, index, wire, op, command, as_bytes(command), now)
     except OSError:
         node.lose(wire)
-        return None
+        return False
 
 
 #: The shortest wait before a copy of a command goes out on a second connection to a node
@@ -371,11 +384,14 @@ MAX_COPIES = 3
 
 def _hedge_at(nodes: Sequence[Node], start: float, timeout: float) -> float | None:
     """When a node that has not answered a command sent at ``start`` gets a copy on another
-    connection: after :data:`HEDGE_AFTER`, or :data:`HEDGE_TRIPS` of the slowest node's
-    unhindered round trips (:attr:`~.detector.NodeDetector.quick`: the round trips late by a
-    retransmission, which the copies are for, do not count), and never later than a quarter
-    of the node timeout (a copy sent later could hardly beat it). None when that leaves no
-    time."""
+    connection, while some node's replies come late enough to be lost packets
+    (:attr:`~.nodes.Node.lossy`; None otherwise): after :data:`HEDGE_AFTER`, or
+    :data:`HEDGE_TRIPS` of the slowest node's unhindered round trips
+    (:attr:`~.detector.NodeDetector.quick`: the round trips late by a retransmission, which
+    the copies are for, do not count), and never later than a quarter of the node timeout (a
+    copy sent later could hardly beat it). None when that leaves no time."""
+    if not any(node.lossy for node in nodes):
+        return None
     after = HEDGE_AFTER
     for node in nodes:
         quick = node.detector.quick
@@ -427,6 +443,7 @@ def _hedge(
     poller: Any,
     copies: dict[int, int],
     answered: set[int],
+    uncopied: set[int],
     now: float,
     every: float,
 ) -> float | None:
@@ -437,14 +454,17 @@ def _hedge(
     undo or release goes behind each (see :attr:`~.nodes.Due.twins`). Returns when the next
     copies go out (one more each ``every`` seconds, up to :data:`MAX_COPIES` connections),
     or None."""
-    late = {entry[0] for entry in waiting.values()} - answered
+    late = {entry[0] for entry in waiting.values()} - answered - uncopied
     more = False
     for index in late:
         sent = copies.get(index, 1)
         if sent >= MAX_COPIES:
             continue
-        copy = _send_copy(nodes[index], op, now)
-        if copy is None:
+        copy = _send_copy(nodes[index], index, op, now)
+        if copy is True:
+            uncopied.add(index)
+            continue
+        if copy is False:
             more = True  # a connection may be back in the pool by the next try
             continue
         wire, due = copy
@@ -465,13 +485,17 @@ def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
     return range(len(nodes))
 
 
-def _send_one(node: Node, wire: Wire, op: FanOut, command: Any, data: bytes, sent: float) -> Due:
-    """Send ``op``'s command (``data``, encoded) on ``wire``, behind what could not reach the
-    node before; the reply it now owes (raises ``OSError``)."""
+def _send_one(
+    node: Node, index: int, wire: Wire, op: FanOut, command: Any, data: bytes, sent: float
+) -> Due:
+    """Send ``op``'s command (``data``, encoded) on ``wire`` to node ``index``, behind what
+    could not reach the node before; the reply it now owes (raises ``OSError``)."""
     if node.later:
         node.send_later(wire)
     wire.write(data)
     due = Due(command, op.late, sent, data if op.idempotent else None, op)
+    if op.granted and index in op.granted:
+        due.counted = True
     wire.due.append(due)
     return due
 
@@ -493,7 +517,7 @@ def _resend_one(
         return
     command = op.build(node, wire)
     try:
-        due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
+        due = _send_one(node, index, wire, op, command, as_bytes(command), time.monotonic())
     except OSError as exc:
         node.lose(wire)
         op.replies[index] = os_failure(exc)
@@ -676,7 +700,10 @@ class Round:
             last = op.last
             if last is None or last[0] is not command:
                 last = op.last = (command, as_bytes(command))
-            dues.append(Due(command, op.late, sent, last[1] if op.idempotent else None, op))
+            due = Due(command, op.late, sent, last[1] if op.idempotent else None, op)
+            if op.granted and index in op.granted:
+                due.counted = True
+            dues.append(due)
         # One write (a failed one loses the connection, and the replies owed with it).
         wire.write(last[1] if len(dues) == 1 else b"".join([op.last[1] for op in ops]))  # type: ignore[index]
         wire.due.extend(dues)
@@ -856,16 +883,19 @@ class Rounds:
         behind: Mapping[int, Owing] | None = None,
         idempotent: bool = False,
         *,
-        hedge: CommandBuilder | None = None,
+        hedge: Callable[[Node, Wire], Any] | None = None,
+        granted: frozenset[int] = frozenset(),
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
         (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone.
         ``hedge`` builds the copy a late node gets on a second connection (an idempotent
-        command's is itself; see :func:`fan_out`)."""
+        command's is itself; see :func:`fan_out`); ``granted``: see :attr:`FanOut.granted`."""
         op = FanOut(len(self.nodes), build, late, enough, left, behind, idempotent)
         hedge = hedge if hedge is not None or not idempotent else build
         if hedge is not None:
             op.hedge = hedge
+        if granted:
+            op.granted = granted
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies

@@ -509,6 +509,10 @@ SPARES = 8
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
 DRAIN_FOR = 60.0
 
+#: How long a node counts as behind a lossy link after a reply of it came later than the node
+#: timeout (seconds; see :attr:`Node.lossy`).
+LOSSY_FOR = 10.0
+
 #: A connection that still owes the reply of a command, and that reply (see
 #: :class:`.fanout.FanOut`).
 Owing = tuple[Wire, Due]
@@ -656,6 +660,9 @@ class Node:
         #: Spare connections wanted from the reconnector (:meth:`want_spare`).
         self._spares = 0
         self.closed = False
+        #: When (``time.monotonic``) a reply of this node last came later than the node
+        #: timeout, or a connection had to be set aside for one (see :attr:`lossy`).
+        self.late_at = float("-inf")
         #: What this process has seen of the node: misses, connection errors, round trips.
         self.detector = NodeDetector(node_timeout)
         #: Idle asyncio connections of event loops that ended, for the next loop to adopt
@@ -764,6 +771,7 @@ class Node:
                     due = wire
                 else:
                     self._draining.append((wire, now + DRAIN_FOR))
+                    self.late_at = now
                     self.want_spare()  # its stand-in, while it waits for its reply
                 continue
             for owing in (young, due):
@@ -799,6 +807,14 @@ class Node:
                     pass
             raise WireError(BEHIND_LATE)
         return self.connect(max(deadline - time.monotonic(), 0.005))
+
+    @property
+    def lossy(self) -> bool:
+        """Whether a reply of the node came later than the node timeout in the last
+        :data:`LOSSY_FOR` seconds (a lost packet waits for TCP's retransmission, 200 ms or
+        more): commands late to be answered then get copies on other connections (see
+        :mod:`.fanout`). A busy host alone makes replies slow, not that late: no copies."""
+        return time.monotonic() - self.late_at < LOSSY_FOR
 
     def spare(self) -> Wire | None:
         """An idle pooled connection that owes nothing, taken out of the pool, for a copy of
@@ -1052,7 +1068,8 @@ class Node:
         except OSError:
             self.lose(wire)  # the undos were owed: lose keeps them
             return
-        self._draining.append((wire, time.monotonic() + DRAIN_FOR))
+        self.late_at = now = time.monotonic()
+        self._draining.append((wire, now + DRAIN_FOR))
 
     def lose(self, wire: Wire) -> None:
         """Close a connection that broke: what it carried for operations that ended and must

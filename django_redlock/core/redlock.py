@@ -218,7 +218,9 @@ class Redlock(Primitives):
                 reply = None
                 if isinstance(step, Send):
                     try:
-                        reply = self._rounds.fan_out(*step.fan_out_args(), hedge=step.hedge)
+                        reply = self._rounds.fan_out(
+                            *step.fan_out_args(), hedge=step.hedge, granted=step.granted
+                        )
                     except BaseException:
                         # Interrupted (KeyboardInterrupt) with an acquire on the wire: some
                         # SETs may have landed; take them back before the caller goes on.
