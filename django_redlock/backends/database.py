@@ -779,7 +779,7 @@ class DatabaseLocks(BackendLocks):
             started = time.perf_counter()
             rows = self._sql(f"SELECT NOW_US, (SELECT COUNT(*) FROM {LOCKS})", fetch=True)
             latency = time.perf_counter() - started
-            version = self._connection().connection and _server_version(self._connection())
+            server, version = _server_version(self._connection())
         except Exception as exc:
             return [NodeHealth(node=node, reachable=False, error=str(exc) or type(exc).__name__)]
         db_now, count = rows[0]
@@ -788,6 +788,7 @@ class DatabaseLocks(BackendLocks):
                 node=node,
                 reachable=True,
                 latency=latency,
+                server=server,
                 version=version,
                 lock_keys=int(count),
                 clock_offset=db_now / 1e6 - time.time(),
@@ -840,12 +841,18 @@ class DatabaseLocks(BackendLocks):
             return True, True
 
 
-def _server_version(wrapper: Any) -> str:
+def _server_version(wrapper: Any) -> tuple[str, str]:
+    """The database server's name and version: ``("postgresql", "15.19 (Debian ...)")``."""
+    query = {
+        "sqlite": "SELECT sqlite_version()",
+        "postgresql": "SHOW server_version",
+    }.get(wrapper.vendor, "SELECT VERSION()")
     with wrapper.cursor() as cursor:
-        cursor.execute(
-            "SELECT sqlite_version()" if wrapper.vendor == "sqlite" else "SELECT VERSION()"
-        )
-        return str(cursor.fetchone()[0])
+        cursor.execute(query)
+        version = str(cursor.fetchone()[0])
+    if wrapper.vendor == "mysql" and "mariadb" in version.lower():
+        return "mariadb", version
+    return wrapper.vendor, version
 
 
 class _Listener:

@@ -622,7 +622,11 @@ class EtcdLocks(BackendLocks):
                 continue
             result.append(
                 NodeHealth(
-                    node=endpoint, reachable=True, latency=latency, version=status.get("version")
+                    node=endpoint,
+                    reachable=True,
+                    latency=latency,
+                    server="etcd",
+                    version=status.get("version"),
                 )
             )
         return result

@@ -380,7 +380,15 @@ class ZooKeeperLocks(BackendLocks):
                     node=self.node_name, reachable=False, error=str(exc) or type(exc).__name__
                 )
             ]
-        return [NodeHealth(node=self.node_name, reachable=True, latency=latency, lock_keys=count)]
+        return [
+            NodeHealth(
+                node=self.node_name,
+                reachable=True,
+                latency=latency,
+                server="zookeeper",
+                lock_keys=count,
+            )
+        ]
 
     def close(self) -> None:
         self._this_process()  # in a forked child: close the child's own, never the parent's
