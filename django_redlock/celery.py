@@ -631,15 +631,7 @@ class LockedTask(Task):
     # -- enqueueing -------------------------------------------------------------------------
 
     def apply_async(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
-        shadow: Any = None,
-        **options: Any,
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
         """``apply_async`` taking LockedTask's per-call options (``lock_key=...``,
         ``on_locked=...``, ...; also through ``sig.set(...)``), carried in the ``redlock``
@@ -667,16 +659,7 @@ class LockedTask(Task):
         if headers:
             options["headers"] = headers
         try:
-            return super().apply_async(
-                args,
-                kwargs,
-                task_id=task_id,
-                producer=producer,
-                link=link,
-                link_error=link_error,
-                shadow=shadow,
-                **options,
-            )
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if isinstance(queued, tuple):
                 _release_queued_marker(self.get_redlock(), queued)
@@ -846,14 +829,14 @@ class LockedTask(Task):
                 if requeue:
                     countdown = self._countdown(opts, lock_retries, {})
                     self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
-                self._release_queued(redlock, request, header, final=True)
+                self._release_queued(redlock, request, header)
                 raise
             if not acquired:
                 return self._locked_out(
                     redlock, lock, request, header, opts, name, lock_retries, args, kwargs, holder
                 )
             _probe("acquired", task_id)
-            self._release_queued(redlock, request, header, final=True)
+            self._release_queued(redlock, request, header)
             # Not an attribute of the request: Celery copies unknown request attributes into
             # the headers of any message the task sends (retries included).
             current = _current_lock.set(lock)
@@ -1016,7 +999,7 @@ class LockedTask(Task):
             self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
         if policy == "retry" and not _eager(request):
             self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
-        self._release_queued(redlock, request, header, final=True)
+        self._release_queued(redlock, request, header)
         if policy == "skip":
             return self._skip(redlock, lock, request, name, holder, args, kwargs)
         if policy == "wait":
@@ -1157,7 +1140,7 @@ class LockedTask(Task):
             )
             sig.apply_async()
             raise Retry(exc=exc, when=countdown, sig=sig)
-        self._release_queued(self.get_redlock(), request, header, final=True)
+        self._release_queued(self.get_redlock(), request, header)
         raise LockNotAcquired(
             f"{exc} (gave up after {lock_retries} lock retries)",
             name,
@@ -1190,11 +1173,9 @@ class LockedTask(Task):
         )
         return None
 
-    def _release_queued(
-        self, redlock: Redlock, request: Any, header: dict[str, Any], *, final: bool
-    ) -> None:
+    def _release_queued(self, redlock: Redlock, request: Any, header: dict[str, Any]) -> None:
         queued = header.get(_QUEUED)
-        if not queued or not final:
+        if not queued:
             return
         _release_queued_marker(redlock, queued)
         # A later self.retry() of this task is a new queued copy, not this one.
@@ -1760,16 +1741,11 @@ class LockedTaskWorker(bootsteps.StartStopStep):
         _worker_hooks = self.hooks
         _connect_worker_signals()
 
+    # No start or stop of its own: the hooks outlive the other steps (a pool that stops
+    # reports its tasks' failures, and a cold shutdown its abandoned locks, after this step's
+    # turn); worker_shutdown ends them.
     def register_with_event_loop(self, w: Any, hub: Any) -> None:
         self.hooks.listen(hub)
-
-    # The hooks outlive the other steps: a pool that stops reports its tasks' failures (and
-    # a cold shutdown its abandoned locks) after this step's turn; worker_shutdown ends them.
-    def start(self, w: Any) -> None:
-        pass
-
-    def stop(self, w: Any) -> None:
-        pass
 
 
 class LockedTaskControl(bootsteps.StartStopStep):
@@ -1794,9 +1770,6 @@ class LockedTaskControl(bootsteps.StartStopStep):
             return
         node.handlers = {**handlers, "revoke": _revoke_with_locks(original)}
 
-    def stop(self, c: Any) -> None:
-        pass
-
 
 def install(app: Any) -> None:
     """Install LockedTask's worker side in the workers of ``app`` (idempotent; call it where
@@ -1813,21 +1786,15 @@ def install(app: Any) -> None:
 def _connect_worker_signals() -> None:
     """Connect the receivers once per process (a worker bootstep calls this); each acts only
     for the worker whose hooks are installed here."""
-    signals.worker_process_shutdown.connect(
-        _on_process_shutdown, weak=False, dispatch_uid="django_redlock.process_shutdown"
-    )
-    signals.worker_shutting_down.connect(
-        _on_worker_shutting_down, weak=False, dispatch_uid="django_redlock.shutting_down"
-    )
-    signals.task_revoked.connect(
-        _on_task_revoked, weak=False, dispatch_uid="django_redlock.task_revoked"
-    )
-    signals.task_failure.connect(
-        _on_task_failure, weak=False, dispatch_uid="django_redlock.task_failure"
-    )
-    signals.worker_shutdown.connect(
-        _on_worker_shutdown, weak=False, dispatch_uid="django_redlock.worker_shutdown"
-    )
+    for celery_signal, receiver in (
+        (signals.worker_process_shutdown, _on_process_shutdown),
+        (signals.worker_shutting_down, _on_worker_shutting_down),
+        (signals.task_revoked, _on_task_revoked),
+        (signals.task_failure, _on_task_failure),
+        (signals.worker_shutdown, _on_worker_shutdown),
+    ):
+        uid = f"django_redlock{receiver.__name__}"
+        celery_signal.connect(receiver, weak=False, dispatch_uid=uid)
 
 
 def _on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:
