@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..core import LockInfo, NodeHealth, QuorumError, check_positive
-from .base import BackendLock, BackendLocks, Grant, holder_meta, utc_from_micros
+from .base import BackendLock, BackendLocks, Grant, holder_meta, unreachable, utc_from_micros
 
 __all__ = ["DatabaseLocks"]
 
@@ -781,7 +781,7 @@ class DatabaseLocks(BackendLocks):
             latency = time.perf_counter() - started
             version = self._connection().connection and _server_version(self._connection())
         except Exception as exc:
-            return [NodeHealth(node=node, reachable=False, error=str(exc) or type(exc).__name__)]
+            return [unreachable(node, exc)]
         db_now, count = rows[0]
         return [
             NodeHealth(
@@ -811,12 +811,7 @@ class DatabaseLocks(BackendLocks):
     def _listen(self, name: str) -> threading.Event:
         self._this_process()
         with self._listener_lock:
-            if self._listener is not None and not self._listener.alive:
-                self._listener.stop()  # its connection dropped: listen on a new one
-                self._listener = None
-            if self._listener is None:
-                self._listener = _Listener(self._open(), self._row_watch.notice)
-            listener = self._listener
+            listener, _ = self._live_listener()
         return listener.subscribe(name)
 
     def _listening(self) -> tuple[bool, bool]:
@@ -826,18 +821,26 @@ class DatabaseLocks(BackendLocks):
 
         self._this_process()
         with self._listener_lock:
-            if self._listener is not None and not self._listener.alive:
-                self._listener.stop()
-                self._listener = None
-            if self._listener is not None:
-                return True, False
-            wrapper = self._open()
             try:
-                self._listener = _Listener(wrapper, self._row_watch.notice)
+                return True, self._live_listener()[1]
             except Error:  # unreachable now: the row watch polls meanwhile
-                self._forget(wrapper)
                 return False, False
-            return True, True
+
+    def _live_listener(self) -> tuple[_Listener, bool]:
+        """The listener, on a new connection when its own dropped, and whether it is new.
+        Under ``_listener_lock``."""
+        if self._listener is not None and not self._listener.alive:
+            self._listener.stop()
+            self._listener = None
+        if self._listener is not None:
+            return self._listener, False
+        wrapper = self._open()
+        try:
+            self._listener = _Listener(wrapper, self._row_watch.notice)
+        except BaseException:
+            self._forget(wrapper)
+            raise
+        return self._listener, True
 
 
 def _server_version(wrapper: Any) -> str:
