@@ -200,32 +200,19 @@ class LockAdmin(admin.ModelAdmin):
                     "url": link(o=new_order, p=1) if sortable else "",
                 }
             )
+        counts[""] = total
+        choices = [("", "All", ""), ("any", "Any stuck", "")]
+        choices += [(code, label.capitalize(), why) for code, label, why in av.STUCK_REASONS]
         filters = [
             {
-                "label": "All",
-                "url": link(stuck="", p=1),
-                "selected": not stuck_filter,
-                "count": total,
+                "label": label,
+                "url": link(stuck=code, p=1),
+                "selected": stuck_filter == code,
+                "count": counts[code],
+                "help": why,
             }
+            for code, label, why in choices
         ]
-        filters.append(
-            {
-                "label": "Any stuck",
-                "url": link(stuck="any", p=1),
-                "selected": stuck_filter == "any",
-                "count": counts["any"],
-            }
-        )
-        for code, label, explanation in av.STUCK_REASONS:
-            filters.append(
-                {
-                    "label": label.capitalize(),
-                    "url": link(stuck=code, p=1),
-                    "selected": stuck_filter == code,
-                    "count": counts[code],
-                    "help": explanation,
-                }
-            )
         page_links = [
             (i, link(p=i) if isinstance(i, int) else "")
             for i in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)
