@@ -46,7 +46,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..core import LockInfo, NodeHealth, QuorumError, check_positive
@@ -653,39 +653,39 @@ class DatabaseLocks(BackendLocks):
             found.update((str(name), str(token)) for name, token in rows)
         return found
 
-    def _unreachable(self, grant: Grant, verb: str, exc: BaseException) -> QuorumError:
-        """The package's error for a database that could not be reached to ``verb`` a held
-        lock, naming the lock, the database alias and the cause."""
-        return QuorumError(
-            f"lock {grant.name!r}: database {self.using!r} could not {verb} it; the lock stays "
-            "as it was there (held by its token until its lease ends)",
-            grant.name,
-            failures={self.node_name: str(exc) or type(exc).__name__},
-        )
+    @contextlib.contextmanager
+    def _reaching(self, grant: Grant, verb: str) -> Iterator[None]:
+        """Turns a database that could not be reached to ``verb`` a held lock into the
+        package's error, naming the lock, the database alias and the cause."""
+        try:
+            yield
+        except self.unavailable() as exc:
+            raise QuorumError(
+                f"lock {grant.name!r}: database {self.using!r} could not {verb} it; the lock "
+                "stays as it was there (held by its token until its lease ends)",
+                grant.name,
+                failures={self.node_name: str(exc) or type(exc).__name__},
+            ) from exc
 
     def _give_back(self, grant: Grant) -> bool:
-        try:
-            return self._delete_held(grant)
-        except self.unavailable() as exc:
-            raise self._unreachable(grant, "release", exc) from exc
-
-    def _delete_held(self, grant: Grant) -> bool:
-        if self._mutex_lost(grant):
-            return False
-        mutex = grant.state
-        try:
-            self._local.repeated = False
-            gone = self._retrying(self._delete, grant)
-            # The DELETE may have run before its connection dropped, and its repeat found no
-            # row of our token: that is our own DELETE while our lease lasts (valid_until is
-            # counted from before the take, so it ends before the database's lease; a
-            # pessimistic holder's transaction was alive above, so no waiter took it over).
-            # Only a force_release in the same instant would be reported as our release.
-            return gone or (self._local.repeated and grant.validity > 0)
-        finally:
-            if mutex is not None:
-                grant.state = None
-                self._end_mutex(mutex)
+        with self._reaching(grant, "release"):
+            if self._mutex_lost(grant):
+                return False
+            mutex = grant.state
+            try:
+                self._local.repeated = False
+                gone = self._retrying(self._delete, grant)
+                # The DELETE may have run before its connection dropped, and its repeat found
+                # no row of our token: that is our own DELETE while our lease lasts
+                # (valid_until is counted from before the take, so it ends before the
+                # database's lease; a pessimistic holder's transaction was alive above, so no
+                # waiter took it over). Only a force_release in the same instant would be
+                # reported as our release.
+                return gone or (self._local.repeated and grant.validity > 0)
+            finally:
+                if mutex is not None:
+                    grant.state = None
+                    self._end_mutex(mutex)
 
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":
@@ -701,22 +701,17 @@ class DatabaseLocks(BackendLocks):
         return bool(self._sql(delete, [grant.name, grant.token]))
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
-        try:
-            return self._rearm(grant, ttl)
-        except self.unavailable() as exc:
-            raise self._unreachable(grant, "extend", exc) from exc
-
-    def _rearm(self, grant: Grant, ttl: float) -> bool:
-        if self._mutex_lost(grant):
-            return False
-        lease_us = int(ttl * 1_000_000)  # a repeat after a lost reply renews again: harmless
-        return bool(
-            self._sql(
-                f"UPDATE {LOCKS} SET expires_us = NOW_US + %s, lease_us = %s, "
-                "renewals = renewals + 1 WHERE name = %s AND token = %s AND expires_us > NOW_US",
-                [lease_us, lease_us, grant.name, grant.token],
+        with self._reaching(grant, "extend"):
+            if self._mutex_lost(grant):
+                return False
+            lease_us = int(ttl * 1_000_000)  # a repeat after a lost reply renews again: harmless
+            return bool(
+                self._sql(
+                    f"UPDATE {LOCKS} SET expires_us = NOW_US + %s, lease_us = %s, renewals = "
+                    "renewals + 1 WHERE name = %s AND token = %s AND expires_us > NOW_US",
+                    [lease_us, lease_us, grant.name, grant.token],
+                )
             )
-        )
 
     def _still_held(self, grant: Grant) -> bool:
         if self._mutex_lost(grant):
