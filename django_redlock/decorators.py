@@ -770,11 +770,8 @@ class Locked:
         self._held.set((*self._held.get(), (lock, call)))
         return lock
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        held = self._held.get()
-        self._held.set(held[:-1])
-        lock, call = held[-1]
-        self._release(lock, call, failed=exc_type is not None)
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self._release(*self._innermost(), failed=exc_type is not None)
 
     async def __aenter__(self) -> Any:
         call = self._standalone_call()
@@ -784,11 +781,14 @@ class Locked:
         self._held.set((*self._held.get(), (lock, call)))
         return lock
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    async def __aexit__(self, exc_type: Any, *_: Any) -> None:
+        await self._arelease(*self._innermost(), failed=exc_type is not None)
+
+    def _innermost(self) -> tuple[Any, _Call]:
+        """The lock and call of the innermost ``with`` block of this context, popped."""
         held = self._held.get()
         self._held.set(held[:-1])
-        lock, call = held[-1]
-        await self._arelease(lock, call, failed=exc_type is not None)
+        return held[-1]
 
 
 def _drf_refusal(request: Any, exc: LockNotAcquired) -> None:
