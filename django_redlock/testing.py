@@ -1025,11 +1025,7 @@ class RedisCluster:
         for node in self._nodes:
             node.kill()
             node._wipe_data()
-        for node in self._nodes:
-            node._spawn()
-        for node in self._nodes:
-            node._finish_start()
-        return self
+        return self.start()
 
     def clients(self, **kwargs: Any) -> list[redis.Redis]:
         """A new client per node (see :meth:`RedisNode.client`)."""
