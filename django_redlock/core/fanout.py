@@ -312,10 +312,16 @@ def fan_out(
             # connection: the node is not counted, and the copy may still land (once the
             # key is free there): whoever reads its reply sends the undo behind it.
             due.unwanted = True
+        if not op.in_time:
+            # Without a quorum in time no lease comes of it: a grant counted here is
+            # undone like the rest, behind the connection that is given up.
+            due.counted = False
         overdue = wire.overdue(now, timeout + wait.stalled)
         silent = (expired or overdue) and index not in answered
         kept = _put_back(nodes[index], wire, op.in_time and not overdue, silent, wait.excused)
-        if kept and op.left is not None:
+        # A counted copy given up (past the node timeout already) carries no undo: what ends
+        # the lock must still go behind it (it is read, and found, where it is set aside).
+        if (kept or due.counted) and op.left is not None:
             owing = op.left.get(index)
             if owing is None:
                 op.left[index] = (wire, due)

@@ -1153,7 +1153,10 @@ class Node:
                 wire.undo_unwanted()
             wire.close()
         while self._draining:
-            self._draining.pop()[0].close()
+            wire = self._draining.pop()[0]
+            with contextlib.suppress(OSError):
+                wire.undo_unwanted()  # a copy of a released lock's acquire may still land
+            wire.close()
         self.client.close()
         if self.group is not None:
             self.group.close()
