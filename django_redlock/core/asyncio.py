@@ -57,7 +57,7 @@ from .lock import Lease, LockBase
 from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
 from .permits import HoldBase, Primitives
 from .renewal import BATCH_WINDOW, pauses
-from .validation import check_name, check_timeout
+from .validation import check_name
 from .waiting import HolderWatch, HolderWatches
 
 __all__ = ["AsyncLock", "AsyncReadLock", "AsyncRedlock", "AsyncSemaphore", "AsyncWriteLock"]
@@ -168,7 +168,7 @@ class AsyncLock(LockBase):
         lock.acquire(), 5)`` is owned by the caller on every Python (before 3.12 wait_for
         runs the coroutine in a task of its own)."""
         owner = self._owner()
-        prepared = self._prepare(owner, blocking, check_timeout(timeout), retries)
+        prepared = self._prepare(owner, blocking, timeout, retries)
         return self._acquire_for(owner, prepared)
 
     async def _acquire_for(
@@ -477,9 +477,10 @@ class AsyncRedlock(Primitives):
         timeout: float | None,
         retries: int | None,
     ) -> Lease | None:
-        lease = self._reenter(handle, owner)
-        if lease is not None:
-            return lease
+        if handle.reentrant:
+            lease = self._reenter(handle, owner)
+            if lease is not None:
+                return lease
         try:
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
@@ -502,7 +503,8 @@ class AsyncRedlock(Primitives):
         retries: int | None,
     ) -> Lease | None:
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, retries)
+        # One attempt has no deadline.
+        deadline = self._deadline(start, timeout, retries) if blocking else None
         courtesy = self._courtesy(handle.name) if blocking else 0.0
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))

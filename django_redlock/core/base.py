@@ -38,7 +38,6 @@ from .nodes import (
     make_nodes,
     not_redis,
     pack,
-    pack_many,
     reached,
     reply_failure,
 )
@@ -138,9 +137,10 @@ class AcquireRequest:
         self._fast: Pipelined | None = None
         self._script: tuple[list[Any], list[Any]] | None = None
         if line is None and not handle.fencing:
-            key = redlock._key(handle.name).encode()
+            key = redlock._key(handle.name)
             value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
-            data = _set_and_pttl(key, value.encode(), self._ttl_ms)
+            # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
+            data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
             count = 2
             if self._guarded:
                 data += redlock._marker_read
@@ -264,12 +264,6 @@ def _verdict(reply: Any) -> bool:
     return isinstance(reply, list) or (
         isinstance(reply, Failure) and reply is not TIMED_OUT and reply is not NOT_SENT
     )
-
-
-def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
-    """``SET key value NX PX ttl`` and ``PTTL key``, encoded in one step (this runs on every
-    uncontended acquire)."""
-    return pack_many((("SET", key, value, "NX", "PX", ttl_ms), ("PTTL", key)))
 
 
 class Send:
@@ -533,7 +527,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _granted_by_quorum(self, replies: list[Any]) -> bool:
         """An acquire's wait ends once a quorum granted it: the lock is ours whatever the
         slower nodes answer (validity is measured from before the first send)."""
-        return len(self._granted(replies)) >= self.quorum
+        return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.quorum
 
     def _keep_unreached(self, release: bytes, replies: list[Any]) -> None:
         """A release that could not reach a node goes out with the next operation that
@@ -562,16 +556,16 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     ) -> Lease | None:
         """The lease when a quorum granted it with validity left (validity measured after the
         replies came in: node-redlock returned locks with none left)."""
-        granted = self._granted(replies)
-        validity = handle.ttl - (clock.monotonic() - start) - self._margin(handle.ttl)
-        if len(granted) < self.quorum or validity <= 0:
+        granted = [r for r in replies if r.__class__ is list and r[0] == 0]
+        valid_until = start + handle.ttl - self._margin(handle.ttl)
+        if len(granted) < self.quorum or clock.monotonic() >= valid_until:
             return None
         return Lease(
             name=handle.name,
             token=request.token,
             ttl=handle.ttl,
             owner=owner,
-            valid_until=start + handle.ttl - self._margin(handle.ttl),
+            valid_until=valid_until,
             fence=max(int(r[1]) for r in granted) if handle.fencing else None,
             acquired=start,
             meta=request.meta,
@@ -791,12 +785,6 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             )
 
         return build, enough
-
-    def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
-        self._register(handle, lease, clock.monotonic() - start)
-        if lease.auto_renew:
-            self._start_renewal(lease)
-        return lease
 
     def _attempt_steps(
         self,

@@ -52,9 +52,8 @@ class LeaseTable:
         A nested hold may ask for renewal the outer one did not (a long job under a view's
         lock): the lease is then renewed from now on. It cannot get a fence the outer
         acquisition did not draw, so asking for one is an error rather than a silent None.
+        Asked only for a reentrant handle.
         """
-        if not handle.reentrant:
-            return None
         with self._leases_lock:
             lease = self._leases.get(handle.name)
             if lease is None or lease.owner != owner or lease.validity <= 0:
@@ -76,12 +75,17 @@ class LeaseTable:
         """Hand an auto-renewed lease to this client's watchdog."""
         raise NotImplementedError
 
-    def _register(self, handle: LockBase, lease: Lease, waited: float) -> None:
+    def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
+        """Enter a lease just granted (asked for at ``start``) in the table, tell the
+        listeners, and hand it to the watchdog when it is to be renewed."""
         handle.retry_after = None
         with self._leases_lock:
             self._leases[lease.name] = lease
         if heard(self.listeners, "acquired"):
-            emit(self.listeners, LockEvent.of_acquisition(lease, waited))
+            emit(self.listeners, LockEvent.of_acquisition(lease, clock.monotonic() - start))
+        if lease.auto_renew:
+            self._start_renewal(lease)
+        return lease
 
     def _won_unreturned(self, name: str, owner: Hashable) -> Lease | None:
         """The lease an acquire of ``name`` by ``owner`` won but never handed to its caller

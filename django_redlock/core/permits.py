@@ -409,16 +409,19 @@ class Semaphore(HoldBase, Lock):
 
     kind = "permit"
 
-    def _acquire_as(
+    def acquire(
         self,
-        owner: Hashable,
         blocking: bool | None = None,
         timeout: float | None = None,
+        *,
         retries: int | None = None,
     ) -> bool:
+        """Take a permit (a read or write hold) for the calling thread: see
+        :meth:`Lock.acquire` (``retries`` is for locks)."""
         if retries is not None:
             raise ValueError(f"{self.name!r}: retries= is for locks; give a timeout instead")
-        prepared = self._prepare(owner, blocking, check_timeout(timeout), None)
+        owner = self._owner()
+        prepared = self._prepare(owner, blocking, timeout, None)
         if prepared is None:
             return False
         blocking, timeout, _ = prepared

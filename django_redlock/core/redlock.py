@@ -127,9 +127,10 @@ class Redlock(Primitives):
         timeout: float | None,
         retries: int | None,
     ) -> Lease | None:
-        lease = self._reenter(handle, owner)
-        if lease is not None:
-            return lease
+        if handle.reentrant:
+            lease = self._reenter(handle, owner)
+            if lease is not None:
+                return lease
         try:
             return self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
@@ -148,7 +149,8 @@ class Redlock(Primitives):
         retries: int | None,
     ) -> Lease | None:
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, retries)
+        # One attempt has no deadline.
+        deadline = self._deadline(start, timeout, retries) if blocking else None
         courtesy = self._courtesy(handle.name) if blocking else 0.0
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
