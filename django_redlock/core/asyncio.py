@@ -303,7 +303,7 @@ class AsyncRedlock(Primitives):
         """Every lock some node holds whose name matches the glob ``pattern``, sorted by name
         (a list rather than the sync client's iterator; read the same way)."""
         found = await self._drive(self._list_steps(pattern))
-        return [self._lock_info(name, found[name]) for name in sorted(found)]
+        return [self.listing.lock_info(name, found[name]) for name in sorted(found)]
 
     async def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""
@@ -314,7 +314,7 @@ class AsyncRedlock(Primitives):
         """Reachability, latency, version, uptime, memory, lock keys, clock offset and
         restart-guard state of every node (probed concurrently)."""
         probes = await asyncio.gather(*(self._probe(i) for i in range(len(self.nodes))))
-        return self._judge_health(list(probes))
+        return self.listing.judge_health(list(probes))
 
     async def trust_cluster(self) -> int:
         """:meth:`Redlock.trust_cluster <django_redlock.Redlock.trust_cluster>`, awaitable."""
@@ -634,7 +634,7 @@ class AsyncRedlock(Primitives):
     async def _release_everywhere(
         self, name: str, token: str, behind: Mapping[int, AsyncOwing] | None = None
     ) -> list[Any]:
-        command = self._release_command(name, token)
+        command = self.keys.release_command(name, token)
         replies = await self._fan_out(
             lambda n, w: command, enough=self._released_by_quorum, behind=behind, idempotent=True
         )
@@ -679,7 +679,7 @@ class AsyncRedlock(Primitives):
         watch = HolderWatch(lease, self._mark_lost, self.quorum)
         if state.holders is None:
             state.holders = HolderWatches()
-            state.notices.watch(self._holders_channel().encode(), state.holders)
+            state.notices.watch(self.keys.holders_channel().encode(), state.holders)
         state.holders.add(watch)
         lease.unwatch = functools.partial(state.holders.remove, watch)
 
@@ -803,13 +803,13 @@ class AsyncRedlock(Primitives):
             await self._ask(index, wire, [["PING"]])
             latency = time.perf_counter() - t0
             try:
-                await self._call(index, self._permission_probe())
+                await self._call(index, self.listing.permission_probe())
             except ReplyError as exc:
-                raise self._script_refused(exc) from None
+                raise self.listing.script_refused(exc) from None
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(
-                index, [["INFO"], ["HMGET", self._node_key(), *self.MARKER_FIELDS]]
+                index, [["INFO"], ["HMGET", self.keys.node_key(), *self.keys.MARKER_FIELDS]]
             )
             probe: Mapping[str, Any] = {
                 "latency": latency,
@@ -821,5 +821,5 @@ class AsyncRedlock(Primitives):
                 "keys": await self._count_keys(index, f"{self.key_prefix}:lock:*"),
             }
         except Exception as exc:
-            return self._failed_health(node, exc)
-        return self._node_health(node, probe)
+            return self.listing.failed_health(node, exc)
+        return self.listing.node_health(node, probe)

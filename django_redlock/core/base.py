@@ -131,13 +131,13 @@ class AcquireRequest:
     ) -> None:
         self.token = clock.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
-        self.meta, self._meta_json = redlock._holder_meta(handle.meta)
+        self.meta, self._meta_json = redlock.keys.holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
         self._fast: Pipelined | None = None
         self._script: tuple[list[Any], list[Any]] | None = None
         if line is None and not handle.fencing:
-            key = redlock._key(handle.name)
+            key = redlock.keys.key(handle.name)
             value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
             # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
             data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
@@ -177,10 +177,10 @@ class AcquireRequest:
     def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
         """The acquire script, its keys, and its arguments after the guard period."""
         redlock, handle, line = self._redlock, self._handle, self._line
-        keys = redlock._acquire_keys(handle.name)
+        keys = redlock.keys.acquire_keys(handle.name)
         if line is None:
             return scripts.ACQUIRE, keys, []
-        keys = keys + redlock._line_keys(handle.name)
+        keys = keys + redlock.keys.line_keys(handle.name)
         return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
@@ -217,7 +217,7 @@ class AcquireRequest:
         """The release of this attempt's token, for a node whose answer did not come in time
         (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
         the script's body: nobody may ever read its answer."""
-        return self._redlock._undo_command(self._handle.name, self.token)
+        return self._redlock.keys.undo_command(self._handle.name, self.token)
 
 
 def _fold_script(wire: Any, replies: list[Any]) -> Any:
@@ -388,7 +388,7 @@ class Finally:
 Steps = Generator[Send | SendBatch | Pause | Listen | Wait | Finally, Any, _T]
 
 
-class RedlockBase(KeyLayout, LeaseTable, Listing):
+class RedlockBase(LeaseTable):
     """Configuration and decisions of the Redlock algorithm, without I/O."""
 
     #: The handle class :meth:`lock` returns.
@@ -445,13 +445,26 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         self.guard_period = self.max_ttl + (
             GUARD_MARGIN if any(node.group is not None for node in self.nodes) else 0.0
         )
+        self.keys = KeyLayout(
+            self.key_prefix,
+            fair_heartbeat=self.fair_heartbeat,
+            meta=self.meta,
+            host=socket.gethostname(),
+        )
+        self.listing = Listing(
+            self.nodes,
+            key_prefix=self.key_prefix,
+            quorum=self.quorum,
+            max_ttl=self.max_ttl,
+            guard_period=self.guard_period,
+            restart_guard=self.restart_guard,
+            trust_fresh_cluster=self.trust_fresh_cluster,
+        )
         self._leases: dict[str, Lease] = {}
         self._leases_lock = threading.Lock()
         self._yield_until: dict[str, float] = {}
-        self._host = socket.gethostname()
         #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
-        self._marker_read = pack(["HMGET", self._node_key(), "run_id", "id"])
-        self._meta_cache: tuple[int, dict[str, Any], str] | None = None
+        self._marker_read = pack(["HMGET", self.keys.node_key(), "run_id", "id"])
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
         self.listeners: list[Listener] = []
@@ -577,7 +590,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """TRUST for each node, naming the marker this attempt saw fresh there (a node
         flushed and armed again since has another marker and is not trusted)."""
         seen = {id(node): r[4] for node, r in zip(self.nodes, replies, strict=True)}
-        return lambda node, wire: self._trust_command(wire.run_id, seen[id(node)])
+        return lambda node, wire: self.keys.trust_command(wire.run_id, seen[id(node)])
 
     def _all_fresh(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster: every node is in its guard for a missing marker, all the
@@ -650,8 +663,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         #: lock from a quorum of free nodes).
         lead_next = False
         if handle.fair:
-            line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
-            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+            line = self.keys.line(
+                (yield Send(to_every_node(self.keys.ticket_command(handle.name))))
+            )
+            yield Finally(Send(to_every_node(self.keys.leave_line_command(handle.name, line[0]))))
         while True:
             if first is None:
                 lead = self._lead_node(handle.name) if lead_next else None
@@ -667,7 +682,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 self._give_up(handle, outcome, now - start)
                 return None
             if notice is None:
-                notice = yield Listen(self._channel(handle.name))
+                notice = yield Listen(self.keys.channel(handle.name))
                 continue
             pause = self._pause_for(handle, outcome, retries, deadline, now)
             heard: int = (yield Wait(notice, pause)) or 0
@@ -850,7 +865,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             spread = clock.monotonic() - start
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:
-                command = self._fence_command(handle.name, request.token, lease.fence)
+                command = self.keys.fence_command(handle.name, request.token, lease.fence)
                 synced = yield Send(to_every_node(command), None, cancel, None, self._synced)
                 valid = clock.monotonic() < lease.valid_until
                 if not self._synced(synced) or not valid:
@@ -860,7 +875,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 lease.behind = send.left
                 return lease
             if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
-                undo = self._release_command(handle.name, request.token)
+                undo = self.keys.release_command(handle.name, request.token)
                 # Behind the acquire where it is still on its way, as a release goes; kept
                 # for a node it could not reach, as a release is.
                 # Its answers change nothing once a majority has them: a slower node gets it
@@ -891,12 +906,12 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     # -- the other operations, as steps (one fan-out each) ---------------------------------------
 
     def _locked_steps(self, name: str) -> Steps[bool]:
-        replies = yield Send(to_every_node(["EXISTS", self._key(check_name(name))]))
+        replies = yield Send(to_every_node(["EXISTS", self.keys.key(check_name(name))]))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
         token = None if token is None else check_token(token)
-        command = pack(self._force_release_command(name, token))
+        command = pack(self.keys.force_release_command(name, token))
         replies = yield Send(to_every_node(command), idempotent=token is not None)
         if token is not None:
             # Only that holder's copies: sending it late never touches another holder's lock
@@ -905,14 +920,14 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         return self._judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
-        command = self._release_command(check_name(name), check_token(token))
+        command = self.keys.release_command(check_name(name), check_token(token))
         replies = yield Send(to_every_node(command), idempotent=True)
         self._keep_unreached(command, replies)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
         ttl = self._check_extend_ttl(ttl)
-        command = self._extend_token_command(check_name(name), check_token(token), ttl)
+        command = self.keys.extend_token_command(check_name(name), check_token(token), ttl)
         replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
@@ -921,9 +936,9 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if lease.released or lease.lost or lease.foreign:
             return False
         start = clock.monotonic()
-        replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
+        replies = yield Send(to_every_node(self.keys.extend_command(lease, ttl)))
         if self._should_claim(lease, replies):
-            claimed = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
+            claimed = yield Send(to_every_node(self.keys.extend_command(lease, ttl, claim=True)))
             replies = _either_extended(replies, claimed)
         return self._judge_extend(lease, ttl, replies, start)
 
@@ -943,7 +958,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False
-        replies = yield Send(to_every_node(self._check_command(lease.name, lease.token)))
+        replies = yield Send(to_every_node(self.keys.check_command(lease.name, lease.token)))
         return self._judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
@@ -955,7 +970,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         whens: dict[int, float | None] = {}
         if batch:
             start = clock.monotonic()
-            commands = [self._extend_command(lease, lease.ttl) for lease in batch]
+            commands = [self.keys.extend_command(lease, lease.ttl) for lease in batch]
             results = yield SendBatch(commands, batch)
             replies = [replies_of(results, position) for position in range(len(batch))]
             claiming = [i for i, lease in enumerate(batch) if self._should_claim(lease, replies[i])]
@@ -963,7 +978,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 leases_claiming = [batch[i] for i in claiming]
                 claimed = yield SendBatch(
                     [
-                        self._extend_command(lease, lease.ttl, claim=True)
+                        self.keys.extend_command(lease, lease.ttl, claim=True)
                         for lease in leases_claiming
                     ],
                     leases_claiming,
@@ -978,26 +993,28 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """Every lock some node holds whose name matches the glob ``pattern``: each step reads
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
-        entries (see :meth:`_lock_info`)."""
+        entries (see :meth:`.Listing.lock_info`)."""
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
         # The locks, then the read/write locks' readers (one entry per reader).
-        for command in (self._list_command, self._list_readers_command):
+        for command in (self.keys.list_command, self.keys.list_readers_command):
             cursors: list[bytes | None] = [b"0"] * len(self.nodes)
             while any(c is not None for c in cursors):
                 commands = {
                     id(node): command(cursor, pattern)
                     for node, cursor in zip(self.nodes, cursors, strict=True)
                 }
-                replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
-                self._list_step(cursors, replies, found)
+                replies = yield Send(to_each_node(commands), timeout=self.keys.LIST_TIMEOUT)
+                self.listing.list_step(cursors, replies, found)
         return found
 
     def _trust_cluster_steps(self) -> Steps[int]:
         """``trust_cluster()``: refuse when a reachable node holds a lock (the operator's
         assertion is false), else arm every reachable node's marker as trusted now."""
         found = yield from self._list_steps("*")
-        self._refuse_trust([self._lock_info(name, found[name]) for name in sorted(found)])
-        replies = yield Send(lambda n, wire: self._trust_now_command(wire.run_id))
+        self.listing.refuse_trust(
+            [self.listing.lock_info(name, found[name]) for name in sorted(found)]
+        )
+        replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire.run_id))
         return sum(1 for r in replies if r == 1)
 
     def _refusal(self, replies: list[Any]) -> Refusal:

@@ -131,7 +131,7 @@ class ReaderRequest(AcquireRequest):
         self._base = base
 
     def _parts(self) -> tuple[Script, list[str], list[Any]]:
-        return rwscripts.READ_ACQUIRE, self._redlock._rw_keys(self._base), ["", 0]
+        return rwscripts.READ_ACQUIRE, self._redlock.keys.rw_keys(self._base), ["", 0]
 
 
 class WriterRequest(AcquireRequest):
@@ -146,7 +146,11 @@ class WriterRequest(AcquireRequest):
     def _parts(self) -> tuple[Script, list[str], list[Any]]:
         redlock = self._redlock
         wait_ms = int(redlock.fair_heartbeat * 1000)
-        return rwscripts.WRITE_ACQUIRE, redlock._rw_keys(self._handle.name), [self._waiter, wait_ms]
+        return (
+            rwscripts.WRITE_ACQUIRE,
+            redlock.keys.rw_keys(self._handle.name),
+            [self._waiter, wait_ms],
+        )
 
 
 class Primitives(RedlockBase):
@@ -297,13 +301,15 @@ class Primitives(RedlockBase):
         line = None
         waiter = secrets.token_hex(8)
         if handle.fair:
-            line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
-            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+            line = self.keys.line(
+                (yield Send(to_every_node(self.keys.ticket_command(handle.name))))
+            )
+            yield Finally(Send(to_every_node(self.keys.leave_line_command(handle.name, line[0]))))
         if handle.kind == "write" and blocking:
             leave = script_command(
                 rwscripts.WRITE_LEAVE,
-                [self._rw_keys(handle.name)[5]],
-                [waiter, self._channel(handle.name)],
+                [self.keys.rw_keys(handle.name)[5]],
+                [waiter, self.keys.channel(handle.name)],
             )
             yield Finally(Send(to_every_node(leave)))
         attempts = 0
@@ -322,7 +328,7 @@ class Primitives(RedlockBase):
                 self._give_up(handle, won, now - start)
                 return None
             if notice is None:
-                notice = yield Listen(self._channel(handle.name))
+                notice = yield Listen(self.keys.channel(handle.name))
                 continue
             pause = self._pause_for(handle, won, None, deadline, now)
             if handle.kind == "write":
@@ -365,7 +371,7 @@ class Primitives(RedlockBase):
                 return part, outcome
             if outcome.answered < self.quorum or limit == 1:
                 return outcome
-        keys = [self._key(permit_name(handle.name, k)) for k in range(limit)]
+        keys = [self.keys.key(permit_name(handle.name, k)) for k in range(limit)]
         replies = yield Send(to_every_node(script_command(rwscripts.PERMIT_PTTLS, keys, [])))
         candidates, refusal = self._free_slots(limit, replies)
         for slot in candidates:

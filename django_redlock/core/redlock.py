@@ -85,7 +85,7 @@ class Redlock(Primitives):
         (read ``LIST_BATCH`` locks per node per step, all nodes at once)."""
         found = self._drive(self._list_steps(pattern))
         for name in sorted(found):
-            yield self._lock_info(name, found[name])
+            yield self.listing.lock_info(name, found[name])
 
     def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""
@@ -95,7 +95,7 @@ class Redlock(Primitives):
     def health(self) -> list[NodeHealth]:
         """Reachability, latency, version, uptime, memory, lock keys, clock offset and
         restart-guard state of every node."""
-        return self._judge_health([self._probe(node) for node in self.nodes])
+        return self.listing.judge_health([self._probe(node) for node in self.nodes])
 
     def trust_cluster(self) -> int:
         """Let every reachable node vote now, after checking that none holds a lock.
@@ -270,7 +270,7 @@ class Redlock(Primitives):
     def _release_everywhere(
         self, name: str, token: str, behind: Mapping[int, Owing] | None = None
     ) -> list[Any]:
-        command = self._release_command(name, token)
+        command = self.keys.release_command(name, token)
         replies = self._rounds.fan_out(
             lambda n, w: command,
             enough=self._released_by_quorum,
@@ -301,7 +301,7 @@ class Redlock(Primitives):
         # on the holders' channel: subscribed once per node for all of them.
         watch = HolderWatch(lease, self._mark_lost, self.quorum)
         self._holders.add(watch)
-        self._notices.keep(self._holders_channel().encode(), self._holders)
+        self._notices.keep(self.keys.holders_channel().encode(), self._holders)
         lease.unwatch = functools.partial(self._holders.remove, watch)
 
     def _renew(self, leases: list[Lease]) -> list[float | None]:
@@ -349,27 +349,27 @@ class Redlock(Primitives):
             # A lock connection first (pooled, or opened with its handshake, then pooled): its
             # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
             # its HELLO leaves it waiting for the rest until its timeout).
-            node.checkin(node.checkout(time.monotonic() + self.LIST_TIMEOUT))
+            node.checkin(node.checkout(time.monotonic() + self.keys.LIST_TIMEOUT))
             sent = time.time()
             t0 = time.perf_counter()
             node.client.ping()
             latency = time.perf_counter() - t0
             try:
-                for command in self._permission_probe():
+                for command in self.listing.permission_probe():
                     node.client.execute_command(*command)  # type: ignore[no-untyped-call]
             except redis.ResponseError as exc:
-                raise self._script_refused(exc) from None
+                raise self.listing.script_refused(exc) from None
             probe = {
                 "latency": latency,
                 "sent": sent,
                 "time": node.client.time(),
                 "received": time.time(),
                 "info": node.client.info(),
-                "marker": node.client.hmget(self._node_key(), *self.MARKER_FIELDS),
+                "marker": node.client.hmget(self.keys.node_key(), *self.keys.MARKER_FIELDS),
                 "keys": sum(
                     1 for _ in node.client.scan_iter(match=f"{self.key_prefix}:lock:*", count=1000)
                 ),
             }
         except Exception as exc:
-            return self._failed_health(node, exc)
-        return self._node_health(node, probe)
+            return self.listing.failed_health(node, exc)
+        return self.listing.node_health(node, probe)

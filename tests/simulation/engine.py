@@ -791,7 +791,7 @@ class Driver:
     def release_everywhere(self, task: Task, name: str, token: str, behind: Any = None) -> Gen:
         rl = task.proc.rl
         assert rl is not None
-        command = rl._release_command(name, token)
+        command = rl.keys.release_command(name, token)
         self.ops += 1
         replies = yield self.fan_out(
             task,
