@@ -478,13 +478,13 @@ class AsyncRedlock(Primitives):
         retries: int | None,
     ) -> Lease | None:
         if handle.reentrant:
-            lease = self._reenter(handle, owner)
+            lease = self.leases.reenter(handle, owner)
             if lease is not None:
                 return lease
         try:
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
-            won = self._won_unreturned(handle.name, owner)
+            won = self.leases.won_unreturned(handle.name, owner)
             if won is not None:
                 self._in_background(functools.partial(self._give_back, won))
             raise
@@ -505,7 +505,7 @@ class AsyncRedlock(Primitives):
         start = time.monotonic()
         # One attempt has no deadline.
         deadline = self._deadline(start, timeout, retries) if blocking else None
-        courtesy = self._courtesy(handle.name) if blocking else 0.0
+        courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
         state = self._state()
@@ -558,7 +558,7 @@ class AsyncRedlock(Primitives):
         except BaseException:
             state = self._state()
             for name in handle.hold_names():
-                won = self._won_unreturned(name, owner)
+                won = self.leases.won_unreturned(name, owner)
                 if won is not None and won.acquired >= start and not state.closed:
                     state.spawn(self._give_back(won))
             raise
@@ -642,7 +642,7 @@ class AsyncRedlock(Primitives):
         return replies
 
     async def _release(self, lease: Lease) -> None:
-        if not self._begin_release(lease):
+        if not self.leases.begin_release(lease):
             return
         try:
             replies = await self._release_after_renewal(lease)
@@ -653,7 +653,7 @@ class AsyncRedlock(Primitives):
         finally:
             if lease.leave_queue is not None:
                 lease.leave_queue()
-        self._finish_release(lease, replies)
+        self.leases.finish_release(lease, replies)
 
     async def _release_after_renewal(self, lease: Lease) -> list[Any]:
         renewing = self._renewing.get(lease)
@@ -676,7 +676,7 @@ class AsyncRedlock(Primitives):
         self._renew_later(state, lease)
         # A long holder hears an operator's force release at once (not at its next renewal),
         # on the holders' channel: subscribed once per node for all of this loop's holders.
-        watch = HolderWatch(lease, self._mark_lost, self.quorum)
+        watch = HolderWatch(lease, self.leases.mark_lost, self.quorum)
         if state.holders is None:
             state.holders = HolderWatches()
             state.notices.watch(self.keys.holders_channel().encode(), state.holders)
@@ -714,7 +714,7 @@ class AsyncRedlock(Primitives):
                 try:
                     whens = await self._renew(leases)
                 except Exception:
-                    self._renewal_failed(leases)
+                    self.leases.renewal_failed(leases)
                     continue
                 for lease, when in zip(leases, whens, strict=True):
                     if when is not None:

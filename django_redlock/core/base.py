@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-import threading
 import weakref
 import zlib
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
@@ -388,7 +387,7 @@ class Finally:
 Steps = Generator[Send | SendBatch | Pause | Listen | Wait | Finally, Any, _T]
 
 
-class RedlockBase(LeaseTable):
+class RedlockBase:
     """Configuration and decisions of the Redlock algorithm, without I/O."""
 
     #: The handle class :meth:`lock` returns.
@@ -460,15 +459,28 @@ class RedlockBase(LeaseTable):
             restart_guard=self.restart_guard,
             trust_fresh_cluster=self.trust_fresh_cluster,
         )
-        self._leases: dict[str, Lease] = {}
-        self._leases_lock = threading.Lock()
-        self._yield_until: dict[str, float] = {}
-        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
-        self._marker_read = pack(["HMGET", self.keys.node_key(), "run_id", "id"])
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
         self.listeners: list[Listener] = []
+        self.leases = LeaseTable(
+            self.nodes,
+            quorum=self.quorum,
+            drift_factor=self.drift_factor,
+            listeners=self.listeners,
+            start_renewal=self._start_renewal,
+        )
+        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
+        self._marker_read = pack(["HMGET", self.keys.node_key(), "run_id", "id"])
         _INSTANCES.add(self)
+
+    def _start_renewal(self, lease: Lease) -> None:
+        """Hand an auto-renewed lease to this client's watchdog (the driver's)."""
+        raise NotImplementedError
+
+    def _after_fork(self) -> None:
+        """In a forked child: hold nothing of the parent's (the drivers drop their
+        connections' state too)."""
+        self.leases.after_fork()
 
     def __repr__(self) -> str:
         return (
@@ -570,7 +582,7 @@ class RedlockBase(LeaseTable):
         """The lease when a quorum granted it with validity left (validity measured after the
         replies came in: node-redlock returned locks with none left)."""
         granted = [r for r in replies if r.__class__ is list and r[0] == 0]
-        valid_until = start + handle.ttl - self._margin(handle.ttl)
+        valid_until = start + handle.ttl - self.leases.margin(handle.ttl)
         if len(granted) < self.quorum or clock.monotonic() >= valid_until:
             return None
         return Lease(
@@ -674,7 +686,7 @@ class RedlockBase(LeaseTable):
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
-                return self._won(handle, outcome, start)
+                return self.leases.won(handle, outcome, start)
             attempts += 1
             lead_next = True
             now = clock.monotonic()
@@ -714,7 +726,7 @@ class RedlockBase(LeaseTable):
         (the attempt goes to the lead node first, as theirs do)."""
         lead = self._lead_node(handle.name) if contended else None
         outcome = yield from self._attempt_steps(handle, owner, lead=lead)
-        return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
+        return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _lead_node(self, name: str) -> int | None:
         """The node a contended attempt on ``name`` goes to first (see :meth:`_lead_steps`):
@@ -917,7 +929,7 @@ class RedlockBase(LeaseTable):
             # Only that holder's copies: sending it late never touches another holder's lock
             # (without a token it could remove the next holder's).
             self._keep_unreached(command, replies)
-        return self._judge_force_release(name, replies)
+        return self.leases.judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
         command = self.keys.release_command(check_name(name), check_token(token))
@@ -940,7 +952,7 @@ class RedlockBase(LeaseTable):
         if self._should_claim(lease, replies):
             claimed = yield Send(to_every_node(self.keys.extend_command(lease, ttl, claim=True)))
             replies = _either_extended(replies, claimed)
-        return self._judge_extend(lease, ttl, replies, start)
+        return self.leases.judge_extend(lease, ttl, replies, start)
 
     def _should_claim(self, lease: Lease, replies: list[Any]) -> bool:
         """Whether a renewal takes the lock on the nodes where it is missing too: some node
@@ -959,14 +971,14 @@ class RedlockBase(LeaseTable):
         if lease.released or lease.lost or lease.foreign:
             return False
         replies = yield Send(to_every_node(self.keys.check_command(lease.name, lease.token)))
-        return self._judge_check(lease, replies)
+        return self.leases.judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
         """One watchdog round over the due leases, in one pipelined fan-out (a silent node
         costs one node timeout per round, not one per lease): per lease, when to renew it
         next, or None to stop."""
         now = clock.monotonic()
-        batch = [lease for lease in leases if self._wants_renewal(lease, now)]
+        batch = [lease for lease in leases if self.leases.wants_renewal(lease, now)]
         whens: dict[int, float | None] = {}
         if batch:
             start = clock.monotonic()
@@ -985,7 +997,7 @@ class RedlockBase(LeaseTable):
                 )
                 for position, i in enumerate(claiming):
                     replies[i] = _either_extended(replies[i], replies_of(claimed, position))
-            judged = self._judge_renewals(batch, replies, start)
+            judged = self.leases.judge_renewals(batch, replies, start)
             whens = dict(zip(map(id, batch), judged, strict=True))
         return [whens.get(id(lease)) for lease in leases]
 

@@ -321,7 +321,7 @@ class Primitives(RedlockBase):
                 won = yield from self._rw_attempt_steps(handle, owner, waiter if blocking else "")
             if isinstance(won, tuple):
                 part, lease = won
-                return self._won(part, lease, start)
+                return self.leases.won(part, lease, start)
             attempts += 1
             now = time.monotonic()
             if self._out_of_time(blocking, attempts, None, deadline, now):
@@ -362,8 +362,7 @@ class Primitives(RedlockBase):
         the most nodes, read first. The slots tried are at most two per attempt."""
         limit = handle.limit
         if first:
-            with self._leases_lock:
-                mine = {n for n in handle.hold_names() if n in self._leases}
+            mine = self.leases.held_names(handle.hold_names())
             others = [k for k in range(limit) if permit_name(handle.name, k) not in mine]
             part = self._part(handle, permit_name(handle.name, random.choice(others or [0])))
             outcome = yield from self._attempt_steps(part, owner, line)

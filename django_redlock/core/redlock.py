@@ -128,13 +128,13 @@ class Redlock(Primitives):
         retries: int | None,
     ) -> Lease | None:
         if handle.reentrant:
-            lease = self._reenter(handle, owner)
+            lease = self.leases.reenter(handle, owner)
             if lease is not None:
                 return lease
         try:
             return self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
-            won = self._won_unreturned(handle.name, owner)
+            won = self.leases.won_unreturned(handle.name, owner)
             if won is not None:
                 with contextlib.suppress(Exception):
                     self._release(won)
@@ -151,7 +151,7 @@ class Redlock(Primitives):
         start = time.monotonic()
         # One attempt has no deadline.
         deadline = self._deadline(start, timeout, retries) if blocking else None
-        courtesy = self._courtesy(handle.name) if blocking else 0.0
+        courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
         first: Refusal | None = None
@@ -200,7 +200,7 @@ class Redlock(Primitives):
             return self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
         except BaseException:
             for name in handle.hold_names():
-                won = self._won_unreturned(name, owner)
+                won = self.leases.won_unreturned(name, owner)
                 if won is not None and won.acquired >= start:
                     with contextlib.suppress(Exception):
                         self._release(won)
@@ -281,7 +281,7 @@ class Redlock(Primitives):
         return replies
 
     def _release(self, lease: Lease) -> None:
-        if not self._begin_release(lease):
+        if not self.leases.begin_release(lease):
             return
         try:
             with lease.io_lock:
@@ -290,7 +290,7 @@ class Redlock(Primitives):
         finally:
             if lease.leave_queue is not None:
                 lease.leave_queue()
-        self._finish_release(lease, replies)
+        self.leases.finish_release(lease, replies)
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         return self._drive(self._extend_steps(lease, ttl))
@@ -299,7 +299,7 @@ class Redlock(Primitives):
         renewer.add(self, lease)
         # A long holder hears an operator's force release at once (not at its next renewal),
         # on the holders' channel: subscribed once per node for all of them.
-        watch = HolderWatch(lease, self._mark_lost, self.quorum)
+        watch = HolderWatch(lease, self.leases.mark_lost, self.quorum)
         self._holders.add(watch)
         self._notices.keep(self.keys.holders_channel().encode(), self._holders)
         lease.unwatch = functools.partial(self._holders.remove, watch)
