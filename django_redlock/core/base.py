@@ -392,6 +392,8 @@ class RedlockBase:
 
     #: The handle class :meth:`lock` returns.
     lock_class: type[LockBase] = LockBase
+    #: The class of the client's lease table (:attr:`leases`).
+    lease_table_class: type[LeaseTable] = LeaseTable
     #: Whether the nodes' connections are ``redis.asyncio``'s (an option they cannot honour
     #: is refused when the client is built).
     asyncio_transport = False
@@ -462,7 +464,7 @@ class RedlockBase:
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
         self.listeners: list[Listener] = []
-        self.leases = LeaseTable(
+        self.leases = self.lease_table_class(
             self.nodes,
             quorum=self.quorum,
             drift_factor=self.drift_factor,

@@ -238,17 +238,6 @@ def _args(command: Any) -> list[bytes]:
     ]
 
 
-class SimRedlock(RedlockBase):
-    """The core's decisions with the simulator's hooks for what a driver does around them
-    (renewal, loss, and records of each hold)."""
-
-    world: World
-    proc: Proc
-
-    def _start_renewal(self, lease: Lease) -> None:
-        self.world.driver.add_renewal(self.proc, lease)
-
-
 class SimLeaseTable(LeaseTable):
     """The lease table with the simulator's records of losses and renewals (``sim``: the
     client it is a part of)."""
@@ -267,10 +256,22 @@ class SimLeaseTable(LeaseTable):
             self.sim.world.on_valid(self.sim.proc, lease)
         return ok
 
-    def part_of(self, sim: SimRedlock) -> SimLeaseTable:
+    def part_of(self, sim: SimRedlock) -> None:
         """This table (a copy of it, after a fork) as ``sim``'s."""
         self.sim, self.nodes, self.start_renewal = sim, sim.nodes, sim._start_renewal
-        return self
+
+
+class SimRedlock(RedlockBase):
+    """The core's decisions with the simulator's hooks for what a driver does around them
+    (renewal, loss, and records of each hold)."""
+
+    lease_table_class = SimLeaseTable
+    leases: SimLeaseTable
+    world: World
+    proc: Proc
+
+    def _start_renewal(self, lease: Lease) -> None:
+        self.world.driver.add_renewal(self.proc, lease)
 
 
 class World:
@@ -374,13 +375,8 @@ class World:
         rl.world, rl.proc = self, proc
         if self.mutant == "quorum_half":
             rl.quorum = max(1, len(self.nodes) // 2)
-        rl.leases = SimLeaseTable(
-            rl.nodes,
-            quorum=rl.quorum,
-            drift_factor=rl.drift_factor,
-            listeners=rl.listeners,
-            start_renewal=rl._start_renewal,
-        ).part_of(rl)
+        rl.leases.part_of(rl)
+        rl.leases.quorum = rl.quorum
         proc.rl = rl
         self.procs.append(proc)
         return proc
@@ -396,7 +392,8 @@ class World:
             n.later = copy.copy(n.later)
         leases = copy.copy(parent.rl.leases)
         leases._leases = {k: copy.copy(v) for k, v in leases._leases.items()}
-        rl.leases = leases.part_of(rl)
+        rl.leases = leases
+        leases.part_of(rl)
         rl.proc = child
         prev_pid = ThisProcess.pid
         ThisProcess.pid = child.pid
