@@ -50,12 +50,12 @@ from .aionodes import (
     relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
 from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
-from .permits import HoldBase, Primitives
+from .permits import HoldBase, Permits
 from .renewal import BATCH_WINDOW, pauses
 from .validation import check_name
 from .waiting import HolderWatch, HolderWatches
@@ -250,7 +250,7 @@ class AsyncWriteLock(AsyncSemaphore):
     kind = "write"
 
 
-class AsyncRedlock(Primitives):
+class AsyncRedlock(RedlockBase):
     """A lock manager over independent Redis nodes, for asyncio code.
 
     The same constructor, names and semantics as :class:`Redlock`, awaitable::
@@ -275,6 +275,7 @@ class AsyncRedlock(Primitives):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.permits = Permits(self)
         self._states: dict[int, LoopState] = {}
         self._states_lock = threading.Lock()
         #: Leases with a renewal on the wire -> set when it is done (any loop may wait).
@@ -551,7 +552,9 @@ class AsyncRedlock(Primitives):
         start = time.monotonic()
         deadline = self._deadline(start, timeout, None)
         try:
-            lease = await self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
+            lease = await self._drive(
+                self.permits.hold_steps(handle, owner, blocking, deadline, start)
+            )
             if lease is not None and lease.auto_renew:
                 await self._state().notices.ready()
             return lease

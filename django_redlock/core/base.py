@@ -43,6 +43,7 @@ from .nodes import (
 from .sentinel import GUARD_MARGIN
 from .validation import (
     check_flag,
+    check_limit,
     check_meta,
     check_name,
     check_node_timeout,
@@ -394,6 +395,10 @@ class RedlockBase:
     lock_class: type[LockBase] = LockBase
     #: The class of the client's lease table (:attr:`leases`).
     lease_table_class: type[LeaseTable] = LeaseTable
+    #: The handle classes (sync or async) of semaphores and read/write locks (:mod:`.permits`).
+    semaphore_class: type[LockBase] = LockBase
+    read_lock_class: type[LockBase] = LockBase
+    write_lock_class: type[LockBase] = LockBase
     #: Whether the nodes' connections are ``redis.asyncio``'s (an option they cannot honour
     #: is refused when the client is built).
     asyncio_transport = False
@@ -544,6 +549,112 @@ class RedlockBase:
             owner=owner,
             renew_for=renew_for,
             retries=None if retries is None else check_retry_count(retries),
+        )
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fair: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on semaphore ``name``: at most ``limit`` holders at once, each holding one
+        permit (a slot, see :mod:`.permits`) with the mutex's rules: ``ttl``, ``auto_renew``,
+        ``fencing`` (a fence per slot), ``fair`` (one line for every slot), ``meta``.
+        Every user of one name must give the same ``limit`` (a larger one lets more in)."""
+        check_limit(limit, f"limit of semaphore {name!r}")
+        handle: Any = self._hold(
+            self.semaphore_class, name, ttl, auto_renew, fencing, fair, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+        handle.limit = limit
+        return handle
+
+    def read_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the read side of read/write lock ``name``: many readers at once, never
+        while a writer holds it or waits for it."""
+        return self._hold(
+            self.read_lock_class, name, ttl, auto_renew, False, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def write_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the write side of read/write lock ``name``: one writer, no reader. The
+        writer is the lock ``name`` itself (listed, renewed, fenced and force-released as
+        any lock); don't take ``rl.lock(name)`` on the same name, which ignores readers."""
+        return self._hold(
+            self.write_lock_class, name, ttl, auto_renew, fencing, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def _hold(
+        self,
+        cls: type[LockBase],
+        name: str,
+        ttl: float | None,
+        auto_renew: bool,
+        fencing: bool,
+        fair: bool,
+        blocking: bool,
+        timeout: float | None,
+        meta: Mapping[str, Any] | None,
+        owner: Hashable | None,
+        renew_for: float | None,
+    ) -> Any:
+        check_name(name)
+        lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
+        if lease_ttl > self.max_ttl:
+            raise ValueError(f"ttl {ttl!r} for {name!r} exceeds max_ttl {self.max_ttl!r}")
+        if lease_ttl <= self.node_timeout:
+            raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
+        if renew_for is not None:
+            check_positive("renew_for", renew_for)
+            if not auto_renew:
+                raise ValueError(f"renew_for={renew_for!r} for {name!r} needs auto_renew=True")
+        return cls(
+            self,
+            name,
+            ttl=lease_ttl,
+            auto_renew=check_flag("auto_renew", auto_renew),
+            fencing=check_flag("fencing", fencing),
+            reentrant=False,
+            fair=check_flag("fair", fair),
+            blocking=check_flag("blocking", blocking),
+            timeout=check_timeout(timeout),
+            meta=check_meta(meta, besides=self.meta),
+            owner=owner,
+            renew_for=renew_for,
         )
 
     # -- judging replies ------------------------------------------------------------------------

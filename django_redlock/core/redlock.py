@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 
 import redis
 
-from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock
 from .nodes import Node, Owing
-from .permits import HoldBase, Primitives, ReadLock, Semaphore, WriteLock
+from .permits import HoldBase, Permits, ReadLock, Semaphore, WriteLock
 from .renewal import renewer
 from .validation import check_name
 from .waiting import HolderWatch, HolderWatches, LocalQueue, ReleaseNotices
@@ -32,7 +32,7 @@ __all__ = ["Redlock"]
 _T = TypeVar("_T")
 
 
-class Redlock(Primitives):
+class Redlock(RedlockBase):
     """A lock manager over independent Redis nodes.
 
     Build one per process (the Django layer does, from settings) and take locks with
@@ -47,6 +47,7 @@ class Redlock(Primitives):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.permits = Permits(self)
         self._queues: dict[str, LocalQueue] = {}
         self._queues_lock = threading.Lock()
         self._notices = ReleaseNotices(self.nodes, self.node_timeout)
@@ -197,7 +198,7 @@ class Redlock(Primitives):
         start = time.monotonic()
         deadline = self._deadline(start, timeout, None)
         try:
-            return self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
+            return self._drive(self.permits.hold_steps(handle, owner, blocking, deadline, start))
         except BaseException:
             for name in handle.hold_names():
                 won = self.leases.won_unreturned(name, owner)
