@@ -504,8 +504,7 @@ class AsyncRedlock(RedlockBase):
         retries: int | None,
     ) -> Lease | None:
         start = time.monotonic()
-        # One attempt has no deadline.
-        deadline = self._deadline(start, timeout, retries) if blocking else None
+        deadline = self._deadline(start, timeout, retries)
         courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))

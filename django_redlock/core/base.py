@@ -4,8 +4,10 @@ small drivers run: :mod:`.redlock` over :mod:`.nodes` and :mod:`.waiting` (socke
 threads), :mod:`.asyncio` over :mod:`.aionodes` and :mod:`.aiowaiting` (asyncio protocols,
 tasks). Read :meth:`RedlockBase._attempt_steps` against the spec top to bottom.
 
-The other jobs of a client live next door and are mixed in: the key layout and commands
-(:mod:`.commands`), the lease table (:mod:`.leases`), listing and health (:mod:`.listing`).
+The other jobs of a client are parts it holds, not base classes: the key layout and commands
+(``keys``, :mod:`.commands`), the lease table (``leases``, :mod:`.leases`), listing and health
+(``listing``, :mod:`.listing`), and, built by each driver, the steps of semaphores and
+read/write holds (``permits``, :mod:`.permits`).
 """
 
 from __future__ import annotations

@@ -133,7 +133,11 @@ class Redlock(RedlockBase):
             if lease is not None:
                 return lease
         try:
-            return self._acquire_new(handle, owner, blocking, timeout, retries)
+            if not blocking:
+                # One attempt (a fair lock's in its line): no deadline, no local queue.
+                start = time.monotonic()
+                return self._drive(self._contend_steps(handle, owner, False, None, retries, start))
+            return self._acquire_waiting(handle, owner, timeout, retries)
         except BaseException:
             won = self.leases.won_unreturned(handle.name, owner)
             if won is not None:
@@ -141,54 +145,47 @@ class Redlock(RedlockBase):
                     self._release(won)
             raise
 
-    def _acquire_new(
-        self,
-        handle: Lock,
-        owner: Hashable,
-        blocking: bool,
-        timeout: float | None,
-        retries: int | None,
+    def _acquire_waiting(
+        self, handle: Lock, owner: Hashable, timeout: float | None, retries: int | None
     ) -> Lease | None:
+        """A blocking acquire: alone, one attempt as a non-blocking one; else in this
+        process's queue for the name, then attempts until acquired or out of time."""
         start = time.monotonic()
-        # One attempt has no deadline.
-        deadline = self._deadline(start, timeout, retries) if blocking else None
-        courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
+        deadline = self._deadline(start, timeout, retries)
+        courtesy = self.leases.courtesy(handle.name)
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
         first: Refusal | None = None
-        if blocking and not handle.fair and handle.name not in self._queues:
+        if not handle.fair and handle.name not in self._queues:
             alone = self._drive(self._alone_steps(handle, owner, start, courtesy > 0))
             if isinstance(alone, Lease):
                 return alone
             first = alone
-        queue = self._join_queue(handle.name) if blocking else None
-        if queue is not None:
-            try:
-                entered = queue.enter(deadline)
-            except BaseException:
-                self._drop_queue(handle.name, queue)
-                raise
-            if not entered:
-                self._drop_queue(handle.name, queue)
-                self._give_up(
-                    handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
-                )
-                return None
+        queue = self._join_queue(handle.name)
+        try:
+            entered = queue.enter(deadline)
+        except BaseException:
+            self._drop_queue(handle.name, queue)
+            raise
+        if not entered:
+            self._drop_queue(handle.name, queue)
+            self._give_up(
+                handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
+            )
+            return None
         try:
             lease = self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, retries, start, first)
+                self._contend_steps(handle, owner, True, deadline, retries, start, first)
             )
         except BaseException:
-            if queue is not None:
-                self._leave_queue(handle.name, queue, None)
+            self._leave_queue(handle.name, queue, None)
             raise
-        if queue is not None:
-            if lease is None:
-                self._leave_queue(handle.name, queue, None)
-            else:
-                queue.hold(lease)
-                lease.leave_queue = lambda: self._leave_queue(handle.name, queue, lease)
-                lease.wake_queue = queue.wake
+        if lease is None:
+            self._leave_queue(handle.name, queue, None)
+        else:
+            queue.hold(lease)
+            lease.leave_queue = lambda: self._leave_queue(handle.name, queue, lease)
+            lease.wake_queue = queue.wake
         return lease
 
     def _acquire_hold(
