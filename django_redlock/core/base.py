@@ -520,38 +520,12 @@ class RedlockBase:
         ``meta`` is shown on the admin page as the holder's details. ``owner`` replaces the
         current thread/task as the reentrancy owner (a Celery task id, say).
         """
-        check_name(name)
-        lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
-        if lease_ttl > self.max_ttl:
-            raise ValueError(
-                f"ttl {ttl!r} for lock {name!r} exceeds max_ttl {self.max_ttl!r} (the restart "
-                "guard only protects leases up to max_ttl)"
-            )
-        if lease_ttl <= self.node_timeout:
-            raise ValueError(f"ttl {ttl!r} for lock {name!r} must exceed node_timeout")
-        details = check_meta(meta, besides=self.meta)
-        if renew_for is not None:
-            check_positive("renew_for", renew_for)
-            if not auto_renew:
-                raise ValueError(
-                    f"renew_for={renew_for!r} caps auto-renewal: lock {name!r} needs "
-                    "auto_renew=True"
-                )
-        return self.lock_class(
-            self,
-            name,
-            ttl=lease_ttl,
-            auto_renew=check_flag("auto_renew", auto_renew),
-            fencing=check_flag("fencing", fencing),
+        return self._hold(
+            self.lock_class, name, ttl, auto_renew, fencing, fair, blocking, timeout, meta,
+            owner, renew_for,
             reentrant=self.reentrant if reentrant is None else check_flag("reentrant", reentrant),
-            fair=check_flag("fair", fair),
-            blocking=check_flag("blocking", blocking),
-            timeout=check_timeout(timeout),
-            meta=details,
-            owner=owner,
-            renew_for=renew_for,
             retries=None if retries is None else check_retry_count(retries),
-        )
+        )  # fmt: skip
 
     def semaphore(
         self,
@@ -633,30 +607,41 @@ class RedlockBase:
         meta: Mapping[str, Any] | None,
         owner: Hashable | None,
         renew_for: float | None,
+        reentrant: bool = False,
+        retries: int | None = None,
     ) -> Any:
+        """A handle of class ``cls`` (a lock's, a semaphore's, a read or write lock's), its
+        options checked."""
         check_name(name)
         lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
         if lease_ttl > self.max_ttl:
-            raise ValueError(f"ttl {ttl!r} for {name!r} exceeds max_ttl {self.max_ttl!r}")
+            raise ValueError(
+                f"ttl {ttl!r} for {name!r} exceeds max_ttl {self.max_ttl!r} (the restart "
+                "guard only protects leases up to max_ttl)"
+            )
         if lease_ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
+        details = check_meta(meta, besides=self.meta)
         if renew_for is not None:
             check_positive("renew_for", renew_for)
             if not auto_renew:
-                raise ValueError(f"renew_for={renew_for!r} for {name!r} needs auto_renew=True")
+                raise ValueError(
+                    f"renew_for={renew_for!r} caps auto-renewal: {name!r} needs auto_renew=True"
+                )
         return cls(
             self,
             name,
             ttl=lease_ttl,
             auto_renew=check_flag("auto_renew", auto_renew),
             fencing=check_flag("fencing", fencing),
-            reentrant=False,
+            reentrant=reentrant,
             fair=check_flag("fair", fair),
             blocking=check_flag("blocking", blocking),
             timeout=check_timeout(timeout),
-            meta=check_meta(meta, besides=self.meta),
+            meta=details,
             owner=owner,
             renew_for=renew_for,
+            retries=retries,
         )
 
     # -- judging replies ------------------------------------------------------------------------
