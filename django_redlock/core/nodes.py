@@ -44,6 +44,7 @@ from .sentinel import (
     parse_group_url,
     redact_group_url,
     redact_query,
+    same_host,
 )
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
@@ -1321,10 +1322,7 @@ def node_identity(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return ("unix", parts.path, 0)
-    host = (parts.hostname or "").lower()
-    if host in ("localhost", "::1"):
-        host = "127.0.0.1"
-    return ("tcp", host, parts.port or 6379)
+    return ("tcp", same_host(parts.hostname or ""), parts.port or 6379)
 
 
 def address_of(conn: Any) -> tuple[Any, Any]:
@@ -1362,7 +1360,12 @@ def make_nodes(
                 "Redlock needs independent nodes"
             )
         seen[ident] = url
-    return [Node(spec, node_timeout=node_timeout, asyncio=asyncio) for spec in specs]
+    nodes = [Node(spec, node_timeout=node_timeout, asyncio=asyncio) for spec in specs]
+    servers = frozenset((host, port) for kind, host, port in seen if kind == "tcp")
+    for node in nodes:
+        if node.group is not None:
+            node.group.elsewhere = servers
+    return nodes
 
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
