@@ -1127,6 +1127,15 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
         raise TypeError(
             f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
         )
+    for name in _DURATION_OPTIONS:
+        if sentinel_kwargs and sentinel_kwargs.get(name) is not None:
+            # redis-py takes them as they come, and would fail every lock operation
+            check_positive(
+                f"node OPTIONS sentinel_kwargs {name}",
+                sentinel_kwargs[name],
+                allow_zero=name == "health_check_interval",
+                maximum=MAX_NODE_TIMEOUT * 60,
+            )
     if options.get("protocol") not in (None, 2, "2"):
         raise ValueError(
             f"node OPTIONS 'protocol' {options['protocol']!r} cannot be honoured: the lock "
