@@ -50,7 +50,7 @@ from .aionodes import (
     relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import Finally, Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
@@ -587,10 +587,14 @@ class AsyncRedlock(Primitives):
                         listening = self._state().notices.listening(step.channel)
                         reply = await cleanup.enter_async_context(listening)
                     else:
-                        cleanup.push_async_callback(self._fan_out, step.send.build)
+                        cleanup.push_async_callback(self._finally, step)
         finally:
             if cleanup is not None:
                 await cleanup.aclose()
+
+    async def _finally(self, step: Finally) -> None:
+        if not step.cancelled:
+            await self._fan_out(step.send.build)
 
     async def _send(self, step: Send) -> list[Any]:
         try:

@@ -35,6 +35,7 @@ from .nodes import (
     NodeSpec,
     Pipelined,
     ReplyError,
+    as_eval,
     make_nodes,
     not_redis,
     pack,
@@ -128,10 +129,17 @@ class AcquireRequest:
     """
 
     def __init__(
-        self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
+        self,
+        redlock: RedlockBase,
+        handle: LockBase,
+        line: tuple[str, int] | None = None,
+        join: bytes | None = None,
     ) -> None:
         self.token = clock.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
+        #: A waiter's place among the name's waiters, taken (or kept) before the attempt on
+        #: the same connection: a release that comes after the attempt was refused wakes it.
+        self._join = join
         self.meta, self._meta_json = redlock._holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
@@ -150,8 +158,10 @@ class AcquireRequest:
     def build(self, node: Node, wire: Any) -> Pipelined:
         """The :data:`~.fanout.CommandBuilder` of this attempt."""
         if self._fast is not None and (wire.vote_marker is not None or not self._guarded):
-            return self._fast
-        return self.script(node, wire)
+            attempt = self._fast
+        else:
+            attempt = self.script(node, wire)
+        return attempt if self._join is None else _joined(self._join, attempt)
 
     def script(self, node: Node, wire: Any) -> Pipelined:
         """The full acquire script (the run id is per wire; encoded at the first use, as most
@@ -218,6 +228,27 @@ class AcquireRequest:
         (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
         the script's body: nobody may ever read its answer."""
         return self._redlock._undo_command(self._handle.name, self.token)
+
+
+def _joined(join: bytes, attempt: Pipelined) -> Pipelined:
+    """``attempt`` behind ``join`` (two commands whose answers nobody reads) on the same
+    connection. A script goes as ``EVAL`` with its body: only one command's ``NOSCRIPT`` is
+    sent again by the connection (:meth:`~.nodes.Wire.settle`)."""
+    if attempt.count > 1:
+        return Pipelined(join + attempt.data, attempt.count + 2, _skip_join(attempt.fold))
+    data = join + as_eval(attempt.data)
+
+    def fold(wire: Any, replies: list[Any]) -> Any:
+        reply = replies[2]
+        if reply.__class__ is ReplyError:
+            reply = reply_failure(reply)
+        return attempt.fold(wire, [reply])
+
+    return Pipelined(data, 3, fold)
+
+
+def _skip_join(fold: Callable[[Any, list[Any]], Any]) -> Callable[[Any, list[Any]], Any]:
+    return lambda wire, replies: fold(wire, replies[2:])
 
 
 def _fold_script(wire: Any, replies: list[Any]) -> Any:
@@ -383,10 +414,13 @@ class Finally:
     """A step: when the operation ends, however it ends, send ``send`` (cleanup that must go
     out even when the caller is interrupted, e.g. leaving a fair lock's line)."""
 
-    __slots__ = ("send",)
+    __slots__ = ("cancelled", "send")
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        #: Set by the operation once the cleanup is no longer needed (or was handed to
+        #: :attr:`.nodes.Node.later`): the driver then sends nothing.
+        self.cancelled = False
 
 
 #: The I/O-free steps of an operation: they yield what to do and receive its outcome; the
@@ -641,58 +675,59 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         first: Refusal | None = None,
     ) -> Steps[Lease | None]:
         """Attempts until the lock is ours or the time is up: after the first refusal,
-        subscribe to the name's release channel and try again at once (a release between the
-        attempt and the subscription would otherwise go unnoticed); then wait for a release
-        notice, the holder's lease end or a random retry delay (:meth:`_pause_for`). A fair
-        lock draws its place in line first and leaves the line when done. ``first`` is the
-        refusal of an attempt already made (:meth:`_alone_steps`). No recursion: one loop,
-        each attempt one :meth:`_attempt_steps`."""
+        subscribe to this waiter's own release channel and try again at once (a release
+        between the attempt and the subscription would otherwise go unnoticed); then wait for
+        a release notice, the holder's lease end or a random retry delay (:meth:`_pause_for`).
+        A fair lock draws its place in line first and leaves the line when done; any other
+        lock joins the name's waiters with each attempt. ``first`` is the refusal of an attempt
+        already made (:meth:`_alone_steps`). No recursion: one loop, each attempt one
+        :meth:`_attempt_steps`.
+
+        A release wakes one waiter by name (``scripts.RELEASE``): the fair line's first, else
+        the one that has waited longest. It is alone to contend (but for the releaser, who
+        holds back: :meth:`_courtesy`, and newcomers), so it asks every node at once. The
+        others sleep on: they ask the nodes again when their pause ends (at most a third of
+        ``fair_heartbeat``), so a woken waiter that died before taking the lock costs the
+        rest at most that."""
         attempts = 0
         notice = None
         line = None
-        #: Whether the next attempt goes to the lead node first (:meth:`_lead_steps`): it
-        #: does once the name was found held, unless the last wait heard no release at all
-        #: (then every node is asked, so a copy left on the lead node alone cannot keep the
-        #: lock from a quorum of free nodes).
-        lead_next = False
+        join = None
         if handle.fair:
             line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
-            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+            leave = Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+            yield leave
+            waiter = line[0]
+        else:
+            waiter = clock.token_hex(8)
         while True:
             if first is None:
-                lead = self._lead_node(handle.name) if lead_next else None
-                outcome = yield from self._attempt_steps(handle, owner, line, lead=lead)
+                outcome = yield from self._attempt_steps(handle, owner, line, join=join)
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
+                if line is not None:
+                    # The nodes that granted took this waiter out of the line; the others
+                    # get its leave with the next command that reaches them (the release
+                    # at the latest, which it goes out before): no round trip between a
+                    # fair waiter's grant and its caller.
+                    leave.cancelled = True
+                    command = as_eval(self._leave_line_command(handle.name, line[0]))
+                    for node in self.nodes:
+                        node.later.append(command)
                 return self._won(handle, outcome, start)
             attempts += 1
-            lead_next = True
             now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
                 return None
             if notice is None:
-                notice = yield Listen(self._channel(handle.name))
+                notice = yield Listen(self._waiter_channel(handle.name, waiter))
+                if line is None:
+                    since = int(clock.wall() * 1000)
+                    join = self._join_waiters(handle.name, waiter, since)
                 continue
-            pause = self._pause_for(handle, outcome, retries, deadline, now)
-            heard: int = (yield Wait(notice, pause)) or 0
-            lead_next = heard > 0
-            # A fair waiter with others ahead in line lets their releases go by (each one is
-            # the hand-off to the next in line) instead of asking the nodes on each: the line
-            # moves one place per release. A node answers with the place only while the lock
-            # is free there (the first in line is about to take it), so it is this waiter's
-            # turn at the release of the last waiter ahead. The pause still bounds the whole
-            # wait, so a line that stalls (a waiter ahead died) is asked again as before.
-            until = now + pause
-            skip = outcome.ahead - heard
-            while lead_next and skip > 0:
-                left = until - clock.monotonic()
-                if left <= 0:
-                    break
-                heard = (yield Wait(notice, left)) or 0
-                lead_next = heard > 0
-                skip -= heard
+            yield Wait(notice, self._pause_for(handle, outcome, retries, deadline, now, True))
 
     def _alone_steps(
         self, handle: LockBase, owner: Hashable, start: float, contended: bool = False
@@ -805,6 +840,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         line: tuple[str, int] | None = None,
         make: Callable[[], AcquireRequest] | None = None,
         lead: int | None = None,
+        join: bytes | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
 
@@ -829,7 +865,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """
         settle, trusted = 3, False
         while True:
-            request = AcquireRequest(self, handle, line) if make is None else make()
+            request = AcquireRequest(self, handle, line, join) if make is None else make()
             cancel = (handle.name, request.token)
             start = clock.monotonic()
             held: Any = None
@@ -1104,11 +1140,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         retries: int | None,
         deadline: float | None,
         now: float,
+        by_name: bool = False,
     ) -> float:
         """How long to wait before the next attempt if no release notice comes first: until
         the holder's lease runs out when the nodes told us, else a random retry delay. With
         ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
-        contenders from retrying in lock step."""
+        contenders from retrying in lock step. ``by_name``: a release wakes this waiter
+        alone, on its own channel (see :meth:`_contend_steps`)."""
         jitter = clock.uniform(0, self.retry_delay / 2)
         if refusal.late:
             # The next attempt goes out on other connections (a late one is set aside until
@@ -1121,8 +1159,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             delay = self.retry_delay / 2 + jitter
         if retries is not None:
             delay = min(delay, self.retry_delay / 2 + jitter)
-        if handle.fair:
-            # A fair waiter refreshes its place in line on every attempt.
+        if handle.fair or by_name:
+            # A waiter refreshes its place on every attempt (a fair line drops a waiter whose
+            # heartbeat ran out), and one woken by name only asks again if the waiter a
+            # release woke took nothing.
             delay = min(delay, self.fair_heartbeat / 3)
         if deadline is not None:
             delay = min(delay, deadline - now)

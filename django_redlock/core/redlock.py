@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import Finally, Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
@@ -237,11 +237,14 @@ class Redlock(Primitives):
                     if isinstance(step, Listen):
                         reply = cleanup.enter_context(self._notices.listening(step.channel))
                     else:
-                        send = step.send
-                        cleanup.callback(self._rounds.fan_out, send.build)
+                        cleanup.callback(self._finally, step)
         finally:
             if cleanup is not None:
                 cleanup.close()
+
+    def _finally(self, step: Finally) -> None:
+        if not step.cancelled:
+            self._rounds.fan_out(step.send.build)
 
     def _join_queue(self, name: str) -> LocalQueue:
         with self._queues_lock:
