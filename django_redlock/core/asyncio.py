@@ -524,7 +524,9 @@ class AsyncRedlock(Primitives):
                 return None
         try:
             lease = await self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, retries, start)
+                self._contend_steps(
+                    handle, owner, blocking, deadline, retries, start, None, courtesy > 0
+                )
             )
             if lease is not None and lease.auto_renew:
                 # Its force-release watch is subscribed before the holder goes on.

@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 import weakref
-import zlib
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -28,7 +27,6 @@ from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     BEHIND_LATE,
-    NOT_SENT,
     TIMED_OUT,
     Failure,
     Node,
@@ -287,14 +285,6 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
 MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 
 _PING = pack(["PING"])
-
-
-def _verdict(reply: Any) -> bool:
-    """Whether a node's entry in a fan-out's replies is its answer (not a placeholder for
-    one still on its way)."""
-    return isinstance(reply, list) or (
-        isinstance(reply, Failure) and reply is not TIMED_OUT and reply is not NOT_SENT
-    )
 
 
 def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
@@ -673,6 +663,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         retries: int | None,
         start: float,
         first: Refusal | None = None,
+        listen_first: bool = False,
     ) -> Steps[Lease | None]:
         """Attempts until the lock is ours or the time is up: after the first refusal,
         subscribe to this waiter's own release channel and try again at once (a release
@@ -680,8 +671,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         a release notice, the holder's lease end or a random retry delay (:meth:`_pause_for`).
         A fair lock draws its place in line first and leaves the line when done; any other
         lock joins the name's waiters with each attempt. ``first`` is the refusal of an attempt
-        already made (:meth:`_alone_steps`). No recursion: one loop, each attempt one
-        :meth:`_attempt_steps`.
+        already made (:meth:`_alone_steps`). ``listen_first``: this process just released the
+        name and woke a waiter, who is taking it now: the first attempt is made waiting
+        already (subscribed and joined), as it would be refused. No recursion: one loop, each
+        attempt one :meth:`_attempt_steps`.
 
         A release wakes one waiter by name (``scripts.RELEASE``): the fair line's first, else
         the one that has waited longest. It is alone to contend (but for the releaser, who
@@ -690,142 +683,57 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ``fair_heartbeat``), so a woken waiter that died before taking the lock costs the
         rest at most that."""
         attempts = 0
-        notice = None
-        line = None
-        join = None
+        notice = line = join = leave = None
+        left = b""  #: the leave, encoded for any connection (a script with its body)
         if handle.fair:
             line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
-            leave = Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
-            yield leave
             waiter = line[0]
+            command = self._leave_line_command(handle.name, waiter)
+            leave, left = Finally(Send(to_every_node(command))), as_eval(command)
+            yield leave
         else:
             waiter = clock.token_hex(8)
         while True:
+            if notice is None and (listen_first or attempts):
+                notice = yield Listen(self._waiter_channel(handle.name, waiter))
+                if line is None:
+                    join = self._join_waiters(handle.name, waiter, int(clock.wall() * 1000))
+                    left = self._leave_waiters(handle.name, waiter)
+                    leave = Finally(Send(to_every_node(left)))
+                    yield leave
             if first is None:
                 outcome = yield from self._attempt_steps(handle, owner, line, join=join)
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
-                if line is not None:
-                    # The nodes that granted took this waiter out of the line; the others
-                    # get its leave with the next command that reaches them (the release
-                    # at the latest, which it goes out before): no round trip between a
-                    # fair waiter's grant and its caller.
+                if leave is not None:
+                    # The nodes that granted a fair lock took its waiter out of the line;
+                    # the others (and every node, for the waiters of another lock) get the
+                    # leave with the next command that reaches them, the release at the
+                    # latest, which it goes out before: no round trip between a waiter's
+                    # grant and its caller, and no release wakes it after.
                     leave.cancelled = True
-                    command = as_eval(self._leave_line_command(handle.name, line[0]))
                     for node in self.nodes:
-                        node.later.append(command)
+                        node.later.append(left)
                 return self._won(handle, outcome, start)
             attempts += 1
             now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
                 return None
-            if notice is None:
-                notice = yield Listen(self._waiter_channel(handle.name, waiter))
-                if line is None:
-                    since = int(clock.wall() * 1000)
-                    join = self._join_waiters(handle.name, waiter, since)
-                continue
-            yield Wait(notice, self._pause_for(handle, outcome, retries, deadline, now, True))
+            if notice is not None:
+                pause = self._pause_for(handle, outcome, retries, deadline, now, True)
+                yield Wait(notice, pause)
 
     def _alone_steps(
-        self, handle: LockBase, owner: Hashable, start: float, contended: bool = False
+        self, handle: LockBase, owner: Hashable, start: float
     ) -> Steps[Lease | Refusal]:
         """A blocking acquire's first attempt while no other thread (or task) of this process
         wants the name: one attempt, as a non-blocking acquire makes, without lining up in
         the local queue, which exists to line up this process's own contenders. A refusal is
-        then :meth:`_contend_steps`' first attempt, made in line. ``contended``: this process
-        just released the name to waiting processes, which are contending for it right now
-        (the attempt goes to the lead node first, as theirs do)."""
-        lead = self._lead_node(handle.name) if contended else None
-        outcome = yield from self._attempt_steps(handle, owner, lead=lead)
+        then :meth:`_contend_steps`' first attempt, made in line."""
+        outcome = yield from self._attempt_steps(handle, owner)
         return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
-
-    def _lead_node(self, name: str) -> int | None:
-        """The node a contended attempt on ``name`` goes to first (see :meth:`_lead_steps`):
-        fixed per name, spread over the nodes across names."""
-        if len(self.nodes) < 2:
-            return None
-        return zlib.crc32(name.encode()) % len(self.nodes)
-
-    def _lead_steps(
-        self, request: AcquireRequest, cancel: tuple[str, str], index: int
-    ) -> Steps[tuple[int, Any, set[int], dict[int, Any]] | Refusal | None]:
-        """Step 1 of an attempt made by one of several contenders woken by the same release,
-        on the lead node alone: the others get a ``PING``.
-
-        Woken together, contenders that all send to every node at once split the vote: each
-        node grants whoever reached it first, often a different one, nobody has a quorum,
-        everyone undoes and waits again (and each undo is announced as a release, waking them
-        all once more). One node deciding first makes one of them the only one to go on; the
-        rest are refused there without having written anything. The winner pays one more
-        round trip; the quorum, the validity (measured from before this step) and the undo of
-        a failed attempt are Redlock's as ever.
-
-        Returns ``(index, grant, gone, left)`` when the lead node granted (``gone``: nodes
-        that did not answer their ``PING``, ``left``: connections still owing it), a
-        :class:`Refusal` when it is held there (a verdict for this attempt only: the next
-        attempt that was not woken by a release goes to every node, so a copy left on that
-        node alone cannot keep the lock from a quorum of free nodes for longer than a retry
-        delay), or None when it gave no
-        clean verdict (down, slow, guarded, its marker changed): after the undo of what may
-        have landed, a plain attempt follows."""
-        node = self.nodes[index]
-        send = Send(
-            lambda n, wire: request.build(n, wire) if n is node else _PING,
-            request.undo,
-            cancel,
-            None,
-            lambda replies: _verdict(replies[index]),
-        )
-        replies = yield send
-        reply = replies[index]
-        if isinstance(reply, list) and reply[0] == 0:
-            # A node whose PING went unanswered got the undo of this token behind it (the
-            # fan-out's ``late``): the acquire must not follow it there.
-            gone = {
-                i
-                for i, r in enumerate(replies)
-                if i != index and isinstance(r, Failure) and i not in send.left
-            }
-            return index, reply, gone, send.left
-        if isinstance(reply, list) and reply[0] in (1, 3):
-            # The lead node's verdict stands for the cluster's in this attempt (no
-            # QuorumError: a node answered); when it frees up is told by the next release.
-            ahead = int(reply[1]) if reply[0] == 3 else 0
-            return Refusal(
-                {node.name: "held (lead node of a contended name)"},
-                self.quorum,
-                None,
-                ahead=ahead,
-            )
-        if reply is MARKER_CHANGED:  # its SET ran there (a node that did not answer in
-            # time got the undo behind the acquire already: the fan-out's ``late``)
-            undo = request.undo()
-            # Behind the acquire where it is still on its way (see step 3).
-            undone = yield Send(
-                to_every_node(undo), None, cancel, idempotent=True, behind=send.left
-            )
-            self._keep_unreached(undo, undone)
-        return None
-
-    def _after_lead(
-        self, request: AcquireRequest, index: int, grant: Any, gone: set[int]
-    ) -> tuple[AnyBuilder, Callable[[list[Any]], bool]]:
-        """The builder and quorum test of step 1 on the other nodes, once the lead node
-        (``index``) granted ``request`` there with ``grant`` (``gone``: nodes it skips)."""
-        skipped = {id(self.nodes[i]) for i in gone | {index}}
-
-        def build(node: Node, wire: Any) -> Any:
-            return _PING if id(node) in skipped else request.build(node, wire)
-
-        def enough(replies: list[Any]) -> bool:
-            return self._granted_by_quorum(
-                [grant if i == index else r for i, r in enumerate(replies)]
-            )
-
-        return build, enough
 
     def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
         self._register(handle, lease, clock.monotonic() - start)
@@ -839,7 +747,6 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         owner: Hashable,
         line: tuple[str, int] | None = None,
         make: Callable[[], AcquireRequest] | None = None,
-        lead: int | None = None,
         join: bytes | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
@@ -859,33 +766,16 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
         write hold's script: :mod:`.permits`); the rest of the attempt is the same.
 
-        ``lead``: the name was just released to several contenders at once (see
-        :meth:`_lead_steps`): step 1 goes to that node first, and to the others only once it
-        granted there.
+        ``join``: the waiter's place among the name's waiters, taken with each attempt (see
+        :meth:`_contend_steps`).
         """
         settle, trusted = 3, False
         while True:
             request = AcquireRequest(self, handle, line, join) if make is None else make()
             cancel = (handle.name, request.token)
             start = clock.monotonic()
-            held: Any = None
-            if lead is not None:
-                index, lead = lead, None
-                held = yield from self._lead_steps(request, cancel, index)
-                if isinstance(held, Refusal):
-                    return held
-                if held is None:
-                    continue  # no clean verdict there: a plain attempt (a new token)
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
-            if held is not None:
-                # Granted on the lead node: the same token to the others.
-                send.build, send.enough = self._after_lead(request, *held[:3])
-                send.behind = held[3]
             replies = yield send
-            if held is not None:
-                replies[held[0]] = held[1]
-                for i in held[2]:
-                    replies[i] = TIMED_OUT  # not asked: silent a moment ago
             if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
                 answered = {
                     i

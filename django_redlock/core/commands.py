@@ -153,6 +153,9 @@ class KeyLayout:
         """Where a release wakes ``waiter`` alone (see ``scripts.RELEASE``)."""
         return f"{self._channel(name)}:{waiter}"
 
+    def _leave_waiters(self, name: str, waiter: str) -> bytes:
+        return pack(["ZREM", self._waiters_key(name), waiter])
+
     def _join_waiters(self, name: str, waiter: str, since_ms: int) -> bytes:
         """Joins ``waiter`` to the processes waiting for ``name`` (kept at its place when it is
         there already); the set expires when nobody waits (a waiter joins again on each

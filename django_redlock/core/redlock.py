@@ -153,8 +153,8 @@ class Redlock(Primitives):
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
         first: Refusal | None = None
-        if blocking and not handle.fair and handle.name not in self._queues:
-            alone = self._drive(self._alone_steps(handle, owner, start, courtesy > 0))
+        if blocking and not handle.fair and not courtesy and handle.name not in self._queues:
+            alone = self._drive(self._alone_steps(handle, owner, start))
             if isinstance(alone, Lease):
                 return alone
             first = alone
@@ -173,7 +173,9 @@ class Redlock(Primitives):
                 return None
         try:
             lease = self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, retries, start, first)
+                self._contend_steps(
+                    handle, owner, blocking, deadline, retries, start, first, courtesy > 0
+                )
             )
         except BaseException:
             if queue is not None:

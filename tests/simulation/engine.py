@@ -817,18 +817,15 @@ class Driver:
             if courtesy:
                 yield Sleep(courtesy / task.proc.rate)
             first = None
-            if blocking and not handle.fair:
-                alone = yield from self.drive(
-                    task, rl._alone_steps(handle, owner, start, courtesy > 0)
-                )
+            if blocking and not handle.fair and not courtesy:
+                alone = yield from self.drive(task, rl._alone_steps(handle, owner, start))
                 if isinstance(alone, Lease):
                     return alone
                 first = alone
-            return (
-                yield from self.drive(
-                    task, rl._contend_steps(handle, owner, blocking, deadline, None, start, first)
-                )
+            contend = rl._contend_steps(
+                handle, owner, blocking, deadline, None, start, first, courtesy > 0
             )
+            return (yield from self.drive(task, contend))
         except Cancelled:
             won = rl._won_unreturned(handle.name, owner)
             if won is not None:
