@@ -97,12 +97,8 @@ class Refusal:
         answered: int,
         retry_after: float | None,
         late: bool = False,
-        ahead: int = 0,
     ) -> None:
         self.failures = failures
-        #: A fair waiter's place: how many waiters are ahead of it in line (0: next, or not
-        #: queued).
-        self.ahead = ahead
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
         #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
@@ -941,7 +937,6 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
-        places: list[int] = []  # a fair waiter's place in line, as each node sees it
         answered = 0
         timed_out = contended = False
         for node, reply in zip(self.nodes, replies, strict=True):
@@ -959,7 +954,6 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
                 contended = True
-                places.append(int(reply[1]))
             else:
                 answered += 1
         retry_after = None
@@ -971,13 +965,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
         # release because it landed late, or a late node's; no split vote to break up.
         contended = contended or still_needed > 0
-        return Refusal(
-            failures,
-            answered,
-            retry_after,
-            timed_out and not contended,
-            ahead=min(places, default=0),
-        )
+        return Refusal(failures, answered, retry_after, timed_out and not contended)
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""
