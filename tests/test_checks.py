@@ -79,6 +79,16 @@ def test_shape(value, expected):
         ({"URL": "redis://10.0.0.4", "OPTIONS": "password"}, "OPTIONS must be a dict"),
         ({"URL": "redis://10.0.0.4", "OPTIONS": {"pasword": "x"}}, "pasword"),
         (42, "a node must be a URL string"),
+        # options in the URL's query are checked as OPTIONS are, never dropped
+        ("redis://10.0.0.4:6379/0?ssl=true", "rediss://"),
+        ("redis://10.0.0.4:6379/0?ssl_cert_reqs=none", "rediss://"),
+        ("redis://10.0.0.4:6379/0?socket_timout=1", "socket_timout"),
+        ("redis://10.0.0.4:6379/0?protocol=3", "protocol"),
+        ("redis://10.0.0.4:6379/0?socket_timeout=-1", "socket_timeout"),
+        ("redis://10.0.0.4:6379/0?socket_timeout=soon", "socket_timeout"),
+        ("unix:///tmp/redis.sock?socket_timout=1", "socket_timout"),
+        ("redis+sentinel://10.0.0.9:26379/mymaster/0?socket_timout=1", "socket_timout"),
+        ("redis+sentinel://10.0.0.9:26379/mymaster/0?ssl=true", "ssl"),
     ],
 )
 def test_malformed_node(node, text):

@@ -206,6 +206,28 @@ def test_password_in_options_instead_of_the_url(password_cluster) -> None:
         rl.close()
 
 
+def test_a_password_in_the_url_query_locks_and_is_never_shown(password_cluster) -> None:
+    from django_redlock.core import redact
+
+    urls = [f"redis://127.0.0.1:{n.port}/0?password={PASSWORD}" for n in password_cluster]
+    rl = Redlock(urls, node_timeout=NODE_TIMEOUT)
+    try:
+        _cycle(rl)
+        assert all(PASSWORD not in repr(h) for h in rl.health())
+        assert PASSWORD not in repr(rl)
+    finally:
+        rl.close()
+    wrong = [f"redis://127.0.0.1:{n.port}/0?password=wrong-one" for n in password_cluster]
+    rl = Redlock(wrong, node_timeout=NODE_TIMEOUT)
+    try:
+        _auth_refused(rl, password_cluster, "wrong-one")
+        assert all("wrong-one" not in repr(h) for h in rl.health())
+    finally:
+        rl.close()
+    shown = redact(f"redis://127.0.0.1:6379/0?ssl_password=key-pw&password={PASSWORD}&db=2")
+    assert PASSWORD not in shown and "key-pw" not in shown and "db=2" in shown, shown
+
+
 # --------------------------------------------------------------------------- TLS
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio.retry
@@ -163,9 +163,18 @@ def redact_group_url(url: str) -> str:
     if not sep:
         return url
     netloc, slash, path = rest.partition("/")
-    if "@" not in netloc:
-        return url
-    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+    path, question, query = path.partition("?")
+    if query:
+        query = urlencode(
+            [
+                (name, "***" if "password" in name else value)
+                for name, value in parse_qsl(query, keep_blank_values=True)
+            ],
+            safe="*/",
+        )
+    if "@" in netloc:
+        netloc = f"***@{netloc.rpartition('@')[2]}"
+    return f"{scheme}://{netloc}{slash}{path}{question}{query}"
 
 
 def group_identity(url: str) -> tuple[str, str, int]:
