@@ -12,6 +12,8 @@ import multiprocessing
 import threading
 import time
 
+import pytest
+
 from django_redlock.testing import RedisCluster
 from tests.helpers import node_client, release_listeners, wait_until, warm_up
 
@@ -97,17 +99,23 @@ def test_a_release_wakes_the_fair_line_s_first_alone(
         assert spent <= 3 * taken, (attempts, taken)
 
 
-def _waiters(nodes: RedisCluster, name: str) -> list[int]:
-    """How many waiters each node has in line to be woken for ``name``."""
+def _waiters(nodes: RedisCluster, name: str, fair: bool = False) -> list[int]:
+    """How many waiters each node has in line to be woken for ``name`` (a fair lock's line)."""
+    key = f"redlock:{'queue' if fair else 'waiters'}:{name}"
     out = []
     for node in nodes:
         with node_client(node) as c:
-            out.append(c.zcard(f"redlock:waiters:{name}"))
+            out.append(c.zcard(key))
     return out
 
 
 def _start_waiters(
-    clients: list, name: str, nodes: RedisCluster, timeout: float, ahead: int = 0
+    clients: list,
+    name: str,
+    nodes: RedisCluster,
+    timeout: float,
+    ahead: int = 0,
+    fair: bool = False,
 ) -> list:
     """Each client waits for ``name`` in a thread of its own, started once the previous one
     joined the name's waiters on every node (so they wait in this order). Returns
@@ -115,7 +123,7 @@ def _start_waiters(
     ``ahead``: waiters on the nodes before them."""
     started = []
     for i, client in enumerate(clients):
-        handle, result = client.lock(name, ttl=30.0, owner=f"waiter {i}"), {}
+        handle, result = client.lock(name, ttl=30.0, owner=f"waiter {i}", fair=fair), {}
 
         def wait(handle=handle, result=result) -> None:
             result["ok"] = handle.acquire(timeout=timeout)
@@ -125,21 +133,24 @@ def _start_waiters(
         thread.start()
         started.append((handle, result, thread))
         joined = ahead + i + 1
-        wait_until(lambda joined=joined: _waiters(nodes, name) == [joined] * len(nodes), timeout=10)
+        wait_until(
+            lambda joined=joined: _waiters(nodes, name, fair) == [joined] * len(nodes), timeout=10
+        )
     return started
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
 def test_a_release_wakes_the_longest_waiting_process_alone(
-    redis_nodes: RedisCluster, make_redlock
+    redis_nodes: RedisCluster, make_redlock, fair: bool
 ) -> None:
-    name = "hot:one"
+    name = f"hot:one:{int(fair)}"
     # Waiters that are not woken ask the nodes again only after a third of the heartbeat.
     clients = [make_redlock(redis_nodes, ttl=30.0, fair_heartbeat=60.0) for _ in range(4)]
     for client in clients:
         warm_up(client)
-    holder = clients[0].lock(name, ttl=30.0, owner="holder")
+    holder = clients[0].lock(name, ttl=30.0, owner="holder", fair=fair)
     assert holder.acquire(blocking=False)
-    waiting = _start_waiters(clients[1:], name, redis_nodes, timeout=30)
+    waiting = _start_waiters(clients[1:], name, redis_nodes, timeout=30, fair=fair)
     channel = f"redlock:released:{name}"
     observers = [node_client(node).pubsub() for node in redis_nodes]
     try:
@@ -151,7 +162,8 @@ def test_a_release_wakes_the_longest_waiting_process_alone(
             last.release()
             thread.join(20)
             assert result.get("ok") is True  # long before any waiter's pause ran out
-            # Each node told one waiter, by name, and the same one: the one waiting longest.
+            # Each node told one waiter, by name, and the same one: the one waiting longest
+            # (the fair line's first).
             told = [observer.get_message(timeout=5) for observer in observers]
             assert len({m["channel"] for m in told}) == 1, told
             assert told[0]["channel"].startswith(f"{channel}:".encode()), told
