@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import hiredis
 import redis
@@ -43,6 +43,7 @@ from .sentinel import (
     is_group_url,
     parse_group_url,
     redact_group_url,
+    redact_query,
 )
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
@@ -1130,6 +1131,13 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
             f"node OPTIONS 'protocol' {options['protocol']!r} cannot be honoured: the lock "
             "connections speak RESP2 (protocol=2)"
         )
+    cert_reqs = options.get("ssl_cert_reqs")
+    if isinstance(cert_reqs, str) and cert_reqs not in ("none", "optional", "required"):
+        # redis-py would raise only when a connection is made, and the node look down
+        raise ValueError(
+            f"node OPTIONS ssl_cert_reqs {cert_reqs!r} must be 'none', 'optional' or 'required' "
+            "(or an ssl.VerifyMode)"
+        )
     for name in ("username", "password"):
         value = options.get(name)
         if value is not None and not isinstance(value, str):
@@ -1296,12 +1304,7 @@ def redact(url: str) -> str:
     except ValueError:
         return redact_group_url(url)
     parts = urlsplit(url)
-    if parts.query:
-        query = [
-            (name, "***" if "password" in name else value)
-            for name, value in parse_qsl(parts.query, keep_blank_values=True)
-        ]
-        parts = parts._replace(query=urlencode(query, safe="*/"))
+    parts = parts._replace(query=redact_query(parts.query))
     if parts.password is None and parts.username is None:
         return parts.geturl()
     host = parts.hostname or ""
