@@ -288,6 +288,10 @@ RELEASE = Script(
 local held = redis.call('GET', KEYS[1])
 if held and string.match(held, '^(%S+) ') == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  -- Nobody waits by name (the uncontended release): one call, not one per set.
+  if redis.call('EXISTS', KEYS[2], KEYS[3]) == 0 then
+    return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1])
+  end
   local told = 0
   for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 2)) do
     told = redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, ARGV[1])
