@@ -285,8 +285,6 @@ MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 _PING = pack(["PING"])
 
 
-
-
 class Send:
     """A step of the algorithm: send a command to every node at once (the driver's fan-out)
     and resume with the replies in node order. ``enough(replies)`` may end the wait before
