@@ -95,7 +95,7 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
         request = AcquireRequest(rl, handle)
         acquire = [request.build(node, wire) for node, wire in zip(rl.nodes, wires, strict=True)]
         fan_out([a.data for a in acquire], acquire[0].count)
-        fan_out([rl._release_command(name, request.token)] * len(wires), 1)
+        fan_out([rl.keys.release_command(name, request.token)] * len(wires), 1)
 
     return cycle
 
@@ -124,7 +124,15 @@ def server_cost(port: int, cycles: int) -> dict[str, float]:
             / cycles
         )
 
-    release = (scripts.RELEASE.sha, 1, keys[0], token, "gap:released:k")
+    release = (
+        scripts.RELEASE.sha,
+        3,
+        keys[0],
+        "gap:waiters:k",
+        "gap:queue:k",
+        token,
+        "gap:released:k",
+    )
     script = total(
         lambda: (
             client.evalsha(scripts.ACQUIRE.sha, 3, *keys, token, 10_000, meta, "0", run_id, guard),

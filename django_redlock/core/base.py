@@ -4,8 +4,10 @@ small drivers run: :mod:`.redlock` over :mod:`.nodes` and :mod:`.waiting` (socke
 threads), :mod:`.asyncio` over :mod:`.aionodes` and :mod:`.aiowaiting` (asyncio protocols,
 tasks). Read :meth:`RedlockBase._attempt_steps` against the spec top to bottom.
 
-The other jobs of a client live next door and are mixed in: the key layout and commands
-(:mod:`.commands`), the lease table (:mod:`.leases`), listing and health (:mod:`.listing`).
+The other jobs of a client are parts it holds, not base classes: the key layout and commands
+(``keys``, :mod:`.commands`), the lease table (``leases``, :mod:`.leases`), listing and health
+(``listing``, :mod:`.listing`), and, built by each driver, the steps of semaphores and
+read/write holds (``permits``, :mod:`.permits`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-import threading
 import weakref
-import zlib
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -28,7 +28,6 @@ from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     BEHIND_LATE,
-    NOT_SENT,
     NOTHING_LEFT,
     TIMED_OUT,
     Failure,
@@ -36,16 +35,17 @@ from .nodes import (
     NodeSpec,
     Pipelined,
     ReplyError,
+    as_eval,
     make_nodes,
     not_redis,
     pack,
-    pack_many,
     reached,
     reply_failure,
 )
 from .sentinel import GUARD_MARGIN
 from .validation import (
     check_flag,
+    check_limit,
     check_meta,
     check_name,
     check_node_timeout,
@@ -99,12 +99,8 @@ class Refusal:
         answered: int,
         retry_after: float | None,
         late: bool = False,
-        ahead: int = 0,
     ) -> None:
         self.failures = failures
-        #: A fair waiter's place: how many waiters are ahead of it in line (0: next, or not
-        #: queued).
-        self.ahead = ahead
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
         #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
@@ -129,19 +125,27 @@ class AcquireRequest:
     """
 
     def __init__(
-        self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
+        self,
+        redlock: RedlockBase,
+        handle: LockBase,
+        line: tuple[str, int] | None = None,
+        join: bytes | None = None,
     ) -> None:
         self.token = clock.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
-        self.meta, self._meta_json = redlock._holder_meta(handle.meta)
+        #: A waiter's place among the name's waiters, taken (or kept) before the attempt on
+        #: the same connection: a release that comes after the attempt was refused wakes it.
+        self._join = join
+        self.meta, self._meta_json = redlock.keys.holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
         self._fast: Pipelined | None = None
         self._script: tuple[list[Any], list[Any]] | None = None
         if line is None and not handle.fencing:
-            key = redlock._key(handle.name).encode()
+            key = redlock.keys.key(handle.name)
             value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
-            data = _set_and_pttl(key, value.encode(), self._ttl_ms)
+            # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
+            data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
             count = 2
             if self._guarded:
                 data += redlock._marker_read
@@ -151,8 +155,10 @@ class AcquireRequest:
     def build(self, node: Node, wire: Any) -> Pipelined:
         """The :data:`~.fanout.CommandBuilder` of this attempt."""
         if self._fast is not None and (wire.vote_marker is not None or not self._guarded):
-            return self._fast
-        return self.script(node, wire)
+            attempt = self._fast
+        else:
+            attempt = self.script(node, wire)
+        return attempt if self._join is None else _joined(self._join, attempt)
 
     def script(self, node: Node, wire: Any) -> Pipelined:
         """The full acquire script (the run id is per wire; encoded at the first use, as most
@@ -178,10 +184,10 @@ class AcquireRequest:
     def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
         """The acquire script, its keys, and its arguments after the guard period."""
         redlock, handle, line = self._redlock, self._handle, self._line
-        keys = redlock._acquire_keys(handle.name)
+        keys = redlock.keys.acquire_keys(handle.name)
         if line is None:
             return scripts.ACQUIRE, keys, []
-        keys = keys + redlock._line_keys(handle.name)
+        keys = keys + redlock.keys.line_keys(handle.name)
         return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
@@ -218,7 +224,28 @@ class AcquireRequest:
         """The release of this attempt's token, for a node whose answer did not come in time
         (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
         the script's body: nobody may ever read its answer."""
-        return self._redlock._undo_command(self._handle.name, self.token)
+        return self._redlock.keys.undo_command(self._handle.name, self.token)
+
+
+def _joined(join: bytes, attempt: Pipelined) -> Pipelined:
+    """``attempt`` behind ``join`` (two commands whose answers nobody reads) on the same
+    connection. A script goes as ``EVAL`` with its body: only one command's ``NOSCRIPT`` is
+    sent again by the connection (:meth:`~.nodes.Wire.settle`)."""
+    if attempt.count > 1:
+        return Pipelined(join + attempt.data, attempt.count + 2, _skip_join(attempt.fold))
+    data = join + as_eval(attempt.data)
+
+    def fold(wire: Any, replies: list[Any]) -> Any:
+        reply = replies[2]
+        if reply.__class__ is ReplyError:
+            reply = reply_failure(reply)
+        return attempt.fold(wire, [reply])
+
+    return Pipelined(data, 3, fold)
+
+
+def _skip_join(fold: Callable[[Any, list[Any]], Any]) -> Callable[[Any, list[Any]], Any]:
+    return lambda wire, replies: fold(wire, replies[2:])
 
 
 def _fold_script(wire: Any, replies: list[Any]) -> Any:
@@ -259,20 +286,6 @@ MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 _PING = pack(["PING"])
 
 
-def _verdict(reply: Any) -> bool:
-    """Whether a node's entry in a fan-out's replies is its answer (not a placeholder for
-    one still on its way)."""
-    return isinstance(reply, list) or (
-        isinstance(reply, Failure) and reply is not TIMED_OUT and reply is not NOT_SENT
-    )
-
-
-def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
-    """``SET key value NX PX ttl`` and ``PTTL key``, encoded in one step (this runs on every
-    uncontended acquire)."""
-    return pack_many((("SET", key, value, "NX", "PX", ttl_ms), ("PTTL", key)))
-
-
 class Send:
     """A step of the algorithm: send a command to every node at once (the driver's fan-out)
     and resume with the replies in node order. ``enough(replies)`` may end the wait before
@@ -289,7 +302,6 @@ class Send:
         "behind",
         "build",
         "enough",
-        "granted",
         "hedge",
         "idempotent",
         "late",
@@ -320,8 +332,6 @@ class Send:
         #: (the sync driver's hedged request: see :func:`.fanout.fan_out`); None: the command
         #: itself if ``idempotent``, else no copy.
         self.hedge: Callable[[Node, Any], Any] | None = None
-        #: Nodes whose grant is counted already (see :attr:`.fanout.FanOut.granted`).
-        self.granted: frozenset[int] = frozenset()
 
     def fan_out_args(self) -> tuple[Any, ...]:
         """The arguments of either driver's fan-out, in its order (the two take the same)."""
@@ -392,10 +402,13 @@ class Finally:
     """A step: when the operation ends, however it ends, send ``send`` (cleanup that must go
     out even when the caller is interrupted, e.g. leaving a fair lock's line)."""
 
-    __slots__ = ("send",)
+    __slots__ = ("cancelled", "send")
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        #: Set by the operation once the cleanup is no longer needed (or was handed to
+        #: :attr:`.nodes.Node.later`): the driver then sends nothing.
+        self.cancelled = False
 
 
 #: The I/O-free steps of an operation: they yield what to do and receive its outcome; the
@@ -403,11 +416,17 @@ class Finally:
 Steps = Generator[Send | SendBatch | Pause | Listen | Wait | Finally, Any, _T]
 
 
-class RedlockBase(KeyLayout, LeaseTable, Listing):
+class RedlockBase:
     """Configuration and decisions of the Redlock algorithm, without I/O."""
 
     #: The handle class :meth:`lock` returns.
     lock_class: type[LockBase] = LockBase
+    #: The class of the client's lease table (:attr:`leases`).
+    lease_table_class: type[LeaseTable] = LeaseTable
+    #: The handle classes (sync or async) of semaphores and read/write locks (:mod:`.permits`).
+    semaphore_class: type[LockBase] = LockBase
+    read_lock_class: type[LockBase] = LockBase
+    write_lock_class: type[LockBase] = LockBase
     #: Whether the nodes' connections are ``redis.asyncio``'s (an option they cannot honour
     #: is refused when the client is built).
     asyncio_transport = False
@@ -460,17 +479,43 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         self.guard_period = self.max_ttl + (
             GUARD_MARGIN if any(node.group is not None for node in self.nodes) else 0.0
         )
-        self._leases: dict[str, Lease] = {}
-        self._leases_lock = threading.Lock()
-        self._yield_until: dict[str, float] = {}
-        self._host = socket.gethostname()
-        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
-        self._marker_read = pack(["HMGET", self._node_key(), "run_id", "id"])
-        self._meta_cache: tuple[int, dict[str, Any], str] | None = None
+        self.keys = KeyLayout(
+            self.key_prefix,
+            fair_heartbeat=self.fair_heartbeat,
+            meta=self.meta,
+            host=socket.gethostname(),
+        )
+        self.listing = Listing(
+            self.nodes,
+            key_prefix=self.key_prefix,
+            quorum=self.quorum,
+            max_ttl=self.max_ttl,
+            guard_period=self.guard_period,
+            restart_guard=self.restart_guard,
+            trust_fresh_cluster=self.trust_fresh_cluster,
+        )
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
         self.listeners: list[Listener] = []
+        self.leases = self.lease_table_class(
+            self.nodes,
+            quorum=self.quorum,
+            drift_factor=self.drift_factor,
+            listeners=self.listeners,
+            start_renewal=self._start_renewal,
+        )
+        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
+        self._marker_read = pack(["HMGET", self.keys.node_key(), "run_id", "id"])
         _INSTANCES.add(self)
+
+    def _start_renewal(self, lease: Lease) -> None:
+        """Hand an auto-renewed lease to this client's watchdog (the driver's)."""
+        raise NotImplementedError
+
+    def _after_fork(self) -> None:
+        """In a forked child: hold nothing of the parent's (the drivers drop their
+        connections' state too)."""
+        self.leases.after_fork()
 
     def __repr__(self) -> str:
         return (
@@ -501,37 +546,128 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ``meta`` is shown on the admin page as the holder's details. ``owner`` replaces the
         current thread/task as the reentrancy owner (a Celery task id, say).
         """
+        return self._hold(
+            self.lock_class, name, ttl, auto_renew, fencing, fair, blocking, timeout, meta,
+            owner, renew_for,
+            reentrant=self.reentrant if reentrant is None else check_flag("reentrant", reentrant),
+            retries=None if retries is None else check_retry_count(retries),
+        )  # fmt: skip
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fair: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on semaphore ``name``: at most ``limit`` holders at once, each holding one
+        permit (a slot, see :mod:`.permits`) with the mutex's rules: ``ttl``, ``auto_renew``,
+        ``fencing`` (a fence per slot), ``fair`` (one line for every slot), ``meta``.
+        Every user of one name must give the same ``limit`` (a larger one lets more in)."""
+        check_limit(limit, f"limit of semaphore {name!r}")
+        handle: Any = self._hold(
+            self.semaphore_class, name, ttl, auto_renew, fencing, fair, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+        handle.limit = limit
+        return handle
+
+    def read_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the read side of read/write lock ``name``: many readers at once, never
+        while a writer holds it or waits for it."""
+        return self._hold(
+            self.read_lock_class, name, ttl, auto_renew, False, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def write_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the write side of read/write lock ``name``: one writer, no reader. The
+        writer is the lock ``name`` itself (listed, renewed, fenced and force-released as
+        any lock); don't take ``rl.lock(name)`` on the same name, which ignores readers."""
+        return self._hold(
+            self.write_lock_class, name, ttl, auto_renew, fencing, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def _hold(
+        self,
+        cls: type[LockBase],
+        name: str,
+        ttl: float | None,
+        auto_renew: bool,
+        fencing: bool,
+        fair: bool,
+        blocking: bool,
+        timeout: float | None,
+        meta: Mapping[str, Any] | None,
+        owner: Hashable | None,
+        renew_for: float | None,
+        reentrant: bool = False,
+        retries: int | None = None,
+    ) -> Any:
+        """A handle of class ``cls`` (a lock's, a semaphore's, a read or write lock's), its
+        options checked."""
         check_name(name)
         lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
         if lease_ttl > self.max_ttl:
             raise ValueError(
-                f"ttl {ttl!r} for lock {name!r} exceeds max_ttl {self.max_ttl!r} (the restart "
+                f"ttl {ttl!r} for {name!r} exceeds max_ttl {self.max_ttl!r} (the restart "
                 "guard only protects leases up to max_ttl)"
             )
         if lease_ttl <= self.node_timeout:
-            raise ValueError(f"ttl {ttl!r} for lock {name!r} must exceed node_timeout")
+            raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
         details = check_meta(meta, besides=self.meta)
         if renew_for is not None:
             check_positive("renew_for", renew_for)
             if not auto_renew:
                 raise ValueError(
-                    f"renew_for={renew_for!r} caps auto-renewal: lock {name!r} needs "
-                    "auto_renew=True"
+                    f"renew_for={renew_for!r} caps auto-renewal: {name!r} needs auto_renew=True"
                 )
-        return self.lock_class(
+        return cls(
             self,
             name,
             ttl=lease_ttl,
             auto_renew=check_flag("auto_renew", auto_renew),
             fencing=check_flag("fencing", fencing),
-            reentrant=self.reentrant if reentrant is None else check_flag("reentrant", reentrant),
+            reentrant=reentrant,
             fair=check_flag("fair", fair),
             blocking=check_flag("blocking", blocking),
             timeout=check_timeout(timeout),
             meta=details,
             owner=owner,
             renew_for=renew_for,
-            retries=None if retries is None else check_retry_count(retries),
+            retries=retries,
         )
 
     # -- judging replies ------------------------------------------------------------------------
@@ -542,7 +678,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _granted_by_quorum(self, replies: list[Any]) -> bool:
         """An acquire's wait ends once a quorum granted it: the lock is ours whatever the
         slower nodes answer (validity is measured from before the first send)."""
-        return len(self._granted(replies)) >= self.quorum
+        return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.quorum
 
     def _keep_unreached(self, release: bytes, replies: list[Any]) -> None:
         """A release that could not reach a node goes out with the next operation that
@@ -575,16 +711,16 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     ) -> Lease | None:
         """The lease when a quorum granted it with validity left (validity measured after the
         replies came in: node-redlock returned locks with none left)."""
-        granted = self._granted(replies)
-        validity = handle.ttl - (clock.monotonic() - start) - self._margin(handle.ttl)
-        if len(granted) < self.quorum or validity <= 0:
+        granted = [r for r in replies if r.__class__ is list and r[0] == 0]
+        valid_until = start + handle.ttl - self.leases.margin(handle.ttl)
+        if len(granted) < self.quorum or clock.monotonic() >= valid_until:
             return None
         return Lease(
             name=handle.name,
             token=request.token,
             ttl=handle.ttl,
             owner=owner,
-            valid_until=start + handle.ttl - self._margin(handle.ttl),
+            valid_until=valid_until,
             fence=max(int(r[1]) for r in granted) if handle.fencing else None,
             acquired=start,
             meta=request.meta,
@@ -596,7 +732,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """TRUST for each node, naming the marker this attempt saw fresh there (a node
         flushed and armed again since has another marker and is not trusted)."""
         seen = {id(node): r[4] for node, r in zip(self.nodes, replies, strict=True)}
-        return lambda node, wire: self._trust_command(wire.run_id, seen[id(node)])
+        return lambda node, wire: self.keys.trust_command(wire.run_id, seen[id(node)])
 
     def _all_fresh(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster: every node is in its guard for a missing marker, all the
@@ -652,171 +788,79 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         retries: int | None,
         start: float,
         first: Refusal | None = None,
+        listen_first: bool = False,
     ) -> Steps[Lease | None]:
         """Attempts until the lock is ours or the time is up: after the first refusal,
-        subscribe to the name's release channel and try again at once (a release between the
-        attempt and the subscription would otherwise go unnoticed); then wait for a release
-        notice, the holder's lease end or a random retry delay (:meth:`_pause_for`). A fair
-        lock draws its place in line first and leaves the line when done. ``first`` is the
-        refusal of an attempt already made (:meth:`_alone_steps`). No recursion: one loop,
-        each attempt one :meth:`_attempt_steps`."""
+        subscribe to this waiter's own release channel and try again at once (a release
+        between the attempt and the subscription would otherwise go unnoticed); then wait for
+        a release notice, the holder's lease end or a random retry delay (:meth:`_pause_for`).
+        A fair lock draws its place in line first and leaves the line when done; any other
+        lock joins the name's waiters with each attempt. ``first`` is the refusal of an attempt
+        already made (:meth:`_alone_steps`). ``listen_first``: this process just released the
+        name and woke a waiter, who is taking it now: the first attempt is made waiting
+        already (subscribed and joined), as it would be refused. No recursion: one loop, each
+        attempt one :meth:`_attempt_steps`.
+
+        A release wakes one waiter by name (``scripts.RELEASE``): the fair line's first, else
+        the one that has waited longest. It is alone to contend (but for the releaser, who
+        holds back: :meth:`_courtesy`, and newcomers), so it asks every node at once. The
+        others sleep on: they ask the nodes again when their pause ends (at most a third of
+        ``fair_heartbeat``), so a woken waiter that died before taking the lock costs the
+        rest at most that."""
         attempts = 0
-        notice = None
-        line = None
-        #: Whether the next attempt goes to the lead node first (:meth:`_lead_steps`): it
-        #: does once the name was found held, unless the last wait heard no release at all
-        #: (then every node is asked, so a copy left on the lead node alone cannot keep the
-        #: lock from a quorum of free nodes).
-        lead_next = False
+        notice = line = join = leave = None
+        left = b""  #: the leave, encoded for any connection (a script with its body)
         if handle.fair:
-            line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
-            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+            line = self.keys.line(
+                (yield Send(to_every_node(self.keys.ticket_command(handle.name))))
+            )
+            waiter = line[0]
+            command = self.keys.leave_line_command(handle.name, waiter)
+            leave, left = Finally(Send(to_every_node(command))), as_eval(command)
+            yield leave
+        else:
+            waiter = clock.token_hex(8)
         while True:
+            if notice is None and (listen_first or attempts):
+                notice = yield Listen(self.keys.waiter_channel(handle.name, waiter))
+                if line is None:
+                    join = self.keys.join_waiters(handle.name, waiter, int(clock.wall() * 1000))
+                    left = self.keys.leave_waiters(handle.name, waiter)
+                    leave = Finally(Send(to_every_node(left)))
+                    yield leave
             if first is None:
-                lead = self._lead_node(handle.name) if lead_next else None
-                outcome = yield from self._attempt_steps(handle, owner, line, lead=lead)
+                outcome = yield from self._attempt_steps(handle, owner, line, join=join)
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
-                return self._won(handle, outcome, start)
+                if leave is not None:
+                    # The nodes that granted a fair lock took its waiter out of the line;
+                    # the others (and every node, for the waiters of another lock) get the
+                    # leave with the next command that reaches them, the release at the
+                    # latest, which it goes out before: no round trip between a waiter's
+                    # grant and its caller, and no release wakes it after.
+                    leave.cancelled = True
+                    for node in self.nodes:
+                        node.later.append(left)
+                return self.leases.won(handle, outcome, start)
             attempts += 1
-            lead_next = True
             now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
                 return None
-            if notice is None:
-                notice = yield Listen(self._channel(handle.name))
-                continue
-            pause = self._pause_for(handle, outcome, retries, deadline, now)
-            heard: int = (yield Wait(notice, pause)) or 0
-            lead_next = heard > 0
-            # A fair waiter with others ahead in line lets their releases go by (each one is
-            # the hand-off to the next in line) instead of asking the nodes on each: the line
-            # moves one place per release. A node answers with the place only while the lock
-            # is free there (the first in line is about to take it), so it is this waiter's
-            # turn at the release of the last waiter ahead. The pause still bounds the whole
-            # wait, so a line that stalls (a waiter ahead died) is asked again as before.
-            until = now + pause
-            skip = outcome.ahead - heard
-            while lead_next and skip > 0:
-                left = until - clock.monotonic()
-                if left <= 0:
-                    break
-                heard = (yield Wait(notice, left)) or 0
-                lead_next = heard > 0
-                skip -= heard
+            if notice is not None:
+                pause = self._pause_for(handle, outcome, retries, deadline, now, True)
+                yield Wait(notice, pause)
 
     def _alone_steps(
-        self, handle: LockBase, owner: Hashable, start: float, contended: bool = False
+        self, handle: LockBase, owner: Hashable, start: float
     ) -> Steps[Lease | Refusal]:
         """A blocking acquire's first attempt while no other thread (or task) of this process
         wants the name: one attempt, as a non-blocking acquire makes, without lining up in
         the local queue, which exists to line up this process's own contenders. A refusal is
-        then :meth:`_contend_steps`' first attempt, made in line. ``contended``: this process
-        just released the name to waiting processes, which are contending for it right now
-        (the attempt goes to the lead node first, as theirs do)."""
-        lead = self._lead_node(handle.name) if contended else None
-        outcome = yield from self._attempt_steps(handle, owner, lead=lead)
-        return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
-
-    def _lead_node(self, name: str) -> int | None:
-        """The node a contended attempt on ``name`` goes to first (see :meth:`_lead_steps`):
-        fixed per name, spread over the nodes across names."""
-        if len(self.nodes) < 2:
-            return None
-        return zlib.crc32(name.encode()) % len(self.nodes)
-
-    def _lead_steps(
-        self, request: AcquireRequest, cancel: tuple[str, str], index: int, hedged: bool
-    ) -> Steps[tuple[int, Any, set[int], dict[int, Any]] | Refusal | None]:
-        """Step 1 of an attempt made by one of several contenders woken by the same release,
-        on the lead node alone: the others get a ``PING``.
-
-        Woken together, contenders that all send to every node at once split the vote: each
-        node grants whoever reached it first, often a different one, nobody has a quorum,
-        everyone undoes and waits again (and each undo is announced as a release, waking them
-        all once more). One node deciding first makes one of them the only one to go on; the
-        rest are refused there without having written anything. The winner pays one more
-        round trip; the quorum, the validity (measured from before this step) and the undo of
-        a failed attempt are Redlock's as ever.
-
-        Returns ``(index, grant, gone, left)`` when the lead node granted (``gone``: nodes
-        that did not answer their ``PING``, ``left``: connections still owing it), a
-        :class:`Refusal` when it is held there (a verdict for this attempt only: the next
-        attempt that was not woken by a release goes to every node, so a copy left on that
-        node alone cannot keep the lock from a quorum of free nodes for longer than a retry
-        delay), or None when it gave no
-        clean verdict (down, slow, guarded, its marker changed): after the undo of what may
-        have landed, a plain attempt follows. ``hedged``: a lead node late to answer gets a
-        copy of the acquire script (see :meth:`_attempt_steps`); the ``PING`` goes once."""
-        node = self.nodes[index]
-        send = Send(
-            lambda n, wire: request.build(n, wire) if n is node else _PING,
-            request.undo,
-            cancel,
-            None,
-            lambda replies: _verdict(replies[index]),
-        )
-        if hedged:
-            send.hedge = lambda n, wire: request.script(n, wire) if n is node else None
-        replies = yield send
-        reply = replies[index]
-        if isinstance(reply, list) and reply[0] == 0:
-            # A node whose PING went unanswered got the undo of this token behind it (the
-            # fan-out's ``late``): the acquire must not follow it there.
-            gone = {
-                i
-                for i, r in enumerate(replies)
-                if i != index and isinstance(r, Failure) and i not in send.left
-            }
-            return index, reply, gone, send.left
-        if isinstance(reply, list) and reply[0] in (1, 3):
-            # The lead node's verdict stands for the cluster's in this attempt (no
-            # QuorumError: a node answered); when it frees up is told by the next release.
-            ahead = int(reply[1]) if reply[0] == 3 else 0
-            return Refusal(
-                {node.name: "held (lead node of a contended name)"},
-                self.quorum,
-                None,
-                ahead=ahead,
-            )
-        if reply is MARKER_CHANGED:  # its SET ran there (a node that did not answer in
-            # time got the undo behind the acquire already: the fan-out's ``late``)
-            undo = request.undo()
-            # Behind the acquire where it is still on its way (see step 3).
-            undone = yield Send(
-                to_every_node(undo), None, cancel, idempotent=True, behind=send.left
-            )
-            self._keep_unreached(undo, undone)
-        return None
-
-    def _after_lead(
-        self, request: AcquireRequest, index: int, grant: Any, gone: set[int]
-    ) -> tuple[AnyBuilder, Callable[[list[Any]], bool], Callable[[Node, Any], Any]]:
-        """The builder, quorum test and hedge of step 1 on the other nodes, once the lead
-        node (``index``) granted ``request`` there with ``grant`` (``gone``: nodes it skips;
-        they get no copy)."""
-        skipped = {id(self.nodes[i]) for i in gone | {index}}
-
-        def build(node: Node, wire: Any) -> Any:
-            return _PING if id(node) in skipped else request.build(node, wire)
-
-        def hedge(node: Node, wire: Any) -> Any:
-            return None if id(node) in skipped else request.script(node, wire)
-
-        def enough(replies: list[Any]) -> bool:
-            return self._granted_by_quorum(
-                [grant if i == index else r for i, r in enumerate(replies)]
-            )
-
-        return build, enough, hedge
-
-    def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
-        self._register(handle, lease, clock.monotonic() - start)
-        if lease.auto_renew:
-            self._start_renewal(lease)
-        return lease
+        then :meth:`_contend_steps`' first attempt, made in line."""
+        outcome = yield from self._attempt_steps(handle, owner)
+        return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _attempt_steps(
         self,
@@ -824,7 +868,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         owner: Hashable,
         line: tuple[str, int] | None = None,
         make: Callable[[], AcquireRequest] | None = None,
-        lead: int | None = None,
+        join: bytes | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
 
@@ -843,9 +887,8 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
         write hold's script: :mod:`.permits`); the rest of the attempt is the same.
 
-        ``lead``: the name was just released to several contenders at once (see
-        :meth:`_lead_steps`): step 1 goes to that node first, and to the others only once it
-        granted there.
+        ``join``: the waiter's place among the name's waiters, taken with each attempt (see
+        :meth:`_contend_steps`).
         """
         settle, trusted = 3, False
         # A node late to answer gets a copy of the full acquire script on a second connection
@@ -853,41 +896,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # copy may land second. Not for fair or fencing locks, nor another hold's request.
         hedged = make is None and line is None and not handle.fencing
         while True:
-            request = AcquireRequest(self, handle, line) if make is None else make()
+            request = AcquireRequest(self, handle, line, join) if make is None else make()
             cancel = (handle.name, request.token)
             start = clock.monotonic()
-            held: Any = None
-            if lead is not None:
-                index, lead = lead, None
-                held = yield from self._lead_steps(request, cancel, index, hedged)
-                if isinstance(held, Refusal):
-                    return held
-                if held is None:
-                    continue  # no clean verdict there: a plain attempt (a new token)
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
             if hedged:
                 send.hedge = request.script
-            if held is not None:
-                # Granted on the lead node: the same token to the others.
-                send.build, send.enough, hedge = self._after_lead(request, *held[:3])
-                send.hedge = hedge if hedged else None
-                # The lead node's grant counts: its PING carries no undo, and it does not go
-                # behind a copy of the grant still on its way there (it would end it).
-                send.granted = frozenset((held[0],))
-                send.behind = {i: owing for i, owing in held[3].items() if i != held[0]}
             replies = yield send
-            left = send.left
-            if held is not None and held[0] in held[3]:
-                # A copy of the lead node's grant still on its way: what ends the lock goes
-                # behind it, and ends the PING's connection too.
-                first = held[3][held[0]]
-                if held[0] in left:
-                    first[1].twins = [*(first[1].twins or ()), left[held[0]][1]]
-                left = {**left, held[0]: first}
-            if held is not None:
-                replies[held[0]] = held[1]
-                for i in held[2]:
-                    replies[i] = TIMED_OUT  # not asked: silent a moment ago
             if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
                 answered = {
                     i
@@ -900,17 +915,17 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             spread = clock.monotonic() - start
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:
-                command = self._fence_command(handle.name, request.token, lease.fence)
+                command = self.keys.fence_command(handle.name, request.token, lease.fence)
                 synced = yield Send(to_every_node(command), None, cancel, None, self._synced)
                 valid = clock.monotonic() < lease.valid_until
                 if not self._synced(synced) or not valid:
                     lease = None
             if lease is not None:
                 # The release goes out behind the acquire where it is still on its way.
-                lease.behind = left
+                lease.behind = send.left
                 return lease
             if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
-                undo = self._release_command(handle.name, request.token)
+                undo = self.keys.release_command(handle.name, request.token)
                 # Behind the acquire where it is still on its way, as a release goes; kept
                 # for a node it could not reach, as a release is.
                 # Its answers change nothing once a majority has them: a slower node gets it
@@ -921,7 +936,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                     cancel,
                     enough=_any_answers,
                     idempotent=True,
-                    behind=left,
+                    behind=send.left,
                 )
                 self._keep_unreached(undo, undone)
             if not trusted and self._all_fresh(replies, spread):
@@ -941,28 +956,28 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     # -- the other operations, as steps (one fan-out each) ---------------------------------------
 
     def _locked_steps(self, name: str) -> Steps[bool]:
-        replies = yield Send(to_every_node(["EXISTS", self._key(check_name(name))]))
+        replies = yield Send(to_every_node(["EXISTS", self.keys.key(check_name(name))]))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
         token = None if token is None else check_token(token)
-        command = pack(self._force_release_command(name, token))
+        command = pack(self.keys.force_release_command(name, token))
         replies = yield Send(to_every_node(command), idempotent=token is not None)
         if token is not None:
             # Only that holder's copies: sending it late never touches another holder's lock
             # (without a token it could remove the next holder's).
             self._keep_unreached(command, replies)
-        return self._judge_force_release(name, replies)
+        return self.leases.judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
-        command = self._release_command(check_name(name), check_token(token))
+        command = self.keys.release_command(check_name(name), check_token(token))
         replies = yield Send(to_every_node(command), idempotent=True)
         self._keep_unreached(command, replies)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
         ttl = self._check_extend_ttl(ttl)
-        command = self._extend_token_command(check_name(name), check_token(token), ttl)
+        command = self.keys.extend_token_command(check_name(name), check_token(token), ttl)
         replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
@@ -971,11 +986,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if lease.released or lease.lost or lease.foreign:
             return False
         start = clock.monotonic()
-        replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
+        replies = yield Send(to_every_node(self.keys.extend_command(lease, ttl)))
         if self._should_claim(lease, replies):
-            claimed = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
+            claimed = yield Send(to_every_node(self.keys.extend_command(lease, ttl, claim=True)))
             replies = _either_extended(replies, claimed)
-        return self._judge_extend(lease, ttl, replies, start)
+        return self.leases.judge_extend(lease, ttl, replies, start)
 
     def _should_claim(self, lease: Lease, replies: list[Any]) -> bool:
         """Whether a renewal takes the lock on the nodes where it is missing too: some node
@@ -993,19 +1008,19 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False
-        replies = yield Send(to_every_node(self._check_command(lease.name, lease.token)))
-        return self._judge_check(lease, replies)
+        replies = yield Send(to_every_node(self.keys.check_command(lease.name, lease.token)))
+        return self.leases.judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
         """One watchdog round over the due leases, in one pipelined fan-out (a silent node
         costs one node timeout per round, not one per lease): per lease, when to renew it
         next, or None to stop."""
         now = clock.monotonic()
-        batch = [lease for lease in leases if self._wants_renewal(lease, now)]
+        batch = [lease for lease in leases if self.leases.wants_renewal(lease, now)]
         whens: dict[int, float | None] = {}
         if batch:
             start = clock.monotonic()
-            commands = [self._extend_command(lease, lease.ttl) for lease in batch]
+            commands = [self.keys.extend_command(lease, lease.ttl) for lease in batch]
             results = yield SendBatch(commands, batch)
             replies = [replies_of(results, position) for position in range(len(batch))]
             claiming = [i for i, lease in enumerate(batch) if self._should_claim(lease, replies[i])]
@@ -1013,14 +1028,14 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 leases_claiming = [batch[i] for i in claiming]
                 claimed = yield SendBatch(
                     [
-                        self._extend_command(lease, lease.ttl, claim=True)
+                        self.keys.extend_command(lease, lease.ttl, claim=True)
                         for lease in leases_claiming
                     ],
                     leases_claiming,
                 )
                 for position, i in enumerate(claiming):
                     replies[i] = _either_extended(replies[i], replies_of(claimed, position))
-            judged = self._judge_renewals(batch, replies, start)
+            judged = self.leases.judge_renewals(batch, replies, start)
             whens = dict(zip(map(id, batch), judged, strict=True))
         return [whens.get(id(lease)) for lease in leases]
 
@@ -1028,32 +1043,33 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """Every lock some node holds whose name matches the glob ``pattern``: each step reads
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
-        entries (see :meth:`_lock_info`)."""
+        entries (see :meth:`.Listing.lock_info`)."""
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
         # The locks, then the read/write locks' readers (one entry per reader).
-        for command in (self._list_command, self._list_readers_command):
+        for command in (self.keys.list_command, self.keys.list_readers_command):
             cursors: list[bytes | None] = [b"0"] * len(self.nodes)
             while any(c is not None for c in cursors):
                 commands = {
                     id(node): command(cursor, pattern)
                     for node, cursor in zip(self.nodes, cursors, strict=True)
                 }
-                replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
-                self._list_step(cursors, replies, found)
+                replies = yield Send(to_each_node(commands), timeout=self.keys.LIST_TIMEOUT)
+                self.listing.list_step(cursors, replies, found)
         return found
 
     def _trust_cluster_steps(self) -> Steps[int]:
         """``trust_cluster()``: refuse when a reachable node holds a lock (the operator's
         assertion is false), else arm every reachable node's marker as trusted now."""
         found = yield from self._list_steps("*")
-        self._refuse_trust([self._lock_info(name, found[name]) for name in sorted(found)])
-        replies = yield Send(lambda n, wire: self._trust_now_command(wire.run_id))
+        self.listing.refuse_trust(
+            [self.listing.lock_info(name, found[name]) for name in sorted(found)]
+        )
+        replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire.run_id))
         return sum(1 for r in replies if r == 1)
 
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
-        places: list[int] = []  # a fair waiter's place in line, as each node sees it
         answered = 0
         timed_out = contended = False
         for node, reply in zip(self.nodes, replies, strict=True):
@@ -1071,7 +1087,6 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
                 contended = True
-                places.append(int(reply[1]))
             else:
                 answered += 1
         retry_after = None
@@ -1083,13 +1098,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
         # release because it landed late, or a late node's; no split vote to break up.
         contended = contended or still_needed > 0
-        return Refusal(
-            failures,
-            answered,
-            retry_after,
-            timed_out and not contended,
-            ahead=min(places, default=0),
-        )
+        return Refusal(failures, answered, retry_after, timed_out and not contended)
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""
@@ -1142,11 +1151,13 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         retries: int | None,
         deadline: float | None,
         now: float,
+        by_name: bool = False,
     ) -> float:
         """How long to wait before the next attempt if no release notice comes first: until
         the holder's lease runs out when the nodes told us, else a random retry delay. With
         ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
-        contenders from retrying in lock step."""
+        contenders from retrying in lock step. ``by_name``: a release wakes this waiter
+        alone, on its own channel (see :meth:`_contend_steps`)."""
         jitter = clock.uniform(0, self.retry_delay / 2)
         if refusal.late:
             # The next attempt goes out on other connections (a late one is set aside until
@@ -1159,8 +1170,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             delay = self.retry_delay / 2 + jitter
         if retries is not None:
             delay = min(delay, self.retry_delay / 2 + jitter)
-        if handle.fair:
-            # A fair waiter refreshes its place in line on every attempt.
+        if handle.fair or by_name:
+            # A waiter refreshes its place on every attempt (a fair line drops a waiter whose
+            # heartbeat ran out), and one woken by name only asks again if the waiter a
+            # release woke took nothing.
             delay = min(delay, self.fair_heartbeat / 3)
         if deadline is not None:
             delay = min(delay, deadline - now)

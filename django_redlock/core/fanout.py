@@ -107,10 +107,6 @@ class FanOut:
     #: connection (a hedged request: see :func:`fan_out`), or None for a node that gets no
     #: copy; None: no copies.
     hedge: Callable[[Node, Wire], Any] | None = None
-    #: Nodes whose grant of this lock is already counted (the lead node of a contended
-    #: attempt): what goes to them never carries an undo for when the connection is given
-    #: up (see :attr:`~.nodes.Due.counted`).
-    granted: frozenset[int] = frozenset()
 
     def __init__(
         self,
@@ -200,7 +196,7 @@ def fan_out(
             if command is not last:
                 last, data = command, as_bytes(command)
             try:
-                due = _send_one(node, index, wire, op, command, data, now)
+                due = _send_one(node, wire, op, command, data, now)
             except OSError as exc:
                 node.lose(wire)
                 if wire.reused and not isinstance(exc, TimeoutError):
@@ -350,14 +346,14 @@ def _send_copies(
     for index in {entry[0] for entry in waiting.values()} - answered:
         if copies.get(index, 1) > 1:
             continue  # it has one already
-        sent = _send_copy(nodes[index], index, op, now)
+        sent = _send_copy(nodes[index], op, now)
         if isinstance(sent, tuple):
             sent[1].left = True
             nodes[index].checkin(sent[0])
 
 
-def _send_copy(node: Node, index: int, op: FanOut, now: float) -> tuple[Wire, Due] | bool:
-    """``op``'s hedge sent to node ``index`` on an idle connection that owes nothing: the
+def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | bool:
+    """``op``'s hedge sent to ``node`` on an idle connection that owes nothing: the
     connection and the reply it owes; False when none is idle (or sending failed), True when
     the node gets no copy (the hedge built none for it)."""
     hedge = op.hedge
@@ -370,7 +366,7 @@ def _send_copy(node: Node, index: int, op: FanOut, now: float) -> tuple[Wire, Du
         node.checkin(wire)
         return True
     try:
-        return wire, _send_one(node, index, wire, op, command, as_bytes(command), now)
+        return wire, _send_one(node, wire, op, command, as_bytes(command), now)
     except OSError:
         node.lose(wire)
         return False
@@ -466,7 +462,7 @@ def _hedge(
         sent = copies.get(index, 1)
         if sent >= MAX_COPIES:
             continue
-        copy = _send_copy(nodes[index], index, op, now)
+        copy = _send_copy(nodes[index], op, now)
         if copy is True:
             uncopied.add(index)
             continue
@@ -491,17 +487,13 @@ def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
     return range(len(nodes))
 
 
-def _send_one(
-    node: Node, index: int, wire: Wire, op: FanOut, command: Any, data: bytes, sent: float
-) -> Due:
-    """Send ``op``'s command (``data``, encoded) on ``wire`` to node ``index``, behind what
-    could not reach the node before; the reply it now owes (raises ``OSError``)."""
+def _send_one(node: Node, wire: Wire, op: FanOut, command: Any, data: bytes, sent: float) -> Due:
+    """Send ``op``'s command (``data``, encoded) on ``wire``, behind what could not reach the
+    node before; the reply it now owes (raises ``OSError``)."""
     if node.later:
         node.send_later(wire)
     wire.write(data)
     due = Due(command, op.late, sent, data if op.idempotent else None, op)
-    if op.granted and index in op.granted:
-        due.counted = True
     wire.due.append(due)
     return due
 
@@ -523,7 +515,7 @@ def _resend_one(
         return
     command = op.build(node, wire)
     try:
-        due = _send_one(node, index, wire, op, command, as_bytes(command), time.monotonic())
+        due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
     except OSError as exc:
         node.lose(wire)
         op.replies[index] = os_failure(exc)
@@ -706,10 +698,7 @@ class Round:
             last = op.last
             if last is None or last[0] is not command:
                 last = op.last = (command, as_bytes(command))
-            due = Due(command, op.late, sent, last[1] if op.idempotent else None, op)
-            if op.granted and index in op.granted:
-                due.counted = True
-            dues.append(due)
+            dues.append(Due(command, op.late, sent, last[1] if op.idempotent else None, op))
         # One write (a failed one loses the connection, and the replies owed with it).
         wire.write(last[1] if len(dues) == 1 else b"".join([op.last[1] for op in ops]))  # type: ignore[index]
         wire.due.extend(dues)
@@ -890,18 +879,15 @@ class Rounds:
         idempotent: bool = False,
         *,
         hedge: Callable[[Node, Wire], Any] | None = None,
-        granted: frozenset[int] = frozenset(),
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
         (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone.
         ``hedge`` builds the copy a late node gets on a second connection (an idempotent
-        command's is itself; see :func:`fan_out`); ``granted``: see :attr:`FanOut.granted`."""
+        command's is itself; see :func:`fan_out`)."""
         op = FanOut(len(self.nodes), build, late, enough, left, behind, idempotent)
         hedge = hedge if hedge is not None or not idempotent else build
         if hedge is not None:
             op.hedge = hedge
-        if granted:
-            op.granted = granted
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies

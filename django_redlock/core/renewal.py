@@ -32,13 +32,20 @@ pauses = PauseLog()
 BATCH_WINDOW = 0.05
 
 
+class RenewedTable(Protocol):
+    """What the watchdog asks of a client's lease table (:class:`~.leases.LeaseTable`)."""
+
+    def renewal_failed(self, leases: list[Lease]) -> None: ...
+
+
 class RenewingClient(Protocol):
     """What the watchdog asks of a client (:class:`~.redlock.Redlock`); named here so this
     module does not import the client that imports it."""
 
     def _renew(self, leases: list[Lease]) -> list[float | None]: ...
 
-    def _renewal_failed(self, leases: list[Lease]) -> None: ...
+    @property
+    def leases(self) -> RenewedTable: ...
 
 
 class Renewer:
@@ -88,7 +95,7 @@ class Renewer:
                 try:
                     whens = redlock._renew(leases)
                 except Exception:
-                    redlock._renewal_failed(leases)
+                    redlock.leases.renewal_failed(leases)
                     continue
                 for lease, when in zip(leases, whens, strict=True):
                     if when is not None:
