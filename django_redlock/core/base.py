@@ -331,7 +331,7 @@ class Send:
         #: Builds the copy of the command a node late to answer gets on a second connection
         #: (the sync driver's hedged request: see :func:`.fanout.fan_out`); None: the command
         #: itself if ``idempotent``, else no copy.
-        self.hedge: Callable[[Node, Any], Any] | None = None
+        self.hedge: AnyBuilder | None = None
 
     def fan_out_args(self) -> tuple[Any, ...]:
         """The arguments of either driver's fan-out, in its order (the two take the same)."""

@@ -104,9 +104,8 @@ class FanOut:
     batch: list[FanOut] | None = None
     round: Round | None = None
     #: Builds a copy of the command for a node that is late to answer, sent on a second
-    #: connection (a hedged request: see :func:`fan_out`), or None for a node that gets no
-    #: copy; None: no copies.
-    hedge: Callable[[Node, Wire], Any] | None = None
+    #: connection (a hedged request: see :func:`fan_out`); None: no copies.
+    hedge: CommandBuilder | None = None
 
     def __init__(
         self,
@@ -218,8 +217,6 @@ def fan_out(
         copies: dict[int, int] = {}
         #: hedged nodes that answered on one of their connections.
         answered: set[int] = set()
-        #: nodes the hedge builds no copy for.
-        uncopied: set[int] = set()
         while waiting:
             outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
             if not outstanding:
@@ -237,9 +234,7 @@ def fan_out(
             if hedge_at is not None:
                 now = time.monotonic()
                 if now >= hedge_at:
-                    hedge_at = _hedge(
-                        nodes, op, waiting, poller, copies, answered, uncopied, now, every
-                    )
+                    hedge_at = _hedge(nodes, op, waiting, poller, copies, answered, now, every)
                     if hedge_at is not None:
                         poll_for = min(remaining, max(hedge_at - now, 0.0))
                 else:
@@ -347,29 +342,25 @@ def _send_copies(
         if copies.get(index, 1) > 1:
             continue  # it has one already
         sent = _send_copy(nodes[index], op, now)
-        if isinstance(sent, tuple):
+        if sent is not None:
             sent[1].left = True
             nodes[index].checkin(sent[0])
 
 
-def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | bool:
+def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
     """``op``'s hedge sent to ``node`` on an idle connection that owes nothing: the
-    connection and the reply it owes; False when none is idle (or sending failed), True when
-    the node gets no copy (the hedge built none for it)."""
+    connection and the reply it owes, or None when none is idle (or sending failed)."""
     hedge = op.hedge
     assert hedge is not None
     wire = node.spare()
     if wire is None:
-        return False
+        return None
     command = hedge(node, wire)
-    if command is None:
-        node.checkin(wire)
-        return True
     try:
         return wire, _send_one(node, wire, op, command, as_bytes(command), now)
     except OSError:
         node.lose(wire)
-        return False
+        return None
 
 
 #: The shortest wait before a copy of a command goes out on a second connection to a node
@@ -445,7 +436,6 @@ def _hedge(
     poller: Any,
     copies: dict[int, int],
     answered: set[int],
-    uncopied: set[int],
     now: float,
     every: float,
 ) -> float | None:
@@ -456,17 +446,14 @@ def _hedge(
     undo or release goes behind each (see :attr:`~.nodes.Due.twins`). Returns when the next
     copies go out (one more each ``every`` seconds, up to :data:`MAX_COPIES` connections),
     or None."""
-    late = {entry[0] for entry in waiting.values()} - answered - uncopied
+    late = {entry[0] for entry in waiting.values()} - answered
     more = False
     for index in late:
         sent = copies.get(index, 1)
         if sent >= MAX_COPIES:
             continue
         copy = _send_copy(nodes[index], op, now)
-        if copy is True:
-            uncopied.add(index)
-            continue
-        if copy is False:
+        if copy is None:
             more = True  # a connection may be back in the pool by the next try
             continue
         wire, due = copy
@@ -878,7 +865,7 @@ class Rounds:
         behind: Mapping[int, Owing] | None = None,
         idempotent: bool = False,
         *,
-        hedge: Callable[[Node, Wire], Any] | None = None,
+        hedge: CommandBuilder | None = None,
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
         (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone.
