@@ -1163,6 +1163,10 @@ class RedlockBase:
             delay = min(delay, deadline - now)
         return max(delay, 0.0)
 
+    def _detach(self, lease: Lease) -> str:
+        """:meth:`.LockBase.detach`'s work (the handles call it on every lock service)."""
+        return self.leases.detach(lease)
+
     def _check_extend_ttl(self, ttl: float) -> float:
         ttl = check_positive("ttl", ttl)
         if ttl > self.max_ttl:
