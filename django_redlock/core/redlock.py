@@ -23,7 +23,7 @@ from .listing import glob_escape
 from .lock import Lease, Lock
 from .nodes import Node, Owing
 from .permits import HoldBase, Primitives, ReadLock, Semaphore, WriteLock
-from .renewal import renewer
+from .renewal import YIELD_AT_MOST, renewer
 from .validation import check_name
 from .waiting import HolderWatch, HolderWatches, LocalQueue, ReleaseNotices
 
@@ -130,6 +130,8 @@ class Redlock(Primitives):
         lease = self._reenter(handle, owner)
         if lease is not None:
             return lease
+        # Renewal goes first: see renewal's "Renewal goes first".
+        renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
         try:
             return self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
@@ -192,6 +194,7 @@ class Redlock(Primitives):
         self, handle: HoldBase, owner: Hashable, blocking: bool, timeout: float | None
     ) -> Lease | None:
         """A permit or a read/write hold (:mod:`.permits`)."""
+        renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
         start = time.monotonic()
         deadline = self._deadline(start, timeout, None)
         try:
@@ -315,7 +318,15 @@ class Redlock(Primitives):
                 ["PING"] if lease.released else command
                 for lease, command in zip(step.leases, step.commands, strict=True)
             ]
-            return fan_out_batch(self.nodes, commands, self.node_timeout)
+            step.answered = [None] * len(self.nodes)
+            return fan_out_batch(
+                self.nodes,
+                commands,
+                self.node_timeout,
+                quorum=self.quorum,
+                until=step.until,
+                answered=step.answered,
+            )
         finally:
             for lease in step.leases:
                 lease.io_lock.release()
