@@ -8,7 +8,9 @@
 Only the package's public API is used (``Redlock``, ``AsyncRedlock``, ``lock()``, ``acquire``,
 ``release``, ``auto_renew``, ``held``/``lost``; ``django_redlock.testing``'s ``RedisCluster``
 and ``RedisNode`` with ``pause``/``resume``/``kill``), plus the peers' own APIs, so the same
-script measures the core before and after a rewrite. Every node is a real ``redis-server``
+script measures the core before and after a rewrite; and, for c and d, the watchdog's log of
+its latest rounds (``django_redlock.core.renewal.renewer.rounds``: how late each began, how
+long it took) and the ``lost`` events' reasons, counted by cause. Every node is a real ``redis-server``
 started here; every process and server the script starts is stopped when it ends, on Ctrl-C
 and on SIGTERM too. Should it be killed outright, what it started still goes: the nodes have
 ``django_redlock.testing``'s reaper, the CPU burners and the proxy process watch for their
@@ -92,6 +94,7 @@ from django_redlock import (  # noqa: E402
     LockNotOwned,
     Redlock,
 )
+from django_redlock.core.renewal import renewer  # noqa: E402
 from django_redlock.testing import RedisCluster  # noqa: E402
 
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -604,6 +607,52 @@ def _settle_losses(locks: Sequence[Any], tally: Tally) -> set[int]:
     return gone
 
 
+#: The three causes a lost renewed lock names (``lost`` events' reason), as the table shows.
+LOSS_CAUSES = ("renewal fell behind", "the process was paused", "the nodes refused")
+
+
+def loss_cause(reason: str | None) -> str:
+    """Which of :data:`LOSS_CAUSES` a ``lost`` event's reason names (else the reason)."""
+    text = reason or "?"
+    found = [(text.find(cause), cause) for cause in LOSS_CAUSES if cause in text]
+    return min(found)[1] if found else text[:60]
+
+
+class LossReasons:
+    """A listener counting the ``lost`` events of a Redlock by cause, with the first message
+    of each."""
+
+    def __init__(self) -> None:
+        self.causes: Counter[str] = Counter()
+        self.first: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Any) -> None:
+        if event.kind != "lost":
+            return
+        cause = loss_cause(event.reason)
+        with self._lock:
+            self.causes[cause] += 1
+            self.first.setdefault(cause, f"{event.name}: {event.reason}")
+
+
+def round_stats(since: float) -> dict[str, Any]:
+    """The watchdog's rounds that began after ``since`` (monotonic): how many, how late
+    they began after their first lease was due and how long they took (p50, p99, max, in
+    seconds), and the largest."""
+    rounds = [r for r in list(renewer.rounds) if r.started >= since]
+    if not rounds:
+        return {"rounds": 0}
+    late = [r.late for r in rounds]
+    took = [r.took for r in rounds]
+    return {
+        "rounds": len(rounds),
+        "late": [round(pct(late, 50), 3), round(pct(late, 99), 3), round(max(late), 3)],
+        "took": [round(pct(took, 50), 3), round(pct(took, 99), 3), round(max(took), 3)],
+        "largest": max(r.leases for r in rounds),
+    }
+
+
 def renewed_hold(
     urls: Sequence[str],
     count: int,
@@ -613,12 +662,17 @@ def renewed_hold(
     prefix: str,
     during: Callable[[], None] | None = None,
 ) -> tuple[Tally, dict[str, Any]]:
-    """Acquire ``count`` auto-renewed locks, hold them ``hold`` s, release them; counts."""
+    """Acquire ``count`` auto-renewed locks, hold them ``hold`` s, release them; counts, with
+    the lost locks' causes (``info["causes"]``) and the watchdog's rounds meanwhile
+    (``info["renewal"]``, see :func:`round_stats`)."""
     tally = Tally()
     rl = Redlock(list(urls), key_prefix=prefix)
+    reasons = LossReasons()
+    rl.listeners.append(reasons)
     info: dict[str, Any] = {}
     try:
         locks = _renewed_locks(rl, "r", count, seed=count)
+        started = time.monotonic()
         with stress(burners):
             t0 = time.perf_counter()
             held = acquire_many(locks, tally)
@@ -632,6 +686,9 @@ def renewed_hold(
         info["release_errors"] = release_many(held, tally, gone)
     finally:
         rl.close()
+    info["renewal"] = round_stats(started)
+    info["causes"] = dict(reasons.causes)
+    info["cause_first"] = dict(reasons.first)
     return tally, info
 
 
@@ -644,6 +701,17 @@ def _renewed_row(
         + (f" (first after {first:.1f} s)" if first is not None else "")
         + f"; release errors {info['release_errors']:,}"
     )
+    if info.get("causes"):
+        detail += "; lost because " + ", ".join(
+            f"{cause} {n:,}" for cause, n in Counter(info["causes"]).most_common()
+        )
+    renewal = info.get("renewal", {})
+    if renewal.get("rounds"):
+        detail += (
+            f"; {renewal['rounds']:,} renewal rounds, late p99 {renewal['late'][1]:.2f} s "
+            f"(max {renewal['late'][2]:.2f}), took p99 {renewal['took'][1]:.2f} s "
+            f"(max {renewal['took'][2]:.2f}), largest {renewal['largest']:,} leases"
+        )
     if tally.spurious:
         detail += f"; {kinds(tally.spurious)}"
     return Row(
@@ -657,8 +725,8 @@ def _renewed_row(
         info["held"] / info["acquire_s"] if info["acquire_s"] else None,
         "acquires/s",
         detail,
-        {k: v for k, v in info.items() if k != "probe"},
-        tally.first,
+        {k: v for k, v in info.items() if k not in ("probe", "cause_first")},
+        {**tally.first, **{f"lost ({k})": v for k, v in info.get("cause_first", {}).items()}},
     )
 
 
