@@ -607,6 +607,38 @@ def _settle_losses(locks: Sequence[Any], tally: Tally) -> set[int]:
     return gone
 
 
+@contextlib.contextmanager
+def busy_callers(rl: Redlock, threads: int, tally: Tally) -> Iterator[list[int]]:
+    """``threads`` threads taking and releasing a lock each (their own keys) as fast as they
+    can while in the block; yields their cycle counts (final once the block ends)."""
+    stop = threading.Event()
+    ops = [0] * threads
+
+    def cycle(i: int) -> None:
+        lock = rl.lock(f"caller:{i}", ttl=TTL)
+        while not stop.is_set():
+            try:
+                ok = lock.acquire(timeout=TTL)
+            except Exception as exc:
+                tally.error(error_kind(exc), exc)
+                continue
+            if not ok:
+                tally.error("refused (free key)")
+                continue
+            release_counted(lock, tally)
+            ops[i] += 1
+
+    workers = [threading.Thread(target=cycle, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield ops
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+
+
 #: The three causes a lost renewed lock names (``lost`` events' reason), as the table shows.
 LOSS_CAUSES = ("renewal fell behind", "the process was paused", "the nodes refused")
 
@@ -661,10 +693,13 @@ def renewed_hold(
     burners: bool,
     prefix: str,
     during: Callable[[], None] | None = None,
+    callers: int = 0,
 ) -> tuple[Tally, dict[str, Any]]:
     """Acquire ``count`` auto-renewed locks, hold them ``hold`` s, release them; counts, with
     the lost locks' causes (``info["causes"]``) and the watchdog's rounds meanwhile
-    (``info["renewal"]``, see :func:`round_stats`)."""
+    (``info["renewal"]``, see :func:`round_stats`). ``callers`` threads take and release
+    locks of their own as fast as they can while the locks are held (``info["caller_ops"]``:
+    how many cycles): the watchdog competes with them for the interpreter."""
     tally = Tally()
     rl = Redlock(list(urls), key_prefix=prefix)
     reasons = LossReasons()
@@ -681,7 +716,10 @@ def renewed_hold(
             if during is not None:
                 watcher = threading.Thread(target=during, daemon=True)
                 watcher.start()
-            info["peak_lost"], info["first_loss_s"] = _hold_watching(held, hold)
+            with busy_callers(rl, callers, tally) as ops:
+                info["peak_lost"], info["first_loss_s"] = _hold_watching(held, hold)
+            if callers:
+                info["caller_ops"] = sum(ops)
             gone = _settle_losses(held, tally)
         info["release_errors"] = release_many(held, tally, gone)
     finally:
@@ -730,19 +768,27 @@ def _renewed_row(
     )
 
 
-def scenario_c(count: int, hold: float, burners_only: bool = False) -> list[Row]:
+def scenario_c(count: int, hold: float, burners_only: bool = False, callers: int = 0) -> list[Row]:
+    """``count`` renewed locks held ``hold`` s, without stress and beside burners (or only
+    beside them); with ``callers`` threads taking other locks meanwhile (see
+    :func:`renewed_hold`)."""
     rows = []
+    variant = f"{count:,} locks, {hold:.0f} s" + (f", {callers} busy threads" if callers else "")
     with RedisCluster(3) as cluster:
         for burners in (True,) if burners_only else (False, True):
-            progress(f"c: {count} renewed locks, {hold:.0f} s, {condition(burners)}")
+            progress(f"c: {variant}, {condition(burners)}")
             tally, info = renewed_hold(
-                cluster.urls, count, hold, burners=burners, prefix=f"c{int(burners)}"
+                cluster.urls,
+                count,
+                hold,
+                burners=burners,
+                prefix=f"c{int(burners)}",
+                callers=callers,
             )
-            rows.append(
-                _renewed_row(
-                    "c", f"{count:,} locks, {hold:.0f} s", condition(burners), count, tally, info
-                )
-            )
+            row = _renewed_row("c", variant, condition(burners), count, tally, info)
+            if callers:
+                row.detail += f"; the busy threads' cycles {info['caller_ops'] / hold:,.0f}/s"
+            rows.append(row)
     return rows
 
 

@@ -788,7 +788,11 @@ def fan_out_batch(
         wire.due.extend(dues)
         waiting[wire.fd] = (index, wire, dues)
         poller.register(wire.fd, select.POLLIN)
-    wait = Wait(budget, time.monotonic())
+    # Time in which this process did not run is given back to the nodes as usual, but a
+    # round never waits past its leases' validity for it (one node timeout at most): a wait
+    # that runs late on a loaded host, again and again, would otherwise be given back whole
+    # each time, and the round outlive every lease in it.
+    wait = Wait(budget, time.monotonic(), None if until is None else timeout)
     complete = 0
     while waiting:
         events = poller.poll(wait.remaining(time.monotonic()) * 1000)
