@@ -357,6 +357,20 @@ def release_counted(lock: Any, tally: Tally) -> bool:
     return True
 
 
+def one_cycle(lock: Any, tally: Tally, timeout: float | None = None) -> bool:
+    """Acquire a free key and release it, counting what went wrong; True when it was held."""
+    try:
+        ok = lock.acquire(timeout=timeout)
+    except Exception as exc:
+        tally.error(error_kind(exc), exc)
+        return False
+    if not ok:
+        tally.error("refused (free key)")
+        return False
+    release_counted(lock, tally)
+    return True
+
+
 def sync_cycles(rl: Redlock, key: str, cycles: int, tally: Tally) -> list[float]:
     """Uncontended acquire+release cycles on one key; returns each cycle's time in µs."""
     lock = rl.lock(key, ttl=TTL)
@@ -364,17 +378,9 @@ def sync_cycles(rl: Redlock, key: str, cycles: int, tally: Tally) -> list[float]
     clock = time.perf_counter
     for _ in range(cycles):
         t0 = clock()
-        try:
-            ok = lock.acquire()
-        except Exception as exc:
-            tally.error(error_kind(exc), exc)
-            continue
-        if not ok:
-            tally.error("refused (free key)")
-            continue
-        release_counted(lock, tally)
-        samples.append((clock() - t0) * 1e6)
-        tally.op()
+        if one_cycle(lock, tally):
+            samples.append((clock() - t0) * 1e6)
+            tally.op()
     return samples
 
 
@@ -617,16 +623,8 @@ def busy_callers(rl: Redlock, threads: int, tally: Tally) -> Iterator[list[int]]
     def cycle(i: int) -> None:
         lock = rl.lock(f"caller:{i}", ttl=TTL)
         while not stop.is_set():
-            try:
-                ok = lock.acquire(timeout=TTL)
-            except Exception as exc:
-                tally.error(error_kind(exc), exc)
-                continue
-            if not ok:
-                tally.error("refused (free key)")
-                continue
-            release_counted(lock, tally)
-            ops[i] += 1
+            if one_cycle(lock, tally, timeout=TTL):
+                ops[i] += 1
 
     workers = [threading.Thread(target=cycle, args=(i,), daemon=True) for i in range(threads)]
     for worker in workers:
