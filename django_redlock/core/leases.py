@@ -259,7 +259,9 @@ class LeaseTable:
         for i, (lease, its) in enumerate(zip(leases, replies, strict=True)):
             at = None if answered is None else answered[i]
             if self._judge_extend(lease, lease.ttl, its, start, at):
-                whens.append(clock.monotonic() + lease.ttl / 3)
+                # A third of the lease from when this round went out, as its validity
+                # counts: a round that took long leaves less time to the next, not more.
+                whens.append(start + lease.ttl / 3)
             elif lease.lost or lease.released:
                 whens.append(None)
             elif lease.validity <= 0:
