@@ -135,7 +135,7 @@ class LockAdmin(admin.ModelAdmin):
         stuck_after = get_config().get("STUCK_AFTER")
         rows: list[av.LockRow] = []
         if rl is not None:
-            rows = av.build_rows(rl, rl.live_locks(av.search_pattern(query)), stuck_after)
+            rows = av.build_rows(rl.live_locks(av.search_pattern(query)), stuck_after)
         total = len(rows)
         # Per-node copies, from the listing itself: the full health probe (rl.health()) also
         # SCANs every node and stays on its own page.
@@ -200,32 +200,19 @@ class LockAdmin(admin.ModelAdmin):
                     "url": link(o=new_order, p=1) if sortable else "",
                 }
             )
+        counts[""] = total
+        choices = [("", "All", ""), ("any", "Any stuck", "")]
+        choices += [(code, label.capitalize(), why) for code, label, why in av.STUCK_REASONS]
         filters = [
             {
-                "label": "All",
-                "url": link(stuck="", p=1),
-                "selected": not stuck_filter,
-                "count": total,
+                "label": label,
+                "url": link(stuck=code, p=1),
+                "selected": stuck_filter == code,
+                "count": counts[code],
+                "help": why,
             }
+            for code, label, why in choices
         ]
-        filters.append(
-            {
-                "label": "Any stuck",
-                "url": link(stuck="any", p=1),
-                "selected": stuck_filter == "any",
-                "count": counts["any"],
-            }
-        )
-        for code, label, explanation in av.STUCK_REASONS:
-            filters.append(
-                {
-                    "label": label.capitalize(),
-                    "url": link(stuck=code, p=1),
-                    "selected": stuck_filter == code,
-                    "count": counts[code],
-                    "help": explanation,
-                }
-            )
         page_links = [
             (i, link(p=i) if isinstance(i, int) else "")
             for i in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)
@@ -271,7 +258,7 @@ class LockAdmin(admin.ModelAdmin):
         row = None
         node_rows = []
         if rl is not None and info is not None:
-            row = av.build_rows(rl, [info], get_config().get("STUCK_AFTER"))[0]
+            row = av.build_rows([info], get_config().get("STUCK_AFTER"))[0]
             by_node = {s.node: s for s in info.per_node}
             for node in rl.nodes:
                 state = by_node.get(node.name)
@@ -355,7 +342,7 @@ class LockAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(self._url("changelist"))
         if pattern:
             matching = list(rl.live_locks(pattern))
-            rows = av.build_rows(rl, matching, get_config().get("STUCK_AFTER"))
+            rows = av.build_rows(matching, get_config().get("STUCK_AFTER"))
             context = self._context(
                 request,
                 "Force release matching locks?",
@@ -372,7 +359,7 @@ class LockAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(self._url("changelist"))
         infos = [(name, rl.lock_info(name)) for name in names]
         present = [info for _, info in infos if info is not None]
-        rows = av.build_rows(rl, present, get_config().get("STUCK_AFTER"))
+        rows = av.build_rows(present, get_config().get("STUCK_AFTER"))
         context = self._context(
             request,
             "Force release locks?",

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from .core import STALE_RENEWAL_FRACTION, STUCK_REASONS, LockInfo, NodeHealth, Redlock, glob_escape
+from .core import STALE_RENEWAL_FRACTION, STUCK_REASONS, LockInfo, NodeHealth, glob_escape
 
 __all__ = [
     "STALE_RENEWAL_FRACTION",
@@ -215,30 +215,15 @@ def search_pattern(query: str) -> str:
     return f"*{glob_escape(query)}*"
 
 
-def stuck_reasons(
-    row: LockRow,
-    stuck_after: float | None,
-    pid_cache: dict[int, bool] | None = None,
-    now: float | None = None,
-) -> tuple[str, ...]:
-    """The codes of :data:`STUCK_REASONS` that apply to ``row`` (empty: not stuck): the
-    core's judgement (:meth:`LockInfo.stuck_reasons`), shared with ``manage.py redlock``."""
-    return row.info.stuck_reasons(stuck_after, now=now, pid_cache=pid_cache)
-
-
-def build_rows(
-    rl: Redlock,
-    infos: Iterable[LockInfo],
-    stuck_after: float | None,
-) -> list[LockRow]:
-    """Rows for every lock in ``infos``, with their stuck reasons."""
+def build_rows(infos: Iterable[LockInfo], stuck_after: float | None) -> list[LockRow]:
+    """Rows for every lock in ``infos``, with their stuck reasons (the core's judgement,
+    :meth:`LockInfo.stuck_reasons`, shared with ``manage.py redlock``)."""
     pid_cache: dict[int, bool] = {}
     now = time.time()
     rows = []
     for info in infos:
-        row = LockRow(info, info.lease, now=now)
-        row.reasons = stuck_reasons(row, stuck_after, pid_cache, now)
-        rows.append(row)
+        reasons = info.stuck_reasons(stuck_after, now=now, pid_cache=pid_cache)
+        rows.append(LockRow(info, info.lease, reasons, now=now))
     return rows
 
 

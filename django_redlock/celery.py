@@ -338,10 +338,23 @@ class _TaskRun:
     the worker was told, so that :meth:`LockedTask._end_run` undoes all of it in one place
     whatever exception lands where."""
 
-    def __init__(self, task: LockedTask, request: Any, redlock: Redlock, lock: Any) -> None:
+    def __init__(
+        self,
+        task: LockedTask,
+        request: Any,
+        header: dict[str, Any],
+        opts: LockOptions,
+        redlock: Redlock,
+        lock: Any,
+    ) -> None:
         self.task = task
         self.request = request
         self.task_id: str | None = request.id
+        #: The message's ``redlock`` header: per-call options and the bookkeeping below.
+        self.header = header
+        self.opts = opts
+        #: Re-schedules this task has had for a busy lock so far.
+        self.lock_retries = int(header.get(_LOCK_RETRIES, 0) or 0)
         self.redlock = redlock
         self.lock = lock
         self.slot: Any = None
@@ -631,15 +644,7 @@ class LockedTask(Task):
     # -- enqueueing -------------------------------------------------------------------------
 
     def apply_async(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
-        shadow: Any = None,
-        **options: Any,
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
         """``apply_async`` taking LockedTask's per-call options (``lock_key=...``,
         ``on_locked=...``, ...; also through ``sig.set(...)``), carried in the ``redlock``
@@ -667,16 +672,7 @@ class LockedTask(Task):
         if headers:
             options["headers"] = headers
         try:
-            return super().apply_async(
-                args,
-                kwargs,
-                task_id=task_id,
-                producer=producer,
-                link=link,
-                link_error=link_error,
-                shadow=shadow,
-                **options,
-            )
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if isinstance(queued, tuple):
                 _release_queued_marker(self.get_redlock(), queued)
@@ -797,14 +793,13 @@ class LockedTask(Task):
         redlock = self.get_redlock()
         name = self.lock_name(args, kwargs, opts)
         task_id = request.id
-        lock_retries = int(header.get(_LOCK_RETRIES, 0) or 0)
         ttl, renew, renew_for = self._lease_for(request, opts, redlock)
         meta = {
             "task_id": task_id,
             "task": self.name,
             "worker": request.hostname,
             "args": _summary(args, kwargs),
-            "attempt": f"{request.retries or 0}.{lock_retries}",
+            "attempt": f"{request.retries or 0}.{header.get(_LOCK_RETRIES, 0) or 0}",
             "on_locked": opts.on_locked,
             **_hold_times.meta(self.name),
         }
@@ -824,7 +819,7 @@ class LockedTask(Task):
                 owner=owner,
                 meta=meta,
             )
-        run = _TaskRun(self, request, redlock, lock)
+        run = _TaskRun(self, request, header, opts, redlock, lock)
         # One try from the first attempt to the end: an exception landing anywhere (a soft
         # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
         # and the task body still releases both (_end_run).
@@ -844,16 +839,13 @@ class LockedTask(Task):
                     "task %s[%s]: lock %s unavailable: %s", self.name, task_id, name, exc
                 )
                 if requeue:
-                    countdown = self._countdown(opts, lock_retries, {})
-                    self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
-                self._release_queued(redlock, request, header, final=True)
+                    self._retry_later(run, exc, self._countdown(opts, run.lock_retries, {}))
+                self._release_queued(run)
                 raise
             if not acquired:
-                return self._locked_out(
-                    redlock, lock, request, header, opts, name, lock_retries, args, kwargs, holder
-                )
+                return self._locked_out(run, args, kwargs, holder)
             _probe("acquired", task_id)
-            self._release_queued(redlock, request, header, final=True)
+            self._release_queued(run)
             # Not an attribute of the request: Celery copies unknown request attributes into
             # the headers of any message the task sends (retries included).
             current = _current_lock.set(lock)
@@ -969,23 +961,14 @@ class LockedTask(Task):
         return ttl, False, None
 
     def _locked_out(
-        self,
-        redlock: Redlock,
-        lock: Any,
-        request: Any,
-        header: dict[str, Any],
-        opts: LockOptions,
-        name: str,
-        lock_retries: int,
-        args: Any,
-        kwargs: Any,
-        holder: dict[str, Any] | None,
+        self, run: _TaskRun, args: Any, kwargs: Any, holder: dict[str, Any] | None
     ) -> Any:
         """Apply ``on_locked``; ``holder`` is the holder as :meth:`_contend` just read it (None:
         read it now)."""
+        request, opts, lock, name = run.request, run.opts, run.lock, run.lock.name
         policy = opts.on_locked
         if holder is None:
-            holder = _holder(redlock, name)
+            holder = _holder(run.redlock, name)
         held_by = f"is held by {_describe(holder)}"
         if opts.limit is not None:
             held_by = f"has all {opts.limit} permits taken"
@@ -994,7 +977,7 @@ class LockedTask(Task):
             name,
             retry_after=lock.retry_after,
         )
-        countdown = self._countdown(opts, lock_retries, holder)
+        countdown = self._countdown(opts, run.lock_retries, holder)
         if request.id and holder.get("task_id") == request.id and not _eager(request):
             # Held under this very task id: an earlier attempt of ours (a lease left on nodes
             # that answered too late, a worker on another host that died), or another delivery
@@ -1009,16 +992,16 @@ class LockedTask(Task):
                 request.id,
                 name,
                 holder.get("attempt"),
-                f"{request.retries or 0}.{lock_retries}",
+                f"{request.retries or 0}.{run.lock_retries}",
                 lock.retry_after or 0.0,
             )
             countdown = max(countdown, lock.retry_after or 0.0)
-            self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
+            self._retry_later(run, exc, countdown)
         if policy == "retry" and not _eager(request):
-            self._retry_later(request, header, opts, name, lock_retries, exc, countdown)
-        self._release_queued(redlock, request, header, final=True)
+            self._retry_later(run, exc, countdown)
+        self._release_queued(run)
         if policy == "skip":
-            return self._skip(redlock, lock, request, name, holder, args, kwargs)
+            return self._skip(run, holder, args, kwargs)
         if policy == "wait":
             exc = LockNotAcquired(
                 f"task {self.name}[{request.id}]: lock {name!r} still "
@@ -1121,22 +1104,13 @@ class LockedTask(Task):
             delay = max(free_in + random.uniform(0, spread), 0.02)
         return round(delay, 3)
 
-    def _retry_later(
-        self,
-        request: Any,
-        header: dict[str, Any],
-        opts: LockOptions,
-        name: str,
-        lock_retries: int,
-        exc: LockNotAcquired,
-        countdown: float,
-    ) -> None:
+    def _retry_later(self, run: _TaskRun, exc: LockNotAcquired, countdown: float) -> None:
         """Re-schedule this task in ``countdown`` seconds (raises Retry)."""
-        new_header = {**header, _LOCK_RETRIES: lock_retries + 1}
-        queued = header.get(_QUEUED)
+        request, opts, redlock, lock_retries = run.request, run.opts, run.redlock, run.lock_retries
+        new_header = {**run.header, _LOCK_RETRIES: lock_retries + 1}
+        queued = run.header.get(_QUEUED)
         if queued:
             # Keep our place as "the queued one" through the retry.
-            redlock = self.get_redlock()
             ttl = min(opts.dedupe_ttl + countdown, redlock.max_ttl)
             if not redlock.extend_token(queued[0], queued[1], ttl):
                 new_header.pop(_QUEUED, None)
@@ -1157,50 +1131,38 @@ class LockedTask(Task):
             )
             sig.apply_async()
             raise Retry(exc=exc, when=countdown, sig=sig)
-        self._release_queued(self.get_redlock(), request, header, final=True)
+        self._release_queued(run)
         raise LockNotAcquired(
             f"{exc} (gave up after {lock_retries} lock retries)",
-            name,
+            run.lock.name,
             retry_after=exc.retry_after,
         )
 
-    def _skip(
-        self,
-        redlock: Redlock,
-        lock: Any,
-        request: Any,
-        name: str,
-        holder: dict[str, Any],
-        args: Any,
-        kwargs: Any,
-    ) -> None:
+    def _skip(self, run: _TaskRun, holder: dict[str, Any], args: Any, kwargs: Any) -> None:
         """End the task without running it: state SUCCESS, result None, so that a group, a
         chord or a chain it is part of goes on (a chord's counter counts it, a chain's next
         task gets None). Never silently: a WARNING, ``lock_contended`` and ``task_skipped``."""
+        task_id, name = run.task_id, run.lock.name
         logger.warning(
             "task %s[%s] skipped: lock %s is held by %s",
             self.name,
-            request.id,
+            task_id,
             name,
             _describe(holder),
         )
-        _django_contended(redlock, lock)
+        _django_contended(run.redlock, run.lock)
         task_skipped.send(
-            sender=self, task_id=request.id, lock_name=name, holder=holder, args=args, kwargs=kwargs
+            sender=self, task_id=task_id, lock_name=name, holder=holder, args=args, kwargs=kwargs
         )
-        return None
 
-    def _release_queued(
-        self, redlock: Redlock, request: Any, header: dict[str, Any], *, final: bool
-    ) -> None:
-        queued = header.get(_QUEUED)
-        if not queued or not final:
+    def _release_queued(self, run: _TaskRun) -> None:
+        queued = run.header.pop(_QUEUED, None)
+        if not queued:
             return
-        _release_queued_marker(redlock, queued)
+        _release_queued_marker(run.redlock, queued)
         # A later self.retry() of this task is a new queued copy, not this one.
-        header.pop(_QUEUED, None)
-        if isinstance(getattr(request, "headers", None), dict):
-            request.headers[HEADER] = dict(header)
+        if isinstance(getattr(run.request, "headers", None), dict):
+            run.request.headers[HEADER] = dict(run.header)
 
     # -- helpers for tasks ------------------------------------------------------------------
 
@@ -1760,16 +1722,11 @@ class LockedTaskWorker(bootsteps.StartStopStep):
         _worker_hooks = self.hooks
         _connect_worker_signals()
 
+    # No start or stop of its own: the hooks outlive the other steps (a pool that stops
+    # reports its tasks' failures, and a cold shutdown its abandoned locks, after this step's
+    # turn); worker_shutdown ends them.
     def register_with_event_loop(self, w: Any, hub: Any) -> None:
         self.hooks.listen(hub)
-
-    # The hooks outlive the other steps: a pool that stops reports its tasks' failures (and
-    # a cold shutdown its abandoned locks) after this step's turn; worker_shutdown ends them.
-    def start(self, w: Any) -> None:
-        pass
-
-    def stop(self, w: Any) -> None:
-        pass
 
 
 class LockedTaskControl(bootsteps.StartStopStep):
@@ -1794,9 +1751,6 @@ class LockedTaskControl(bootsteps.StartStopStep):
             return
         node.handlers = {**handlers, "revoke": _revoke_with_locks(original)}
 
-    def stop(self, c: Any) -> None:
-        pass
-
 
 def install(app: Any) -> None:
     """Install LockedTask's worker side in the workers of ``app`` (idempotent; call it where
@@ -1813,21 +1767,15 @@ def install(app: Any) -> None:
 def _connect_worker_signals() -> None:
     """Connect the receivers once per process (a worker bootstep calls this); each acts only
     for the worker whose hooks are installed here."""
-    signals.worker_process_shutdown.connect(
-        _on_process_shutdown, weak=False, dispatch_uid="django_redlock.process_shutdown"
-    )
-    signals.worker_shutting_down.connect(
-        _on_worker_shutting_down, weak=False, dispatch_uid="django_redlock.shutting_down"
-    )
-    signals.task_revoked.connect(
-        _on_task_revoked, weak=False, dispatch_uid="django_redlock.task_revoked"
-    )
-    signals.task_failure.connect(
-        _on_task_failure, weak=False, dispatch_uid="django_redlock.task_failure"
-    )
-    signals.worker_shutdown.connect(
-        _on_worker_shutdown, weak=False, dispatch_uid="django_redlock.worker_shutdown"
-    )
+    for celery_signal, receiver in (
+        (signals.worker_process_shutdown, _on_process_shutdown),
+        (signals.worker_shutting_down, _on_worker_shutting_down),
+        (signals.task_revoked, _on_task_revoked),
+        (signals.task_failure, _on_task_failure),
+        (signals.worker_shutdown, _on_worker_shutdown),
+    ):
+        uid = f"django_redlock{receiver.__name__}"
+        celery_signal.connect(receiver, weak=False, dispatch_uid=uid)
 
 
 def _on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:

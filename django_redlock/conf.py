@@ -144,12 +144,10 @@ get_async_redlock = _Shared(_build_async_redlock)
 def reset() -> None:
     """Drop the cached settings and Redlocks (closing them); the next call rebuilds them."""
     get_config.cache_clear()
-    old = get_redlock.cache_clear()
-    if old is not None:
-        _close(old)
-    old_async = get_async_redlock.cache_clear()
-    if old_async is not None:
-        _close(old_async)
+    for shared in (get_redlock, get_async_redlock):
+        old = shared.cache_clear()
+        if old is not None:
+            _close(old)
 
 
 def _close(redlock: Any) -> None:

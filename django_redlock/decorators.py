@@ -19,6 +19,7 @@ for the escaping that keeps distinct inputs on distinct keys), or from ``key=cal
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
@@ -162,17 +163,15 @@ def _import_handler(path: str) -> Callable[..., Any]:
 # ============================================================================ the decorator
 
 
+@dataclasses.dataclass
 class _Call:
     """What one decorated call needs: key, request (views), owner and holder metadata."""
 
-    __slots__ = ("meta", "name", "owner", "request", "started")
-
-    def __init__(self, name: str, request: Any, owner: Any, meta: dict[str, Any]) -> None:
-        self.name = name
-        self.request = request
-        self.owner = owner
-        self.meta = meta
-        self.started: float | None = None  # monotonic time the lock was taken
+    name: str
+    request: Any
+    owner: Any
+    meta: dict[str, Any]
+    started: float | None = None  # monotonic time the lock was taken
 
 
 class _Plan:
@@ -276,11 +275,32 @@ def _request_owner(request: Any) -> object:
 
 
 class Locked:
-    """What :func:`locked` returns: a decorator and a (sync or async) context manager."""
+    """Hold a distributed lock around a view, function, method or ``with`` block:
+    ``locked(...)`` is a decorator and a (sync or async) context manager.
+
+    ``template`` is formatted with the call's arguments (``"order:{order_id}"``,
+    ``"profile:{request.user.pk}"``); or pass ``key=callable`` taking the same arguments.
+    ``ttl``: lease seconds (default ``REDLOCK['TTL']``). ``wait``: seconds to wait for the lock
+    (0: one attempt; None: the Redlock's retry policy; ``math.inf``: for ever).
+    ``auto_renew``: keep renewing while held (default ``REDLOCK['AUTO_RENEW']``).
+    ``fencing``: draw a fencing token (``current_lock().fence``). ``on_locked``: for views,
+    ``(request, exc) -> HttpResponse`` instead of the 423 response; for other callables
+    ``(exc) -> value`` returned instead of raising :class:`LockNotAcquired`. ``meta``: extra
+    holder details for the admin page. ``retry_after``: seconds for the ``Retry-After`` of
+    a refused view (or a callable ``(exc) -> seconds``, ``exc.retry_after`` being the holder's
+    remaining lease); default: the typical hold of this decorator's calls, capped by that
+    lease. ``using``: the lock service, a ``REDLOCK["BACKENDS"]``
+    alias (default: the Redlock over ``NODES``). ``limit=N``: a semaphore instead of a
+    lock, at most N calls inside at once per key (423 when all permits are taken);
+    ``shared=True``: a read lock (many at once); ``writer=True``: the write side of the same
+    read/write lock, which waits for the readers and holds new ones back (a plain ``@locked``
+    on the same key is a plain lock, which does not see readers).
+    """
 
     def __init__(
         self,
         template: str | None = None,
+        /,
         *,
         ttl: float | None = None,
         wait: float | None = 0,
@@ -292,7 +312,6 @@ class Locked:
         fair: bool = False,
         reentrant: bool | None = None,
         renew_for: float | None = None,
-        values: Mapping[str, Any] | None = None,
         retry_after: float | Callable[[LockNotAcquired], float] | None = None,
         using: str = "default",
         limit: int | None = None,
@@ -333,7 +352,7 @@ class Locked:
         self.limit, self.shared, self.writer = _check_kind(
             limit, shared, writer, fair=fair, reentrant=reentrant, fencing=self.fencing
         )
-        self.values = dict(values or {})
+        self.values: dict[str, Any] = {}
         #: The REDLOCK["BACKENDS"] alias the lock is taken on (get_locks(alias)).
         self.backend = using
         self._plans: dict[Any, _Plan] = {}
@@ -427,14 +446,6 @@ class Locked:
             if CLIENT_FIELD in self.template.roots:
                 namespace.setdefault(CLIENT_FIELD, client_id(request))
         return namespace
-
-    def _locks(self) -> Any:
-        """The lock service calls of this decorator use (the one place to pick another)."""
-        return get_locks(self.backend)
-
-    def _async_locks(self) -> Any:
-        """The asyncio twin of :meth:`_locks`."""
-        return get_async_locks(self.backend)
 
     def _lock(self, redlock: Any, call: _Call) -> Any:
         auto_renew = self.auto_renew
@@ -633,7 +644,7 @@ class Locked:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
-            redlock = self._locks()
+            redlock = get_locks(self.backend)
             lock = self._lock(redlock, call)
             try:
                 acquired = lock.acquire(**self._acquire_args_for(lock, self.wait))
@@ -666,7 +677,7 @@ class Locked:
             if self.template is not None and self.template.needs_user:
                 await _resolve_user(_find_request(plan, args))
             call = self._call(plan, args, kwargs)
-            redlock = self._async_locks()
+            redlock = get_async_locks(self.backend)
             lock = self._lock(redlock, call)
             try:
                 acquired = await lock.acquire(**self._acquire_args_for(lock, self.wait))
@@ -703,7 +714,7 @@ class Locked:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
-            lock = self._lock(self._locks(), call)
+            lock = self._lock(get_locks(self.backend), call)
             if not lock.acquire(**self._acquire_args_for(lock, self.wait)):
                 raise self._busy(lock)
             try:
@@ -719,7 +730,7 @@ class Locked:
         @functools.wraps(func)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = self._call(plan, args, kwargs)
-            lock = self._lock(self._async_locks(), call)
+            lock = self._lock(get_async_locks(self.backend), call)
             if not await lock.acquire(**self._acquire_args_for(lock, self.wait)):
                 raise self._busy(lock)
             try:
@@ -753,31 +764,31 @@ class Locked:
 
     def __enter__(self) -> Any:
         call = self._standalone_call()
-        lock = self._lock(self._locks(), call)
+        lock = self._lock(get_locks(self.backend), call)
         if not lock.acquire(**self._acquire_args_for(lock, self.wait)):
             raise self._busy(lock)
         self._held.set((*self._held.get(), (lock, call)))
         return lock
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        held = self._held.get()
-        self._held.set(held[:-1])
-        lock, call = held[-1]
-        self._release(lock, call, failed=exc_type is not None)
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self._release(*self._innermost(), failed=exc_type is not None)
 
     async def __aenter__(self) -> Any:
         call = self._standalone_call()
-        lock = self._lock(self._async_locks(), call)
+        lock = self._lock(get_async_locks(self.backend), call)
         if not await lock.acquire(**self._acquire_args_for(lock, self.wait)):
             raise self._busy(lock)
         self._held.set((*self._held.get(), (lock, call)))
         return lock
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    async def __aexit__(self, exc_type: Any, *_: Any) -> None:
+        await self._arelease(*self._innermost(), failed=exc_type is not None)
+
+    def _innermost(self) -> tuple[Any, _Call]:
+        """The lock and call of the innermost ``with`` block of this context, popped."""
         held = self._held.get()
         self._held.set(held[:-1])
-        lock, call = held[-1]
-        await self._arelease(lock, call, failed=exc_type is not None)
+        return held[-1]
 
 
 def _drf_refusal(request: Any, exc: LockNotAcquired) -> None:
@@ -932,61 +943,4 @@ def _check_kind(
     return limit, bool(shared), bool(writer)
 
 
-def locked(
-    template: str | None = None,
-    /,
-    *,
-    ttl: float | None = None,
-    wait: float | None = 0,
-    auto_renew: bool | None = None,
-    fencing: bool = False,
-    key: Callable[..., str] | None = None,
-    on_locked: Callable[..., Any] | str | None = None,
-    meta: Mapping[str, Any] | None = None,
-    fair: bool = False,
-    reentrant: bool | None = None,
-    renew_for: float | None = None,
-    retry_after: float | Callable[[LockNotAcquired], float] | None = None,
-    using: str = "default",
-    limit: int | None = None,
-    shared: bool = False,
-    writer: bool = False,
-) -> Locked:
-    """Hold a distributed lock around a view, function, method or ``with`` block.
-
-    ``template`` is formatted with the call's arguments (``"order:{order_id}"``,
-    ``"profile:{request.user.pk}"``); or pass ``key=callable`` taking the same arguments.
-    ``ttl``: lease seconds (default ``REDLOCK['TTL']``). ``wait``: seconds to wait for the lock
-    (0: one attempt; None: the Redlock's retry policy; ``math.inf``: for ever).
-    ``auto_renew``: keep renewing while held (default ``REDLOCK['AUTO_RENEW']``).
-    ``fencing``: draw a fencing token (``current_lock().fence``). ``on_locked``: for views,
-    ``(request, exc) -> HttpResponse`` instead of the 423 response; for other callables
-    ``(exc) -> value`` returned instead of raising :class:`LockNotAcquired`. ``meta``: extra
-    holder details for the admin page. ``retry_after``: seconds for the ``Retry-After`` of
-    a refused view (or a callable ``(exc) -> seconds``, ``exc.retry_after`` being the holder's
-    remaining lease); default: the typical hold of this decorator's calls, capped by that
-    lease. ``using``: the lock service, a ``REDLOCK["BACKENDS"]``
-    alias (default: the Redlock over ``NODES``). ``limit=N``: a semaphore instead of a
-    lock, at most N calls inside at once per key (423 when all permits are taken);
-    ``shared=True``: a read lock (many at once); ``writer=True``: the write side of the same
-    read/write lock, which waits for the readers and holds new ones back (a plain ``@locked``
-    on the same key is a plain lock, which does not see readers).
-    """
-    return Locked(
-        template,
-        ttl=ttl,
-        wait=wait,
-        auto_renew=auto_renew,
-        fencing=fencing,
-        key=key,
-        on_locked=on_locked,
-        meta=meta,
-        fair=fair,
-        reentrant=reentrant,
-        renew_for=renew_for,
-        retry_after=retry_after,
-        using=using,
-        limit=limit,
-        shared=shared,
-        writer=writer,
-    )
+locked = Locked

@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,32 +159,21 @@ class RedlockMetrics:
 
     # -- receivers -----------------------------------------------------------------------------
 
-    def _acquired(self, *, name: str, waited: float | None = None, **_: Any) -> None:
-        lock = self.label(name)
-        self.acquired.labels(lock).inc()
-        if waited is not None:
-            self.acquire_seconds.labels(lock, "acquired").observe(waited)
+    def _counting(
+        self, counter: Any, histogram: Any = None, end: str = "", seconds: str = ""
+    ) -> Callable[..., None]:
+        """A receiver of a lock signal: ``counter`` +1 for the lock, and when the signal
+        gives a duration (its ``seconds`` argument), one observation of ``histogram``
+        labelled ``end``."""
 
-    def _contended(self, *, name: str, waited: float | None = None, **_: Any) -> None:
-        lock = self.label(name)
-        self.contended.labels(lock).inc()
-        if waited is not None:
-            self.acquire_seconds.labels(lock, "contended").observe(waited)
+        def receive(*, name: str, **kwargs: Any) -> None:
+            lock = self.label(name)
+            counter.labels(lock).inc()
+            duration = kwargs.get(seconds)
+            if histogram is not None and duration is not None:
+                histogram.labels(lock, end).observe(duration)
 
-    def _released(self, *, name: str, held: float | None = None, **_: Any) -> None:
-        lock = self.label(name)
-        self.released.labels(lock).inc()
-        if held is not None:
-            self.hold_seconds.labels(lock, "released").observe(held)
-
-    def _lost(self, *, name: str, held: float | None = None, **_: Any) -> None:
-        lock = self.label(name)
-        self.lost.labels(lock).inc()
-        if held is not None:
-            self.hold_seconds.labels(lock, "lost").observe(held)
-
-    def _force_released(self, *, name: str, **_: Any) -> None:
-        self.force_released.labels(self.label(name)).inc()
+        return receive
 
     def _task_skipped(self, sender: Any = None, *, lock_name: str = "", **_: Any) -> None:
         self.celery_skipped.labels(self.label(lock_name), _task_name(sender)).inc()
@@ -198,12 +187,13 @@ class RedlockMetrics:
     def connect(self) -> None:
         from . import signals
 
+        waits, holds = self.acquire_seconds, self.hold_seconds
         pairs: list[tuple[Any, Any]] = [
-            (signals.lock_acquired, self._acquired),
-            (signals.lock_contended, self._contended),
-            (signals.lock_released, self._released),
-            (signals.lock_lost, self._lost),
-            (signals.lock_force_released, self._force_released),
+            (signals.lock_acquired, self._counting(self.acquired, waits, "acquired", "waited")),
+            (signals.lock_contended, self._counting(self.contended, waits, "contended", "waited")),
+            (signals.lock_released, self._counting(self.released, holds, "released", "held")),
+            (signals.lock_lost, self._counting(self.lost, holds, "lost", "held")),
+            (signals.lock_force_released, self._counting(self.force_released)),
         ]
         if importlib.util.find_spec("celery") is not None:
             # Only with Celery installed (LockedTask's own module imports it).

@@ -108,22 +108,29 @@ class HealthProbes:
             self._seen[key] = (time.monotonic(), value)
         return value
 
-    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
-        return future.result(self.timeout)
+    def _probed(
+        self,
+        key: tuple[str, str],
+        max_age: float,
+        make: Callable[[], Awaitable[Any]],
+        failed: Callable[[BaseException], Any],
+    ) -> Any:
+        """The cached answer when younger than ``max_age``, else the probe's (waited for at
+        most :attr:`timeout`; ``failed(exc)`` stands for an answer that did not come)."""
+        cached, found = self._cached_or_pending(key, max_age, make)
+        if cached:
+            return found
+        try:
+            value = found.result(self.timeout)
+        except Exception as exc:
+            value = failed(exc)
+        return self._store(key, value)
 
     # -- node health ---------------------------------------------------------------------------
 
     def nodes(self, alias: str = "default", *, max_age: float = 1.0) -> NodesSeen:
         """Every node of lock service ``alias``, at most ``max_age`` seconds old."""
-        key = ("nodes", alias)
-        cached, found = self._cached_or_pending(key, max_age, lambda: _probe_nodes(alias))
-        if cached:
-            return found
-        try:
-            value = self._wait(found)
-        except Exception as exc:
-            value = self._failed(exc)
-        return self._store(key, value)
+        return self._probed(("nodes", alias), max_age, lambda: _probe_nodes(alias), self._failed)
 
     async def anodes(self, alias: str = "default", *, max_age: float = 1.0) -> NodesSeen:
         """:meth:`nodes` for async code (the wait does not block the caller's loop)."""
@@ -149,19 +156,11 @@ class HealthProbes:
     def live_locks(self, alias: str = "default", *, max_age: float = 5.0) -> list[LockInfo] | None:
         """Every live lock of ``alias``, at most ``max_age`` seconds old; None when the nodes
         could not be listed in time."""
-        key = ("locks", alias)
 
         async def listing() -> list[LockInfo]:
             return list(await get_async_locks(alias).live_locks("*"))
 
-        cached, found = self._cached_or_pending(key, max_age, listing)
-        if cached:
-            return found
-        try:
-            value = self._wait(found)
-        except Exception:
-            value = None
-        return self._store(key, value)
+        return self._probed(("locks", alias), max_age, listing, lambda exc: None)
 
     def forget(self) -> None:
         """Drop every cached answer (the settings changed)."""

@@ -167,8 +167,19 @@ def validate(user: Any, *, constructor: bool = True) -> list[CheckMessage]:
         messages += _check_nodes(user.get("NODES"))
     messages += _check_values(config, constructor=constructor)
     messages += _check_locked_response(config.get("LOCKED_RESPONSE"))
-    messages += _check_locked_task(config.get("LOCKED_TASK"))
+    messages += _check_locked_task(config.get("LOCKED_TASK"), _max_ttl(config))
     return messages
+
+
+def _max_ttl(config: Mapping[str, Any]) -> float | None:
+    """The longest lease the shared Redlock takes (as its constructor works it out), or None
+    when the settings do not say (no nodes, or TTL/MAX_TTL not numbers: reported apart)."""
+    ttl, max_ttl = config.get("TTL"), config.get("MAX_TTL")
+    if not config.get("NODES"):
+        return None
+    if max_ttl is None:
+        return max(ttl, 60.0) if isinstance(ttl, (int, float)) else None
+    return max_ttl if isinstance(max_ttl, (int, float)) else None
 
 
 def format_message(message: CheckMessage) -> str:
@@ -417,8 +428,9 @@ def _check_constructor(config: Mapping[str, Any]) -> list[CheckMessage]:
     return []
 
 
-def _check_locked_task(value: Any) -> list[CheckMessage]:
-    """``LOCKED_TASK``: defaults for LockedTask options, judged by the code the task runs."""
+def _check_locked_task(value: Any, max_ttl: float | None = None) -> list[CheckMessage]:
+    """``LOCKED_TASK``: defaults for LockedTask options, judged by the code the task runs
+    (and by the shared Redlock's ``max_ttl``, which refuses a longer lease at every run)."""
     if not isinstance(value, Mapping):
         return [error(12, f"REDLOCK['LOCKED_TASK'] must be a dict, got {value!r}.")]
     unknown = sorted(str(k) for k in value if k not in SETTING_OPTIONS)
@@ -434,6 +446,16 @@ def _check_locked_task(value: Any) -> list[CheckMessage]:
         check_task_options(header_values(value), "REDLOCK['LOCKED_TASK']")
     except (TypeError, ValueError) as exc:
         return [error(12, f"{exc}.")]
+    lock_ttl = value.get("lock_ttl")
+    if max_ttl is not None and isinstance(lock_ttl, (int, float)) and lock_ttl > max_ttl:
+        return [
+            error(
+                12,
+                f"REDLOCK['LOCKED_TASK'] lock_ttl ({lock_ttl:g}s) is longer than MAX_TTL "
+                f"({max_ttl:g}s): every run of a task that takes it would be refused.",
+                hint="Raise REDLOCK['MAX_TTL'] or lower lock_ttl.",
+            )
+        ]
     return []
 
 

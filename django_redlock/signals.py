@@ -49,7 +49,8 @@ __all__ = [
 
 #: A lock was taken on a quorum of nodes.
 lock_acquired = Signal()
-#: A lock was given back (also sent when the release found the lock already lost).
+#: A lock was given back while it was still held (a hold ends with this or ``lock_lost``,
+#: never both).
 lock_released = Signal()
 #: A lock could not be taken (held by someone else, or too few nodes answered).
 lock_contended = Signal()

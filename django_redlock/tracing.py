@@ -16,6 +16,7 @@ that took it (the request's or the task's span is their parent):
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 from typing import Any
@@ -54,7 +55,7 @@ class Tracing:
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, "lock lost"))
         span.end(end_time=end)
 
-    def _acquire(self, outcome: str, name: str, waited: float | None) -> None:
+    def _acquire(self, outcome: str, *, name: str, waited: float | None = None, **_: Any) -> None:
         self._span(
             "redlock.acquire",
             waited,
@@ -65,13 +66,15 @@ class Tracing:
             },
         )
 
-    def _acquired(self, *, name: str, waited: float | None = None, **_: Any) -> None:
-        self._acquire("acquired", name, waited)
-
-    def _contended(self, *, name: str, waited: float | None = None, **_: Any) -> None:
-        self._acquire("contended", name, waited)
-
-    def _hold(self, outcome: str, name: str, held: float | None, fence: int | None) -> None:
+    def _hold(
+        self,
+        outcome: str,
+        *,
+        name: str,
+        held: float | None = None,
+        fence: int | None = None,
+        **_: Any,
+    ) -> None:
         attributes: dict[str, Any] = {
             "redlock.lock": self.label(name),
             "redlock.outcome": outcome,
@@ -81,24 +84,14 @@ class Tracing:
             attributes["redlock.fence"] = fence
         self._span("redlock.hold", held, attributes, failed=outcome == "lost")
 
-    def _released(
-        self, *, name: str, held: float | None = None, fence: int | None = None, **_: Any
-    ) -> None:
-        self._hold("released", name, held, fence)
-
-    def _lost(
-        self, *, name: str, held: float | None = None, fence: int | None = None, **_: Any
-    ) -> None:
-        self._hold("lost", name, held, fence)
-
     def connect(self) -> None:
         from . import signals
 
         self._connected = [
-            (signals.lock_acquired, self._acquired),
-            (signals.lock_contended, self._contended),
-            (signals.lock_released, self._released),
-            (signals.lock_lost, self._lost),
+            (signals.lock_acquired, functools.partial(self._acquire, "acquired")),
+            (signals.lock_contended, functools.partial(self._acquire, "contended")),
+            (signals.lock_released, functools.partial(self._hold, "released")),
+            (signals.lock_lost, functools.partial(self._hold, "lost")),
         ]
         for signal, receiver in self._connected:
             signal.connect(receiver, weak=False)

@@ -259,6 +259,10 @@ def test_management_command_using_alias() -> None:
         assert [(r["name"], r["token"]) for r in rows] == [("registry:cli", lock.token)]
         out, code = run("--using", "db", "check")
         assert code == 0 and "OK: 1/1" in out
+        assert "redis-server" not in out  # the database is named as what it is
+        with pytest.raises(CommandError, match="no restart guard") as refused:
+            run("--using", "db", "trust", "--yes")
+        assert refused.value.returncode == 2
         with pytest.raises(CommandError, match="--force"):  # a live lock needs --force
             run("--using", "db", "release", "registry:cli")
         assert get_locks("db").locked("registry:cli")

@@ -79,6 +79,18 @@ def test_shape(value, expected):
         ({"URL": "redis://10.0.0.4", "OPTIONS": "password"}, "OPTIONS must be a dict"),
         ({"URL": "redis://10.0.0.4", "OPTIONS": {"pasword": "x"}}, "pasword"),
         (42, "a node must be a URL string"),
+        # options in the URL's query are checked as OPTIONS are, never dropped
+        ("redis://10.0.0.4:6379/0?ssl=true", "rediss://"),
+        ("redis://10.0.0.4:6379/0?ssl_cert_reqs=none", "rediss://"),
+        ("redis://10.0.0.4:6379/0?socket_timout=1", "socket_timout"),
+        ("redis://10.0.0.4:6379/0?protocol=3", "protocol"),
+        ("redis://10.0.0.4:6379/0?socket_timeout=-1", "socket_timeout"),
+        ("redis://10.0.0.4:6379/0?socket_timeout=soon", "socket_timeout"),
+        ("unix:///tmp/redis.sock?socket_timout=1", "socket_timout"),
+        ("redis+sentinel://10.0.0.9:26379/mymaster/0?socket_timout=1", "socket_timout"),
+        ("redis+sentinel://10.0.0.9:26379/mymaster/0?ssl=true", "ssl"),
+        ("rediss://10.0.0.4:6380/0?ssl_cert_reqs=bogus", "ssl_cert_reqs 'bogus'"),
+        ({"URL": "rediss://10.0.0.4", "OPTIONS": {"ssl_cert_reqs": "bogus"}}, "ssl_cert_reqs"),
     ],
 )
 def test_malformed_node(node, text):
@@ -147,12 +159,20 @@ def test_checks_refuse_what_the_constructor_refuses():
         ({"on_locked": "later"}, "on_locked must be one of"),
         ({"lock_dedupe": "sometimes"}, "lock_dedupe must be"),
         ({"lock_renew": "yes"}, "lock_renew must be True or False"),
+        # the shared Redlock refuses a lease longer than MAX_TTL (60 s by default) at every run
+        ({"lock_ttl": 100}, "lock_ttl (100s) is longer than MAX_TTL (60s)"),
     ],
 )
 def test_locked_task_defaults_are_checked(options, text):
     found = messages({**GOOD, "LOCKED_TASK": options})
     assert [m.id for m in found] == ["django_redlock.E012"]
     assert text in found[0].msg
+
+
+def test_locked_task_lock_ttl_is_judged_against_the_configured_max_ttl():
+    assert ids({**GOOD, "MAX_TTL": 120, "LOCKED_TASK": {"lock_ttl": 100}}) == []
+    found = messages({**GOOD, "MAX_TTL": 90, "LOCKED_TASK": {"lock_ttl": 100}})
+    assert [m.id for m in found] == ["django_redlock.E012"] and "MAX_TTL (90s)" in found[0].msg
 
 
 def test_locked_task_defaults_accept_every_option():

@@ -248,7 +248,8 @@ def test_renewal_detects_a_lost_lock(redis_nodes: RedisCluster, make_async_redlo
             await lock.release()
 
     asyncio.run(main())
-    assert [e.kind for e in events if e.kind in ("lost", "released")] == ["lost", "released"]
+    # a hold ends once: the release of a lost lock raises, and sends no "released"
+    assert [e.kind for e in events if e.kind in ("lost", "released")] == ["lost"]
 
 
 def test_renewal_runs_on_the_loop_so_a_loop_blocked_past_the_lease_loses_the_lock(

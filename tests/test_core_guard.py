@@ -37,7 +37,7 @@ def _hold_on_first_three(cluster: RedisCluster, rl, name: str, ttl: float):
 def test_node_restarted_empty_within_a_lease_cannot_grant_it_twice(
     guard: bool, redis_cluster_factory, make_redlock
 ) -> None:
-    """Issue 3's test: A on exactly 3 of 5 nodes; one of them is killed and restarts empty at
+    """A on exactly 3 of 5 nodes; one of them is killed and restarts empty at
     once. With the guard, B cannot take the lock while A's is valid (and takes it once A's
     lease is over). Without it, B gets the restarted node plus the two A never had: a
     quorum, while A still holds the lock: the double grant the guard exists for."""

@@ -9,6 +9,7 @@ shows the option's effect on the server (``CLIENT LIST``), sync and async.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 import redis
@@ -109,3 +110,37 @@ def test_a_sync_retry_is_refused_for_the_asyncio_client() -> None:
     Redlock([spec]).close()
     with pytest.raises(ValueError, match="retry"):
         AsyncRedlock([spec])
+
+
+@pytest.mark.parametrize(
+    "query, named",
+    [
+        ("?ssl=true", "rediss://"),
+        ("?ssl_ca_certs=/etc/ssl/ca.pem", "rediss://"),
+        ("?socket_timout=1", "'socket_timout'"),
+        ("?protocol=3", "'protocol'"),
+        ("?socket_timeout=-1", "socket_timeout"),
+        ("?socket_timeout=0", "socket_timeout"),
+    ],
+)
+def test_a_url_query_option_that_cannot_be_honoured_is_refused(redis_nodes, query, named):
+    # Refused when the client is built, as the same option in OPTIONS is: dropped, ?ssl=true
+    # would send the lock commands in plain text to a server the user meant to reach by TLS.
+    url = redis_nodes.urls[0] + query
+    with pytest.raises(ValueError, match=re.escape(named)):
+        Redlock([url, *redis_nodes.urls[1:]])
+    with pytest.raises(ValueError, match=re.escape(named)):
+        AsyncRedlock([url, *redis_nodes.urls[1:]])
+
+
+def test_url_query_options_that_redis_py_reads_are_used(redis_nodes) -> None:
+    urls = [f"{url}?client_name=from-query&socket_keepalive=true" for url in redis_nodes.urls]
+    rl = Redlock(urls, node_timeout=2.0)
+    try:
+        lock = rl.lock("query-options")
+        assert lock.acquire(blocking=False)
+        names = {c["name"] for c in _clients(redis_nodes[0])}
+        assert "from-query" in names
+        lock.release()
+    finally:
+        rl.close()

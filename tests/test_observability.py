@@ -274,6 +274,14 @@ def test_readiness_redacts_node_passwords(settings, fresh_readiness):
         assert "s3cret-node-pw" in node.url
         settings.REDLOCK = {"NODES": [node.url], "TTL": 10.0}
         response = Client().get("/redlock/ready/")
+        assert response.status_code == 200
+        assert b"s3cret-node-pw" not in response.content
+        # the same password as a URL query parameter (redis-py reads it there too)
+        settings.REDLOCK = {
+            "NODES": [f"redis://127.0.0.1:{node.port}/0?password=s3cret-node-pw"],
+            "TTL": 10.0,
+        }
+        response = Client().get("/redlock/ready/")
     assert response.status_code == 200
     assert b"s3cret-node-pw" not in response.content
 

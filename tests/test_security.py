@@ -206,6 +206,50 @@ def test_password_in_options_instead_of_the_url(password_cluster) -> None:
         rl.close()
 
 
+def test_a_password_in_the_url_query_locks_and_is_never_shown(password_cluster) -> None:
+    from django_redlock.core import redact
+
+    urls = [f"redis://127.0.0.1:{n.port}/0?password={PASSWORD}" for n in password_cluster]
+    rl = Redlock(urls, node_timeout=NODE_TIMEOUT)
+    try:
+        _cycle(rl)
+        assert all(PASSWORD not in repr(h) for h in rl.health())
+        assert PASSWORD not in repr(rl)
+    finally:
+        rl.close()
+    wrong = [f"redis://127.0.0.1:{n.port}/0?password=wrong-one" for n in password_cluster]
+    rl = Redlock(wrong, node_timeout=NODE_TIMEOUT)
+    try:
+        _auth_refused(rl, password_cluster, "wrong-one")
+        assert all("wrong-one" not in repr(h) for h in rl.health())
+    finally:
+        rl.close()
+    shown = redact(f"redis://127.0.0.1:6379/0?ssl_password=key-pw&password={PASSWORD}&db=2")
+    assert PASSWORD not in shown and "key-pw" not in shown and "db=2" in shown, shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://127.0.0.1:6379/0?pasword={PASSWORD}",
+        f"redis://127.0.0.1:6379/0?PASSWORD={PASSWORD}",
+        f"redis+sentinel://127.0.0.1:26379/mymaster/0?pasword={PASSWORD}",
+    ],
+)
+def test_a_mistyped_password_option_is_refused_without_showing_it(settings, url) -> None:
+    # The refusal names the option; the value, whatever its name, is never printed.
+    from django_redlock.checks import check_settings
+
+    with pytest.raises(ValueError) as refused:
+        Redlock([url])
+    assert "PASSWORD" in str(refused.value).upper().replace("PASWORD", "PASSWORD")
+    assert PASSWORD not in str(refused.value)
+    settings.REDLOCK = {"NODES": [url, "redis://10.0.0.2:6379/0", "redis://10.0.0.3:6379/0"]}
+    found = check_settings(None)
+    assert [m.id for m in found] == ["django_redlock.E004"]
+    assert all(PASSWORD not in f"{m.msg} {m.hint}" for m in found)
+
+
 # --------------------------------------------------------------------------- TLS
 
 

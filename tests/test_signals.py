@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import pytest
 
@@ -83,6 +84,28 @@ def test_force_release_sends_lost_and_force_released():
     assert kinds[lock_force_released]["name"] == "sig"
     assert kinds[lock_lost]["token"] == token
     assert "force" in kinds[lock_lost]["reason"]
+
+
+def test_a_hold_ends_once_lost_or_released_never_both():
+    from django_redlock import LockLost, LockNotOwned
+
+    forced = get_redlock().lock("sig:forced", 10)
+    assert forced.acquire(blocking=False)
+    with capture(lock_released, lock_lost) as got:
+        get_redlock().force_release("sig:forced")
+        with pytest.raises(LockLost):
+            forced.release()
+    assert [g[0] for g in got] == [lock_lost]
+
+    ran_out = get_redlock().lock("sig:ran-out", 0.6)
+    assert ran_out.acquire(blocking=False)
+    while get_redlock().locked("sig:ran-out"):  # the nodes expire it
+        time.sleep(0.02)
+    with capture(lock_released, lock_lost) as got:
+        with pytest.raises(LockNotOwned):
+            ran_out.release()
+    assert [g[0] for g in got] == [lock_lost]
+    assert "ran out" in got[0][2]["reason"]
 
 
 def test_a_failing_receiver_never_breaks_locking(caplog):

@@ -147,7 +147,7 @@ def test_manage_redlock_trust_refuses_while_a_lock_is_held(trust_settings) -> No
 
 
 def test_check_command_and_health_agree_on_a_new_cluster(settings, redis_cluster_factory) -> None:
-    """Issue 10, fault 15: ``redlock check`` and the admin page (``health()``) use the core's
+    """``redlock check`` and the admin page (``health()``) use the core's
     one judgement: a brand-new cluster's nodes vote (trusted at the first lock)."""
     import json
 

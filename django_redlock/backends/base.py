@@ -173,43 +173,9 @@ class Grant:
 
 class BackendLock(Lock):
     """The handle every backend returns: the Redlock's :class:`~django_redlock.Lock` (the
-    same surface and bookkeeping), talking to a :class:`BackendLocks` instead of the nodes.
-    Its lease is the backend's :class:`Grant`."""
-
-    def __init__(
-        self,
-        manager: BackendLocks,
-        name: str,
-        *,
-        ttl: float,
-        auto_renew: bool,
-        fencing: bool,
-        blocking: bool,
-        timeout: float | None,
-        meta: dict[str, Any],
-        owner: Hashable | None = None,
-        renew_for: float | None = None,
-        retries: int | None = None,
-        reentrant: bool = False,
-    ) -> None:
-        # The handle rules are the core's: whoever acquired the handle (owner=, else the
-        # task, else the thread) releases and extends it; a failed attempt leaves the
-        # holder's grant alone.
-        super().__init__(
-            manager,
-            name,
-            ttl=ttl,
-            auto_renew=auto_renew,
-            fencing=fencing,
-            reentrant=reentrant,
-            fair=False,
-            blocking=blocking,
-            timeout=timeout,
-            meta=meta,
-            owner=owner,
-            renew_for=renew_for,
-            retries=retries,
-        )
+    same surface, bookkeeping and handle rules: whoever acquired the handle releases and
+    extends it; a failed attempt leaves the holder's grant alone), talking to a
+    :class:`BackendLocks` instead of the nodes. Its lease is the backend's :class:`Grant`."""
 
 
 class BackendLocks:
@@ -314,7 +280,7 @@ class BackendLocks:
         talked on them would read the parent's replies (and the parent the child's)."""
         if self._pid == ThisProcess.pid:
             return
-        with _fork_guard():
+        with _fork_guard:
             if self._pid != ThisProcess.pid:
                 # Locks other threads of the parent held at the fork stay held here for ever.
                 self._holds = {}
@@ -445,6 +411,7 @@ class BackendLocks:
             renew_for=renew_for,
             retries=retries,
             reentrant=reentrant,
+            fair=False,
         )
 
     def release_token(self, name: str, token: str) -> int:
@@ -687,22 +654,23 @@ class BackendLocks:
         emit(self.listeners, event)
 
 
-_FORK_GUARD = threading.Lock()
-
-
-def _fork_guard() -> threading.Lock:
-    """The lock serialising the first use of managers in a new process (made anew in each
-    child: another thread of the parent may have held it at the fork)."""
-    return _FORK_GUARD
+#: Serialises the first use of managers in a new process (made anew in each child: another
+#: thread of the parent may have held it at the fork).
+_fork_guard = threading.Lock()
 
 
 def _new_fork_guard() -> None:
-    global _FORK_GUARD
-    _FORK_GUARD = threading.Lock()
+    global _fork_guard
+    _fork_guard = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_fork_guard)
+
+
+def unreachable(node: str, exc: BaseException) -> NodeHealth:
+    """The health of a service that could not be asked, with the reason."""
+    return NodeHealth(node=node, reachable=False, error=str(exc) or type(exc).__name__)
 
 
 def glob_escape(name: str) -> str:

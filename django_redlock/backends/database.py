@@ -46,11 +46,11 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..core import LockInfo, NodeHealth, QuorumError, check_positive
-from .base import BackendLock, BackendLocks, Grant, holder_meta, utc_from_micros
+from .base import BackendLock, BackendLocks, Grant, holder_meta, unreachable, utc_from_micros
 
 __all__ = ["DatabaseLocks"]
 
@@ -653,39 +653,39 @@ class DatabaseLocks(BackendLocks):
             found.update((str(name), str(token)) for name, token in rows)
         return found
 
-    def _unreachable(self, grant: Grant, verb: str, exc: BaseException) -> QuorumError:
-        """The package's error for a database that could not be reached to ``verb`` a held
-        lock, naming the lock, the database alias and the cause."""
-        return QuorumError(
-            f"lock {grant.name!r}: database {self.using!r} could not {verb} it; the lock stays "
-            "as it was there (held by its token until its lease ends)",
-            grant.name,
-            failures={self.node_name: str(exc) or type(exc).__name__},
-        )
+    @contextlib.contextmanager
+    def _reaching(self, grant: Grant, verb: str) -> Iterator[None]:
+        """Turns a database that could not be reached to ``verb`` a held lock into the
+        package's error, naming the lock, the database alias and the cause."""
+        try:
+            yield
+        except self.unavailable() as exc:
+            raise QuorumError(
+                f"lock {grant.name!r}: database {self.using!r} could not {verb} it; the lock "
+                "stays as it was there (held by its token until its lease ends)",
+                grant.name,
+                failures={self.node_name: str(exc) or type(exc).__name__},
+            ) from exc
 
     def _give_back(self, grant: Grant) -> bool:
-        try:
-            return self._delete_held(grant)
-        except self.unavailable() as exc:
-            raise self._unreachable(grant, "release", exc) from exc
-
-    def _delete_held(self, grant: Grant) -> bool:
-        if self._mutex_lost(grant):
-            return False
-        mutex = grant.state
-        try:
-            self._local.repeated = False
-            gone = self._retrying(self._delete, grant)
-            # The DELETE may have run before its connection dropped, and its repeat found no
-            # row of our token: that is our own DELETE while our lease lasts (valid_until is
-            # counted from before the take, so it ends before the database's lease; a
-            # pessimistic holder's transaction was alive above, so no waiter took it over).
-            # Only a force_release in the same instant would be reported as our release.
-            return gone or (self._local.repeated and grant.validity > 0)
-        finally:
-            if mutex is not None:
-                grant.state = None
-                self._end_mutex(mutex)
+        with self._reaching(grant, "release"):
+            if self._mutex_lost(grant):
+                return False
+            mutex = grant.state
+            try:
+                self._local.repeated = False
+                gone = self._retrying(self._delete, grant)
+                # The DELETE may have run before its connection dropped, and its repeat found
+                # no row of our token: that is our own DELETE while our lease lasts
+                # (valid_until is counted from before the take, so it ends before the
+                # database's lease; a pessimistic holder's transaction was alive above, so no
+                # waiter took it over). Only a force_release in the same instant would be
+                # reported as our release.
+                return gone or (self._local.repeated and grant.validity > 0)
+            finally:
+                if mutex is not None:
+                    grant.state = None
+                    self._end_mutex(mutex)
 
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":
@@ -701,22 +701,17 @@ class DatabaseLocks(BackendLocks):
         return bool(self._sql(delete, [grant.name, grant.token]))
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
-        try:
-            return self._rearm(grant, ttl)
-        except self.unavailable() as exc:
-            raise self._unreachable(grant, "extend", exc) from exc
-
-    def _rearm(self, grant: Grant, ttl: float) -> bool:
-        if self._mutex_lost(grant):
-            return False
-        lease_us = int(ttl * 1_000_000)  # a repeat after a lost reply renews again: harmless
-        return bool(
-            self._sql(
-                f"UPDATE {LOCKS} SET expires_us = NOW_US + %s, lease_us = %s, "
-                "renewals = renewals + 1 WHERE name = %s AND token = %s AND expires_us > NOW_US",
-                [lease_us, lease_us, grant.name, grant.token],
+        with self._reaching(grant, "extend"):
+            if self._mutex_lost(grant):
+                return False
+            lease_us = int(ttl * 1_000_000)  # a repeat after a lost reply renews again: harmless
+            return bool(
+                self._sql(
+                    f"UPDATE {LOCKS} SET expires_us = NOW_US + %s, lease_us = %s, renewals = "
+                    "renewals + 1 WHERE name = %s AND token = %s AND expires_us > NOW_US",
+                    [lease_us, lease_us, grant.name, grant.token],
+                )
             )
-        )
 
     def _still_held(self, grant: Grant) -> bool:
         if self._mutex_lost(grant):
@@ -779,15 +774,16 @@ class DatabaseLocks(BackendLocks):
             started = time.perf_counter()
             rows = self._sql(f"SELECT NOW_US, (SELECT COUNT(*) FROM {LOCKS})", fetch=True)
             latency = time.perf_counter() - started
-            version = self._connection().connection and _server_version(self._connection())
+            server, version = _server_version(self._connection())
         except Exception as exc:
-            return [NodeHealth(node=node, reachable=False, error=str(exc) or type(exc).__name__)]
+            return [unreachable(node, exc)]
         db_now, count = rows[0]
         return [
             NodeHealth(
                 node=node,
                 reachable=True,
                 latency=latency,
+                server=server,
                 version=version,
                 lock_keys=int(count),
                 clock_offset=db_now / 1e6 - time.time(),
@@ -811,12 +807,7 @@ class DatabaseLocks(BackendLocks):
     def _listen(self, name: str) -> threading.Event:
         self._this_process()
         with self._listener_lock:
-            if self._listener is not None and not self._listener.alive:
-                self._listener.stop()  # its connection dropped: listen on a new one
-                self._listener = None
-            if self._listener is None:
-                self._listener = _Listener(self._open(), self._row_watch.notice)
-            listener = self._listener
+            listener, _ = self._live_listener()
         return listener.subscribe(name)
 
     def _listening(self) -> tuple[bool, bool]:
@@ -826,26 +817,40 @@ class DatabaseLocks(BackendLocks):
 
         self._this_process()
         with self._listener_lock:
-            if self._listener is not None and not self._listener.alive:
-                self._listener.stop()
-                self._listener = None
-            if self._listener is not None:
-                return True, False
-            wrapper = self._open()
             try:
-                self._listener = _Listener(wrapper, self._row_watch.notice)
+                return True, self._live_listener()[1]
             except Error:  # unreachable now: the row watch polls meanwhile
-                self._forget(wrapper)
                 return False, False
-            return True, True
+
+    def _live_listener(self) -> tuple[_Listener, bool]:
+        """The listener, on a new connection when its own dropped, and whether it is new.
+        Under ``_listener_lock``."""
+        if self._listener is not None and not self._listener.alive:
+            self._listener.stop()
+            self._listener = None
+        if self._listener is not None:
+            return self._listener, False
+        wrapper = self._open()
+        try:
+            self._listener = _Listener(wrapper, self._row_watch.notice)
+        except BaseException:
+            self._forget(wrapper)
+            raise
+        return self._listener, True
 
 
-def _server_version(wrapper: Any) -> str:
+def _server_version(wrapper: Any) -> tuple[str, str]:
+    """The database server's name and version: ``("postgresql", "15.19 (Debian ...)")``."""
+    query = {
+        "sqlite": "SELECT sqlite_version()",
+        "postgresql": "SHOW server_version",
+    }.get(wrapper.vendor, "SELECT VERSION()")
     with wrapper.cursor() as cursor:
-        cursor.execute(
-            "SELECT sqlite_version()" if wrapper.vendor == "sqlite" else "SELECT VERSION()"
-        )
-        return str(cursor.fetchone()[0])
+        cursor.execute(query)
+        version = str(cursor.fetchone()[0])
+    if wrapper.vendor == "mysql" and "mariadb" in version.lower():
+        return "mariadb", version
+    return wrapper.vendor, version
 
 
 class _Listener:

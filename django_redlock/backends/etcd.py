@@ -46,6 +46,7 @@ from .base import (
     Grant,
     check_name,
     holder_meta,
+    unreachable,
     utc_from_micros,
 )
 
@@ -80,6 +81,12 @@ def _prefix_end(prefix: str) -> str:
     return base64.b64encode(bytes(raw)).decode()
 
 
+def _new_connection(endpoint: str, timeout: float) -> http.client.HTTPConnection:
+    url = urlsplit(endpoint)
+    factory = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    return factory(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+
+
 class _Gateway:
     """POSTs JSON to the v3 gateway over one keep-alive connection per thread, trying the
     endpoints in turn when one fails."""
@@ -103,13 +110,7 @@ class _Gateway:
         pool = self._local.__dict__.setdefault("pool", {})
         connection = pool.get(endpoint)
         if connection is None:
-            url = urlsplit(endpoint)
-            factory = (
-                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-            )
-            connection = pool[endpoint] = factory(
-                url.hostname or "127.0.0.1", url.port, timeout=timeout
-            )
+            connection = pool[endpoint] = _new_connection(endpoint, timeout)
         connection.timeout = timeout
         if connection.sock is not None:
             connection.sock.settimeout(timeout)
@@ -143,10 +144,7 @@ class _Gateway:
         raise EtcdUnreachable(errors)
 
     def _watch_delete(self, endpoint: str, key: str, revision: int, timeout: float) -> bool:
-        url = urlsplit(endpoint)
-        connection = http.client.HTTPConnection(
-            url.hostname or "127.0.0.1", url.port, timeout=timeout
-        )
+        connection = _new_connection(endpoint, timeout)
         try:
             body = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
             connection.request("POST", "/v3/watch", json.dumps(body))
@@ -170,11 +168,7 @@ class _Gateway:
         first endpoint that takes it."""
         errors = []
         for endpoint in self.endpoints:
-            url = urlsplit(endpoint)
-            factory = (
-                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-            )
-            connection = factory(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+            connection = _new_connection(endpoint, timeout)
             try:
                 connection.request("POST", "/v3/watch", json.dumps({"create_request": body}))
                 response = connection.getresponse()
@@ -616,13 +610,15 @@ class EtcdLocks(BackendLocks):
                 )
                 latency = time.perf_counter() - started
             except Exception as exc:
-                result.append(
-                    NodeHealth(node=endpoint, reachable=False, error=str(exc) or type(exc).__name__)
-                )
+                result.append(unreachable(endpoint, exc))
                 continue
             result.append(
                 NodeHealth(
-                    node=endpoint, reachable=True, latency=latency, version=status.get("version")
+                    node=endpoint,
+                    reachable=True,
+                    latency=latency,
+                    server="etcd",
+                    version=status.get("version"),
                 )
             )
         return result

@@ -29,7 +29,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -40,6 +40,7 @@ from .base import (
     Grant,
     check_name,
     holder_meta,
+    unreachable,
     utc_from_micros,
 )
 
@@ -88,8 +89,6 @@ class ZooKeeperLocks(BackendLocks):
         retry_count: int = 3,
         retry_delay: float = 0.2,
     ) -> None:
-        from kazoo.client import KazooClient
-
         super().__init__(ttl=ttl, retry_count=retry_count, retry_delay=retry_delay)
         if not isinstance(hosts, str) or not hosts:
             raise ValueError(
@@ -103,11 +102,7 @@ class ZooKeeperLocks(BackendLocks):
         self.root = root
         self.session_timeout = check_positive("session_timeout", session_timeout)
         self.connect_timeout = check_positive("connect_timeout", connect_timeout)
-        self._client = KazooClient(hosts=hosts, timeout=self.session_timeout)
-        self._client.add_listener(self._on_state)
-        self._grants: weakref.WeakSet[Grant] = weakref.WeakSet()
-        self._started = self._rooted = False
-        self._start_lock = threading.Lock()
+        self._new_client()
 
     @property
     def client(self) -> Any:
@@ -115,16 +110,19 @@ class ZooKeeperLocks(BackendLocks):
         self._this_process()
         return self._client
 
-    def _after_fork(self) -> None:
+    def _new_client(self) -> None:
         from kazoo.client import KazooClient
 
-        # The parent's client is left alone: its connection thread does not run here, and
-        # stopping it would close the parent's session, and its ephemeral lock nodes with it.
         self._client = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
         self._client.add_listener(self._on_state)
-        self._grants = weakref.WeakSet()
+        self._grants: weakref.WeakSet[Grant] = weakref.WeakSet()
         self._started = self._rooted = False
         self._start_lock = threading.Lock()
+
+    def _after_fork(self) -> None:
+        # The parent's client is left alone: its connection thread does not run here, and
+        # stopping it would close the parent's session, and its ephemeral lock nodes with it.
+        self._new_client()
 
     def _zk(self) -> Any:
         self._this_process()
@@ -289,41 +287,32 @@ class ZooKeeperLocks(BackendLocks):
     def _still_held(self, grant: Grant) -> bool:
         return self._owned(grant)
 
-    def _holder(self, name: str) -> tuple[str, dict[str, Any], Any] | None:
-        """The holding node of ``name``: (path, data, stat), or None."""
+    def _queue(self, name: str) -> Iterator[tuple[str, dict[str, Any], Any]]:
+        """The nodes of ``name`` still there, in the order they are served (the holder
+        first): (path, data, stat)."""
         from kazoo.exceptions import NoNodeError
 
         try:
             children = self._ask("get_children", self._dir(name))
         except NoNodeError:
-            return None
-        for child in sorted(c for c in children if c.startswith(PREFIX)):  # the first still there
+            return
+        for child in sorted(c for c in children if c.startswith(PREFIX)):
             path = f"{self._dir(name)}/{child}"
             try:
                 data, stat = self._ask("get", path)
-            except NoNodeError:
+            except NoNodeError:  # released or given up meanwhile
                 continue
-            return path, json.loads(data), stat
-        return None
+            yield path, json.loads(data), stat
+
+    def _holder(self, name: str) -> tuple[str, dict[str, Any], Any] | None:
+        """The holding node of ``name``: (path, data, stat), or None."""
+        return next(self._queue(name), None)
 
     def contenders(self, name: str) -> list[dict[str, Any]]:
         """The metadata of everyone holding or waiting for lock ``name``, the holder first,
         then the waiters in the order they will be served (kazoo's ``Lock.contenders()``,
         which lists their identifiers: pass ``meta={"id": ...}`` to have one)."""
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            children = self._ask("get_children", self._dir(check_name(name)))
-        except NoNodeError:
-            return []
-        found = []
-        for child in sorted(c for c in children if c.startswith(PREFIX)):
-            try:
-                data, _ = self._ask("get", f"{self._dir(name)}/{child}")
-            except NoNodeError:  # released or given up meanwhile
-                continue
-            found.append(dict(json.loads(data)["meta"]))
-        return found
+        return [dict(data["meta"]) for _, data, _ in self._queue(check_name(name))]
 
     def _adopt(self, name: str, token: str) -> Grant | None:
         holder = self._holder(name)
@@ -375,12 +364,16 @@ class ZooKeeperLocks(BackendLocks):
             latency = time.perf_counter() - started
             count = len(self._ask("get_children", self.root))
         except Exception as exc:
-            return [
-                NodeHealth(
-                    node=self.node_name, reachable=False, error=str(exc) or type(exc).__name__
-                )
-            ]
-        return [NodeHealth(node=self.node_name, reachable=True, latency=latency, lock_keys=count)]
+            return [unreachable(self.node_name, exc)]
+        return [
+            NodeHealth(
+                node=self.node_name,
+                reachable=True,
+                latency=latency,
+                server="zookeeper",
+                lock_keys=count,
+            )
+        ]
 
     def close(self) -> None:
         self._this_process()  # in a forked child: close the child's own, never the parent's

@@ -254,7 +254,10 @@ class NodeHealth:
     @property
     def software(self) -> str | None:
         """Server name and version as an operator knows them: ``"valkey-server 8.1.8"``,
-        ``"redis-server 7.2.4"`` (None when the node did not say)."""
+        ``"redis-server 7.2.4"``, ``"postgresql 15.19"``, ``"etcd 3.4.23"`` (None when the
+        node did not say)."""
         if self.version is None:
             return None
-        return f"{self.server or 'redis'}-server {self.version}"
+        if self.server in (None, "redis", "valkey"):
+            return f"{self.server or 'redis'}-server {self.version}"
+        return f"{self.server} {self.version}"  # another backend's service: "sqlite 3.40.1"

@@ -143,7 +143,8 @@ class LeaseTable:
                 for name in [n for n, until in self._yield_until.items() if until <= now]:
                     del self._yield_until[name]
                 self._yield_until[lease.name] = now + COURTESY
-        self._lease_event("released", lease, lease.lost)
+        # A hold ends once: a lease already lost had its "lost" event; "released" is only
+        # for one given back while it was still ours.
         if lease.lost:
             raise LockLost(f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name)
         refused = sum(1 for r in replies if r == 0)
@@ -155,6 +156,7 @@ class LeaseTable:
                 "out there, or they lost it (restarted empty, flushed, removed by hand)"
             )
         else:
+            self._lease_event("released", lease, None)
             return
         self._lease_event("lost", lease, why)
         raise LockNotOwned(

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import hiredis
 import redis
@@ -43,6 +43,7 @@ from .sentinel import (
     is_group_url,
     parse_group_url,
     redact_group_url,
+    redact_query,
 )
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
@@ -1130,6 +1131,13 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
             f"node OPTIONS 'protocol' {options['protocol']!r} cannot be honoured: the lock "
             "connections speak RESP2 (protocol=2)"
         )
+    cert_reqs = options.get("ssl_cert_reqs")
+    if isinstance(cert_reqs, str) and cert_reqs not in ("none", "optional", "required"):
+        # redis-py would raise only when a connection is made, and the node look down
+        raise ValueError(
+            f"node OPTIONS ssl_cert_reqs {cert_reqs!r} must be 'none', 'optional' or 'required' "
+            "(or an ssl.VerifyMode)"
+        )
     for name in ("username", "password"):
         value = options.get(name)
         if value is not None and not isinstance(value, str):
@@ -1235,6 +1243,8 @@ def _check_url(url: object) -> str:
         raise TypeError(f"a node must be a URL string, a dict or a redis.Redis, got {url!r}")
     if is_group_url(url):
         parse_group_url(url)
+        if urlsplit(url).query:
+            _check_query(url, tls=False)
         return url
     parts = urlsplit(url)
     if parts.scheme not in _SCHEMES:
@@ -1244,20 +1254,45 @@ def _check_url(url: object) -> str:
         )
     if parts.scheme == "unix":
         if not parts.path:
-            raise ValueError(f"node URL {url!r} names no socket path")
+            raise ValueError(f"node URL {redact(url)!r} names no socket path")
     else:
         if not parts.hostname:
-            raise ValueError(f"node URL {url!r} names no host")
+            raise ValueError(f"node URL {redact(url)!r} names no host")
         try:
             port = parts.port  # raises ValueError on a port that is not a number below 65536
         except ValueError:
             port = -1
         if port is not None and not 1 <= port <= 65535:
-            raise ValueError(f"node URL {url!r} has an invalid port (ports are 1-65535)")
+            raise ValueError(f"node URL {redact(url)!r} has an invalid port (ports are 1-65535)")
         db = parts.path.strip("/")
         if db and not db.isdigit():
-            raise ValueError(f"node URL {url!r} has an invalid database number {db!r}")
+            raise ValueError(f"node URL {redact(url)!r} has an invalid database number {db!r}")
+    if parts.query:
+        _check_query(url, tls=parts.scheme == "rediss")
     return url
+
+
+def _check_query(url: str, tls: bool) -> None:
+    """A node URL's query options, checked as OPTIONS are: redis-py reads them on every
+    connection it opens, so one it cannot take (or that this package would drop) is refused
+    here rather than ignored when a connection is made."""
+    names = [name for name, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)]
+    for name in names:
+        if (name == "ssl" or name.startswith("ssl_")) and not tls:
+            raise ValueError(
+                f"node URL {redact(url)!r} asks for TLS with {name!r} in its query: TLS "
+                "nodes are written rediss:// (a Sentinel group's master: OPTIONS ssl=True)"
+            )
+    try:
+        parsed = parse_url(group_master_url(url) if is_group_url(url) else url)
+    except ValueError as exc:
+        raise ValueError(f"node URL {redact(url)!r}: {exc}") from None
+    options = {name: parsed[name] for name in names if name in parsed and name != "db"}
+    try:
+        _check_options(options)
+    except (TypeError, ValueError) as exc:
+        message = str(exc).replace("node OPTIONS", "query option", 1)
+        raise type(exc)(f"node URL {redact(url)!r}: {message}") from None
 
 
 def redact(url: str) -> str:
@@ -1269,8 +1304,9 @@ def redact(url: str) -> str:
     except ValueError:
         return redact_group_url(url)
     parts = urlsplit(url)
+    parts = parts._replace(query=redact_query(parts.query))
     if parts.password is None and parts.username is None:
-        return url
+        return parts.geturl()
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return parts._replace(netloc=f"***@{netloc}").geturl()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio.retry
@@ -29,6 +29,7 @@ import redis.asyncio.sentinel
 import redis.retry
 import redis.sentinel
 from redis.backoff import NoBackoff
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.connection import parse_url as _parse_url
 
 # redis-py's URL parser and Sentinel clients, untyped in redis-py.
@@ -157,15 +158,31 @@ def group_master_url(url: str, address: str = "localhost:6379") -> str:
     return parse_group_url(url).master_url.replace("{address}", address)
 
 
+def redact_query(query: str) -> str:
+    """A URL query with every value hidden but those of redis-py's typed options (``db``,
+    timeouts, flags): a password, under its own name or a mistyped one, is never shown."""
+    if not query:
+        return query
+    return urlencode(
+        [
+            (name, value if name in URL_QUERY_ARGUMENT_PARSERS else "***")
+            for name, value in parse_qsl(query, keep_blank_values=True)
+        ],
+        safe="*/",
+    )
+
+
 def redact_group_url(url: str) -> str:
     """The URL without credentials (safe for logs, errors and the admin page)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
     netloc, slash, path = rest.partition("/")
-    if "@" not in netloc:
-        return url
-    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+    path, question, query = path.partition("?")
+    query = redact_query(query)
+    if "@" in netloc:
+        netloc = f"***@{netloc.rpartition('@')[2]}"
+    return f"{scheme}://{netloc}{slash}{path}{question}{query}"
 
 
 def group_identity(url: str) -> tuple[str, str, int]:

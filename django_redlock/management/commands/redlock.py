@@ -193,7 +193,7 @@ class Command(BaseCommand):
         self._answering("list the live locks")
         # The admin page's rows: the same "stuck" reasons (held too long, split, not
         # renewing, holder gone), judged by the same code.
-        rows = build_rows(redlock, redlock.live_locks(pattern), get_config().get("STUCK_AFTER"))
+        rows = build_rows(redlock.live_locks(pattern), get_config().get("STUCK_AFTER"))
         locks = [row.info for row in rows]
         reasons = {row.info.name: [REASON_LABELS[code] for code in row.reasons] for row in rows}
         if as_json:
