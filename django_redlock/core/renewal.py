@@ -32,6 +32,7 @@ from .lock import Lease
 __all__ = [
     "BATCH_WINDOW",
     "BEHIND_AFTER",
+    "ROUND_MAX",
     "YIELD_AT_MOST",
     "Renewer",
     "RenewingClient",
@@ -46,6 +47,13 @@ pauses = PauseLog()
 
 #: Leases due within this many seconds of the first are renewed in the same round.
 BATCH_WINDOW = 0.05
+
+#: The most leases one fan-out of a round carries; a round that has more (the watchdog ran
+#: behind and every lease came due at once) goes out in parts of this size, the leases due
+#: first in the first part. Each part is judged as it comes back: a part of 10,000 took 3 s
+#: on a loaded host, and the leases that ran out meanwhile here were not yet renewed although
+#: the nodes had answered in time.
+ROUND_MAX = 1000
 
 #: How late (seconds after a lease was due) the watchdog may start a round before this
 #: process's new acquires wait for it to catch up (see :meth:`Renewer.make_way`).
@@ -181,16 +189,18 @@ class Renewer:
                             group[1].extend(leases)
             count = 0
             for redlock, leases in groups.values():
-                live = [lease for lease in leases if not (lease.released or lease.lost)]
-                if not live:
-                    continue
-                count += len(live)
-                try:
-                    whens = redlock._renew(live)
-                except Exception:
-                    redlock._renewal_failed(live)
-                    continue
-                self._schedule(redlock, live, whens)
+                for first in range(0, len(leases), ROUND_MAX):
+                    part = leases[first : first + ROUND_MAX]
+                    live = [lease for lease in part if not (lease.released or lease.lost)]
+                    if not live:
+                        continue
+                    count += len(live)
+                    try:
+                        whens = redlock._renew(live)
+                    except Exception:
+                        redlock._renewal_failed(live)
+                        continue
+                    self._schedule(redlock, live, whens)
             if count:
                 self.rounds.append(RoundRecord(started, late, count, time.monotonic() - started))
 
