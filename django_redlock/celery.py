@@ -656,7 +656,15 @@ class LockedTask(Task):
         header.update(overrides)
         opts = self.lock_options(header)
         queued = None
-        if opts.dedupe and _QUEUED not in header and not self.app.conf.task_always_eager:
+        # The task's own self.retry() sends the running request's id again: the same task
+        # going on, never a duplicate of the one queued behind it.
+        retry = task_id is not None and task_id == getattr(self.request, "id", None)
+        if (
+            opts.dedupe
+            and not retry
+            and _QUEUED not in header
+            and not self.app.conf.task_always_eager
+        ):
             from celery.utils import uuid
 
             task_id = task_id or uuid()

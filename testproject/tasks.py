@@ -105,6 +105,22 @@ critical_dedupe = app.task(name="testproject.critical_dedupe", lock_dedupe=True,
 )
 
 
+@app.task(
+    name="testproject.dedupe_retrying",
+    lock_dedupe="raise",
+    max_retries=2,
+    default_retry_delay=0.1,
+    **_COMMON,
+)
+def dedupe_retrying(self: Any, key: str, run: str, gate: str | None = None) -> dict[str, Any]:
+    """Retries itself once (``self.retry()``) after its first run; de-duplicated with the
+    strictest policy: its own retry is the same task going on, never a duplicate."""
+    entry = _critical(self, key, run, gate=gate if self.request.retries == 0 else None)
+    if self.request.retries == 0:
+        raise self.retry()
+    return entry
+
+
 _explicit: dict[tuple[str, ...], Redlock] = {}
 
 

@@ -443,6 +443,22 @@ def test_dedupe_keeps_one_queued_and_one_running(worker, rl):
     fresh.get(timeout=TIMEOUT)
 
 
+def test_a_tasks_own_retry_is_not_a_duplicate(worker, rl):
+    # A runs (its queued marker is gone), B is queued for the same key; A's self.retry() is A
+    # going on, not a new call: lock_dedupe="raise" must not refuse it (Celery would Reject A
+    # with none of its retries used), "drop"/"merge" must not leave A's result RETRY for ever.
+    run = Run()
+    first = tasks.dedupe_retrying.delay("dr", run.id, gate="hold")
+    run.wait("started")
+    queued = tasks.dedupe_retrying.delay("dr", run.id)
+    assert queued.id != first.id
+    run.open("hold")
+    assert first.get(timeout=TIMEOUT)["retries"] == 1
+    assert queued.get(timeout=TIMEOUT)["retries"] == 1
+    started = [(e["task_id"], e["retries"]) for e in run.all("started")]
+    assert sorted(started) == sorted([(first.id, 0), (first.id, 1), (queued.id, 0), (queued.id, 1)])
+
+
 def _key_scans(redis_nodes) -> int:
     """SCAN and KEYS calls the lock nodes served since their statistics were reset (from
     clients and from scripts alike)."""

@@ -91,6 +91,20 @@ def test_shape(value, expected):
         ("redis+sentinel://10.0.0.9:26379/mymaster/0?ssl=true", "ssl"),
         ("rediss://10.0.0.4:6380/0?ssl_cert_reqs=bogus", "ssl_cert_reqs 'bogus'"),
         ({"URL": "rediss://10.0.0.4", "OPTIONS": {"ssl_cert_reqs": "bogus"}}, "ssl_cert_reqs"),
+        *(
+            (
+                {
+                    "URL": "redis+sentinel://10.0.0.9:26379/mymaster/0",
+                    "OPTIONS": {"sentinel_kwargs": {name: bad}},
+                },
+                f"sentinel_kwargs {name}",
+            )
+            for name, bad in (
+                ("socket_timeout", "x"),
+                ("socket_timeout", -1),
+                ("socket_connect_timeout", float("nan")),
+            )
+        ),
     ],
 )
 def test_malformed_node(node, text):

@@ -8,6 +8,7 @@ restarted here, so the restart guard is not involved.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-from django_redlock import LockNotAcquired, QuorumError
+from django_redlock import LockNotAcquired, QuorumError, Redlock
 from django_redlock.testing import RedisCluster
 from tests.helpers import REPO_ROOT, lock_keys, tokens_on_nodes, warm_up
 
@@ -271,3 +272,33 @@ def test_validity_of_a_granted_lock_accounts_for_elapsed_time_and_drift(
     # ttl 2.0 - at least 0.3 s waiting - 0.202 s drift allowance.
     assert 0 < lock.validity <= 2.0 - 0.3 - 0.2
     lock.release()
+
+
+def test_a_master_that_may_not_write_is_reported_down_not_voting(redis_cluster_factory) -> None:
+    # min-replicas-to-write unmet: the server answers PING and reads but refuses every lock
+    # write (NOREPLICAS). Calling it voting would make readiness and `redlock check` say a
+    # quorum votes while no lock can be taken.
+    from django_redlock.core.asyncio import AsyncRedlock
+
+    cluster = redis_cluster_factory(3)
+    with cluster[0].client() as c:
+        c.config_set("min-replicas-to-write", 1)
+    rl = Redlock(cluster.urls, node_timeout=1.0)
+    try:
+        health = rl.health()
+    finally:
+        rl.close()
+    # (the others are reachable; guarded, since one node that cannot vote keeps a new cluster
+    # from being trusted at once)
+    assert [h.status == "down" for h in health] == [True, False, False], health
+    assert "NOREPLICAS" in str(health[0].error)
+
+    async def probe() -> list:
+        arl = AsyncRedlock(cluster.urls, node_timeout=1.0)
+        try:
+            return await arl.health()
+        finally:
+            await arl.close()
+
+    health = asyncio.run(probe())
+    assert [h.status == "down" for h in health] == [True, False, False], health

@@ -182,6 +182,29 @@ def test_the_same_group_twice_is_one_node(settings):
         Redlock([a, b, "redis://127.0.0.1:6379/0"])
     settings.REDLOCK = {"NODES": [a, b, "redis://127.0.0.1:6379/0"]}
     assert "django_redlock.E007" in [m.id for m in check_settings()]
+    # localhost, 127.0.0.1 and ::1 are one host for Sentinels as for servers
+    here = "redis+sentinel://127.0.0.1:26379/mymaster/0"
+    assert node_identity(here) == node_identity("redis+sentinel://localhost:26379/mymaster/0")
+    assert node_identity(here) == node_identity("redis+sentinel://[::1]:26379/mymaster/0")
+
+
+def test_a_group_whose_master_is_also_a_node_of_its_own_does_not_vote(groups, make_redlock):
+    # Only the Sentinels know where the master is: found there, it is refused, not counted
+    # twice (the server would answer for two of three entries).
+    host, port = groups.master_address(0)
+    rl = make_redlock(
+        [groups.url(0), f"redis://{host}:{port}/0", groups.url(1)],
+        key_prefix=_prefix(),
+        **_options(),
+    )
+    assert rl.trust_cluster() == 2  # new keys, one entry refused: the two others may vote
+    lock = rl.lock("twice", ttl=3.0)
+    assert lock.acquire(blocking=False)  # the plain node and group 1: 2 of 3
+    assert lock.check()
+    lock.release()
+    health = rl.health()
+    assert not health[0].voting and "also configured as a node of its own" in str(health[0].error)
+    assert health[1].voting and health[2].voting
 
 
 # -- locks over groups -------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from .sentinel import (
     parse_group_url,
     redact_group_url,
     redact_query,
+    same_host,
 )
 from .validation import MAX_NODE_TIMEOUT, check_positive
 
@@ -1126,6 +1127,15 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
         raise TypeError(
             f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
         )
+    for name in _DURATION_OPTIONS:
+        if sentinel_kwargs and sentinel_kwargs.get(name) is not None:
+            # redis-py takes them as they come, and would fail every lock operation
+            check_positive(
+                f"node OPTIONS sentinel_kwargs {name}",
+                sentinel_kwargs[name],
+                allow_zero=name == "health_check_interval",
+                maximum=MAX_NODE_TIMEOUT * 60,
+            )
     if options.get("protocol") not in (None, 2, "2"):
         raise ValueError(
             f"node OPTIONS 'protocol' {options['protocol']!r} cannot be honoured: the lock "
@@ -1321,10 +1331,7 @@ def node_identity(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return ("unix", parts.path, 0)
-    host = (parts.hostname or "").lower()
-    if host in ("localhost", "::1"):
-        host = "127.0.0.1"
-    return ("tcp", host, parts.port or 6379)
+    return ("tcp", same_host(parts.hostname or ""), parts.port or 6379)
 
 
 def address_of(conn: Any) -> tuple[Any, Any]:
@@ -1362,7 +1369,12 @@ def make_nodes(
                 "Redlock needs independent nodes"
             )
         seen[ident] = url
-    return [Node(spec, node_timeout=node_timeout, asyncio=asyncio) for spec in specs]
+    nodes = [Node(spec, node_timeout=node_timeout, asyncio=asyncio) for spec in specs]
+    servers = frozenset((host, port) for kind, host, port in seen if kind == "tcp")
+    for node in nodes:
+        if node.group is not None:
+            node.group.elsewhere = servers
+    return nodes
 
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:

@@ -285,14 +285,16 @@ return 0
 """
 )
 
-# What a health probe runs to learn whether the node's user may run the lock scripts: EVAL and
-# EVALSHA, touching a lock key (an ACL user limited to other commands or other keys is refused
-# with NOPERM, and would never vote). Reads one key, writes nothing.
+# What a health probe runs to learn whether the node would take a lock: EVAL and EVALSHA, with
+# a write command on a lock key. An ACL user limited to other commands or other keys is refused
+# with NOPERM; a master that may not write (min-replicas-to-write unmet: NOREPLICAS; a replica:
+# READONLY) refuses the write. Either way the node would never vote. The key does not exist,
+# so the PEXPIRE changes nothing and nothing is replicated.
 # KEYS[1] a lock key (of a name no lock uses)
 # Returns 1.
 PERMITTED = Script(
     """
-redis.call('EXISTS', KEYS[1])
+redis.call('PEXPIRE', KEYS[1], 1)
 return 1
 """
 )

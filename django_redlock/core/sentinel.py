@@ -50,6 +50,7 @@ __all__ = [
     "is_group_url",
     "parse_group_url",
     "redact_group_url",
+    "same_host",
 ]
 
 #: The URL scheme of a Sentinel-managed group.
@@ -185,10 +186,16 @@ def redact_group_url(url: str) -> str:
     return f"{scheme}://{netloc}{slash}{path}{question}{query}"
 
 
+def same_host(host: str) -> str:
+    """One spelling per host: ``localhost``, ``127.0.0.1`` and ``::1`` are this machine."""
+    host = host.lower()
+    return "127.0.0.1" if host in ("localhost", "::1") else host
+
+
 def group_identity(url: str) -> tuple[str, str, int]:
     """What makes two configured groups the same: the service name on the same Sentinels."""
     parsed = parse_group_url(url)
-    hosts = ",".join(sorted(f"{h.lower()}:{p}" for h, p in parsed.sentinels))
+    hosts = ",".join(sorted(f"{same_host(h)}:{p}" for h, p in parsed.sentinels))
     return ("sentinel", f"{parsed.service}@{hosts}", 0)
 
 
@@ -222,6 +229,9 @@ class SentinelGroup:
         self.master: tuple[str, int] | None = None
         #: When (``time.monotonic``) the Sentinels were last asked, answering or not.
         self.asked = -CONFIRM_EVERY
+        #: ``(host, port)`` of the servers configured as nodes of their own beside this group
+        #: (set by the client): a master found among them would vote twice.
+        self.elsewhere: frozenset[tuple[str, int]] = frozenset()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -279,6 +289,14 @@ class SentinelGroup:
 
     def _found(self, found: Any) -> tuple[str, int]:
         master = (str(found[0]), int(found[1]))
+        if (same_host(master[0]), master[1]) in self.elsewhere:
+            # Static checks cannot see it (the address is known only now); voting would let
+            # one server's failure count twice.
+            raise SentinelUnavailable(
+                f"the Sentinels name {master[0]}:{master[1]} as {self.service!r}'s master, "
+                "which is also configured as a node of its own: one server must not vote "
+                "twice (remove one of the two entries)"
+            )
         with self._lock:
             self.master = master
             self.asked = time.monotonic()
