@@ -95,7 +95,7 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
         request = AcquireRequest(rl, handle)
         acquire = [request.build(node, wire) for node, wire in zip(rl.nodes, wires, strict=True)]
         fan_out([a.data for a in acquire], acquire[0].count)
-        fan_out([rl._release_command(name, request.token)] * len(wires), 1)
+        fan_out([rl.keys.release_command(name, request.token)] * len(wires), 1)
 
     return cycle
 

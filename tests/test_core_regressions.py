@@ -483,7 +483,7 @@ def test_per_name_state_is_bounded(redis_nodes, make_redlock) -> None:
         woken.release()
     # Only the names in use keep state (none now; at most the last wake-up's courtesy).
     assert rl._queues == {}
-    assert len(rl._yield_until) <= 1
+    assert len(rl.leases._yield_until) <= 1
 
 
 def test_per_name_state_is_bounded_async(redis_nodes) -> None:

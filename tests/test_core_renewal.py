@@ -431,13 +431,13 @@ def test_a_quorum_that_answers_after_the_lease_ran_out_does_not_revive_it(
     lease = lock._lease
     assert lease is not None
     start = time.monotonic()
-    on_time = rl._judge_renewals([lease], [[1, 1, 1]], start, [lease.valid_until - 0.01])
+    on_time = rl.leases.judge_renewals([lease], [[1, 1, 1]], start, [lease.valid_until - 0.01])
     assert lock.held
     # The next renewal is a third of the lease after the round went out (as the new
     # validity counts), however long the round took.
     assert on_time == [start + lease.ttl / 3]
     lease.valid_until = time.monotonic() - 0.2  # the round took the rest of the lease
-    late = rl._judge_renewals([lease], [[1, 1, 1]], start, [lease.valid_until + 0.1])
+    late = rl.leases.judge_renewals([lease], [[1, 1, 1]], start, [lease.valid_until + 0.1])
     assert late == [None]
     assert not lock.held
     assert lock.lost is not None

@@ -80,8 +80,8 @@ def test_a_release_is_an_evalsha_and_costs_the_digest_not_the_body(
     for before, now in zip(calls, after, strict=True):
         assert now.get("evalsha", 0) - before.get("evalsha", 0) == count
         assert now.get("eval", 0) - before.get("eval", 0) == 0
-    sha_form = len(rl._release_command("held:000", locks[0].token or "t" * 32))
-    body_form = len(as_eval(rl._release_command("held:000", "t" * 32)))
+    sha_form = len(rl.keys.release_command("held:000", locks[0].token or "t" * 32))
+    body_form = len(as_eval(rl.keys.release_command("held:000", "t" * 32)))
     # The nodes also read the INFO commands that read these counters (tens of bytes each).
     per_release = (read_after - read) / count / len(redis_nodes)
     assert sha_form <= per_release < (sha_form + body_form) / 2, (per_release, sha_form, body_form)

@@ -752,7 +752,7 @@ def test_kept_releases_and_a_connection_closing_under_them_do_not_spin_the_loop(
             assert await rl.locked("warm-up") is False
             wire = rl._state().shared[2]
             wire.transport.close()  # closing; connection_lost comes at the next loop turn
-            rl.nodes[2].later.append(rl._release_command("kept", "t" * 32))
+            rl.nodes[2].later.append(rl.keys.release_command("kept", "t" * 32))
             assert await rl.locked("other") is False
             print("done", len(rl.nodes[2].later))
             await rl.close()

@@ -176,14 +176,14 @@ def test_a_late_trust_does_not_trust_a_node_flushed_since(
     a, _, c = cluster.nodes
     late, holder, other = (make_redlock(cluster, ttl=10, max_ttl=10) for _ in range(3))
     at_trust, go = threading.Event(), threading.Event()
-    build_trust = late._trust_command
+    build_trust = late.keys.trust_command
 
     def delayed(*args):
         at_trust.set()
         go.wait(10)
         return build_trust(*args)
 
-    late._trust_command = delayed
+    late.keys.trust_command = delayed  # type: ignore[method-assign]
     outcome: list[object] = []
 
     def take() -> None:

@@ -50,14 +50,14 @@ from .aionodes import (
     relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
 from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
-from .permits import HoldBase, Primitives
+from .permits import HoldBase, Permits
 from .renewal import BATCH_WINDOW, pauses
-from .validation import check_name, check_timeout
+from .validation import check_name
 from .waiting import HolderWatch, HolderWatches
 
 __all__ = ["AsyncLock", "AsyncReadLock", "AsyncRedlock", "AsyncSemaphore", "AsyncWriteLock"]
@@ -168,7 +168,7 @@ class AsyncLock(LockBase):
         lock.acquire(), 5)`` is owned by the caller on every Python (before 3.12 wait_for
         runs the coroutine in a task of its own)."""
         owner = self._owner()
-        prepared = self._prepare(owner, blocking, check_timeout(timeout), retries)
+        prepared = self._prepare(owner, blocking, timeout, retries)
         return self._acquire_for(owner, prepared)
 
     async def _acquire_for(
@@ -250,7 +250,7 @@ class AsyncWriteLock(AsyncSemaphore):
     kind = "write"
 
 
-class AsyncRedlock(Primitives):
+class AsyncRedlock(RedlockBase):
     """A lock manager over independent Redis nodes, for asyncio code.
 
     The same constructor, names and semantics as :class:`Redlock`, awaitable::
@@ -275,6 +275,7 @@ class AsyncRedlock(Primitives):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.permits = Permits(self)
         self._states: dict[int, LoopState] = {}
         self._states_lock = threading.Lock()
         #: Leases with a renewal on the wire -> set when it is done (any loop may wait).
@@ -303,7 +304,7 @@ class AsyncRedlock(Primitives):
         """Every lock some node holds whose name matches the glob ``pattern``, sorted by name
         (a list rather than the sync client's iterator; read the same way)."""
         found = await self._drive(self._list_steps(pattern))
-        return [self._lock_info(name, found[name]) for name in sorted(found)]
+        return [self.listing.lock_info(name, found[name]) for name in sorted(found)]
 
     async def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""
@@ -314,7 +315,7 @@ class AsyncRedlock(Primitives):
         """Reachability, latency, version, uptime, memory, lock keys, clock offset and
         restart-guard state of every node (probed concurrently)."""
         probes = await asyncio.gather(*(self._probe(i) for i in range(len(self.nodes))))
-        return self._judge_health(list(probes))
+        return self.listing.judge_health(list(probes))
 
     async def trust_cluster(self) -> int:
         """:meth:`Redlock.trust_cluster <django_redlock.Redlock.trust_cluster>`, awaitable."""
@@ -477,13 +478,14 @@ class AsyncRedlock(Primitives):
         timeout: float | None,
         retries: int | None,
     ) -> Lease | None:
-        lease = self._reenter(handle, owner)
-        if lease is not None:
-            return lease
+        if handle.reentrant:
+            lease = self.leases.reenter(handle, owner)
+            if lease is not None:
+                return lease
         try:
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
-            won = self._won_unreturned(handle.name, owner)
+            won = self.leases.won_unreturned(handle.name, owner)
             if won is not None:
                 self._in_background(functools.partial(self._give_back, won))
             raise
@@ -503,7 +505,7 @@ class AsyncRedlock(Primitives):
     ) -> Lease | None:
         start = time.monotonic()
         deadline = self._deadline(start, timeout, retries)
-        courtesy = self._courtesy(handle.name) if blocking else 0.0
+        courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
         state = self._state()
@@ -549,14 +551,16 @@ class AsyncRedlock(Primitives):
         start = time.monotonic()
         deadline = self._deadline(start, timeout, None)
         try:
-            lease = await self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
+            lease = await self._drive(
+                self.permits.hold_steps(handle, owner, blocking, deadline, start)
+            )
             if lease is not None and lease.auto_renew:
                 await self._state().notices.ready()
             return lease
         except BaseException:
             state = self._state()
             for name in handle.hold_names():
-                won = self._won_unreturned(name, owner)
+                won = self.leases.won_unreturned(name, owner)
                 if won is not None and won.acquired >= start and not state.closed:
                     state.spawn(self._give_back(won))
             raise
@@ -632,7 +636,7 @@ class AsyncRedlock(Primitives):
     async def _release_everywhere(
         self, name: str, token: str, behind: Mapping[int, AsyncOwing] | None = None
     ) -> list[Any]:
-        command = self._release_command(name, token)
+        command = self.keys.release_command(name, token)
         replies = await self._fan_out(
             lambda n, w: command, enough=self._released_by_quorum, behind=behind, idempotent=True
         )
@@ -640,7 +644,7 @@ class AsyncRedlock(Primitives):
         return replies
 
     async def _release(self, lease: Lease) -> None:
-        if not self._begin_release(lease):
+        if not self.leases.begin_release(lease):
             return
         try:
             replies = await self._release_after_renewal(lease)
@@ -651,7 +655,7 @@ class AsyncRedlock(Primitives):
         finally:
             if lease.leave_queue is not None:
                 lease.leave_queue()
-        self._finish_release(lease, replies)
+        self.leases.finish_release(lease, replies)
 
     async def _release_after_renewal(self, lease: Lease) -> list[Any]:
         renewing = self._renewing.get(lease)
@@ -674,10 +678,10 @@ class AsyncRedlock(Primitives):
         self._renew_later(state, lease)
         # A long holder hears an operator's force release at once (not at its next renewal),
         # on the holders' channel: subscribed once per node for all of this loop's holders.
-        watch = HolderWatch(lease, self._mark_lost, self.quorum)
+        watch = HolderWatch(lease, self.leases.mark_lost, self.quorum)
         if state.holders is None:
             state.holders = HolderWatches()
-            state.notices.watch(self._holders_channel().encode(), state.holders)
+            state.notices.watch(self.keys.holders_channel().encode(), state.holders)
         state.holders.add(watch)
         lease.unwatch = functools.partial(state.holders.remove, watch)
 
@@ -712,7 +716,7 @@ class AsyncRedlock(Primitives):
                 try:
                     whens = await self._renew(leases)
                 except Exception:
-                    self._renewal_failed(leases)
+                    self.leases.renewal_failed(leases)
                     continue
                 for lease, when in zip(leases, whens, strict=True):
                     if when is not None:
@@ -805,13 +809,13 @@ class AsyncRedlock(Primitives):
             await self._ask(index, wire, [["PING"]])
             latency = time.perf_counter() - t0
             try:
-                await self._call(index, self._permission_probe())
+                await self._call(index, self.listing.permission_probe())
             except ReplyError as exc:
-                raise self._script_refused(exc) from None
+                raise self.listing.script_refused(exc) from None
             [server_time] = await self._call(index, [["TIME"]])
             received = time.time()
             info, marker = await self._call(
-                index, [["INFO"], ["HMGET", self._node_key(), *self.MARKER_FIELDS]]
+                index, [["INFO"], ["HMGET", self.keys.node_key(), *self.keys.MARKER_FIELDS]]
             )
             probe: Mapping[str, Any] = {
                 "latency": latency,
@@ -823,5 +827,5 @@ class AsyncRedlock(Primitives):
                 "keys": await self._count_keys(index, f"{self.key_prefix}:lock:*"),
             }
         except Exception as exc:
-            return self._failed_health(node, exc)
-        return self._node_health(node, probe)
+            return self.listing.failed_health(node, exc)
+        return self.listing.node_health(node, probe)

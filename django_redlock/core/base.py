@@ -4,8 +4,10 @@ small drivers run: :mod:`.redlock` over :mod:`.nodes` and :mod:`.waiting` (socke
 threads), :mod:`.asyncio` over :mod:`.aionodes` and :mod:`.aiowaiting` (asyncio protocols,
 tasks). Read :meth:`RedlockBase._attempt_steps` against the spec top to bottom.
 
-The other jobs of a client live next door and are mixed in: the key layout and commands
-(:mod:`.commands`), the lease table (:mod:`.leases`), listing and health (:mod:`.listing`).
+The other jobs of a client are parts it holds, not base classes: the key layout and commands
+(``keys``, :mod:`.commands`), the lease table (``leases``, :mod:`.leases`), listing and health
+(``listing``, :mod:`.listing`), and, built by each driver, the steps of semaphores and
+read/write holds (``permits``, :mod:`.permits`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-import threading
 import weakref
 import zlib
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
@@ -38,13 +39,13 @@ from .nodes import (
     make_nodes,
     not_redis,
     pack,
-    pack_many,
     reached,
     reply_failure,
 )
 from .sentinel import GUARD_MARGIN
 from .validation import (
     check_flag,
+    check_limit,
     check_meta,
     check_name,
     check_node_timeout,
@@ -132,15 +133,16 @@ class AcquireRequest:
     ) -> None:
         self.token = clock.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
-        self.meta, self._meta_json = redlock._holder_meta(handle.meta)
+        self.meta, self._meta_json = redlock.keys.holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
         self._fast: Pipelined | None = None
         self._script: tuple[list[Any], list[Any]] | None = None
         if line is None and not handle.fencing:
-            key = redlock._key(handle.name).encode()
+            key = redlock.keys.key(handle.name)
             value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
-            data = _set_and_pttl(key, value.encode(), self._ttl_ms)
+            # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
+            data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
             count = 2
             if self._guarded:
                 data += redlock._marker_read
@@ -177,10 +179,10 @@ class AcquireRequest:
     def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
         """The acquire script, its keys, and its arguments after the guard period."""
         redlock, handle, line = self._redlock, self._handle, self._line
-        keys = redlock._acquire_keys(handle.name)
+        keys = redlock.keys.acquire_keys(handle.name)
         if line is None:
             return scripts.ACQUIRE, keys, []
-        keys = keys + redlock._line_keys(handle.name)
+        keys = keys + redlock.keys.line_keys(handle.name)
         return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
@@ -217,7 +219,7 @@ class AcquireRequest:
         """The release of this attempt's token, for a node whose answer did not come in time
         (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
         the script's body: nobody may ever read its answer."""
-        return self._redlock._undo_command(self._handle.name, self.token)
+        return self._redlock.keys.undo_command(self._handle.name, self.token)
 
 
 def _fold_script(wire: Any, replies: list[Any]) -> Any:
@@ -264,12 +266,6 @@ def _verdict(reply: Any) -> bool:
     return isinstance(reply, list) or (
         isinstance(reply, Failure) and reply is not TIMED_OUT and reply is not NOT_SENT
     )
-
-
-def _set_and_pttl(key: bytes, value: bytes, ttl_ms: int) -> bytes:
-    """``SET key value NX PX ttl`` and ``PTTL key``, encoded in one step (this runs on every
-    uncontended acquire)."""
-    return pack_many((("SET", key, value, "NX", "PX", ttl_ms), ("PTTL", key)))
 
 
 class Send:
@@ -399,11 +395,17 @@ class Finally:
 Steps = Generator[Send | SendBatch | Pause | Listen | Wait | Finally, Any, _T]
 
 
-class RedlockBase(KeyLayout, LeaseTable, Listing):
+class RedlockBase:
     """Configuration and decisions of the Redlock algorithm, without I/O."""
 
     #: The handle class :meth:`lock` returns.
     lock_class: type[LockBase] = LockBase
+    #: The class of the client's lease table (:attr:`leases`).
+    lease_table_class: type[LeaseTable] = LeaseTable
+    #: The handle classes (sync or async) of semaphores and read/write locks (:mod:`.permits`).
+    semaphore_class: type[LockBase] = LockBase
+    read_lock_class: type[LockBase] = LockBase
+    write_lock_class: type[LockBase] = LockBase
     #: Whether the nodes' connections are ``redis.asyncio``'s (an option they cannot honour
     #: is refused when the client is built).
     asyncio_transport = False
@@ -456,17 +458,43 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         self.guard_period = self.max_ttl + (
             GUARD_MARGIN if any(node.group is not None for node in self.nodes) else 0.0
         )
-        self._leases: dict[str, Lease] = {}
-        self._leases_lock = threading.Lock()
-        self._yield_until: dict[str, float] = {}
-        self._host = socket.gethostname()
-        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
-        self._marker_read = pack(["HMGET", self._node_key(), "run_id", "id"])
-        self._meta_cache: tuple[int, dict[str, Any], str] | None = None
+        self.keys = KeyLayout(
+            self.key_prefix,
+            fair_heartbeat=self.fair_heartbeat,
+            meta=self.meta,
+            host=socket.gethostname(),
+        )
+        self.listing = Listing(
+            self.nodes,
+            key_prefix=self.key_prefix,
+            quorum=self.quorum,
+            max_ttl=self.max_ttl,
+            guard_period=self.guard_period,
+            restart_guard=self.restart_guard,
+            trust_fresh_cluster=self.trust_fresh_cluster,
+        )
         #: Called with a :class:`LockEvent` on acquire, release, contention, loss and force
         #: release.
         self.listeners: list[Listener] = []
+        self.leases = self.lease_table_class(
+            self.nodes,
+            quorum=self.quorum,
+            drift_factor=self.drift_factor,
+            listeners=self.listeners,
+            start_renewal=self._start_renewal,
+        )
+        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
+        self._marker_read = pack(["HMGET", self.keys.node_key(), "run_id", "id"])
         _INSTANCES.add(self)
+
+    def _start_renewal(self, lease: Lease) -> None:
+        """Hand an auto-renewed lease to this client's watchdog (the driver's)."""
+        raise NotImplementedError
+
+    def _after_fork(self) -> None:
+        """In a forked child: hold nothing of the parent's (the drivers drop their
+        connections' state too)."""
+        self.leases.after_fork()
 
     def __repr__(self) -> str:
         return (
@@ -497,37 +525,128 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         ``meta`` is shown on the admin page as the holder's details. ``owner`` replaces the
         current thread/task as the reentrancy owner (a Celery task id, say).
         """
+        return self._hold(
+            self.lock_class, name, ttl, auto_renew, fencing, fair, blocking, timeout, meta,
+            owner, renew_for,
+            reentrant=self.reentrant if reentrant is None else check_flag("reentrant", reentrant),
+            retries=None if retries is None else check_retry_count(retries),
+        )  # fmt: skip
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fair: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on semaphore ``name``: at most ``limit`` holders at once, each holding one
+        permit (a slot, see :mod:`.permits`) with the mutex's rules: ``ttl``, ``auto_renew``,
+        ``fencing`` (a fence per slot), ``fair`` (one line for every slot), ``meta``.
+        Every user of one name must give the same ``limit`` (a larger one lets more in)."""
+        check_limit(limit, f"limit of semaphore {name!r}")
+        handle: Any = self._hold(
+            self.semaphore_class, name, ttl, auto_renew, fencing, fair, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+        handle.limit = limit
+        return handle
+
+    def read_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the read side of read/write lock ``name``: many readers at once, never
+        while a writer holds it or waits for it."""
+        return self._hold(
+            self.read_lock_class, name, ttl, auto_renew, False, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def write_lock(
+        self,
+        name: str,
+        ttl: float | None = None,
+        *,
+        auto_renew: bool = False,
+        fencing: bool = False,
+        blocking: bool = True,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        owner: Hashable | None = None,
+        renew_for: float | None = None,
+    ) -> Any:
+        """A handle on the write side of read/write lock ``name``: one writer, no reader. The
+        writer is the lock ``name`` itself (listed, renewed, fenced and force-released as
+        any lock); don't take ``rl.lock(name)`` on the same name, which ignores readers."""
+        return self._hold(
+            self.write_lock_class, name, ttl, auto_renew, fencing, False, blocking, timeout,
+            meta, owner, renew_for,
+        )  # fmt: skip
+
+    def _hold(
+        self,
+        cls: type[LockBase],
+        name: str,
+        ttl: float | None,
+        auto_renew: bool,
+        fencing: bool,
+        fair: bool,
+        blocking: bool,
+        timeout: float | None,
+        meta: Mapping[str, Any] | None,
+        owner: Hashable | None,
+        renew_for: float | None,
+        reentrant: bool = False,
+        retries: int | None = None,
+    ) -> Any:
+        """A handle of class ``cls`` (a lock's, a semaphore's, a read or write lock's), its
+        options checked."""
         check_name(name)
         lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
         if lease_ttl > self.max_ttl:
             raise ValueError(
-                f"ttl {ttl!r} for lock {name!r} exceeds max_ttl {self.max_ttl!r} (the restart "
+                f"ttl {ttl!r} for {name!r} exceeds max_ttl {self.max_ttl!r} (the restart "
                 "guard only protects leases up to max_ttl)"
             )
         if lease_ttl <= self.node_timeout:
-            raise ValueError(f"ttl {ttl!r} for lock {name!r} must exceed node_timeout")
+            raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
         details = check_meta(meta, besides=self.meta)
         if renew_for is not None:
             check_positive("renew_for", renew_for)
             if not auto_renew:
                 raise ValueError(
-                    f"renew_for={renew_for!r} caps auto-renewal: lock {name!r} needs "
-                    "auto_renew=True"
+                    f"renew_for={renew_for!r} caps auto-renewal: {name!r} needs auto_renew=True"
                 )
-        return self.lock_class(
+        return cls(
             self,
             name,
             ttl=lease_ttl,
             auto_renew=check_flag("auto_renew", auto_renew),
             fencing=check_flag("fencing", fencing),
-            reentrant=self.reentrant if reentrant is None else check_flag("reentrant", reentrant),
+            reentrant=reentrant,
             fair=check_flag("fair", fair),
             blocking=check_flag("blocking", blocking),
             timeout=check_timeout(timeout),
             meta=details,
             owner=owner,
             renew_for=renew_for,
-            retries=None if retries is None else check_retry_count(retries),
+            retries=retries,
         )
 
     # -- judging replies ------------------------------------------------------------------------
@@ -538,7 +657,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _granted_by_quorum(self, replies: list[Any]) -> bool:
         """An acquire's wait ends once a quorum granted it: the lock is ours whatever the
         slower nodes answer (validity is measured from before the first send)."""
-        return len(self._granted(replies)) >= self.quorum
+        return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.quorum
 
     def _keep_unreached(self, release: bytes, replies: list[Any]) -> None:
         """A release that could not reach a node goes out with the next operation that
@@ -567,16 +686,16 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     ) -> Lease | None:
         """The lease when a quorum granted it with validity left (validity measured after the
         replies came in: node-redlock returned locks with none left)."""
-        granted = self._granted(replies)
-        validity = handle.ttl - (clock.monotonic() - start) - self._margin(handle.ttl)
-        if len(granted) < self.quorum or validity <= 0:
+        granted = [r for r in replies if r.__class__ is list and r[0] == 0]
+        valid_until = start + handle.ttl - self.leases.margin(handle.ttl)
+        if len(granted) < self.quorum or clock.monotonic() >= valid_until:
             return None
         return Lease(
             name=handle.name,
             token=request.token,
             ttl=handle.ttl,
             owner=owner,
-            valid_until=start + handle.ttl - self._margin(handle.ttl),
+            valid_until=valid_until,
             fence=max(int(r[1]) for r in granted) if handle.fencing else None,
             acquired=start,
             meta=request.meta,
@@ -588,7 +707,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """TRUST for each node, naming the marker this attempt saw fresh there (a node
         flushed and armed again since has another marker and is not trusted)."""
         seen = {id(node): r[4] for node, r in zip(self.nodes, replies, strict=True)}
-        return lambda node, wire: self._trust_command(wire.run_id, seen[id(node)])
+        return lambda node, wire: self.keys.trust_command(wire.run_id, seen[id(node)])
 
     def _all_fresh(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster: every node is in its guard for a missing marker, all the
@@ -661,8 +780,10 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         #: lock from a quorum of free nodes).
         lead_next = False
         if handle.fair:
-            line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
-            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+            line = self.keys.line(
+                (yield Send(to_every_node(self.keys.ticket_command(handle.name))))
+            )
+            yield Finally(Send(to_every_node(self.keys.leave_line_command(handle.name, line[0]))))
         while True:
             if first is None:
                 lead = self._lead_node(handle.name) if lead_next else None
@@ -670,7 +791,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
-                return self._won(handle, outcome, start)
+                return self.leases.won(handle, outcome, start)
             attempts += 1
             lead_next = True
             now = clock.monotonic()
@@ -678,7 +799,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 self._give_up(handle, outcome, now - start)
                 return None
             if notice is None:
-                notice = yield Listen(self._channel(handle.name))
+                notice = yield Listen(self.keys.channel(handle.name))
                 continue
             pause = self._pause_for(handle, outcome, retries, deadline, now)
             heard: int = (yield Wait(notice, pause)) or 0
@@ -710,7 +831,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         (the attempt goes to the lead node first, as theirs do)."""
         lead = self._lead_node(handle.name) if contended else None
         outcome = yield from self._attempt_steps(handle, owner, lead=lead)
-        return self._won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
+        return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _lead_node(self, name: str) -> int | None:
         """The node a contended attempt on ``name`` goes to first (see :meth:`_lead_steps`):
@@ -797,12 +918,6 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
 
         return build, enough
 
-    def _won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
-        self._register(handle, lease, clock.monotonic() - start)
-        if lease.auto_renew:
-            self._start_renewal(lease)
-        return lease
-
     def _attempt_steps(
         self,
         handle: LockBase,
@@ -867,7 +982,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
             spread = clock.monotonic() - start
             lease = self._lease_if_valid(handle, owner, request, replies, start)
             if lease is not None and lease.fence is not None:
-                command = self._fence_command(handle.name, request.token, lease.fence)
+                command = self.keys.fence_command(handle.name, request.token, lease.fence)
                 synced = yield Send(to_every_node(command), None, cancel, None, self._synced)
                 valid = clock.monotonic() < lease.valid_until
                 if not self._synced(synced) or not valid:
@@ -877,7 +992,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 lease.behind = send.left
                 return lease
             if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
-                undo = self._release_command(handle.name, request.token)
+                undo = self.keys.release_command(handle.name, request.token)
                 # Behind the acquire where it is still on its way, as a release goes; kept
                 # for a node it could not reach, as a release is.
                 # Its answers change nothing once a majority has them: a slower node gets it
@@ -908,28 +1023,28 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     # -- the other operations, as steps (one fan-out each) ---------------------------------------
 
     def _locked_steps(self, name: str) -> Steps[bool]:
-        replies = yield Send(to_every_node(["EXISTS", self._key(check_name(name))]))
+        replies = yield Send(to_every_node(["EXISTS", self.keys.key(check_name(name))]))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
         token = None if token is None else check_token(token)
-        command = pack(self._force_release_command(name, token))
+        command = pack(self.keys.force_release_command(name, token))
         replies = yield Send(to_every_node(command), idempotent=token is not None)
         if token is not None:
             # Only that holder's copies: sending it late never touches another holder's lock
             # (without a token it could remove the next holder's).
             self._keep_unreached(command, replies)
-        return self._judge_force_release(name, replies)
+        return self.leases.judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
-        command = self._release_command(check_name(name), check_token(token))
+        command = self.keys.release_command(check_name(name), check_token(token))
         replies = yield Send(to_every_node(command), idempotent=True)
         self._keep_unreached(command, replies)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
         ttl = self._check_extend_ttl(ttl)
-        command = self._extend_token_command(check_name(name), check_token(token), ttl)
+        command = self.keys.extend_token_command(check_name(name), check_token(token), ttl)
         replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
@@ -938,11 +1053,11 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         if lease.released or lease.lost or lease.foreign:
             return False
         start = clock.monotonic()
-        replies = yield Send(to_every_node(self._extend_command(lease, ttl)))
+        replies = yield Send(to_every_node(self.keys.extend_command(lease, ttl)))
         if self._should_claim(lease, replies):
-            claimed = yield Send(to_every_node(self._extend_command(lease, ttl, claim=True)))
+            claimed = yield Send(to_every_node(self.keys.extend_command(lease, ttl, claim=True)))
             replies = _either_extended(replies, claimed)
-        return self._judge_extend(lease, ttl, replies, start)
+        return self.leases.judge_extend(lease, ttl, replies, start)
 
     def _should_claim(self, lease: Lease, replies: list[Any]) -> bool:
         """Whether a renewal takes the lock on the nodes where it is missing too: some node
@@ -960,19 +1075,19 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False
-        replies = yield Send(to_every_node(self._check_command(lease.name, lease.token)))
-        return self._judge_check(lease, replies)
+        replies = yield Send(to_every_node(self.keys.check_command(lease.name, lease.token)))
+        return self.leases.judge_check(lease, replies)
 
     def _renew_steps(self, leases: list[Lease]) -> Steps[list[float | None]]:
         """One watchdog round over the due leases, in one pipelined fan-out (a silent node
         costs one node timeout per round, not one per lease): per lease, when to renew it
         next, or None to stop."""
         now = clock.monotonic()
-        batch = [lease for lease in leases if self._wants_renewal(lease, now)]
+        batch = [lease for lease in leases if self.leases.wants_renewal(lease, now)]
         whens: dict[int, float | None] = {}
         if batch:
             start = clock.monotonic()
-            commands = [self._extend_command(lease, lease.ttl) for lease in batch]
+            commands = [self.keys.extend_command(lease, lease.ttl) for lease in batch]
             step = SendBatch(commands, batch)
             results = yield step
             replies = [replies_of(results, position) for position in range(len(batch))]
@@ -985,7 +1100,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                 leases_claiming = [batch[i] for i in claiming]
                 claim = SendBatch(
                     [
-                        self._extend_command(lease, lease.ttl, claim=True)
+                        self.keys.extend_command(lease, lease.ttl, claim=True)
                         for lease in leases_claiming
                     ],
                     leases_claiming,
@@ -1000,7 +1115,7 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
                         for r, a, c in zip(first, answered, claim_answered, strict=True)
                     ]
                     at[i] = _answered_at(replies[i], times, self.quorum)
-            judged = self._judge_renewals(batch, replies, start, at)
+            judged = self.leases.judge_renewals(batch, replies, start, at)
             whens = dict(zip(map(id, batch), judged, strict=True))
         return [whens.get(id(lease)) for lease in leases]
 
@@ -1008,26 +1123,28 @@ class RedlockBase(KeyLayout, LeaseTable, Listing):
         """Every lock some node holds whose name matches the glob ``pattern``: each step reads
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
-        entries (see :meth:`_lock_info`)."""
+        entries (see :meth:`.Listing.lock_info`)."""
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
         # The locks, then the read/write locks' readers (one entry per reader).
-        for command in (self._list_command, self._list_readers_command):
+        for command in (self.keys.list_command, self.keys.list_readers_command):
             cursors: list[bytes | None] = [b"0"] * len(self.nodes)
             while any(c is not None for c in cursors):
                 commands = {
                     id(node): command(cursor, pattern)
                     for node, cursor in zip(self.nodes, cursors, strict=True)
                 }
-                replies = yield Send(to_each_node(commands), timeout=self.LIST_TIMEOUT)
-                self._list_step(cursors, replies, found)
+                replies = yield Send(to_each_node(commands), timeout=self.keys.LIST_TIMEOUT)
+                self.listing.list_step(cursors, replies, found)
         return found
 
     def _trust_cluster_steps(self) -> Steps[int]:
         """``trust_cluster()``: refuse when a reachable node holds a lock (the operator's
         assertion is false), else arm every reachable node's marker as trusted now."""
         found = yield from self._list_steps("*")
-        self._refuse_trust([self._lock_info(name, found[name]) for name in sorted(found)])
-        replies = yield Send(lambda n, wire: self._trust_now_command(wire.run_id))
+        self.listing.refuse_trust(
+            [self.listing.lock_info(name, found[name]) for name in sorted(found)]
+        )
+        replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire.run_id))
         return sum(1 for r in replies if r == 1)
 
     def _refusal(self, replies: list[Any]) -> Refusal:
@@ -1161,17 +1278,17 @@ def _any_answers(replies: list[Any]) -> bool:
     return True
 
 
-def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:
-    """A renewal's replies after its claiming round: a node extended in either counts (one
-    that answered the first and failed the second still holds our re-armed copy)."""
-    return [1 if a == 1 else b for a, b in zip(first, claimed, strict=True)]
-
-
 def _answered_at(replies: list[Any], answered: list[float | None], quorum: int) -> float | None:
     """When a quorum of nodes had extended a lease (the ``quorum``-th earliest answer among
     the nodes that replied 1), None when too few did or the driver did not say when."""
     times = sorted(t for r, t in zip(replies, answered, strict=False) if r == 1 and t is not None)
     return times[quorum - 1] if len(times) >= quorum else None
+
+
+def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:
+    """A renewal's replies after its claiming round: a node extended in either counts (one
+    that answered the first and failed the second still holds our re-armed copy)."""
+    return [1 if a == 1 else b for a, b in zip(first, claimed, strict=True)]
 
 
 def _guard_reason(reply: list[Any]) -> str:

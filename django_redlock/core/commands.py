@@ -48,42 +48,47 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
 #: same connection, behind everything sent before: also when the release's operation ended
 #: without waiting for that node (a release runs the same however late: it deletes only its
 #: own token). The one exception is the undo sent behind an acquire on a connection given up
-#: (:meth:`KeyLayout._undo_command`): nobody may ever read its answer (the process may close
+#: (:meth:`KeyLayout.undo_command`): nobody may ever read its answer (the process may close
 #: first), so it carries the body; it is sent only when a node did not answer in time.
 _RELEASE_HEAD = ("EVALSHA", scripts.RELEASE.sha, 1)
 
 
 class KeyLayout:
-    """Keys, channels and commands of a Redlock client (a part of :class:`.base.RedlockBase`)."""
+    """Keys, channels and commands of a Redlock client for one key prefix (a part of a
+    client: :class:`.base.RedlockBase` holds one as ``keys``). ``meta`` and ``host`` are the
+    client's holder details, written with every lock."""
 
-    key_prefix: str
-    fair_heartbeat: float
-    meta: dict[str, Any]
-    _host: str
-    _meta_cache: tuple[int, dict[str, Any], str] | None
-    _thread_json: tuple[str | None, str] = (None, "")
+    def __init__(
+        self, key_prefix: str, *, fair_heartbeat: float, meta: dict[str, Any], host: str
+    ) -> None:
+        self.key_prefix = key_prefix
+        self.fair_heartbeat = fair_heartbeat
+        self.meta = meta
+        self.host = host
+        self._meta_cache: tuple[int, dict[str, Any], str] | None = None
+        self._thread_json: tuple[str | None, str] = (None, "")
 
-    def _key(self, name: str) -> str:
+    def key(self, name: str) -> str:
         return f"{self.key_prefix}:lock:{name}"
 
-    def _acquire_keys(self, name: str) -> list[str]:
-        return [self._key(name), f"{self.key_prefix}:fence:{name}", self._node_key()]
+    def acquire_keys(self, name: str) -> list[str]:
+        return [self.key(name), f"{self.key_prefix}:fence:{name}", self.node_key()]
 
-    def _line_keys(self, name: str) -> list[str]:
+    def line_keys(self, name: str) -> list[str]:
         # A semaphore's permits share one line (a fair waiter takes whichever slot frees).
         name = base_name(name)
         p = self.key_prefix
         return [f"{p}:queue:{name}", f"{p}:beats:{name}", f"{p}:qseq:{name}"]
 
-    def _ticket_command(self, name: str) -> list[Any]:
+    def ticket_command(self, name: str) -> list[Any]:
         # The sequence expires with an idle line, as the line itself does (FAIR_ACQUIRE).
         idle_ms = int(self.fair_heartbeat * 2000)
-        return script_command(scripts.FAIR_TICKET, [self._line_keys(name)[2]], [idle_ms])
+        return script_command(scripts.FAIR_TICKET, [self.line_keys(name)[2]], [idle_ms])
 
-    def _leave_line_command(self, name: str, waiter: str) -> list[Any]:
-        return script_command(scripts.FAIR_LEAVE, self._line_keys(name)[:2], [waiter])
+    def leave_line_command(self, name: str, waiter: str) -> list[Any]:
+        return script_command(scripts.FAIR_LEAVE, self.line_keys(name)[:2], [waiter])
 
-    def _line(self, replies: list[Any]) -> tuple[str, int]:
+    def line(self, replies: list[Any]) -> tuple[str, int]:
         """A new waiter's place: the largest ticket any node drew (quorums overlap, so a waiter
         arriving after another finished joining always draws a larger one)."""
         tickets = [r for r in replies if isinstance(r, int)]
@@ -92,76 +97,76 @@ class KeyLayout:
     #: Marker fields a health probe reads (see ``scripts._GUARD``).
     MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed")
 
-    def _node_key(self) -> str:
+    def node_key(self) -> str:
         return f"{self.key_prefix}:node"
 
-    def _channel(self, name: str) -> str:
+    def channel(self, name: str) -> str:
         # One channel per primitive: a release of any permit (or reader) wakes its waiters.
         return f"{self.key_prefix}:released:{base_name(name)}"
 
-    def _rw_keys(self, name: str) -> list[str]:
+    def rw_keys(self, name: str) -> list[str]:
         """A read/write lock's keys, in the order of :mod:`.rwscripts`' acquire scripts."""
         p = self.key_prefix
         return [
-            *self._acquire_keys(name),
+            *self.acquire_keys(name),
             f"{p}:readers:{name}",
             f"{p}:rmeta:{name}",
             f"{p}:wwait:{name}",
         ]
 
-    def _reader_keys(self, reader: str) -> list[str]:
+    def reader_keys(self, reader: str) -> list[str]:
         """The readers set and their values, of the read/write lock a reader hold is of."""
         name, p = base_name(reader), self.key_prefix
         return [f"{p}:readers:{name}", f"{p}:rmeta:{name}"]
 
-    def _check_command(self, name: str, token: str) -> list[Any]:
+    def check_command(self, name: str, token: str) -> list[Any]:
         """What :meth:`check` reads on each node: a value starting with ``"<token> "`` when
         the hold is ours there."""
         if is_reader(name):
-            return script_command(rwscripts.READ_CHECK, self._reader_keys(name)[:1], [token])
-        return ["GET", self._key(name)]
+            return script_command(rwscripts.READ_CHECK, self.reader_keys(name)[:1], [token])
+        return ["GET", self.key(name)]
 
-    def _holders_channel(self) -> str:
+    def holders_channel(self) -> str:
         """Where a force release announces the token it removed, for the holder: one channel
         for every lock, so a process's renewing holders need one subscription per node."""
         return f"{self.key_prefix}:forced"
 
-    def _release_command(self, name: str, token: str) -> bytes:
+    def release_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token``, encoded (it runs on every release)."""
         if is_reader(name):
-            keys, args = self._reader_keys(name), [token, self._channel(name)]
+            keys, args = self.reader_keys(name), [token, self.channel(name)]
             return pack(script_command(rwscripts.READ_RELEASE, keys, args))
-        return pack((*_RELEASE_HEAD, self._key(name), token, self._channel(name)))
+        return pack((*_RELEASE_HEAD, self.key(name), token, self.channel(name)))
 
-    def _undo_command(self, name: str, token: str) -> bytes:
+    def undo_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token`` with the script's body, for a connection given up (see
         ``_RELEASE_HEAD``): it runs whatever the node's script cache, unread."""
         if is_reader(name):
-            keys, args = self._reader_keys(name), [token, self._channel(name)]
+            keys, args = self.reader_keys(name), [token, self.channel(name)]
             return pack(eval_command(rwscripts.READ_RELEASE, keys, args))
-        return pack(eval_command(scripts.RELEASE, [self._key(name)], [token, self._channel(name)]))
+        return pack(eval_command(scripts.RELEASE, [self.key(name)], [token, self.channel(name)]))
 
-    def _fence_command(self, name: str, token: str, fence: int) -> list[Any]:
+    def fence_command(self, name: str, token: str, fence: int) -> list[Any]:
         return script_command(
             scripts.FENCE_SYNC,
-            [self._key(name), f"{self.key_prefix}:fence:{name}"],
+            [self.key(name), f"{self.key_prefix}:fence:{name}"],
             [token, fence],
         )
 
-    def _force_release_command(self, name: str, token: str | None = None) -> list[Any]:
+    def force_release_command(self, name: str, token: str | None = None) -> list[Any]:
         entry = reader_entry_of(check_name(name))
         if entry is not None:
             # One reader, as listed: its token is in its name (a token given must match).
             base, reader = entry
-            keys = self._reader_keys(base)
+            keys = self.reader_keys(base)
             gone = reader if token in (None, reader) else ""
-            args = [gone, self._channel(base), self._holders_channel()]
+            args = [gone, self.channel(base), self.holders_channel()]
             return eval_command(rwscripts.READ_FORCE_RELEASE, keys, args)
         # With its body, as a release: a slow node runs it late, whatever its script cache.
         return eval_command(
             scripts.FORCE_RELEASE,
-            [self._key(check_name(name))],
-            [self._channel(name), token or "", self._holders_channel()],
+            [self.key(check_name(name))],
+            [self.channel(name), token or "", self.holders_channel()],
         )
 
     #: Lock hashes read per node per listing step.
@@ -170,7 +175,7 @@ class KeyLayout:
     #: A listing step may take longer than a lock operation (up to LIST_BATCH locks).
     LIST_TIMEOUT = 2.0
 
-    def _list_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
+    def list_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
         """The next listing step on a node, or a no-op once its SCAN is done (``cursor`` None),
         so every step is one fan-out over all nodes."""
         if cursor is None:
@@ -178,7 +183,7 @@ class KeyLayout:
         match = f"{self.key_prefix}:lock:{pattern}"
         return script_command(scripts.LIST, [], [cursor, match, self.LIST_BATCH])
 
-    def _list_readers_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
+    def list_readers_command(self, cursor: bytes | None, pattern: str) -> list[Any]:
         """The next step of listing readers (see :meth:`_list_command`); ``pattern`` is on
         the read/write locks' names."""
         if cursor is None:
@@ -190,18 +195,18 @@ class KeyLayout:
             rwscripts.LIST_READERS, [], [*args, f"{p}:readers:", f"{p}:rmeta:", f"{p}:lock:"]
         )
 
-    def _trust_command(self, run_id: str, marker: bytes) -> list[Any]:
-        return script_command(scripts.TRUST, [self._node_key()], [run_id, marker])
+    def trust_command(self, run_id: str, marker: bytes) -> list[Any]:
+        return script_command(scripts.TRUST, [self.node_key()], [run_id, marker])
 
-    def _trust_now_command(self, run_id: str) -> list[Any]:
-        return script_command(scripts.TRUST_NOW, [self._node_key()], [run_id])
+    def trust_now_command(self, run_id: str) -> list[Any]:
+        return script_command(scripts.TRUST_NOW, [self.node_key()], [run_id])
 
-    def _extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
+    def extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
         """``EXTEND`` of the lease; with ``claim``, taking the lock where nobody holds it
         (see :mod:`.scripts`), with the value its acquire wrote (as near as it is known)."""
         if is_reader(lease.name):
             # A reader never claims: its set may hold a writer's wait on the missing nodes.
-            return self._extend_token_command(lease.name, lease.token, ttl)
+            return self.extend_token_command(lease.name, lease.token, ttl)
         value = ""
         if claim:
             acquired_ms = int((clock.wall() - (clock.monotonic() - lease.acquired)) * 1000)
@@ -213,21 +218,21 @@ class KeyLayout:
                 acquired_ms=acquired_ms,
             )
         return script_command(
-            scripts.EXTEND, [self._key(lease.name)], [lease.token, int(ttl * 1000), value]
+            scripts.EXTEND, [self.key(lease.name)], [lease.token, int(ttl * 1000), value]
         )
 
-    def _extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
+    def extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
         if is_reader(name):
-            keys = self._reader_keys(name)
+            keys = self.reader_keys(name)
             return script_command(rwscripts.READ_EXTEND, keys, [token, int(ttl * 1000)])
-        return script_command(scripts.EXTEND, [self._key(name)], [token, int(ttl * 1000), ""])
+        return script_command(scripts.EXTEND, [self.key(name)], [token, int(ttl * 1000), ""])
 
-    def _holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    def holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         """The holder's details for the admin page, and their JSON (built from a cached part,
         as this runs on every acquire)."""
         pid = os.getpid()
         if self._meta_cache is None or self._meta_cache[0] != pid:
-            fixed = {"host": self._host, "pid": pid, **HOLDER_PLACE, **self.meta}
+            fixed = {"host": self.host, "pid": pid, **HOLDER_PLACE, **self.meta}
             self._meta_cache = (pid, fixed, json.dumps(fixed, default=str)[1:-1])
         _, fixed, fixed_json = self._meta_cache
         thread, now = threading.current_thread().name, clock.wall()

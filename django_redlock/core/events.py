@@ -60,18 +60,18 @@ class LockEvent:
 Listener = Callable[[LockEvent], None]
 
 
-def _level(kind: EventKind) -> int:
-    return logging.WARNING if kind in ("lost", "force_released") else logging.DEBUG
+#: The log level of an event's kind (DEBUG unless named here).
+_LEVELS = {"lost": logging.WARNING, "force_released": logging.WARNING}
 
 
 def heard(listeners: list[Listener], kind: EventKind) -> bool:
     """Whether an event of ``kind`` reaches anyone (a listener or the log): the hot path
     builds its ``acquired`` and ``released`` events only then."""
-    return bool(listeners) or logger.isEnabledFor(_level(kind))
+    return bool(listeners) or logger.isEnabledFor(_LEVELS.get(kind, logging.DEBUG))
 
 
 def emit(listeners: list[Listener], event: LockEvent) -> None:
-    level = _level(event.kind)
+    level = _LEVELS.get(event.kind, logging.DEBUG)
     if logger.isEnabledFor(level):
         # A lost lock's line says why (the renewal fell behind, the process was paused, the
         # nodes refused): the reason is what an operator reading the log acts on.

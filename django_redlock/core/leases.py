@@ -1,10 +1,10 @@
 """The leases this process holds: reentrancy, registration, release, the judgement of
-renewals and checks, and loss (a part of :class:`.base.RedlockBase`)."""
+renewals and checks, and loss (a part of a client: :class:`.base.RedlockBase` holds one)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Literal
 
 from . import clock
@@ -33,28 +33,39 @@ def replies_of(results: list[Any], position: int) -> list[Any]:
 
 
 class LeaseTable:
-    """The lease table of a Redlock client and what happens to a lease after it was granted."""
+    """The lease table of a Redlock client and what happens to a lease after it was granted
+    (a part of a client: :class:`.base.RedlockBase` holds one as ``leases``).
 
-    nodes: list[Node]
-    quorum: int
-    drift_factor: float
-    listeners: list[Listener]
-    _leases: dict[str, Lease]
-    _leases_lock: threading.Lock
-    _yield_until: dict[str, float]
+    ``listeners`` is the client's list (shared, not copied); ``start_renewal`` hands an
+    auto-renewed lease to the client's watchdog."""
 
-    def _margin(self, ttl: float) -> float:
+    def __init__(
+        self,
+        nodes: list[Node],
+        *,
+        quorum: int,
+        drift_factor: float,
+        listeners: list[Listener],
+        start_renewal: Callable[[Lease], None],
+    ) -> None:
+        self.nodes = nodes
+        self.quorum = quorum
+        self.drift_factor = drift_factor
+        self.listeners = listeners
+        self.start_renewal = start_renewal
+        self.after_fork()
+
+    def margin(self, ttl: float) -> float:
         return ttl * self.drift_factor + DRIFT_FLOOR
 
-    def _reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
+    def reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
         """The owner's current lease of this name, one hold deeper, if reentry applies.
 
         A nested hold may ask for renewal the outer one did not (a long job under a view's
         lock): the lease is then renewed from now on. It cannot get a fence the outer
         acquisition did not draw, so asking for one is an error rather than a silent None.
+        Asked only for a reentrant handle.
         """
-        if not handle.reentrant:
-            return None
         with self._leases_lock:
             lease = self._leases.get(handle.name)
             if lease is None or lease.owner != owner or lease.validity <= 0:
@@ -69,21 +80,22 @@ class LeaseTable:
             if upgrade:
                 lease.auto_renew = True
         if upgrade:
-            self._start_renewal(lease)
+            self.start_renewal(lease)
         return lease
 
-    def _start_renewal(self, lease: Lease) -> None:
-        """Hand an auto-renewed lease to this client's watchdog."""
-        raise NotImplementedError
-
-    def _register(self, handle: LockBase, lease: Lease, waited: float) -> None:
+    def won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
+        """Enter a lease just granted (asked for at ``start``) in the table, tell the
+        listeners, and hand it to the watchdog when it is to be renewed."""
         handle.retry_after = None
         with self._leases_lock:
             self._leases[lease.name] = lease
         if heard(self.listeners, "acquired"):
-            emit(self.listeners, LockEvent.of_acquisition(lease, waited))
+            emit(self.listeners, LockEvent.of_acquisition(lease, clock.monotonic() - start))
+        if lease.auto_renew:
+            self.start_renewal(lease)
+        return lease
 
-    def _won_unreturned(self, name: str, owner: Hashable) -> Lease | None:
+    def won_unreturned(self, name: str, owner: Hashable) -> Lease | None:
         """The lease an acquire of ``name`` by ``owner`` won but never handed to its caller
         (interrupted or cancelled after the win: renewal may have started). The drivers give
         it back; nobody else could release it."""
@@ -93,7 +105,7 @@ class LeaseTable:
             return None
         return lease
 
-    def _begin_release(self, lease: Lease) -> bool:
+    def begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told (never
         from a forked child: the parent still holds the lock)."""
         if lease.foreign:
@@ -105,7 +117,7 @@ class LeaseTable:
             if renewing:
                 # The watchdog had not run yet (the whole process was frozen): the lease it
                 # should have kept is lost, whether or not another owner took the name since.
-                self._mark_lost(lease, self._why_ran_out(lease, clock.monotonic()))
+                self.mark_lost(lease, self._why_ran_out(lease, clock.monotonic()))
             else:
                 # Nobody was to renew it: it simply ran out (LockNotOwned, not LockLost).
                 lease.ran_out = True
@@ -118,7 +130,7 @@ class LeaseTable:
                 del self._leases[lease.name]
         return True
 
-    def _courtesy(self, name: str) -> float:
+    def courtesy(self, name: str) -> float:
         """Seconds this process should hold back before contending for ``name`` again: after
         its release told waiting processes, they get a head start, else the releaser would win
         every round (it needs no wake-up) and starve them."""
@@ -133,7 +145,7 @@ class LeaseTable:
         if unwatch is not None:
             unwatch()
 
-    def _finish_release(self, lease: Lease, replies: list[Any]) -> None:
+    def finish_release(self, lease: Lease, replies: list[Any]) -> None:
         self._stop_watching(lease)
         if any(isinstance(r, int) and r > 1 for r in replies):
             now = clock.monotonic()
@@ -163,7 +175,7 @@ class LeaseTable:
             f"lock {lease.name!r}: {why}; it was not exclusive the whole time", lease.name
         )
 
-    def _detach(self, lease: Lease) -> str:
+    def detach(self, lease: Lease) -> str:
         """Stop tracking a lease here without releasing it: the process it was taken for
         releases it by token. It is no longer renewed or reentered in this process."""
         with self._leases_lock:
@@ -175,7 +187,7 @@ class LeaseTable:
         self._stop_watching(lease)
         return lease.token
 
-    def _judge_extend(
+    def judge_extend(
         self,
         lease: Lease,
         ttl: float,
@@ -188,7 +200,7 @@ class LeaseTable:
         were in (default: now); the lease must still have had validity then, so a lease
         that ran out here is never revived, however the nodes answered."""
         ours = sum(1 for r in replies if r == 1)
-        margin = self._margin(ttl)
+        margin = self.margin(ttl)
         now = clock.monotonic()
         in_time = (now if answered is None else answered) < lease.valid_until
         if (
@@ -204,7 +216,7 @@ class LeaseTable:
             return True
         gone = sum(1 for r in replies if r == 0)
         if gone > len(self.nodes) - self.quorum:
-            self._mark_lost(
+            self.mark_lost(
                 lease,
                 f"the nodes refused: the token is gone from {gone} of {len(self.nodes)} nodes",
             )
@@ -224,12 +236,12 @@ class LeaseTable:
         detail = f" ({'; '.join(failed)})" if failed else ""
         return f"{ours} of {len(self.nodes)} nodes renewed it, {self.quorum} needed{detail}"
 
-    def _wants_renewal(self, lease: Lease, now: float) -> bool:
+    def wants_renewal(self, lease: Lease, now: float) -> bool:
         """Whether the watchdog renews ``lease`` now (False: it stops renewing it)."""
         if lease.released or lease.lost:
             return False
         if lease.validity <= 0:
-            self._mark_lost(lease, self._why_ran_out(lease, now))
+            self.mark_lost(lease, self._why_ran_out(lease, now))
             return False
         return lease.renew_until is None or now < lease.renew_until
 
@@ -247,7 +259,7 @@ class LeaseTable:
         )
         return f"the lease ran out before it could be renewed: {why}"
 
-    def _judge_renewals(
+    def judge_renewals(
         self,
         leases: Sequence[Lease],
         replies: list[list[Any]],
@@ -260,7 +272,7 @@ class LeaseTable:
         whens: list[float | None] = []
         for i, (lease, its) in enumerate(zip(leases, replies, strict=True)):
             at = None if answered is None else answered[i]
-            if self._judge_extend(lease, lease.ttl, its, start, at):
+            if self.judge_extend(lease, lease.ttl, its, start, at):
                 # A third of the lease from when this round went out, as its validity
                 # counts: a round that took long leaves less time to the next, not more.
                 whens.append(start + lease.ttl / 3)
@@ -268,14 +280,14 @@ class LeaseTable:
                 whens.append(None)
             elif lease.validity <= 0:
                 # Its validity ran out while the round was on the wire.
-                self._mark_lost(lease, self._why_ran_out(lease, clock.monotonic(), start))
+                self.mark_lost(lease, self._why_ran_out(lease, clock.monotonic(), start))
                 whens.append(None)
             else:
                 # No quorum this time: try again soon, while the lease still has validity.
                 whens.append(clock.monotonic() + min(lease.ttl / 10, max(lease.validity / 2, 0.01)))
         return whens
 
-    def _judge_check(self, lease: Lease, replies: list[Any]) -> bool:
+    def judge_check(self, lease: Lease, replies: list[Any]) -> bool:
         """``replies``: each node's lock value (``GET``), which starts with the holder's token
         and a space."""
         head = lease.token.encode() + b" "
@@ -284,10 +296,10 @@ class LeaseTable:
             return True
         answered = sum(1 for r in replies if not isinstance(r, Failure))
         if answered - ours > len(self.nodes) - self.quorum:
-            self._mark_lost(lease, "the token is gone from a quorum of nodes")
+            self.mark_lost(lease, "the token is gone from a quorum of nodes")
         return False
 
-    def _mark_lost(self, lease: Lease, why: str) -> None:
+    def mark_lost(self, lease: Lease, why: str) -> None:
         with self._leases_lock:
             if lease.lost is not None or lease.released:
                 return
@@ -306,13 +318,13 @@ class LeaseTable:
         if heard(self.listeners, kind):
             emit(self.listeners, LockEvent.of_end(kind, lease, reason))
 
-    def _judge_force_release(self, name: str, replies: list[Any]) -> int:
+    def judge_force_release(self, name: str, replies: list[Any]) -> int:
         tokens = {r.decode() for r in replies if isinstance(r, bytes)}
         removed = sum(1 for r in replies if isinstance(r, bytes))
         with self._leases_lock:
             lease = self._leases.get(name)
         if lease is not None and lease.token in tokens:
-            self._mark_lost(lease, "force-released by an operator")
+            self.mark_lost(lease, "force-released by an operator")
         if removed:  # nothing removed (not held, or held by another token now): no release
             emit(
                 self.listeners,
@@ -320,12 +332,18 @@ class LeaseTable:
             )
         return removed
 
-    def _after_fork(self) -> None:
+    def after_fork(self) -> None:
+        """Forget every lease (a forked child holds none of its parent's locks)."""
         self._leases_lock = threading.Lock()
-        self._leases = {}
-        self._yield_until = {}
+        self._leases: dict[str, Lease] = {}
+        self._yield_until: dict[str, float] = {}
 
-    def _renewal_failed(self, leases: Sequence[Lease]) -> None:
+    def held_names(self, names: Iterable[str]) -> set[str]:
+        """Which of ``names`` this process holds a lease of."""
+        with self._leases_lock:
+            return {name for name in names if name in self._leases}
+
+    def renewal_failed(self, leases: Sequence[Lease]) -> None:
         """A renewal round raised: its leases cannot be vouched for any more."""
         for lease in leases:
-            self._mark_lost(lease, "renewal failed with an unexpected error")
+            self.mark_lost(lease, "renewal failed with an unexpected error")

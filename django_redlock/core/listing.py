@@ -1,5 +1,5 @@
 """What the nodes hold, read back for the admin page, the CLI and monitoring: live locks and
-node health (a part of :class:`.base.RedlockBase`)."""
+node health (a part of a client: :class:`.base.RedlockBase` holds one)."""
 
 from __future__ import annotations
 
@@ -35,17 +35,29 @@ def started_together(started: Sequence[float], now: float, max_ttl: float) -> bo
 
 
 class Listing:
-    """Live locks and node health, judged from the nodes' answers."""
+    """Live locks and node health, judged from the nodes' answers (a part of a client, which
+    sends the commands and hands the answers in)."""
 
-    key_prefix: str
-    nodes: list[Node]
-    quorum: int
-    max_ttl: float
-    guard_period: float
-    restart_guard: bool
-    trust_fresh_cluster: bool
+    def __init__(
+        self,
+        nodes: list[Node],
+        *,
+        key_prefix: str,
+        quorum: int,
+        max_ttl: float,
+        guard_period: float,
+        restart_guard: bool,
+        trust_fresh_cluster: bool,
+    ) -> None:
+        self.nodes = nodes
+        self.key_prefix = key_prefix
+        self.quorum = quorum
+        self.max_ttl = max_ttl
+        self.guard_period = guard_period
+        self.restart_guard = restart_guard
+        self.trust_fresh_cluster = trust_fresh_cluster
 
-    def _list_step(
+    def list_step(
         self,
         cursors: list[bytes | None],
         replies: list[Any],
@@ -65,7 +77,7 @@ class Listing:
                 found.setdefault(entry[0][skip:], []).append((node, entry))
             cursors[index] = None if reply[0] in (b"0", 0) else reply[0]
 
-    def _lock_info(self, name: str, states: list[tuple[Node, list[Any]]]) -> LockInfo:
+    def lock_info(self, name: str, states: list[tuple[Node, list[Any]]]) -> LockInfo:
         """One lock from the nodes' listing entries ``[key, token, meta, fence, renewals,
         acquired ms, lease ms, pttl ms]``."""
         per_node = tuple(
@@ -111,7 +123,7 @@ class Listing:
             lease=max((s.lease for s in mine if s.lease), default=None),
         )
 
-    def _judge_health(self, health: list[NodeHealth]) -> list[NodeHealth]:
+    def judge_health(self, health: list[NodeHealth]) -> list[NodeHealth]:
         """Each node's :attr:`NodeHealth.status`, with the whole cluster in view: the nodes of
         a brand-new cluster (every node reachable and fresh) vote at the first lock, which
         trusts them all, so they are not shown as guarded."""
@@ -134,7 +146,7 @@ class Listing:
                 judged.append(replace(h, status="guarded" if h.guarded_for else "voting"))
         return judged
 
-    def _node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
+    def node_health(self, node: Node, probe: Mapping[str, Any]) -> NodeHealth:
         """Health from what one node answered: ``latency``, ``time`` (sec, usec), ``sent``,
         ``received`` (local wall clock), ``info``, ``marker`` (:attr:`MARKER_FIELDS`), ``keys``."""
         info = probe["info"]
@@ -177,13 +189,13 @@ class Listing:
             master=node.address,
         )
 
-    def _permission_probe(self) -> list[list[Any]]:
+    def permission_probe(self) -> list[list[Any]]:
         """Commands a health probe sends to learn whether the node's user may run the lock
         scripts (see ``scripts.PERMITTED``): EVAL first (which caches it), then EVALSHA."""
         key = f"{self.key_prefix}:lock:\x00health-probe"
         return [["EVAL", PERMITTED.body, 1, key], ["EVALSHA", PERMITTED.sha, 1, key]]
 
-    def _script_refused(self, exc: Exception) -> Exception:
+    def script_refused(self, exc: Exception) -> Exception:
         """What a health probe reports when the permission probe was answered ``exc``."""
         detail = str(exc)
         # redis-py drops the error code from the message (its NoPermissionError); ours keeps it.
@@ -196,7 +208,7 @@ class Listing:
             f"{self.key_prefix}:lock:*), so it can never vote: {detail}"
         )
 
-    def _failed_health(self, node: Node, exc: Exception) -> NodeHealth:
+    def failed_health(self, node: Node, exc: Exception) -> NodeHealth:
         """Health of a node whose probe raised ``exc``."""
         if isinstance(exc, _UNREADABLE):
             # The reply parsers (redis-py's, and the probes') take apart what Redis answers:
@@ -207,7 +219,7 @@ class Listing:
             error = str(exc) or type(exc).__name__
         return NodeHealth(node=node.name, reachable=False, error=error, master=node.address)
 
-    def _refuse_trust(self, held: Sequence[LockInfo]) -> None:
+    def refuse_trust(self, held: Sequence[LockInfo]) -> None:
         """``trust_cluster()`` asserts that no lock is held: refuse when a node says one is."""
         if held:
             names = ", ".join(repr(i.name) for i in held[:5])
@@ -219,7 +231,7 @@ class Listing:
             )
 
 
-#: What a probe raises when a reply is not of the shape Redis gives (:meth:`_failed_health`).
+#: What a probe raises when a reply is not of the shape Redis gives (:meth:`failed_health`).
 _UNREADABLE = (AttributeError, IndexError, KeyError, TypeError, ValueError)
 
 

@@ -169,7 +169,7 @@ class LockBase:
         ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker)."""
         lease = self._take_lease(self._owner())
         self._lease, self._holds = None, 0
-        return self.redlock._detach(lease)  # type: ignore[no-any-return]
+        return self.redlock.leases.detach(lease)  # type: ignore[no-any-return]
 
     def _owner(self) -> Hashable:
         """Who is asking: the handle's explicit ``owner=``, else the running asyncio task,
@@ -183,7 +183,7 @@ class LockBase:
         answer is False without asking the nodes: the asking owner already holds this
         handle, the lock does not re-enter, and the caller would not wait."""
         blocking = self.blocking if blocking is None else check_flag("blocking", blocking)
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
         retries = self.retries if retries is None else check_retry_count(retries)
         lease = self._lease
         if lease is not None and (lease.released or lease.validity <= 0):
@@ -286,33 +286,8 @@ class Lock(LockBase):
         jitter. Returns False when someone else holds the lock; raises :class:`QuorumError`
         when too few nodes could answer at all.
         """
-        return self._acquire_as(self._owner(), blocking, timeout, retries)
-
-    def release(self) -> None:
-        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if
-        the asking thread (task) is not the one that took it (nothing is sent then), and
-        :class:`LockLost` if we knew it was lost."""
-        self._release_as(self._owner())
-
-    def extend(self, ttl: float | None = None) -> bool:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum: the
-        lease then ends ``ttl`` from now (redis-py's ``extend`` adds to what is left). False
-        when it could not be re-armed on a quorum (when the nodes no longer hold our token,
-        the handle is also marked lost); another owner's call raises :class:`LockNotOwned`
-        and sends nothing."""
-        return self._extend_as(self._owner(), ttl)
-
-    # For adapters that run these in a worker thread for the owner that called them (the
-    # asyncio twin of a backend).
-
-    def _acquire_as(
-        self,
-        owner: Hashable,
-        blocking: bool | None = None,
-        timeout: float | None = None,
-        retries: int | None = None,
-    ) -> bool:
-        prepared = self._prepare(owner, blocking, check_timeout(timeout), retries)
+        owner = current_owner() if self.owner is None else self.owner
+        prepared = self._prepare(owner, blocking, timeout, retries)
         if prepared is None:
             return False
         blocking, timeout, retries = prepared
@@ -320,13 +295,21 @@ class Lock(LockBase):
             self.redlock._acquire(self, owner, blocking=blocking, timeout=timeout, retries=retries)
         )
 
-    def _release_as(self, owner: Hashable) -> None:
-        lease = self._take_lease(owner)
+    def release(self) -> None:
+        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if
+        the asking thread (task) is not the one that took it (nothing is sent then), and
+        :class:`LockLost` if we knew it was lost."""
+        lease = self._take_lease(self._owner())
         self._drop_hold()
         self.redlock._release(lease)
 
-    def _extend_as(self, owner: Hashable, ttl: float | None = None) -> bool:
-        lease = self._take_lease(owner)
+    def extend(self, ttl: float | None = None) -> bool:
+        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum: the
+        lease then ends ``ttl`` from now (redis-py's ``extend`` adds to what is left). False
+        when it could not be re-armed on a quorum (when the nodes no longer hold our token,
+        the handle is also marked lost); another owner's call raises :class:`LockNotOwned`
+        and sends nothing."""
+        lease = self._take_lease(self._owner())
         return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
     def check(self) -> bool:

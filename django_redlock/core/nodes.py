@@ -1314,9 +1314,11 @@ def redact(url: str) -> str:
     except ValueError:
         return redact_group_url(url)
     parts = urlsplit(url)
-    parts = parts._replace(query=redact_query(parts.query))
+    query = redact_query(parts.query)
     if parts.password is None and parts.username is None:
-        return parts.geturl()
+        # urlsplit's geturl() would rewrite a malformed URL the user should see as written
+        return url if query == parts.query else url.replace(parts.query, query)
+    parts = parts._replace(query=query)
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return parts._replace(netloc=f"***@{netloc}").geturl()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import secrets
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable
 from typing import Any
 
 from . import rwscripts
@@ -47,18 +47,12 @@ from .nodes import Failure, script_command
 from .scripts import Script
 from .validation import (
     MAX_LIMIT,
-    check_flag,
-    check_limit,
-    check_meta,
-    check_name,
-    check_positive,
-    check_timeout,
 )
 
 __all__ = [
     "MAX_LIMIT",
     "HoldBase",
-    "Primitives",
+    "Permits",
     "ReadLock",
     "ReaderRequest",
     "Semaphore",
@@ -125,20 +119,20 @@ class HoldBase(LockBase):
 class ReaderRequest(AcquireRequest):
     """One attempt at a read hold: :data:`.rwscripts.READ_ACQUIRE` on every node."""
 
-    def __init__(self, redlock: Primitives, handle: LockBase, base: str) -> None:
+    def __init__(self, redlock: RedlockBase, handle: LockBase, base: str) -> None:
         super().__init__(redlock, handle)
         self._fast = None  # no plain SET: a reader is an entry in the readers' set
         self._base = base
 
     def _parts(self) -> tuple[Script, list[str], list[Any]]:
-        return rwscripts.READ_ACQUIRE, self._redlock._rw_keys(self._base), ["", 0]
+        return rwscripts.READ_ACQUIRE, self._redlock.keys.rw_keys(self._base), ["", 0]
 
 
 class WriterRequest(AcquireRequest):
     """One attempt at the write hold: :data:`.rwscripts.WRITE_ACQUIRE` on every node, which
     marks ``waiter`` as waiting where it cannot take it yet."""
 
-    def __init__(self, redlock: Primitives, handle: LockBase, waiter: str) -> None:
+    def __init__(self, redlock: RedlockBase, handle: LockBase, waiter: str) -> None:
         super().__init__(redlock, handle)
         self._fast = None  # no plain SET: the readers must be checked
         self._waiter = waiter
@@ -146,131 +140,26 @@ class WriterRequest(AcquireRequest):
     def _parts(self) -> tuple[Script, list[str], list[Any]]:
         redlock = self._redlock
         wait_ms = int(redlock.fair_heartbeat * 1000)
-        return rwscripts.WRITE_ACQUIRE, redlock._rw_keys(self._handle.name), [self._waiter, wait_ms]
-
-
-class Primitives(RedlockBase):
-    """:meth:`semaphore`, :meth:`read_lock` and :meth:`write_lock`, and their steps (a part of
-    :class:`~.redlock.Redlock` and :class:`~.asyncio.AsyncRedlock`)."""
-
-    #: The handle classes (sync or async) the factories return.
-    semaphore_class: type[HoldBase] = HoldBase
-    read_lock_class: type[HoldBase] = HoldBase
-    write_lock_class: type[HoldBase] = HoldBase
-
-    def semaphore(
-        self,
-        name: str,
-        limit: int,
-        ttl: float | None = None,
-        *,
-        auto_renew: bool = False,
-        fair: bool = False,
-        fencing: bool = False,
-        blocking: bool = True,
-        timeout: float | None = None,
-        meta: Mapping[str, Any] | None = None,
-        owner: Hashable | None = None,
-        renew_for: float | None = None,
-    ) -> Any:
-        """A handle on semaphore ``name``: at most ``limit`` holders at once, each holding one
-        permit (a slot, see :mod:`.permits`) with the mutex's rules: ``ttl``, ``auto_renew``,
-        ``fencing`` (a fence per slot), ``fair`` (one line for every slot), ``meta``.
-        Every user of one name must give the same ``limit`` (a larger one lets more in)."""
-        check_limit(limit, f"limit of semaphore {name!r}")
-        handle = self._hold(
-            self.semaphore_class, name, ttl, auto_renew, fencing, fair, blocking, timeout,
-            meta, owner, renew_for,
-        )  # fmt: skip
-        handle.limit = limit
-        return handle
-
-    def read_lock(
-        self,
-        name: str,
-        ttl: float | None = None,
-        *,
-        auto_renew: bool = False,
-        blocking: bool = True,
-        timeout: float | None = None,
-        meta: Mapping[str, Any] | None = None,
-        owner: Hashable | None = None,
-        renew_for: float | None = None,
-    ) -> Any:
-        """A handle on the read side of read/write lock ``name``: many readers at once, never
-        while a writer holds it or waits for it."""
-        return self._hold(
-            self.read_lock_class, name, ttl, auto_renew, False, False, blocking, timeout,
-            meta, owner, renew_for,
-        )  # fmt: skip
-
-    def write_lock(
-        self,
-        name: str,
-        ttl: float | None = None,
-        *,
-        auto_renew: bool = False,
-        fencing: bool = False,
-        blocking: bool = True,
-        timeout: float | None = None,
-        meta: Mapping[str, Any] | None = None,
-        owner: Hashable | None = None,
-        renew_for: float | None = None,
-    ) -> Any:
-        """A handle on the write side of read/write lock ``name``: one writer, no reader. The
-        writer is the lock ``name`` itself (listed, renewed, fenced and force-released as
-        any lock); don't take ``rl.lock(name)`` on the same name, which ignores readers."""
-        return self._hold(
-            self.write_lock_class, name, ttl, auto_renew, fencing, False, blocking, timeout,
-            meta, owner, renew_for,
-        )  # fmt: skip
-
-    def _hold(
-        self,
-        cls: type[HoldBase],
-        name: str,
-        ttl: float | None,
-        auto_renew: bool,
-        fencing: bool,
-        fair: bool,
-        blocking: bool,
-        timeout: float | None,
-        meta: Mapping[str, Any] | None,
-        owner: Hashable | None,
-        renew_for: float | None,
-    ) -> HoldBase:
-        check_name(name)
-        lease_ttl = self.ttl if ttl is None else check_positive("ttl", ttl)
-        if lease_ttl > self.max_ttl:
-            raise ValueError(f"ttl {ttl!r} for {name!r} exceeds max_ttl {self.max_ttl!r}")
-        if lease_ttl <= self.node_timeout:
-            raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
-        if renew_for is not None:
-            check_positive("renew_for", renew_for)
-            if not auto_renew:
-                raise ValueError(f"renew_for={renew_for!r} for {name!r} needs auto_renew=True")
-        return cls(
-            self,
-            name,
-            ttl=lease_ttl,
-            auto_renew=check_flag("auto_renew", auto_renew),
-            fencing=check_flag("fencing", fencing),
-            reentrant=False,
-            fair=check_flag("fair", fair),
-            blocking=check_flag("blocking", blocking),
-            timeout=check_timeout(timeout),
-            meta=check_meta(meta, besides=self.meta),
-            owner=owner,
-            renew_for=renew_for,
+        return (
+            rwscripts.WRITE_ACQUIRE,
+            redlock.keys.rw_keys(self._handle.name),
+            [self._waiter, wait_ms],
         )
 
-    # -- steps ----------------------------------------------------------------------------------
+
+class Permits:
+    """The steps of semaphores and read/write holds (a part of a client: :class:`.base.
+    RedlockBase` holds one as ``permits``), each attempt the client's mutex attempt on one
+    slot, the readers' entry or the writer."""
+
+    def __init__(self, client: RedlockBase) -> None:
+        self.client = client
 
     def _part(self, handle: HoldBase, name: str) -> LockBase:
         """The mutex-shaped view of one hold of ``handle`` (a slot, the readers' entry, the
         writer) that the mutex's attempt takes."""
         return LockBase(
-            self,
+            self.client,
             name,
             ttl=handle.ttl,
             auto_renew=handle.auto_renew,
@@ -284,7 +173,7 @@ class Primitives(RedlockBase):
             renew_for=handle.renew_for,
         )
 
-    def _hold_steps(
+    def hold_steps(
         self,
         handle: HoldBase,
         owner: Hashable,
@@ -297,13 +186,17 @@ class Primitives(RedlockBase):
         line = None
         waiter = secrets.token_hex(8)
         if handle.fair:
-            line = self._line((yield Send(to_every_node(self._ticket_command(handle.name)))))
-            yield Finally(Send(to_every_node(self._leave_line_command(handle.name, line[0]))))
+            line = self.client.keys.line(
+                (yield Send(to_every_node(self.client.keys.ticket_command(handle.name))))
+            )
+            yield Finally(
+                Send(to_every_node(self.client.keys.leave_line_command(handle.name, line[0])))
+            )
         if handle.kind == "write" and blocking:
             leave = script_command(
                 rwscripts.WRITE_LEAVE,
-                [self._rw_keys(handle.name)[5]],
-                [waiter, self._channel(handle.name)],
+                [self.client.keys.rw_keys(handle.name)[5]],
+                [waiter, self.client.keys.channel(handle.name)],
             )
             yield Finally(Send(to_every_node(leave)))
         attempts = 0
@@ -315,18 +208,18 @@ class Primitives(RedlockBase):
                 won = yield from self._rw_attempt_steps(handle, owner, waiter if blocking else "")
             if isinstance(won, tuple):
                 part, lease = won
-                return self._won(part, lease, start)
+                return self.client.leases.won(part, lease, start)
             attempts += 1
             now = time.monotonic()
-            if self._out_of_time(blocking, attempts, None, deadline, now):
-                self._give_up(handle, won, now - start)
+            if self.client._out_of_time(blocking, attempts, None, deadline, now):
+                self.client._give_up(handle, won, now - start)
                 return None
             if notice is None:
-                notice = yield Listen(self._channel(handle.name))
+                notice = yield Listen(self.client.keys.channel(handle.name))
                 continue
-            pause = self._pause_for(handle, won, None, deadline, now)
+            pause = self.client._pause_for(handle, won, None, deadline, now)
             if handle.kind == "write":
-                pause = min(pause, self.fair_heartbeat / 3)  # keeps its waiting mark alive
+                pause = min(pause, self.client.fair_heartbeat / 3)  # keeps its waiting mark alive
             yield Wait(notice, pause)
 
     def _rw_attempt_steps(
@@ -334,13 +227,13 @@ class Primitives(RedlockBase):
     ) -> Steps[tuple[LockBase, Lease] | Refusal]:
         if handle.kind == "read":
             part = self._part(handle, reader_name(handle.name))
-            outcome = yield from self._attempt_steps(
-                part, owner, make=lambda: ReaderRequest(self, part, handle.name)
+            outcome = yield from self.client._attempt_steps(
+                part, owner, make=lambda: ReaderRequest(self.client, part, handle.name)
             )
         else:
             part = self._part(handle, handle.name)
-            outcome = yield from self._attempt_steps(
-                part, owner, make=lambda: WriterRequest(self, part, waiter)
+            outcome = yield from self.client._attempt_steps(
+                part, owner, make=lambda: WriterRequest(self.client, part, waiter)
             )
         return (part, outcome) if isinstance(outcome, Lease) else outcome
 
@@ -356,21 +249,20 @@ class Primitives(RedlockBase):
         the most nodes, read first. The slots tried are at most two per attempt."""
         limit = handle.limit
         if first:
-            with self._leases_lock:
-                mine = {n for n in handle.hold_names() if n in self._leases}
+            mine = self.client.leases.held_names(handle.hold_names())
             others = [k for k in range(limit) if permit_name(handle.name, k) not in mine]
             part = self._part(handle, permit_name(handle.name, random.choice(others or [0])))
-            outcome = yield from self._attempt_steps(part, owner, line)
+            outcome = yield from self.client._attempt_steps(part, owner, line)
             if isinstance(outcome, Lease):
                 return part, outcome
-            if outcome.answered < self.quorum or limit == 1:
+            if outcome.answered < self.client.quorum or limit == 1:
                 return outcome
-        keys = [self._key(permit_name(handle.name, k)) for k in range(limit)]
+        keys = [self.client.keys.key(permit_name(handle.name, k)) for k in range(limit)]
         replies = yield Send(to_every_node(script_command(rwscripts.PERMIT_PTTLS, keys, [])))
         candidates, refusal = self._free_slots(limit, replies)
         for slot in candidates:
             part = self._part(handle, permit_name(handle.name, slot))
-            outcome = yield from self._attempt_steps(part, owner, line)
+            outcome = yield from self.client._attempt_steps(part, owner, line)
             if isinstance(outcome, Lease):
                 return part, outcome
             refusal = outcome
@@ -381,22 +273,22 @@ class Primitives(RedlockBase):
         refusal to give when none is: when the first slot frees up on a quorum."""
         failures: dict[str, str] = {}
         pttls: list[list[int]] = []
-        for node, reply in zip(self.nodes, replies, strict=True):
+        for node, reply in zip(self.client.nodes, replies, strict=True):
             if isinstance(reply, list) and len(reply) == limit:
                 pttls.append([int(r) for r in reply])
             else:
                 failures[node.name] = str(reply) if isinstance(reply, Failure) else "no reply"
         free = [sum(1 for node in pttls if node[k] == -2) for k in range(limit)]
         order = sorted(range(limit), key=lambda k: (-free[k], random.random()))
-        candidates = [k for k in order if free[k] >= self.quorum][:2]
+        candidates = [k for k in order if free[k] >= self.client.quorum][:2]
         retry_after: float | None = None
         for k in range(limit):
             held = sorted(max(node[k], 0) for node in pttls if node[k] != -2)
-            needed = self.quorum - free[k]
+            needed = self.client.quorum - free[k]
             if 0 < needed <= len(held):
                 when = held[needed - 1] / 1000
                 retry_after = when if retry_after is None else min(retry_after, when)
-        for node in self.nodes:
+        for node in self.client.nodes:
             if node.name not in failures:
                 failures[node.name] = "every permit taken"
         return candidates, Refusal(failures, len(pttls), retry_after)
@@ -409,16 +301,19 @@ class Semaphore(HoldBase, Lock):
 
     kind = "permit"
 
-    def _acquire_as(
+    def acquire(
         self,
-        owner: Hashable,
         blocking: bool | None = None,
         timeout: float | None = None,
+        *,
         retries: int | None = None,
     ) -> bool:
+        """Take a permit (a read or write hold) for the calling thread: see
+        :meth:`Lock.acquire` (``retries`` is for locks)."""
         if retries is not None:
             raise ValueError(f"{self.name!r}: retries= is for locks; give a timeout instead")
-        prepared = self._prepare(owner, blocking, check_timeout(timeout), None)
+        owner = self._owner()
+        prepared = self._prepare(owner, blocking, timeout, None)
         if prepared is None:
             return False
         blocking, timeout, _ = prepared

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 
 import redis
 
-from .base import Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock
 from .nodes import Node, Owing
-from .permits import HoldBase, Primitives, ReadLock, Semaphore, WriteLock
+from .permits import HoldBase, Permits, ReadLock, Semaphore, WriteLock
 from .renewal import YIELD_AT_MOST, renewer
 from .validation import check_name
 from .waiting import HolderWatch, HolderWatches, LocalQueue, ReleaseNotices
@@ -32,7 +32,7 @@ __all__ = ["Redlock"]
 _T = TypeVar("_T")
 
 
-class Redlock(Primitives):
+class Redlock(RedlockBase):
     """A lock manager over independent Redis nodes.
 
     Build one per process (the Django layer does, from settings) and take locks with
@@ -47,6 +47,7 @@ class Redlock(Primitives):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.permits = Permits(self)
         self._queues: dict[str, LocalQueue] = {}
         self._queues_lock = threading.Lock()
         self._notices = ReleaseNotices(self.nodes, self.node_timeout)
@@ -85,7 +86,7 @@ class Redlock(Primitives):
         (read ``LIST_BATCH`` locks per node per step, all nodes at once)."""
         found = self._drive(self._list_steps(pattern))
         for name in sorted(found):
-            yield self._lock_info(name, found[name])
+            yield self.listing.lock_info(name, found[name])
 
     def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""
@@ -95,7 +96,7 @@ class Redlock(Primitives):
     def health(self) -> list[NodeHealth]:
         """Reachability, latency, version, uptime, memory, lock keys, clock offset and
         restart-guard state of every node."""
-        return self._judge_health([self._probe(node) for node in self.nodes])
+        return self.listing.judge_health([self._probe(node) for node in self.nodes])
 
     def trust_cluster(self) -> int:
         """Let every reachable node vote now, after checking that none holds a lock.
@@ -127,81 +128,82 @@ class Redlock(Primitives):
         timeout: float | None,
         retries: int | None,
     ) -> Lease | None:
-        lease = self._reenter(handle, owner)
-        if lease is not None:
-            return lease
-        # Renewal goes first: see renewal's "Renewal goes first".
-        renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
+        if handle.reentrant:
+            lease = self.leases.reenter(handle, owner)
+            if lease is not None:
+                return lease
+        if not renewer.caught_up.is_set():
+            # Renewal goes first: see renewal's "Renewal goes first".
+            renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
         try:
-            return self._acquire_new(handle, owner, blocking, timeout, retries)
+            if not blocking:
+                # One attempt (a fair lock's in its line): no deadline, no local queue.
+                start = time.monotonic()
+                return self._drive(self._contend_steps(handle, owner, False, None, retries, start))
+            return self._acquire_waiting(handle, owner, timeout, retries)
         except BaseException:
-            won = self._won_unreturned(handle.name, owner)
+            won = self.leases.won_unreturned(handle.name, owner)
             if won is not None:
                 with contextlib.suppress(Exception):
                     self._release(won)
             raise
 
-    def _acquire_new(
-        self,
-        handle: Lock,
-        owner: Hashable,
-        blocking: bool,
-        timeout: float | None,
-        retries: int | None,
+    def _acquire_waiting(
+        self, handle: Lock, owner: Hashable, timeout: float | None, retries: int | None
     ) -> Lease | None:
+        """A blocking acquire: alone, one attempt as a non-blocking one; else in this
+        process's queue for the name, then attempts until acquired or out of time."""
         start = time.monotonic()
         deadline = self._deadline(start, timeout, retries)
-        courtesy = self._courtesy(handle.name) if blocking else 0.0
+        courtesy = self.leases.courtesy(handle.name)
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
         first: Refusal | None = None
-        if blocking and not handle.fair and handle.name not in self._queues:
+        if not handle.fair and handle.name not in self._queues:
             alone = self._drive(self._alone_steps(handle, owner, start, courtesy > 0))
             if isinstance(alone, Lease):
                 return alone
             first = alone
-        queue = self._join_queue(handle.name) if blocking else None
-        if queue is not None:
-            try:
-                entered = queue.enter(deadline)
-            except BaseException:
-                self._drop_queue(handle.name, queue)
-                raise
-            if not entered:
-                self._drop_queue(handle.name, queue)
-                self._give_up(
-                    handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
-                )
-                return None
+        queue = self._join_queue(handle.name)
+        try:
+            entered = queue.enter(deadline)
+        except BaseException:
+            self._drop_queue(handle.name, queue)
+            raise
+        if not entered:
+            self._drop_queue(handle.name, queue)
+            self._give_up(
+                handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
+            )
+            return None
         try:
             lease = self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, retries, start, first)
+                self._contend_steps(handle, owner, True, deadline, retries, start, first)
             )
         except BaseException:
-            if queue is not None:
-                self._leave_queue(handle.name, queue, None)
+            self._leave_queue(handle.name, queue, None)
             raise
-        if queue is not None:
-            if lease is None:
-                self._leave_queue(handle.name, queue, None)
-            else:
-                queue.hold(lease)
-                lease.leave_queue = lambda: self._leave_queue(handle.name, queue, lease)
-                lease.wake_queue = queue.wake
+        if lease is None:
+            self._leave_queue(handle.name, queue, None)
+        else:
+            queue.hold(lease)
+            lease.leave_queue = lambda: self._leave_queue(handle.name, queue, lease)
+            lease.wake_queue = queue.wake
         return lease
 
     def _acquire_hold(
         self, handle: HoldBase, owner: Hashable, blocking: bool, timeout: float | None
     ) -> Lease | None:
         """A permit or a read/write hold (:mod:`.permits`)."""
-        renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
+        if not renewer.caught_up.is_set():
+            renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
         start = time.monotonic()
         deadline = self._deadline(start, timeout, None)
         try:
-            return self._drive(self._hold_steps(handle, owner, blocking, deadline, start))
+            return self._drive(self.permits.hold_steps(handle, owner, blocking, deadline, start))
         except BaseException:
             for name in handle.hold_names():
-                won = self._won_unreturned(name, owner)
+                won = self.leases.won_unreturned(name, owner)
                 if won is not None and won.acquired >= start:
                     with contextlib.suppress(Exception):
                         self._release(won)
@@ -271,7 +273,7 @@ class Redlock(Primitives):
     def _release_everywhere(
         self, name: str, token: str, behind: Mapping[int, Owing] | None = None
     ) -> list[Any]:
-        command = self._release_command(name, token)
+        command = self.keys.release_command(name, token)
         replies = self._rounds.fan_out(
             lambda n, w: command,
             enough=self._released_by_quorum,
@@ -282,7 +284,7 @@ class Redlock(Primitives):
         return replies
 
     def _release(self, lease: Lease) -> None:
-        if not self._begin_release(lease):
+        if not self.leases.begin_release(lease):
             return
         try:
             with lease.io_lock:
@@ -291,7 +293,7 @@ class Redlock(Primitives):
         finally:
             if lease.leave_queue is not None:
                 lease.leave_queue()
-        self._finish_release(lease, replies)
+        self.leases.finish_release(lease, replies)
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         return self._drive(self._extend_steps(lease, ttl))
@@ -300,9 +302,9 @@ class Redlock(Primitives):
         renewer.add(self, lease)
         # A long holder hears an operator's force release at once (not at its next renewal),
         # on the holders' channel: subscribed once per node for all of them.
-        watch = HolderWatch(lease, self._mark_lost, self.quorum)
+        watch = HolderWatch(lease, self.leases.mark_lost, self.quorum)
         self._holders.add(watch)
-        self._notices.keep(self._holders_channel().encode(), self._holders)
+        self._notices.keep(self.keys.holders_channel().encode(), self._holders)
         lease.unwatch = functools.partial(self._holders.remove, watch)
 
     def _renew(self, leases: list[Lease]) -> list[float | None]:
@@ -358,27 +360,27 @@ class Redlock(Primitives):
             # A lock connection first (pooled, or opened with its handshake, then pooled): its
             # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
             # its HELLO leaves it waiting for the rest until its timeout).
-            node.checkin(node.checkout(time.monotonic() + self.LIST_TIMEOUT))
+            node.checkin(node.checkout(time.monotonic() + self.keys.LIST_TIMEOUT))
             sent = time.time()
             t0 = time.perf_counter()
             node.client.ping()
             latency = time.perf_counter() - t0
             try:
-                for command in self._permission_probe():
+                for command in self.listing.permission_probe():
                     node.client.execute_command(*command)  # type: ignore[no-untyped-call]
             except redis.ResponseError as exc:
-                raise self._script_refused(exc) from None
+                raise self.listing.script_refused(exc) from None
             probe = {
                 "latency": latency,
                 "sent": sent,
                 "time": node.client.time(),
                 "received": time.time(),
                 "info": node.client.info(),
-                "marker": node.client.hmget(self._node_key(), *self.MARKER_FIELDS),
+                "marker": node.client.hmget(self.keys.node_key(), *self.keys.MARKER_FIELDS),
                 "keys": sum(
                     1 for _ in node.client.scan_iter(match=f"{self.key_prefix}:lock:*", count=1000)
                 ),
             }
         except Exception as exc:
-            return self._failed_health(node, exc)
-        return self._node_health(node, probe)
+            return self.listing.failed_health(node, exc)
+        return self.listing.node_health(node, probe)

@@ -73,13 +73,20 @@ class RoundRecord(NamedTuple):
     took: float  #: seconds, the whole round (its fan-outs and their judgement)
 
 
+class RenewedTable(Protocol):
+    """What the watchdog asks of a client's lease table (:class:`~.leases.LeaseTable`)."""
+
+    def renewal_failed(self, leases: list[Lease]) -> None: ...
+
+
 class RenewingClient(Protocol):
     """What the watchdog asks of a client (:class:`~.redlock.Redlock`); named here so this
     module does not import the client that imports it."""
 
     def _renew(self, leases: list[Lease]) -> list[float | None]: ...
 
-    def _renewal_failed(self, leases: list[Lease]) -> None: ...
+    @property
+    def leases(self) -> RenewedTable: ...
 
 
 class Renewer:
@@ -198,7 +205,7 @@ class Renewer:
                     try:
                         whens = redlock._renew(live)
                     except Exception:
-                        redlock._renewal_failed(live)
+                        redlock.leases.renewal_failed(live)
                         continue
                     self._schedule(redlock, live, whens)
             if count:

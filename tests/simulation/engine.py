@@ -27,13 +27,14 @@ from django_redlock.core.base import (
     SendBatch,
     Wait,
 )
+from django_redlock.core.leases import LeaseTable
 from django_redlock.core.lock import Lease, LockBase
 from django_redlock.core.nodes import TIMED_OUT, Failure, Pipelined, ReplyError, pack, reply_failure
 from django_redlock.core.process import ThisProcess
 
 from .node import SimNode
 
-__all__ = ["Cancelled", "Gen", "Proc", "SimRedlock", "Sleep", "Task", "World"]
+__all__ = ["Cancelled", "Gen", "Proc", "SimLeaseTable", "SimRedlock", "Sleep", "Task", "World"]
 
 Gen = Generator[Any, Any, Any]
 
@@ -237,27 +238,40 @@ def _args(command: Any) -> list[bytes]:
     ]
 
 
+class SimLeaseTable(LeaseTable):
+    """The lease table with the simulator's records of losses and renewals (``sim``: the
+    client it is a part of)."""
+
+    sim: SimRedlock
+
+    def mark_lost(self, lease: Lease, why: str) -> None:
+        already = lease.lost is not None or lease.released
+        super().mark_lost(lease, why)
+        if not already and lease.lost is not None:
+            self.sim.world.on_lost(self.sim.proc, lease, why)
+
+    def judge_extend(self, lease: Lease, *args: Any) -> bool:
+        ok = super().judge_extend(lease, *args)
+        if ok:
+            self.sim.world.on_valid(self.sim.proc, lease)
+        return ok
+
+    def part_of(self, sim: SimRedlock) -> None:
+        """This table (a copy of it, after a fork) as ``sim``'s."""
+        self.sim, self.nodes, self.start_renewal = sim, sim.nodes, sim._start_renewal
+
+
 class SimRedlock(RedlockBase):
     """The core's decisions with the simulator's hooks for what a driver does around them
     (renewal, loss, and records of each hold)."""
 
+    lease_table_class = SimLeaseTable
+    leases: SimLeaseTable
     world: World
     proc: Proc
 
     def _start_renewal(self, lease: Lease) -> None:
         self.world.driver.add_renewal(self.proc, lease)
-
-    def _mark_lost(self, lease: Lease, why: str) -> None:
-        already = lease.lost is not None or lease.released
-        super()._mark_lost(lease, why)
-        if not already and lease.lost is not None:
-            self.world.on_lost(self.proc, lease, why)
-
-    def _judge_extend(self, lease: Lease, *args: Any) -> bool:
-        ok = super()._judge_extend(lease, *args)
-        if ok:
-            self.world.on_valid(self.proc, lease)
-        return ok
 
 
 class World:
@@ -361,6 +375,8 @@ class World:
         rl.world, rl.proc = self, proc
         if self.mutant == "quorum_half":
             rl.quorum = max(1, len(self.nodes) // 2)
+        rl.leases.part_of(rl)
+        rl.leases.quorum = rl.quorum
         proc.rl = rl
         self.procs.append(proc)
         return proc
@@ -374,7 +390,10 @@ class World:
         rl.nodes = [copy.copy(n) for n in parent.rl.nodes]
         for n in rl.nodes:
             n.later = copy.copy(n.later)
-        rl._leases = {k: copy.copy(v) for k, v in parent.rl._leases.items()}
+        leases = copy.copy(parent.rl.leases)
+        leases._leases = {k: copy.copy(v) for k, v in leases._leases.items()}
+        rl.leases = leases
+        leases.part_of(rl)
         rl.proc = child
         prev_pid = ThisProcess.pid
         ThisProcess.pid = child.pid
@@ -802,7 +821,7 @@ class Driver:
     def release_everywhere(self, task: Task, name: str, token: str, behind: Any = None) -> Gen:
         rl = task.proc.rl
         assert rl is not None
-        command = rl._release_command(name, token)
+        command = rl.keys.release_command(name, token)
         self.ops += 1
         replies = yield self.fan_out(
             task,
@@ -823,7 +842,7 @@ class Driver:
         try:
             start = clock.monotonic()
             deadline = rl._deadline(start, timeout, None)
-            courtesy = rl._courtesy(handle.name) if blocking else 0.0
+            courtesy = rl.leases.courtesy(handle.name) if blocking else 0.0
             if courtesy:
                 yield Sleep(courtesy / task.proc.rate)
             first = None
@@ -840,7 +859,7 @@ class Driver:
                 )
             )
         except Cancelled:
-            won = rl._won_unreturned(handle.name, owner)
+            won = rl.leases.won_unreturned(handle.name, owner)
             if won is not None:
                 with contextlib.suppress(Exception):
                     yield from self.release(task, won)
@@ -853,11 +872,11 @@ class Driver:
         assert rl is not None
         while id(lease) in proc.renewing:
             yield Sleep(0.001)
-        if not rl._begin_release(lease):
+        if not rl.leases.begin_release(lease):
             return
         behind, lease.behind = lease.behind, None
         replies = yield from self.release_everywhere(task, lease.name, lease.token, behind)
-        rl._finish_release(lease, replies)
+        rl.leases.finish_release(lease, replies)
 
     # -- the watchdog ----------------------------------------------------------------------
 
@@ -897,7 +916,7 @@ class Driver:
             try:
                 whens = yield from self.drive(task, proc.rl._renew_steps(due))
             except Exception:
-                proc.rl._renewal_failed(due)
+                proc.rl.leases.renewal_failed(due)
                 continue
             for lease, when in zip(due, whens, strict=False):
                 if when is not None:

@@ -11,7 +11,7 @@ from typing import Any
 from django_redlock.core import scripts
 from django_redlock.core.lock import Lease
 
-from .engine import SimRedlock, World
+from .engine import SimLeaseTable, SimRedlock, World
 
 __all__ = ["MUTANTS", "applied"]
 
@@ -74,7 +74,7 @@ def applied(mutant: str | None, world: World) -> Iterator[None]:
     elif mutant == "fork_releases":
         patch(Lease, "foreign", property(lambda self: False))
     elif mutant == "no_drift":
-        patch(SimRedlock, "_margin", lambda self, ttl: 0.0)
+        patch(SimLeaseTable, "margin", lambda self, ttl: 0.0)
     elif mutant == "trust_apart":
         patch(SimRedlock, "_all_fresh", _all_fresh_apart)
     try:

@@ -780,7 +780,7 @@ class Run:
         for proc in world.procs:
             rl = proc.rl
             assert rl is not None
-            held = [lease for lease in list(rl._leases.values()) if not lease.foreign]
+            held = [lease for lease in list(rl.leases._leases.values()) if not lease.foreign]
             task = Task(world, proc, None, f"final-{proc.pid}")
             task.gen = self._release_all(task, held)
             task.start(world.now)
