@@ -124,7 +124,15 @@ def server_cost(port: int, cycles: int) -> dict[str, float]:
             / cycles
         )
 
-    release = (scripts.RELEASE.sha, 1, keys[0], token, "gap:released:k")
+    release = (
+        scripts.RELEASE.sha,
+        3,
+        keys[0],
+        "gap:waiters:k",
+        "gap:queue:k",
+        token,
+        "gap:released:k",
+    )
     script = total(
         lambda: (
             client.evalsha(scripts.ACQUIRE.sha, 3, *keys, token, 10_000, meta, "0", run_id, guard),

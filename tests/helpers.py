@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from django_redlock.core.base import glob_escape
 from django_redlock.core.commands import lock_fields, lock_value
 from django_redlock.testing import RedisCluster, RedisNode
 from testproject.databases import server_database
@@ -29,6 +30,15 @@ PREFIX = "redlock"
 def node_client(node: RedisNode) -> redis.Redis:
     """A raw client on one node with a socket timeout, so a mistake never hangs a test."""
     return node.client(socket_timeout=5, socket_connect_timeout=5)
+
+
+def release_listeners(node: RedisNode, channel: str) -> int:
+    """Subscriptions on ``node`` waiting for a lock's releases: to its release channel
+    (``channel``), or to a waiter's own (``channel``, ``:``, the waiter's id), where a release
+    wakes one waiter by name."""
+    with node_client(node) as client:
+        names = [channel.encode(), *client.pubsub_channels(glob_escape(channel) + ":*")]
+        return sum(int(n) for _, n in client.pubsub_numsub(*names))
 
 
 def lock_keys(nodes: Iterable[RedisNode], prefix: str = PREFIX) -> list[dict[str, tuple[int, str]]]:

@@ -20,6 +20,7 @@ from tests.helpers import (
     all_keys,
     lock_keys,
     pttls_on_nodes,
+    release_listeners,
     tokens_on_nodes,
     wait_until,
     warm_up,
@@ -37,11 +38,6 @@ def script_calls(nodes) -> list[int]:
             sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
         )
     return out
-
-
-def numsub(node, channel: str) -> int:
-    with node.client(socket_timeout=5) as c:
-        return int(dict(c.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
 def test_acquire_release_held_validity_check(redis_nodes: RedisCluster, make_redlock) -> None:
@@ -185,7 +181,7 @@ def test_acquire_after_the_holder_releases(redis_nodes: RedisCluster, make_redlo
     waiter = threading.Thread(target=wait_for_it)
     waiter.start()
     # The waiter has tried once and is now waiting: it subscribed to the release channel.
-    wait_until(lambda: all(numsub(n, "redlock:released:handoff") for n in redis_nodes))
+    wait_until(lambda: all(release_listeners(n, "redlock:released:handoff") for n in redis_nodes))
     released_at = time.monotonic()
     h.release()
     wait_until(lambda: "held" in result, timeout=10)

@@ -16,7 +16,15 @@ import pytest
 
 from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.core import validation
-from tests.helpers import node_client, occupy, tokens_on_nodes, vacate, wait_until, warm_up
+from tests.helpers import (
+    node_client,
+    occupy,
+    release_listeners,
+    tokens_on_nodes,
+    vacate,
+    wait_until,
+    warm_up,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -330,11 +338,7 @@ def _kill_subscribers(cluster) -> None:
 
 
 def _subscribed(cluster, channel: str) -> bool:
-    counts = []
-    for node in cluster:
-        with node_client(node) as c:
-            counts.append(dict(c.pubsub_numsub(channel)).get(channel.encode(), 0))
-    return all(n >= 1 for n in counts)
+    return all(release_listeners(node, channel) >= 1 for node in cluster)
 
 
 def test_release_notice_listener_survives_connection_resets(redis_nodes, make_redlock) -> None:

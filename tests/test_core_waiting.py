@@ -16,17 +16,13 @@ import time
 import pytest
 
 from django_redlock.testing import RedisCluster
-from tests.helpers import node_client, tokens_on_nodes, wait_until, warm_up
+from tests.helpers import release_listeners, tokens_on_nodes, wait_until, warm_up
 
 CTX = multiprocessing.get_context("fork")
 
 
 def _subscribers(nodes: RedisCluster, channel: str) -> list[int]:
-    out = []
-    for node in nodes:
-        with node_client(node) as c:
-            out.append(dict(c.pubsub_numsub(channel)).get(channel.encode(), 0))
-    return out
+    return [release_listeners(node, channel) for node in nodes]
 
 
 def _scripts(calls: dict[str, int]) -> int:

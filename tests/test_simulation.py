@@ -132,6 +132,7 @@ def test_the_simulated_node_answers_the_scripts_as_a_real_redis(redis_node: Any)
     sim.run_id = run_id
     keys = ["p:lock:a", "p:fence:a", "p:node"]
     acquire = ["EVAL", scripts.ACQUIRE.body, 3, *keys]
+    release = ["p:lock:a", "p:waiters:a", "p:queue:a"]
     sequence: list[list[Any]] = [
         [*acquire, "t1", 10000, "{}", "1", run_id, "5000"],  # guarded: a fresh marker
         ["EVAL", scripts.TRUST_NOW.body, 1, "p:node", run_id],
@@ -141,8 +142,13 @@ def test_the_simulated_node_answers_the_scripts_as_a_real_redis(redis_node: Any)
         ["EVAL", scripts.EXTEND.body, 1, "p:lock:a", "t1", 20000, ""],
         ["EVAL", scripts.EXTEND.body, 1, "p:lock:a", "t2", 20000, ""],
         ["GET", "p:fence:a"],
-        ["EVAL", scripts.RELEASE.body, 1, "p:lock:a", "t2", "p:released:a"],
-        ["EVAL", scripts.RELEASE.body, 1, "p:lock:a", "t1", "p:released:a"],
+        ["EVAL", scripts.RELEASE.body, 3, *release, "t2", "p:released:a"],
+        ["ZADD", "p:waiters:a", "NX", 5, "w1"],
+        ["ZADD", "p:waiters:a", "NX", 9, "w1"],  # keeps its place
+        ["ZADD", "p:waiters:a", "NX", 7, "w2"],
+        ["PEXPIRE", "p:waiters:a", 6000],
+        ["EVAL", scripts.RELEASE.body, 3, *release, "t1", "p:released:a"],
+        ["ZRANGE", "p:waiters:a", 0, -1],  # nobody listened: both were tried
         ["EXISTS", "p:lock:a"],
         ["SET", "p:lock:b", "t3 0 0 1 500\n{}", "NX", "PX", 500],
         ["SET", "p:lock:b", "t4 0 0 1 500\n{}", "NX", "PX", 500],

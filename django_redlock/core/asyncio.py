@@ -50,7 +50,7 @@ from .aionodes import (
     relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .base import Finally, Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
@@ -526,7 +526,9 @@ class AsyncRedlock(RedlockBase):
                 return None
         try:
             lease = await self._drive(
-                self._contend_steps(handle, owner, blocking, deadline, retries, start)
+                self._contend_steps(
+                    handle, owner, blocking, deadline, retries, start, None, courtesy > 0
+                )
             )
             if lease is not None and lease.auto_renew:
                 # Its force-release watch is subscribed before the holder goes on.
@@ -591,10 +593,14 @@ class AsyncRedlock(RedlockBase):
                         listening = self._state().notices.listening(step.channel)
                         reply = await cleanup.enter_async_context(listening)
                     else:
-                        cleanup.push_async_callback(self._fan_out, step.send.build)
+                        cleanup.push_async_callback(self._finally, step)
         finally:
             if cleanup is not None:
                 await cleanup.aclose()
+
+    async def _finally(self, step: Finally) -> None:
+        if not step.cancelled:
+            await self._fan_out(step.send.build)
 
     async def _send(self, step: Send) -> list[Any]:
         try:

@@ -16,7 +16,6 @@ import math
 import os
 import socket
 import weakref
-import zlib
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -29,13 +28,13 @@ from .listing import Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     BEHIND_LATE,
-    NOT_SENT,
     TIMED_OUT,
     Failure,
     Node,
     NodeSpec,
     Pipelined,
     ReplyError,
+    as_eval,
     make_nodes,
     not_redis,
     pack,
@@ -99,12 +98,8 @@ class Refusal:
         answered: int,
         retry_after: float | None,
         late: bool = False,
-        ahead: int = 0,
     ) -> None:
         self.failures = failures
-        #: A fair waiter's place: how many waiters are ahead of it in line (0: next, or not
-        #: queued).
-        self.ahead = ahead
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
         #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
@@ -129,10 +124,17 @@ class AcquireRequest:
     """
 
     def __init__(
-        self, redlock: RedlockBase, handle: LockBase, line: tuple[str, int] | None = None
+        self,
+        redlock: RedlockBase,
+        handle: LockBase,
+        line: tuple[str, int] | None = None,
+        join: bytes | None = None,
     ) -> None:
         self.token = clock.token_hex(16)
         self._redlock, self._handle, self._line = redlock, handle, line
+        #: A waiter's place among the name's waiters, taken (or kept) before the attempt on
+        #: the same connection: a release that comes after the attempt was refused wakes it.
+        self._join = join
         self.meta, self._meta_json = redlock.keys.holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
@@ -152,8 +154,10 @@ class AcquireRequest:
     def build(self, node: Node, wire: Any) -> Pipelined:
         """The :data:`~.fanout.CommandBuilder` of this attempt."""
         if self._fast is not None and (wire.vote_marker is not None or not self._guarded):
-            return self._fast
-        return self.script(node, wire)
+            attempt = self._fast
+        else:
+            attempt = self.script(node, wire)
+        return attempt if self._join is None else _joined(self._join, attempt)
 
     def script(self, node: Node, wire: Any) -> Pipelined:
         """The full acquire script (the run id is per wire; encoded at the first use, as most
@@ -222,6 +226,27 @@ class AcquireRequest:
         return self._redlock.keys.undo_command(self._handle.name, self.token)
 
 
+def _joined(join: bytes, attempt: Pipelined) -> Pipelined:
+    """``attempt`` behind ``join`` (two commands whose answers nobody reads) on the same
+    connection. A script goes as ``EVAL`` with its body: only one command's ``NOSCRIPT`` is
+    sent again by the connection (:meth:`~.nodes.Wire.settle`)."""
+    if attempt.count > 1:
+        return Pipelined(join + attempt.data, attempt.count + 2, _skip_join(attempt.fold))
+    data = join + as_eval(attempt.data)
+
+    def fold(wire: Any, replies: list[Any]) -> Any:
+        reply = replies[2]
+        if reply.__class__ is ReplyError:
+            reply = reply_failure(reply)
+        return attempt.fold(wire, [reply])
+
+    return Pipelined(data, 3, fold)
+
+
+def _skip_join(fold: Callable[[Any, list[Any]], Any]) -> Callable[[Any, list[Any]], Any]:
+    return lambda wire, replies: fold(wire, replies[2:])
+
+
 def _fold_script(wire: Any, replies: list[Any]) -> Any:
     """An acquire script's answer; a node that votes (taken or held) names its marker, which
     the connection keeps for the plain ``SET`` of the next attempt, with when (on this
@@ -258,14 +283,6 @@ def _fold_script(wire: Any, replies: list[Any]) -> Any:
 MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 
 _PING = pack(["PING"])
-
-
-def _verdict(reply: Any) -> bool:
-    """Whether a node's entry in a fan-out's replies is its answer (not a placeholder for
-    one still on its way)."""
-    return isinstance(reply, list) or (
-        isinstance(reply, Failure) and reply is not TIMED_OUT and reply is not NOT_SENT
-    )
 
 
 class Send:
@@ -384,10 +401,13 @@ class Finally:
     """A step: when the operation ends, however it ends, send ``send`` (cleanup that must go
     out even when the caller is interrupted, e.g. leaving a fair lock's line)."""
 
-    __slots__ = ("send",)
+    __slots__ = ("cancelled", "send")
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        #: Set by the operation once the cleanup is no longer needed (or was handed to
+        #: :attr:`.nodes.Node.later`): the driver then sends nothing.
+        self.cancelled = False
 
 
 #: The I/O-free steps of an operation: they yield what to do and receive its outcome; the
@@ -763,160 +783,79 @@ class RedlockBase:
         retries: int | None,
         start: float,
         first: Refusal | None = None,
+        listen_first: bool = False,
     ) -> Steps[Lease | None]:
         """Attempts until the lock is ours or the time is up: after the first refusal,
-        subscribe to the name's release channel and try again at once (a release between the
-        attempt and the subscription would otherwise go unnoticed); then wait for a release
-        notice, the holder's lease end or a random retry delay (:meth:`_pause_for`). A fair
-        lock draws its place in line first and leaves the line when done. ``first`` is the
-        refusal of an attempt already made (:meth:`_alone_steps`). No recursion: one loop,
-        each attempt one :meth:`_attempt_steps`."""
+        subscribe to this waiter's own release channel and try again at once (a release
+        between the attempt and the subscription would otherwise go unnoticed); then wait for
+        a release notice, the holder's lease end or a random retry delay (:meth:`_pause_for`).
+        A fair lock draws its place in line first and leaves the line when done; any other
+        lock joins the name's waiters with each attempt. ``first`` is the refusal of an attempt
+        already made (:meth:`_alone_steps`). ``listen_first``: this process just released the
+        name and woke a waiter, who is taking it now: the first attempt is made waiting
+        already (subscribed and joined), as it would be refused. No recursion: one loop, each
+        attempt one :meth:`_attempt_steps`.
+
+        A release wakes one waiter by name (``scripts.RELEASE``): the fair line's first, else
+        the one that has waited longest. It is alone to contend (but for the releaser, who
+        holds back: :meth:`_courtesy`, and newcomers), so it asks every node at once. The
+        others sleep on: they ask the nodes again when their pause ends (at most a third of
+        ``fair_heartbeat``), so a woken waiter that died before taking the lock costs the
+        rest at most that."""
         attempts = 0
-        notice = None
-        line = None
-        #: Whether the next attempt goes to the lead node first (:meth:`_lead_steps`): it
-        #: does once the name was found held, unless the last wait heard no release at all
-        #: (then every node is asked, so a copy left on the lead node alone cannot keep the
-        #: lock from a quorum of free nodes).
-        lead_next = False
+        notice = line = join = leave = None
+        left = b""  #: the leave, encoded for any connection (a script with its body)
         if handle.fair:
             line = self.keys.line(
                 (yield Send(to_every_node(self.keys.ticket_command(handle.name))))
             )
-            yield Finally(Send(to_every_node(self.keys.leave_line_command(handle.name, line[0]))))
+            waiter = line[0]
+            command = self.keys.leave_line_command(handle.name, waiter)
+            leave, left = Finally(Send(to_every_node(command))), as_eval(command)
+            yield leave
+        else:
+            waiter = clock.token_hex(8)
         while True:
+            if notice is None and (listen_first or attempts):
+                notice = yield Listen(self.keys.waiter_channel(handle.name, waiter))
+                if line is None:
+                    join = self.keys.join_waiters(handle.name, waiter, int(clock.wall() * 1000))
+                    left = self.keys.leave_waiters(handle.name, waiter)
+                    leave = Finally(Send(to_every_node(left)))
+                    yield leave
             if first is None:
-                lead = self._lead_node(handle.name) if lead_next else None
-                outcome = yield from self._attempt_steps(handle, owner, line, lead=lead)
+                outcome = yield from self._attempt_steps(handle, owner, line, join=join)
             else:
                 outcome, first = first, None
             if isinstance(outcome, Lease):
+                if leave is not None:
+                    # The nodes that granted a fair lock took its waiter out of the line;
+                    # the others (and every node, for the waiters of another lock) get the
+                    # leave with the next command that reaches them, the release at the
+                    # latest, which it goes out before: no round trip between a waiter's
+                    # grant and its caller, and no release wakes it after.
+                    leave.cancelled = True
+                    for node in self.nodes:
+                        node.later.append(left)
                 return self.leases.won(handle, outcome, start)
             attempts += 1
-            lead_next = True
             now = clock.monotonic()
             if self._out_of_time(blocking, attempts, retries, deadline, now):
                 self._give_up(handle, outcome, now - start)
                 return None
-            if notice is None:
-                notice = yield Listen(self.keys.channel(handle.name))
-                continue
-            pause = self._pause_for(handle, outcome, retries, deadline, now)
-            heard: int = (yield Wait(notice, pause)) or 0
-            lead_next = heard > 0
-            # A fair waiter with others ahead in line lets their releases go by (each one is
-            # the hand-off to the next in line) instead of asking the nodes on each: the line
-            # moves one place per release. A node answers with the place only while the lock
-            # is free there (the first in line is about to take it), so it is this waiter's
-            # turn at the release of the last waiter ahead. The pause still bounds the whole
-            # wait, so a line that stalls (a waiter ahead died) is asked again as before.
-            until = now + pause
-            skip = outcome.ahead - heard
-            while lead_next and skip > 0:
-                left = until - clock.monotonic()
-                if left <= 0:
-                    break
-                heard = (yield Wait(notice, left)) or 0
-                lead_next = heard > 0
-                skip -= heard
+            if notice is not None:
+                pause = self._pause_for(handle, outcome, retries, deadline, now, True)
+                yield Wait(notice, pause)
 
     def _alone_steps(
-        self, handle: LockBase, owner: Hashable, start: float, contended: bool = False
+        self, handle: LockBase, owner: Hashable, start: float
     ) -> Steps[Lease | Refusal]:
         """A blocking acquire's first attempt while no other thread (or task) of this process
         wants the name: one attempt, as a non-blocking acquire makes, without lining up in
         the local queue, which exists to line up this process's own contenders. A refusal is
-        then :meth:`_contend_steps`' first attempt, made in line. ``contended``: this process
-        just released the name to waiting processes, which are contending for it right now
-        (the attempt goes to the lead node first, as theirs do)."""
-        lead = self._lead_node(handle.name) if contended else None
-        outcome = yield from self._attempt_steps(handle, owner, lead=lead)
+        then :meth:`_contend_steps`' first attempt, made in line."""
+        outcome = yield from self._attempt_steps(handle, owner)
         return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
-
-    def _lead_node(self, name: str) -> int | None:
-        """The node a contended attempt on ``name`` goes to first (see :meth:`_lead_steps`):
-        fixed per name, spread over the nodes across names."""
-        if len(self.nodes) < 2:
-            return None
-        return zlib.crc32(name.encode()) % len(self.nodes)
-
-    def _lead_steps(
-        self, request: AcquireRequest, cancel: tuple[str, str], index: int
-    ) -> Steps[tuple[int, Any, set[int], dict[int, Any]] | Refusal | None]:
-        """Step 1 of an attempt made by one of several contenders woken by the same release,
-        on the lead node alone: the others get a ``PING``.
-
-        Woken together, contenders that all send to every node at once split the vote: each
-        node grants whoever reached it first, often a different one, nobody has a quorum,
-        everyone undoes and waits again (and each undo is announced as a release, waking them
-        all once more). One node deciding first makes one of them the only one to go on; the
-        rest are refused there without having written anything. The winner pays one more
-        round trip; the quorum, the validity (measured from before this step) and the undo of
-        a failed attempt are Redlock's as ever.
-
-        Returns ``(index, grant, gone, left)`` when the lead node granted (``gone``: nodes
-        that did not answer their ``PING``, ``left``: connections still owing it), a
-        :class:`Refusal` when it is held there (a verdict for this attempt only: the next
-        attempt that was not woken by a release goes to every node, so a copy left on that
-        node alone cannot keep the lock from a quorum of free nodes for longer than a retry
-        delay), or None when it gave no
-        clean verdict (down, slow, guarded, its marker changed): after the undo of what may
-        have landed, a plain attempt follows."""
-        node = self.nodes[index]
-        send = Send(
-            lambda n, wire: request.build(n, wire) if n is node else _PING,
-            request.undo,
-            cancel,
-            None,
-            lambda replies: _verdict(replies[index]),
-        )
-        replies = yield send
-        reply = replies[index]
-        if isinstance(reply, list) and reply[0] == 0:
-            # A node whose PING went unanswered got the undo of this token behind it (the
-            # fan-out's ``late``): the acquire must not follow it there.
-            gone = {
-                i
-                for i, r in enumerate(replies)
-                if i != index and isinstance(r, Failure) and i not in send.left
-            }
-            return index, reply, gone, send.left
-        if isinstance(reply, list) and reply[0] in (1, 3):
-            # The lead node's verdict stands for the cluster's in this attempt (no
-            # QuorumError: a node answered); when it frees up is told by the next release.
-            ahead = int(reply[1]) if reply[0] == 3 else 0
-            return Refusal(
-                {node.name: "held (lead node of a contended name)"},
-                self.quorum,
-                None,
-                ahead=ahead,
-            )
-        if reply is MARKER_CHANGED:  # its SET ran there (a node that did not answer in
-            # time got the undo behind the acquire already: the fan-out's ``late``)
-            undo = request.undo()
-            # Behind the acquire where it is still on its way (see step 3).
-            undone = yield Send(
-                to_every_node(undo), None, cancel, idempotent=True, behind=send.left
-            )
-            self._keep_unreached(undo, undone)
-        return None
-
-    def _after_lead(
-        self, request: AcquireRequest, index: int, grant: Any, gone: set[int]
-    ) -> tuple[AnyBuilder, Callable[[list[Any]], bool]]:
-        """The builder and quorum test of step 1 on the other nodes, once the lead node
-        (``index``) granted ``request`` there with ``grant`` (``gone``: nodes it skips)."""
-        skipped = {id(self.nodes[i]) for i in gone | {index}}
-
-        def build(node: Node, wire: Any) -> Any:
-            return _PING if id(node) in skipped else request.build(node, wire)
-
-        def enough(replies: list[Any]) -> bool:
-            return self._granted_by_quorum(
-                [grant if i == index else r for i, r in enumerate(replies)]
-            )
-
-        return build, enough
 
     def _attempt_steps(
         self,
@@ -924,7 +863,7 @@ class RedlockBase:
         owner: Hashable,
         line: tuple[str, int] | None = None,
         make: Callable[[], AcquireRequest] | None = None,
-        lead: int | None = None,
+        join: bytes | None = None,
     ) -> Steps[Lease | Refusal]:
         """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
 
@@ -943,33 +882,16 @@ class RedlockBase:
         ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
         write hold's script: :mod:`.permits`); the rest of the attempt is the same.
 
-        ``lead``: the name was just released to several contenders at once (see
-        :meth:`_lead_steps`): step 1 goes to that node first, and to the others only once it
-        granted there.
+        ``join``: the waiter's place among the name's waiters, taken with each attempt (see
+        :meth:`_contend_steps`).
         """
         settle, trusted = 3, False
         while True:
-            request = AcquireRequest(self, handle, line) if make is None else make()
+            request = AcquireRequest(self, handle, line, join) if make is None else make()
             cancel = (handle.name, request.token)
             start = clock.monotonic()
-            held: Any = None
-            if lead is not None:
-                index, lead = lead, None
-                held = yield from self._lead_steps(request, cancel, index)
-                if isinstance(held, Refusal):
-                    return held
-                if held is None:
-                    continue  # no clean verdict there: a plain attempt (a new token)
             send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
-            if held is not None:
-                # Granted on the lead node: the same token to the others.
-                send.build, send.enough = self._after_lead(request, *held[:3])
-                send.behind = held[3]
             replies = yield send
-            if held is not None:
-                replies[held[0]] = held[1]
-                for i in held[2]:
-                    replies[i] = TIMED_OUT  # not asked: silent a moment ago
             if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
                 answered = {
                     i
@@ -1150,7 +1072,6 @@ class RedlockBase:
     def _refusal(self, replies: list[Any]) -> Refusal:
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
-        places: list[int] = []  # a fair waiter's place in line, as each node sees it
         answered = 0
         timed_out = contended = False
         for node, reply in zip(self.nodes, replies, strict=True):
@@ -1168,7 +1089,6 @@ class RedlockBase:
                 answered += 1
                 failures[node.name] = "queued behind an earlier waiter"
                 contended = True
-                places.append(int(reply[1]))
             else:
                 answered += 1
         retry_after = None
@@ -1180,13 +1100,7 @@ class RedlockBase:
         # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
         # release because it landed late, or a late node's; no split vote to break up.
         contended = contended or still_needed > 0
-        return Refusal(
-            failures,
-            answered,
-            retry_after,
-            timed_out and not contended,
-            ahead=min(places, default=0),
-        )
+        return Refusal(failures, answered, retry_after, timed_out and not contended)
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""
@@ -1239,11 +1153,13 @@ class RedlockBase:
         retries: int | None,
         deadline: float | None,
         now: float,
+        by_name: bool = False,
     ) -> float:
         """How long to wait before the next attempt if no release notice comes first: until
         the holder's lease runs out when the nodes told us, else a random retry delay. With
         ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
-        contenders from retrying in lock step."""
+        contenders from retrying in lock step. ``by_name``: a release wakes this waiter
+        alone, on its own channel (see :meth:`_contend_steps`)."""
         jitter = clock.uniform(0, self.retry_delay / 2)
         if refusal.late:
             # The next attempt goes out on other connections (a late one is set aside until
@@ -1256,8 +1172,10 @@ class RedlockBase:
             delay = self.retry_delay / 2 + jitter
         if retries is not None:
             delay = min(delay, self.retry_delay / 2 + jitter)
-        if handle.fair:
-            # A fair waiter refreshes its place in line on every attempt.
+        if handle.fair or by_name:
+            # A waiter refreshes its place on every attempt (a fair line drops a waiter whose
+            # heartbeat ran out), and one woken by name only asks again if the waiter a
+            # release woke took nothing.
             delay = min(delay, self.fair_heartbeat / 3)
         if deadline is not None:
             delay = min(delay, deadline - now)

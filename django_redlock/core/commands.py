@@ -14,7 +14,7 @@ from . import clock, rwscripts, scripts
 from .info import HOLDER_PLACE
 from .kinds import base_name, is_reader, reader_entry_of
 from .lock import Lease
-from .nodes import eval_command, pack, script_command
+from .nodes import eval_command, pack, pack_many, script_command
 from .validation import check_name
 
 __all__ = ["KeyLayout", "lock_fields", "lock_value"]
@@ -50,7 +50,7 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
 #: own token). The one exception is the undo sent behind an acquire on a connection given up
 #: (:meth:`KeyLayout.undo_command`): nobody may ever read its answer (the process may close
 #: first), so it carries the body; it is sent only when a node did not answer in time.
-_RELEASE_HEAD = ("EVALSHA", scripts.RELEASE.sha, 1)
+_RELEASE_HEAD = ("EVALSHA", scripts.RELEASE.sha, 3)
 
 
 class KeyLayout:
@@ -136,7 +136,7 @@ class KeyLayout:
         if is_reader(name):
             keys, args = self.reader_keys(name), [token, self.channel(name)]
             return pack(script_command(rwscripts.READ_RELEASE, keys, args))
-        return pack((*_RELEASE_HEAD, self.key(name), token, self.channel(name)))
+        return pack((*_RELEASE_HEAD, *self.release_keys(name), token, self.channel(name)))
 
     def undo_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token`` with the script's body, for a connection given up (see
@@ -144,7 +144,30 @@ class KeyLayout:
         if is_reader(name):
             keys, args = self.reader_keys(name), [token, self.channel(name)]
             return pack(eval_command(rwscripts.READ_RELEASE, keys, args))
-        return pack(eval_command(scripts.RELEASE, [self.key(name)], [token, self.channel(name)]))
+        keys, args = self.release_keys(name), [token, self.channel(name)]
+        return pack(eval_command(scripts.RELEASE, keys, args))
+
+    def release_keys(self, name: str) -> list[str]:
+        """The keys of ``RELEASE``: the lock, its waiters, its fair line."""
+        return [self.key(name), self.waiters_key(name), self.line_keys(name)[0]]
+
+    def waiters_key(self, name: str) -> str:
+        return f"{self.key_prefix}:waiters:{name}"
+
+    def waiter_channel(self, name: str, waiter: str) -> str:
+        """Where a release wakes ``waiter`` alone (see ``scripts.RELEASE``)."""
+        return f"{self.channel(name)}:{waiter}"
+
+    def leave_waiters(self, name: str, waiter: str) -> bytes:
+        return pack(["ZREM", self.waiters_key(name), waiter])
+
+    def join_waiters(self, name: str, waiter: str, since_ms: int) -> bytes:
+        """Joins ``waiter`` to the processes waiting for ``name`` (kept at its place when it is
+        there already); the set expires when nobody waits (a waiter joins again on each
+        attempt, at least every third of ``fair_heartbeat``)."""
+        key = self.waiters_key(name)
+        idle_ms = int(self.fair_heartbeat * 2000)
+        return pack_many((("ZADD", key, "NX", since_ms, waiter), ("PEXPIRE", key, idle_ms)))
 
     def fence_command(self, name: str, token: str, fence: int) -> list[Any]:
         return script_command(

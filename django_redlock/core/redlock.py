@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from .base import Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .base import Finally, Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
@@ -159,8 +159,8 @@ class Redlock(RedlockBase):
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
         first: Refusal | None = None
-        if not handle.fair and handle.name not in self._queues:
-            alone = self._drive(self._alone_steps(handle, owner, start, courtesy > 0))
+        if not handle.fair and not courtesy and handle.name not in self._queues:
+            alone = self._drive(self._alone_steps(handle, owner, start))
             if isinstance(alone, Lease):
                 return alone
             first = alone
@@ -178,7 +178,9 @@ class Redlock(RedlockBase):
             return None
         try:
             lease = self._drive(
-                self._contend_steps(handle, owner, True, deadline, retries, start, first)
+                self._contend_steps(
+                    handle, owner, True, deadline, retries, start, first, courtesy > 0
+                )
             )
         except BaseException:
             self._leave_queue(handle.name, queue, None)
@@ -242,11 +244,14 @@ class Redlock(RedlockBase):
                     if isinstance(step, Listen):
                         reply = cleanup.enter_context(self._notices.listening(step.channel))
                     else:
-                        send = step.send
-                        cleanup.callback(self._rounds.fan_out, send.build)
+                        cleanup.callback(self._finally, step)
         finally:
             if cleanup is not None:
                 cleanup.close()
+
+    def _finally(self, step: Finally) -> None:
+        if not step.cancelled:
+            self._rounds.fan_out(step.send.build)
 
     def _join_queue(self, name: str) -> LocalQueue:
         with self._queues_lock:

@@ -18,7 +18,10 @@ Key layout for a lock named ``name`` under prefix ``p``:
   a connection that saw it vote can tell, with one ``HMGET``, that it is still the same).
 * ``p:queue:name``, ``p:beats:name``, ``p:qseq:name`` - a fair lock's line of waiters, their
   heartbeats and its ticket sequence (all expire when the line stays idle).
-* channel ``p:released:name`` - published on release, wakes waiters.
+* ``p:waiters:name`` - the processes waiting for a (not fair) lock, to wake one at a time:
+  waiter id -> when it began to wait (ms, its wall clock); expires when nobody waits.
+* channel ``p:released:name:waiter`` - a release wakes that waiter (the fair line's first, or
+  the waiter that has waited longest); channel ``p:released:name`` when there is none.
 """
 
 from __future__ import annotations
@@ -269,16 +272,44 @@ return 0
 """
 )
 
-# Delete the lock if it is still ours and wake whoever waits for it.
-# KEYS[1] lock
+# Delete the lock if it is still ours and wake one waiter: the fair line's first, else the
+# waiter that has waited longest, on its own channel (the release channel, ':', its id). Woken
+# all at once, every process waiting would contend for each release (and all but one lose);
+# woken one at a time, the next one takes the lock alone. A waiter that left (or whose process
+# died) no longer listens on its channel: PUBLISH tells nobody, and the next one is tried.
+# With no one to wake by name, the release channel itself is told (semaphores and read/write
+# locks wait there).
+# KEYS[1] lock, KEYS[2] waiters (zset waiter id -> when it began to wait), KEYS[3] fair line
 # ARGV[1] token, ARGV[2] release channel
-# Returns 1 + the number of subscribers told (processes waiting) when deleted, 0 when the
+# Returns 1 + the number of subscribers told (processes woken) when deleted, 0 when the
 # token is not ours (the holder's key is left alone).
 RELEASE = Script(
     """
 local held = redis.call('GET', KEYS[1])
 if held and string.match(held, '^(%S+) ') == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  -- Nobody waits by name (the uncontended release): one call, not one per set.
+  if redis.call('EXISTS', KEYS[2], KEYS[3]) == 0 then
+    return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1])
+  end
+  local told = 0
+  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 2)) do
+    told = redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, ARGV[1])
+    if told > 0 then
+      return 1 + told
+    end
+  end
+  for _ = 1, 8 do
+    local waiter = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if not waiter then
+      break
+    end
+    redis.call('ZREM', KEYS[2], waiter)
+    told = redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, ARGV[1])
+    if told > 0 then
+      return 1 + told
+    end
+  end
   return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 return 0

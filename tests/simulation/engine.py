@@ -717,7 +717,7 @@ class Driver:
 
     def drive(self, task: Task, steps: Gen) -> Gen:
         """Run ``steps`` for ``task``; a generator the task yields from."""
-        finals: list[Send] = []
+        finals: list[Finally] = []
         notices: list[Notice] = []
         try:
             result = yield from self._steps(task, steps, finals, notices)
@@ -727,14 +727,15 @@ class Driver:
         yield from self._cleanup(task, finals, notices)
         return result
 
-    def _cleanup(self, task: Task, finals: list[Send], notices: list[Notice]) -> Gen:
+    def _cleanup(self, task: Task, finals: list[Finally], notices: list[Notice]) -> Gen:
         proc = task.proc
         if notices:
             proc.notices = [x for x in proc.notices if x[2] not in notices]
-        for send in finals:
-            yield self.fan_out(task, send.build)
+        for final in finals:
+            if not final.cancelled:
+                yield self.fan_out(task, final.send.build)
 
-    def _steps(self, task: Task, steps: Gen, finals: list[Send], notices: list[Notice]) -> Gen:
+    def _steps(self, task: Task, steps: Gen, finals: list[Finally], notices: list[Notice]) -> Gen:
         world = self.world
         rl = task.proc.rl
         assert rl is not None
@@ -787,7 +788,7 @@ class Driver:
                 notice.fired = False
                 notice.park = None
             elif cls is Finally:
-                finals.append(step.send)
+                finals.append(step)
             else:
                 raise TypeError(f"unknown step {step!r}")
 
@@ -846,18 +847,15 @@ class Driver:
             if courtesy:
                 yield Sleep(courtesy / task.proc.rate)
             first = None
-            if blocking and not handle.fair:
-                alone = yield from self.drive(
-                    task, rl._alone_steps(handle, owner, start, courtesy > 0)
-                )
+            if blocking and not handle.fair and not courtesy:
+                alone = yield from self.drive(task, rl._alone_steps(handle, owner, start))
                 if isinstance(alone, Lease):
                     return alone
                 first = alone
-            return (
-                yield from self.drive(
-                    task, rl._contend_steps(handle, owner, blocking, deadline, None, start, first)
-                )
+            contend = rl._contend_steps(
+                handle, owner, blocking, deadline, None, start, first, courtesy > 0
             )
+            return (yield from self.drive(task, contend))
         except Cancelled:
             won = rl.leases.won_unreturned(handle.name, owner)
             if won is not None:
