@@ -8,7 +8,9 @@
 Only the package's public API is used (``Redlock``, ``AsyncRedlock``, ``lock()``, ``acquire``,
 ``release``, ``auto_renew``, ``held``/``lost``; ``django_redlock.testing``'s ``RedisCluster``
 and ``RedisNode`` with ``pause``/``resume``/``kill``), plus the peers' own APIs, so the same
-script measures the core before and after a rewrite. Every node is a real ``redis-server``
+script measures the core before and after a rewrite; and, for c and d, the watchdog's log of
+its latest rounds (``django_redlock.core.renewal.renewer.rounds``: how late each began, how
+long it took) and the ``lost`` events' reasons, counted by cause. Every node is a real ``redis-server``
 started here; every process and server the script starts is stopped when it ends, on Ctrl-C
 and on SIGTERM too. Should it be killed outright, what it started still goes: the nodes have
 ``django_redlock.testing``'s reaper, the CPU burners and the proxy process watch for their
@@ -92,6 +94,7 @@ from django_redlock import (  # noqa: E402
     LockNotOwned,
     Redlock,
 )
+from django_redlock.core.renewal import renewer  # noqa: E402
 from django_redlock.testing import RedisCluster  # noqa: E402
 
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -354,6 +357,20 @@ def release_counted(lock: Any, tally: Tally) -> bool:
     return True
 
 
+def one_cycle(lock: Any, tally: Tally, timeout: float | None = None) -> bool:
+    """Acquire a free key and release it, counting what went wrong; True when it was held."""
+    try:
+        ok = lock.acquire(timeout=timeout)
+    except Exception as exc:
+        tally.error(error_kind(exc), exc)
+        return False
+    if not ok:
+        tally.error("refused (free key)")
+        return False
+    release_counted(lock, tally)
+    return True
+
+
 def sync_cycles(rl: Redlock, key: str, cycles: int, tally: Tally) -> list[float]:
     """Uncontended acquire+release cycles on one key; returns each cycle's time in µs."""
     lock = rl.lock(key, ttl=TTL)
@@ -361,17 +378,9 @@ def sync_cycles(rl: Redlock, key: str, cycles: int, tally: Tally) -> list[float]
     clock = time.perf_counter
     for _ in range(cycles):
         t0 = clock()
-        try:
-            ok = lock.acquire()
-        except Exception as exc:
-            tally.error(error_kind(exc), exc)
-            continue
-        if not ok:
-            tally.error("refused (free key)")
-            continue
-        release_counted(lock, tally)
-        samples.append((clock() - t0) * 1e6)
-        tally.op()
+        if one_cycle(lock, tally):
+            samples.append((clock() - t0) * 1e6)
+            tally.op()
     return samples
 
 
@@ -604,6 +613,76 @@ def _settle_losses(locks: Sequence[Any], tally: Tally) -> set[int]:
     return gone
 
 
+@contextlib.contextmanager
+def busy_callers(rl: Redlock, threads: int, tally: Tally) -> Iterator[list[int]]:
+    """``threads`` threads taking and releasing a lock each (their own keys) as fast as they
+    can while in the block; yields their cycle counts (final once the block ends)."""
+    stop = threading.Event()
+    ops = [0] * threads
+
+    def cycle(i: int) -> None:
+        lock = rl.lock(f"caller:{i}", ttl=TTL)
+        while not stop.is_set():
+            if one_cycle(lock, tally, timeout=TTL):
+                ops[i] += 1
+
+    workers = [threading.Thread(target=cycle, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield ops
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+
+
+#: The three causes a lost renewed lock names (``lost`` events' reason), as the table shows.
+LOSS_CAUSES = ("renewal fell behind", "the process was paused", "the nodes refused")
+
+
+def loss_cause(reason: str | None) -> str:
+    """Which of :data:`LOSS_CAUSES` a ``lost`` event's reason names (else the reason)."""
+    text = reason or "?"
+    found = [(text.find(cause), cause) for cause in LOSS_CAUSES if cause in text]
+    return min(found)[1] if found else text[:60]
+
+
+class LossReasons:
+    """A listener counting the ``lost`` events of a Redlock by cause, with the first message
+    of each."""
+
+    def __init__(self) -> None:
+        self.causes: Counter[str] = Counter()
+        self.first: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Any) -> None:
+        if event.kind != "lost":
+            return
+        cause = loss_cause(event.reason)
+        with self._lock:
+            self.causes[cause] += 1
+            self.first.setdefault(cause, f"{event.name}: {event.reason}")
+
+
+def round_stats(since: float) -> dict[str, Any]:
+    """The watchdog's rounds that began after ``since`` (monotonic): how many, how late
+    they began after their first lease was due and how long they took (p50, p99, max, in
+    seconds), and the largest."""
+    rounds = [r for r in list(renewer.rounds) if r.started >= since]
+    if not rounds:
+        return {"rounds": 0}
+    late = [r.late for r in rounds]
+    took = [r.took for r in rounds]
+    return {
+        "rounds": len(rounds),
+        "late": [round(pct(late, 50), 3), round(pct(late, 99), 3), round(max(late), 3)],
+        "took": [round(pct(took, 50), 3), round(pct(took, 99), 3), round(max(took), 3)],
+        "largest": max(r.leases for r in rounds),
+    }
+
+
 def renewed_hold(
     urls: Sequence[str],
     count: int,
@@ -612,13 +691,21 @@ def renewed_hold(
     burners: bool,
     prefix: str,
     during: Callable[[], None] | None = None,
+    callers: int = 0,
 ) -> tuple[Tally, dict[str, Any]]:
-    """Acquire ``count`` auto-renewed locks, hold them ``hold`` s, release them; counts."""
+    """Acquire ``count`` auto-renewed locks, hold them ``hold`` s, release them; counts, with
+    the lost locks' causes (``info["causes"]``) and the watchdog's rounds meanwhile
+    (``info["renewal"]``, see :func:`round_stats`). ``callers`` threads take and release
+    locks of their own as fast as they can while the locks are held (``info["caller_ops"]``:
+    how many cycles): the watchdog competes with them for the interpreter."""
     tally = Tally()
     rl = Redlock(list(urls), key_prefix=prefix)
+    reasons = LossReasons()
+    rl.listeners.append(reasons)
     info: dict[str, Any] = {}
     try:
         locks = _renewed_locks(rl, "r", count, seed=count)
+        started = time.monotonic()
         with stress(burners):
             t0 = time.perf_counter()
             held = acquire_many(locks, tally)
@@ -627,11 +714,17 @@ def renewed_hold(
             if during is not None:
                 watcher = threading.Thread(target=during, daemon=True)
                 watcher.start()
-            info["peak_lost"], info["first_loss_s"] = _hold_watching(held, hold)
+            with busy_callers(rl, callers, tally) as ops:
+                info["peak_lost"], info["first_loss_s"] = _hold_watching(held, hold)
+            if callers:
+                info["caller_ops"] = sum(ops)
             gone = _settle_losses(held, tally)
         info["release_errors"] = release_many(held, tally, gone)
     finally:
         rl.close()
+    info["renewal"] = round_stats(started)
+    info["causes"] = dict(reasons.causes)
+    info["cause_first"] = dict(reasons.first)
     return tally, info
 
 
@@ -644,6 +737,17 @@ def _renewed_row(
         + (f" (first after {first:.1f} s)" if first is not None else "")
         + f"; release errors {info['release_errors']:,}"
     )
+    if info.get("causes"):
+        detail += "; lost because " + ", ".join(
+            f"{cause} {n:,}" for cause, n in Counter(info["causes"]).most_common()
+        )
+    renewal = info.get("renewal", {})
+    if renewal.get("rounds"):
+        detail += (
+            f"; {renewal['rounds']:,} renewal rounds, late p99 {renewal['late'][1]:.2f} s "
+            f"(max {renewal['late'][2]:.2f}), took p99 {renewal['took'][1]:.2f} s "
+            f"(max {renewal['took'][2]:.2f}), largest {renewal['largest']:,} leases"
+        )
     if tally.spurious:
         detail += f"; {kinds(tally.spurious)}"
     return Row(
@@ -657,24 +761,32 @@ def _renewed_row(
         info["held"] / info["acquire_s"] if info["acquire_s"] else None,
         "acquires/s",
         detail,
-        {k: v for k, v in info.items() if k != "probe"},
-        tally.first,
+        {k: v for k, v in info.items() if k not in ("probe", "cause_first")},
+        {**tally.first, **{f"lost ({k})": v for k, v in info.get("cause_first", {}).items()}},
     )
 
 
-def scenario_c(count: int, hold: float, burners_only: bool = False) -> list[Row]:
+def scenario_c(count: int, hold: float, burners_only: bool = False, callers: int = 0) -> list[Row]:
+    """``count`` renewed locks held ``hold`` s, without stress and beside burners (or only
+    beside them); with ``callers`` threads taking other locks meanwhile (see
+    :func:`renewed_hold`)."""
     rows = []
+    variant = f"{count:,} locks, {hold:.0f} s" + (f", {callers} busy threads" if callers else "")
     with RedisCluster(3) as cluster:
         for burners in (True,) if burners_only else (False, True):
-            progress(f"c: {count} renewed locks, {hold:.0f} s, {condition(burners)}")
+            progress(f"c: {variant}, {condition(burners)}")
             tally, info = renewed_hold(
-                cluster.urls, count, hold, burners=burners, prefix=f"c{int(burners)}"
+                cluster.urls,
+                count,
+                hold,
+                burners=burners,
+                prefix=f"c{int(burners)}",
+                callers=callers,
             )
-            rows.append(
-                _renewed_row(
-                    "c", f"{count:,} locks, {hold:.0f} s", condition(burners), count, tally, info
-                )
-            )
+            row = _renewed_row("c", variant, condition(burners), count, tally, info)
+            if callers:
+                row.detail += f"; the busy threads' cycles {info['caller_ops'] / hold:,.0f}/s"
+            rows.append(row)
     return rows
 
 

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from django_redlock import LockLost, LockNotOwned
+from django_redlock.core.renewal import renewer
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
     REPO_ROOT,
@@ -374,4 +375,72 @@ def test_renew_for_caps_the_total_renewal_time(redis_nodes: RedisCluster, make_r
     assert 1.0 - TTL / 3 <= gone_after <= 1.0 + TTL + 0.25, gone_after
     assert not lock.held
     with pytest.raises(LockNotOwned):
+        lock.release()
+
+
+def test_renewals_wait_out_busy_nodes_within_the_leases_validity(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """Two of three nodes busy 0.25 s at a time, back to back (``DEBUG SLEEP``: what a
+    loaded host does to its nodes): every renewal round's quorum answers later than the node
+    timeout, but well within the leases' validity. The watchdog waits for that quorum, so no
+    lease is lost. (A round that counted the busy nodes out after one node timeout failed
+    round after round, until the leases ran out.)"""
+    cluster = redis_cluster_factory(3, extra_args=["--enable-debug-command", "yes"])
+    rl = make_redlock(cluster, ttl=1.5, node_timeout=0.05)  # renewed every 0.5 s
+    warm_up(rl)
+    locks = [rl.lock(f"renew:busy:{i}", auto_renew=True, owner="test") for i in range(50)]
+    for lock in locks:
+        assert lock.acquire(blocking=False)
+    stop = threading.Event()
+
+    def busy(node) -> None:
+        with node_client(node) as client:
+            while not stop.is_set():
+                client.execute_command("DEBUG", "SLEEP", "0.25")
+
+    threads = [threading.Thread(target=busy, args=(cluster[i],)) for i in (1, 2)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(2.0)  # the duration observed: four renewals of every lease
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    lost = [lock.lost for lock in locks if lock.lost is not None]
+    assert not lost, f"{len(lost)} lost, first: {lost[0]}"
+    assert all(lock.held for lock in locks)
+    rounds = [r for r in renewer.rounds if r.started >= started]
+    assert max(r.took for r in rounds) > rl.node_timeout, rounds  # the nodes were slow
+    for lock in locks:
+        lock.release()
+
+
+def test_a_quorum_that_answers_after_the_lease_ran_out_does_not_revive_it(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """A renewal answered in time is renewed again a third of the lease after its round went
+    out. Every node extended the lease, but their answers came in after its validity had run
+    out here: it stays run out (``held`` never turns True again), and the watchdog reports
+    it lost because renewal fell behind, with how long its round took."""
+    rl = make_redlock(redis_nodes, ttl=5.0)
+    lock = rl.lock("renew:late-quorum", auto_renew=True)
+    assert lock.acquire(blocking=False)
+    lease = lock._lease
+    assert lease is not None
+    start = time.monotonic()
+    on_time = rl.leases.judge_renewals([lease], [[1, 1, 1]], start, [lease.valid_until - 0.01])
+    assert lock.held
+    # The next renewal is a third of the lease after the round went out (as the new
+    # validity counts), however long the round took.
+    assert on_time == [start + lease.ttl / 3]
+    lease.valid_until = time.monotonic() - 0.2  # the round took the rest of the lease
+    late = rl.leases.judge_renewals([lease], [[1, 1, 1]], start, [lease.valid_until + 0.1])
+    assert late == [None]
+    assert not lock.held
+    assert lock.lost is not None
+    assert "renewal fell behind" in lock.lost and "its round took" in lock.lost, lock.lost
+    with pytest.raises(LockLost):
         lock.release()

@@ -739,12 +739,16 @@ class AsyncRedlock(RedlockBase):
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         for lease in step.leases:
             self._renewing[lease] = done
+        step.answered = [None] * len(self.nodes)
+
+        async def pipeline(index: int) -> list[Any] | Failure:
+            replies = await self._pipeline(index, step.commands)
+            if not isinstance(replies, Failure):
+                step.answered[index] = time.monotonic()
+            return replies
+
         try:
-            return list(
-                await asyncio.gather(
-                    *(self._pipeline(index, step.commands) for index in range(len(self.nodes)))
-                )
-            )
+            return list(await asyncio.gather(*(pipeline(i) for i in range(len(self.nodes)))))
         finally:
             for lease in step.leases:
                 del self._renewing[lease]

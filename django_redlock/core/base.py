@@ -369,13 +369,18 @@ class SendBatch:
     """A step: pipeline ``commands`` to every node at once (one write per node); resume with
     each node's replies in command order, or its :class:`~.nodes.Failure`. ``leases`` are the
     leases the commands renew: the driver keeps their release from running meanwhile, and a
-    lease released before the batch went out gets a harmless ``PING`` instead."""
+    lease released before the batch went out gets a harmless ``PING`` instead. The replies
+    are worth waiting for until ``until`` (monotonic: the last of the leases' validity), not
+    beyond a quorum's answer and its straggler's grace; the driver records in ``answered``
+    when each node's replies were all in (None where they were not)."""
 
-    __slots__ = ("commands", "leases")
+    __slots__ = ("answered", "commands", "leases", "until")
 
     def __init__(self, commands: list[list[Any]], leases: list[Lease]) -> None:
         self.commands = commands
         self.leases = leases
+        self.until = max((lease.valid_until for lease in leases), default=0.0)
+        self.answered: list[float | None] = []
 
 
 class Listen:
@@ -1021,21 +1026,34 @@ class RedlockBase:
         if batch:
             start = clock.monotonic()
             commands = [self.keys.extend_command(lease, lease.ttl) for lease in batch]
-            results = yield SendBatch(commands, batch)
+            step = SendBatch(commands, batch)
+            results = yield step
             replies = [replies_of(results, position) for position in range(len(batch))]
+            # When each lease's quorum had extended it: a renewal counts only if that was
+            # before its validity ran out.
+            answered = step.answered or [None] * len(self.nodes)
+            at = [_answered_at(its, answered, self.quorum) for its in replies]
             claiming = [i for i, lease in enumerate(batch) if self._should_claim(lease, replies[i])]
             if claiming:
                 leases_claiming = [batch[i] for i in claiming]
-                claimed = yield SendBatch(
+                claim = SendBatch(
                     [
                         self.keys.extend_command(lease, lease.ttl, claim=True)
                         for lease in leases_claiming
                     ],
                     leases_claiming,
                 )
+                claimed = yield claim
+                claim_answered = claim.answered or [None] * len(self.nodes)
                 for position, i in enumerate(claiming):
-                    replies[i] = _either_extended(replies[i], replies_of(claimed, position))
-            judged = self.leases.judge_renewals(batch, replies, start)
+                    first = replies[i]
+                    replies[i] = _either_extended(first, replies_of(claimed, position))
+                    times = [
+                        a if r == 1 else c
+                        for r, a, c in zip(first, answered, claim_answered, strict=True)
+                    ]
+                    at[i] = _answered_at(replies[i], times, self.quorum)
+            judged = self.leases.judge_renewals(batch, replies, start, at)
             whens = dict(zip(map(id, batch), judged, strict=True))
         return [whens.get(id(lease)) for lease in leases]
 
@@ -1179,6 +1197,10 @@ class RedlockBase:
             delay = min(delay, deadline - now)
         return max(delay, 0.0)
 
+    def _detach(self, lease: Lease) -> str:
+        """:meth:`.LockBase.detach`'s work (the handles call it on every lock service)."""
+        return self.leases.detach(lease)
+
     def _check_extend_ttl(self, ttl: float) -> float:
         ttl = check_positive("ttl", ttl)
         if ttl > self.max_ttl:
@@ -1192,6 +1214,13 @@ def _any_answers(replies: list[Any]) -> bool:
     """An ``enough`` for a command whose answers nobody reads: a majority's (asked only
     once a majority answered)."""
     return True
+
+
+def _answered_at(replies: list[Any], answered: list[float | None], quorum: int) -> float | None:
+    """When a quorum of nodes had extended a lease (the ``quorum``-th earliest answer among
+    the nodes that replied 1), None when too few did or the driver did not say when."""
+    times = sorted(t for r, t in zip(replies, answered, strict=False) if r == 1 and t is not None)
+    return times[quorum - 1] if len(times) >= quorum else None
 
 
 def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:

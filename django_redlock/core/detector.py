@@ -324,13 +324,16 @@ class PauseLog:
         self._stalls.clear()
 
 
-def why_lost(*, refused: str | None, paused: float, late: float, ttl: float) -> str:
+def why_lost(
+    *, refused: str | None, paused: float, late: float, ttl: float, took: float | None = None
+) -> str:
     """Why an auto-renewed lease ran out before the watchdog renewed it, in the words an
     operator acts on: the nodes refused (the last renewal was answered by too few nodes:
     ``refused`` says how), the process was paused (it did not run for ``paused`` seconds, a
     third of the lease or more: a SIGSTOP, a VM or container freeze, a long GC), or renewal
-    fell behind (the watchdog reached the lease ``late`` seconds after it was due: too much
-    renewal work for this process, or a CPU too busy to run it)."""
+    fell behind (the watchdog reached the lease ``late`` seconds after it was due, and its
+    round then took ``took`` seconds, when known: too much renewal work for this process,
+    or a CPU too busy to run it or the nodes)."""
     if refused:
         return f"the nodes refused: {refused}"
     if paused >= ttl / 3:
@@ -338,7 +341,8 @@ def why_lost(*, refused: str | None, paused: float, late: float, ttl: float) -> 
             f"the process was paused: it did not run for {paused:.1f} s of a {ttl:g} s lease "
             "(a frozen process, VM or container, or a long GC)"
         )
+    round_took = "" if took is None else f", and its round took {took:.1f} s"
     return (
-        f"renewal fell behind: the watchdog reached it {late:.1f} s after it was due "
-        f"({ttl:g} s lease, renewed every {ttl / 3:.1f} s)"
+        f"renewal fell behind: the watchdog reached it {late:.1f} s after it was due"
+        f"{round_took} ({ttl:g} s lease, renewed every {ttl / 3:.1f} s)"
     )

@@ -947,7 +947,13 @@ def _sleep(op: FanOut, wake: threading.Lock) -> BaseException | None:
 
 
 def fan_out_batch(
-    nodes: Sequence[Node], commands: Sequence[Sequence[Any]], timeout: float
+    nodes: Sequence[Node],
+    commands: Sequence[Sequence[Any]],
+    timeout: float,
+    *,
+    quorum: int | None = None,
+    until: float | None = None,
+    answered: list[float | None] | None = None,
 ) -> list[list[Any] | Failure]:
     """Pipeline ``commands`` to every node at once, in one write per node: per node, the
     replies in command order, or the :class:`~.nodes.Failure` that cut it short.
@@ -955,6 +961,15 @@ def fan_out_batch(
     Many operations cost one round trip to the slowest node that answers, bounded by
     ``timeout`` (the watchdog renews every due lease this way, so a silent node costs one
     timeout per round, not one per lease).
+
+    A renewal round gives ``quorum`` and ``until`` (monotonic): the replies are worth
+    waiting for until then (its leases' validity), however long a large round on a busy host
+    takes, and no longer: a round of thousands of leases may take longer than ``timeout``
+    on nodes that are merely busy, and counting them out for it would fail the next rounds
+    too. Once ``quorum`` nodes answered the whole round, a node still silent gets as long
+    again as they took (at least ``timeout``) and is then left behind: the round does not
+    wait on a slow node beyond the quorum. ``answered`` (one slot per node) receives when
+    each node's replies were all in (None: they were not).
     """
     payload = pack_many(commands)
     results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
@@ -964,6 +979,8 @@ def fan_out_batch(
     settled: dict[int, int] = {}
     poller = select.poll()
     now = time.monotonic()
+    start = now
+    budget = timeout if until is None else max(until - now, timeout)
     connect_deadline = now + connect_budget(timeout)
     for index in _pooled_first(nodes):
         try:
@@ -980,7 +997,12 @@ def fan_out_batch(
         wire.due.extend(dues)
         waiting[wire.fd] = (index, wire, dues)
         poller.register(wire.fd, select.POLLIN)
-    wait = Wait(timeout, time.monotonic())
+    # Time in which this process did not run is given back to the nodes as usual, but a
+    # round never waits past its leases' validity for it (one node timeout at most): a wait
+    # that runs late on a loaded host, again and again, would otherwise be given back whole
+    # each time, and the round outlive every lease in it.
+    wait = Wait(budget, time.monotonic(), None if until is None else timeout)
+    complete = 0
     while waiting:
         events = poller.poll(wait.remaining(time.monotonic()) * 1000)
         if not events:
@@ -1014,6 +1036,12 @@ def fan_out_batch(
             nodes[index].detector.answered(now, None, dues[-1].sent)
             nodes[index].checkin(wire)
             results[index] = [due.reply for due in dues]
+            if answered is not None:
+                answered[index] = now
+            complete += 1
+            if quorum is not None and complete == quorum and waiting:
+                took = now - start
+                wait.deadline = min(wait.deadline, now + max(took, timeout))
     for index, wire, dues in waiting.values():
         for due in dues:
             due.left = True

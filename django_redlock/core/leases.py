@@ -187,12 +187,26 @@ class LeaseTable:
         self._stop_watching(lease)
         return lease.token
 
-    def judge_extend(self, lease: Lease, ttl: float, replies: list[Any], start: float) -> bool:
+    def judge_extend(
+        self,
+        lease: Lease,
+        ttl: float,
+        replies: list[Any],
+        start: float,
+        answered: float | None = None,
+    ) -> bool:
+        """Whether a quorum extended the lease in time (its new validity counts from
+        ``start``, before the commands went out). ``answered``: when the quorum's answers
+        were in (default: now); the lease must still have had validity then, so a lease
+        that ran out here is never revived, however the nodes answered."""
         ours = sum(1 for r in replies if r == 1)
         margin = self.margin(ttl)
+        now = clock.monotonic()
+        in_time = (now if answered is None else answered) < lease.valid_until
         if (
             ours >= self.quorum
-            and ttl - (clock.monotonic() - start) - margin > 0
+            and in_time
+            and ttl - (now - start) - margin > 0
             and not (lease.released or lease.lost)
         ):
             lease.valid_until = start + ttl - margin
@@ -206,8 +220,10 @@ class LeaseTable:
                 lease,
                 f"the nodes refused: the token is gone from {gone} of {len(self.nodes)} nodes",
             )
-        else:
+        elif ours < self.quorum:
             lease.refused = self._too_few(ours, replies)
+        else:
+            lease.refused = None  # a quorum renewed it, too late: the nodes did not refuse
         return False
 
     def _too_few(self, ours: int, replies: Sequence[Any]) -> str:
@@ -229,27 +245,42 @@ class LeaseTable:
             return False
         return lease.renew_until is None or now < lease.renew_until
 
-    def _why_ran_out(self, lease: Lease, now: float) -> str:
+    def _why_ran_out(self, lease: Lease, now: float, sent: float | None = None) -> str:
         """Why an auto-renewed lease ran out before the watchdog renewed it (see
-        :func:`.detector.why_lost`)."""
+        :func:`.detector.why_lost`); ``sent``: when the renewal that came too late went out
+        (its round took the rest of the lease)."""
+        due = lease.last_renewal + lease.ttl / 3
         why = why_lost(
             refused=lease.refused,
             paused=max(pauses.since(lease.last_renewal), renewer.overslept(now)),
-            late=max(now - (lease.last_renewal + lease.ttl / 3), 0.0),
+            late=max((now if sent is None else sent) - due, 0.0),
             ttl=lease.ttl,
+            took=None if sent is None else now - sent,
         )
         return f"the lease ran out before it could be renewed: {why}"
 
     def judge_renewals(
-        self, leases: Sequence[Lease], replies: list[list[Any]], start: float
+        self,
+        leases: Sequence[Lease],
+        replies: list[list[Any]],
+        start: float,
+        answered: Sequence[float | None] | None = None,
     ) -> list[float | None]:
-        """Per lease of one batched renewal (its nodes' replies: :func:`replies_of`): when to
-        renew it next, or None to stop."""
+        """Per lease of one batched renewal (its nodes' replies: :func:`replies_of`; when
+        its quorum's answers were in, if the driver knows): when to renew it next, or None
+        to stop."""
         whens: list[float | None] = []
-        for lease, its in zip(leases, replies, strict=True):
-            if self.judge_extend(lease, lease.ttl, its, start):
-                whens.append(clock.monotonic() + lease.ttl / 3)
+        for i, (lease, its) in enumerate(zip(leases, replies, strict=True)):
+            at = None if answered is None else answered[i]
+            if self.judge_extend(lease, lease.ttl, its, start, at):
+                # A third of the lease from when this round went out, as its validity
+                # counts: a round that took long leaves less time to the next, not more.
+                whens.append(start + lease.ttl / 3)
             elif lease.lost or lease.released:
+                whens.append(None)
+            elif lease.validity <= 0:
+                # Its validity ran out while the round was on the wire.
+                self.mark_lost(lease, self._why_ran_out(lease, clock.monotonic(), start))
                 whens.append(None)
             else:
                 # No quorum this time: try again soon, while the lease still has validity.

@@ -169,7 +169,7 @@ class LockBase:
         ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker)."""
         lease = self._take_lease(self._owner())
         self._lease, self._holds = None, 0
-        return self.redlock.leases.detach(lease)  # type: ignore[no-any-return]
+        return self.redlock._detach(lease)  # type: ignore[no-any-return]
 
     def _owner(self) -> Hashable:
         """Who is asking: the handle's explicit ``owner=``, else the running asyncio task,

@@ -23,7 +23,7 @@ from .listing import glob_escape
 from .lock import Lease, Lock
 from .nodes import Node, Owing
 from .permits import HoldBase, Permits, ReadLock, Semaphore, WriteLock
-from .renewal import renewer
+from .renewal import YIELD_AT_MOST, renewer
 from .validation import check_name
 from .waiting import HolderWatch, HolderWatches, LocalQueue, ReleaseNotices
 
@@ -132,6 +132,9 @@ class Redlock(RedlockBase):
             lease = self.leases.reenter(handle, owner)
             if lease is not None:
                 return lease
+        if not renewer.caught_up.is_set():
+            # Renewal goes first: see renewal's "Renewal goes first".
+            renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
         try:
             if not blocking:
                 # One attempt (a fair lock's in its line): no deadline, no local queue.
@@ -194,6 +197,8 @@ class Redlock(RedlockBase):
         self, handle: HoldBase, owner: Hashable, blocking: bool, timeout: float | None
     ) -> Lease | None:
         """A permit or a read/write hold (:mod:`.permits`)."""
+        if not renewer.caught_up.is_set():
+            renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
         start = time.monotonic()
         deadline = self._deadline(start, timeout, None)
         try:
@@ -320,7 +325,15 @@ class Redlock(RedlockBase):
                 ["PING"] if lease.released else command
                 for lease, command in zip(step.leases, step.commands, strict=True)
             ]
-            return fan_out_batch(self.nodes, commands, self.node_timeout)
+            step.answered = [None] * len(self.nodes)
+            return fan_out_batch(
+                self.nodes,
+                commands,
+                self.node_timeout,
+                quorum=self.quorum,
+                until=step.until,
+                answered=step.answered,
+            )
         finally:
             for lease in step.leases:
                 lease.io_lock.release()

@@ -250,8 +250,8 @@ class SimLeaseTable(LeaseTable):
         if not already and lease.lost is not None:
             self.sim.world.on_lost(self.sim.proc, lease, why)
 
-    def judge_extend(self, lease: Lease, ttl: float, replies: list[Any], start: float) -> bool:
-        ok = super().judge_extend(lease, ttl, replies, start)
+    def judge_extend(self, lease: Lease, *args: Any) -> bool:
+        ok = super().judge_extend(lease, *args)
         if ok:
             self.sim.world.on_valid(self.sim.proc, lease)
         return ok
@@ -668,11 +668,19 @@ class Driver:
                     self.world.send(task, i, conn, _commands(op.late()), None)
         op.resume(op.replies)
 
-    def batch(self, task: Task, commands: list[list[Any]], leases: list[Lease]) -> FanOp:
+    def batch(
+        self,
+        task: Task,
+        commands: list[list[Any]],
+        leases: list[Lease],
+        answered: list[float | None] | None = None,
+    ) -> FanOp:
         """A :class:`SendBatch`: every command pipelined to every node; per node its
-        replies in order, or a Failure."""
+        replies in order, or a Failure (and in ``answered``, when they came, on the
+        process's monotonic clock)."""
         world = self.world
-        rl = task.proc.rl
+        proc = task.proc
+        rl = proc.rl
         assert rl is not None
         n = len(world.nodes)
         op = FanOp(n)
@@ -695,6 +703,8 @@ class Driver:
                     return
                 op.answered[i] = True
                 op.replies[i] = raw[0] if len(raw) == 1 and raw[0] is _REFUSED else raw
+                if answered is not None and op.replies[i] is not _REFUSED:
+                    answered[i] = proc.mono_offset + world.now * proc.rate
                 self._check_done(op, n)
 
             world.send(task, i, conn, encoded, on_reply)
@@ -801,7 +811,8 @@ class Driver:
                     else next(x for x in p if isinstance(x, Failure))
                     for p in per
                 ]
-            return (yield self.batch(task, step.commands, step.leases))
+            step.answered = [None] * len(self.world.nodes)
+            return (yield self.batch(task, step.commands, step.leases, step.answered))
         finally:
             for lease in step.leases:
                 proc.renewing.discard(id(lease))
