@@ -606,7 +606,14 @@ def on_replica(reply: Any) -> bool:
     """Whether a reply (or one of a pipeline's) says the server is not the group's master
     any more: the connection is then dropped, and the next one asks where the master is."""
     if reply.__class__ is list:
-        return any(on_replica(r) for r in reply)
+        # A loop, not recursion per item: every reply of every fan-out passes here.
+        for item in reply:
+            if item.__class__ is ReplyError:
+                if item.code in _NOT_MASTER:
+                    return True
+            elif item.__class__ is list and on_replica(item):
+                return True
+        return False
     return reply.__class__ is ReplyError and reply.code in _NOT_MASTER
 
 
@@ -760,7 +767,7 @@ class Node:
             if not self.current(wire):
                 self.lose(wire)  # to a group's former master
                 continue
-            owes = self._owing(wire)
+            owes = self._owing(wire) if wire.due else False
             if owes is None:
                 continue
             if owes:
@@ -834,7 +841,7 @@ class Node:
             except ValueError:  # another thread took it
                 continue
             # Most that owe owe only replies that came in since (a copy's, read by nobody).
-            owes = self._owing(wire)
+            owes = self._owing(wire) if wire.due else False
             if owes is None:
                 continue
             if owes:
