@@ -149,14 +149,16 @@ def test_a_call_while_one_runs_is_queued_and_runs_after_it(worker, rl):
     run = Run()
     first = once_default_key.delay(6, run.id, gate="g")
     run.started_by(first.id)  # running: its marker was freed when it started
-    second = once_default_key.delay(6, run.id)  # sent, not AlreadyQueued
+    # the same call (the same key: every argument is part of it), sent, not AlreadyQueued
+    second = once_default_key.delay(6, run.id, gate="g")
     assert second.id != first.id
     with pytest.raises(LockNotAcquired, match=second.id):  # one queued at most
-        once_default_key.delay(6, run.id)
-    run.open("g")
+        once_default_key.delay(6, run.id, gate="g")
+    run.open("g", 2)
     first.get(timeout=TIMEOUT)
     second.get(timeout=TIMEOUT)
     intervals = run.wait("intervals", 2)
+    assert len({e["lock"] for e in intervals}) == 1
     assert_no_overlap(intervals)
     assert [e["task_id"] for e in sorted(intervals, key=lambda e: e["start"])] == [
         first.id,
