@@ -22,6 +22,7 @@ from .core import (
     check_positive,
     check_prefix,
     connection_args,
+    default_max_ttl,
     node_identity,
     parse_spec,
     redact,
@@ -178,7 +179,7 @@ def _max_ttl(config: Mapping[str, Any]) -> float | None:
     if not config.get("NODES"):
         return None
     if max_ttl is None:
-        return max(ttl, 60.0) if isinstance(ttl, (int, float)) else None
+        return default_max_ttl(ttl) if isinstance(ttl, (int, float)) else None
     return max_ttl if isinstance(max_ttl, (int, float)) else None
 
 

@@ -816,8 +816,8 @@ def test_skipped_members_let_a_group_and_a_chord_complete(worker, rl):
 
 @pytest.fixture
 def handoff_probe():
-    """``arm(point, task_id)``: SoftTimeLimitExceeded lands at that point of the hand-off
-    from waiting to holding (django_redlock.celery's test hook), as a soft time limit firing
+    """``arm(point, task_id)``: SoftTimeLimitExceeded lands at that point of the task's
+    hand-off, waiting to holding (django_redlock.celery's test hook), as a soft time limit firing
     right then would; records whether the key was held when it landed."""
     from celery.exceptions import SoftTimeLimitExceeded
 

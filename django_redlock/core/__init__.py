@@ -44,6 +44,7 @@ from .validation import (
     check_retry_count,
     check_timeout,
     check_token,
+    default_max_ttl,
 )
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "check_timeout",
     "check_token",
     "connection_args",
+    "default_max_ttl",
     "emit",
     "glob_escape",
     "node_client",

@@ -54,6 +54,7 @@ from .validation import (
     check_retry_count,
     check_timeout,
     check_token,
+    default_max_ttl,
 )
 
 __all__ = [
@@ -462,7 +463,7 @@ class RedlockBase:
         if self.drift_factor >= 0.5:
             raise ValueError(f"drift_factor must be < 0.5, got {drift_factor!r}")
         self.max_ttl = (
-            max(self.ttl, 60.0) if max_ttl is None else check_positive("max_ttl", max_ttl)
+            default_max_ttl(self.ttl) if max_ttl is None else check_positive("max_ttl", max_ttl)
         )
         if self.ttl > self.max_ttl:
             raise ValueError(f"ttl {ttl!r} is longer than max_ttl {self.max_ttl!r}")

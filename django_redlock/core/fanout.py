@@ -379,12 +379,13 @@ MAX_COPIES = 3
 def _hedge_at(nodes: Sequence[Node], start: float, timeout: float) -> float | None:
     """When a node that has not answered a command sent at ``start`` gets a copy on another
     connection, while some node's replies come late enough to be lost packets
-    (:attr:`~.nodes.Node.lossy`; None otherwise): after :data:`HEDGE_AFTER`, or
+    (within :data:`~.nodes.LOSSY_FOR` of one that came later than the node timeout; None
+    otherwise): after :data:`HEDGE_AFTER`, or
     :data:`HEDGE_TRIPS` of the slowest node's unhindered round trips
     (:attr:`~.detector.NodeDetector.quick`: the round trips late by a retransmission, which
     the copies are for, do not count), and never later than a quarter of the node timeout (a
     copy sent later could hardly beat it). None when that leaves no time."""
-    # Node.lossy's test, with one clock read for every node (this runs on every fan-out).
+    # One clock read for every node: this runs on every fan-out.
     since = time.monotonic() - LOSSY_FOR
     for node in nodes:
         if node.late_at > since:

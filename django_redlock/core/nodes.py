@@ -512,7 +512,9 @@ SPARES = 8
 DRAIN_FOR = 60.0
 
 #: How long a node counts as behind a lossy link after a reply of it came later than the node
-#: timeout (seconds; see :attr:`Node.lossy`).
+#: timeout (seconds; a lost packet waits for TCP's retransmission, 200 ms or more): commands
+#: late to be answered then get copies on other connections (:mod:`.fanout`). A busy host
+#: alone makes replies slow, not that late: no copies.
 LOSSY_FOR = 10.0
 
 #: A connection that still owes the reply of a command, and that reply (see
@@ -670,7 +672,7 @@ class Node:
         self._spares = 0
         self.closed = False
         #: When (``time.monotonic``) a reply of this node last came later than the node
-        #: timeout, or a connection had to be set aside for one (see :attr:`lossy`).
+        #: timeout, or a connection had to be set aside for one (see :data:`LOSSY_FOR`).
         self.late_at = float("-inf")
         #: What this process has seen of the node: misses, connection errors, round trips.
         self.detector = NodeDetector(node_timeout)
@@ -817,14 +819,6 @@ class Node:
             raise WireError(BEHIND_LATE)
         return self.connect(max(deadline - time.monotonic(), 0.005))
 
-    @property
-    def lossy(self) -> bool:
-        """Whether a reply of the node came later than the node timeout in the last
-        :data:`LOSSY_FOR` seconds (a lost packet waits for TCP's retransmission, 200 ms or
-        more): commands late to be answered then get copies on other connections (see
-        :mod:`.fanout`). A busy host alone makes replies slow, not that late: no copies."""
-        return time.monotonic() - self.late_at < LOSSY_FOR
-
     def spare(self) -> Wire | None:
         """An idle pooled connection that owes nothing, taken out of the pool, for a copy of
         a command whose reply is late on another connection (a hedged request: see
@@ -866,10 +860,9 @@ class Node:
         return self.node_timeout / 4
 
     def _owing(self, wire: Wire) -> bool | None:
-        """:meth:`_owes` for a connection taken out of the pool; None when it broke (it is
-        lost: see :meth:`lose`)."""
-        if not wire.due:
-            return False
+        """:meth:`_owes` for a connection taken out of the pool that owes replies (the
+        callers test ``wire.due`` first: most owe nothing); None when it broke (it is lost:
+        see :meth:`lose`)."""
         try:
             return self._owes(wire)
         except OSError:

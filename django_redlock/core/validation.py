@@ -26,6 +26,7 @@ __all__ = [
     "check_retry_count",
     "check_timeout",
     "check_token",
+    "default_max_ttl",
 ]
 
 #: Longest lock name accepted (characters). Longer names are almost always a bug (a whole
@@ -95,6 +96,12 @@ def _number(label: str, value: object) -> float:
     if math.isnan(number):
         raise ValueError(f"{label} must be a number, got {value!r}")
     return number
+
+
+def default_max_ttl(ttl: float) -> float:
+    """``max_ttl`` when none is given: the longer of ``ttl`` and a minute (the restart guard
+    keeps a node that lost its data out of the vote that long)."""
+    return max(ttl, 60.0)
 
 
 def check_positive(
