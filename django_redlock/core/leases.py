@@ -228,10 +228,14 @@ class LeaseTable:
 
     def _too_few(self, ours: int, replies: Sequence[Any]) -> str:
         """How a renewal answered by too few nodes went, node by node."""
+        # A node that answered without our copy is named too: blaming only the silent ones
+        # hides where the hold had already gone.
         failed = [
             f"{node.name}: {reply}"
-            for node, reply in zip(self.nodes, replies, strict=False)
             if isinstance(reply, Failure)
+            else f"{node.name}: not held there"
+            for node, reply in zip(self.nodes, replies, strict=False)
+            if isinstance(reply, Failure) or reply == 0
         ]
         detail = f" ({'; '.join(failed)})" if failed else ""
         return f"{ours} of {len(self.nodes)} nodes renewed it, {self.quorum} needed{detail}"
