@@ -128,6 +128,12 @@ class Command(BaseCommand):
                 f"{type(redlock).__name__} has no restart guard.",
                 returncode=USAGE,
             )
+        if not redlock.restart_guard:
+            raise CommandError(
+                "'trust' lets guarded nodes vote, and this service has no restart guard "
+                "(RESTART_GUARD is False: every reachable node votes already); nothing changed.",
+                returncode=USAGE,
+            )
         if not yes:
             try:
                 answer = input(
