@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from django_redlock import AsyncRedlock
+from django_redlock import AsyncRedlock, QuorumError
 from tests.helpers import PREFIX, node_client, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
@@ -102,3 +102,21 @@ def test_renewal_restores_a_reader_on_a_node_where_it_lapsed_async(
             await rl.close()
 
     asyncio.run(main())
+
+
+# ---- a new cluster whose servers started apart is told why it is guarded --------------------
+
+
+def test_a_new_cluster_started_apart_is_guarded_and_the_error_names_the_start_spread(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """Every node new (never used), but one server started over 3 s after the others: guarded
+    (they may have lost their data apart), and the QuorumError says it is the start spread,
+    not that some node is not new."""
+    cluster = redis_cluster_factory(3)
+    time.sleep(3.2)  # the fault: INFO's uptime counts whole seconds, the allowance is 2 s
+    cluster[2].restart(empty=True)
+    with pytest.raises(QuorumError) as info:
+        make_redlock(cluster).lock("first").acquire(blocking=False)
+    assert "started more than 2s apart" in str(info.value), info.value
+    assert "not every node is new" not in str(info.value)

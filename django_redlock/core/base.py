@@ -24,7 +24,7 @@ from .commands import KeyLayout, lock_value
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
 from .leases import DRIFT_FLOOR, LeaseTable, replies_of
-from .listing import Listing, glob_escape, started_together
+from .listing import FRESH_START_SPREAD, Listing, glob_escape, started_together
 from .lock import Lease, LockBase
 from .nodes import (
     BEHIND_LATE,
@@ -1091,6 +1091,7 @@ class RedlockBase:
         held_pttls: list[int] = []
         answered = 0
         timed_out = contended = False
+        new = self._why_new_is_guarded(replies)
         for node, reply in zip(self.nodes, replies, strict=True):
             if isinstance(reply, Failure):
                 failures[node.name] = str(reply)
@@ -1100,7 +1101,7 @@ class RedlockBase:
                 held_pttls.append(max(int(reply[1]), 0))
                 failures[node.name] = "held"
             elif reply[0] == 2:
-                failures[node.name] = _guard_reason(reply)
+                failures[node.name] = _guard_reason(reply, new)
                 contended = True
             elif reply[0] == 3:
                 answered += 1
@@ -1118,6 +1119,26 @@ class RedlockBase:
         # release because it landed late, or a late node's; no split vote to break up.
         contended = contended or still_needed > 0
         return Refusal(failures, answered, retry_after, timed_out and not contended)
+
+    def _why_new_is_guarded(self, replies: list[Any]) -> str | None:
+        """When every node answered guarded for a missing marker (a cluster that looks
+        brand-new) and was not trusted as one: why not (None when some node is not new)."""
+        if not all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies):
+            return None
+        if not (self.restart_guard and self.trust_fresh_cluster):
+            return "every node has no lock data, but trust_fresh_cluster is off"
+        if len(replies[0]) > 5 and not started_together(
+            [r[5] for r in replies], clock.wall(), self.max_ttl
+        ):
+            return (
+                "every node has no lock data, but their servers started more than "
+                f"{FRESH_START_SPREAD:g}s apart (FRESH_START_SPREAD, from INFO's uptime), so "
+                "they may have lost their data apart and none can vouch for another"
+            )
+        return (
+            "every node has no lock data, but their markers were armed apart, so they may have "
+            "lost their data apart and none can vouch for another"
+        )
 
     def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
         """Report a failed acquire; raise when the cluster could not even give a verdict."""
@@ -1230,13 +1251,15 @@ def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:
     return [1 if a == 1 else b for a, b in zip(first, claimed, strict=True)]
 
 
-def _guard_reason(reply: list[Any]) -> str:
-    """Why a node in its restart guard does not vote, and what an operator can do."""
+def _guard_reason(reply: list[Any], new: str | None = None) -> str:
+    """Why a node in its restart guard does not vote, and what an operator can do (``new``:
+    why a cluster of new nodes only was not trusted, see ``_why_new_is_guarded``)."""
     seconds = f"{int(reply[1]) / 1000:.1f}s"
     if reply[2] == 1:
+        why = new or "not every node is new, so no node can vouch that nothing was held"
         return (
             f"guarded for {seconds}: it has no lock data (new, flushed or restarted empty) and "
-            "not every node is new, so no node can vouch that nothing was held; if no lock is "
-            "held, `manage.py redlock trust` (Redlock.trust_cluster()) lets it vote now"
+            f"{why}; if no lock is held, `manage.py redlock trust` (Redlock.trust_cluster()) "
+            "lets it vote now"
         )
     return f"guarded for {seconds}: a new server process (restart or failover) may have lost leases"
