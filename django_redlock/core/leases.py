@@ -247,7 +247,9 @@ class LeaseTable:
         if lease.validity <= 0:
             self.mark_lost(lease, self._why_ran_out(lease, now))
             return False
-        return lease.renew_until is None or now < lease.renew_until
+        if lease.renew_until is None:
+            return True
+        return lease.acquired + (lease.renewed + 1) * lease.ttl / 3 < lease.renew_until
 
     def _why_ran_out(self, lease: Lease, now: float, sent: float | None = None) -> str:
         """Why an auto-renewed lease ran out before the watchdog renewed it (see
@@ -277,6 +279,7 @@ class LeaseTable:
         for i, (lease, its) in enumerate(zip(leases, replies, strict=True)):
             at = None if answered is None else answered[i]
             if self.judge_extend(lease, lease.ttl, its, start, at):
+                lease.renewed += 1
                 # A third of the lease from when this round went out, as its validity
                 # counts: a round that took long leaves less time to the next, not more.
                 whens.append(start + lease.ttl / 3)
