@@ -5,6 +5,9 @@ before its fix."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -120,3 +123,56 @@ def test_a_new_cluster_started_apart_is_guarded_and_the_error_names_the_start_sp
         make_redlock(cluster).lock("first").acquire(blocking=False)
     assert "started more than 2s apart" in str(info.value), info.value
     assert "not every node is new" not in str(info.value)
+
+
+# ---- one server listed twice (a TCP port and its unix socket) votes once ---------------------
+
+
+@pytest.fixture
+def server_with_a_socket():
+    """A server on a TCP port and a unix socket, and another server."""
+    from django_redlock.testing import RedisNode
+
+    folder = tempfile.mkdtemp(prefix="rl-", dir="/tmp")  # short: a socket path is limited
+    sock = os.path.join(folder, "s.sock")
+    with RedisNode(extra_args=["--unixsocket", sock, "--unixsocketperm", "700"]) as a:
+        with RedisNode() as b:
+            yield [f"redis://127.0.0.1:{a.port}/0", f"unix://{sock}?db=1", b.url], b
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_one_server_by_tcp_and_by_unix_socket_votes_once(server_with_a_socket, make_redlock):
+    """Config cannot tell a unix socket and a TCP port apart; the server's run id can: the
+    node reached second is refused (it must not vote), and health() names it. With the only
+    other server frozen, the one server alone grants nothing."""
+    urls, other = server_with_a_socket
+    rl = make_redlock(urls, node_timeout=0.2, restart_guard=False)
+    warm_up(rl)
+    health = rl.health()
+    assert [h.voting for h in health] == [True, False, True], health
+    assert "same Redis server" in (health[1].error or ""), health[1]
+    with other.paused():
+        with pytest.raises(QuorumError, match="same Redis server"):
+            rl.lock("once").acquire(blocking=False)
+
+    async def main() -> None:
+        arl = AsyncRedlock(urls, node_timeout=0.2, restart_guard=False)
+        try:
+            async with arl.lock("warm-up"):
+                pass
+            with other.paused():
+                with pytest.raises(QuorumError, match="same Redis server"):
+                    await arl.lock("once").acquire(blocking=False)
+        finally:
+            await arl.close()
+
+    asyncio.run(main())
+
+
+def test_check_deploy_names_one_server_listed_twice(server_with_a_socket, settings) -> None:
+    from django_redlock.checks import check_reachable
+
+    urls, _ = server_with_a_socket
+    settings.REDLOCK = {"NODES": urls}
+    found = [m for m in check_reachable() if m.id == "django_redlock.E014"]
+    assert len(found) == 1 and "[0]" in found[0].msg and "[1]" in found[0].msg, found
