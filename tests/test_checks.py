@@ -166,7 +166,9 @@ def test_checks_refuse_what_the_constructor_refuses():
     [
         ("wait", "must be a dict"),
         ({"lock_waits": 3}, "unknown options: lock_waits"),
-        ({"lock_key": "x"}, "unknown options: lock_key"),
+        ({"lock_key": "x"}, "a task sets itself, never a project default: lock_key."),
+        ({"lock_limit": 3, "lock_using": "db"}, "never a project default: lock_limit, lock_using"),
+        ({"lock_redlock": "x", "lock_wiat": 1}, "unknown options: lock_wiat; options a task"),
         ({"lock_wait": float("nan")}, "lock_wait must be"),
         ({"lock_retry_jitter": float("nan")}, "lock_retry_jitter must be"),
         ({"lock_ttl": -1}, "lock_ttl must be"),
