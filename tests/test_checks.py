@@ -84,6 +84,8 @@ def test_shape(value, expected):
         ("redis://10.0.0.4:6379/0?ssl_cert_reqs=none", "rediss://"),
         ("redis://10.0.0.4:6379/0?socket_timout=1", "socket_timout"),
         ("redis://10.0.0.4:6379/0?protocol=3", "protocol"),
+        ("redis://10.0.0.4:6379/0?max_connections=1", "max_connections"),
+        ({"URL": "redis://10.0.0.4", "OPTIONS": {"max_connections": 4}}, "max_connections"),
         ("redis://10.0.0.4:6379/0?socket_timeout=-1", "socket_timeout"),
         ("redis://10.0.0.4:6379/0?socket_timeout=soon", "socket_timeout"),
         ("unix:///tmp/redis.sock?socket_timout=1", "socket_timout"),
