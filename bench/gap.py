@@ -43,8 +43,7 @@ import redis  # noqa: E402
 
 from django_redlock import Redlock  # noqa: E402
 from django_redlock.core import scripts  # noqa: E402
-from django_redlock.core.base import AcquireRequest  # noqa: E402
-from django_redlock.core.commands import lock_value  # noqa: E402
+from django_redlock.core.commands import AcquireRequest, lock_value  # noqa: E402
 from django_redlock.core.nodes import Incomplete  # noqa: E402
 from django_redlock.testing import RedisCluster  # noqa: E402
 

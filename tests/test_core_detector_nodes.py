@@ -291,13 +291,15 @@ def test_a_refusal_for_lateness_alone_is_retried_after_a_short_pause(redis_nodes
     handle = rl.lock("late")
     granted = [0, 0, 0, 0, 0, 0]
     held = [1, 9_000]
-    late = rl._refusal([granted, TIMED_OUT, held])  # one held copy: a quorum is still free
+    late = rl.algorithm.refusal([granted, TIMED_OUT, held])  # one held copy: a quorum is still free
     assert late.late and late.retry_after is None
-    contended = rl._refusal([held, TIMED_OUT, held])
+    contended = rl.algorithm.refusal([held, TIMED_OUT, held])
     assert not contended.late and contended.retry_after == 9.0
-    assert not rl._refusal([granted, held, held]).late  # nothing was late
-    assert rl._refusal([granted, BEHIND_LATE, held]).late  # its connections owed late replies
-    assert not rl._refusal([granted, Failure("refused", "x"), held]).late
+    assert not rl.algorithm.refusal([granted, held, held]).late  # nothing was late
+    assert rl.algorithm.refusal(
+        [granted, BEHIND_LATE, held]
+    ).late  # its connections owed late replies
+    assert not rl.algorithm.refusal([granted, Failure("refused", "x"), held]).late
     for _ in range(50):
-        assert rl._pause_for(handle, late, None, None, 0.0) <= 0.05
-        assert rl._pause_for(handle, Refusal({}, 3, None), None, None, 0.0) >= 0.2
+        assert rl.algorithm.pause_for(handle, late, None, None, 0.0) <= 0.05
+        assert rl.algorithm.pause_for(handle, Refusal({}, 3, None), None, None, 0.0) >= 0.2

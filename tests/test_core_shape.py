@@ -24,7 +24,7 @@ MAX_FILES = 10
 #: The transport: connections, the fan-out and the failure detector.
 TRANSPORT = {"core/nodes.py", "core/fanout.py", "core/detector.py"}
 #: What the rest of that path (the handle, the client, the algorithm, its parts) runs.
-MAX_CLIENT_FUNCTIONS = 22
+MAX_CLIENT_FUNCTIONS = 20
 MAX_CLIENT_FILES = 7
 
 #: Any one of the acquires, with late replies and a connection opened meanwhile.
