@@ -209,7 +209,7 @@ class Refusal:
 
 
 class Request(Protocol):
-    """One attempt's token and commands (the client's :class:`.base.AcquireRequest`)."""
+    """One attempt's token and commands (the client's :class:`.commands.AcquireRequest`)."""
 
     token: str
     meta: Any

@@ -21,7 +21,7 @@ from .nodes import Failure
 __all__ = ["MARKER_CHANGED", "RestartGuard"]
 
 #: The answer of a node whose restart-guard marker is not the one this connection saw vote:
-#: it gets the full acquire script (:meth:`.base.AcquireRequest.recheck`).
+#: it gets the full acquire script (:meth:`.commands.AcquireRequest.recheck`).
 MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
 
 #: How many times one attempt waits a node timeout for a brand-new cluster that another
