@@ -12,7 +12,7 @@ from typing import Any
 
 from django_redlock import QuorumError
 from django_redlock.core import fanout
-from django_redlock.core.base import Refusal
+from django_redlock.core.algorithm import Refusal
 from django_redlock.core.detector import MIN_SPAN, MISSES_TO_DOWN
 from django_redlock.core.nodes import BEHIND_LATE, TIMED_OUT, Failure
 from tests.faults.proxy import Proxy

@@ -38,7 +38,7 @@ from .events import Listener
 from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
 from .guard import RestartGuard
-from .leases import DRIFT_FLOOR, LeaseTable, replies_of
+from .leases import LeaseTable, replies_of
 from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
 from .nodes import (
@@ -64,7 +64,7 @@ from .validation import (
     default_max_ttl,
 )
 
-__all__ = ["DRIFT_FLOOR", "RedlockBase", "glob_escape"]
+__all__ = ["RedlockBase", "glob_escape"]
 
 _T = TypeVar("_T")
 
