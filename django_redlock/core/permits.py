@@ -33,6 +33,7 @@ from . import rwscripts
 from .algorithm import Contender, Finally, Listen, Refusal, Send, Steps, Wait, to_every_node
 from .base import RedlockBase
 from .commands import AcquireRequest
+from .fairness import FairLine
 from .kinds import permit_name, reader_name
 from .lock import Lease, Lock, LockBase
 from .nodes import Failure, script_command
@@ -175,15 +176,11 @@ class Permits:
     ) -> Steps[Lease | None]:
         """Attempts until a hold is ours or the time is up, woken by a release of any hold of
         the primitive (one channel: :mod:`.kinds`), as the mutex waits."""
-        line = None
         waiter = secrets.token_hex(8)
-        if handle.fair:
-            line = self.client.keys.line(
-                (yield Send(to_every_node(self.client.keys.ticket_command(handle.name))))
-            )
-            yield Finally(
-                Send(to_every_node(self.client.keys.leave_line_command(handle.name, line[0])))
-            )
+        who = Contender(handle, owner)
+        if handle.fair:  # one line for every slot (the mutex's)
+            yield from FairLine(self.client).entering(who)
+        line = who.line
         if handle.kind == "write" and blocking:
             leave = script_command(
                 rwscripts.WRITE_LEAVE,
