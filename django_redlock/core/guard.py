@@ -62,7 +62,9 @@ class RestartGuard(Policy):
             trusted = True
             who.rounds[self] = (trusted, settle)
             # Each node's marker as this attempt saw it fresh: only that one is trusted.
-            trust = yield Send(self.trust_builder(replies))
+            trusting = Send(self.trust_builder(replies))
+            trust = yield trusting
+            who.now = trusting.ended
             if any(r == 1 for r in trust):  # a node it could not trust stays guarded
                 who.rounds[self] = (trusted, 0)
                 return True
