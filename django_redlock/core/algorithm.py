@@ -244,7 +244,7 @@ class Contender:
         #: sets it from its :attr:`Send.ended`).
         self.now = 0.0
         #: What the policies did so far in the current attempt (reset by each attempt).
-        self.rounds: dict[Policy, Any] = {}
+        self.rounds: dict[Policy, Any] | None = None
 
 
 class Policy:
@@ -372,8 +372,7 @@ class Algorithm:
         client, handle = self.client, who.handle
         points = self._table[self._flags(handle)]
         make = make or self.request
-        if who.rounds:
-            who.rounds = {}
+        who.rounds = None
         while True:
             request = make(handle, who.line, who.join)
             cancel = (handle.name, request.token)

@@ -57,6 +57,8 @@ class RestartGuard(Policy):
 
     def _again(self, who: Contender, replies: list[Any], spread: float) -> Steps[bool]:
         # What this attempt did so far: trusted the cluster once, settled how many times.
+        if who.rounds is None:
+            who.rounds = {}
         trusted, settle = who.rounds.get(self, (False, SETTLE_TRIES))
         if not trusted and self.all_fresh(replies, spread):
             trusted = True
