@@ -70,6 +70,13 @@ def _holder(meta: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+#: The LockInfo fields ``redlock list --json`` gives as they are.
+_LIST_FIELDS = (
+    "name token meta age ttl nodes total_nodes quorum fence renewals split semaphore permit "
+    "reader_of"
+)
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -201,23 +208,10 @@ class Command(BaseCommand):
                 _dumps(
                     [
                         {
-                            "name": i.name,
-                            "token": i.token,
-                            "meta": i.meta,
+                            **{field: getattr(i, field) for field in _LIST_FIELDS.split()},
                             "acquired_at": _iso(i.acquired_at),
-                            "age": i.age,
-                            "ttl": i.ttl,
-                            "nodes": i.nodes,
-                            "total_nodes": i.total_nodes,
-                            "quorum": i.quorum,
-                            "fence": i.fence,
-                            "renewals": i.renewals,
-                            "split": i.split,
                             "stuck": bool(reasons[i.name]),
                             "flags": reasons[i.name],
-                            "semaphore": i.semaphore,
-                            "permit": i.permit,
-                            "reader_of": i.reader_of,
                         }
                         for i in locks
                     ]
