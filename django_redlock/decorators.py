@@ -679,18 +679,16 @@ class Locked:
             call = self._call(plan, args, kwargs)
             redlock = get_async_locks(self.backend)
             lock = self._lock(redlock, call)
+            refusal: LockNotAcquired | None = None
             try:
                 acquired = await lock.acquire(**self._acquire_args_for(lock, self.wait))
             except LockNotAcquired as exc:
-                refusal: LockNotAcquired | None = exc
-            else:
-                refusal = None
-                if not acquired:
-                    holder = None
-                    if call.request is not None and self._asks_holder():
-                        holder = await _aquietly(redlock.lock_info, call.name)
+                refusal, acquired = exc, False
+            if not acquired:
+                if refusal is None:
+                    asks = call.request is not None and self._asks_holder()
+                    holder = await _aquietly(redlock.lock_info, call.name) if asks else None
                     refusal = self._busy(lock, holder)
-            if refusal is not None:
                 outcome = self._refused(call, refusal)
                 if inspect.isawaitable(outcome):
                     outcome = await outcome
