@@ -9,12 +9,12 @@ from django_redlock.core.detector import (
     MIN_SPAN,
     MISSES_TO_DOWN,
     STALL_SLACK,
-    NodeDetector,
     PauseLog,
-    Wait,
     overrun,
     why_lost,
 )
+from django_redlock.core.fanout import Wait
+from django_redlock.core.nodes import NodeDetector
 
 
 def test_one_late_reply_is_not_a_failed_node() -> None:
