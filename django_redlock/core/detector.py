@@ -23,9 +23,6 @@ The rules:
   the process did not run) is excused: it says nothing about the node.
 - A down node is not waited for; the reconnector probes it in the background and it votes
   again as soon as it answers (:meth:`.nodes.NodeDetector.answered`).
-- The budget a node gets may grow with its observed round trips (a distant node, a lossy
-  link), never beyond the cap the caller hands in (what the lease's validity allows), and never
-  below ``node_timeout``.
 """
 
 from __future__ import annotations

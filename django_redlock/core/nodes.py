@@ -210,6 +210,10 @@ class WireError(Exception):
         self.failure = failure
 
 
+#: :attr:`Due.reply` until the reply is in.
+OWED: Any = object()
+
+
 class Due:
     """A reply a connection owes for ``command`` (``count`` replies, parsed and folded into
     :attr:`reply` once they are in), with ``late``, the undo to send behind the command if the
@@ -222,19 +226,18 @@ class Due:
     an undo: token-checked deletes); if the connection is cut before it answers, the command
     goes out again with the next operation that reaches the node (:meth:`Node.lose`)."""
 
-    __slots__ = (
-        "again",
-        "command",
-        "count",
-        "counted",
-        "late",
-        "left",
-        "op",
-        "reply",
-        "sent",
-        "twins",
-        "unwanted",
-    )
+    # Class defaults rather than slots: a new one (one per node per operation) sets only what
+    # it is given, and most keep the defaults to the end.
+    #: The parsed (and folded) reply; :data:`OWED` until it is in.
+    reply: Any = OWED
+    unwanted = False
+    left = False
+    #: Copies of the same command still owed on other connections to the node (a hedged
+    #: request: see :mod:`.fanout`): whatever ends this command ends them too.
+    twins: list[Due] | None = None
+    #: A copy of an acquire whose node granted it on another connection, counted in the
+    #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
+    counted = False
 
     def __init__(
         self,
@@ -251,25 +254,12 @@ class Due:
         self.late = late
         self.sent = sent
         self.again = again
-        self.reply: Any = OWED
-        self.unwanted = False
-        self.left = False
-        #: Copies of the same command still owed on other connections to the node (a hedged
-        #: request: see :mod:`.fanout`): whatever ends this command ends them too.
-        self.twins: list[Due] | None = None
-        #: A copy of an acquire whose node granted it on another connection, counted in the
-        #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
-        self.counted = False
 
     def take_undo(self) -> bytes:
         """The undo of an unwanted command, once (``late`` is cleared)."""
         late, self.late = self.late, None
         assert late is not None
         return late()
-
-
-#: :attr:`Due.reply` until the reply is in.
-OWED: Any = object()
 
 
 def unfinished(dues: Iterable[Due]) -> list[bytes]:
@@ -662,10 +652,8 @@ def reply_failure(reply: ReplyError) -> Failure:
     return Failure("error", str(reply))
 
 
-# Round-trip smoothing (RFC 6298's gains) and how many deviations the budget allows.
+#: The smoothed round trip's gain (RFC 6298's).
 _ALPHA = 0.125
-_BETA = 0.25
-_DEVIATIONS = 4.0
 #: How far :attr:`NodeDetector.quick` follows a round trip longer than it (see there).
 _QUICK_GAIN = 0.02
 
@@ -686,7 +674,6 @@ class NodeDetector:
         "node_timeout",
         "quick",
         "reason",
-        "rttvar",
         "srtt",
     )
 
@@ -711,13 +698,12 @@ class NodeDetector:
         self.down_since: float | None = None
         #: Why it is down ("" while up).
         self.reason = ""
-        #: Smoothed round trip and its mean deviation (seconds); None before the first one.
+        #: Smoothed round trip (seconds); None before the first one.
         self.srtt: float | None = None
-        self.rttvar = 0.0
         #: The node's round trip when nothing holds it up (seconds; None before the first):
         #: it follows a shorter one at once and a longer one by :data:`_QUICK_GAIN` of the
         #: difference, so a reply late by a retransmission barely moves it (the smoothed
-        #: round trip takes an eighth of it, and its deviation a quarter).
+        #: round trip takes an eighth of it).
         self.quick: float | None = None
         #: When the newest command the node answered (on any connection) was sent; -inf
         #: before the first answer that says.
@@ -731,7 +717,8 @@ class NodeDetector:
 
     def answered(self, now: float, rtt: float | None = None, sent: float | None = None) -> bool:
         """The node answered (a reply, a probe's connection): its misses are forgotten and,
-        if it was down, it votes again. ``rtt``: the round trip of the reply, for the budget;
+        if it was down, it votes again. ``rtt``: the round trip of the reply (the copies of a
+        hedged request go out after a few of :attr:`quick`);
         ``sent``: when the command it answered was sent (see :meth:`heard_since`): a reply
         to a command sent before the misses began (read late) clears nothing. Returns
         whether it was down."""
@@ -748,12 +735,7 @@ class NodeDetector:
                 rtt if quick is None or rtt < quick else quick + _QUICK_GAIN * (rtt - quick)
             )
             srtt = self.srtt
-            if srtt is None:
-                self.srtt = rtt
-                self.rttvar = rtt / 2
-            else:
-                self.rttvar += _BETA * (abs(srtt - rtt) - self.rttvar)
-                self.srtt = srtt + _ALPHA * (rtt - srtt)
+            self.srtt = rtt if srtt is None else srtt + _ALPHA * (rtt - srtt)
         self.misses = 0
         if self.down_since is None:
             return False
@@ -799,19 +781,6 @@ class NodeDetector:
         self.reason = f"connection failed: {detail}" if detail else "connection failed"
         return True
 
-    def budget(self, cap: float) -> float:
-        """How long to wait for this node's reply: ``node_timeout``, or more for a node whose
-        round trips are longer (smoothed round trip plus four deviations), at most ``cap``
-        (what the lease's validity allows; never less than ``node_timeout``)."""
-        timeout = self.node_timeout
-        srtt = self.srtt
-        if srtt is None:
-            return timeout
-        wanted = srtt + _DEVIATIONS * self.rttvar
-        if wanted <= timeout:
-            return timeout
-        return wanted if wanted < cap else max(cap, timeout)
-
     def reset(self) -> None:
         """Forget everything (a forked child starts over with the node)."""
         self.misses = 0
@@ -819,7 +788,6 @@ class NodeDetector:
         self.down_since = None
         self.reason = ""
         self.srtt = None
-        self.rttvar = 0.0
         self.quick = None
         self.heard_at = float("-inf")
         self.missed_since = 0.0
