@@ -111,10 +111,11 @@ def test_a_connection_error_is_down_at_once_and_an_answer_brings_it_back() -> No
 
 def test_reset_forgets_everything() -> None:
     detector = NodeDetector(0.05)
-    detector.answered(1.0, rtt=0.5)
+    detector.answered(1.0)
+    detector.srtt = detector.quick = 0.5
     detector.refused(1.0, "x")
     detector.reset()
-    assert not detector.down and detector.srtt is None and detector.misses == 0
+    assert not detector.down and detector.srtt is None and detector.quick is None
 
 
 @pytest.mark.parametrize(("misses", "span"), [(0, 0.5), (3, -1.0)])

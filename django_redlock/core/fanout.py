@@ -377,7 +377,23 @@ def fan_out(
                 del waiting[fd]
                 poller.unregister(fd)
                 node = nodes[index]
-                node.detector.answered(now, now - due.sent if wire.reused else None, due.sent)
+                # NodeDetector.answered's common case (no misses to forget), and the round
+                # trip (a new connection's first one included its handshake: not counted).
+                detector = node.detector
+                sent_at = due.sent
+                if detector.misses or detector.down_since is not None:
+                    detector.answered(now, sent_at)
+                elif sent_at > detector.heard_at:
+                    detector.heard_at = sent_at
+                if wire.reused:
+                    rtt = now - sent_at
+                    quick = detector.quick
+                    if quick is None or rtt < quick:
+                        detector.quick = rtt
+                    else:
+                        detector.quick = quick + QUICK_GAIN * (rtt - quick)
+                    srtt = detector.srtt
+                    detector.srtt = rtt if srtt is None else srtt + SRTT_GAIN * (rtt - srtt)
                 if wire.on_replica or node.group is not None:
                     node.checkin(wire)  # dropped if the server is no longer the master
                 else:
@@ -480,6 +496,12 @@ def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
 #: that has not answered (seconds): well above a loopback or LAN round trip, far below TCP's
 #: 200 ms retransmission timeout, which is what a lost packet costs the first connection.
 HEDGE_AFTER = 0.002
+
+#: How far :attr:`.nodes.NodeDetector.quick` follows a round trip longer than it.
+QUICK_GAIN = 0.02
+
+#: The smoothed round trip's gain (RFC 6298's).
+SRTT_GAIN = 0.125
 
 #: How many of the slowest node's unhindered round trips pass before the copies go out.
 HEDGE_TRIPS = 3
@@ -870,7 +892,7 @@ class Round:
                     del carried[fd]
                     poller.unregister(fd)
                     node = self.nodes[on[0]]
-                    node.detector.answered(now, None, sent)
+                    node.detector.answered(now, sent)
                     node.checkin(wire)
 
     def _cut(self, carried: _Carried, exc: OSError, remaining: float) -> None:
@@ -1146,7 +1168,7 @@ def fan_out_batch(
                 continue
             del waiting[fd]
             poller.unregister(fd)
-            nodes[index].detector.answered(now, None, dues[-1].sent)
+            nodes[index].detector.answered(now, dues[-1].sent)
             nodes[index].checkin(wire)
             results[index] = [due.reply for due in dues]
             if answered is not None:

@@ -652,12 +652,6 @@ def reply_failure(reply: ReplyError) -> Failure:
     return Failure("error", str(reply))
 
 
-#: The smoothed round trip's gain (RFC 6298's).
-_ALPHA = 0.125
-#: How far :attr:`NodeDetector.quick` follows a round trip longer than it (see there).
-_QUICK_GAIN = 0.02
-
-
 class NodeDetector:
     """What one process knows about one node's health: its misses, whether it is down and
     why, and its round trips. Not locked: every update is a few attribute writes, and a lost
@@ -698,12 +692,13 @@ class NodeDetector:
         self.down_since: float | None = None
         #: Why it is down ("" while up).
         self.reason = ""
-        #: Smoothed round trip (seconds); None before the first one.
+        #: Smoothed round trip (seconds); None before the first one. Kept by the sync
+        #: fan-out, which measures them (:func:`.fanout.fan_out`).
         self.srtt: float | None = None
-        #: The node's round trip when nothing holds it up (seconds; None before the first):
-        #: it follows a shorter one at once and a longer one by :data:`_QUICK_GAIN` of the
-        #: difference, so a reply late by a retransmission barely moves it (the smoothed
-        #: round trip takes an eighth of it).
+        #: The node's round trip when nothing holds it up (seconds; None before the first),
+        #: kept by the fan-out too: it follows a shorter one at once and a longer one by
+        #: :data:`.fanout.QUICK_GAIN` of the difference, so a reply late by a retransmission
+        #: barely moves it (the smoothed round trip takes an eighth of it).
         self.quick: float | None = None
         #: When the newest command the node answered (on any connection) was sent; -inf
         #: before the first answer that says.
@@ -715,13 +710,11 @@ class NodeDetector:
     def down(self) -> bool:
         return self.down_since is not None
 
-    def answered(self, now: float, rtt: float | None = None, sent: float | None = None) -> bool:
+    def answered(self, now: float, sent: float | None = None) -> bool:
         """The node answered (a reply, a probe's connection): its misses are forgotten and,
-        if it was down, it votes again. ``rtt``: the round trip of the reply (the copies of a
-        hedged request go out after a few of :attr:`quick`);
-        ``sent``: when the command it answered was sent (see :meth:`heard_since`): a reply
-        to a command sent before the misses began (read late) clears nothing. Returns
-        whether it was down."""
+        if it was down, it votes again. ``sent``: when the command it answered was sent (see
+        :meth:`heard_since`): a reply to a command sent before the misses began (read late)
+        clears nothing. Returns whether it was down."""
         if sent is not None:
             if sent > self.heard_at:
                 self.heard_at = sent
@@ -729,13 +722,6 @@ class NodeDetector:
                 return False
             if self.misses and sent < self.missed_since:
                 return False
-        if rtt is not None and rtt >= 0.0:
-            quick = self.quick
-            self.quick = (
-                rtt if quick is None or rtt < quick else quick + _QUICK_GAIN * (rtt - quick)
-            )
-            srtt = self.srtt
-            self.srtt = rtt if srtt is None else srtt + _ALPHA * (rtt - srtt)
         self.misses = 0
         if self.down_since is None:
             return False
@@ -1039,7 +1025,7 @@ class Node:
         except OSError:
             self.lose(wire)
             return None
-        self.detector.answered(time.monotonic(), None, sent)
+        self.detector.answered(time.monotonic(), sent)
         # Only news from after a miss says the node is back: a reply read late may have
         # been sent before it froze.
         probing = self._probing
