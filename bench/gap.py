@@ -80,12 +80,15 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
         for wire, payload in zip(wires, payloads, strict=True):
             wire.sock.send(payload)
         left = len(wires)
+        taken = dict.fromkeys(by_fd, 0)
         while left:
             for fd, _ in poller.poll(1000):
                 wire = by_fd[fd]
                 wire.feed()
                 try:
-                    wire.take_many(count)
+                    while taken[fd] < count:
+                        wire.take()
+                        taken[fd] += 1
                 except Incomplete:
                     continue
                 left -= 1

@@ -303,3 +303,17 @@ def test_a_refusal_for_lateness_alone_is_retried_after_a_short_pause(redis_nodes
     for _ in range(50):
         assert rl.algorithm.pause_for(handle, late, None, None, 0.0) <= 0.05
         assert rl.algorithm.pause_for(handle, Refusal({}, 3, None), None, None, 0.0) >= 0.2
+
+
+def test_the_fan_out_measures_each_nodes_round_trips(redis_cluster_factory, make_redlock):
+    """The round trips that time a hedged request's copies are measured on pooled
+    connections: a node that answered on one has them, one never asked has none."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.5)
+    assert all(node.detector.quick is None for node in rl.nodes)
+    warm_up(rl)
+    for _ in range(3):
+        assert rl.locked("measured") is False  # waits for every node's answer
+    for node in rl.nodes:
+        assert node.detector.quick is not None and 0 < node.detector.quick < 0.5
+        assert node.detector.srtt is not None and node.detector.srtt >= node.detector.quick

@@ -23,6 +23,10 @@ MAX_FILES = 9
 
 #: The transport: connections, the fan-out and the failure detector.
 TRANSPORT = {"core/nodes.py", "core/fanout.py", "core/detector.py"}
+#: What the transport's part of that path runs (the common case is written out in the
+#: fan-out's frame and the connection's read).
+MAX_TRANSPORT_FUNCTIONS = 12
+MAX_TRANSPORT_FILES = 2
 #: What the rest of that path (the handle, the client, the algorithm, its parts) runs.
 MAX_CLIENT_FUNCTIONS = 20
 MAX_CLIENT_FILES = 6
@@ -49,5 +53,8 @@ def test_one_uncontended_acquire_runs_a_bounded_path(
     client = {(file, name) for file, name in quiet if file not in TRANSPORT}
     assert len(client) <= MAX_CLIENT_FUNCTIONS, _described(quiet)
     assert len(files_of(client)) <= MAX_CLIENT_FILES, _described(quiet)
+    transport = quiet - client
+    assert len(transport) <= MAX_TRANSPORT_FUNCTIONS, _described(quiet)
+    assert len(files_of(transport)) <= MAX_TRANSPORT_FILES, _described(quiet)
     assert len(quiet) <= MAX_FUNCTIONS, _described(quiet)
     assert len(files_of(quiet)) <= MAX_FILES, _described(quiet)
