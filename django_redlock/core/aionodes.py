@@ -5,8 +5,10 @@ them, then INFO for the run id), whose transport is then driven by an :class:`as
 that hands hiredis's parsed replies to the fan-out's callbacks (no read task per connection). A
 fan-out writes the command to every node, then waits for the replies at once with one
 deadline (``node_timeout``), or until a quorum granted an acquire or removed a released key;
-a connection whose reply did not come in time is given up (after the undo of what it
-carried), never reused. Connections are pooled per node *and per event loop* (asyncio
+a connection whose reply did not come in time takes no command until it answered (the undo of
+what it carried goes behind it), then is pooled again, and a node late to answer gets copies
+of the command on other connections (:mod:`.hedging`), as with the sync client. Connections
+are pooled per node *and per event loop* (asyncio
 transports belong to the loop that opened them; Django's ``async_to_sync`` runs each call in a
 fresh loop): :class:`LoopPool`.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 import redis
 
-from .detector import MAX_STALLS, connect_budget, overrun
+from .detector import Wait, connect_budget, overrun
 from .hedging import MAX_COPIES, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
@@ -624,9 +626,12 @@ class LoopPool:
                 return wire
             # It owes a reply held up on the link (a lost packet waits for TCP's
             # retransmission): a command behind it would wait too. It is read as the reply
-            # comes and pooled again (as the sync client's checkout sets such one aside).
+            # comes and pooled again (as the sync client's checkout sets such one aside);
+            # past the node timeout, what it carries is undone behind it.
             node.late_at = now = time.monotonic()
-            self.set_aside(node, index, wire, now - (self.loop.time() - owed))
+            since = now - (self.loop.time() - owed)
+            given_up = wire.overdue(self.loop.time(), node.node_timeout)
+            self.set_aside(node, index, wire, since, abandon=given_up)
             self.want_spare(node, index)
         if wire is not None and wire.usable():
             wire.retire()  # to a group's former master
@@ -807,7 +812,6 @@ class AsyncFanOut:
         "counted",
         "cut",
         "cut_on",
-        "deadline",
         "decided",
         "enough",
         "finished",
@@ -824,6 +828,7 @@ class AsyncFanOut:
         "since",
         "tasks",
         "timeout",
+        "wait",
         "waiter",
         "wires",
     )
@@ -873,7 +878,8 @@ class AsyncFanOut:
         self.left = len(nodes)
         self.finished = False
         self.waiter: asyncio.Future[None] | None = None
-        self.deadline = 0.0
+        #: The wait for the replies (its deadline moves out for a node's fresh try).
+        self.wait = Wait(0.0, 0.0)
         self.timeout = 0.0
 
     async def run(
@@ -886,7 +892,7 @@ class AsyncFanOut:
         self.since = time.monotonic()
         # Set before sending: a pooled connection found closed while sending gets one fresh
         # try within it (see _deliver).
-        self.deadline = self.sent + timeout
+        self.wait = Wait(timeout, self.sent)
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
@@ -918,19 +924,17 @@ class AsyncFanOut:
             if at is not None:
                 loop.call_later(at - now, self._send_copies, at - now)
         # Connecting has a budget of its own; a node's reply budget starts once its command
-        # is out (see _connected).
-        wait = connect_budget(timeout) if connecting else timeout
-        self.deadline = max(self.deadline, loop.time() + wait)
+        # is out (see _connected). A wait that overran by far is time in which the loop did
+        # not run (a blocking call, a stalled process), not the nodes' silence: given back.
+        now = loop.time()
+        budget = connect_budget(timeout) if connecting else timeout
+        deadline = max(self.wait.deadline, now + budget)
+        self.wait = wait = Wait(timeout, now)
+        wait.deadline = deadline
         expired = False  # the deadline passed with nodes not heard (not: the caller cancelled)
-        # A wait that overran by far: the loop did not run (a blocking call, a stalled
-        # process), and that is not the nodes' silence (see .detector.Wait).
-        stalls = 0
-        stalled = 0.0
-        clean = 0.0  # waited since the last stall, without one
         try:
             while self.left and not self.decided:
-                started = loop.time()
-                remaining = self.deadline - started
+                remaining = wait.remaining(loop.time())
                 if remaining <= 0:
                     expired = True
                     break
@@ -940,20 +944,12 @@ class AsyncFanOut:
                     await waiter
                 finally:
                     timer.cancel()
-                waited = loop.time() - started
-                if stalls < MAX_STALLS and overrun(remaining, waited):
-                    stalls += 1
-                    stalled += waited
-                    clean = 0.0
-                    self.deadline += waited
-                else:
-                    clean += waited
         finally:
             self.finished = True
             now = loop.time()
             # Ended by a quorum's answers, or by every node's: what it decided stands.
             in_time = self.decided or not self.left
-            excused = stalls > 0 and clean < timeout
+            stalled, excused = wait.stalled, wait.excused
             for index, wire in enumerate(self.wires):
                 if wire is None:
                     continue
@@ -1163,7 +1159,7 @@ class AsyncFanOut:
                 self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
             # The node's reply budget starts now: connecting was not its silence.
-            self.deadline = max(self.deadline, self.pool.loop.time() + self.timeout)
+            self.wait.deadline = max(self.wait.deadline, self.pool.loop.time() + self.timeout)
         elif isinstance(error, WireError):
             self._final(index, error.failure)
         else:
@@ -1185,12 +1181,12 @@ class AsyncFanOut:
             if index in self.answered or self.copies.get(index):
                 return  # a copy answered, or may still
             loop = self.pool.loop
-            if wire.reused and loop.time() < self.deadline:
+            if wire.reused and loop.time() < self.wait.deadline:
                 # Closed while pooled (node restart, idle timeout): one fresh try.
                 if self.idempotent:
                     self.cut_on[index] = wire.run_id
                 self._connect(index)
-                self.deadline = max(self.deadline, loop.time() + self.timeout)
+                self.wait.deadline = max(self.wait.deadline, loop.time() + self.timeout)
             else:
                 self._final(index, os_failure(reply))
             return
