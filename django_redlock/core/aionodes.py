@@ -1069,39 +1069,25 @@ class AsyncFanOut:
 
     def _copy_reply(self, index: int, wire: AsyncWire, due: Due, reply: Any) -> None:
         """The reply to a copy of the command: the node's answer if it is the first (see
-        :func:`.hedging.first_word`); after the fan-out ended, read, and the copy undone if
-        what it did is not wanted any more."""
+        :func:`.hedging.first_word`); after the fan-out ended, read (:meth:`_read_owed`)."""
         copies = self.copies[index]
         with contextlib.suppress(ValueError):
             copies.remove((wire, due))
-        with contextlib.suppress(ValueError):
-            wire.owed.remove(due)
+        word = self._read_owed(wire, due, reply)
         if isinstance(reply, OSError):
-            wire.later.extend(unfinished([due]))
             alone = not copies and self.wires[index] is None and index not in self.answered
             if alone and not self.finished:
                 self._final(index, os_failure(reply))
             return
         self.nodes[index].detector.answered(time.monotonic(), None, self.since)
-        if noscript(reply):
-            if due.again is not None:
-                wire.send_unowned(as_eval(due.again))
-            reply = None  # a script that did not run says nothing
-        if self.finished:
-            if due.unwanted and due.late is not None:
-                wire.send_unowned(due.take_undo())
-        elif reply is not None:
-            if isinstance(reply, ReplyError):
-                reply = reply_failure(reply)
-            self._word(index, fold(due.command, wire, reply))
+        if word is not None and not self.finished:
+            self._word(index, word)
         if wire.usable() and not wire.waiters:
             self.pool.checkin(index, wire)
 
     def _word(self, index: int, reply: Any) -> None:
         """Node ``index``'s reply on one of the connections carrying the command, while
         copies of it are or were out (see :func:`.hedging.first_word`)."""
-        if reply == 0 and index in self.cut:
-            reply = SENT_TWICE
         word = first_word(
             reply,
             answered=index in self.answered,
@@ -1217,36 +1203,40 @@ class AsyncFanOut:
 
     def _owed_reply(self, index: int, reply: Any) -> None:
         """The reply of a node this fan-out stopped waiting for: the connection owed it."""
+        due = self.owing.pop(index, None)
         wire = self.wires[index]
-        assert wire is not None
+        if due is not None and wire is not None:
+            self._read_owed(wire, due, reply)
+
+    def _read_owed(self, wire: AsyncWire, due: Due, reply: Any) -> Any:
+        """Read the reply ``wire`` owed for ``due`` (the node's answer, or None when it says
+        nothing); once the fan-out ended, the undo goes behind a command given up meanwhile
+        (released on another connection, which may have overtaken it)."""
+        with contextlib.suppress(ValueError):
+            wire.owed.remove(due)
         if isinstance(reply, OSError):
             # Cut before it answered: nothing queued on it runs any more.
-            cut = self.owing.pop(index, None)
-            if cut is not None:
-                wire.owed.remove(cut)
-                wire.later.extend(unfinished([cut]))
-            return
-        due = self.owing.pop(index)
-        wire.owed.remove(due)
+            wire.later.extend(unfinished([due]))
+            return None
         if noscript(reply):
             if due.again is not None:  # a release runs the same however late
                 wire.send_unowned(as_eval(due.again))
             # Any other script did not run; run now, it could outlive what the fan-out decided.
-            return
+            return None
         if on_replica(reply):
             # Refused by a server that is no longer the group's master: a release goes to the
             # one the next connection finds (token-checked, harmless anywhere).
             if due.again is not None:
                 wire.later.append(due.again)
             wire.close()
-            return
+            return None
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         # Read for what it tells the connection (a changed restart-guard marker).
-        fold(self.commands[index], wire, reply)
-        if due.unwanted and due.late is not None:
-            # Released meanwhile on another connection, which may have overtaken it.
+        reply = fold(due.command, wire, reply)
+        if self.finished and due.unwanted and due.late is not None:
             wire.send_unowned(due.take_undo())
+        return reply
 
     def _final(self, index: int, reply: Any) -> None:
         if reply == 0 and index in self.cut:
