@@ -814,6 +814,7 @@ class AsyncFanOut:
         "cut_on",
         "decided",
         "enough",
+        "every",
         "finished",
         "hedge",
         "idempotent",
@@ -861,6 +862,8 @@ class AsyncFanOut:
         self.counted: set[int] = set()
         #: When the command went out, on the monotonic clock the detector uses.
         self.since = 0.0
+        #: Seconds between rounds of copies (0: no copies for this command).
+        self.every = 0.0
         self.cut: set[int] = set()  #: as :class:`.fanout.FanOut`'s
         #: Node index -> run id of a connection cut with the command out, until the fresh
         #: try's connection is open (the same server may have run it).
@@ -922,7 +925,8 @@ class AsyncFanOut:
             now = time.monotonic()
             at = hedge_at(self.nodes, now, now, timeout)
             if at is not None:
-                loop.call_later(at - now, self._send_copies, at - now)
+                self.every = at - now
+                loop.call_later(self.every, self._send_copies, self.every)
         # Connecting has a budget of its own; a node's reply budget starts once its command
         # is out (see _connected). A wait that overran by far is time in which the loop did
         # not run (a blocking call, a stalled process), not the nodes' silence: given back.
@@ -987,6 +991,13 @@ class AsyncFanOut:
                     self.pool.set_aside(
                         self.nodes[index], index, wire, self.since, self.late, abandon=True
                     )
+            if self.every and in_time and self.idempotent:
+                # A release or undo a quorum answered: a slower node whose copy waits for a
+                # lost packet's retransmission gets one more now, on another connection, that
+                # nobody waits for, so the key does not stay there for the next acquire.
+                for index in self._late():
+                    if not self.copies.get(index):
+                        self._copy_to(index)
             for index, copies in self.copies.items():
                 for wire, due in copies:
                     self._copy_left(index, wire, due, in_time)
@@ -1040,32 +1051,39 @@ class AsyncFanOut:
         :mod:`.hedging`) to every node that has not answered yet, on an idle connection that
         owes nothing (:meth:`LoopPool.spare`); one more each ``every`` seconds, up to
         :data:`.hedging.MAX_COPIES` connections per node."""
-        hedge = self.hedge
-        if self.finished or hedge is None:
+        if self.finished:
             return
         more = False
-        for index, node in enumerate(self.nodes):
-            if self.wires[index] is None or index in self.answered:
-                continue  # answered, failed, or still connecting
+        for index in self._late():
             copies = self.copies.setdefault(index, [])
             if len(copies) + 1 >= MAX_COPIES:
                 continue
-            wire = self.pool.spare(index, node)
-            if wire is None:
-                more = True  # one is being opened
-                continue
-            command = hedge(node, wire)
-            due = Due(command, self.late, self.sent, as_bytes(command) if self.idempotent else None)
-            copies.append((wire, due))
-            wire.owed.append(due)
-            more = more or len(copies) + 1 < MAX_COPIES
-            reply = functools.partial(self._copy_reply, index, wire, due)
-            if isinstance(command, Pipelined) and command.count > 1:
-                wire.send_many(command.data, command.count, reply)
-            else:
-                wire.send(command, reply)
+            sent = self._copy_to(index)
+            more = more or not sent or len(copies) + 1 < MAX_COPIES
         if more:
             self.pool.loop.call_later(every, self._send_copies, every)
+
+    def _late(self) -> list[int]:
+        """The nodes whose reply the command waits for on an open connection."""
+        return [i for i, w in enumerate(self.wires) if w is not None and i not in self.answered]
+
+    def _copy_to(self, index: int) -> bool:
+        """Send node ``index`` a copy of the command on an idle connection that owes nothing;
+        whether there was one (if not, one is being opened)."""
+        node = self.nodes[index]
+        wire = self.pool.spare(index, node)
+        if wire is None or self.hedge is None:
+            return False
+        command = self.hedge(node, wire)
+        due = Due(command, self.late, self.sent, as_bytes(command) if self.idempotent else None)
+        self.copies.setdefault(index, []).append((wire, due))
+        wire.owed.append(due)
+        reply = functools.partial(self._copy_reply, index, wire, due)
+        if isinstance(command, Pipelined) and command.count > 1:
+            wire.send_many(command.data, command.count, reply)
+        else:
+            wire.send(command, reply)
+        return True
 
     def _copy_reply(self, index: int, wire: AsyncWire, due: Due, reply: Any) -> None:
         """The reply to a copy of the command: the node's answer if it is the first (see
