@@ -14,7 +14,7 @@ as our grant.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 __all__ = [
@@ -56,7 +56,7 @@ class _Node(Protocol):
     def detector(self) -> _Detector: ...
 
 
-def hedge_at(nodes: Iterable[_Node], now: float, start: float, timeout: float) -> float | None:
+def hedge_at(nodes: Sequence[_Node], now: float, start: float, timeout: float) -> float | None:
     """When a node that has not answered a command sent at ``start`` gets a copy on another
     connection, while some node's replies come late enough to be lost packets (within
     :data:`LOSSY_FOR` of ``now``, one came later than the node timeout: ``late_at``; None
@@ -64,9 +64,12 @@ def hedge_at(nodes: Iterable[_Node], now: float, start: float, timeout: float) -
     unhindered round trips (``detector.quick``: the round trips late by a retransmission,
     which the copies are for, do not count), and never later than a quarter of the node
     timeout (a copy sent later could hardly beat it). None when that leaves no time."""
+    # A loop, not any() over a generator: this runs on every hedged fan-out.
     since = now - LOSSY_FOR
-    nodes = list(nodes)
-    if not any(node.late_at > since for node in nodes):
+    for node in nodes:
+        if node.late_at > since:
+            break
+    else:
         return None
     after = HEDGE_AFTER
     for node in nodes:
