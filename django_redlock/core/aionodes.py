@@ -28,7 +28,8 @@ from typing import Any
 
 import redis
 
-from .detector import Wait, connect_budget, overrun
+from .detector import connect_budget, overrun
+from .fanout import Wait
 from .hedging import MAX_COPIES, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
@@ -622,7 +623,7 @@ class LoopPool:
         wire = self.shared[index]
         if wire is not None and wire.usable() and node.current(wire):
             owed = wire.owed[0].sent if wire.owed else None
-            if owed is None or owed + node.late_after > self.loop.time():
+            if owed is None or owed + node.node_timeout / 4 > self.loop.time():
                 return wire
             # It owes a reply held up on the link (a lost packet waits for TCP's
             # retransmission): a command behind it would wait too. It is read as the reply
@@ -707,12 +708,12 @@ class LoopPool:
         """Take ``wire`` out of use while it owes replies of commands sent at ``sent`` (on
         the monotonic clock; ``abandon``: after the undo of each, ``late`` building the
         current one's: :meth:`AsyncWire.abandon`); once they are in, the node answered (see
-        :meth:`.nodes.Node.heard`) and the connection is pooled again. A late reply is not a
-        dead connection."""
+        :meth:`.nodes.NodeDetector.answered`) and the connection is pooled again. A late
+        reply is not a dead connection."""
 
         def back(wire: AsyncWire) -> None:
             self.aside.discard(wire)
-            node.heard(sent)
+            node.detector.answered(time.monotonic(), sent)
             if node.current(wire):
                 self.checkin(index, wire)
             else:
@@ -1097,7 +1098,7 @@ class AsyncFanOut:
             if alone and not self.finished:
                 self._final(index, os_failure(reply))
             return
-        self.nodes[index].detector.answered(time.monotonic(), None, self.since)
+        self.nodes[index].detector.answered(time.monotonic(), self.since)
         if word is not None and not self.finished:
             self._word(index, word)
         if wire.usable() and not wire.waiters:
@@ -1200,10 +1201,7 @@ class AsyncFanOut:
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
-        now = time.monotonic()
-        self.nodes[index].detector.answered(
-            now, now - self.since if wire.reused else None, self.since
-        )
+        self.nodes[index].detector.answered(time.monotonic(), self.since)
         if on_replica(reply):
             # A demoted master (so are the idle connections to it): the next connection asks
             # the Sentinels where the master is now (a release refused is kept for it by
