@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .core import check_limit, check_positive
+from .core import check_flag, check_limit, check_positive
 
 __all__ = [
     "CALL_OPTIONS",
@@ -70,12 +70,11 @@ def check_task_options(values: Mapping[str, Any], where: str, *, per_call: bool 
                 check_positive(
                     HEADER_FIELDS[name], value, allow_zero=name in ("wait", "retry_jitter")
                 )
+        for name in _BOOLEANS:
+            if values.get(name) is not None:
+                check_flag(HEADER_FIELDS[name], values[name])
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
-    for name in _BOOLEANS:
-        value = values.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"{where}: {HEADER_FIELDS[name]} must be True or False, got {value!r}")
     retries = values.get("max_retries")
     if retries is not None and (
         isinstance(retries, bool) or not isinstance(retries, int) or retries < 0

@@ -50,7 +50,8 @@ from .aionodes import (
     relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Finally, Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .algorithm import Contender, Finally, Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import RedlockBase
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
@@ -407,19 +408,24 @@ class AsyncRedlock(RedlockBase):
         left: dict[int, AsyncOwing] | None = None,
         behind: Mapping[int, AsyncOwing] | None = None,
         idempotent: bool = False,
+        *,
+        hedge: CommandBuilder | None = None,
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
-        (``enough``, ``left``, ``behind`` and ``idempotent``: see :class:`.fanout.FanOut`).
+        (``enough``, ``left``, ``behind`` and ``idempotent``: see :class:`.fanout.FanOut`;
+        ``hedge`` builds the copy a late node gets on another connection, an idempotent
+        command's is itself: see :mod:`.hedging`).
 
         A node that failed or did not answer in time yields a :class:`Failure`. Pooled
         connections answer within ``timeout``; a node that needs a new connection gets another
-        ``timeout`` to connect. A connection whose reply did not come in time is aborted, after
-        ``late()`` was sent on it (the undo: see :class:`.fanout.FanOut`).
+        ``timeout`` to connect. A connection whose reply did not come in time takes no more
+        commands until it answered, after ``late()`` was sent on it (the undo: see
+        :class:`.fanout.FanOut`); then it is pooled again.
         """
         state = self._state()
-        return await AsyncFanOut(self.nodes, state, build, late, enough, left, idempotent).run(
-            self.node_timeout if timeout is None else timeout, behind
-        )
+        hedge = hedge if hedge is not None or not idempotent else build
+        fan_out = AsyncFanOut(self.nodes, state, build, late, enough, left, idempotent, hedge)
+        return await fan_out.run(self.node_timeout if timeout is None else timeout, behind)
 
     async def _call(
         self, index: int, commands: Sequence[Sequence[Any]], timeout: float = SLOW_TIMEOUT
@@ -504,7 +510,7 @@ class AsyncRedlock(RedlockBase):
         retries: int | None,
     ) -> Lease | None:
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, retries)
+        deadline = self.algorithm.deadline(start, timeout, retries)
         courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
@@ -522,12 +528,14 @@ class AsyncRedlock(RedlockBase):
                 raise
             if not entered:
                 self._drop_queue(state, handle.name, queue)
-                self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
+                self.algorithm.give_up(
+                    handle, Refusal({}, len(self.nodes), None), time.monotonic() - start
+                )
                 return None
         try:
             lease = await self._drive(
-                self._contend_steps(
-                    handle, owner, blocking, deadline, retries, start, None, courtesy > 0
+                self.algorithm.contend(
+                    Contender(handle, owner), blocking, deadline, retries, start, None, courtesy > 0
                 )
             )
             if lease is not None and lease.auto_renew:
@@ -551,7 +559,7 @@ class AsyncRedlock(RedlockBase):
     ) -> Lease | None:
         """A permit or a read/write hold (:mod:`.permits`)."""
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, None)
+        deadline = self.algorithm.deadline(start, timeout, None)
         try:
             lease = await self._drive(
                 self.permits.hold_steps(handle, owner, blocking, deadline, start)
@@ -603,14 +611,17 @@ class AsyncRedlock(RedlockBase):
             await self._fan_out(step.send.build)
 
     async def _send(self, step: Send) -> list[Any]:
+        step.started = time.monotonic()
         try:
-            return await self._fan_out(*step.fan_out_args())
+            replies = await self._fan_out(*step.args, hedge=step.hedge)
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             if step.undo_if_cancelled:
                 undo = step.undo_if_cancelled
                 self._in_background(lambda: self._release_everywhere(*undo))
             raise
+        step.ended = time.monotonic()
+        return replies
 
     def _join_queue(self, state: LoopState, name: str) -> TaskQueue:
         queue = state.queues.get(name)
