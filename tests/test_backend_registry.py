@@ -245,6 +245,25 @@ def test_locked_task_takes_the_lock_on_lock_using() -> None:
         assert not get_locks("db").locked("registry:task:1")
 
 
+def test_a_per_call_lock_limit_on_a_service_without_semaphores_is_refused_when_sent() -> None:
+    """docs/backends.rst: semaphores are the Redlock's only; a per-call lock_limit on a task
+    whose lock_using names a backend is refused by apply_async (ValueError), not sent to fail
+    on the worker with NotImplementedError."""
+    import celery
+
+    from django_redlock.celery import LockedTask
+
+    app = celery.Celery("backend-registry", broker="memory://", backend="cache+memory://")
+
+    @app.task(base=LockedTask, bind=True, lock_key="registry:limit:{x}", lock_using="db")
+    def task(self, x: int) -> None:  # pragma: no cover - never runs
+        return None
+
+    with override_settings(REDLOCK=redlock_with({"db": DB})):
+        with pytest.raises(ValueError, match=r"per-call options.*lock_limit 2.*DatabaseLocks"):
+            task.apply_async((1,), lock_limit=2)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_management_command_using_alias() -> None:
     import io
