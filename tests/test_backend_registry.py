@@ -256,12 +256,12 @@ def test_a_per_call_lock_limit_on_a_service_without_semaphores_is_refused_when_s
     app = celery.Celery("backend-registry", broker="memory://", backend="cache+memory://")
 
     @app.task(base=LockedTask, bind=True, lock_key="registry:limit:{x}", lock_using="db")
-    def task(self, x: int) -> None:  # pragma: no cover - never runs
+    def limited(self, x: int) -> None:  # pragma: no cover - never runs
         return None
 
     with override_settings(REDLOCK=redlock_with({"db": DB})):
         with pytest.raises(ValueError, match=r"per-call options.*lock_limit 2.*DatabaseLocks"):
-            task.apply_async((1,), lock_limit=2)
+            limited.apply_async((1,), lock_limit=2)
 
 
 @pytest.mark.django_db(transaction=True)
