@@ -43,8 +43,7 @@ import redis  # noqa: E402
 
 from django_redlock import Redlock  # noqa: E402
 from django_redlock.core import scripts  # noqa: E402
-from django_redlock.core.base import AcquireRequest  # noqa: E402
-from django_redlock.core.commands import lock_value  # noqa: E402
+from django_redlock.core.commands import AcquireRequest, lock_value  # noqa: E402
 from django_redlock.core.nodes import Incomplete  # noqa: E402
 from django_redlock.testing import RedisCluster  # noqa: E402
 
@@ -81,12 +80,15 @@ def by_hand(rl: Redlock, name: str) -> Callable[[], object]:
         for wire, payload in zip(wires, payloads, strict=True):
             wire.sock.send(payload)
         left = len(wires)
+        taken = dict.fromkeys(by_fd, 0)
         while left:
             for fd, _ in poller.poll(1000):
                 wire = by_fd[fd]
                 wire.feed()
                 try:
-                    wire.take_many(count)
+                    while taken[fd] < count:
+                        wire.take()
+                        taken[fd] += 1
                 except Incomplete:
                     continue
                 left -= 1

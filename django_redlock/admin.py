@@ -48,14 +48,10 @@ class LockAdmin(admin.ModelAdmin):
 
     # -- permissions ---------------------------------------------------------------------------
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the locks live on the nodes: nothing to add, change or delete here
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    has_change_permission = has_delete_permission = has_add_permission
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         user: Any = request.user

@@ -269,48 +269,24 @@ class _QueuedElsewhere:
 # ============================================================================ held locks
 
 
-class _HeldLocks:
-    """Locks this process's tasks hold right now, for release at worker shutdown."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[int, Any] = {}
-
-    def add(self, lock: Any) -> None:
-        with self._guard:
-            self._locks[id(lock)] = lock
-
-    def discard(self, lock: Any) -> None:
-        with self._guard:
-            self._locks.pop(id(lock), None)
-
-    def snapshot(self) -> list[Any]:
-        with self._guard:
-            return list(self._locks.values())
-
-    def clear(self) -> list[Any]:
-        with self._guard:
-            locks, self._locks = list(self._locks.values()), {}
-        return locks
-
-    def after_fork(self) -> None:
-        self._guard = threading.Lock()
-        self._locks = {}
-
-
-_held = _HeldLocks()
+#: Locks this process's tasks hold right now (by ``id()``), for release at worker shutdown.
+#: Only single dict operations touch it, each atomic, so threads need no lock of their own.
+_held: dict[int, Any] = {}
 _hold_times = HoldTimes()
 #: The lock of the LockedTask run in progress in this thread / coroutine context.
 _current_lock: ContextVar[Any] = ContextVar("django_redlock_celery_lock", default=None)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_held.after_fork)
+    os.register_at_fork(after_in_child=_held.clear)
 
 
 def release_held_locks(reason: str = "worker shutdown") -> int:
     """Release every task lock this process holds (the shutdown signals call this); returns
     how many were released. Tasks still running lose their lock (their ``held`` turns False)."""
     released = 0
-    for lock in _held.clear():
+    for key in list(_held):
+        lock = _held.pop(key, None)
+        if lock is None:  # its run ended meanwhile
+            continue
         try:
             lock.release()
         except RedlockError as exc:
@@ -879,7 +855,7 @@ class LockedTask(Task):
             # Not an attribute of the request: Celery copies unknown request attributes into
             # the headers of any message the task sends (retries included).
             current = _current_lock.set(lock)
-            _held.add(lock)
+            _held[id(lock)] = lock
             began = time.monotonic()
             _probe("before-run", task_id)
             return super().__call__(*args, **kwargs)
@@ -898,7 +874,7 @@ class LockedTask(Task):
                 _hold_times.record(self.name, time.monotonic() - began)
             if current is not None:
                 _current_lock.reset(current)
-            _held.discard(lock)
+            _held.pop(id(lock), None)
             self._end_run(run, stopped)
             if revoked:  # stored once the key is free again
                 self._end_revoked(run, request)

@@ -681,18 +681,16 @@ class Locked:
             call = self._call(plan, args, kwargs)
             redlock = get_async_locks(self.backend)
             lock = self._lock(redlock, call)
+            refusal: LockNotAcquired | None = None
             try:
                 acquired = await lock.acquire(**self._acquire_args_for(lock, self.wait))
             except LockNotAcquired as exc:
-                refusal: LockNotAcquired | None = exc
-            else:
-                refusal = None
-                if not acquired:
-                    holder = None
-                    if call.request is not None and self._asks_holder():
-                        holder = await _aquietly(redlock.lock_info, call.name)
+                refusal, acquired = exc, False
+            if not acquired:
+                if refusal is None:
+                    asks = call.request is not None and self._asks_holder()
+                    holder = await _aquietly(redlock.lock_info, call.name) if asks else None
                     refusal = self._busy(lock, holder)
-            if refusal is not None:
                 outcome = self._refused(call, refusal)
                 if inspect.isawaitable(outcome):
                     outcome = await outcome
@@ -926,10 +924,8 @@ def _check_kind(
 ) -> tuple[int | None, bool, bool]:
     """``@locked``'s ``limit`` / ``shared`` / ``writer``: a semaphore, a read lock, the write
     lock, or (none of them) a lock. Options a kind cannot honour are refused, not ignored."""
-    for flag, value in (("shared", shared), ("writer", writer)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be True or False, got {value!r}")
-    if sum((limit is not None, bool(shared), bool(writer))) > 1:
+    shared, writer = check_flag("shared", shared), check_flag("writer", writer)
+    if sum((limit is not None, shared, writer)) > 1:
         raise ValueError(
             "give @locked one of limit= (a semaphore), shared=True (a read lock) and "
             "writer=True (the write lock)"
@@ -942,7 +938,7 @@ def _check_kind(
         raise ValueError("a read/write lock has no fair line (its writers hold readers back)")
     if shared and fencing:
         raise ValueError("shared=True takes a read lock, which draws no fence")
-    return limit, bool(shared), bool(writer)
+    return limit, shared, writer
 
 
 locked = Locked

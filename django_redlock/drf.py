@@ -23,36 +23,35 @@ _BUSY = "This resource is being modified by another request; try again later."
 _UNAVAILABLE = "The lock service is unavailable; try again later."
 
 
-class LockBusy(APIException):
-    """423 Locked: another holder has the lock. ``wait`` is the ``Retry-After`` seconds."""
-
-    status_code = 423
-    default_detail = _BUSY
-    default_code = "locked"
-
-    def __init__(self, retry_after: int) -> None:
-        super().__init__()
-        self.wait = retry_after
-        # The same body a plain view answers with: DRF's "detail" plus the two fields API
-        # clients of plain @locked views already read.
-        self.detail: Any = {"error": "locked", "detail": _BUSY, "retry_after": retry_after}
-
-
-class LockServiceUnavailable(APIException):
-    """503: too few lock nodes answered (an outage, not contention)."""
-
-    status_code = 503
-    default_detail = _UNAVAILABLE
-    default_code = "unavailable"
+class _Refusal(APIException):
+    """A refused view's answer: ``wait`` is the ``Retry-After`` seconds, and the body is the
+    one a plain view answers with (DRF's "detail" plus the two fields API clients of plain
+    @locked views already read)."""
 
     def __init__(self, retry_after: int) -> None:
         super().__init__()
         self.wait = retry_after
         self.detail: Any = {
-            "error": "unavailable",
-            "detail": _UNAVAILABLE,
+            "error": self.default_code,
+            "detail": self.default_detail,
             "retry_after": retry_after,
         }
+
+
+class LockBusy(_Refusal):
+    """423 Locked: another holder has the lock."""
+
+    status_code = 423
+    default_detail = _BUSY
+    default_code = "locked"
+
+
+class LockServiceUnavailable(_Refusal):
+    """503: too few lock nodes answered (an outage, not contention)."""
+
+    status_code = 503
+    default_detail = _UNAVAILABLE
+    default_code = "unavailable"
 
 
 def raise_refusal(request: Any, exc: LockNotAcquired, retry_after: int) -> None:

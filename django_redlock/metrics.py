@@ -27,7 +27,7 @@ from typing import Any
 
 from .backends.registry import aliases
 from .conf import get_config
-from .core import STUCK_REASONS, LockNotAcquired
+from .core import STUCK_REASONS, LockNotAcquired, check_positive
 from .labels import DEFAULT_MAX_LABELS, LockLabels, label_function
 from .probes import probes
 
@@ -80,24 +80,18 @@ def metrics_settings(value: Any) -> MetricsSettings | None:
     limit = options.get("MAX_LABELS", DEFAULT_MAX_LABELS)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"REDLOCK['METRICS']['MAX_LABELS'] must be an int >= 1, got {limit!r}")
-    cache = options.get("HEALTH_CACHE", DEFAULT_HEALTH_CACHE)
-    if (
-        isinstance(cache, bool)
-        or not isinstance(cache, (int, float))
-        or not math.isfinite(cache)
-        or cache <= 0
-    ):
-        raise ValueError(
-            f"REDLOCK['METRICS']['HEALTH_CACHE'] must be a positive number of seconds, "
-            f"got {cache!r}"
-        )
+    cache = check_positive(
+        "REDLOCK['METRICS']['HEALTH_CACHE']",
+        options.get("HEALTH_CACHE", DEFAULT_HEALTH_CACHE),
+        maximum=math.inf,
+    )
     labels = LockLabels(label_function(options.get("LABEL")), limit)
     if importlib.util.find_spec("prometheus_client") is None:
         raise ImportError(
             "REDLOCK['METRICS'] is on but prometheus_client is not installed: "
             "pip install 'django-redlock[metrics]'"
         )
-    return MetricsSettings(labels=labels, health_cache=float(cache))
+    return MetricsSettings(labels=labels, health_cache=cache)
 
 
 class RedlockMetrics:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .core import check_limit, check_positive
+from .core import check_flag, check_limit, check_positive
 
 __all__ = [
     "CALL_OPTIONS",
@@ -81,16 +81,18 @@ def check_task_options(
                 )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
+    try:
+        for name in _BOOLEANS:
+            if values.get(name) is not None:
+                check_flag(HEADER_FIELDS[name], values[name])
+    except TypeError as exc:  # docs/celery.rst: a lock_renew not a bool is a ValueError
+        raise ValueError(f"{where}: {exc}") from None
     ttl = values.get("ttl")
     if max_ttl is not None and ttl is not None and ttl > max_ttl:
         raise ValueError(
             f"{where}: lock_ttl {ttl!r} exceeds max_ttl {max_ttl!r} (the lock service refuses "
             "a longer lease)"
         )
-    for name in _BOOLEANS:
-        value = values.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise ValueError(f"{where}: {HEADER_FIELDS[name]} must be True or False, got {value!r}")
     retries = values.get("max_retries")
     if retries is not None and (
         isinstance(retries, bool) or not isinstance(retries, int) or retries < 0

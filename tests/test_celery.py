@@ -374,7 +374,7 @@ def test_force_release_turns_the_running_tasks_held_false(worker, rl, redis_node
     run.started_by(holder.id)
     from django_redlock.celery import _held
 
-    (lock,) = [lock for lock in _held.snapshot() if lock.name == "demo:fr"]
+    (lock,) = [lock for lock in _held.values() if lock.name == "demo:fr"]
     assert lock.held
     operator = Redlock(list(redis_nodes.urls), ttl=10)
     try:

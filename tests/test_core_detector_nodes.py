@@ -12,7 +12,7 @@ from typing import Any
 
 from django_redlock import QuorumError
 from django_redlock.core import fanout
-from django_redlock.core.base import Refusal
+from django_redlock.core.algorithm import Refusal
 from django_redlock.core.detector import MIN_SPAN, MISSES_TO_DOWN
 from django_redlock.core.nodes import BEHIND_LATE, TIMED_OUT, Failure
 from tests.faults.proxy import Proxy
@@ -291,13 +291,29 @@ def test_a_refusal_for_lateness_alone_is_retried_after_a_short_pause(redis_nodes
     handle = rl.lock("late")
     granted = [0, 0, 0, 0, 0, 0]
     held = [1, 9_000]
-    late = rl._refusal([granted, TIMED_OUT, held])  # one held copy: a quorum is still free
+    late = rl.algorithm.refusal([granted, TIMED_OUT, held])  # one held copy: a quorum is still free
     assert late.late and late.retry_after is None
-    contended = rl._refusal([held, TIMED_OUT, held])
+    contended = rl.algorithm.refusal([held, TIMED_OUT, held])
     assert not contended.late and contended.retry_after == 9.0
-    assert not rl._refusal([granted, held, held]).late  # nothing was late
-    assert rl._refusal([granted, BEHIND_LATE, held]).late  # its connections owed late replies
-    assert not rl._refusal([granted, Failure("refused", "x"), held]).late
+    assert not rl.algorithm.refusal([granted, held, held]).late  # nothing was late
+    assert rl.algorithm.refusal(
+        [granted, BEHIND_LATE, held]
+    ).late  # its connections owed late replies
+    assert not rl.algorithm.refusal([granted, Failure("refused", "x"), held]).late
     for _ in range(50):
-        assert rl._pause_for(handle, late, None, None, 0.0) <= 0.05
-        assert rl._pause_for(handle, Refusal({}, 3, None), None, None, 0.0) >= 0.2
+        assert rl.algorithm.pause_for(handle, late, None, None, 0.0) <= 0.05
+        assert rl.algorithm.pause_for(handle, Refusal({}, 3, None), None, None, 0.0) >= 0.2
+
+
+def test_the_fan_out_measures_each_nodes_round_trips(redis_cluster_factory, make_redlock):
+    """The round trips that time a hedged request's copies are measured on pooled
+    connections: a node that answered on one has them, one never asked has none."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=0.5)
+    assert all(node.detector.quick is None for node in rl.nodes)
+    warm_up(rl)
+    for _ in range(3):
+        assert rl.locked("measured") is False  # waits for every node's answer
+    for node in rl.nodes:
+        assert node.detector.quick is not None and 0 < node.detector.quick < 0.5
+        assert node.detector.srtt is not None and node.detector.srtt >= node.detector.quick

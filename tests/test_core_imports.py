@@ -166,3 +166,21 @@ def test_no_import_cycle_anywhere_in_the_package() -> None:
     ]
     assert "django_redlock.setting" in graph["django_redlock.conf"]  # the parse resolved them
     _assert_acyclic(graph)
+
+
+def test_the_algorithm_reads_no_clock_and_draws_no_random_number() -> None:
+    """``core/algorithm.py`` is the spec's control flow only: the time comes from the driver
+    (a ``Send``'s ``started``/``ended``) and the jitter from the source the client hands in,
+    so it imports neither a clock nor a random source, nor the transport's sockets; the
+    deterministic simulator relies on it."""
+    path = Path(REPO_ROOT) / "django_redlock" / "core" / "algorithm.py"
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+            imported.update(alias.name for alias in node.names if node.module is None)
+    assert imported, "the parse found the imports"
+    forbidden = {"time", "random", "secrets", "clock", "datetime", "socket", "select", "uuid"}
+    assert not imported & forbidden, imported & forbidden

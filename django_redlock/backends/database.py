@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from ..core import LockInfo, NodeHealth, QuorumError, check_positive
+from ..core import LockInfo, NodeHealth, QuorumError, check_flag, check_positive
 from .base import BackendLock, BackendLocks, Grant, holder_meta, unreachable, utc_from_micros
 
 __all__ = ["DatabaseLocks"]
@@ -236,13 +236,9 @@ class DatabaseLocks(BackendLocks):
         self.vendor = connections[using].vendor
         if self.vendor not in NOW_US:
             raise ValueError(f"DatabaseLocks: database {using!r} ({self.vendor}) is not supported")
-        if not isinstance(pessimistic, bool):
-            raise TypeError(
-                f"DatabaseLocks: pessimistic must be True or False, got {pessimistic!r}"
-            )
+        self.pessimistic = check_flag("DatabaseLocks: pessimistic", pessimistic)
         if pessimistic and self.vendor == "sqlite":
             raise ValueError("DatabaseLocks: pessimistic=True needs PostgreSQL or MySQL/MariaDB")
-        self.pessimistic = pessimistic
         self.max_poll = check_positive("max_poll", max_poll)
         self.loss_check = check_positive("loss_check", loss_check)
         self._now = NOW_US[self.vendor]

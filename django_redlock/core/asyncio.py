@@ -50,7 +50,8 @@ from .aionodes import (
     relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
-from .base import Finally, Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .algorithm import Contender, Finally, Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import RedlockBase
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
@@ -504,7 +505,7 @@ class AsyncRedlock(RedlockBase):
         retries: int | None,
     ) -> Lease | None:
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, retries)
+        deadline = self.algorithm.deadline(start, timeout, retries)
         courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
         if courtesy:
             await asyncio.sleep(min(courtesy, (deadline or start + 1) - start))
@@ -522,12 +523,14 @@ class AsyncRedlock(RedlockBase):
                 raise
             if not entered:
                 self._drop_queue(state, handle.name, queue)
-                self._give_up(handle, Refusal({}, len(self.nodes), None), time.monotonic() - start)
+                self.algorithm.give_up(
+                    handle, Refusal({}, len(self.nodes), None), time.monotonic() - start
+                )
                 return None
         try:
             lease = await self._drive(
-                self._contend_steps(
-                    handle, owner, blocking, deadline, retries, start, None, courtesy > 0
+                self.algorithm.contend(
+                    Contender(handle, owner), blocking, deadline, retries, start, None, courtesy > 0
                 )
             )
             if lease is not None and lease.auto_renew:
@@ -551,7 +554,7 @@ class AsyncRedlock(RedlockBase):
     ) -> Lease | None:
         """A permit or a read/write hold (:mod:`.permits`)."""
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, None)
+        deadline = self.algorithm.deadline(start, timeout, None)
         try:
             lease = await self._drive(
                 self.permits.hold_steps(handle, owner, blocking, deadline, start)
@@ -603,14 +606,17 @@ class AsyncRedlock(RedlockBase):
             await self._fan_out(step.send.build)
 
     async def _send(self, step: Send) -> list[Any]:
+        step.started = time.monotonic()
         try:
-            return await self._fan_out(*step.fan_out_args())
+            replies = await self._fan_out(*step.args)
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             if step.undo_if_cancelled:
                 undo = step.undo_if_cancelled
                 self._in_background(lambda: self._release_everywhere(*undo))
             raise
+        step.ended = time.monotonic()
+        return replies
 
     def _join_queue(self, state: LoopState, name: str) -> TaskQueue:
         queue = state.queues.get(name)

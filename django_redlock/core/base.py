@@ -1,46 +1,53 @@
-"""The Redlock algorithm, written once for the sync and async clients: the configuration it
-runs with, and every operation as I/O-free steps (:class:`Send` / :class:`Pause`) that two
+"""The client's side of the Redlock algorithm, written once for the sync and async clients:
+the configuration it runs with, the acquire's requests (encoded once for every node), and
+every other operation (extend, renew, release by token, listing) as I/O-free steps that two
 small drivers run: :mod:`.redlock` over :mod:`.nodes` and :mod:`.waiting` (sockets and poll,
 threads), :mod:`.asyncio` over :mod:`.aionodes` and :mod:`.aiowaiting` (asyncio protocols,
-tasks). Read :meth:`RedlockBase._attempt_steps` against the spec top to bottom.
+tasks). The algorithm itself is :mod:`.algorithm`, with its policies (:mod:`.guard`,
+:mod:`.fencing`, :mod:`.fairness`) plugged in: read it against the spec.
 
-The other jobs of a client are parts it holds, not base classes: the key layout and commands
-(``keys``, :mod:`.commands`), the lease table (``leases``, :mod:`.leases`), listing and health
-(``listing``, :mod:`.listing`), and, built by each driver, the steps of semaphores and
-read/write holds (``permits``, :mod:`.permits`).
+The other jobs of a client are parts it holds, not base classes: the algorithm
+(``algorithm``), the key layout and commands (``keys``, :mod:`.commands`), the lease table
+(``leases``, :mod:`.leases`), listing and health (``listing``, :mod:`.listing`), and, built by
+each driver, the steps of semaphores and read/write holds (``permits``, :mod:`.permits`).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import socket
 import weakref
-from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import clock, scripts
-from .commands import KeyLayout, lock_value
-from .errors import QuorumError
-from .events import Listener, LockEvent, emit
-from .leases import DRIFT_FLOOR, LeaseTable, replies_of
-from .listing import Listing, glob_escape, started_together
+from . import clock
+from .algorithm import (
+    Algorithm,
+    Contender,
+    Refusal,
+    Send,
+    SendBatch,
+    Steps,
+    keep_unreached,
+    to_each_node,
+    to_every_node,
+)
+from .commands import AcquireRequest, KeyLayout
+from .events import Listener
+from .fairness import FairLine, NamedWaiters
+from .fencing import Fencing
+from .guard import RestartGuard
+from .leases import LeaseTable, replies_of
+from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
 from .nodes import (
-    BEHIND_LATE,
     NOTHING_LEFT,
-    TIMED_OUT,
-    Failure,
     Node,
     NodeSpec,
     Pipelined,
-    ReplyError,
-    as_eval,
     make_nodes,
-    not_redis,
     pack,
-    reached,
-    reply_failure,
 )
 from .sentinel import GUARD_MARGIN
 from .validation import (
@@ -57,20 +64,7 @@ from .validation import (
     default_max_ttl,
 )
 
-__all__ = [
-    "DRIFT_FLOOR",
-    "AcquireRequest",
-    "Finally",
-    "Listen",
-    "Pause",
-    "RedlockBase",
-    "Refusal",
-    "Send",
-    "SendBatch",
-    "Steps",
-    "Wait",
-    "glob_escape",
-]
+__all__ = ["RedlockBase", "glob_escape"]
 
 _T = TypeVar("_T")
 
@@ -89,337 +83,6 @@ def _forget_inherited_state() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_state)
-
-
-class Refusal:
-    """Why one attempt did not produce a lock."""
-
-    def __init__(
-        self,
-        failures: dict[str, str],
-        answered: int,
-        retry_after: float | None,
-        late: bool = False,
-    ) -> None:
-        self.failures = failures
-        self.answered = answered  #: nodes that gave a verdict (granted or held)
-        self.retry_after = retry_after
-        #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
-        #: reply up for TCP's retransmission) or every connection to it still owed one, no
-        #: node is guarded or queued for, and the nodes that said "held" are too few to keep
-        #: a quorum away.
-        self.late = late
-
-
-class AcquireRequest:
-    """One attempt's token, holder metadata and commands, encoded once for every node.
-
-    On a connection that has seen its node vote, an uncontended acquire is a plain
-    ``SET key value NX PX ttl``, pipelined with ``PTTL`` (for the refusal) and, with the restart
-    guard on, a read of the node's marker: Redis runs one connection's commands in order, so
-    the marker is read after the ``SET``. When the marker is the one this connection saw vote
-    (same server, same marker id), nothing was lost since, and the ``SET``'s answer is the
-    node's vote. Otherwise (:data:`MARKER_CHANGED`) the caller sends the full acquire script
-    to that node, which judges the guard and the trust of a new cluster, and which sees our
-    own ``SET`` as our grant if it landed. Fencing and fair locks always use their script.
-    The script's answer tells the marker's id, kept on the connection for the next attempt.
-    """
-
-    def __init__(
-        self,
-        redlock: RedlockBase,
-        handle: LockBase,
-        line: tuple[str, int] | None = None,
-        join: bytes | None = None,
-    ) -> None:
-        self.token = clock.token_hex(16)
-        self._redlock, self._handle, self._line = redlock, handle, line
-        #: A waiter's place among the name's waiters, taken (or kept) before the attempt on
-        #: the same connection: a release that comes after the attempt was refused wakes it.
-        self._join = join
-        self.meta, self._meta_json = redlock.keys.holder_meta(handle.meta)
-        self._ttl_ms = int(handle.ttl * 1000)
-        self._guarded = redlock.restart_guard
-        self._fast: Pipelined | None = None
-        self._script: tuple[list[Any], list[Any]] | None = None
-        if line is None and not handle.fencing:
-            key = redlock.keys.key(handle.name)
-            value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
-            # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
-            data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
-            count = 2
-            if self._guarded:
-                data += redlock._marker_read
-                count = 3
-            self._fast = Pipelined(data, count, self._fold_fast)
-
-    def build(self, node: Node, wire: Any) -> Pipelined:
-        """The :data:`~.fanout.CommandBuilder` of this attempt."""
-        if self._fast is not None and (wire.vote_marker is not None or not self._guarded):
-            attempt = self._fast
-        else:
-            attempt = self.script(node, wire)
-        return attempt if self._join is None else _joined(self._join, attempt)
-
-    def script(self, node: Node, wire: Any) -> Pipelined:
-        """The full acquire script (the run id is per wire; encoded at the first use, as most
-        attempts never send it)."""
-        if self._script is None:
-            redlock, handle = self._redlock, self._handle
-            script, keys, extra = self._parts()
-            guard = str(int(redlock.guard_period * 1000)) if self._guarded else "0"
-            head = [
-                "EVALSHA",
-                script.sha,
-                len(keys),
-                *keys,
-                self.token,
-                self._ttl_ms,
-                self._meta_json,
-                "1" if handle.fencing else "0",
-            ]
-            self._script = (head, [guard, *extra])
-        head, tail = self._script
-        return Pipelined(pack([*head, wire.run_id, *tail]), 1, _fold_script)
-
-    def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
-        """The acquire script, its keys, and its arguments after the guard period."""
-        redlock, handle, line = self._redlock, self._handle, self._line
-        keys = redlock.keys.acquire_keys(handle.name)
-        if line is None:
-            return scripts.ACQUIRE, keys, []
-        keys = keys + redlock.keys.line_keys(handle.name)
-        return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
-
-    def recheck(self, answered: list[Node]) -> AnyBuilder:
-        """The builder of a second round, after some node's marker changed: the full script
-        to every node that answered the first round, so the guard and trust judgements see
-        every node at one moment (the script counts our own ``SET`` as our grant), and a
-        harmless ``PING`` to the nodes that did not answer: their first command may still be
-        queued (with its undo behind it), and a script on a new connection could overtake
-        both."""
-        ids = {id(node) for node in answered}
-        return lambda node, wire: self.script(node, wire) if id(node) in ids else _PING
-
-    def _fold_fast(self, wire: Any, replies: list[Any]) -> Any:
-        for reply in replies:
-            if reply.__class__ is ReplyError:
-                return reply_failure(reply)
-        taken = replies[0]
-        # SET NX answers OK or nil, PTTL an integer: a vote read from anything else would be
-        # made up (a service that speaks RESP but is not Redis).
-        if replies[1].__class__ is not int or (taken is not None and taken != b"OK"):
-            return not_redis("SET, PTTL", replies[:2])
-        # [run id, marker id] as this connection saw them when the node voted.
-        if self._guarded and replies[2] != wire.vote_marker:
-            wire.vote_marker = None
-            return MARKER_CHANGED
-        # The marker is unchanged, so is its trust: its age has grown by the time since.
-        trusted = wire.trusted_at
-        age = -1 if trusted is None else int((clock.monotonic() - trusted) * 1000)
-        if replies[0] is not None:  # +OK: taken
-            return [0, 0, age, None]
-        return [1, replies[1], age, None]
-
-    def undo(self) -> bytes:
-        """The release of this attempt's token, for a node whose answer did not come in time
-        (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
-        the script's body: nobody may ever read its answer."""
-        return self._redlock.keys.undo_command(self._handle.name, self.token)
-
-
-def _joined(join: bytes, attempt: Pipelined) -> Pipelined:
-    """``attempt`` behind ``join`` (two commands whose answers nobody reads) on the same
-    connection. A script goes as ``EVAL`` with its body: only one command's ``NOSCRIPT`` is
-    sent again by the connection (:meth:`~.nodes.Wire.settle`)."""
-    if attempt.count > 1:
-        return Pipelined(join + attempt.data, attempt.count + 2, _skip_join(attempt.fold))
-    data = join + as_eval(attempt.data)
-
-    def fold(wire: Any, replies: list[Any]) -> Any:
-        reply = replies[2]
-        if reply.__class__ is ReplyError:
-            reply = reply_failure(reply)
-        return attempt.fold(wire, [reply])
-
-    return Pipelined(data, 3, fold)
-
-
-def _skip_join(fold: Callable[[Any, list[Any]], Any]) -> Callable[[Any, list[Any]], Any]:
-    return lambda wire, replies: fold(wire, replies[2:])
-
-
-def _fold_script(wire: Any, replies: list[Any]) -> Any:
-    """An acquire script's answer; a node that votes (taken or held) names its marker, which
-    the connection keeps for the plain ``SET`` of the next attempt, with when (on this
-    process's clock) the node was trusted as part of a new cluster, which :meth:`_settling`
-    compares."""
-    reply = replies[0]
-    # Every answer of the script is [status, integer, integer, marker], a guarded node's with
-    # its marker's age before the marker: the algorithm reads them without checking again.
-    if (
-        reply.__class__ is list
-        and len(reply) > 3
-        and reply[1].__class__ is int
-        and reply[2].__class__ is int
-    ):
-        status = reply[0]
-        if status == 0 or status == 1:
-            marker = reply[3]
-            wire.vote_marker = [wire.run_id.encode(), marker] if isinstance(marker, bytes) else None
-            trusted_age = reply[2]
-            wire.trusted_at = None if trusted_age < 0 else clock.monotonic() - trusted_age / 1000
-            return reply
-        if status == 3:
-            return reply
-        if status == 2 and len(reply) > 4 and reply[3].__class__ is int:
-            reply.append(wire.started)  # for _all_fresh: did the nodes start together?
-            return reply
-    if reply.__class__ is Failure:  # an error reply
-        return reply
-    return not_redis("the acquire script", reply)
-
-
-#: The answer of a node whose restart-guard marker is not the one this connection saw vote:
-#: it gets the full acquire script (:meth:`AcquireRequest.recheck`).
-MARKER_CHANGED = Failure("marker", "the node's restart-guard marker changed")
-
-_PING = pack(["PING"])
-
-
-class Send:
-    """A step of the algorithm: send a command to every node at once (the driver's fan-out)
-    and resume with the replies in node order. ``enough(replies)`` may end the wait before
-    every node answered (see :class:`.fanout.FanOut`); the driver then lists in ``left`` the
-    connections that still owe a reply. ``late`` builds the undo for a node that does not
-    answer in time; ``undo_if_cancelled`` is the ``(name, token)`` whose keys a driver releases
-    when the caller is cancelled (asyncio, in the background) or interrupted (sync) while this
-    step is on the wire.
-    ``idempotent``: the command may run twice (a release, an undo); ``behind``: connections
-    that still owe the reply of a command this one ends, for it to go out behind (both: see
-    :class:`.fanout.FanOut`)."""
-
-    __slots__ = (
-        "behind",
-        "build",
-        "enough",
-        "hedge",
-        "idempotent",
-        "late",
-        "left",
-        "timeout",
-        "undo_if_cancelled",
-    )
-
-    def __init__(
-        self,
-        build: AnyBuilder,
-        late: Callable[[], bytes] | None = None,
-        undo_if_cancelled: tuple[str, str] | None = None,
-        timeout: float | None = None,
-        enough: Callable[[list[Any]], bool] | None = None,
-        idempotent: bool = False,
-        behind: Mapping[int, Any] | None = None,
-    ) -> None:
-        self.build = build
-        self.behind = behind
-        self.late = late
-        self.undo_if_cancelled = undo_if_cancelled
-        self.timeout = timeout  #: None: the node timeout
-        self.enough = enough
-        self.idempotent = idempotent
-        self.left: dict[int, Any] = {}
-        #: Builds the copy of the command a node late to answer gets on a second connection
-        #: (the sync driver's hedged request: see :func:`.fanout.fan_out`); None: the command
-        #: itself if ``idempotent``, else no copy.
-        self.hedge: AnyBuilder | None = None
-
-    def fan_out_args(self) -> tuple[Any, ...]:
-        """The arguments of either driver's fan-out, in its order (the two take the same)."""
-        return (
-            self.build,
-            self.timeout,
-            self.late,
-            self.enough,
-            self.left,
-            self.behind,
-            self.idempotent,
-        )
-
-
-def to_every_node(command: list[Any] | bytes) -> AnyBuilder:
-    """A builder sending the same command to every node."""
-    return lambda node, wire: command
-
-
-def to_each_node(commands: dict[int, list[Any]]) -> AnyBuilder:
-    """A builder sending each node its own command (keyed by ``id(node)``)."""
-    return lambda node, wire: commands[id(node)]
-
-
-class Pause:
-    """A step of the algorithm: wait ``seconds``, then resume (with None)."""
-
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-
-class SendBatch:
-    """A step: pipeline ``commands`` to every node at once (one write per node); resume with
-    each node's replies in command order, or its :class:`~.nodes.Failure`. ``leases`` are the
-    leases the commands renew: the driver keeps their release from running meanwhile, and a
-    lease released before the batch went out gets a harmless ``PING`` instead. The replies
-    are worth waiting for until ``until`` (monotonic: the last of the leases' validity), not
-    beyond a quorum's answer and its straggler's grace; the driver records in ``answered``
-    when each node's replies were all in (None where they were not)."""
-
-    __slots__ = ("answered", "commands", "leases", "until")
-
-    def __init__(self, commands: list[list[Any]], leases: list[Lease]) -> None:
-        self.commands = commands
-        self.leases = leases
-        self.until = max((lease.valid_until for lease in leases), default=0.0)
-        self.answered: list[float | None] = []
-
-
-class Listen:
-    """A step: subscribe to release channel ``channel`` until the operation ends; resume with
-    the notice to wait on (the driver's :class:`~.waiting.ReleaseNotice`)."""
-
-    __slots__ = ("channel",)
-
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
-
-
-class Wait:
-    """A step: wait on ``notice`` (from :class:`Listen`) for a release, at most ``seconds``."""
-
-    __slots__ = ("notice", "seconds")
-
-    def __init__(self, notice: Any, seconds: float) -> None:
-        self.notice = notice
-        self.seconds = seconds
-
-
-class Finally:
-    """A step: when the operation ends, however it ends, send ``send`` (cleanup that must go
-    out even when the caller is interrupted, e.g. leaving a fair lock's line)."""
-
-    __slots__ = ("cancelled", "send")
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        #: Set by the operation once the cleanup is no longer needed (or was handed to
-        #: :attr:`.nodes.Node.later`): the driver then sends nothing.
-        self.cancelled = False
-
-
-#: The I/O-free steps of an operation: they yield what to do and receive its outcome; the
-#: return value is the operation's result. ``Redlock`` and ``AsyncRedlock`` each drive them.
-Steps = Generator[Send | SendBatch | Pause | Listen | Wait | Finally, Any, _T]
 
 
 class RedlockBase:
@@ -510,9 +173,14 @@ class RedlockBase:
             listeners=self.listeners,
             start_renewal=self._start_renewal,
         )
-        #: What an uncontended acquire reads after its SET (see :class:`AcquireRequest`).
-        self._marker_read = pack(["HMGET", self.keys.node_key(), "run_id", "id"])
+        self._compose()
         _INSTANCES.add(self)
+
+    def _compose(self) -> None:
+        """The algorithm over this client's nodes, with its policies plugged in (and the
+        process's clocks and random source: the simulator swaps :mod:`.clock`'s)."""
+        policies = [RestartGuard(self), Fencing(self), FairLine(self), NamedWaiters(self)]
+        self.algorithm = Algorithm(self, policies, functools.partial(AcquireRequest, self), clock)
 
     def _start_renewal(self, lease: Lease) -> None:
         """Hand an auto-renewed lease to this client's watchdog (the driver's)."""
@@ -678,24 +346,8 @@ class RedlockBase:
 
     # -- judging replies ------------------------------------------------------------------------
 
-    def _granted(self, replies: list[Any]) -> list[Any]:
-        return [r for r in replies if isinstance(r, list) and r[0] == 0]
-
-    def _granted_by_quorum(self, replies: list[Any]) -> bool:
-        """An acquire's wait ends once a quorum granted it: the lock is ours whatever the
-        slower nodes answer (validity is measured from before the first send)."""
-        return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.quorum
-
     def _keep_unreached(self, release: bytes, replies: list[Any]) -> None:
-        """A release that could not reach a node goes out with the next operation that
-        reaches it (:attr:`.nodes.Node.later`)."""
-        for node, reply in zip(self.nodes, replies, strict=True):
-            if not reached(reply):
-                node.later.append(release)
-
-    def _synced(self, replies: list[Any]) -> bool:
-        """A fence written back to a quorum holding our token."""
-        return sum(1 for r in replies if r == 1) >= self.quorum
+        keep_unreached(self.nodes, release, replies)
 
     def _released_by_quorum(self, replies: list[Any]) -> bool:
         """A release's wait ends once a quorum removed the key: the lock is free for others
@@ -707,259 +359,15 @@ class RedlockBase:
             >= self.quorum
         )
 
-    def _lease_if_valid(
-        self,
-        handle: LockBase,
-        owner: Hashable,
-        request: AcquireRequest,
-        replies: list[Any],
-        start: float,
-    ) -> Lease | None:
-        """The lease when a quorum granted it with validity left (validity measured after the
-        replies came in: node-redlock returned locks with none left)."""
-        granted = [r for r in replies if r.__class__ is list and r[0] == 0]
-        valid_until = start + handle.ttl - self.leases.margin(handle.ttl)
-        if len(granted) < self.quorum or clock.monotonic() >= valid_until:
-            return None
-        return Lease(
-            name=handle.name,
-            token=request.token,
-            ttl=handle.ttl,
-            owner=owner,
-            valid_until=valid_until,
-            fence=max(int(r[1]) for r in granted) if handle.fencing else None,
-            acquired=start,
-            meta=request.meta,
-            auto_renew=handle.auto_renew,
-            renew_until=None if handle.renew_for is None else start + handle.renew_for,
-        )
-
-    def _trust_builder(self, replies: list[Any]) -> AnyBuilder:
-        """TRUST for each node, naming the marker this attempt saw fresh there (a node
-        flushed and armed again since has another marker and is not trusted)."""
-        seen = {id(node): r[4] for node, r in zip(self.nodes, replies, strict=True)}
-        return lambda node, wire: self.keys.trust_command(wire.run_id, seen[id(node)])
-
-    def _all_fresh(self, replies: list[Any], spread: float) -> bool:
-        """A brand-new cluster: every node is in its guard for a missing marker, all the
-        markers were armed by one attempt (within a node timeout of each other), and the
-        servers started together (:data:`FRESH_START_SPREAD`): none of the nodes has ever held
-        a lock under this prefix, or all lost their data at once.
-
-        There is no lease to protect, so the caller trusts them all at once instead of idling
-        for max_ttl (docs/guarantees). A node that is fresh while another votes is never
-        trusted this way: it may have forgotten a lease the others still count on. Nor are
-        nodes that lost their data apart: one came back into a running cluster while a lease
-        may have been taken on the others since, which they then lost in turn. ``spread``
-        is how long this fan-out took: the nodes measured their markers' ages at moments at
-        most that far apart."""
-        if not (self.restart_guard and self.trust_fresh_cluster):
-            return False
-        if not all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies):
-            return False
-        armed_ages: list[int] = [r[3] for r in replies]
-        if max(armed_ages) - min(armed_ages) > (self.node_timeout + spread) * 1000 + 1:
-            return False
-        # A node that lost its data and was not reached again before the others lost theirs
-        # is armed with them, but its server restarted earlier. (Servers that all started
-        # more than a lease ago lost nothing to a restart that a lease could outlive.)
-        return started_together([r[5] for r in replies], clock.wall(), self.max_ttl)
-
-    def _settling(self, replies: list[Any], spread: float) -> bool:
-        """A brand-new cluster that another client is trusting right now: the nodes still
-        guarded have no marker of their own (fresh) written *before* the others were trusted,
-        so they belong to the same brand-new cluster and the trust round just has not reached
-        them yet. Worth another try after a node timeout. A node that restarted empty in a
-        running cluster wrote its marker after its peers were trusted (or they never were),
-        and is refused at once. ``spread`` is how long the fan-out took: the nodes measured
-        their ages at moments at most that far apart."""
-        if not (self.restart_guard and self.trust_fresh_cluster):
-            return False
-        guarded = [r for r in replies if isinstance(r, list) and r[0] == 2]
-        others = [r for r in replies if isinstance(r, list) and r[0] != 2]
-        if not guarded or not others or len(guarded) + len(others) != len(replies):
-            return False
-        trusted_ages = [r[2] if len(r) > 2 else -1 for r in others]
-        if min(trusted_ages) < 0:
-            return False
-        slack = spread * 1000 + 1
-        return all(r[2] == 1 and r[3] + slack >= max(trusted_ages) for r in guarded)
-
-    def _contend_steps(
-        self,
-        handle: LockBase,
-        owner: Hashable,
-        blocking: bool,
-        deadline: float | None,
-        retries: int | None,
-        start: float,
-        first: Refusal | None = None,
-        listen_first: bool = False,
-    ) -> Steps[Lease | None]:
-        """Attempts until the lock is ours or the time is up: after the first refusal,
-        subscribe to this waiter's own release channel and try again at once (a release
-        between the attempt and the subscription would otherwise go unnoticed); then wait for
-        a release notice, the holder's lease end or a random retry delay (:meth:`_pause_for`).
-        A fair lock draws its place in line first and leaves the line when done; any other
-        lock joins the name's waiters with each attempt. ``first`` is the refusal of an attempt
-        already made (:meth:`_alone_steps`). ``listen_first``: this process just released the
-        name and woke a waiter, who is taking it now: the first attempt is made waiting
-        already (subscribed and joined), as it would be refused. No recursion: one loop, each
-        attempt one :meth:`_attempt_steps`.
-
-        A release wakes one waiter by name (``scripts.RELEASE``): the fair line's first, else
-        the one that has waited longest. It is alone to contend (but for the releaser, who
-        holds back: :meth:`_courtesy`, and newcomers), so it asks every node at once. The
-        others sleep on: they ask the nodes again when their pause ends (at most a third of
-        ``fair_heartbeat``), so a woken waiter that died before taking the lock costs the
-        rest at most that."""
-        attempts = 0
-        notice = line = join = leave = None
-        left = b""  #: the leave, encoded for any connection (a script with its body)
-        if handle.fair:
-            line = self.keys.line(
-                (yield Send(to_every_node(self.keys.ticket_command(handle.name))))
-            )
-            waiter = line[0]
-            command = self.keys.leave_line_command(handle.name, waiter)
-            leave, left = Finally(Send(to_every_node(command))), as_eval(command)
-            yield leave
-        else:
-            waiter = clock.token_hex(8)
-        while True:
-            if notice is None and (listen_first or attempts):
-                notice = yield Listen(self.keys.waiter_channel(handle.name, waiter))
-                if line is None:
-                    join = self.keys.join_waiters(handle.name, waiter, int(clock.wall() * 1000))
-                    left = self.keys.leave_waiters(handle.name, waiter)
-                    leave = Finally(Send(to_every_node(left)))
-                    yield leave
-            if first is None:
-                outcome = yield from self._attempt_steps(handle, owner, line, join=join)
-            else:
-                outcome, first = first, None
-            if isinstance(outcome, Lease):
-                if leave is not None:
-                    # The nodes that granted a fair lock took its waiter out of the line;
-                    # the others (and every node, for the waiters of another lock) get the
-                    # leave with the next command that reaches them, the release at the
-                    # latest, which it goes out before: no round trip between a waiter's
-                    # grant and its caller, and no release wakes it after.
-                    leave.cancelled = True
-                    for node in self.nodes:
-                        node.later.append(left)
-                return self.leases.won(handle, outcome, start)
-            attempts += 1
-            now = clock.monotonic()
-            if self._out_of_time(blocking, attempts, retries, deadline, now):
-                self._give_up(handle, outcome, now - start)
-                return None
-            if notice is not None:
-                pause = self._pause_for(handle, outcome, retries, deadline, now, True)
-                yield Wait(notice, pause)
-
     def _alone_steps(
         self, handle: LockBase, owner: Hashable, start: float
     ) -> Steps[Lease | Refusal]:
         """A blocking acquire's first attempt while no other thread (or task) of this process
         wants the name: one attempt, as a non-blocking acquire makes, without lining up in
         the local queue, which exists to line up this process's own contenders. A refusal is
-        then :meth:`_contend_steps`' first attempt, made in line."""
-        outcome = yield from self._attempt_steps(handle, owner)
+        then :meth:`.Algorithm.contend`'s first attempt, made in line."""
+        outcome = yield from self.algorithm.attempt(Contender(handle, owner))
         return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
-
-    def _attempt_steps(
-        self,
-        handle: LockBase,
-        owner: Hashable,
-        line: tuple[str, int] | None = None,
-        make: Callable[[], AcquireRequest] | None = None,
-        join: bytes | None = None,
-    ) -> Steps[Lease | Refusal]:
-        """One acquire attempt, as the Redlock spec reads (redis.io, seed 001):
-
-        1. the same random token to every node at once, each bounded by ``node_timeout``;
-        2. a quorum (N/2+1) granted it and validity = ttl - elapsed - drift is left: ours
-           (with fencing, the agreed fence is written back to a quorum first); the wait ends
-           as soon as a quorum granted, so a slower minority never sets the pace;
-        3. otherwise undo it everywhere (also where the answer did not come in time: the SET
-           may have landed late; a late node gets the undo behind the acquire);
-        4. a brand-new cluster (every node fresh) is trusted and tried again once; a cluster
-           another client is trusting right now is tried again after a node timeout (up to
-           three times);
-        5. else the refusal says why, and when the lock frees up (retry with jitter is the
-           caller's loop: :meth:`_pause_for`).
-
-        ``make`` builds each attempt's request in place of :class:`AcquireRequest` (a read or
-        write hold's script: :mod:`.permits`); the rest of the attempt is the same.
-
-        ``join``: the waiter's place among the name's waiters, taken with each attempt (see
-        :meth:`_contend_steps`).
-        """
-        settle, trusted = 3, False
-        # A node late to answer gets a copy of the full acquire script on a second connection
-        # (the sync driver's hedged request): it takes our own token as our grant, so the
-        # copy may land second. Not for fair or fencing locks, nor another hold's request.
-        hedged = make is None and line is None and not handle.fencing
-        while True:
-            request = AcquireRequest(self, handle, line, join) if make is None else make()
-            cancel = (handle.name, request.token)
-            start = clock.monotonic()
-            send = Send(request.build, request.undo, cancel, None, self._granted_by_quorum)
-            if hedged:
-                send.hedge = request.script
-            replies = yield send
-            if any(r is MARKER_CHANGED for r in replies) and not self._granted_by_quorum(replies):
-                answered = {
-                    i
-                    for i, r in enumerate(replies)
-                    if r is MARKER_CHANGED or not isinstance(r, Failure)
-                }
-                recheck = request.recheck([self.nodes[i] for i in answered])
-                again = yield Send(recheck, request.undo, cancel)
-                replies = [again[i] if i in answered else r for i, r in enumerate(replies)]
-            spread = clock.monotonic() - start
-            lease = self._lease_if_valid(handle, owner, request, replies, start)
-            if lease is not None and lease.fence is not None:
-                command = self.keys.fence_command(handle.name, request.token, lease.fence)
-                synced = yield Send(to_every_node(command), None, cancel, None, self._synced)
-                valid = clock.monotonic() < lease.valid_until
-                if not self._synced(synced) or not valid:
-                    lease = None
-            if lease is not None:
-                # The release goes out behind the acquire where it is still on its way.
-                lease.behind = send.left
-                return lease
-            if self._granted(replies) or any(isinstance(r, Failure) for r in replies):
-                undo = self.keys.release_command(handle.name, request.token)
-                # Behind the acquire where it is still on its way, as a release goes; kept
-                # for a node it could not reach, as a release is.
-                # Its answers change nothing once a majority has them: a slower node gets it
-                # behind whatever it still owes, and nobody waits for it there.
-                undone = yield Send(
-                    to_every_node(undo),
-                    None,
-                    cancel,
-                    enough=_any_answers,
-                    idempotent=True,
-                    behind=send.left,
-                )
-                self._keep_unreached(undo, undone)
-            if not trusted and self._all_fresh(replies, spread):
-                trusted = True
-                # Each node's marker as this attempt saw it fresh: only that one is trusted.
-                trust = yield Send(self._trust_builder(replies))
-                if any(r == 1 for r in trust):  # a node it could not trust stays guarded
-                    settle = 0
-                    continue
-            if settle and self._settling(replies, spread):
-                # Another client is trusting this brand-new cluster right now.
-                settle -= 1
-                yield Pause(self.node_timeout)
-                continue
-            return self._refusal(replies)
-
-    # -- the other operations, as steps (one fan-out each) ---------------------------------------
 
     def _locked_steps(self, name: str) -> Steps[bool]:
         replies = yield Send(to_every_node(["EXISTS", self.keys.key(check_name(name))]))
@@ -991,8 +399,9 @@ class RedlockBase:
         ttl = self._check_extend_ttl(ttl)
         if lease.released or lease.lost or lease.foreign:
             return False
-        start = clock.monotonic()
-        replies = yield Send(to_every_node(self.keys.extend_command(lease, ttl)))
+        send = Send(to_every_node(self.keys.extend_command(lease, ttl)))
+        replies = yield send
+        start = send.started
         if self._should_claim(lease, replies):
             claimed = yield Send(to_every_node(self.keys.extend_command(lease, ttl, claim=True)))
             replies = _either_extended(replies, claimed)
@@ -1086,118 +495,6 @@ class RedlockBase:
         replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire.run_id))
         return sum(1 for r in replies if r == 1)
 
-    def _refusal(self, replies: list[Any]) -> Refusal:
-        failures: dict[str, str] = {}
-        held_pttls: list[int] = []
-        answered = 0
-        timed_out = contended = False
-        for node, reply in zip(self.nodes, replies, strict=True):
-            if isinstance(reply, Failure):
-                failures[node.name] = str(reply)
-                timed_out = timed_out or reply is TIMED_OUT or reply == BEHIND_LATE
-            elif reply[0] == 1:
-                answered += 1
-                held_pttls.append(max(int(reply[1]), 0))
-                failures[node.name] = "held"
-            elif reply[0] == 2:
-                failures[node.name] = _guard_reason(reply)
-                contended = True
-            elif reply[0] == 3:
-                answered += 1
-                failures[node.name] = "queued behind an earlier waiter"
-                contended = True
-            else:
-                answered += 1
-        retry_after = None
-        free = len(self.nodes) - len(held_pttls)
-        still_needed = self.quorum - free
-        if held_pttls and 0 < still_needed <= len(held_pttls):
-            # The lock frees up once enough leases have run out to leave a quorum free.
-            retry_after = sorted(held_pttls)[still_needed - 1] / 1000
-        # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
-        # release because it landed late, or a late node's; no split vote to break up.
-        contended = contended or still_needed > 0
-        return Refusal(failures, answered, retry_after, timed_out and not contended)
-
-    def _give_up(self, handle: LockBase, refusal: Refusal, waited: float) -> None:
-        """Report a failed acquire; raise when the cluster could not even give a verdict."""
-        handle.retry_after = refusal.retry_after
-        emit(
-            self.listeners,
-            LockEvent(
-                "contended",
-                handle.name,
-                meta=handle.meta,
-                waited=waited,
-                retry_after=refusal.retry_after,
-                reason=", ".join(f"{n}: {why}" for n, why in refusal.failures.items()),
-            ),
-        )
-        if refusal.answered < self.quorum:
-            raise QuorumError(
-                f"lock {handle.name!r}: only {refusal.answered} of {len(self.nodes)} nodes "
-                f"could answer, {self.quorum} needed",
-                handle.name,
-                failures=refusal.failures,
-                retry_after=refusal.retry_after,
-            )
-
-    def _deadline(self, start: float, timeout: float | None, retries: int | None) -> float | None:
-        """When a blocking acquire gives up: ``timeout`` seconds from now, never for ``None``
-        or ``inf`` (unless ``retries`` bounds it: once that many retries could have run)."""
-        if timeout is None and retries is not None:
-            return start + (retries + 1) * max(self.retry_delay, self.node_timeout)
-        return None if timeout is None or math.isinf(timeout) else start + timeout
-
-    def _out_of_time(
-        self,
-        blocking: bool,
-        attempts: int,
-        retries: int | None,
-        deadline: float | None,
-        now: float,
-    ) -> bool:
-        if not blocking:
-            return True
-        if retries is not None and attempts > retries:
-            return True
-        return deadline is not None and now >= deadline
-
-    def _pause_for(
-        self,
-        handle: LockBase,
-        refusal: Refusal,
-        retries: int | None,
-        deadline: float | None,
-        now: float,
-        by_name: bool = False,
-    ) -> float:
-        """How long to wait before the next attempt if no release notice comes first: until
-        the holder's lease runs out when the nodes told us, else a random retry delay. With
-        ``retries`` (the spec's retry loop) never longer than ``retry_delay``. The jitter keeps
-        contenders from retrying in lock step. ``by_name``: a release wakes this waiter
-        alone, on its own channel (see :meth:`_contend_steps`)."""
-        jitter = clock.uniform(0, self.retry_delay / 2)
-        if refusal.late:
-            # The next attempt goes out on other connections (a late one is set aside until
-            # it answered), so it is not held up behind the late reply; a little jitter keeps
-            # this process's own threads apart.
-            delay = clock.uniform(0, min(self.node_timeout, self.retry_delay / 2))
-        elif refusal.retry_after is not None:
-            delay = refusal.retry_after + min(jitter, 0.002)
-        else:
-            delay = self.retry_delay / 2 + jitter
-        if retries is not None:
-            delay = min(delay, self.retry_delay / 2 + jitter)
-        if handle.fair or by_name:
-            # A waiter refreshes its place on every attempt (a fair line drops a waiter whose
-            # heartbeat ran out), and one woken by name only asks again if the waiter a
-            # release woke took nothing.
-            delay = min(delay, self.fair_heartbeat / 3)
-        if deadline is not None:
-            delay = min(delay, deadline - now)
-        return max(delay, 0.0)
-
     def _detach(self, lease: Lease) -> str:
         """:meth:`.LockBase.detach`'s work (the handles call it on every lock service)."""
         return self.leases.detach(lease)
@@ -1211,12 +508,6 @@ class RedlockBase:
         return ttl
 
 
-def _any_answers(replies: list[Any]) -> bool:
-    """An ``enough`` for a command whose answers nobody reads: a majority's (asked only
-    once a majority answered)."""
-    return True
-
-
 def _answered_at(replies: list[Any], answered: list[float | None], quorum: int) -> float | None:
     """When a quorum of nodes had extended a lease (the ``quorum``-th earliest answer among
     the nodes that replied 1), None when too few did or the driver did not say when."""
@@ -1228,15 +519,3 @@ def _either_extended(first: list[Any], claimed: list[Any]) -> list[Any]:
     """A renewal's replies after its claiming round: a node extended in either counts (one
     that answered the first and failed the second still holds our re-armed copy)."""
     return [1 if a == 1 else b for a, b in zip(first, claimed, strict=True)]
-
-
-def _guard_reason(reply: list[Any]) -> str:
-    """Why a node in its restart guard does not vote, and what an operator can do."""
-    seconds = f"{int(reply[1]) / 1000:.1f}s"
-    if reply[2] == 1:
-        return (
-            f"guarded for {seconds}: it has no lock data (new, flushed or restarted empty) and "
-            "not every node is new, so no node can vouch that nothing was held; if no lock is "
-            "held, `manage.py redlock trust` (Redlock.trust_cluster()) lets it vote now"
-        )
-    return f"guarded for {seconds}: a new server process (restart or failover) may have lost leases"

@@ -4,20 +4,35 @@ listing never spell a key twice."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from . import clock, rwscripts, scripts
+from .algorithm import AnyBuilder
+from .guard import MARKER_CHANGED
 from .info import HOLDER_PLACE
 from .kinds import base_name, is_reader, reader_entry_of
-from .lock import Lease
-from .nodes import eval_command, pack, pack_many, script_command
+from .lock import Lease, LockBase
+from .nodes import (
+    Failure,
+    Node,
+    Pipelined,
+    ReplyError,
+    as_eval,
+    eval_command,
+    not_redis,
+    pack,
+    pack_many,
+    reply_failure,
+    script_command,
+)
 from .validation import check_name
 
-__all__ = ["KeyLayout", "lock_fields", "lock_value"]
+__all__ = ["AcquireRequest", "Client", "KeyLayout", "lock_fields", "lock_value"]
 
 
 def lock_value(
@@ -67,6 +82,11 @@ class KeyLayout:
         self.host = host
         self._meta_cache: tuple[int, dict[str, Any], str] | None = None
         self._thread_json: tuple[str | None, str] = (None, "")
+
+    @functools.cached_property
+    def marker_read(self) -> bytes:
+        """What an uncontended acquire reads after its SET (see :class:`AcquireRequest`)."""
+        return pack(["HMGET", self.node_key(), "run_id", "id"])
 
     def key(self, name: str) -> str:
         return f"{self.key_prefix}:lock:{name}"
@@ -267,3 +287,192 @@ class KeyLayout:
             holder.update(meta)
             parts.append(json.dumps(dict(meta), default=str)[1:-1])
         return holder, "{" + ", ".join(p for p in parts if p) + "}"
+
+
+class Client(Protocol):
+    """What an :class:`AcquireRequest` reads of its client (:class:`.base.RedlockBase`)."""
+
+    keys: KeyLayout
+    restart_guard: bool
+    guard_period: float
+    fair_heartbeat: float
+
+
+class AcquireRequest:
+    """One attempt's token, holder metadata and commands, encoded once for every node.
+
+    On a connection that has seen its node vote, an uncontended acquire is a plain
+    ``SET key value NX PX ttl``, pipelined with ``PTTL`` (for the refusal) and, with the restart
+    guard on, a read of the node's marker: Redis runs one connection's commands in order, so
+    the marker is read after the ``SET``. When the marker is the one this connection saw vote
+    (same server, same marker id), nothing was lost since, and the ``SET``'s answer is the
+    node's vote. Otherwise (:data:`MARKER_CHANGED`) the caller sends the full acquire script
+    to that node, which judges the guard and the trust of a new cluster, and which sees our
+    own ``SET`` as our grant if it landed. Fencing and fair locks always use their script.
+    The script's answer tells the marker's id, kept on the connection for the next attempt.
+    """
+
+    def __init__(
+        self,
+        redlock: Client,
+        handle: LockBase,
+        line: tuple[str, int] | None = None,
+        join: bytes | None = None,
+    ) -> None:
+        self.token = clock.token_hex(16)
+        self._redlock, self._handle, self._line = redlock, handle, line
+        #: A waiter's place among the name's waiters, taken (or kept) before the attempt on
+        #: the same connection: a release that comes after the attempt was refused wakes it.
+        self._join = join
+        self.meta, self._meta_json = redlock.keys.holder_meta(handle.meta)
+        self._ttl_ms = int(handle.ttl * 1000)
+        self._guarded = redlock.restart_guard
+        self._fast: Pipelined | None = None
+        self._script: tuple[list[Any], list[Any]] | None = None
+        #: A node late to answer gets a copy of the full acquire script on a second
+        #: connection (the sync driver's hedged request): it takes our own token as our
+        #: grant, so the copy may land second. Not for fair or fencing locks, nor another
+        #: hold's request.
+        self.hedge: AnyBuilder | None = None
+        if line is None and not handle.fencing:
+            self.hedge = self.script
+            key = redlock.keys.key(handle.name)
+            value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
+            # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
+            data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
+            count = 2
+            if self._guarded:
+                data += redlock.keys.marker_read
+                count = 3
+            self._fast = Pipelined(data, count, self._fold_fast)
+
+    def build(self, node: Node, wire: Any) -> Pipelined:
+        """The :data:`~.fanout.CommandBuilder` of this attempt."""
+        if self._fast is not None and (wire.vote_marker is not None or not self._guarded):
+            attempt = self._fast
+        else:
+            attempt = self.script(node, wire)
+        return attempt if self._join is None else _joined(self._join, attempt)
+
+    def script(self, node: Node, wire: Any) -> Pipelined:
+        """The full acquire script (the run id is per wire; encoded at the first use, as most
+        attempts never send it)."""
+        if self._script is None:
+            redlock, handle = self._redlock, self._handle
+            script, keys, extra = self._parts()
+            guard = str(int(redlock.guard_period * 1000)) if self._guarded else "0"
+            head = [
+                "EVALSHA",
+                script.sha,
+                len(keys),
+                *keys,
+                self.token,
+                self._ttl_ms,
+                self._meta_json,
+                "1" if handle.fencing else "0",
+            ]
+            self._script = (head, [guard, *extra])
+        head, tail = self._script
+        return Pipelined(pack([*head, wire.run_id, *tail]), 1, _fold_script)
+
+    def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
+        """The acquire script, its keys, and its arguments after the guard period."""
+        redlock, handle, line = self._redlock, self._handle, self._line
+        keys = redlock.keys.acquire_keys(handle.name)
+        if line is None:
+            return scripts.ACQUIRE, keys, []
+        keys = keys + redlock.keys.line_keys(handle.name)
+        return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
+
+    def recheck(self, answered: list[Node]) -> AnyBuilder:
+        """The builder of a second round, after some node's marker changed: the full script
+        to every node that answered the first round, so the guard and trust judgements see
+        every node at one moment (the script counts our own ``SET`` as our grant), and a
+        harmless ``PING`` to the nodes that did not answer: their first command may still be
+        queued (with its undo behind it), and a script on a new connection could overtake
+        both."""
+        ids = {id(node) for node in answered}
+        return lambda node, wire: self.script(node, wire) if id(node) in ids else _PING
+
+    def _fold_fast(self, wire: Any, replies: list[Any]) -> Any:
+        for reply in replies:
+            if reply.__class__ is ReplyError:
+                return reply_failure(reply)
+        taken = replies[0]
+        # SET NX answers OK or nil, PTTL an integer: a vote read from anything else would be
+        # made up (a service that speaks RESP but is not Redis).
+        if replies[1].__class__ is not int or (taken is not None and taken != b"OK"):
+            return not_redis("SET, PTTL", replies[:2])
+        # [run id, marker id] as this connection saw them when the node voted.
+        if self._guarded and replies[2] != wire.vote_marker:
+            wire.vote_marker = None
+            return MARKER_CHANGED
+        # The marker is unchanged, so is its trust: its age has grown by the time since.
+        trusted = wire.trusted_at
+        age = -1 if trusted is None else int((clock.monotonic() - trusted) * 1000)
+        if replies[0] is not None:  # +OK: taken
+            return [0, 0, age, None]
+        return [1, replies[1], age, None]
+
+    def undo(self) -> bytes:
+        """The release of this attempt's token, for a node whose answer did not come in time
+        (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
+        the script's body: nobody may ever read its answer."""
+        return self._redlock.keys.undo_command(self._handle.name, self.token)
+
+
+def _joined(join: bytes, attempt: Pipelined) -> Pipelined:
+    """``attempt`` behind ``join`` (two commands whose answers nobody reads) on the same
+    connection. A script goes as ``EVAL`` with its body: only one command's ``NOSCRIPT`` is
+    sent again by the connection (:meth:`~.nodes.Wire.settle`)."""
+    if attempt.count > 1:
+        return Pipelined(join + attempt.data, attempt.count + 2, _skip_join(attempt.fold))
+    data = join + as_eval(attempt.data)
+
+    def fold(wire: Any, replies: list[Any]) -> Any:
+        reply = replies[2]
+        if reply.__class__ is ReplyError:
+            reply = reply_failure(reply)
+        return attempt.fold(wire, [reply])
+
+    return Pipelined(data, 3, fold)
+
+
+def _skip_join(fold: Callable[[Any, list[Any]], Any]) -> Callable[[Any, list[Any]], Any]:
+    return lambda wire, replies: fold(wire, replies[2:])
+
+
+def _fold_script(wire: Any, replies: list[Any]) -> Any:
+    """An acquire script's answer; a node that votes (taken or held) names its marker, which
+    the connection keeps for the plain ``SET`` of the next attempt, with when (on this
+    process's clock) the node was trusted as part of a new cluster, which the restart guard's
+    :meth:`~.guard.RestartGuard.settling` compares."""
+    reply = replies[0]
+    # Every answer of the script is [status, integer, integer, marker], a guarded node's with
+    # its marker's age before the marker: the algorithm reads them without checking again.
+    if (
+        reply.__class__ is list
+        and len(reply) > 3
+        and reply[1].__class__ is int
+        and reply[2].__class__ is int
+    ):
+        status = reply[0]
+        if status == 0 or status == 1:
+            marker = reply[3]
+            wire.vote_marker = [wire.run_id.encode(), marker] if isinstance(marker, bytes) else None
+            trusted_age = reply[2]
+            wire.trusted_at = None if trusted_age < 0 else clock.monotonic() - trusted_age / 1000
+            return reply
+        if status == 3:
+            return reply
+        if status == 2 and len(reply) > 4 and reply[3].__class__ is int:
+            reply.append(wire.started)  # for the guard: did the nodes start together?
+            return reply
+    if reply.__class__ is Failure:  # an error reply
+        return reply
+    return not_redis("the acquire script", reply)
+
+
+#: What a node that did not answer the first round gets in a recheck
+#: (:meth:`AcquireRequest.recheck`).
+_PING = pack(["PING"])

@@ -30,13 +30,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .detector import Wait, connect_budget
+from .detector import CONNECT_AT_LEAST, MAX_STALLS, STALL_SLACK, connect_budget
 from .nodes import (
     LOSSY_FOR,
     NOT_SENT,
     NOTHING_LEFT,
     OWED,
     SENT_TWICE,
+    SOCKET_FULL,
     TIMED_OUT,
     Due,
     Failure,
@@ -50,8 +51,9 @@ from .nodes import (
     os_failure,
     pack_many,
 )
+from .process import ThisProcess
 
-__all__ = ["FanOut", "Round", "Rounds", "fan_out_batch"]
+__all__ = ["FanOut", "Round", "Rounds", "Wait", "fan_out_batch"]
 
 #: Builds one node's command from the wire it will go out on (it may need the run id): the
 #: arguments, the command already encoded (the hot path encodes the shared part once), or
@@ -60,6 +62,60 @@ CommandBuilder = Callable[[Node, Wire], Sequence[Any] | bytes | Pipelined]
 
 # What a thread waiting on its fan-out is woken for (FanOut.role).
 _DONE, _LEAD, _SERVE = "done", "lead", "serve"
+
+
+class Wait:
+    """One operation's wait for the nodes' replies, on a clock that stops while this process
+    does not run: ``remaining(now)`` before each wait; a wait that overran is given back (the
+    deadline moves out by the whole wait), at most :data:`~.detector.MAX_STALLS` times and ``cap``
+    seconds in all (if given: what the lease's validity allows; an acquire's validity is
+    counted from its start, so a longer wait only leaves it less).
+    :attr:`stalled` is the time given back. :attr:`excused` tells whether a node that did
+    not answer had less than its budget of time in which this process ran since the last
+    stall: its miss then says nothing about it (:meth:`.nodes.NodeDetector.missed`)."""
+
+    __slots__ = ("asked", "budget", "clean", "credit", "deadline", "last", "stalled", "stalls")
+
+    def __init__(self, budget: float, now: float, cap: float | None = None) -> None:
+        self.budget = budget
+        #: Time waited since the last stall, without one.
+        self.clean = 0.0
+        self.deadline = now + budget
+        self.last = now
+        self.asked = 0.0
+        #: Seconds given back, and how many stalls they came from.
+        self.stalled = 0.0
+        self.stalls = 0
+        self.credit = float("inf") if cap is None else cap
+
+    @property
+    def excused(self) -> bool:
+        """Whether the nodes not heard from had less than their budget since the last stall
+        (never, when there was no stall)."""
+        return self.stalls > 0 and self.clean < self.budget
+
+    def remaining(self, now: float) -> float:
+        """Seconds left to wait (0 once the deadline passed); the next wait is expected to
+        return within them. A wait that overran is taken as not having happened at all: the
+        nodes on a host where this process did not run may not have run either, so they get
+        the time that was left before it again."""
+        waited = now - self.last
+        # Written out rather than a call to overrun(): this runs on every wait of a fan-out.
+        if waited - self.asked > STALL_SLACK and self.credit > 0.0 and self.stalls < MAX_STALLS:
+            given = waited if waited < self.credit else self.credit
+            self.credit -= given
+            self.deadline += given
+            self.stalled += given
+            self.stalls += 1
+            self.clean = 0.0
+        elif waited > 0.0:
+            self.clean += waited
+        left = self.deadline - now
+        if left < 0.0:
+            left = 0.0
+        self.last = now
+        self.asked = left
+        return left
 
 
 class FanOut:
@@ -177,26 +233,65 @@ def fan_out(
     last: Any = None  # most commands are one object for every node: encoded once
     data = b""
     now = time.monotonic()
-    connect_deadline = now + connect_budget(timeout)
+    connect_deadline = now + (timeout if timeout > CONNECT_AT_LEAST else CONNECT_AT_LEAST)
     stale: list[int] = []
     expired = False
+    late, again = op.late, op.idempotent
+    pid = ThisProcess.pid
+    # This runs on every lock operation: the common case (every node has an idle pooled
+    # connection, the command goes out whole in one send) is written out in this frame.
+    order: Sequence[int] = range(len(nodes))
+    for node in nodes:
+        if not node._idle:
+            order = _pooled_first(nodes)
+            break
     try:
-        for index in _pooled_first(nodes):
+        for index in order:
             node = nodes[index]
             owing = behind.get(index) if behind else None
-            if owing is not None and _reclaim(node, owing, op.idempotent):
+            if owing is not None and _reclaim(node, owing, again):
                 wire = owing[0]
             else:
-                try:
-                    wire = node.checkout(connect_deadline)
-                except WireError as exc:
-                    replies[index] = exc.failure
-                    continue
-            command = build(node, wire)
+                # Node.checkout's common case: an idle connection that owes nothing, to a
+                # server's URL, in a pool with nothing set aside, of this process.
+                idle = node._idle
+                pooled: Wire | None = None
+                if idle and node._pid == pid and not node._draining and node.group is None:
+                    try:
+                        pooled = idle.pop()
+                    except IndexError:  # another thread took it
+                        pass
+                    else:
+                        if pooled.due:
+                            idle.append(pooled)
+                            pooled = None
+                if pooled is not None:
+                    wire = pooled
+                else:
+                    try:
+                        wire = node.checkout(connect_deadline)
+                    except WireError as exc:
+                        replies[index] = exc.failure
+                        continue
+            command: Any = build(node, wire)
             if command is not last:
-                last, data = command, as_bytes(command)
+                last = command
+                kind = command.__class__
+                if kind is Pipelined:
+                    data = command.data
+                elif kind is bytes:
+                    data = command
+                else:
+                    data = as_bytes(command)
             try:
-                due = _send_one(node, wire, op, command, data, now)
+                if node.later:
+                    node.send_later(wire)
+                try:
+                    sent = wire.sock.send(data)
+                except SOCKET_FULL:
+                    sent = 0
+                if sent != len(data):
+                    wire.write(memoryview(data)[sent:])
             except OSError as exc:
                 node.lose(wire)
                 if wire.reused and not isinstance(exc, TimeoutError):
@@ -204,6 +299,8 @@ def fan_out(
                 else:
                     replies[index] = os_failure(exc)
                 continue
+            due = Due(command, late, now, data if again else None, op)
+            wire.due.append(due)
             replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it
             waiting[wire.fd] = (index, wire, due)
             poller.register(wire.fd, select.POLLIN)
@@ -212,7 +309,15 @@ def fan_out(
         # Connecting is not the nodes' silence: their time starts once the command is out.
         wait = Wait(timeout, time.monotonic())
         need = len(nodes) - op.majority  # a majority
-        hedge_at = _hedge_at(nodes, wait.last, timeout) if op.hedge is not None else None
+        hedge_at = None
+        if op.hedge is not None:
+            # Copies only while some node's replies come late enough to be lost packets
+            # (one clock read for every node: this runs on every fan-out).
+            since = wait.last - LOSSY_FOR
+            for node in nodes:
+                if node.late_at > since:
+                    hedge_at = _hedge_at(nodes, wait.last, timeout)
+                    break
         every = 0.0 if hedge_at is None else hedge_at - wait.last
         #: node index -> how many copies of the command it was sent (hedged nodes only).
         copies: dict[int, int] = {}
@@ -252,8 +357,7 @@ def fan_out(
             for fd, _ in events:
                 index, wire, due = waiting[fd]
                 try:
-                    wire.feed()
-                    wire.settle()
+                    wire.read()
                 except Incomplete:
                     if due.reply is OWED:
                         continue  # the rest of the reply is on its way
@@ -273,9 +377,31 @@ def fan_out(
                 del waiting[fd]
                 poller.unregister(fd)
                 node = nodes[index]
-                node.detector.answered(now, now - due.sent if wire.reused else None, due.sent)
-                node.checkin(wire)
-                reply = op.reply_of(index, due.reply)
+                # NodeDetector.answered's common case (no misses to forget), and the round
+                # trip (a new connection's first one included its handshake: not counted).
+                detector = node.detector
+                sent_at = due.sent
+                if detector.misses or detector.down_since is not None:
+                    detector.answered(now, sent_at)
+                elif sent_at > detector.heard_at:
+                    detector.heard_at = sent_at
+                if wire.reused:
+                    rtt = now - sent_at
+                    quick = detector.quick
+                    if quick is None or rtt < quick:
+                        detector.quick = rtt
+                    else:
+                        detector.quick = quick + QUICK_GAIN * (rtt - quick)
+                    srtt = detector.srtt
+                    detector.srtt = rtt if srtt is None else srtt + SRTT_GAIN * (rtt - srtt)
+                if wire.on_replica or node.group is not None:
+                    node.checkin(wire)  # dropped if the server is no longer the master
+                else:
+                    wire.reused = True
+                    node._idle.append(wire)
+                reply = due.reply
+                if reply == 0 and op.cut is not None:
+                    reply = op.reply_of(index, reply)
                 if index in copies:
                     reply = _first_word(op, index, reply, answered, waiting)
                     if reply is None:
@@ -308,9 +434,11 @@ def fan_out(
             # Without a quorum in time no lease comes of it: a grant counted here is
             # undone like the rest, behind the connection that is given up.
             due.counted = False
-        overdue = wire.overdue(now, timeout + wait.stalled)
+        overdue = wire.due[0].sent + timeout + wait.stalled <= now
         silent = (expired or overdue) and index not in answered
-        kept = _put_back(nodes[index], wire, op.in_time and not overdue, silent, wait.excused)
+        kept = _put_back(
+            nodes[index], wire, op.in_time and not overdue, silent, silent and wait.excused
+        )
         # A counted copy given up (past the node timeout already) carries no undo: what ends
         # the lock must still go behind it (it is read, and found, where it is set aside).
         if (kept or due.counted) and op.left is not None:
@@ -369,6 +497,12 @@ def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
 #: 200 ms retransmission timeout, which is what a lost packet costs the first connection.
 HEDGE_AFTER = 0.002
 
+#: How far :attr:`.nodes.NodeDetector.quick` follows a round trip longer than it.
+QUICK_GAIN = 0.02
+
+#: The smoothed round trip's gain (RFC 6298's).
+SRTT_GAIN = 0.125
+
 #: How many of the slowest node's unhindered round trips pass before the copies go out.
 HEDGE_TRIPS = 3
 
@@ -378,20 +512,13 @@ MAX_COPIES = 3
 
 def _hedge_at(nodes: Sequence[Node], start: float, timeout: float) -> float | None:
     """When a node that has not answered a command sent at ``start`` gets a copy on another
-    connection, while some node's replies come late enough to be lost packets
-    (within :data:`~.nodes.LOSSY_FOR` of one that came later than the node timeout; None
-    otherwise): after :data:`HEDGE_AFTER`, or
+    connection (asked only while some node's replies come late enough to be lost packets:
+    within :data:`~.nodes.LOSSY_FOR` of one that came later than the node timeout): after
+    :data:`HEDGE_AFTER`, or
     :data:`HEDGE_TRIPS` of the slowest node's unhindered round trips
-    (:attr:`~.detector.NodeDetector.quick`: the round trips late by a retransmission, which
+    (:attr:`~.nodes.NodeDetector.quick`: the round trips late by a retransmission, which
     the copies are for, do not count), and never later than a quarter of the node timeout (a
     copy sent later could hardly beat it). None when that leaves no time."""
-    # One clock read for every node: this runs on every fan-out.
-    since = time.monotonic() - LOSSY_FOR
-    for node in nodes:
-        if node.late_at > since:
-            break
-    else:
-        return None
     after = HEDGE_AFTER
     for node in nodes:
         quick = node.detector.quick
@@ -567,11 +694,14 @@ def _put_back(node: Node, wire: Wire, timely: bool, silent: bool, excused: bool 
     if silent:
         node.went_silent(excused, wire.due[0].sent if wire.due else None)
     if timely:
-        try:
-            wire.undo_unwanted()
-        except OSError:
-            node.lose(wire)
-            return False
+        for due in wire.due:
+            if due.unwanted:
+                try:
+                    wire.undo_unwanted()
+                except OSError:
+                    node.lose(wire)
+                    return False
+                break
         node.checkin(wire)
         return True
     node.abandon(wire)
@@ -751,8 +881,7 @@ class Round:
                 on = carried[fd]
                 wire = on[1]
                 try:
-                    wire.feed()
-                    wire.settle()
+                    wire.read()
                 except Incomplete:
                     pass  # the rest is on its way
                 except OSError as exc:
@@ -763,7 +892,7 @@ class Round:
                     del carried[fd]
                     poller.unregister(fd)
                     node = self.nodes[on[0]]
-                    node.detector.answered(now, None, sent)
+                    node.detector.answered(now, sent)
                     node.checkin(wire)
 
     def _cut(self, carried: _Carried, exc: OSError, remaining: float) -> None:
@@ -1020,8 +1149,7 @@ def fan_out_batch(
         for fd, _ in events:
             index, wire, dues = waiting[fd]
             try:
-                wire.feed()
-                wire.settle()
+                wire.read()
             except Incomplete:
                 # Replies settle in order, and a settled one stays settled: resume the scan
                 # where the last read left it (a batch of 10,000 renewals arrives in many
@@ -1040,7 +1168,7 @@ def fan_out_batch(
                 continue
             del waiting[fd]
             poller.unregister(fd)
-            nodes[index].detector.answered(now, None, dues[-1].sent)
+            nodes[index].detector.answered(now, dues[-1].sent)
             nodes[index].checkin(wire)
             results[index] = [due.reply for due in dues]
             if answered is not None:

@@ -22,7 +22,7 @@ __all__ = ["Listing", "glob_escape"]
 
 #: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
 #: second): servers restarted further apart lost their data apart, and a lease may have been
-#: taken on the later ones in between (see :meth:`RedlockBase._all_fresh`).
+#: taken on the later ones in between (see :meth:`.guard.RestartGuard.all_fresh`).
 FRESH_START_SPREAD = 2.0
 
 
@@ -128,7 +128,7 @@ class Listing:
         a brand-new cluster (every node reachable and fresh) vote at the first lock, which
         trusts them all, so they are not shown as guarded."""
         now = time.time()
-        # The judgement an acquire makes (RedlockBase._all_fresh), so that health, `redlock
+        # The judgement an acquire makes (RestartGuard.all_fresh), so that health, `redlock
         # check` and the readiness view do not call a cluster voting that refuses every lock.
         new_cluster = (
             self.restart_guard

@@ -182,7 +182,10 @@ class LockBase:
         """An acquire's arguments resolved against the handle's defaults, or None when the
         answer is False without asking the nodes: the asking owner already holds this
         handle, the lock does not re-enter, and the caller would not wait."""
-        blocking = self.blocking if blocking is None else check_flag("blocking", blocking)
+        if blocking is None:
+            blocking = self.blocking
+        elif blocking.__class__ is not bool:  # a bool needs no check (every acquire runs this)
+            check_flag("blocking", blocking)
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         retries = self.retries if retries is None else check_retry_count(retries)
         lease = self._lease

@@ -32,7 +32,7 @@ import hiredis
 import redis
 from redis.connection import parse_url as _parse_url
 
-from .detector import NodeDetector, connect_budget, overrun
+from .detector import MIN_SPAN, MISSES_TO_DOWN, connect_budget, overrun
 from .process import ThisProcess
 from .reconnect import reconnector
 from .scripts import BODIES, RELEASE, Script
@@ -57,11 +57,13 @@ __all__ = [
     "NOT_SENT",
     "OWED",
     "SENT_TWICE",
+    "SOCKET_FULL",
     "TIMED_OUT",
     "Due",
     "Failure",
     "Incomplete",
     "Node",
+    "NodeDetector",
     "NodeSpec",
     "Owing",
     "Pipelined",
@@ -208,6 +210,10 @@ class WireError(Exception):
         self.failure = failure
 
 
+#: :attr:`Due.reply` until the reply is in.
+OWED: Any = object()
+
+
 class Due:
     """A reply a connection owes for ``command`` (``count`` replies, parsed and folded into
     :attr:`reply` once they are in), with ``late``, the undo to send behind the command if the
@@ -220,19 +226,18 @@ class Due:
     an undo: token-checked deletes); if the connection is cut before it answers, the command
     goes out again with the next operation that reaches the node (:meth:`Node.lose`)."""
 
-    __slots__ = (
-        "again",
-        "command",
-        "count",
-        "counted",
-        "late",
-        "left",
-        "op",
-        "reply",
-        "sent",
-        "twins",
-        "unwanted",
-    )
+    # Class defaults rather than slots: a new one (one per node per operation) sets only what
+    # it is given, and most keep the defaults to the end.
+    #: The parsed (and folded) reply; :data:`OWED` until it is in.
+    reply: Any = OWED
+    unwanted = False
+    left = False
+    #: Copies of the same command still owed on other connections to the node (a hedged
+    #: request: see :mod:`.fanout`): whatever ends this command ends them too.
+    twins: list[Due] | None = None
+    #: A copy of an acquire whose node granted it on another connection, counted in the
+    #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
+    counted = False
 
     def __init__(
         self,
@@ -249,25 +254,12 @@ class Due:
         self.late = late
         self.sent = sent
         self.again = again
-        self.reply: Any = OWED
-        self.unwanted = False
-        self.left = False
-        #: Copies of the same command still owed on other connections to the node (a hedged
-        #: request: see :mod:`.fanout`): whatever ends this command ends them too.
-        self.twins: list[Due] | None = None
-        #: A copy of an acquire whose node granted it on another connection, counted in the
-        #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
-        self.counted = False
 
     def take_undo(self) -> bytes:
         """The undo of an unwanted command, once (``late`` is cleared)."""
         late, self.late = self.late, None
         assert late is not None
         return late()
-
-
-#: :attr:`Due.reply` until the reply is in.
-OWED: Any = object()
 
 
 def unfinished(dues: Iterable[Due]) -> list[bytes]:
@@ -293,7 +285,7 @@ def unfinished(dues: Iterable[Due]) -> list[bytes]:
 HANDSHAKE = pack(["INFO", "server"]) + pack(["SCRIPT", "LOAD", RELEASE.body])
 
 #: What a non-blocking socket raises when it takes nothing now (a TLS one may need to read).
-_FULL = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
+SOCKET_FULL = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
 
 
 class Wire:
@@ -357,7 +349,7 @@ class Wire:
         #: Kept: the fan-out looks it up per reply, and a closed socket's would be -1.
         self.fd = sock.fileno()
 
-    def write(self, data: bytes, timeout: float | None = None) -> None:
+    def write(self, data: bytes | memoryview, timeout: float | None = None) -> None:
         """Send ``data`` whole on the non-blocking socket: one ``send`` as a rule. What the
         socket does not take at once (its buffer is full: a large command, or a round of many,
         on a young connection over a real network) goes out as it drains, within ``timeout``
@@ -366,7 +358,7 @@ class Wire:
         sock = self.sock
         try:
             sent = sock.send(data)
-        except _FULL:
+        except SOCKET_FULL:
             sent = 0
         if sent == len(data):
             return
@@ -378,7 +370,7 @@ class Wire:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not poller.poll(remaining * 1000):
                 raise TimeoutError(f"the node took {len(data) - len(rest)} of {len(data)} bytes")
-            with contextlib.suppress(*_FULL):
+            with contextlib.suppress(*SOCKET_FULL):
                 rest = rest[sock.send(rest) :]
 
     def feed(self) -> None:
@@ -399,52 +391,86 @@ class Wire:
             raise Incomplete
         return value
 
-    def take_many(self, count: int) -> list[Any]:
-        """The next ``count`` whole replies, or :class:`Incomplete` until all of them are in
-        (those already in are kept for the next call)."""
-        partial = self.partial
-        while len(partial) < count:
-            value = self.reader.gets()
-            if value is False:
-                raise Incomplete
-            partial.append(value)
-        self.partial = []
-        return partial
-
-    def settle(self) -> None:
-        """Fold every whole reply in the buffer into the :class:`Due` it answers, oldest
-        first; raises :class:`Incomplete` at the first one still on its way. A script the node
-        no longer knows (``NOSCRIPT``: it restarted or flushed its script cache) is sent again
-        with its body, which also caches it for the next ``EVALSHA``, and owed anew."""
+    def read(self) -> None:
+        """Read what has arrived on the socket (never blocks) and fold every whole reply into
+        the :class:`Due` it answers, oldest first; raises :class:`Incomplete` at the first one
+        still on its way (``OSError`` for a broken connection, :class:`ProtocolError` for
+        garbage). Every reply of every fan-out passes here: the common case (a reply that is
+        no error) is written out in this frame, the rest is :meth:`_unusual`."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            pass
+        else:
+            if not data:
+                raise ConnectionResetError("connection closed by the node")
+            self.reader.feed(data)
+        gets = self.reader.gets
         due = self.due
         while due:
             entry = due[0]
-            reply = self.take() if entry.count == 1 else self.take_many(entry.count)
+            count = entry.count
+            if count == 1:
+                reply = gets()
+                if reply is False:
+                    raise Incomplete
+            else:
+                # A pipeline's replies: those in already are kept for the next read.
+                partial = self.partial
+                while len(partial) < count:
+                    value = gets()
+                    if value is False:
+                        raise Incomplete
+                    partial.append(value)
+                self.partial = []
+                reply = partial
             due.popleft()
-            if on_replica(reply):
-                self.on_replica = True
-                if entry.left and entry.again is not None:
-                    # A release whose operation ended without this reply (it kept nothing
-                    # for the node): it goes to the master the next connection finds.
-                    self.later.append(entry.again)
-            if reply.__class__ is ReplyError:
-                if reply.code == "NOSCRIPT" and (not entry.left or entry.again is not None):
-                    # A release or an undo runs the same however late (it deletes only its
-                    # own token): it goes again, with its body, behind what this connection
-                    # carries, also when its operation ended.
-                    again = as_eval(entry.command if entry.again is None else entry.again)
-                    if entry.again is not None:
-                        entry.again = again
-                    self.write(again)
-                    due.append(entry)
+            kind = reply.__class__
+            if kind is ReplyError:
+                reply = self._unusual(entry, reply)
+                if reply is OWED:
                     continue
-                # Any other script of an operation that ended did not run: running it now,
-                # after the operation decided without it (an acquire's lock may be released
-                # by now), would leave its effect behind.
-                reply = reply_failure(reply)
-            entry.reply = fold(entry.command, self, reply)
+            elif kind is list:
+                # A pipeline's error reply (a script's own arrays hold none: an error ends it).
+                for item in reply:
+                    if item.__class__ is ReplyError:
+                        self._unusual(entry, reply)
+                        break
+            command = entry.command
+            if command.__class__ is Pipelined:
+                reply = command.fold(self, [reply] if count == 1 else reply)
+            entry.reply = reply
             if entry.unwanted and entry.late is not None:
                 self.send_unowned([entry.take_undo()])
+
+    def _unusual(self, entry: Due, reply: Any) -> Any:
+        """:meth:`read` of a reply that is an error or holds one (or an array): it may say the
+        server is a replica now, or that it no longer knows a script. The reply to fold: a
+        :class:`Failure` for an error reply, or :data:`OWED` for a script sent again with its
+        body (``NOSCRIPT``: the node restarted or flushed its script cache; the ``EVAL``
+        also caches it for the next ``EVALSHA``), owed anew."""
+        if on_replica(reply):
+            self.on_replica = True
+            if entry.left and entry.again is not None:
+                # A release whose operation ended without this reply (it kept nothing for
+                # the node): it goes to the master the next connection finds.
+                self.later.append(entry.again)
+        if reply.__class__ is not ReplyError:
+            return reply
+        if reply.code == "NOSCRIPT" and (not entry.left or entry.again is not None):
+            # A release or an undo runs the same however late (it deletes only its own
+            # token): it goes again, with its body, behind what this connection carries,
+            # also when its operation ended.
+            again = as_eval(entry.command if entry.again is None else entry.again)
+            if entry.again is not None:
+                entry.again = again
+            self.write(again)
+            self.due.append(entry)
+            return OWED
+        # Any other script of an operation that ended did not run: running it now, after the
+        # operation decided without it (an acquire's lock may be released by now), would
+        # leave its effect behind.
+        return reply_failure(reply)
 
     def send_unowned(self, commands: list[bytes]) -> None:
         """Send encoded commands no operation waits for (undos, late releases): their replies
@@ -468,9 +494,8 @@ class Wire:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not poller.poll(remaining * 1000):
                 raise Incomplete
-            self.feed()
             with contextlib.suppress(Incomplete):
-                self.settle()
+                self.read()
 
     def undo_unwanted(self) -> None:
         """Send, behind everything it carries, the undo of each command it carried whose
@@ -627,6 +652,133 @@ def reply_failure(reply: ReplyError) -> Failure:
     return Failure("error", str(reply))
 
 
+class NodeDetector:
+    """What one process knows about one node's health: its misses, whether it is down and
+    why, and its round trips. Not locked: every update is a few attribute writes, and a lost
+    update between threads only delays a verdict by one observation."""
+
+    __slots__ = (
+        "down_since",
+        "first_miss",
+        "heard_at",
+        "min_span",
+        "missed_since",
+        "misses",
+        "misses_to_down",
+        "node_timeout",
+        "quick",
+        "reason",
+        "srtt",
+    )
+
+    def __init__(
+        self,
+        node_timeout: float,
+        *,
+        misses_to_down: int = MISSES_TO_DOWN,
+        min_span: float = MIN_SPAN,
+    ) -> None:
+        if misses_to_down < 1:
+            raise ValueError(f"misses_to_down must be at least 1, got {misses_to_down!r}")
+        if min_span < 0:
+            raise ValueError(f"min_span must not be negative, got {min_span!r}")
+        self.node_timeout = node_timeout
+        self.misses_to_down = misses_to_down
+        self.min_span = min_span
+        #: Consecutive misses not excused, and when the first of them was.
+        self.misses = 0
+        self.first_miss = 0.0
+        #: When the node was found down, or None while it is up.
+        self.down_since: float | None = None
+        #: Why it is down ("" while up).
+        self.reason = ""
+        #: Smoothed round trip (seconds); None before the first one. Kept by the sync
+        #: fan-out, which measures them (:func:`.fanout.fan_out`).
+        self.srtt: float | None = None
+        #: The node's round trip when nothing holds it up (seconds; None before the first),
+        #: kept by the fan-out too: it follows a shorter one at once and a longer one by
+        #: :data:`.fanout.QUICK_GAIN` of the difference, so a reply late by a retransmission
+        #: barely moves it (the smoothed round trip takes an eighth of it).
+        self.quick: float | None = None
+        #: When the newest command the node answered (on any connection) was sent; -inf
+        #: before the first answer that says.
+        self.heard_at = float("-inf")
+        #: When the first of the misses went out (its command or connection attempt).
+        self.missed_since = 0.0
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+    def answered(self, now: float, sent: float | None = None) -> bool:
+        """The node answered (a reply, a probe's connection): its misses are forgotten and,
+        if it was down, it votes again. ``sent``: when the command it answered was sent (see
+        :meth:`heard_since`): a reply to a command sent before the misses began (read late)
+        clears nothing. Returns whether it was down."""
+        if sent is not None:
+            if sent > self.heard_at:
+                self.heard_at = sent
+            if self.down_since is not None and sent < self.down_since:
+                return False
+            if self.misses and sent < self.missed_since:
+                return False
+        self.misses = 0
+        if self.down_since is None:
+            return False
+        self.down_since = None
+        self.reason = ""
+        return True
+
+    def heard_since(self, when: float) -> bool:
+        """Whether the node answered a command (on any connection) sent at or after ``when``:
+        it ran what reached it after that moment, so it is not frozen or gone."""
+        return self.heard_at >= when
+
+    def missed(self, now: float, *, excused: bool = False, since: float | None = None) -> bool:
+        """The node did not answer within its budget (a reply, or a connection attempt).
+        ``excused``: this process was stalled meanwhile, so the silence says nothing about the
+        node. ``since``: when the unanswered command went out; a node that answered a command
+        sent on another connection after that is not silent (one reply held up on a lossy link
+        is late, not lost), so the miss says nothing about it either. Returns True when this
+        miss made the node down."""
+        if excused or self.down_since is not None:
+            return False
+        if since is not None and self.heard_since(since):
+            return False
+        if not self.misses:
+            self.first_miss = now
+            self.missed_since = now if since is None else since
+        self.misses += 1
+        if self.misses >= self.misses_to_down and now - self.first_miss >= self.min_span:
+            self.down_since = now
+            self.reason = (
+                f"no answer {self.misses} times in a row over {now - self.first_miss:.1f} s"
+            )
+            return True
+        return False
+
+    def refused(self, now: float, detail: str) -> bool:
+        """A connection to the node failed outright (refused, reset): the node is down at
+        once. Returns True when it was up."""
+        self.misses = 0
+        if self.down_since is not None:
+            return False
+        self.down_since = now
+        self.reason = f"connection failed: {detail}" if detail else "connection failed"
+        return True
+
+    def reset(self) -> None:
+        """Forget everything (a forked child starts over with the node)."""
+        self.misses = 0
+        self.first_miss = 0.0
+        self.down_since = None
+        self.reason = ""
+        self.srtt = None
+        self.quick = None
+        self.heard_at = float("-inf")
+        self.missed_since = 0.0
+
+
 class Node:
     """One independent Redis server: pooled connections for lock commands, and a redis-py client
     for listing, health and pub/sub."""
@@ -742,9 +894,9 @@ class Node:
         holds it up for TCP's retransmission, 200 ms at least) is not used: a command sent
         behind it would wait for it too. It is set aside, read as its replies come, and
         pooled again once it owes nothing (:meth:`_sweep`). One whose reply may still come in
-        time is used when no other is idle (owed for less than :attr:`late_after` first, else
-        for less than the node timeout): connecting costs a round trip of its own, and on a
-        loaded host replies are merely slow."""
+        time is used when no other is idle (owed for less than a quarter of the node timeout
+        first, else for less than the node timeout): connecting costs a round trip of its
+        own, and on a loaded host replies are merely slow."""
         if self._pid != ThisProcess.pid:
             # Inherited sockets belong to the parent's conversations with the node, and the
             # parent's reconnector is not running here.
@@ -757,26 +909,32 @@ class Node:
             self._sweep()
         if self.group is not None and self.group.due():
             self.locate()
-        #: An owing connection whose reply may still come in time: owed for less than
-        #: :attr:`late_after` (``young``), or for less than the node timeout (``due``).
+        #: An owing connection whose reply may still come in time: owed for less than a
+        #: quarter of the node timeout (``young``: a reply later than that is probably held
+        #: up on the link), or for less than the node timeout (``due``).
         young: Wire | None = None
         due: Wire | None = None
+        group = self.group
         while True:
             try:
                 wire = self._idle.pop()
             except IndexError:
                 break
-            if not self.current(wire):
+            if group is not None and wire.address != self.master:
                 self.lose(wire)  # to a group's former master
                 continue
-            owes = self._owing(wire) if wire.due else False
-            if owes is None:
-                continue
+            if not wire.due:
+                owes: bool | None = False
+            else:
+                owes = self._owes(wire)
+                if owes is None:
+                    continue
             if owes:
                 now = time.monotonic()
-                if wire.overdue(now, self.node_timeout):
+                owed_for = now - wire.due[0].sent
+                if owed_for >= self.node_timeout:
                     self.abandon(wire)  # as a fan-out gives up a connection past it
-                elif young is None and not wire.overdue(now, self.late_after):
+                elif young is None and owed_for < self.node_timeout / 4:
                     young = wire
                 elif due is None:
                     due = wire
@@ -835,7 +993,7 @@ class Node:
             except ValueError:  # another thread took it
                 continue
             # Most that owe owe only replies that came in since (a copy's, read by nobody).
-            owes = self._owing(wire) if wire.due else False
+            owes = self._owes(wire) if wire.due else False
             if owes is None:
                 continue
             if owes:
@@ -853,40 +1011,21 @@ class Node:
             self._spares += 1
         reconnector.watch(self)
 
-    @property
-    def late_after(self) -> float:
-        """How long a pooled connection may have owed a reply and still take the next command
-        (behind it): a reply later than this is probably held up on the link."""
-        return self.node_timeout / 4
-
-    def _owing(self, wire: Wire) -> bool | None:
-        """:meth:`_owes` for a connection taken out of the pool that owes replies (the
-        callers test ``wire.due`` first: most owe nothing); None when it broke (it is lost:
-        see :meth:`lose`)."""
+    def _owes(self, wire: Wire) -> bool | None:
+        """Read what has arrived on a pooled or set-aside connection that owes replies (never
+        blocks): whether it still owes some; None when it broke (it is lost: see
+        :meth:`lose`). Once it owes nothing, the node answered the last command sent on it
+        (perhaps after it missed its deadline: a late reply is a lossy or slow link, not a
+        down node): operations connect to the node again, and its misses are forgotten."""
+        sent = wire.due[-1].sent
         try:
-            return self._owes(wire)
+            wire.read()
+        except Incomplete:
+            return True
         except OSError:
             self.lose(wire)
             return None
-
-    def _owes(self, wire: Wire) -> bool:
-        """Read what has arrived on a pooled or set-aside connection (never blocks): whether
-        it still owes replies. Raises ``OSError`` for a broken connection."""
-        sent = wire.due[-1].sent if wire.due else None
-        wire.feed()
-        try:
-            wire.settle()
-        except Incomplete:
-            return True
-        if sent is not None:
-            self.heard(sent)
-        return False
-
-    def heard(self, sent: float) -> None:
-        """A connection got every reply it owed, the last for a command sent at ``sent``
-        (perhaps after it missed its deadline: a late reply is a lossy or slow link, not a
-        down node): operations connect to the node again, and its misses are forgotten."""
-        self.detector.answered(time.monotonic(), None, sent)
+        self.detector.answered(time.monotonic(), sent)
         # Only news from after a miss says the node is back: a reply read late may have
         # been sent before it froze.
         probing = self._probing
@@ -895,6 +1034,7 @@ class Node:
         silent = self._silent
         if silent is not None and sent >= silent[1]:
             self._silent = None
+        return False
 
     def current(self, wire: Any) -> bool:
         """Whether ``wire`` goes to the node's server: a group's master as last named (a
@@ -1048,7 +1188,7 @@ class Node:
         self._idle.appendleft(wire)
 
     def checkin(self, wire: Wire) -> None:
-        if wire.on_replica or not self.current(wire):
+        if wire.on_replica or (self.group is not None and wire.address != self.master):
             self.lose(wire)  # the next connection goes to the master (see locate)
             return
         wire.reused = True
@@ -1085,10 +1225,8 @@ class Node:
                 wire, until = self._draining.popleft()
             except IndexError:  # another thread swept it
                 return
-            try:
-                owes = self._owes(wire)
-            except OSError:
-                self.lose(wire)
+            owes = self._owes(wire) if wire.due else False
+            if owes is None:
                 continue
             if owes:
                 if time.monotonic() < until:

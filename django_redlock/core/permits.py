@@ -30,17 +30,10 @@ from collections.abc import Hashable
 from typing import Any
 
 from . import rwscripts
-from .base import (
-    AcquireRequest,
-    Finally,
-    Listen,
-    RedlockBase,
-    Refusal,
-    Send,
-    Steps,
-    Wait,
-    to_every_node,
-)
+from .algorithm import Contender, Finally, Listen, Refusal, Send, Steps, Wait, to_every_node
+from .base import RedlockBase
+from .commands import AcquireRequest
+from .fairness import FairLine
 from .kinds import permit_name, reader_name
 from .lock import Lease, Lock, LockBase
 from .nodes import Failure, script_command
@@ -121,7 +114,7 @@ class ReaderRequest(AcquireRequest):
 
     def __init__(self, redlock: RedlockBase, handle: LockBase, base: str) -> None:
         super().__init__(redlock, handle)
-        self._fast = None  # no plain SET: a reader is an entry in the readers' set
+        self._fast = self.hedge = None  # no plain SET: a reader is an entry in the readers' set
         self._base = base
 
     def _parts(self) -> tuple[Script, list[str], list[Any]]:
@@ -134,7 +127,7 @@ class WriterRequest(AcquireRequest):
 
     def __init__(self, redlock: RedlockBase, handle: LockBase, waiter: str) -> None:
         super().__init__(redlock, handle)
-        self._fast = None  # no plain SET: the readers must be checked
+        self._fast = self.hedge = None  # no plain SET: the readers must be checked
         self._waiter = waiter
 
     def _parts(self) -> tuple[Script, list[str], list[Any]]:
@@ -183,15 +176,11 @@ class Permits:
     ) -> Steps[Lease | None]:
         """Attempts until a hold is ours or the time is up, woken by a release of any hold of
         the primitive (one channel: :mod:`.kinds`), as the mutex waits."""
-        line = None
         waiter = secrets.token_hex(8)
-        if handle.fair:
-            line = self.client.keys.line(
-                (yield Send(to_every_node(self.client.keys.ticket_command(handle.name))))
-            )
-            yield Finally(
-                Send(to_every_node(self.client.keys.leave_line_command(handle.name, line[0])))
-            )
+        who = Contender(handle, owner)
+        if handle.fair:  # one line for every slot (the mutex's)
+            yield from FairLine(self.client).entering(who)
+        line = who.line
         if handle.kind == "write" and blocking:
             leave = script_command(
                 rwscripts.WRITE_LEAVE,
@@ -211,13 +200,13 @@ class Permits:
                 return self.client.leases.won(part, lease, start)
             attempts += 1
             now = time.monotonic()
-            if self.client._out_of_time(blocking, attempts, None, deadline, now):
-                self.client._give_up(handle, won, now - start)
+            if self.client.algorithm.out_of_time(blocking, attempts, None, deadline, now):
+                self.client.algorithm.give_up(handle, won, now - start)
                 return None
             if notice is None:
                 notice = yield Listen(self.client.keys.channel(handle.name))
                 continue
-            pause = self.client._pause_for(handle, won, None, deadline, now)
+            pause = self.client.algorithm.pause_for(handle, won, None, deadline, now)
             if handle.kind == "write":
                 pause = min(pause, self.client.fair_heartbeat / 3)  # keeps its waiting mark alive
             yield Wait(notice, pause)
@@ -227,13 +216,13 @@ class Permits:
     ) -> Steps[tuple[LockBase, Lease] | Refusal]:
         if handle.kind == "read":
             part = self._part(handle, reader_name(handle.name))
-            outcome = yield from self.client._attempt_steps(
-                part, owner, make=lambda: ReaderRequest(self.client, part, handle.name)
+            outcome = yield from self.client.algorithm.attempt(
+                Contender(part, owner), lambda *_: ReaderRequest(self.client, part, handle.name)
             )
         else:
             part = self._part(handle, handle.name)
-            outcome = yield from self.client._attempt_steps(
-                part, owner, make=lambda: WriterRequest(self.client, part, waiter)
+            outcome = yield from self.client.algorithm.attempt(
+                Contender(part, owner), lambda *_: WriterRequest(self.client, part, waiter)
             )
         return (part, outcome) if isinstance(outcome, Lease) else outcome
 
@@ -252,7 +241,7 @@ class Permits:
             mine = self.client.leases.held_names(handle.hold_names())
             others = [k for k in range(limit) if permit_name(handle.name, k) not in mine]
             part = self._part(handle, permit_name(handle.name, random.choice(others or [0])))
-            outcome = yield from self.client._attempt_steps(part, owner, line)
+            outcome = yield from self.client.algorithm.attempt(Contender(part, owner, line))
             if isinstance(outcome, Lease):
                 return part, outcome
             if outcome.answered < self.client.quorum or limit == 1:
@@ -262,7 +251,7 @@ class Permits:
         candidates, refusal = self._free_slots(limit, replies)
         for slot in candidates:
             part = self._part(handle, permit_name(handle.name, slot))
-            outcome = yield from self.client._attempt_steps(part, owner, line)
+            outcome = yield from self.client.algorithm.attempt(Contender(part, owner, line))
             if isinstance(outcome, Lease):
                 return part, outcome
             refusal = outcome

@@ -2,7 +2,8 @@
 
 Seed 001 and redis.io's distributed-locks page describe the algorithm; seed 004's pitfalls are
 designed out (atomic set-with-expiry, token-checked release and extend, validity measured after
-the quorum answered). Decisions live in :mod:`.base`; this module does the talking.
+the quorum answered). Decisions live in :mod:`.algorithm` and :mod:`.base`; this module does the
+talking, and hands the algorithm the time.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any, TypeVar
 
 import redis
 
-from .base import Finally, Listen, Pause, RedlockBase, Refusal, Send, SendBatch, Steps, Wait
+from .algorithm import Contender, Finally, Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
+from .base import RedlockBase
 from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
@@ -139,7 +141,9 @@ class Redlock(RedlockBase):
             if not blocking:
                 # One attempt (a fair lock's in its line): no deadline, no local queue.
                 start = time.monotonic()
-                return self._drive(self._contend_steps(handle, owner, False, None, retries, start))
+                return self._drive(
+                    self.algorithm.contend(Contender(handle, owner), False, None, retries, start)
+                )
             return self._acquire_waiting(handle, owner, timeout, retries)
         except BaseException:
             won = self.leases.won_unreturned(handle.name, owner)
@@ -154,7 +158,7 @@ class Redlock(RedlockBase):
         """A blocking acquire: alone, one attempt as a non-blocking one; else in this
         process's queue for the name, then attempts until acquired or out of time."""
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, retries)
+        deadline = self.algorithm.deadline(start, timeout, retries)
         courtesy = self.leases.courtesy(handle.name)
         if courtesy:
             time.sleep(min(courtesy, (deadline or start + 1) - start))
@@ -172,14 +176,14 @@ class Redlock(RedlockBase):
             raise
         if not entered:
             self._drop_queue(handle.name, queue)
-            self._give_up(
+            self.algorithm.give_up(
                 handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
             )
             return None
         try:
             lease = self._drive(
-                self._contend_steps(
-                    handle, owner, True, deadline, retries, start, first, courtesy > 0
+                self.algorithm.contend(
+                    Contender(handle, owner), True, deadline, retries, start, first, courtesy > 0
                 )
             )
         except BaseException:
@@ -200,7 +204,7 @@ class Redlock(RedlockBase):
         if not renewer.caught_up.is_set():
             renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
         start = time.monotonic()
-        deadline = self._deadline(start, timeout, None)
+        deadline = self.algorithm.deadline(start, timeout, None)
         try:
             return self._drive(self.permits.hold_steps(handle, owner, blocking, deadline, start))
         except BaseException:
@@ -224,8 +228,9 @@ class Redlock(RedlockBase):
                     return done.value  # type: ignore[no-any-return]
                 reply = None
                 if isinstance(step, Send):
+                    step.started = time.monotonic()
                     try:
-                        reply = self._rounds.fan_out(*step.fan_out_args(), hedge=step.hedge)
+                        reply = self._rounds.fan_out(*step.args, hedge=step.hedge)
                     except BaseException:
                         # Interrupted (KeyboardInterrupt) with an acquire on the wire: some
                         # SETs may have landed; take them back before the caller goes on.
@@ -233,6 +238,7 @@ class Redlock(RedlockBase):
                             with contextlib.suppress(Exception):
                                 self._release_everywhere(*step.undo_if_cancelled)
                         raise
+                    step.ended = time.monotonic()
                 elif isinstance(step, SendBatch):
                     reply = self._send_batch(step)
                 elif isinstance(step, Wait):

@@ -152,7 +152,7 @@ return {0, fence, trusted_age, marker}
 """
 
 # Take the lock if it is free (the full check; an uncontended acquire on a node whose marker
-# this connection saw vote is a plain SET NX PX instead: see base.AcquireRequest).
+# this connection saw vote is a plain SET NX PX instead: see commands.AcquireRequest).
 # KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] node marker
 # ARGV[1] token, ARGV[2] ttl ms, ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence,
 # ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)

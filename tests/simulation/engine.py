@@ -18,15 +18,8 @@ from typing import Any
 import hiredis
 
 from django_redlock.core import clock, scripts
-from django_redlock.core.base import (
-    Finally,
-    Listen,
-    Pause,
-    RedlockBase,
-    Send,
-    SendBatch,
-    Wait,
-)
+from django_redlock.core.algorithm import Contender, Finally, Listen, Pause, Send, SendBatch, Wait
+from django_redlock.core.base import RedlockBase
 from django_redlock.core.leases import LeaseTable
 from django_redlock.core.lock import Lease, LockBase
 from django_redlock.core.nodes import TIMED_OUT, Failure, Pipelined, ReplyError, pack, reply_failure
@@ -395,6 +388,7 @@ class World:
         rl.leases = leases
         leases.part_of(rl)
         rl.proc = child
+        rl._compose()  # the copy's algorithm and policies read the copy, not the parent
         prev_pid = ThisProcess.pid
         ThisProcess.pid = child.pid
         rl._after_fork()
@@ -753,14 +747,17 @@ class Driver:
                     self.ops += 1
                 if world.mutant == "fence_skip" and _is_fence(step):
                     reply = [1] * len(world.nodes)
+                    step.started = step.ended = clock.monotonic()
                     continue
+                step.started = clock.monotonic()
                 try:
-                    reply = yield self.fan_out(task, *step.fan_out_args())
+                    reply = yield self.fan_out(task, *step.args)
                 except Cancelled:
                     steps.close()
                     if step.undo_if_cancelled:
                         yield from self.release_everywhere(task, *step.undo_if_cancelled)
                     raise
+                step.ended = clock.monotonic()
             elif cls is SendBatch:
                 reply = yield from self._batch(task, step)
             elif cls is Pause:
@@ -842,7 +839,7 @@ class Driver:
         owner = task.owner
         try:
             start = clock.monotonic()
-            deadline = rl._deadline(start, timeout, None)
+            deadline = rl.algorithm.deadline(start, timeout, None)
             courtesy = rl.leases.courtesy(handle.name) if blocking else 0.0
             if courtesy:
                 yield Sleep(courtesy / task.proc.rate)
@@ -852,8 +849,8 @@ class Driver:
                 if isinstance(alone, Lease):
                     return alone
                 first = alone
-            contend = rl._contend_steps(
-                handle, owner, blocking, deadline, None, start, first, courtesy > 0
+            contend = rl.algorithm.contend(
+                Contender(handle, owner), blocking, deadline, None, start, first, courtesy > 0
             )
             return (yield from self.drive(task, contend))
         except Cancelled:

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from django_redlock.core import scripts
+from django_redlock.core.guard import RestartGuard
 from django_redlock.core.lock import Lease
 
-from .engine import SimLeaseTable, SimRedlock, World
+from .engine import SimLeaseTable, World
 
 __all__ = ["MUTANTS", "applied"]
 
@@ -47,13 +48,11 @@ def _swap(world: World, old: str, new: str) -> None:
 
 
 def _all_fresh_apart(self: Any, replies: list[Any], spread: float) -> bool:
-    """``_all_fresh`` without the servers' start-time check."""
-    if not (self.restart_guard and self.trust_fresh_cluster):
-        return False
+    """``RestartGuard.all_fresh`` without the servers' start-time check."""
     if not all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies):
         return False
     armed_ages = [r[3] for r in replies]
-    return max(armed_ages) - min(armed_ages) <= (self.node_timeout + spread) * 1000 + 1
+    return max(armed_ages) - min(armed_ages) <= (self.client.node_timeout + spread) * 1000 + 1
 
 
 @contextlib.contextmanager
@@ -76,7 +75,7 @@ def applied(mutant: str | None, world: World) -> Iterator[None]:
     elif mutant == "no_drift":
         patch(SimLeaseTable, "margin", lambda self, ttl: 0.0)
     elif mutant == "trust_apart":
-        patch(SimRedlock, "_all_fresh", _all_fresh_apart)
+        patch(RestartGuard, "all_fresh", _all_fresh_apart)
     try:
         yield
     finally:

@@ -32,7 +32,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_redlock.admin_views import REASON_LABELS, build_rows, describe_holder
+from django_redlock.admin_views import REASON_LABELS, build_rows, clock_spread, describe_holder
 from django_redlock.backends.registry import get_locks
 from django_redlock.checks import eviction_warnings, node_eviction_policies
 from django_redlock.conf import get_config
@@ -70,6 +70,13 @@ def _holder(meta: dict[str, Any]) -> str:
     if meta.get("user") is not None:
         parts.append(f"user {meta['user']}")
     return " ".join(parts)
+
+
+#: The LockInfo fields ``redlock list --json`` gives as they are.
+_LIST_FIELDS = (
+    "name token meta age ttl nodes total_nodes quorum fence renewals split semaphore permit "
+    "reader_of"
+)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -203,23 +210,10 @@ class Command(BaseCommand):
                 _dumps(
                     [
                         {
-                            "name": i.name,
-                            "token": i.token,
-                            "meta": i.meta,
+                            **{field: getattr(i, field) for field in _LIST_FIELDS.split()},
                             "acquired_at": _iso(i.acquired_at),
-                            "age": i.age,
-                            "ttl": i.ttl,
-                            "nodes": i.nodes,
-                            "total_nodes": i.total_nodes,
-                            "quorum": i.quorum,
-                            "fence": i.fence,
-                            "renewals": i.renewals,
-                            "split": i.split,
                             "stuck": bool(reasons[i.name]),
                             "flags": reasons[i.name],
-                            "semaphore": i.semaphore,
-                            "permit": i.permit,
-                            "reader_of": i.reader_of,
                         }
                         for i in locks
                     ]
@@ -339,8 +333,7 @@ class Command(BaseCommand):
         # it): a brand-new cluster's nodes vote, trusted at the first acquire.
         voting = [h for h in health if h.voting]
         trusted_at_first_lock = any(h.voting and h.fresh for h in health)
-        offsets = [h.clock_offset for h in reachable if h.clock_offset is not None]
-        spread = (max(offsets) - min(offsets)) if len(offsets) > 1 else 0.0
+        spread = clock_spread(health) or 0.0
         # The same W006 warnings as `manage.py check --deploy`.
         eviction = eviction_warnings(node_eviction_policies())
         if len(reachable) < quorum or len(voting) < quorum:

@@ -1,0 +1,58 @@
+"""Fair queueing and waking waiters by name, as policies of :mod:`.algorithm`.
+
+A release wakes one waiter by name (``scripts.RELEASE``): a fair lock's first in line, else
+the one that has waited longest. It is alone to contend (but for the releaser, who holds
+back, and newcomers), so it asks every node at once; the others sleep on and ask again when
+their pause ends (at most a third of ``fair_heartbeat``), so a woken waiter that died before
+taking the lock costs the rest at most that.
+
+:class:`FairLine` (``fair=True``) draws a place in the name's line before the first attempt
+(``entering``); each attempt runs the fair acquire script with it, which grants only the
+first in line. :class:`NamedWaiters` (any other lock) joins the name's waiters once the
+caller waits for release notices (``waiting``), with each attempt on the same connection.
+Either leaves when the operation ends; a winner leaves with the next command to each node
+(the algorithm hands ``left`` to :attr:`.nodes.Node.later`).
+"""
+
+from __future__ import annotations
+
+from . import clock
+from .algorithm import Cluster, Contender, Finally, Policy, Send, Steps, to_every_node
+from .nodes import as_eval
+
+__all__ = ["FairLine", "NamedWaiters"]
+
+
+class FairLine(Policy):
+    """A fair lock's place in line; ``client`` is the Redlock."""
+
+    flag = "fair"
+
+    def __init__(self, client: Cluster) -> None:
+        self.client = client
+
+    def entering(self, who: Contender) -> Steps[None]:
+        keys, name = self.client.keys, who.handle.name
+        who.line = keys.line((yield Send(to_every_node(keys.ticket_command(name)))))
+        who.waiter = who.line[0]
+        command = keys.leave_line_command(name, who.waiter)
+        who.leave, who.left = Finally(Send(to_every_node(command))), as_eval(command)
+        yield who.leave
+
+
+class NamedWaiters(Policy):
+    """A waiter of any other lock, woken by name; ``client`` is the Redlock."""
+
+    def __init__(self, client: Cluster) -> None:
+        self.client = client
+
+    def waiting(self, who: Contender) -> Steps[None] | None:
+        return None if who.line is not None else self._join(who)
+
+    def _join(self, who: Contender) -> Steps[None]:
+        keys, name = self.client.keys, who.handle.name
+        who.waiter = clock.token_hex(8)
+        who.join = keys.join_waiters(name, who.waiter, int(clock.wall() * 1000))
+        who.left = keys.leave_waiters(name, who.waiter)
+        who.leave = Finally(Send(to_every_node(who.left)))
+        yield who.leave
