@@ -107,9 +107,12 @@ def check_reachable(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     parsed = _valid_nodes()
     if not parsed:
         return []
-    down, policies, servers = _probe_all(parsed)
+    down, policies, servers, replicas = _probe_all(parsed)
     return (
-        _same_server_errors(servers) + _quorum_messages(parsed, down) + eviction_warnings(policies)
+        _same_server_errors(servers)
+        + _replica_errors(replicas)
+        + _quorum_messages(parsed, down)
+        + eviction_warnings(policies)
     )
 
 
@@ -133,15 +136,37 @@ def _same_server_errors(servers: Sequence[tuple[int, str, str]]) -> list[CheckMe
     return found
 
 
+def _replica_errors(replicas: Sequence[tuple[int, str, str]]) -> list[CheckMessage]:
+    """E015 for each ``(index, url, primary)`` that is a replica, not a primary."""
+    return [
+        error(
+            15,
+            f"REDLOCK node [{index}] {redact(url)} is a replica of {primary}, not an "
+            "independent primary: it never votes (its connections are refused), so the "
+            "cluster survives one failure fewer than its size says.",
+            hint="Make every node a primary of its own (REPLICAOF NO ONE), with no "
+            "replication between nodes.",
+        )
+        for index, url, primary in replicas
+    ]
+
+
+_Probed = list[tuple[int, str, str]]
+
+
 def _probe_all(
     parsed: Sequence[tuple[int, str, dict[str, Any]]],
-) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]], list[tuple[int, str, str]]]:
+) -> tuple[_Probed, _Probed, _Probed, _Probed]:
     """Every node probed at once: ``(index, url, why)`` of those down, ``(index, url,
-    maxmemory-policy)`` and ``(index, url, run_id)`` of those that answered."""
+    maxmemory-policy)``, ``(index, url, run_id)`` and, for a replica, ``(index, url, its
+    primary)`` of those that answered."""
     with ThreadPoolExecutor(max_workers=max(len(parsed), 1)) as pool:
         results = list(pool.map(lambda item: _probe(item[1], item[2]), parsed))
-    down, policies, servers = [], [], []
-    for (index, url, _), (why, policy, run_id) in zip(parsed, results, strict=True):
+    down: _Probed = []
+    policies: _Probed = []
+    servers: _Probed = []
+    replicas: _Probed = []
+    for (index, url, _), (why, policy, run_id, primary) in zip(parsed, results, strict=True):
         if why is not None:
             down.append((index, url, why))
             continue
@@ -149,7 +174,9 @@ def _probe_all(
             policies.append((index, url, policy))
         if run_id is not None:
             servers.append((index, url, run_id))
-    return down, policies, servers
+        if primary is not None:
+            replicas.append((index, url, primary))
+    return down, policies, servers, replicas
 
 
 def eviction_warnings(policies: Sequence[tuple[int, str, str]]) -> list[CheckMessage]:
@@ -197,9 +224,12 @@ def _quorum_messages(
     ]
 
 
-def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
-    """``(why it is down, maxmemory-policy, run_id)``: PING, then ``INFO server`` and ``INFO
-    memory`` (readable without the CONFIG permission managed services often withhold)."""
+def _probe(
+    url: str, options: Mapping[str, Any]
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """``(why it is down, maxmemory-policy, run_id, the primary of a replica)``: PING, then
+    ``INFO server``, ``INFO memory`` and ``INFO replication`` (readable without the CONFIG
+    permission managed services often withhold)."""
     import redis
 
     try:
@@ -209,16 +239,22 @@ def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None
             try:
                 policy = client.info("memory").get("maxmemory_policy")
                 run_id = client.info("server").get("run_id")
+                replication = client.info("replication")
             except redis.ResponseError:  # INFO renamed or denied: nothing to judge
                 policy = run_id = None
+                replication = {}
         finally:
             client.close()
     except Exception as exc:
-        return str(exc) or type(exc).__name__, None, None
+        return str(exc) or type(exc).__name__, None, None, None
+    primary = None
+    if replication.get("role") == "slave":
+        primary = f"{replication.get('master_host')}:{replication.get('master_port')}"
     return (
         None,
         str(policy) if policy is not None else None,
         str(run_id) if run_id is not None else None,
+        primary,
     )
 
 

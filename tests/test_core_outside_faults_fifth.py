@@ -176,3 +176,58 @@ def test_check_deploy_names_one_server_listed_twice(server_with_a_socket, settin
     settings.REDLOCK = {"NODES": urls}
     found = [m for m in check_reachable() if m.id == "django_redlock.E014"]
     assert len(found) == 1 and "[0]" in found[0].msg and "[1]" in found[0].msg, found
+
+
+# ---- a primary and its replica listed as two nodes: the replica never votes, and says why ----
+
+
+@pytest.fixture
+def primary_and_replica():
+    """A primary, its replica (replication link up) and another server."""
+    from django_redlock.testing import RedisNode
+
+    with RedisNode() as primary, RedisNode() as other:
+        with RedisNode(extra_args=["--replicaof", primary.host, str(primary.port)]) as replica:
+            with replica.client(decode_responses=True) as c:
+                wait_until(lambda: c.info("replication").get("master_link_status") == "up")
+            yield [primary.url, replica.url, other.url], primary, other
+
+
+def test_a_replica_listed_beside_its_primary_never_votes_and_says_why(
+    primary_and_replica, make_redlock
+):
+    """A replica is not an independent node: its connections are refused at the handshake
+    (sync and asyncio), health() names it a replica of its primary, and with the only other
+    server frozen nothing is granted (the primary and its replica never make a quorum)."""
+    urls, primary, other = primary_and_replica
+    rl = make_redlock(urls, node_timeout=0.2, restart_guard=False)
+    warm_up(rl)
+    health = rl.health()
+    assert [h.voting for h in health] == [True, False, True], health
+    assert f"a replica (of {primary.host}:{primary.port})" in (health[1].error or ""), health[1]
+    with other.paused():
+        with pytest.raises(QuorumError, match="a replica"):
+            rl.lock("pair").acquire(blocking=False)
+
+    async def main() -> None:
+        arl = AsyncRedlock(urls, node_timeout=0.2, restart_guard=False)
+        try:
+            async with arl.lock("warm-up"):
+                pass
+            with other.paused():
+                with pytest.raises(QuorumError, match="a replica"):
+                    await arl.lock("pair").acquire(blocking=False)
+        finally:
+            await arl.close()
+
+    asyncio.run(main())
+
+
+def test_check_deploy_names_a_replica(primary_and_replica, settings) -> None:
+    from django_redlock.checks import check_reachable
+
+    urls, primary, _ = primary_and_replica
+    settings.REDLOCK = {"NODES": urls}
+    found = [m for m in check_reachable() if m.id == "django_redlock.E015"]
+    assert len(found) == 1 and "[1]" in found[0].msg, found
+    assert f"replica of {primary.host}:{primary.port}" in found[0].msg

@@ -55,6 +55,7 @@ from .nodes import (
     os_failure,
     pack_many,
     reader,
+    refuse_replica,
     reply_failure,
     server_of,
     unfinished,
@@ -537,10 +538,15 @@ async def _connect_and_shake_hands(
         await conn.connect()
         await conn.send_packed_command([HANDSHAKE])
         info = await conn.read_response()
+        try:
+            replication = await conn.read_response()
+        except redis.ResponseError:  # INFO's replication section withheld: not judged
+            replication = None
         with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
             await conn.read_response()
         run_id, started = server_of([info])
         claim_server(node, run_id)
+        refuse_replica(node, replication)
         # The connected transport is handed to an AsyncWire: replies are parsed as they
         # arrive and handed to the fan-out's callbacks, with no read task per connection.
         writer = conn._writer

@@ -91,6 +91,7 @@ __all__ = [
     "reached",
     "reader",
     "redact",
+    "refuse_replica",
     "reply_failure",
     "script_command",
     "server_of",
@@ -280,10 +281,15 @@ def unfinished(dues: Iterable[Due]) -> list[bytes]:
     return kept
 
 
-#: A new connection's first round trip: INFO (the run id and start of the server), and the
-#: release script loaded, so a release (an ``EVALSHA``) whose answer nobody reads in time
-#: does not meet a ``NOSCRIPT`` on a server that restarted (see ``commands._RELEASE_HEAD``).
-HANDSHAKE = pack(["INFO", "server"]) + pack(["SCRIPT", "LOAD", RELEASE.body])
+#: A new connection's first round trip: INFO (the run id and start of the server, and
+#: whether it is a replica), and the release script loaded, so a release (an ``EVALSHA``)
+#: whose answer nobody reads in time does not meet a ``NOSCRIPT`` on a server that restarted
+#: (see ``commands._RELEASE_HEAD``). Two INFO commands: Redis 6.2 takes one section each.
+HANDSHAKE = (
+    pack(["INFO", "server"])
+    + pack(["INFO", "replication"])
+    + pack(["SCRIPT", "LOAD", RELEASE.body])
+)
 
 #: What a non-blocking socket raises when it takes nothing now (a TLS one may need to read).
 SOCKET_FULL = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
@@ -333,10 +339,15 @@ class Wire:
             conn.connect()
             conn.send_packed_command([HANDSHAKE])
             info = conn.read_response()
+            try:
+                replication = conn.read_response()
+            except redis.ResponseError:  # INFO's replication section withheld: not judged
+                replication = None
             with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
                 conn.read_response()
             self.run_id, self.started = server_of([info])
             claim_server(node, self.run_id)
+            refuse_replica(node, replication)
             sock = conn._sock
             assert sock is not None
         except BaseException as exc:
@@ -1622,6 +1633,30 @@ def claim_server(node: Node, run_id: str) -> None:
         why = (
             f"the same Redis server as node {other.name} (run_id {run_id}): one server must "
             "not vote twice (remove one of the two entries)"
+        )
+        raise WireError(Failure("refused", why))
+
+
+def refuse_replica(node: Node, replication: Any) -> None:
+    """Refuse a connection of a plain node to a replica (``INFO replication`` says
+    ``role:slave``): it is not independent of its primary (it holds that primary's keys, and
+    loses its own writes at the next resync), and a read-only one never votes anyway. A
+    Sentinel group's connection that reached a replica is the failover's business: it is
+    dropped at its first ``READONLY`` and the next one asks the Sentinels."""
+    if node.group is not None or not isinstance(replication, bytes):
+        return
+    fields = dict(
+        line.split(":", 1)
+        for line in replication.decode(errors="replace").splitlines()
+        if ":" in line
+    )
+    if fields.get("role", "").strip() == "slave":
+        primary = (
+            f"{fields.get('master_host', '?').strip()}:{fields.get('master_port', '?').strip()}"
+        )
+        why = (
+            f"a replica (of {primary}), not an independent primary: only primaries vote "
+            "(list the primary once, or make each node a primary of its own)"
         )
         raise WireError(Failure("refused", why))
 
