@@ -519,9 +519,12 @@ class LockedTask(Task):
 
     # -- options ----------------------------------------------------------------------------
 
-    def lock_options(self, overrides: Mapping[str, Any] | None = None) -> LockOptions:
+    def lock_options(
+        self, overrides: Mapping[str, Any] | None = None, *, sending: bool = False
+    ) -> LockOptions:
         """Project defaults (``REDLOCK["LOCKED_TASK"]``) overlaid with the options this task
-        sets itself, then with per-call ``overrides`` (header field names)."""
+        sets itself, then with per-call ``overrides`` (header field names); when ``sending``,
+        a ttl or limit the task's lock service would refuse is refused now."""
         defaults = header_values(_project_defaults())
         values = {
             field: _class_attr(self, option)
@@ -529,17 +532,41 @@ class LockedTask(Task):
             else defaults[field]
             for option, field in CALL_OPTIONS.items()
         }
-        check_task_options(values, f"task {self.name}")
-        self._check_template(values["key"], f"task {self.name}")
+        where = f"task {self.name}"
+        check_task_options(values, where)
+        self._check_template(values["key"], where)
         if overrides:
             given = {k: v for k, v in overrides.items() if k in HEADER_FIELDS}
             where = f"task {self.name} (per-call options)"
             check_task_options(given, where, per_call=True)
             self._check_template(given.get("key"), where)
             values.update(given)
+        if sending and (values["ttl"] is not None or values["limit"] is not None):
+            # The task's own ttl or limit as much as a per-call one: the service would refuse
+            # it at every run.
+            limits = self._service_limits()
+            check_task_options({"ttl": values["ttl"], "limit": values["limit"]}, where, **limits)
         if values["dedupe"] is True:
             values["dedupe"] = "merge"
         return LockOptions(**values)
+
+    def _service_limits(self) -> dict[str, Any]:
+        """What the lock service refuses at every run: a lease past its ``max_ttl``, and a
+        semaphore on a backend that offers none."""
+        from django.core.exceptions import ImproperlyConfigured
+
+        from .backends.base import BackendLocks
+
+        try:
+            service = self.get_redlock()
+        except ImproperlyConfigured:  # sending never needed the setting: the worker says so
+            return {}
+        kind = type(service)
+        plain = isinstance(service, BackendLocks) and kind.semaphore is BackendLocks.semaphore
+        return {
+            "max_ttl": getattr(service, "max_ttl", None),
+            "without_semaphores": kind.__name__ if plain else None,
+        }
 
     def _check_template(self, key: Any, where: str) -> None:
         """Refuse a ``lock_key`` template ``@locked`` would refuse (malformed, positional or
@@ -630,7 +657,7 @@ class LockedTask(Task):
         headers = dict(options.pop("headers", None) or {})
         header = dict(headers.get(HEADER) or {})
         header.update(overrides)
-        opts = self.lock_options(header)
+        opts = self.lock_options(header, sending=True)
         queued = None
         # The task's own self.retry() sends the running request's id again: the same task
         # going on, never a duplicate of the one queued behind it.

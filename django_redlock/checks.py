@@ -107,24 +107,49 @@ def check_reachable(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     parsed = _valid_nodes()
     if not parsed:
         return []
-    down, policies = _probe_all(parsed)
-    return _quorum_messages(parsed, down) + eviction_warnings(policies)
+    down, policies, servers = _probe_all(parsed)
+    return (
+        _same_server_errors(servers) + _quorum_messages(parsed, down) + eviction_warnings(policies)
+    )
+
+
+def _same_server_errors(servers: Sequence[tuple[int, str, str]]) -> list[CheckMessage]:
+    """E014 for each node that reached the server an earlier node reached (the same INFO
+    run_id): a unix socket and a TCP port of one server, which no URL comparison can tell."""
+    first: dict[str, tuple[int, str]] = {}
+    found: list[CheckMessage] = []
+    for index, url, run_id in servers:
+        earlier = first.setdefault(run_id, (index, url))
+        if earlier[0] != index:
+            found.append(
+                error(
+                    14,
+                    f"REDLOCK nodes [{earlier[0]}] {redact(earlier[1])} and [{index}] "
+                    f"{redact(url)} are the same Redis server (run_id {run_id}): it would vote "
+                    "twice, so the later entry never votes (its connections are refused).",
+                    hint="List each server once: Redlock needs independent nodes.",
+                )
+            )
+    return found
 
 
 def _probe_all(
     parsed: Sequence[tuple[int, str, dict[str, Any]]],
-) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]]]:
-    """Every node probed at once: ``(index, url, why)`` of those down and ``(index, url,
-    maxmemory-policy)`` of those that answered."""
+) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]], list[tuple[int, str, str]]]:
+    """Every node probed at once: ``(index, url, why)`` of those down, ``(index, url,
+    maxmemory-policy)`` and ``(index, url, run_id)`` of those that answered."""
     with ThreadPoolExecutor(max_workers=max(len(parsed), 1)) as pool:
         results = list(pool.map(lambda item: _probe(item[1], item[2]), parsed))
-    down, policies = [], []
-    for (index, url, _), (why, policy) in zip(parsed, results, strict=True):
+    down, policies, servers = [], [], []
+    for (index, url, _), (why, policy, run_id) in zip(parsed, results, strict=True):
         if why is not None:
             down.append((index, url, why))
-        elif policy is not None:
+            continue
+        if policy is not None:
             policies.append((index, url, policy))
-    return down, policies
+        if run_id is not None:
+            servers.append((index, url, run_id))
+    return down, policies, servers
 
 
 def eviction_warnings(policies: Sequence[tuple[int, str, str]]) -> list[CheckMessage]:
@@ -172,9 +197,9 @@ def _quorum_messages(
     ]
 
 
-def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """``(why it is down, maxmemory-policy)``: PING, then ``INFO memory`` (readable without
-    the CONFIG permission managed services often withhold)."""
+def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """``(why it is down, maxmemory-policy, run_id)``: PING, then ``INFO server`` and ``INFO
+    memory`` (readable without the CONFIG permission managed services often withhold)."""
     import redis
 
     try:
@@ -183,13 +208,18 @@ def _probe(url: str, options: Mapping[str, Any]) -> tuple[str | None, str | None
             client.ping()
             try:
                 policy = client.info("memory").get("maxmemory_policy")
+                run_id = client.info("server").get("run_id")
             except redis.ResponseError:  # INFO renamed or denied: nothing to judge
-                policy = None
+                policy = run_id = None
         finally:
             client.close()
     except Exception as exc:
-        return str(exc) or type(exc).__name__, None
-    return None, str(policy) if policy is not None else None
+        return str(exc) or type(exc).__name__, None, None
+    return (
+        None,
+        str(policy) if policy is not None else None,
+        str(run_id) if run_id is not None else None,
+    )
 
 
 def node_eviction_policies() -> list[tuple[int, str, str]]:

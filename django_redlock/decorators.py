@@ -58,6 +58,7 @@ from .keys import (
     compiled_template,
     drf_request,
     make_key,
+    printable,
     shorten,
     user_pk,
 )
@@ -563,10 +564,11 @@ class Locked:
         logger.log(
             logging.WARNING if unavailable else logging.INFO,
             "lock %s %s: %s %s answered %s (retry after %s s)",
-            call.name,
-            f"unavailable ({exc})" if unavailable else "busy",
-            call.meta.get("method"),
-            call.meta.get("path"),
+            # The path (and a key made of it) is the client's: escaped, it forges no line.
+            printable(call.name),
+            printable(f"unavailable ({exc})" if unavailable else "busy"),
+            printable(call.meta.get("method")),
+            printable(call.meta.get("path")),
             503 if unavailable else "as locked",
             retry_after_seconds(exc),
             extra={

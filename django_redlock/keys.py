@@ -32,6 +32,7 @@ __all__ = [
     "compiled_template",
     "drf_request",
     "make_key",
+    "printable",
     "shorten",
     "user_pk",
 ]
@@ -63,6 +64,21 @@ def _escaper(extra: str) -> Callable[[str], str]:
         )
 
     return escape
+
+
+def printable(value: object) -> str:
+    """``str(value)`` safe to write into a log line or onto a terminal: each character that is
+    not printable (CR, LF, ESC and the other control characters, line separators) and the
+    backslash in Python's escaped form (``\\r``, ``\\x1b``, ``\\\\``), as Django's request
+    logger writes a client's path, so a value cannot forge a line or steer the terminal.
+    Printable letters of every script stay as they are."""
+    text = str(value)
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(
+        c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
 
 
 class KeyTemplate:

@@ -286,8 +286,14 @@ class NodeCollector:
     def collect(self) -> Iterator[Any]:
         families = self._families()
         stuck_after = get_config().get("STUCK_AFTER")
-        for service in aliases():
-            seen = probes.nodes(service, max_age=self.health_cache)
+        # Every probe of the scrape runs at once and is waited for until one deadline: a
+        # frozen node costs the scrape one probes.timeout, not one per probe.
+        services = aliases()
+        for service in services:
+            probes.start(service, max_age=self.health_cache)
+        deadline = time.monotonic() + probes.timeout
+        for service in services:
+            seen = probes.nodes(service, max_age=self.health_cache, deadline=deadline)
             families["probe"].add_metric([service], 0.0 if seen.error else 1.0)
             if seen.error:
                 continue
@@ -300,7 +306,7 @@ class NodeCollector:
                 if h.latency is not None:
                     families["latency"].add_metric([service, h.node], h.latency)
             families["quorum"].add_metric([service], 1.0 if seen.ready else 0.0)
-            locks = probes.live_locks(service, max_age=self.health_cache)
+            locks = probes.live_locks(service, max_age=self.health_cache, deadline=deadline)
             if locks is None:
                 continue
             families["live"].add_metric([service], float(len(locks)))

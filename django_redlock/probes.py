@@ -114,23 +114,38 @@ class HealthProbes:
         max_age: float,
         make: Callable[[], Awaitable[Any]],
         failed: Callable[[BaseException], Any],
+        deadline: float | None = None,
     ) -> Any:
         """The cached answer when younger than ``max_age``, else the probe's (waited for at
-        most :attr:`timeout`; ``failed(exc)`` stands for an answer that did not come)."""
+        most :attr:`timeout`, or until ``deadline`` (``time.monotonic()``); ``failed(exc)``
+        stands for an answer that did not come)."""
         cached, found = self._cached_or_pending(key, max_age, make)
         if cached:
             return found
+        wait = self.timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            value = found.result(self.timeout)
+            value = found.result(wait)
         except Exception as exc:
             value = failed(exc)
         return self._store(key, value)
 
     # -- node health ---------------------------------------------------------------------------
 
-    def nodes(self, alias: str = "default", *, max_age: float = 1.0) -> NodesSeen:
-        """Every node of lock service ``alias``, at most ``max_age`` seconds old."""
-        return self._probed(("nodes", alias), max_age, lambda: _probe_nodes(alias), self._failed)
+    def nodes(
+        self, alias: str = "default", *, max_age: float = 1.0, deadline: float | None = None
+    ) -> NodesSeen:
+        """Every node of lock service ``alias``, at most ``max_age`` seconds old (waited for
+        until ``deadline``, a ``time.monotonic()`` value, when given)."""
+        return self._probed(
+            ("nodes", alias), max_age, lambda: _probe_nodes(alias), self._failed, deadline
+        )
+
+    def start(self, alias: str, *, max_age: float) -> None:
+        """Start the probes of :meth:`nodes` and :meth:`live_locks` that are not cached, so
+        they run at once: a caller that reads both then waits for the slower one only (a
+        scrape, with frozen nodes, waits one listing timeout rather than two)."""
+        self._cached_or_pending(("nodes", alias), max_age, lambda: _probe_nodes(alias))
+        self._cached_or_pending(("locks", alias), max_age, lambda: _listing(alias))
 
     async def anodes(self, alias: str = "default", *, max_age: float = 1.0) -> NodesSeen:
         """:meth:`nodes` for async code (the wait does not block the caller's loop)."""
@@ -146,26 +161,30 @@ class HealthProbes:
 
     def _failed(self, exc: BaseException) -> NodesSeen:
         if isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError)):
-            error = f"no answer from the health probe within {self.timeout:g} s"
+            error = f"no answer from the health probe in time (at most {self.timeout:g} s)"
         else:
             error = str(exc) or type(exc).__name__
         return NodesSeen(health=[], quorum=0, taken_at=time.monotonic(), error=error)
 
     # -- live locks ----------------------------------------------------------------------------
 
-    def live_locks(self, alias: str = "default", *, max_age: float = 5.0) -> list[LockInfo] | None:
+    def live_locks(
+        self, alias: str = "default", *, max_age: float = 5.0, deadline: float | None = None
+    ) -> list[LockInfo] | None:
         """Every live lock of ``alias``, at most ``max_age`` seconds old; None when the nodes
-        could not be listed in time."""
-
-        async def listing() -> list[LockInfo]:
-            return list(await get_async_locks(alias).live_locks("*"))
-
-        return self._probed(("locks", alias), max_age, listing, lambda exc: None)
+        could not be listed in time (until ``deadline`` when given)."""
+        return self._probed(
+            ("locks", alias), max_age, lambda: _listing(alias), lambda exc: None, deadline
+        )
 
     def forget(self) -> None:
         """Drop every cached answer (the settings changed)."""
         with self._mutex:
             self._seen.clear()
+
+
+async def _listing(alias: str) -> list[LockInfo]:
+    return list(await get_async_locks(alias).live_locks("*"))
 
 
 async def _probe_nodes(alias: str) -> NodesSeen:

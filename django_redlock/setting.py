@@ -459,19 +459,9 @@ def _check_locked_task(value: Any, max_ttl: float | None = None) -> list[CheckMe
             )
         ]
     try:
-        check_task_options(header_values(value), "REDLOCK['LOCKED_TASK']")
+        check_task_options(header_values(value), "REDLOCK['LOCKED_TASK']", max_ttl=max_ttl)
     except (TypeError, ValueError) as exc:
         return [error(12, f"{exc}.")]
-    lock_ttl = value.get("lock_ttl")
-    if max_ttl is not None and isinstance(lock_ttl, (int, float)) and lock_ttl > max_ttl:
-        return [
-            error(
-                12,
-                f"REDLOCK['LOCKED_TASK'] lock_ttl ({lock_ttl:g}s) is longer than MAX_TTL "
-                f"({max_ttl:g}s): every run of a task that takes it would be refused.",
-                hint="Raise REDLOCK['MAX_TTL'] or lower lock_ttl.",
-            )
-        ]
     return []
 
 

@@ -56,10 +56,19 @@ def header_values(options: Mapping[str, Any]) -> dict[str, Any]:
     return {CALL_OPTIONS[k]: v for k, v in options.items() if k in CALL_OPTIONS}
 
 
-def check_task_options(values: Mapping[str, Any], where: str, *, per_call: bool = False) -> None:
+def check_task_options(
+    values: Mapping[str, Any],
+    where: str,
+    *,
+    per_call: bool = False,
+    max_ttl: float | None = None,
+    without_semaphores: str | None = None,
+) -> None:
     """Raise ValueError/TypeError naming ``where`` and the option for a bad value in
     ``values`` (header field names; None means "not given"). A ``per_call`` key travels in
-    the JSON message header, so it must be a template, not a callable."""
+    the JSON message header, so it must be a template, not a callable. Given the lock
+    service's ``max_ttl``, a longer ``ttl`` is refused, as the service would refuse it at
+    every run; given the name of a service ``without_semaphores``, so is any ``limit``."""
     on_locked = values.get("on_locked")
     if on_locked is not None and on_locked not in ON_LOCKED:
         raise ValueError(f"{where}: on_locked must be one of {ON_LOCKED}, got {on_locked!r}")
@@ -70,11 +79,20 @@ def check_task_options(values: Mapping[str, Any], where: str, *, per_call: bool 
                 check_positive(
                     HEADER_FIELDS[name], value, allow_zero=name in ("wait", "retry_jitter")
                 )
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+    try:
         for name in _BOOLEANS:
             if values.get(name) is not None:
                 check_flag(HEADER_FIELDS[name], values[name])
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{where}: {exc}") from None
+    except TypeError as exc:  # docs/celery.rst: a lock_renew not a bool is a ValueError
+        raise ValueError(f"{where}: {exc}") from None
+    ttl = values.get("ttl")
+    if max_ttl is not None and ttl is not None and ttl > max_ttl:
+        raise ValueError(
+            f"{where}: lock_ttl {ttl!r} exceeds max_ttl {max_ttl!r} (the lock service refuses "
+            "a longer lease)"
+        )
     retries = values.get("max_retries")
     if retries is not None and (
         isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
@@ -91,6 +109,11 @@ def check_task_options(values: Mapping[str, Any], where: str, *, per_call: bool 
             check_limit(limit, "lock_limit")
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
+        if without_semaphores is not None:
+            raise ValueError(
+                f"{where}: lock_limit {limit!r} needs a semaphore, and {without_semaphores} has "
+                "none (semaphores are the Redlock's: lock_using='default')"
+            )
     key = values.get("key")
     if key is not None and not isinstance(key, str) and (per_call or not callable(key)):
         kinds = "a str template" if per_call else "a str template or a callable"

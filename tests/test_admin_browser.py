@@ -411,6 +411,16 @@ def test_list_fits_desktop_widths_and_scrolls_on_a_phone(
         page.goto(f"{base}detail/?name={name}")
         title = page.locator("h1 .redlock-key").bounding_box()
         assert title is not None and title["x"] + title["width"] <= viewport + 0.5, title
+        # A key with a long unbroken run (a digest, as @locked's long keys end) wraps too,
+        # in the title and in the breadcrumb, on the detail and the release pages.
+        digest = rl.lock(f"upload:{'0123456789abcdef' * 4}", ttl=60.0)
+        assert digest.acquire()
+        locks.append(digest)
+        for url in (f"{base}detail/?name={digest.name}", f"{base}release/?name={digest.name}"):
+            page.goto(url)
+            page.locator("#content-main").wait_for()
+            scroll_width, viewport, past = _page_overflow(page)
+            assert scroll_width <= viewport and not past, (django.get_version(), url, past)
     finally:
         for lock in locks:
             lock.release()

@@ -117,6 +117,14 @@ def test_admin_lists_and_force_releases(admin_client, etcd_server, root, name) -
     cases.admin_round_trip(admin_client, entry, name)
 
 
+def test_locked_takes_the_reentrant_and_meta_settings(etcd_server, root, name) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.etcd.EtcdLocks",
+        "OPTIONS": {"endpoints": [etcd_server.address], "root": root},
+    }
+    cases.settings_round_trip(entry, name)
+
+
 @pytest.mark.django_db
 def test_management_command_round_trip(etcd_server, root, name) -> None:
     entry = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import threading
 
 import pytest
 from django.core import checks
@@ -44,8 +45,6 @@ def test_alias_built_once_and_rebuilt_on_change() -> None:
 
 
 def test_alias_shared_by_threads_and_rebuilt_when_databases_change(settings) -> None:
-    import threading
-
     with override_settings(REDLOCK=redlock_with({"db": DB})):
         first = get_locks("db")
         seen: list[object] = []
@@ -192,8 +191,18 @@ def test_locked_decorator_takes_the_lock_on_the_alias() -> None:
     def job(n: int) -> str:
         locks = get_locks("db")
         seen.append(locks.locked(f"registry:job:{n}"))
-        with pytest.raises(LockNotAcquired):  # the same key on the same backend is taken
-            job(n)
+        refused: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                job(n)
+            except LockNotAcquired as exc:
+                refused.append(exc)
+
+        thread = threading.Thread(target=other)  # the same key on the same backend is taken
+        thread.start()
+        thread.join(10)
+        assert len(refused) == 1
         return "done"
 
     with override_settings(REDLOCK=redlock_with({"db": DB})):
@@ -234,6 +243,25 @@ def test_locked_task_takes_the_lock_on_lock_using() -> None:
         assert isinstance(task.get_redlock(), DatabaseLocks)
         assert task.apply(args=(1,)).get() == [True, True]
         assert not get_locks("db").locked("registry:task:1")
+
+
+def test_a_per_call_lock_limit_on_a_service_without_semaphores_is_refused_when_sent() -> None:
+    """docs/backends.rst: semaphores are the Redlock's only; a per-call lock_limit on a task
+    whose lock_using names a backend is refused by apply_async (ValueError), not sent to fail
+    on the worker with NotImplementedError."""
+    import celery
+
+    from django_redlock.celery import LockedTask
+
+    app = celery.Celery("backend-registry", broker="memory://", backend="cache+memory://")
+
+    @app.task(base=LockedTask, bind=True, lock_key="registry:limit:{x}", lock_using="db")
+    def limited(self, x: int) -> None:  # pragma: no cover - never runs
+        return None
+
+    with override_settings(REDLOCK=redlock_with({"db": DB})):
+        with pytest.raises(ValueError, match=r"per-call options.*lock_limit 2.*DatabaseLocks"):
+            limited.apply_async((1,), lock_limit=2)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -51,7 +51,12 @@ def rl(redis_nodes: RedisCluster, make_redlock: Any) -> Redlock:
 
 
 def pottery_pttls(masters: set[redis.Redis], key: str) -> list[int]:
-    return [m.pttl(f"redlock:{key}") for m in masters]
+    """The key's PTTL on the masters that took it: pottery's acquire needs only a quorum of
+    them, and on a busy machine the last one may answer after it returned (no key there)."""
+    pttls = [m.pttl(f"redlock:{key}") for m in masters]
+    taken = [p for p in pttls if p != -2]
+    assert len(taken) > len(masters) // 2, pttls
+    return taken
 
 
 def test_row_auto_release_time_is_ttl(masters, rl, redis_nodes) -> None:
@@ -59,7 +64,8 @@ def test_row_auto_release_time_is_ttl(masters, rl, redis_nodes) -> None:
     lease in seconds on every node."""
     theirs = PotteryRedlock(key="ttl", masters=masters, auto_release_time=10)
     assert theirs.acquire(blocking=False)
-    assert all(9000 < p <= 10000 for p in pottery_pttls(masters, "ttl"))
+    # Seconds, not milliseconds; the margin is for a busy machine between the SET and the read.
+    assert all(5000 < p <= 10000 for p in pottery_pttls(masters, "ttl"))
     ours = rl.lock("ttl", ttl=10)
     assert ours.acquire(blocking=False)
     assert all(9000 < p <= 10000 for p in pttls_on_nodes(redis_nodes, "ttl"))
@@ -176,7 +182,7 @@ def test_row_extend_has_no_limit(masters, rl, redis_nodes) -> None:
     assert theirs.acquire(blocking=False)
     for _ in range(3):
         theirs.extend()
-    assert all(9000 < p <= 10000 for p in pottery_pttls(masters, "ext"))
+    assert all(5000 < p <= 10000 for p in pottery_pttls(masters, "ext"))
     with pytest.raises(TooManyExtensions):
         theirs.extend()
     theirs.release()

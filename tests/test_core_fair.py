@@ -17,22 +17,29 @@ pytestmark = pytest.mark.slow
 CTX = multiprocessing.get_context("fork")
 
 
-def _waiter(urls, index, arrived, results, heartbeat):
+def _waiter(urls, index, arrived, results, heartbeat, done=None):
+    """A fair lock's waiter; with ``done``, a fair semaphore's (limit 2), which keeps its
+    permit until ``done`` is set (so no two waiters are served at the same moment)."""
     redlock = Redlock(urls, ttl=5, fair_heartbeat=heartbeat)
-    lock = redlock.lock("fair", fair=True)
+    lock = (
+        redlock.lock("fair", fair=True) if done is None else redlock.semaphore("fair", 2, fair=True)
+    )
     # Join the line, then report: the line position is fixed once the first attempt returns.
     arrived.put(index)
     acquired = lock.acquire(timeout=30)
     results.put((index, acquired, time.monotonic()))
     if acquired:
+        if done is not None:
+            done.wait(30)
         lock.release()
 
 
-def _join_in_order(urls, count, heartbeat=1.0):
+def _join_in_order(urls, count, heartbeat=1.0, done=None):
     arrived, results = CTX.Queue(), CTX.Queue()
     processes = []
     for index in range(count):
-        process = CTX.Process(target=_waiter, args=(urls, index, arrived, results, heartbeat))
+        args = (urls, index, arrived, results, heartbeat, None if done is None else done[index])
+        process = CTX.Process(target=_waiter, args=args)
         process.start()
         assert arrived.get(timeout=10) == index
         _wait_for_line(urls, index + 1)
@@ -66,6 +73,29 @@ def test_waiters_in_separate_processes_acquire_in_arrival_order(redis_nodes):
         process.join(10)
     assert all(acquired for _, acquired, _ in order)
     assert [index for index, _, _ in order] == list(range(8))
+
+
+def test_semaphore_waiters_take_freed_slots_in_arrival_order(redis_nodes):
+    """Both permits held, six waiters line up and wait longer than their heartbeat (a waiter
+    that stops refreshing its place drops out of the line, and a later one passes it). Each
+    slot freed, one at a time, goes to the first waiter still waiting."""
+    rl = Redlock(redis_nodes.urls, ttl=10)
+    holders = [rl.semaphore("fair", 2, owner=k) for k in range(2)]
+    assert all(h.acquire(blocking=False) for h in holders)
+    done = [CTX.Event() for _ in range(6)]
+    processes, results = _join_in_order(redis_nodes.urls, 6, done=done)
+    time.sleep(2.5)  # the fault: the waiters wait well past their 1 s heartbeat
+    served = []
+    for free_a_slot in [*(h.release for h in holders), *(d.set for d in done[:4])]:
+        free_a_slot()
+        index, acquired, _ = results.get(timeout=30)
+        assert acquired
+        served.append(index)
+    for event in done:
+        event.set()
+    for process in processes:
+        process.join(10)
+    assert served == list(range(6))
 
 
 def test_dead_waiter_is_dropped_within_its_heartbeat(redis_nodes):

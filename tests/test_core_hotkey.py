@@ -220,4 +220,6 @@ def test_a_release_skips_a_waiter_whose_process_died(
     # Woken by the release (its own pause is 20 s), past the dead waiter, whose place the
     # release took away.
     assert result["at"] - released < 10
-    assert _waiters(redis_nodes, name) == [1] * len(redis_nodes)  # the winner's, until its release
+    # The dead waiter's place is gone from every node: what is left is at most the winner's
+    # (a node that the release reached after the winner's attempt took the winner's place).
+    assert all(count <= 1 for count in _waiters(redis_nodes, name))

@@ -378,6 +378,41 @@ def test_renew_for_caps_the_total_renewal_time(redis_nodes: RedisCluster, make_r
         lock.release()
 
 
+def test_renew_for_ending_on_a_renewal_stops_both_clients_at_the_same_one(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """ttl 1.5 s (renewed every 0.5 s) and renew_for 2.0 s: the cap falls on a renewal's due
+    time. Both clients renew at 0.5, 1.0 and 1.5 s and not at 2.0 s, so the lock is gone near
+    3.0 s in both (the sync client renewed once more, up to 3.5 s, as its watchdog wakes a
+    little early)."""
+    import asyncio
+
+    from django_redlock import AsyncRedlock
+
+    def gone_after(name: str, start: float) -> float:
+        wait_until(lambda: tokens_on_nodes(redis_nodes, name) == [None] * 3, timeout=6)
+        return time.monotonic() - start
+
+    rl = make_redlock(redis_nodes)
+    lock = rl.lock("renew:edge", ttl=1.5, auto_renew=True, renew_for=2.0)
+    start = time.monotonic()
+    assert lock.acquire(blocking=False)
+    sync_gone = gone_after(lock.name, start)
+
+    async def main() -> float:
+        arl = AsyncRedlock(redis_nodes.urls)
+        try:
+            alock = arl.lock("renew:edge:async", ttl=1.5, auto_renew=True, renew_for=2.0)
+            start = time.monotonic()
+            assert await alock.acquire(blocking=False)
+            return await asyncio.to_thread(gone_after, alock.name, start)
+        finally:
+            await arl.close()
+
+    async_gone = asyncio.run(main())
+    assert 2.6 <= sync_gone <= 3.3 and 2.6 <= async_gone <= 3.3, (sync_gone, async_gone)
+
+
 def test_renewals_wait_out_busy_nodes_within_the_leases_validity(
     redis_cluster_factory, make_redlock
 ) -> None:

@@ -457,6 +457,28 @@ class TestViews:
         assert record.levelno == logging.WARNING and record.lock_name == "order:1"
         assert cluster.urls[0] in record.getMessage() and cluster.urls[1] in record.getMessage()
 
+    def test_a_refused_or_unavailable_request_logs_its_path_escaped(
+        self, settings, redis_cluster_factory, caplog
+    ):
+        """A client's path cannot forge log lines or send terminal escapes into the log: CR,
+        LF and ESC are written as Django's request logger writes them (``\\r``, ``\\x1b``)."""
+        path = "/y%0d%0aCRITICAL%20django_redlock%20forged%1b%5b31m/"  # as a client sends it
+        with caplog.at_level(logging.INFO, logger="django_redlock"):
+            with held_by_someone_else("order:1"):
+                assert pay_view(rf.get(path), order_id=1).status_code == 423
+            cluster = redis_cluster_factory(3)
+            settings.REDLOCK = {"NODES": cluster.urls, "TTL": 10.0}
+            cluster[0].kill()
+            cluster[1].kill()
+            assert pay_view(rf.get(path), order_id=1).status_code == 503
+        messages = {
+            r.lock_event: r.getMessage() for r in caplog.records if hasattr(r, "lock_event")
+        }
+        assert set(messages) == {"refused", "unavailable"}
+        for message in messages.values():
+            assert "/y\\r\\nCRITICAL django_redlock forged\\x1b[31m/" in message, message
+            assert not {"\r", "\n", "\x1b"} & set(message), message
+
     def test_released_when_the_view_raises(self):
         @locked("k")
         def view(request):

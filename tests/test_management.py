@@ -52,6 +52,26 @@ class TestList:
         only = run("list", "--pattern", "order:*")
         assert "order:1" in only and "report:x" not in only
 
+    def test_every_value_is_printed_with_control_characters_escaped(self):
+        """A view's holder metadata is the client's (its path): ``list``, ``release``'s
+        refusal and ``release --pattern`` print no ESC, BEL, CR or LF of it, nor of a name."""
+        name = "evil:\x1b[31m\n"
+        path = "/x\x1b[2J\x1b[31mPWNED\nforged\r"
+        hold(name, meta={"method": "GET", "path": path, "user": "\x1b]0;t\x07"})
+        listed = run("list")
+        assert len(listed.splitlines()) == 3, listed  # header, the lock, the count
+        out = StringIO()
+        with pytest.raises(CommandError, match="--yes"):
+            call_command("redlock", "release", "--pattern", "evil:*", stdout=out)
+        matching = out.getvalue()
+        assert len(matching.splitlines()) == 2, matching  # the count, the lock
+        with pytest.raises(CommandError) as refused:
+            run("release", name)
+        for out in (listed, matching, str(refused.value)):
+            assert "GET /x\\x1b[2J\\x1b[31mPWNED\\nforged\\r" in out, out
+            assert "user \\x1b]0;t\\x07" in out and "evil:\\x1b[31m\\n" in out, out
+            assert not {"\x1b", "\x07", "\r"} & set(out), out
+
     def test_a_holder_pid_out_of_range_is_listed_not_fatal(self):
         """``meta`` is the caller's: a pid no process can have (past any kernel's pid_max,
         beyond a C long) is a holder we cannot judge, not a reason to list nothing."""

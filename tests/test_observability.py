@@ -267,6 +267,28 @@ def test_a_frozen_node_does_not_make_the_pod_unready(
         assert elapsed < probes.timeout + 3  # bounded (generously: a busy machine is slow)
 
 
+def test_a_scrape_with_frozen_nodes_waits_at_most_the_probe_timeout(
+    settings, redis_cluster_factory, registry
+):
+    """Two of five nodes frozen: the scrape's health probe and its lock listing each wait
+    for them (a listing timeout), at once and within one probes.timeout, not one after the
+    other."""
+    cluster = redis_cluster_factory(5)
+    settings.REDLOCK = {"NODES": cluster.urls, "TTL": 10.0, "NODE_TIMEOUT": 0.5}
+    with get_redlock().lock("first", 10.0):
+        pass
+    assert Client().get("/redlock/metrics/").status_code == 200
+    with cluster[0].paused(), cluster[1].paused():
+        probes.forget()  # the gauges are cached for 10 ms: this scrape probes again
+        started = time.monotonic()
+        response = Client().get("/redlock/metrics/")
+        elapsed = time.monotonic() - started
+    assert response.status_code == 200
+    assert elapsed < probes.timeout + 0.4, elapsed
+    down = f'redlock_node_up{{node="{cluster.urls[0]}",service="default"}} 0.0'
+    assert down in response.content.decode()
+
+
 def test_readiness_redacts_node_passwords(settings, fresh_readiness):
     from django_redlock.testing import RedisNode
 

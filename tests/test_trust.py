@@ -146,6 +146,24 @@ def test_manage_redlock_trust_refuses_while_a_lock_is_held(trust_settings) -> No
     lock.release()
 
 
+def test_manage_redlock_trust_without_a_restart_guard_is_a_usage_error(
+    settings, redis_cluster_factory
+) -> None:
+    """Trust is the restart guard's: on a service without one it is a usage error (exit 2),
+    and nothing is written on the nodes."""
+    from django_redlock.conf import reset
+
+    cluster = redis_cluster_factory(3)
+    settings.REDLOCK = {"NODES": list(cluster.urls), "RESTART_GUARD": False}
+    try:
+        with pytest.raises(CommandError, match="no restart guard") as info:
+            _call("trust", "--yes")
+        assert info.value.returncode == 2
+        assert _markers(cluster) == [{}, {}]
+    finally:
+        reset()
+
+
 def test_check_command_and_health_agree_on_a_new_cluster(settings, redis_cluster_factory) -> None:
     """``redlock check`` and the admin page (``health()``) use the core's
     one judgement: a brand-new cluster's nodes vote (trusted at the first lock)."""

@@ -265,6 +265,10 @@ class BackendLocks:
                 "(for a longer wait pass a timeout)"
             )
         self.listeners: list[Any] = []
+        #: What ``lock(reentrant=None)`` means and the metadata stored with every lock, as
+        #: the Redlock's ``reentrant``/``meta``; the registry sets them from ``REDLOCK``.
+        self.reentrant = False
+        self.meta: dict[str, Any] = {}
         #: The grant of each name held through this manager, for reentrant holds.
         self._holds: dict[str, Grant] = {}
         self._holds_lock = threading.Lock()
@@ -380,14 +384,15 @@ class BackendLocks:
         acquire without a timeout (at most ``retries`` x ``retry_delay`` seconds here).
         ``reentrant=True``: the owner that holds ``name`` through this manager takes it
         again as one more hold of the same grant (released at the last release), as on the
-        Redlock; without it (the default) a second acquire by the holder contends.
+        Redlock; without it (None: :attr:`reentrant`, False unless the registry built this
+        manager from ``REDLOCK["REENTRANT"]``) a second acquire by the holder contends.
         """
         check_name(name)
         self._this_process()
         lease = self.ttl if ttl is None else check_positive("ttl", ttl)
         timeout = check_timeout(timeout)
-        details = check_meta(meta)
-        reentrant = False if reentrant is None else check_flag("reentrant", reentrant)
+        details = {**self.meta, **check_meta(meta, besides=self.meta)}
+        reentrant = self.reentrant if reentrant is None else check_flag("reentrant", reentrant)
         if fair and not self.fair:
             raise ValueError(f"{type(self).__name__} does not serve waiters in order (fair=True)")
         if renew_for is not None:

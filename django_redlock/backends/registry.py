@@ -40,7 +40,8 @@ def aliases() -> list[str]:
 def build_backend(alias: str, entry: Any) -> Any:
     """A new backend from one ``BACKENDS`` entry; ValueError/TypeError/ImportError naming
     what is wrong (the system checks report the same message). The backends here take
-    ``retry_count``/``retry_delay`` from ``REDLOCK`` unless their ``OPTIONS`` name them."""
+    ``retry_count``/``retry_delay`` from ``REDLOCK`` unless their ``OPTIONS`` name them, and
+    ``REENTRANT`` and ``META`` as the defaults of their locks."""
     if not isinstance(entry, Mapping) or not isinstance(entry.get("BACKEND"), str):
         raise ValueError(
             f'REDLOCK["BACKENDS"][{alias!r}] must be a dict with a "BACKEND" dotted path, '
@@ -53,18 +54,23 @@ def build_backend(alias: str, entry: Any) -> Any:
     if not isinstance(options, Mapping):
         raise ValueError(f'REDLOCK["BACKENDS"][{alias!r}]["OPTIONS"] must be a dict')
     factory = import_string(entry["BACKEND"])
+    config = get_config()
     if isinstance(factory, type) and issubclass(factory, BackendLocks):
         # One retry policy for every lock service: what acquire(timeout=None) waits.
-        config = get_config()
         options = {
             "retry_count": config["RETRY_COUNT"],
             "retry_delay": config["RETRY_DELAY"],
             **options,
         }
     try:
-        return factory(**options)
+        manager = factory(**options)
     except (TypeError, ValueError) as exc:  # the same type, with the alias in front
         raise type(exc)(f'REDLOCK["BACKENDS"][{alias!r}]: {exc}') from None
+    if isinstance(manager, BackendLocks):
+        # As get_redlock(): @locked and locked() re-enter and store META on every service.
+        manager.reentrant = bool(config["REENTRANT"])
+        manager.meta = dict(config["META"] or {})
+    return manager
 
 
 def get_locks(alias: str = DEFAULT_ALIAS) -> Any:

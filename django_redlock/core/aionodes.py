@@ -48,6 +48,7 @@ from .nodes import (
     address_of,
     as_bytes,
     as_eval,
+    claim_server,
     connect_failure,
     fold,
     on_replica,
@@ -539,6 +540,7 @@ async def _connect_and_shake_hands(
         with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
             await conn.read_response()
         run_id, started = server_of([info])
+        claim_server(node, run_id)
         # The connected transport is handed to an AsyncWire: replies are parsed as they
         # arrive and handed to the fan-out's callbacks, with no read task per connection.
         writer = conn._writer

@@ -262,7 +262,8 @@ class Policy:
       steps' result (a bool) says whether the lease stands (fencing's write-back).
     - ``refused(who, replies, spread)``: the attempt failed and was undone; the steps'
       result (a bool) asks for another attempt at once (trusting a brand-new cluster).
-    - ``explain(reply)``: why a node that did not vote sits out (status 2), for the refusal.
+    - ``explain(reply, replies)``: why a node that did not vote sits out (status 2), for the
+      refusal (``replies``: every node's, as the reason may lie in the whole cluster).
     """
 
     #: The handle flag that switches the policy on (``"fair"``, ``"fencing"``), None: always.
@@ -285,7 +286,7 @@ class Policy:
     def refused(self, who: Contender, replies: list[Any], spread: float) -> Steps[bool] | None:
         return None
 
-    def explain(self, reply: list[Any]) -> str | None:
+    def explain(self, reply: list[Any], replies: list[Any]) -> str | None:
         return None
 
 
@@ -525,7 +526,8 @@ class Algorithm:
                 failures[node.name] = "held"
             elif reply[0] == 2:
                 failures[node.name] = next(
-                    (why for p in self.points["explain"] if (why := p.explain(reply))), "sits out"
+                    (why for p in self.points["explain"] if (why := p.explain(reply, replies))),
+                    "sits out",
                 )
                 contended = True
             elif reply[0] == 3:

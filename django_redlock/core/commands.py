@@ -247,9 +247,6 @@ class KeyLayout:
     def extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
         """``EXTEND`` of the lease; with ``claim``, taking the lock where nobody holds it
         (see :mod:`.scripts`), with the value its acquire wrote (as near as it is known)."""
-        if is_reader(lease.name):
-            # A reader never claims: its set may hold a writer's wait on the missing nodes.
-            return self.extend_token_command(lease.name, lease.token, ttl)
         value = ""
         if claim:
             acquired_ms = int((clock.wall() - (clock.monotonic() - lease.acquired)) * 1000)
@@ -260,15 +257,16 @@ class KeyLayout:
                 fence=lease.fence or 0,
                 acquired_ms=acquired_ms,
             )
-        return script_command(
-            scripts.EXTEND, [self.key(lease.name)], [lease.token, int(ttl * 1000), value]
-        )
+        return self.extend_token_command(lease.name, lease.token, ttl, value)
 
-    def extend_token_command(self, name: str, token: str, ttl: float) -> list[Any]:
+    def extend_token_command(self, name: str, token: str, ttl: float, value: str = "") -> list[Any]:
+        """``EXTEND`` of a hold by its token; with ``value``, also writing it where the hold is
+        missing and nobody holds the lock (a reader: where no writer holds it)."""
+        args = [token, int(ttl * 1000), value]
         if is_reader(name):
-            keys = self.reader_keys(name)
-            return script_command(rwscripts.READ_EXTEND, keys, [token, int(ttl * 1000)])
-        return script_command(scripts.EXTEND, [self.key(name)], [token, int(ttl * 1000), ""])
+            keys = [*self.reader_keys(name), self.key(base_name(name))]
+            return script_command(rwscripts.READ_EXTEND, keys, args)
+        return script_command(scripts.EXTEND, [self.key(name)], args)
 
     def holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         """The holder's details for the admin page, and their JSON (built from a cached part,

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import clock
 from .algorithm import Cluster, Contender, Pause, Policy, Send, Steps
-from .listing import started_together
+from .listing import FRESH_START_SPREAD, started_together
 from .nodes import Failure
 
 __all__ = ["MARKER_CHANGED", "RestartGuard"]
@@ -77,19 +77,43 @@ class RestartGuard(Policy):
             return True
         return False
 
-    def explain(self, reply: list[Any]) -> str:
+    def explain(self, reply: list[Any], replies: list[Any]) -> str:
         """Why a node in its restart guard does not vote, and what an operator can do."""
         seconds = f"{int(reply[1]) / 1000:.1f}s"
         if reply[2] == 1:
+            why = self._why_new_is_guarded(replies) or (
+                "not every node is new, so no node can vouch that nothing was held"
+            )
             return (
                 f"guarded for {seconds}: it has no lock data (new, flushed or restarted empty) "
-                "and not every node is new, so no node can vouch that nothing was held; if no "
-                "lock is held, `manage.py redlock trust` (Redlock.trust_cluster()) lets it "
-                "vote now"
+                f"and {why}; if no lock is held, `manage.py redlock trust` "
+                "(Redlock.trust_cluster()) lets it vote now"
             )
         return (
             f"guarded for {seconds}: a new server process (restart or failover) may have lost "
             "leases"
+        )
+
+    def _why_new_is_guarded(self, replies: list[Any]) -> str | None:
+        """When every node answered guarded for a missing marker (a cluster that looks
+        brand-new) and was not trusted as one: why not (None when some node is not new)."""
+        if not all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies):
+            return None
+        client = self.client
+        if not (client.restart_guard and client.trust_fresh_cluster):
+            return "every node has no lock data, but trust_fresh_cluster is off"
+        started = [r[5] for r in replies if len(r) > 5]
+        if len(started) == len(replies) and not started_together(
+            started, clock.wall(), client.max_ttl
+        ):
+            return (
+                "every node has no lock data, but their servers started more than "
+                f"{FRESH_START_SPREAD:g}s apart (FRESH_START_SPREAD, from INFO's uptime), so "
+                "they may have lost their data apart and none can vouch for another"
+            )
+        return (
+            "every node has no lock data, but their markers were armed apart, so they may have "
+            "lost their data apart and none can vouch for another"
         )
 
     def trust_builder(self, replies: list[Any]) -> Any:

@@ -228,10 +228,14 @@ class LeaseTable:
 
     def _too_few(self, ours: int, replies: Sequence[Any]) -> str:
         """How a renewal answered by too few nodes went, node by node."""
+        # A node that answered without our copy is named too: blaming only the silent ones
+        # hides where the hold had already gone.
         failed = [
             f"{node.name}: {reply}"
-            for node, reply in zip(self.nodes, replies, strict=False)
             if isinstance(reply, Failure)
+            else f"{node.name}: not held there"
+            for node, reply in zip(self.nodes, replies, strict=False)
+            if isinstance(reply, Failure) or reply == 0
         ]
         detail = f" ({'; '.join(failed)})" if failed else ""
         return f"{ours} of {len(self.nodes)} nodes renewed it, {self.quorum} needed{detail}"
@@ -243,7 +247,9 @@ class LeaseTable:
         if lease.validity <= 0:
             self.mark_lost(lease, self._why_ran_out(lease, now))
             return False
-        return lease.renew_until is None or now < lease.renew_until
+        if lease.renew_until is None:
+            return True
+        return lease.acquired + (lease.renewed + 1) * lease.ttl / 3 < lease.renew_until
 
     def _why_ran_out(self, lease: Lease, now: float, sent: float | None = None) -> str:
         """Why an auto-renewed lease ran out before the watchdog renewed it (see
@@ -273,6 +279,7 @@ class LeaseTable:
         for i, (lease, its) in enumerate(zip(leases, replies, strict=True)):
             at = None if answered is None else answered[i]
             if self.judge_extend(lease, lease.ttl, its, start, at):
+                lease.renewed += 1
                 # A third of the lease from when this round went out, as its validity
                 # counts: a round that took long leaves less time to the next, not more.
                 whens.append(start + lease.ttl / 3)

@@ -137,8 +137,18 @@ class Listing:
             and started_together([now - (h.uptime or 0.0) for h in health], now, self.max_ttl)
         )
         judged = []
+        first: dict[str, str] = {}  # run id -> the node that reached that server first
         for h in health:
-            if not h.reachable:
+            other = first.setdefault(h.run_id, h.node) if h.reachable and h.run_id else h.node
+            if other != h.node:
+                # One server listed twice (a unix socket and a TCP port): it votes once, as
+                # the acquire's connections let it (nodes.claim_server).
+                why = (
+                    f"the same Redis server as node {other} (run_id {h.run_id}): one server "
+                    "must not vote twice (remove one of the two entries)"
+                )
+                judged.append(replace(h, reachable=False, status="down", error=why))
+            elif not h.reachable:
                 judged.append(h)
             elif new_cluster:
                 judged.append(replace(h, guarded_for=0.0, status="voting"))

@@ -64,6 +64,10 @@ class Lease:
     auto_renew: bool = False
     renew_until: float | None = None  #: monotonic cap on auto-renewal, None = no cap
     last_renewal: float = field(default_factory=lambda: clock.monotonic())
+    #: Rounds of the watchdog that renewed it: the cap (renew_until) is judged on the
+    #: schedule's own times (acquired + k * ttl / 3), not on when a watchdog woke (the sync
+    #: wheel wakes early, a busy loop late), so both clients stop at the same renewal.
+    renewed: int = 0
     #: How too few nodes answered its last renewal (None once one succeeded): why it was
     #: lost, if it runs out before the next succeeds.
     refused: str | None = None

@@ -73,6 +73,7 @@ __all__ = [
     "WireError",
     "as_bytes",
     "as_eval",
+    "claim_server",
     "connect_failure",
     "connection_args",
     "eval_command",
@@ -335,6 +336,7 @@ class Wire:
             with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
                 conn.read_response()
             self.run_id, self.started = server_of([info])
+            claim_server(node, self.run_id)
             sock = conn._sock
             assert sock is not None
         except BaseException as exc:
@@ -805,6 +807,10 @@ class Node:
         #: reconnector's probes stay sync), None for a sync client.
         self.aio_connection_args = connection_args(url, options, asyncio=True) if asyncio else None
         self.node_timeout = node_timeout
+        #: The client's nodes by the run id of the server each reached first (shared by
+        #: them, see :func:`make_nodes`): what a URL cannot tell (a unix socket and a TCP
+        #: port of one server), the server's identity can.
+        self.reached: dict[str, Node] = {}
         self._idle: deque[Wire] = deque()
         #: Connections given up, kept open (and read) until the node has run what they
         #: carry: see :meth:`abandon`.
@@ -1608,6 +1614,18 @@ def node_client(url: str, options: Mapping[str, Any], **kwargs: Any) -> redis.Re
     return client
 
 
+def claim_server(node: Node, run_id: str) -> None:
+    """Refuse a connection of ``node`` to a server that another node of the client reached
+    first (the same ``run_id``): one server must not vote twice."""
+    other = node.reached.setdefault(run_id, node) if run_id else node
+    if other is not node:
+        why = (
+            f"the same Redis server as node {other.name} (run_id {run_id}): one server must "
+            "not vote twice (remove one of the two entries)"
+        )
+        raise WireError(Failure("refused", why))
+
+
 def make_nodes(
     specs: Sequence[NodeSpec], *, node_timeout: float, asyncio: bool = False
 ) -> list[Node]:
@@ -1629,7 +1647,9 @@ def make_nodes(
         seen[ident] = url
     nodes = [Node(spec, node_timeout=node_timeout, asyncio=asyncio) for spec in specs]
     servers = frozenset((host, port) for kind, host, port in seen if kind == "tcp")
+    reached: dict[str, Node] = {}
     for node in nodes:
+        node.reached = reached
         if node.group is not None:
             node.group.elsewhere = servers
     return nodes

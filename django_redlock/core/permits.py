@@ -234,10 +234,13 @@ class Permits:
         first: bool,
     ) -> Steps[tuple[LockBase, Lease] | Refusal]:
         """One attempt at a permit: a slot this process does not hold, at random, on the
-        first attempt (one round trip while permits are free); otherwise the slots free on
-        the most nodes, read first. The slots tried are at most two per attempt."""
+        first attempt (one round trip while permits are free) and on every attempt of a fair
+        waiter; otherwise (and then) the slots free on the most nodes, read first."""
         limit = handle.limit
-        if first:
+        # A fair waiter tries a slot every time, even with none free: only an attempt refreshes
+        # its place in the line, which drops a waiter whose heartbeat ran out (and then a later
+        # one passes it).
+        if first or line is not None:
             mine = self.client.leases.held_names(handle.hold_names())
             others = [k for k in range(limit) if permit_name(handle.name, k) not in mine]
             part = self._part(handle, permit_name(handle.name, random.choice(others or [0])))

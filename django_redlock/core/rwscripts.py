@@ -164,22 +164,34 @@ return 0
 """
 )
 
-# Re-arm a read hold if it is still ours.
-# KEYS[1] readers, KEYS[2] reader values; ARGV[1] token, ARGV[2] ttl ms
-# Returns 1 when extended, 0 when the token is not a live reader here.
+# Re-arm a read hold if it is still ours; with a claim, also put it back where its entry ran
+# out while no writer holds the lock there (a node that paused past the lease: otherwise the
+# hold lives on a bare quorum from then on, and the next minority pause costs it, where a
+# plain lock spreads back; the caller claims only while its lease is valid, so no writer can
+# hold a quorum meanwhile, and writers waiting already wait for this reader's quorum).
+# KEYS[1] readers, KEYS[2] reader values, KEYS[3] writer lock
+# ARGV[1] token, ARGV[2] ttl ms, ARGV[3] the reader's value to write where its entry is missing
+#         ('' for none)
+# Returns 1 when extended (or claimed), 0 when the token is not a live reader here.
 READ_EXTEND = Script(
     _FIELDS
     + _NOW
     + """
 local until_ms = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
 if until_ms <= now then
-  return 0
-end
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-local token, fence, renewals, acquired, _, meta = fields(redis.call('HGET', KEYS[2], ARGV[1]) or '')
-if token then
-  redis.call('HSET', KEYS[2], ARGV[1], string.format('%s %s %d %s %s', token, fence,
-             renewals + 1, acquired, ARGV[2]) .. '\\n' .. meta)
+  if ARGV[3] == '' or redis.call('EXISTS', KEYS[3]) == 1 then
+    return 0
+  end
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+else
+  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  local token, fence, renewals, acquired, _, meta = fields(redis.call('HGET', KEYS[2], ARGV[1])
+                                                           or '')
+  if token then
+    redis.call('HSET', KEYS[2], ARGV[1], string.format('%s %s %d %s %s', token, fence,
+               renewals + 1, acquired, ARGV[2]) .. '\\n' .. meta)
+  end
 end
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local ms = math.max(tonumber(last[2]) - now, 1)

@@ -128,6 +128,40 @@ def admin_round_trip(admin_client: Any, entry: dict[str, Any], name: str) -> Non
             assert not gone.check() and not again.check()
 
 
+def settings_round_trip(entry: dict[str, Any], name: str) -> None:
+    """``@locked(using="svc")`` on backend ``entry`` takes the project-wide ``REDLOCK``
+    defaults as it does on the Redlock: ``REENTRANT`` (a nested ``@locked``/``locked()`` on
+    the same key re-enters, sync and async) and ``META`` (stored with the holder)."""
+    from django.test import override_settings
+
+    from django_redlock import get_locks, locked
+
+    seen: list[Any] = []
+
+    @locked(name, using="svc", ttl=10)
+    def inner() -> None:
+        seen.append(get_locks("svc").lock_info(name).meta)
+
+    @locked(name, using="svc", ttl=10, meta={"mine": 1})
+    def outer() -> None:
+        with locked(name, using="svc", ttl=10):
+            inner()
+
+    @locked(name, using="svc", ttl=10)
+    async def ainner() -> str:
+        return "inner ran"
+
+    @locked(name, using="svc", ttl=10)
+    async def aouter() -> str:
+        return await ainner()
+
+    with override_settings(REDLOCK={**svc_settings(entry), "META": {"service": "web"}}):
+        outer()
+        assert asyncio.run(aouter()) == "inner ran"
+        assert not get_locks("svc").locked(name)
+    assert len(seen) == 1 and seen[0]["service"] == "web" and seen[0]["mine"] == 1, seen
+
+
 def cli_round_trip(entry: dict[str, Any], name: str) -> None:
     """``manage.py redlock --using svc`` on backend ``entry``: list (table and JSON, with the
     holder-gone and held-too-long flags), check, release (``--force``) and release

@@ -463,6 +463,15 @@ def test_management_command_round_trip(name) -> None:
     cases.cli_round_trip(entry, name)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_locked_takes_the_reentrant_and_meta_settings(name) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.database.DatabaseLocks",
+        "OPTIONS": {"using": "default"},
+    }
+    cases.settings_round_trip(entry, name)
+
+
 def test_waiter_never_sleeps_past_the_lease_end(make, name) -> None:
     """A holder that never releases: with polling capped at 5 s, only the rule "never sleep
     past the holder's lease end" gets the waiter in soon after the 1 s lease runs out."""

@@ -37,6 +37,7 @@ from django_redlock.backends.registry import get_locks
 from django_redlock.checks import eviction_warnings, node_eviction_policies
 from django_redlock.conf import get_config
 from django_redlock.core import TrustRefused
+from django_redlock.keys import printable
 
 audit = logging.getLogger("django_redlock.audit")
 
@@ -58,6 +59,7 @@ def _seconds(value: float | None) -> str:
 
 
 def _holder(meta: dict[str, Any]) -> str:
+    """Who holds a lock, in one line (as written: print it through :func:`printable`)."""
     what = meta.get("view") or meta.get("task") or meta.get("function") or meta.get("code") or ""
     where = f"{meta.get('host', '?')}:{meta.get('pid', '?')}"
     parts = [where]
@@ -133,6 +135,12 @@ class Command(BaseCommand):
             raise CommandError(
                 "'trust' is for a Redlock over Redis nodes (the restart guard); "
                 f"{type(redlock).__name__} has no restart guard.",
+                returncode=USAGE,
+            )
+        if not redlock.restart_guard:
+            raise CommandError(
+                "'trust' lets guarded nodes vote, and this service has no restart guard "
+                "(RESTART_GUARD is False: every reachable node votes already); nothing changed.",
                 returncode=USAGE,
             )
         if not yes:
@@ -261,7 +269,7 @@ class Command(BaseCommand):
             if info is None:
                 raise CommandError(f"No lock named {key!r} is held.", returncode=NOT_FOUND)
             raise CommandError(
-                f"{key!r} is held by {_holder(info.meta)} (token {info.token[:8]}..., "
+                f"{key!r} is held by {printable(_holder(info.meta))} (token {info.token[:8]}..., "
                 f"{_seconds(info.ttl)} of lease left, on {info.nodes}/{info.total_nodes} "
                 "nodes). Releasing it takes the lock from a holder that may still be working; "
                 "it would learn so only at its next renewal or release. Rerun with --force "
@@ -286,7 +294,9 @@ class Command(BaseCommand):
             raise CommandError(f"No live lock matches {pattern!r}.", returncode=NOT_FOUND)
         self.stdout.write(f"{len(locks)} lock(s) match {pattern!r}:")
         for info in locks:
-            self.stdout.write(f"  {info.name}  ({_holder(info.meta)}, {_seconds(info.age)} old)")
+            self.stdout.write(
+                printable(f"  {info.name}  ({_holder(info.meta)}, {_seconds(info.age)} old)")
+            )
         if not yes:
             raise CommandError(
                 f"Not released: rerun with --yes to release these {len(locks)} lock(s) from "
@@ -302,7 +312,9 @@ class Command(BaseCommand):
                 released += 1
                 self._audit(info.name, removed, total, info)
             else:
-                self.stdout.write(f"  {info.name}: not released (freed or taken by another since)")
+                self.stdout.write(
+                    f"  {printable(info.name)}: not released (freed or taken by another since)"
+                )
         self.stdout.write(self.style.SUCCESS(f"Released {released} of {len(locks)} lock(s)."))
 
     @staticmethod
@@ -407,6 +419,9 @@ class Command(BaseCommand):
     # -- output ----------------------------------------------------------------------------
 
     def _table(self, rows: Sequence[Sequence[str]]) -> None:
+        # A holder's metadata may be a client's (a view's path): no control character of
+        # it reaches the operator's terminal.
+        rows = [[printable(cell) for cell in row] for row in rows]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
             self.stdout.write(
