@@ -259,3 +259,20 @@ def _front_then_queued(
     second = threading.Thread(target=queued, daemon=True)
     second.start()
     return first, front, second, behind
+
+
+def test_a_waiter_behind_a_lossy_link_looks_again_without_a_notice() -> None:
+    """On a lossy link a release notice may come 200 ms+ late: the waiter's wait is bounded
+    by its poll, not by the holder's lease end; a notice that comes still ends it at once."""
+    from django_redlock.core.waiting import ReleaseNotice
+
+    notice = ReleaseNotice(2, poll=0.05)
+    started = time.monotonic()
+    assert notice.wait(30.0) == 0
+    assert time.monotonic() - started < 10.0  # the lease end asked for would be 30 s
+    heard = ReleaseNotice(2, poll=30.0)
+    threading.Timer(0.01, heard.hear, (0, b"token")).start()
+    threading.Timer(0.01, heard.hear, (1, b"token")).start()
+    started = time.monotonic()
+    assert heard.wait(60.0) == 1
+    assert time.monotonic() - started < 10.0

@@ -21,12 +21,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from .lock import Lease
-from .nodes import Incomplete, Node, Wire, WireError, pack
+from .nodes import LOSSY_FOR, Incomplete, Node, Wire, WireError, pack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
+    "LOSSY_POLL",
     "NOTICE_GRACE",
     "RECONNECT_DELAY",
     "HolderWatch",
@@ -37,6 +38,7 @@ __all__ = [
     "ReleaseNotices",
     "Tally",
     "confirmations_due",
+    "lossy",
 ]
 
 
@@ -189,12 +191,24 @@ class HolderWatches:
             watch.hear(node, token)
 
 
-class ReleaseNotice(Tally):
-    """A waiting thread's view of its name's release channel."""
+#: How many node timeouts a waiter waits at most for a release notice while its nodes are
+#: behind a lossy link (see :class:`ReleaseNotice`).
+LOSSY_POLL = 2
 
-    def __init__(self, quorum: int) -> None:
+
+class ReleaseNotice(Tally):
+    """A waiting thread's view of its name's release channel.
+
+    ``poll``: the longest wait for a notice, or None for no bound. On a lossy link a notice is
+    a packet too, held up 200 ms or more by TCP's retransmission, and so is everything behind
+    it on the one subscriber connection per node (and a subscription's confirmation): a
+    waiter there looks again after ``poll`` instead of sleeping until the holder's lease end.
+    """
+
+    def __init__(self, quorum: int, poll: float | None = None) -> None:
         super().__init__(quorum)
         self._cond = threading.Condition()
+        self.poll = poll
 
     def hear(self, node: int, token: bytes) -> None:
         with self._cond:
@@ -205,6 +219,8 @@ class ReleaseNotice(Tally):
         """Until a quorum announced a release (or a grace period after a partial one), or
         ``timeout`` seconds; then forget what was heard, ready for the next round. Returns
         how many releases (distinct tokens) some node announced: 0 for none."""
+        if self.poll is not None and self.poll < timeout:
+            timeout = self.poll
         deadline = time.monotonic() + timeout
         with self._cond:
             if self._cond.wait_for(lambda: self.heard, timeout):
@@ -221,9 +237,24 @@ RECONNECT_DELAY = 0.1
 
 def confirmations_due(subscribed: Iterable[int], nodes: Sequence[Node]) -> int:
     """How many of the nodes with a subscriber connection (``subscribed``, by index) a new
-    subscription waits to be confirmed by: not those unreachable now (a lock operation's
-    connection attempt timed out), whose confirmation would only come after the timeout."""
-    return sum(1 for index in subscribed if nodes[index].unreachable() is None)
+    subscription waits to be confirmed by: a majority of all nodes at most, and not those
+    unreachable now (a lock operation's connection attempt timed out), whose confirmation
+    would only come after the timeout.
+
+    A majority is enough: the holder's lock stood on a majority, so its release is announced
+    on at least one node of any majority that confirmed, and one announcement wakes a waiter
+    (after :data:`NOTICE_GRACE`). Waiting for every node would make each new waiter pay the
+    node timeout whenever one subscriber connection is behind a lost packet, which on a lossy
+    link is most of the time (a subscriber connection carries every waiter's traffic)."""
+    reachable = sum(1 for index in subscribed if nodes[index].unreachable() is None)
+    return min(reachable, len(nodes) // 2 + 1)
+
+
+def lossy(nodes: Sequence[Node], now: float) -> bool:
+    """Whether some node answered later than the node timeout lately (a lost packet's
+    retransmission: see :data:`~.nodes.LOSSY_FOR`)."""
+    since = now - LOSSY_FOR
+    return any(node.late_at > since for node in nodes)
 
 
 class ReleaseNotices:
@@ -248,11 +279,20 @@ class ReleaseNotices:
 
     @contextlib.contextmanager
     def listening(self, channel: str) -> Iterator[ReleaseNotice]:
-        """What ``channel`` announces, subscribed before this returns on every node that could
-        be reached within the node timeout."""
+        """What ``channel`` announces, subscribed before this returns on a majority of nodes
+        (or every node that could be reached within the node timeout, if fewer): see
+        :func:`confirmations_due`; on a lossy link (:func:`lossy`) not waited for, and the
+        waiter looks again after :data:`LOSSY_POLL` node timeouts at the latest."""
         name = channel.encode()
         event = ReleaseNotice(self._quorum)
-        self.watch(name, event, confirm=True)
+        if lossy(self._nodes, time.monotonic()):
+            # Confirmations come behind whatever the subscriber connections still carry
+            # (most new waiters paid the whole node timeout for them at 15 % loss); a waiter
+            # that polls does not need them.
+            event.poll = LOSSY_POLL * self._timeout
+            self.watch(name, event)
+        else:
+            self.watch(name, event, confirm=True)
         try:
             yield event
         finally:
