@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import hedging
 from .detector import CONNECT_AT_LEAST, MAX_STALLS, STALL_SLACK, connect_budget
 from .nodes import (
-    LOSSY_FOR,
     NOT_SENT,
     NOTHING_LEFT,
     OWED,
@@ -311,13 +311,8 @@ def fan_out(
         need = len(nodes) - op.majority  # a majority
         hedge_at = None
         if op.hedge is not None:
-            # Copies only while some node's replies come late enough to be lost packets
-            # (one clock read for every node: this runs on every fan-out).
-            since = wait.last - LOSSY_FOR
-            for node in nodes:
-                if node.late_at > since:
-                    hedge_at = _hedge_at(nodes, wait.last, timeout)
-                    break
+            # Copies only while some node's replies come late enough to be lost packets.
+            hedge_at = hedging.hedge_at(nodes, wait.last, wait.last, timeout)
         every = 0.0 if hedge_at is None else hedge_at - wait.last
         #: node index -> how many copies of the command it was sent (hedged nodes only).
         copies: dict[int, int] = {}
@@ -403,11 +398,18 @@ def fan_out(
                 if reply == 0 and op.cut is not None:
                     reply = op.reply_of(index, reply)
                 if index in copies:
-                    reply = _first_word(op, index, reply, answered, waiting)
+                    reply = hedging.first_word(
+                        reply,
+                        answered=index in answered,
+                        prior=replies[index],
+                        idempotent=op.idempotent,
+                        other_out=_waits_on(waiting, index),
+                        nothing_left=NOTHING_LEFT,
+                    )
                     if reply is None:
                         continue
                     answered.add(index)
-                    if _granted(reply):
+                    if hedging.granted(reply):
                         for other in waiting.values():
                             if other[0] == index:
                                 other[2].counted = True
@@ -425,7 +427,7 @@ def fan_out(
     now = time.monotonic()
     for index, wire, due in waiting.values():
         due.left = True
-        if index in answered and not _granted(replies[index]):
+        if index in answered and not hedging.granted(replies[index]):
             # A copy of an acquire still out to a node that refused it on another
             # connection: the node is not counted, and the copy may still land (once the
             # key is free there): whoever reads its reply sends the undo behind it.
@@ -492,41 +494,11 @@ def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
         return None
 
 
-#: The shortest wait before a copy of a command goes out on a second connection to a node
-#: that has not answered (seconds): well above a loopback or LAN round trip, far below TCP's
-#: 200 ms retransmission timeout, which is what a lost packet costs the first connection.
-HEDGE_AFTER = 0.002
-
 #: How far :attr:`.nodes.NodeDetector.quick` follows a round trip longer than it.
 QUICK_GAIN = 0.02
 
 #: The smoothed round trip's gain (RFC 6298's).
 SRTT_GAIN = 0.125
-
-#: How many of the slowest node's unhindered round trips pass before the copies go out.
-HEDGE_TRIPS = 3
-
-#: How many connections to one node may carry copies of one command (the first included).
-MAX_COPIES = 3
-
-
-def _hedge_at(nodes: Sequence[Node], start: float, timeout: float) -> float | None:
-    """When a node that has not answered a command sent at ``start`` gets a copy on another
-    connection (asked only while some node's replies come late enough to be lost packets:
-    within :data:`~.nodes.LOSSY_FOR` of one that came later than the node timeout): after
-    :data:`HEDGE_AFTER`, or
-    :data:`HEDGE_TRIPS` of the slowest node's unhindered round trips
-    (:attr:`~.nodes.NodeDetector.quick`: the round trips late by a retransmission, which
-    the copies are for, do not count), and never later than a quarter of the node timeout (a
-    copy sent later could hardly beat it). None when that leaves no time."""
-    after = HEDGE_AFTER
-    for node in nodes:
-        quick = node.detector.quick
-        if quick is not None and quick * HEDGE_TRIPS > after:
-            after = quick * HEDGE_TRIPS
-    if after > timeout / 4:
-        return None
-    return start + after
 
 
 def _outstanding(waiting: Mapping[int, tuple[int, Wire, Due]], answered: set[int]) -> int:
@@ -536,31 +508,6 @@ def _outstanding(waiting: Mapping[int, tuple[int, Wire, Due]], answered: set[int
 
 def _waits_on(waiting: Mapping[int, tuple[int, Wire, Due]], index: int) -> bool:
     return any(entry[0] == index for entry in waiting.values())
-
-
-def _first_word(
-    op: FanOut,
-    index: int,
-    reply: Any,
-    answered: set[int],
-    waiting: Mapping[int, tuple[int, Wire, Due]],
-) -> Any:
-    """Node ``index``'s answer from the reply of one copy of a hedged command, or None when
-    it does not change it. The first reply wins, except that a grant of our token counts from
-    whichever copy it came (both carried the same token, and the lease's validity runs from
-    the first send). A token-checked delete's "nothing to do" while another copy is still
-    out is :data:`~.nodes.NOTHING_LEFT`: that one may have deleted the key first."""
-    if index in answered:
-        if not op.idempotent and _granted(reply) and not _granted(op.replies[index]):
-            return reply
-        return None
-    if op.idempotent and reply == 0 and _waits_on(waiting, index):
-        return NOTHING_LEFT
-    return reply
-
-
-def _granted(reply: Any) -> bool:
-    return reply.__class__ is list and bool(reply) and reply[0] == 0
 
 
 def _hedge(
@@ -578,13 +525,13 @@ def _hedge(
     to every node that has not answered yet, on an idle connection that owes nothing (none
     is opened for it). A connection that carries a copy owes its reply like the first: an
     undo or release goes behind each (see :attr:`~.nodes.Due.twins`). Returns when the next
-    copies go out (one more each ``every`` seconds, up to :data:`MAX_COPIES` connections),
+    copies go out (one more each ``every`` seconds, up to :data:`~.hedging.MAX_COPIES` connections),
     or None."""
     late = {entry[0] for entry in waiting.values()} - answered
     more = False
     for index in late:
         sent = copies.get(index, 1)
-        if sent >= MAX_COPIES:
+        if sent >= hedging.MAX_COPIES:
             continue
         copy = _send_copy(nodes[index], op, now)
         if copy is None:
@@ -592,7 +539,7 @@ def _hedge(
             continue
         wire, due = copy
         copies[index] = sent + 1
-        more = more or sent + 1 < MAX_COPIES
+        more = more or sent + 1 < hedging.MAX_COPIES
         waiting[wire.fd] = (index, wire, due)
         poller.register(wire.fd, select.POLLIN)
     return now + every if more else None

@@ -549,11 +549,6 @@ SPARES = 8
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
 DRAIN_FOR = 60.0
 
-#: How long a node counts as behind a lossy link after a reply of it came later than the node
-#: timeout (seconds; a lost packet waits for TCP's retransmission, 200 ms or more): commands
-#: late to be answered then get copies on other connections (:mod:`.fanout`). A busy host
-#: alone makes replies slow, not that late: no copies.
-LOSSY_FOR = 10.0
 
 #: A connection that still owes the reply of a command, and that reply (see
 #: :class:`.fanout.FanOut`).
@@ -841,7 +836,7 @@ class Node:
         self._spares = 0
         self.closed = False
         #: When (``time.monotonic``) a reply of this node last came later than the node
-        #: timeout, or a connection had to be set aside for one (see :data:`LOSSY_FOR`).
+        #: timeout, or a connection had to be set aside for one (see :data:`.hedging.LOSSY_FOR`).
         self.late_at = float("-inf")
         #: What this process has seen of the node: misses, connection errors, round trips.
         self.detector = NodeDetector(node_timeout)

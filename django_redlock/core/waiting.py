@@ -20,8 +20,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from .hedging import LOSSY_FOR
 from .lock import Lease
-from .nodes import LOSSY_FOR, Incomplete, Node, Wire, WireError, pack
+from .nodes import Incomplete, Node, Wire, WireError, pack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -252,7 +253,7 @@ def confirmations_due(subscribed: Iterable[int], nodes: Sequence[Node]) -> int:
 
 def lossy(nodes: Sequence[Node], now: float) -> bool:
     """Whether some node answered later than the node timeout lately (a lost packet's
-    retransmission: see :data:`~.nodes.LOSSY_FOR`)."""
+    retransmission: see :data:`~.hedging.LOSSY_FOR`)."""
     since = now - LOSSY_FOR
     return any(node.late_at > since for node in nodes)
 
