@@ -294,9 +294,17 @@ class Lock(LockBase):
         if prepared is None:
             return False
         blocking, timeout, retries = prepared
-        return self._won(
-            self.redlock._acquire(self, owner, blocking=blocking, timeout=timeout, retries=retries)
+        lease = self.redlock._acquire(
+            self, owner, blocking=blocking, timeout=timeout, retries=retries
         )
+        # _won(), written out: this runs on every acquire.
+        if lease is None:
+            return False
+        if lease is self._lease:
+            self._holds += 1  # the owner re-entered through this very handle
+        else:
+            self._lease, self._holds = lease, 1
+        return True
 
     def release(self) -> None:
         """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if
