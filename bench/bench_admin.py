@@ -147,7 +147,7 @@ def main() -> None:
         infos = list(rl.live_locks("*"))
 
         def admin_only() -> None:
-            rows = av.build_rows(rl, infos, 300.0)
+            rows = av.build_rows(infos, 300.0)
             av.sort_rows(rows, av.DEFAULT_SORT)
 
         cases = [

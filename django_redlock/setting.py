@@ -429,18 +429,33 @@ def _check_constructor(config: Mapping[str, Any]) -> list[CheckMessage]:
     return []
 
 
+#: LockedTask options set per task (docs/celery.rst), refused in ``REDLOCK["LOCKED_TASK"]``.
+_PER_TASK_ONLY = ("lock_key", "lock_limit", "lock_redlock", "lock_using")
+
+
 def _check_locked_task(value: Any, max_ttl: float | None = None) -> list[CheckMessage]:
     """``LOCKED_TASK``: defaults for LockedTask options, judged by the code the task runs
     (and by the shared Redlock's ``max_ttl``, which refuses a longer lease at every run)."""
     if not isinstance(value, Mapping):
         return [error(12, f"REDLOCK['LOCKED_TASK'] must be a dict, got {value!r}.")]
-    unknown = sorted(str(k) for k in value if k not in SETTING_OPTIONS)
-    if unknown:
+    # Real LockedTask options that only a task may set: named as such, not as unknown.
+    per_task = sorted(str(k) for k in value if k in _PER_TASK_ONLY)
+    unknown = sorted(str(k) for k in value if k not in SETTING_OPTIONS and k not in _PER_TASK_ONLY)
+    if unknown or per_task:
+        said = [f"unknown options: {', '.join(unknown)}"] if unknown else []
+        if per_task:
+            said.append(
+                f"options a task sets itself, never a project default: {', '.join(per_task)}"
+            )
         return [
             error(
                 12,
-                f"REDLOCK['LOCKED_TASK'] has unknown options: {', '.join(unknown)}.",
-                hint="Known options: " + ", ".join(SETTING_OPTIONS) + ".",
+                f"REDLOCK['LOCKED_TASK'] has {'; '.join(said)}.",
+                hint="Options it may default: "
+                + ", ".join(SETTING_OPTIONS)
+                + ". Set "
+                + ", ".join(_PER_TASK_ONLY)
+                + " on the task (decorator or subclass).",
             )
         ]
     try:

@@ -260,13 +260,32 @@ _REAPER = """
 import os, shutil, signal, sys
 for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(sig, signal.SIG_IGN)  # outlive whatever ends the owner; leave on EOF only
-pids, dirs = set(), set()
+def started(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+pids, dirs, watched = set(), set(), {}
 for line in sys.stdin.buffer:
     op, _, arg = line.decode().rstrip("\\n").partition(" ")
     if op in ("+p", "-p"):
         (pids.add if op == "+p" else pids.discard)(int(arg))
     elif op in ("+d", "-d"):
         (dirs.add if op == "+d" else dirs.discard)(arg)
+    elif op in ("+k", "+g"):
+        pid, _, since = arg.partition(" ")
+        watched[int(pid)] = (op == "+g", since)
+    elif op == "-k":
+        watched.pop(int(arg), None)
+for pid, (group, since) in watched.items():
+    now = started(pid)
+    if now is None and not group or now is not None and now != since:
+        continue  # gone, or the pid was reused (a group whose leader died is still ours)
+    try:
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    except OSError:
+        pass
 for pid in pids:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -306,6 +325,50 @@ def _tell_reaper(message: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         stdin.write(message.encode() + b"\n")
         stdin.flush()
+
+
+def _after_fork_in_child() -> None:
+    # The reaper acts when its pipe closes: a forked child holding its parent's end open
+    # would keep it waiting for as long as the child lives (the child it may have to kill).
+    global _reaper
+    if _reaper is not None and _reaper[1].stdin is not None:
+        with contextlib.suppress(OSError, ValueError):
+            _reaper[1].stdin.close()  # the child's copy only; nothing is buffered
+    _reaper = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _start_time(pid: int) -> str:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat``): tells a reused pid
+    from the process the reaper was told about."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b")")[2].split()[19].decode()
+    except (OSError, IndexError):
+        return "?"
+
+
+def _reap_with_owner(pid: int, *, group: bool = False) -> None:
+    """Have the reaper SIGKILL ``pid`` (its whole process group with ``group``) when this
+    process ends in a way that runs no cleanup (SIGKILL, ``os._exit``), unless
+    :func:`_forget_reaping` said it already ended."""
+    with _registry_lock:
+        _tell_reaper(f"+{'g' if group else 'k'} {pid} {_start_time(pid)}")
+
+
+def _forget_reaping(pid: int) -> None:
+    with _registry_lock:
+        _tell_reaper(f"-k {pid}")
+
+
+def _reap_folder_with_owner(directory: Path, *, forget: bool = False) -> None:
+    """Have the reaper remove ``directory`` (as it does a server's folder); ``forget=True``:
+    its owner removed it."""
+    with _registry_lock:
+        _tell_reaper(f"{'-' if forget else '+'}d {directory}")
 
 
 def _register(proc: subprocess.Popen[bytes] | None = None, directory: Path | None = None) -> None:

@@ -1,6 +1,7 @@
 """docs/migrating.rst, celery-once: every row of the guide's table, through the guide's
 translation, with a real worker (threads pool in this process; a ``celery worker -P prefork``
-process for the killed worker) on real lock nodes. One test per row, named in the table.
+process for the killed worker) on real lock nodes. One test per row, named in the table; where
+the table's left column names a test, that test runs celery-once itself (the ``peer`` fixture).
 
 The translated tasks live in ``tests.celery_support``: ``once_sync_account`` is the guide's
 example (``lock_key="sync:{account_id}"``, ``lock_dedupe="drop"``), ``once_default_key`` a task
@@ -57,6 +58,38 @@ def broker_url(celery_broker_node, celery_test_app):
     drop_queue(celery_broker_node.url)
 
 
+@pytest.fixture
+def peer(broker_url):
+    """celery-once itself (``QueueOnce`` tasks of their own app) on the broker node, sending where
+    no worker reads: the table's left column, checked. Its keys are deleted afterwards."""
+    import redis
+    from celery import Celery
+
+    once = pytest.importorskip("celery_once", reason="celery-once is not installed")
+    app = Celery(f"once-peer-{uuid.uuid4().hex[:8]}", broker=broker_url, set_as_current=False)
+    app.conf.ONCE = {
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": broker_url, "default_timeout": 60},
+    }
+    app.conf.task_default_queue = UNREAD_QUEUE
+
+    @app.task(base=once.QueueOnce, once={"keys": ["account_id"], "graceful": True})
+    def sync_account(account_id: int, run: str, full: bool = False) -> None: ...
+
+    @app.task(base=once.QueueOnce)
+    def default_key(account_id: int, run: str, full: bool = False) -> None: ...
+
+    yield once, sync_account, default_key
+    client = redis.Redis.from_url(broker_url)
+    try:
+        for task in (sync_account, default_key):
+            for key in client.scan_iter(f"qo_{task.name}*"):
+                client.delete(key)
+    finally:
+        client.close()
+        app.close()
+
+
 def _park(task: Any, args: tuple[Any, ...], kwargs: Any = None, **options: Any) -> Any:
     """Send ``task`` where no worker reads: it stays queued, holding its marker."""
     return task.apply_async(args, kwargs, queue=UNREAD_QUEUE, **options)
@@ -105,6 +138,18 @@ def test_graceful_is_lock_dedupe_drop(worker, rl, broker_url, caplog):
     assert queued_messages(broker_url) == 1
 
 
+def test_graceful_in_celery_once_returns_a_rejected_result_too(peer, broker_url):
+    """The peer's column of the row: not ``None`` but a result in state ``REJECTED`` (without a
+    task id, nothing logged)."""
+    _, sync_account, _ = peer
+    run = Run()
+    queued = sync_account.delay(42, run.id)
+    again = sync_account.delay(42, run.id)
+    assert again is not None and again.state == "REJECTED"
+    assert again.id is None and queued.id is not None
+    assert queued_messages(broker_url) == 1
+
+
 def test_graceful_for_one_call(worker, rl, broker_url):
     run = Run()
     _park(once_default_key, (3, run.id))
@@ -143,6 +188,20 @@ def test_no_keys_is_the_default_key(worker, rl, broker_url):
     # ...any other argument value is another key
     assert _park(once_default_key, (4, run.id), {"full": True}).id != queued.id
     assert _park(once_default_key, (5, run.id)).id != queued.id
+
+
+def test_celery_once_leaves_defaults_out_of_its_key(peer, broker_url):
+    """The peer's column of the row: its default key is the arguments as passed, so ``f(1)`` and
+    ``f(1, full=False)`` are two keys there (one here); ``f(account_id=1)`` is ``f(1)``."""
+    once, _, default_key = peer
+    run = Run()
+    default_key.delay(4, run.id)
+    with pytest.raises(once.AlreadyQueued):
+        default_key.delay(4, run.id)
+    default_key.apply_async((4, run.id), {"full": False})  # sent: another key
+    with pytest.raises(once.AlreadyQueued):  # arguments by name: the same key
+        default_key.apply_async((), {"account_id": 4, "run": run.id})
+    assert queued_messages(broker_url) == 2
 
 
 def test_a_call_while_one_runs_is_queued_and_runs_after_it(worker, rl):

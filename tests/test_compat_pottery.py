@@ -344,15 +344,35 @@ def test_row_errors_raise_where_pottery_returns_false(redis_cluster_factory, mak
     assert sorted(caught.value.failures) == sorted(n.url for n in cluster.nodes[1:])
 
 
-def test_row_keys_do_not_see_each_other(masters, rl) -> None:
-    """pottery's keys are ``redlock:<key>``; here ``<KEY_PREFIX>:lock:<name>``: the two do not
-    see each other's locks, so every process that uses a name moves at once."""
+def test_row_keys_share_one_namespace_under_the_default_prefix(
+    masters, rl, redis_nodes, make_redlock
+) -> None:
+    """pottery's keys are ``redlock:<key>``; here ``<KEY_PREFIX>:lock:<name>``. The same name is
+    two keys, so the two do not exclude each other; but under the default prefix pottery's
+    ``lock:<name>`` is our ``<name>``: they exclude each other, and our operator views do not
+    see pottery's hold. Another ``KEY_PREFIX`` keeps every pottery key out of ours."""
     theirs = PotteryRedlock(key="printer", masters=masters, auto_release_time=10)
     assert theirs.acquire(blocking=False)
     ours = rl.lock("printer", ttl=10)
     assert ours.acquire(blocking=False)  # both "hold" printer: never mix the two
     ours.release()
     theirs.release()
+
+    theirs = PotteryRedlock(key="lock:invoice:42", masters=masters, auto_release_time=10)
+    assert theirs.acquire(blocking=False)
+    try:
+        assert rl.lock("invoice:42", ttl=10).acquire(blocking=False) is False
+        assert rl.locked("invoice:42")
+        # ...yet invisible to what an operator reads and frees
+        assert rl.lock_info("invoice:42") is None
+        assert "invoice:42" not in [info.name for info in rl.live_locks()]
+        assert rl.force_release("invoice:42") == 0
+        assert theirs.locked() > 0
+        apart = make_redlock(redis_nodes, key_prefix="app").lock("invoice:42", ttl=10)
+        assert apart.acquire(blocking=False)
+        apart.release()
+    finally:
+        theirs.release()
 
 
 # --- AIORedlock ----------------------------------------------------------------------------------

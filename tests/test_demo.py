@@ -251,6 +251,25 @@ def test_a_stop_signal_while_serving_leaves_nothing_behind(demo, signum, moment)
     assert code == (0 if moment.startswith("^Press") else 128 + signum), run.text
 
 
+# A SIGKILLed demo (an OOM kill alike) runs no handler: the reaper it started, which outlives
+# it, removes everything, a frozen child and the Celery worker's whole pool included.
+KILL_MOMENTS = [
+    pytest.param(["--no-serve"], r"froze \(SIGSTOP\) before writing", id="tour-frozen-child"),
+    pytest.param(["--port", "0"], r"^Press Ctrl-C to stop", id="serving", marks=pytest.mark.celery),
+]
+
+
+@pytest.mark.parametrize(("args", "moment"), KILL_MOMENTS)
+def test_sigkill_leaves_nothing_behind(demo, args, moment):
+    run = demo(*args)
+    run.wait_for(moment)
+    assert run.leftovers(), "the demo should be running something now"
+    sent = time.monotonic()
+    run.proc.kill()
+    run.assert_cleaned_up_by(sent + GRACE)
+    assert run.finish(timeout=10) == -signal.SIGKILL
+
+
 # --------------------------------------------------------------------------- serving
 
 

@@ -5,8 +5,10 @@ them, then INFO for the run id), whose transport is then driven by an :class:`as
 that hands hiredis's parsed replies to the fan-out's callbacks (no read task per connection). A
 fan-out writes the command to every node, then waits for the replies at once with one
 deadline (``node_timeout``), or until a quorum granted an acquire or removed a released key;
-a connection whose reply did not come in time is given up (after the undo of what it
-carried), never reused. Connections are pooled per node *and per event loop* (asyncio
+a connection whose reply did not come in time takes no command until it answered (the undo of
+what it carried goes behind it), then is pooled again, and a node late to answer gets copies
+of the command on other connections (:mod:`.hedging`), as with the sync client. Connections
+are pooled per node *and per event loop* (asyncio
 transports belong to the loop that opened them; Django's ``async_to_sync`` runs each call in a
 fresh loop): :class:`LoopPool`.
 """
@@ -26,11 +28,15 @@ from typing import Any
 
 import redis
 
-from .detector import MAX_STALLS, connect_budget, overrun
+from .detector import connect_budget, overrun
+from .fanout import Wait
+from .hedging import MAX_COPIES, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
     HANDSHAKE,
+    NOTHING_LEFT,
     SENT_TWICE,
+    SPARES,
     TIMED_OUT,
     Due,
     Failure,
@@ -122,6 +128,9 @@ class AsyncWire(asyncio.Protocol):
         #: Commands written in this loop tick after its first write, sent together by
         #: :meth:`flush` at the start of the next one (None: no flush is due).
         self.pending: list[bytes] | None = None
+        #: Set aside owing late replies: called once they are all in (see :meth:`set_aside`).
+        self.drained: Callable[[AsyncWire], None] | None = None
+        self.drain_timer: asyncio.TimerHandle | None = None
 
     # protocol callbacks
 
@@ -143,7 +152,7 @@ class AsyncWire(asyncio.Protocol):
                 elif self.waiters:
                     self.waiters.popleft()(value)
                     if self.closed and not self.waiters:
-                        self.close()  # given up, and now everything is answered
+                        self._answered_all()
                 else:
                     raise ProtocolError("a reply nobody asked for")
         except ProtocolError as exc:
@@ -160,8 +169,22 @@ class AsyncWire(asyncio.Protocol):
         if self.on_lost is not None:
             self.on_lost(self)
 
+    def _answered_all(self) -> None:
+        """Every reply it owed is in: a connection set aside is back in use, one given up
+        is closed."""
+        drained, self.drained = self.drained, None
+        if drained is None:
+            self.close()
+            return
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+            self.drain_timer = None
+        self.closed = False
+        drained(self)
+
     def _fail(self, error: OSError) -> None:
         self.closed = True
+        self.drained = None
         waiters, self.waiters = self.waiters, deque()
         for waiter in waiters:
             waiter(error)
@@ -250,11 +273,16 @@ class AsyncWire(asyncio.Protocol):
         """Whether a command it still owes has waited longer than ``timeout``."""
         return bool(self.owed) and self.owed[0].sent + timeout <= now
 
-    def abandon(self, late: Callable[[], bytes] | None) -> None:
-        """Give the connection up after sending the undo of every command it still owes
-        (``late`` builds the current one's) behind them; it is never used again, and closed
-        once the node answered everything (or after :data:`.nodes.DRAIN_FOR` seconds), not
-        at once: see :meth:`.nodes.Node.abandon`.
+    def abandon(
+        self,
+        late: Callable[[], bytes] | None,
+        drained: Callable[[AsyncWire], None] | None = None,
+    ) -> None:
+        """Stop waiting on the connection after sending the undo of every command it still
+        owes (``late`` builds the current one's) behind them; it takes no command until the
+        node answered everything, then ``drained`` gets it back (a late reply is not a dead
+        connection: see :meth:`.nodes.Node.abandon`), or it is closed without ``drained``
+        (or after :data:`.nodes.DRAIN_FOR` seconds), not at once.
 
         A connection shared by several fan-outs (:attr:`LoopPool.shared`) that another one
         already gave up is still read until it answered what it carries: this one's undo
@@ -268,12 +296,28 @@ class AsyncWire(asyncio.Protocol):
                 self.send_unowned(late())
             self.flush()
             return
-        lates = [due.late for due in self.owed if due.late is not None]
+        lates = [due.late for due in self.owed if due.late is not None and not due.counted]
         if late is not None:
             lates.append(late)
         for undo in lates:
             self.send_unowned(undo())
-        self.retire()
+        if drained is None:
+            self.retire()
+        else:
+            self.set_aside(drained)
+
+    def set_aside(self, drained: Callable[[AsyncWire], None]) -> None:
+        """Take no more commands until every reply it owes is in, then hand it to ``drained``
+        (back to the pool); closed if that takes :data:`.nodes.DRAIN_FOR` seconds."""
+        if self.closed:
+            return
+        self.flush()
+        if not self.waiters:
+            drained(self)
+            return
+        self.closed = True  # not usable meanwhile, but read
+        self.drained = drained
+        self.drain_timer = self.loop.call_later(DRAIN_FOR, self.abort)
 
     def retire(self) -> None:
         """Take no more commands, but read what it carries (other fan-outs' replies, on a
@@ -331,11 +375,15 @@ def settle(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
-async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float) -> AsyncWire:
+async def open_wire(
+    node: Node, loop: asyncio.AbstractEventLoop, timeout: float, spare: bool = False
+) -> AsyncWire:
     """Connect through ``redis.asyncio`` (TLS with every ``ssl_*`` option, AUTH, SELECT as
     redis-py does them) and ask INFO for the run id, within ``timeout`` seconds. Raises
     :class:`WireError` (at once while the node is unreachable: see
-    :meth:`.nodes.Node.connect`); cancelling aborts the connection."""
+    :meth:`.nodes.Node.connect`); cancelling aborts the connection. A ``spare`` (opened in
+    the background, no operation waits for it) is tried while a miss is being probed too,
+    and a late one is no miss: the connections waiting for their replies tell that story."""
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
@@ -345,17 +393,18 @@ async def open_wire(node: Node, loop: asyncio.AbstractEventLoop, timeout: float)
     adopted = await _adopt(node, loop)
     if adopted is not None:
         return adopted
-    failure = node.not_now()
+    failure = node.unreachable() if spare else node.not_now()
     if failure is not None:
         raise WireError(failure)
     started = loop.time()
     try:
         wire = await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
     except asyncio.TimeoutError:
-        node.went_silent(overrun(timeout, loop.time() - started) > 0)
+        if not spare:
+            node.went_silent(overrun(timeout, loop.time() - started) > 0)
         raise WireError(NOT_CONNECTED) from None
     except WireError as exc:
-        if exc.failure.reason == "timeout":
+        if exc.failure.reason == "timeout" and not spare:
             node.went_silent(overrun(timeout, loop.time() - started) > 0)
         elif exc.failure.reason == "refused":
             node.detector.refused(time.monotonic(), exc.failure.detail)
@@ -562,6 +611,10 @@ class LoopPool:
         #: fan-outs that find none wait for the same one.
         self.connecting: list[tuple[asyncio.Task[AsyncWire], float] | None] = [None] * nodes
         self.background: set[asyncio.Task[Any]] = set()
+        #: Spare connections being opened per node (see :meth:`want_spare`).
+        self.spares = [0] * nodes
+        #: Connections set aside until they answered (see :meth:`set_aside`).
+        self.aside: set[AsyncWire] = set()
         self.closed = False
 
     def share(self, index: int, node: Node) -> AsyncWire | None:
@@ -569,7 +622,18 @@ class LoopPool:
         when there is no usable one to the node's current server."""
         wire = self.shared[index]
         if wire is not None and wire.usable() and node.current(wire):
-            return wire
+            owed = wire.owed[0].sent if wire.owed else None
+            if owed is None or owed + node.node_timeout / 4 > self.loop.time():
+                return wire
+            # It owes a reply held up on the link (a lost packet waits for TCP's
+            # retransmission): a command behind it would wait too. It is read as the reply
+            # comes and pooled again (as the sync client's checkout sets such one aside);
+            # past the node timeout, what it carries is undone behind it.
+            node.late_at = now = time.monotonic()
+            since = now - (self.loop.time() - owed)
+            given_up = wire.overdue(self.loop.time(), node.node_timeout)
+            self.set_aside(node, index, wire, since, abandon=given_up)
+            self.want_spare(node, index)
         if wire is not None and wire.usable():
             wire.retire()  # to a group's former master
         self.shared[index] = None
@@ -605,6 +669,63 @@ class LoopPool:
             self.shared[index] = wire
         elif wire is not shared:
             self.idle[index].append(wire)
+
+    def spare(self, index: int, node: Node) -> AsyncWire | None:
+        """An idle connection to the node's server that owes nothing, for a copy of a command
+        late on another one (a hedged request); None when there is none (one is then opened
+        in the background: it never connects for the copy, which would come too late)."""
+        for wire in self.idle[index]:
+            if wire.usable() and not wire.owed and not wire.waiters and node.current(wire):
+                self.idle[index].remove(wire)
+                return wire
+        self.want_spare(node, index)
+        return None
+
+    def want_spare(self, node: Node, index: int) -> None:
+        """Open one more connection to the node for the pool, in the background (at most
+        :data:`.nodes.SPARES` at a time): replies are late on its link, and the connections
+        that wait for theirs take no command meanwhile."""
+        if self.spares[index] >= SPARES or self.closed:
+            return
+        self.spares[index] += 1
+        task = self.spawn(open_wire(node, self.loop, connect_budget(node.node_timeout), True))
+        task.add_done_callback(functools.partial(self._spare_opened, index))
+
+    def _spare_opened(self, index: int, task: asyncio.Task[AsyncWire]) -> None:
+        self.spares[index] -= 1
+        if not task.cancelled() and task.exception() is None:
+            self.checkin(index, task.result())
+
+    def set_aside(
+        self,
+        node: Node,
+        index: int,
+        wire: AsyncWire,
+        sent: float,
+        late: Callable[[], bytes] | None = None,
+        abandon: bool = False,
+    ) -> None:
+        """Take ``wire`` out of use while it owes replies of commands sent at ``sent`` (on
+        the monotonic clock; ``abandon``: after the undo of each, ``late`` building the
+        current one's: :meth:`AsyncWire.abandon`); once they are in, the node answered (see
+        :meth:`.nodes.NodeDetector.answered`) and the connection is pooled again. A late
+        reply is not a dead connection."""
+
+        def back(wire: AsyncWire) -> None:
+            self.aside.discard(wire)
+            node.detector.answered(time.monotonic(), sent)
+            if node.current(wire):
+                self.checkin(index, wire)
+            else:
+                wire.close()
+
+        self.aside.add(wire)
+        if abandon:
+            wire.abandon(late, back)
+        else:
+            wire.set_aside(back)
+        if wire.drained is None:
+            self.aside.discard(wire)  # answered everything already, or given up
 
     def checkout(self, index: int) -> AsyncWire | None:
         idle = self.idle[index]
@@ -659,6 +780,10 @@ class LoopPool:
         """:meth:`close`; ``park_on``: the loop is ending, and its connections that owe
         nothing are parked on these nodes for the next loop (:func:`park`)."""
         self.closed = True
+        for wire in list(self.aside):
+            # Read until they answered, as before; what was given up meanwhile is undone.
+            wire.undo_unwanted()
+            wire.flush()
         for index, idle in enumerate(self.idle):
             shared, self.shared[index] = self.shared[index], None
             if shared is not None and park_on is None and shared.waiters:
@@ -681,14 +806,18 @@ class AsyncFanOut:
     arrive, and the caller is woken once, when the last one is in or the deadline passed."""
 
     __slots__ = (
+        "answered",
         "build",
         "commands",
+        "copies",
+        "counted",
         "cut",
         "cut_on",
-        "deadline",
         "decided",
         "enough",
+        "every",
         "finished",
+        "hedge",
         "idempotent",
         "late",
         "left",
@@ -698,8 +827,10 @@ class AsyncFanOut:
         "pool",
         "replies",
         "sent",
+        "since",
         "tasks",
         "timeout",
+        "wait",
         "waiter",
         "wires",
     )
@@ -713,6 +844,7 @@ class AsyncFanOut:
         enough: Callable[[list[Any]], bool] | None = None,
         left: dict[int, AsyncOwing] | None = None,
         idempotent: bool = False,
+        hedge: CommandBuilder | None = None,
     ) -> None:
         self.nodes = nodes
         self.pool = pool
@@ -720,6 +852,19 @@ class AsyncFanOut:
         self.late = late
         self.enough = enough
         self.idempotent = idempotent  #: as :class:`.fanout.FanOut`'s
+        #: Builds the copy of the command a node late to answer gets on another connection
+        #: (a hedged request: see :mod:`.hedging`); None: no copies.
+        self.hedge = hedge
+        #: Node index -> the copies of the command out to it, on other connections.
+        self.copies: dict[int, list[tuple[AsyncWire, Due]]] = {}
+        #: Nodes whose answer is in (with copies out, a node's later replies only read).
+        self.answered: set[int] = set()
+        #: Nodes that granted an acquire on one of its connections: counted in the quorum.
+        self.counted: set[int] = set()
+        #: When the command went out, on the monotonic clock the detector uses.
+        self.since = 0.0
+        #: Seconds between rounds of copies (0: no copies for this command).
+        self.every = 0.0
         self.cut: set[int] = set()  #: as :class:`.fanout.FanOut`'s
         #: Node index -> run id of a connection cut with the command out, until the fresh
         #: try's connection is open (the same server may have run it).
@@ -737,7 +882,8 @@ class AsyncFanOut:
         self.left = len(nodes)
         self.finished = False
         self.waiter: asyncio.Future[None] | None = None
-        self.deadline = 0.0
+        #: The wait for the replies (its deadline moves out for a node's fresh try).
+        self.wait = Wait(0.0, 0.0)
         self.timeout = 0.0
 
     async def run(
@@ -747,9 +893,10 @@ class AsyncFanOut:
         loop = self.pool.loop
         self.timeout = timeout
         self.sent = loop.time()
+        self.since = time.monotonic()
         # Set before sending: a pooled connection found closed while sending gets one fresh
         # try within it (see _deliver).
-        self.deadline = self.sent + timeout
+        self.wait = Wait(timeout, self.sent)
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
@@ -760,6 +907,11 @@ class AsyncFanOut:
         for index, node in enumerate(self.nodes):
             owing = behind.get(index) if behind else None
             wire = None if owing is None else self.pool.reclaim(index, owing[0])
+            if owing is not None and self.idempotent:
+                # What this ends ends the copies of the earlier command too: whoever reads
+                # a copy's reply sends the undo behind it.
+                for twin in owing[1].twins or ():
+                    twin.unwanted = True
             if owing is not None and wire is None:
                 owing[1].unwanted = True
             if wire is None:
@@ -770,20 +922,24 @@ class AsyncFanOut:
                 self._send(index, wire, self.build(node, wire))
         for index in connecting:
             self._connect(index)
+        if self.hedge is not None:
+            now = time.monotonic()
+            at = hedge_at(self.nodes, now, now, timeout)
+            if at is not None:
+                self.every = at - now
+                loop.call_later(self.every, self._send_copies, self.every)
         # Connecting has a budget of its own; a node's reply budget starts once its command
-        # is out (see _connected).
-        wait = connect_budget(timeout) if connecting else timeout
-        self.deadline = max(self.deadline, loop.time() + wait)
+        # is out (see _connected). A wait that overran by far is time in which the loop did
+        # not run (a blocking call, a stalled process), not the nodes' silence: given back.
+        now = loop.time()
+        budget = connect_budget(timeout) if connecting else timeout
+        deadline = max(self.wait.deadline, now + budget)
+        self.wait = wait = Wait(timeout, now)
+        wait.deadline = deadline
         expired = False  # the deadline passed with nodes not heard (not: the caller cancelled)
-        # A wait that overran by far: the loop did not run (a blocking call, a stalled
-        # process), and that is not the nodes' silence (see .detector.Wait).
-        stalls = 0
-        stalled = 0.0
-        clean = 0.0  # waited since the last stall, without one
         try:
             while self.left and not self.decided:
-                started = loop.time()
-                remaining = self.deadline - started
+                remaining = wait.remaining(loop.time())
                 if remaining <= 0:
                     expired = True
                     break
@@ -793,32 +949,27 @@ class AsyncFanOut:
                     await waiter
                 finally:
                     timer.cancel()
-                waited = loop.time() - started
-                if stalls < MAX_STALLS and overrun(remaining, waited):
-                    stalls += 1
-                    stalled += waited
-                    clean = 0.0
-                    self.deadline += waited
-                else:
-                    clean += waited
         finally:
             self.finished = True
             now = loop.time()
+            # Ended by a quorum's answers, or by every node's: what it decided stands.
+            in_time = self.decided or not self.left
+            stalled, excused = wait.stalled, wait.excused
             for index, wire in enumerate(self.wires):
                 if wire is None:
                     continue
-                if self.decided and wire.usable() and not wire.overdue(now, timeout + stalled):
+                fresh = not expired and not wire.overdue(now, timeout + stalled)
+                if in_time and (fresh or index in self.counted):
                     # Its reply still comes to _deliver, which reads it and moves on.
+                    self._owe(index, wire)
                     wire.undo_unwanted()
-                    command = self.commands[index]
-                    again = as_bytes(command) if self.idempotent else None
-                    due = Due(command, self.late, self.sent, again)
-                    due.left = True
-                    wire.owed.append(due)
-                    self.owing[index] = due
-                    if self.owing_out is not None:
-                        self.owing_out[index] = (wire, due)
-                    self.pool.checkin(index, wire)
+                    if not wire.usable():
+                        pass  # given up by another fan-out: read until it answered
+                    elif fresh:
+                        self.pool.checkin(index, wire)
+                    else:
+                        self.nodes[index].late_at = time.monotonic()
+                        self.pool.set_aside(self.nodes[index], index, wire, self.since)
                 elif (
                     not expired
                     and wire is self.pool.shared[index]
@@ -832,13 +983,151 @@ class AsyncFanOut:
                         wire.send_unowned(self.late())
                         wire.flush()  # as in abandon: now, not when the loop turns
                 else:
-                    if expired or wire.overdue(now, timeout + stalled):
-                        # No answer within the node timeout: a miss, unless the loop stalled.
-                        self.nodes[index].went_silent(stalls > 0 and clean < timeout)
-                    wire.abandon(self.late)
+                    if not fresh:
+                        # No answer within the node timeout: a miss, unless the loop stalled
+                        # or the node answered since on another connection.
+                        if index not in self.answered:
+                            self.nodes[index].went_silent(excused, self.since)
+                        self.nodes[index].late_at = time.monotonic()
+                    self.pool.set_aside(
+                        self.nodes[index], index, wire, self.since, self.late, abandon=True
+                    )
+            if self.every and in_time and self.idempotent:
+                # A release or undo a quorum answered: a slower node whose copy waits for a
+                # lost packet's retransmission gets one more now, on another connection, that
+                # nobody waits for, so the key does not stay there for the next acquire.
+                for index in self._late():
+                    if not self.copies.get(index):
+                        self._copy_to(index)
+            for index, copies in self.copies.items():
+                for wire, due in copies:
+                    self._copy_left(index, wire, due, in_time)
             for index in self.tasks:
                 self.replies[index] = NOT_CONNECTED
         return self.replies
+
+    def _owe(self, index: int, wire: AsyncWire) -> None:
+        """The fan-out ended in time without node ``index``'s reply on ``wire``: the
+        connection owes it (``_owed_reply`` reads it), and the caller may send what ends the
+        command behind it (``left``)."""
+        command = self.commands[index]
+        again = as_bytes(command) if self.idempotent else None
+        due = Due(command, self.late, self.sent, again)
+        due.left = True
+        due.counted = index in self.counted
+        # A copy answered for the node, and did not grant: this one may still land.
+        due.unwanted = index in self.answered and not granted(self.replies[index])
+        wire.owed.append(due)
+        self.owing[index] = due
+        self._left(index, wire, due)
+
+    def _left(self, index: int, wire: AsyncWire, due: Due) -> None:
+        """List what ``wire`` owes for node ``index`` in ``left``; a second copy of the
+        command owed there becomes the first's twin (what ends one ends both)."""
+        if self.owing_out is None:
+            return
+        owing = self.owing_out.get(index)
+        if owing is None:
+            self.owing_out[index] = (wire, due)
+        else:
+            owing[1].twins = [*(owing[1].twins or ()), due]
+
+    def _copy_left(self, index: int, wire: AsyncWire, due: Due, in_time: bool) -> None:
+        """A copy still out when the fan-out ended: undone behind it at once if nothing came
+        of the operation, or the node answered without granting it; else listed in
+        ``left``, for what ends the lock to end it too. Its connection is pooled again once
+        it answered."""
+        due.left = True
+        due.counted = in_time and index in self.counted
+        if not in_time or (index in self.answered and not granted(self.replies[index])):
+            due.unwanted = True
+        if due.unwanted and due.late is not None:
+            wire.send_unowned(due.take_undo())
+        elif in_time:
+            self._left(index, wire, due)
+        self.pool.set_aside(self.nodes[index], index, wire, self.since)
+
+    def _send_copies(self, every: float) -> None:
+        """Send the hedge (a copy of the command the node may run twice: see
+        :mod:`.hedging`) to every node that has not answered yet, on an idle connection that
+        owes nothing (:meth:`LoopPool.spare`); one more each ``every`` seconds, up to
+        :data:`.hedging.MAX_COPIES` connections per node."""
+        if self.finished:
+            return
+        more = False
+        for index in self._late():
+            copies = self.copies.setdefault(index, [])
+            if len(copies) + 1 >= MAX_COPIES:
+                continue
+            sent = self._copy_to(index)
+            more = more or not sent or len(copies) + 1 < MAX_COPIES
+        if more:
+            self.pool.loop.call_later(every, self._send_copies, every)
+
+    def _late(self) -> list[int]:
+        """The nodes whose reply the command waits for on an open connection."""
+        return [i for i, w in enumerate(self.wires) if w is not None and i not in self.answered]
+
+    def _copy_to(self, index: int) -> bool:
+        """Send node ``index`` a copy of the command on an idle connection that owes nothing;
+        whether there was one (if not, one is being opened)."""
+        node = self.nodes[index]
+        wire = self.pool.spare(index, node)
+        if wire is None or self.hedge is None:
+            return False
+        command = self.hedge(node, wire)
+        due = Due(command, self.late, self.sent, as_bytes(command) if self.idempotent else None)
+        self.copies.setdefault(index, []).append((wire, due))
+        wire.owed.append(due)
+        reply = functools.partial(self._copy_reply, index, wire, due)
+        if isinstance(command, Pipelined) and command.count > 1:
+            wire.send_many(command.data, command.count, reply)
+        else:
+            wire.send(command, reply)
+        return True
+
+    def _copy_reply(self, index: int, wire: AsyncWire, due: Due, reply: Any) -> None:
+        """The reply to a copy of the command: the node's answer if it is the first (see
+        :func:`.hedging.first_word`); after the fan-out ended, read (:meth:`_read_owed`)."""
+        copies = self.copies[index]
+        with contextlib.suppress(ValueError):
+            copies.remove((wire, due))
+        word = self._read_owed(wire, due, reply)
+        if isinstance(reply, OSError):
+            alone = not copies and self.wires[index] is None and index not in self.answered
+            if alone and not self.finished:
+                self._final(index, os_failure(reply))
+            return
+        self.nodes[index].detector.answered(time.monotonic(), self.since)
+        if word is not None and not self.finished:
+            self._word(index, word)
+        if wire.usable() and not wire.waiters:
+            self.pool.checkin(index, wire)
+
+    def _word(self, index: int, reply: Any) -> None:
+        """Node ``index``'s reply on one of the connections carrying the command, while
+        copies of it are or were out (see :func:`.hedging.first_word`)."""
+        word = first_word(
+            reply,
+            answered=index in self.answered,
+            prior=self.replies[index],
+            idempotent=self.idempotent,
+            other_out=bool(self.copies.get(index)) or self.wires[index] is not None,
+            nothing_left=NOTHING_LEFT,
+        )
+        if word is None:
+            return
+        if not self.idempotent and granted(word):
+            self.counted.add(index)
+        if index not in self.answered:
+            self.answered.add(index)
+            self._final(index, word)
+            return
+        self.replies[index] = word
+        if self.left and self.enough is not None and self.enough(self.replies):
+            self.decided = True
+            if self.waiter is not None:
+                settle(self.waiter, None)
 
     def _send(
         self, index: int, wire: AsyncWire, command: Sequence[Any] | bytes | Pipelined
@@ -875,7 +1164,7 @@ class AsyncFanOut:
                 self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
             # The node's reply budget starts now: connecting was not its silence.
-            self.deadline = max(self.deadline, self.pool.loop.time() + self.timeout)
+            self.wait.deadline = max(self.wait.deadline, self.pool.loop.time() + self.timeout)
         elif isinstance(error, WireError):
             self._final(index, error.failure)
         else:
@@ -894,13 +1183,15 @@ class AsyncFanOut:
         if isinstance(reply, OSError):
             self.wires[index] = None
             wire.abort()
+            if index in self.answered or self.copies.get(index):
+                return  # a copy answered, or may still
             loop = self.pool.loop
-            if wire.reused and loop.time() < self.deadline:
+            if wire.reused and loop.time() < self.wait.deadline:
                 # Closed while pooled (node restart, idle timeout): one fresh try.
                 if self.idempotent:
                     self.cut_on[index] = wire.run_id
                 self._connect(index)
-                self.deadline = max(self.deadline, loop.time() + self.timeout)
+                self.wait.deadline = max(self.wait.deadline, loop.time() + self.timeout)
             else:
                 self._final(index, os_failure(reply))
             return
@@ -910,7 +1201,7 @@ class AsyncFanOut:
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
-        self.nodes[index].detector.answered(time.monotonic())
+        self.nodes[index].detector.answered(time.monotonic(), self.since)
         if on_replica(reply):
             # A demoted master (so are the idle connections to it): the next connection asks
             # the Sentinels where the master is now (a release refused is kept for it by
@@ -921,40 +1212,47 @@ class AsyncFanOut:
             self.pool.checkin(index, wire)
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
-        self._final(index, fold(self.commands[index], wire, reply))
+        if self.copies:
+            self._word(index, fold(self.commands[index], wire, reply))
+        else:
+            self._final(index, fold(self.commands[index], wire, reply))
 
     def _owed_reply(self, index: int, reply: Any) -> None:
         """The reply of a node this fan-out stopped waiting for: the connection owed it."""
+        due = self.owing.pop(index, None)
         wire = self.wires[index]
-        assert wire is not None
+        if due is not None and wire is not None:
+            self._read_owed(wire, due, reply)
+
+    def _read_owed(self, wire: AsyncWire, due: Due, reply: Any) -> Any:
+        """Read the reply ``wire`` owed for ``due`` (the node's answer, or None when it says
+        nothing); once the fan-out ended, the undo goes behind a command given up meanwhile
+        (released on another connection, which may have overtaken it)."""
+        with contextlib.suppress(ValueError):
+            wire.owed.remove(due)
         if isinstance(reply, OSError):
             # Cut before it answered: nothing queued on it runs any more.
-            cut = self.owing.pop(index, None)
-            if cut is not None:
-                wire.owed.remove(cut)
-                wire.later.extend(unfinished([cut]))
-            return
-        due = self.owing.pop(index)
-        wire.owed.remove(due)
+            wire.later.extend(unfinished([due]))
+            return None
         if noscript(reply):
             if due.again is not None:  # a release runs the same however late
                 wire.send_unowned(as_eval(due.again))
             # Any other script did not run; run now, it could outlive what the fan-out decided.
-            return
+            return None
         if on_replica(reply):
             # Refused by a server that is no longer the group's master: a release goes to the
             # one the next connection finds (token-checked, harmless anywhere).
             if due.again is not None:
                 wire.later.append(due.again)
             wire.close()
-            return
+            return None
         if isinstance(reply, ReplyError):
             reply = reply_failure(reply)
         # Read for what it tells the connection (a changed restart-guard marker).
-        fold(self.commands[index], wire, reply)
-        if due.unwanted and due.late is not None:
-            # Released meanwhile on another connection, which may have overtaken it.
+        reply = fold(due.command, wire, reply)
+        if self.finished and due.unwanted and due.late is not None:
             wire.send_unowned(due.take_undo())
+        return reply
 
     def _final(self, index: int, reply: Any) -> None:
         if reply == 0 and index in self.cut:

@@ -408,19 +408,24 @@ class AsyncRedlock(RedlockBase):
         left: dict[int, AsyncOwing] | None = None,
         behind: Mapping[int, AsyncOwing] | None = None,
         idempotent: bool = False,
+        *,
+        hedge: CommandBuilder | None = None,
     ) -> list[Any]:
         """Send one command to every node at once and collect the replies in node order
-        (``enough``, ``left``, ``behind`` and ``idempotent``: see :class:`.fanout.FanOut`).
+        (``enough``, ``left``, ``behind`` and ``idempotent``: see :class:`.fanout.FanOut`;
+        ``hedge`` builds the copy a late node gets on another connection, an idempotent
+        command's is itself: see :mod:`.hedging`).
 
         A node that failed or did not answer in time yields a :class:`Failure`. Pooled
         connections answer within ``timeout``; a node that needs a new connection gets another
-        ``timeout`` to connect. A connection whose reply did not come in time is aborted, after
-        ``late()`` was sent on it (the undo: see :class:`.fanout.FanOut`).
+        ``timeout`` to connect. A connection whose reply did not come in time takes no more
+        commands until it answered, after ``late()`` was sent on it (the undo: see
+        :class:`.fanout.FanOut`); then it is pooled again.
         """
         state = self._state()
-        return await AsyncFanOut(self.nodes, state, build, late, enough, left, idempotent).run(
-            self.node_timeout if timeout is None else timeout, behind
-        )
+        hedge = hedge if hedge is not None or not idempotent else build
+        fan_out = AsyncFanOut(self.nodes, state, build, late, enough, left, idempotent, hedge)
+        return await fan_out.run(self.node_timeout if timeout is None else timeout, behind)
 
     async def _call(
         self, index: int, commands: Sequence[Sequence[Any]], timeout: float = SLOW_TIMEOUT
@@ -608,7 +613,7 @@ class AsyncRedlock(RedlockBase):
     async def _send(self, step: Send) -> list[Any]:
         step.started = time.monotonic()
         try:
-            replies = await self._fan_out(*step.args)
+            replies = await self._fan_out(*step.args, hedge=step.hedge)
         except asyncio.CancelledError:
             # Some SETs may have landed: take them back without making the caller wait.
             if step.undo_if_cancelled:

@@ -1349,6 +1349,17 @@ _OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
     "unix_socket_path",
 } | {"connection_class"}
 
+#: ``redis.Redis`` settings of its client or pool, not of a connection: the lock connections
+#: are not drawn from a redis-py pool, so these could only be dropped.
+_POOL_OPTIONS = {
+    "max_connections": "the lock connections are the package's own, not a redis-py pool's, "
+    "so a pool's cap cannot apply to them",
+    "single_connection_client": "the lock connections are the package's own, not one "
+    "client connection's",
+    "cache": "a lock's state is never read from a client-side cache",
+    "cache_config": "a lock's state is never read from a client-side cache",
+}
+
 #: OPTIONS that are durations in seconds (checked here: redis-py takes them as they come).
 _DURATION_OPTIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
 
@@ -1379,6 +1390,9 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
                 allow_zero=name == "health_check_interval",
                 maximum=MAX_NODE_TIMEOUT * 60,
             )
+    for name, why in _POOL_OPTIONS.items():
+        if options.get(name) is not None:
+            raise ValueError(f"node OPTIONS {name!r} cannot be honoured: {why}")
     if options.get("protocol") not in (None, 2, "2"):
         raise ValueError(
             f"node OPTIONS 'protocol' {options['protocol']!r} cannot be honoured: the lock "
@@ -1426,11 +1440,10 @@ def connection_args(
     url: str, options: Mapping[str, Any], *, asyncio: bool = False
 ) -> tuple[type, dict[str, Any]]:
     """redis-py's connection class (``redis.asyncio``'s with ``asyncio``) and its arguments
-    for a node, parsed by redis-py from the URL with the node's OPTIONS on top. An OPTION
-    that is a ``redis.Redis`` setting but no connection's (``max_connections``) serves only
-    the node's redis-py client. Raises ValueError naming an option that the connection
-    cannot honour (a TLS option on a plain connection, OCSP on an asyncio one): a security
-    setting is never dropped."""
+    for a node, parsed by redis-py from the URL with the node's OPTIONS on top (a pool's or
+    client's settings were refused by ``_check_options``). Raises ValueError naming an option
+    that the connection cannot honour (a TLS option on a plain connection, OCSP on an asyncio
+    one): a security setting is never dropped."""
     options = dict(options)
     if is_group_url(url):
         # A group's master, as its redis:// URL gives it; the address is located later

@@ -6,7 +6,9 @@ hooks reach all of them (multiprocessing's exit hook even waits forever for a fr
 Every process and temp folder is therefore recorded here as it is started, and
 :meth:`Resources.close` removes them with SIGKILL, which also ends a frozen process, without
 waiting for anything to shut down gracefully: nothing the demo started holds data worth
-keeping, and SIGINT, SIGTERM or SIGHUP must leave nothing behind within two seconds.
+keeping, and SIGINT, SIGTERM or SIGHUP must leave nothing behind within two seconds. A SIGKILLed
+demo runs none of this: each process and folder is also handed to the reaper of
+:mod:`django_redlock.testing` (which outlives the demo and acts when it is gone).
 
 Why the demo runs in a thread (:func:`run_until_stopped`): an exception raised by a signal
 handler lands wherever the main thread happens to be, and is lost when that is a ``__del__``
@@ -34,7 +36,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..testing import RedisCluster, RedisNode
+from ..testing import (
+    RedisCluster,
+    RedisNode,
+    _forget_reaping,
+    _reap_folder_with_owner,
+    _reap_with_owner,
+)
 
 __all__ = ["STOP_SIGNALS", "Resources", "Stopped", "run_until_stopped"]
 
@@ -107,6 +115,8 @@ class Resources:
         with self.spawning():
             self._children.append(process)
             process.start()
+            assert process.pid is not None
+            _reap_with_owner(process.pid)  # a SIGKILLed demo runs no close()
         return process
 
     def session(self, args: list[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
@@ -117,6 +127,7 @@ class Resources:
                 args, start_new_session=True, stdin=subprocess.DEVNULL, **popen_kwargs
             )
             self._sessions.append(proc)
+            _reap_with_owner(proc.pid, group=True)
         return proc
 
     def temp_dir(self, prefix: str) -> Path:
@@ -124,6 +135,7 @@ class Resources:
         with self.spawning():
             path = Path(tempfile.mkdtemp(prefix=prefix))
             self._dirs.append(path)
+            _reap_folder_with_owner(path)
         return path
 
     # ---------------------------------------------------------------- teardown
@@ -159,6 +171,9 @@ class Resources:
                 node.stop()  # nothing left to stop: removes the folder
         for path in self._dirs:
             shutil.rmtree(path, ignore_errors=True)
+            _reap_folder_with_owner(path, forget=True)
+        for pid in [p.pid for p in self._sessions] + [c.pid for c in self._children if c.pid]:
+            _forget_reaping(pid)
 
 
 def _child_main(target: Callable[..., object], *args: Any) -> None:

@@ -1,0 +1,60 @@
+"""When a late node gets a copy of the command, and which reply is its answer (pure rules
+shared by the sync and asyncio transports: ``core/hedging.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django_redlock.core.hedging import (
+    HEDGE_AFTER,
+    HEDGE_TRIPS,
+    LOSSY_FOR,
+    first_word,
+    hedge_at,
+)
+
+NOTHING_LEFT = object()
+
+
+@dataclass
+class Detector:
+    quick: float | None = None
+
+
+@dataclass
+class Node:
+    late_at: float = float("-inf")
+    detector: Detector = field(default_factory=Detector)
+
+
+def test_no_copies_while_no_node_was_late_recently():
+    nodes = [Node(), Node(late_at=100.0 - LOSSY_FOR - 0.1)]
+    assert hedge_at(nodes, 100.0, 100.0, 0.05) is None
+
+
+def test_copies_go_out_after_a_few_of_the_slowest_nodes_unhindered_round_trips():
+    lossy = [Node(late_at=99.0), Node()]
+    assert hedge_at(lossy, 100.0, 100.0, 0.05) == 100.0 + HEDGE_AFTER
+    lossy[1].detector.quick = 0.003
+    assert hedge_at(lossy, 100.0, 100.0, 0.05) == 100.0 + 0.003 * HEDGE_TRIPS
+    # A copy later than a quarter of the node timeout could hardly beat the first.
+    lossy[1].detector.quick = 0.005
+    assert hedge_at(lossy, 100.0, 100.0, 0.05) is None
+
+
+def word(reply, **kw):
+    args = {"answered": False, "prior": None, "idempotent": False, "other_out": False}
+    return first_word(reply, nothing_left=NOTHING_LEFT, **{**args, **kw})
+
+
+def test_the_first_reply_is_the_nodes_answer_but_a_grant_counts_from_any_copy():
+    assert word([0, 1]) == [0, 1]
+    assert word([1, 5], answered=True, prior=[0, 1]) is None
+    assert word([0, 1], answered=True, prior=[1, 5]) == [0, 1]
+    assert word(1, answered=True, prior=0, idempotent=True) is None
+
+
+def test_a_release_copys_nothing_to_do_while_the_first_is_out_is_not_evidence_of_a_loss():
+    assert word(0, idempotent=True, other_out=True) is NOTHING_LEFT
+    assert word(0, idempotent=True) == 0
+    assert word(1, idempotent=True, other_out=True) == 1
