@@ -312,8 +312,10 @@ class Cluster(Protocol):
 class Table(Protocol):
     """The client's lease table, as the algorithm uses it (:class:`.leases.LeaseTable`)."""
 
-    def margin(self, ttl: float) -> float:
-        """The drift allowance of a lease of ``ttl`` seconds."""
+    #: The drift allowance of a lease of ``ttl`` seconds is ``ttl * drift_factor +
+    #: drift_floor`` (the spec's clock drift term).
+    drift_factor: float
+    drift_floor: float
 
     def won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
         """Enter a lease just won (asked for at ``start``) in the table."""
@@ -393,7 +395,8 @@ class Algorithm:
                         granted = [r for r in replies if r.__class__ is list and r[0] == 0]
             # 2. Ours if a quorum granted it and validity = ttl - elapsed - drift is left
             # (measured after the replies came in: node-redlock returned locks with none).
-            valid_until = start + handle.ttl - client.leases.margin(handle.ttl)
+            drift = handle.ttl * client.leases.drift_factor + client.leases.drift_floor
+            valid_until = start + handle.ttl - drift
             if len(granted) >= client.quorum and now < valid_until:
                 lease = Lease(
                     name=handle.name,
@@ -508,7 +511,9 @@ class Algorithm:
     def granted_by_quorum(self, replies: list[Any]) -> bool:
         """An acquire's wait ends once a quorum granted it: the lock is ours whatever the
         slower nodes answer (validity is measured from before the first send)."""
-        return sum(1 for r in replies if r.__class__ is list and r[0] == 0) >= self.client.quorum
+        # A list, not a generator: this runs on every acquire (one call, not one per reply).
+        granted = [r for r in replies if r.__class__ is list and r[0] == 0]
+        return len(granted) >= self.client.quorum
 
     def refusal(self, replies: list[Any], at: float = 0.0) -> Refusal:
         """Why the nodes refused, and when the lock frees up if they said."""
@@ -636,7 +641,8 @@ def keep_unreached(nodes: list[Node], command: bytes, replies: list[Any]) -> Non
     """A release that could not reach a node goes out with the next operation that reaches
     it (:attr:`.nodes.Node.later`)."""
     for node, reply in zip(nodes, replies, strict=True):
-        if not reached(reply):
+        # Most replies are answers: only a Failure needs judging (this runs on every release).
+        if reply.__class__ is Failure and not reached(reply):
             node.later.append(command)
 
 

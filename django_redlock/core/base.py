@@ -354,10 +354,9 @@ class RedlockBase:
         and cannot be reported as lost any more (a slower node removes its copy as it gets
         to it). A copy of the release that found nothing left while the first one's reply is
         still on its way (:data:`~.nodes.NOTHING_LEFT`) counts: the key is not ours there."""
-        return (
-            sum(1 for r in replies if (r.__class__ is int and r > 0) or r is NOTHING_LEFT)
-            >= self.quorum
-        )
+        # A list, not a generator: this runs on every release (one call, not one per reply).
+        removed = [r for r in replies if (r.__class__ is int and r > 0) or r is NOTHING_LEFT]
+        return len(removed) >= self.quorum
 
     def _alone_steps(
         self, handle: LockBase, owner: Hashable, start: float

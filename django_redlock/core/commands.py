@@ -68,6 +68,10 @@ def lock_fields(value: bytes | str) -> dict[str, str]:
 _RELEASE_HEAD = ("EVALSHA", scripts.RELEASE.sha, 3)
 
 
+#: How many names' release keys a :class:`KeyLayout` keeps at most.
+_NAMES_KEPT = 4096
+
+
 class KeyLayout:
     """Keys, channels and commands of a Redlock client for one key prefix (a part of a
     client: :class:`.base.RedlockBase` holds one as ``keys``). ``meta`` and ``host`` are the
@@ -77,11 +81,16 @@ class KeyLayout:
         self, key_prefix: str, *, fair_heartbeat: float, meta: dict[str, Any], host: str
     ) -> None:
         self.key_prefix = key_prefix
+        #: A lock key is this and its name (:meth:`key`, spelled out on the acquire's path).
+        self.lock_prefix = f"{key_prefix}:lock:"
         self.fair_heartbeat = fair_heartbeat
         self.meta = meta
         self.host = host
         self._meta_cache: tuple[int, dict[str, Any], str] | None = None
         self._thread_json: tuple[str | None, str] = (None, "")
+        #: Per name, the keys and channel of its release (names are mostly released again
+        #: and again; cleared when it grows past :data:`_NAMES_KEPT`).
+        self._release_args: dict[str, tuple[str, ...]] = {}
 
     @functools.cached_property
     def marker_read(self) -> bytes:
@@ -89,7 +98,7 @@ class KeyLayout:
         return pack(["HMGET", self.node_key(), "run_id", "id"])
 
     def key(self, name: str) -> str:
-        return f"{self.key_prefix}:lock:{name}"
+        return self.lock_prefix + name
 
     def acquire_keys(self, name: str) -> list[str]:
         return [self.key(name), f"{self.key_prefix}:fence:{name}", self.node_key()]
@@ -156,7 +165,13 @@ class KeyLayout:
         if is_reader(name):
             keys, args = self.reader_keys(name), [token, self.channel(name)]
             return pack(script_command(rwscripts.READ_RELEASE, keys, args))
-        return pack((*_RELEASE_HEAD, *self.release_keys(name), token, self.channel(name)))
+        known = self._release_args.get(name)
+        if known is None:
+            if len(self._release_args) >= _NAMES_KEPT:
+                self._release_args.clear()
+            known = self._release_args[name] = (*self.release_keys(name), self.channel(name))
+        key, waiters, line, channel = known
+        return pack((*_RELEASE_HEAD, key, waiters, line, token, channel))
 
     def undo_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token`` with the script's body, for a connection given up (see
@@ -268,9 +283,9 @@ class KeyLayout:
             return script_command(rwscripts.READ_EXTEND, keys, args)
         return script_command(scripts.EXTEND, [self.key(name)], args)
 
-    def holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-        """The holder's details for the admin page, and their JSON (built from a cached part,
-        as this runs on every acquire)."""
+    def holder_meta(self, meta: Mapping[str, Any]) -> tuple[dict[str, Any], str, float]:
+        """The holder's details for the admin page, their JSON (built from a cached part, as
+        this runs on every acquire), and the wall-clock time they name as the acquire's."""
         pid = os.getpid()
         if self._meta_cache is None or self._meta_cache[0] != pid:
             fixed = {"host": self.host, "pid": pid, **HOLDER_PLACE, **self.meta}
@@ -284,7 +299,7 @@ class KeyLayout:
         if meta:
             holder.update(meta)
             parts.append(json.dumps(dict(meta), default=str)[1:-1])
-        return holder, "{" + ", ".join(p for p in parts if p) + "}"
+        return holder, "{" + ", ".join([p for p in parts if p]) + "}", now
 
 
 class Client(Protocol):
@@ -322,7 +337,7 @@ class AcquireRequest:
         #: A waiter's place among the name's waiters, taken (or kept) before the attempt on
         #: the same connection: a release that comes after the attempt was refused wakes it.
         self._join = join
-        self.meta, self._meta_json = redlock.keys.holder_meta(handle.meta)
+        self.meta, self._meta_json, now = redlock.keys.holder_meta(handle.meta)
         self._ttl_ms = int(handle.ttl * 1000)
         self._guarded = redlock.restart_guard
         self._fast: Pipelined | None = None
@@ -334,8 +349,9 @@ class AcquireRequest:
         self.hedge: AnyBuilder | None = None
         if line is None and not handle.fencing:
             self.hedge = self.script
-            key = redlock.keys.key(handle.name)
-            value = lock_value(self.token, ttl_ms=self._ttl_ms, meta_json=self._meta_json)
+            key = redlock.keys.lock_prefix + handle.name
+            # lock_value(), written out (no fence, no renewal yet): this runs on every acquire.
+            value = f"{self.token} 0 0 {int(now * 1000)} {self._ttl_ms}\n{self._meta_json}"
             # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
             data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
             count = 2

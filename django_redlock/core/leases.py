@@ -3,6 +3,7 @@ renewals and checks, and loss (a part of a client: :class:`.base.RedlockBase` ho
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Literal
@@ -10,7 +11,7 @@ from typing import Any, Literal
 from . import clock
 from .detector import why_lost
 from .errors import LockLost, LockNotOwned
-from .events import Listener, LockEvent, emit, heard
+from .events import Listener, LockEvent, emit, heard, logger
 from .lock import Lease, LockBase
 from .nodes import Failure, Node
 from .renewal import pauses, renewer
@@ -51,6 +52,7 @@ class LeaseTable:
         self.nodes = nodes
         self.quorum = quorum
         self.drift_factor = drift_factor
+        self.drift_floor = DRIFT_FLOOR
         self.listeners = listeners
         self.start_renewal = start_renewal
         self.after_fork()
@@ -89,7 +91,8 @@ class LeaseTable:
         handle.retry_after = None
         with self._leases_lock:
             self._leases[lease.name] = lease
-        if heard(self.listeners, "acquired"):
+        # heard(), written out: this runs on every acquire, and "acquired" logs at DEBUG.
+        if self.listeners or logger.isEnabledFor(logging.DEBUG):
             emit(self.listeners, LockEvent.of_acquisition(lease, clock.monotonic() - start))
         if lease.auto_renew:
             self.start_renewal(lease)
@@ -147,7 +150,7 @@ class LeaseTable:
 
     def finish_release(self, lease: Lease, replies: list[Any]) -> None:
         self._stop_watching(lease)
-        if any(isinstance(r, int) and r > 1 for r in replies):
+        if [r for r in replies if isinstance(r, int) and r > 1]:
             now = clock.monotonic()
             with self._leases_lock:
                 # Entries live a few ms: dropping the run-out ones keeps the table to the
@@ -159,7 +162,7 @@ class LeaseTable:
         # for one given back while it was still ours.
         if lease.lost:
             raise LockLost(f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name)
-        refused = sum(1 for r in replies if r == 0)
+        refused = replies.count(0)
         if lease.ran_out:
             why = "its lease ran out before release"
         elif refused > len(self.nodes) - self.quorum:

@@ -294,13 +294,30 @@ class Lock(LockBase):
         when too few nodes could answer at all.
         """
         owner = current_owner() if self.owner is None else self.owner
-        prepared = self._prepare(owner, blocking, timeout, retries)
-        if prepared is None:
-            return False
-        blocking, timeout, retries = prepared
-        return self._won(
-            self.redlock._acquire(self, owner, blocking=blocking, timeout=timeout, retries=retries)
+        if self._lease is None and timeout is None and retries is None:
+            # _prepare()'s common case, written out (this runs on every acquire): nothing
+            # held through this handle, and no argument to check but a flag.
+            if blocking is None:
+                blocking = self.blocking
+            elif blocking.__class__ is not bool:
+                check_flag("blocking", blocking)
+            timeout, retries = self.timeout, self.retries
+        else:
+            prepared = self._prepare(owner, blocking, timeout, retries)
+            if prepared is None:
+                return False
+            blocking, timeout, retries = prepared
+        lease = self.redlock._acquire(
+            self, owner, blocking=blocking, timeout=timeout, retries=retries
         )
+        # _won(), written out: this runs on every acquire.
+        if lease is None:
+            return False
+        if lease is self._lease:
+            self._holds += 1  # the owner re-entered through this very handle
+        else:
+            self._lease, self._holds = lease, 1
+        return True
 
     def release(self) -> None:
         """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if

@@ -74,6 +74,11 @@ def applied(mutant: str | None, world: World) -> Iterator[None]:
         patch(Lease, "foreign", property(lambda self: False))
     elif mutant == "no_drift":
         patch(SimLeaseTable, "margin", lambda self, ttl: 0.0)
+        # The acquire reads the two terms of the margin (a class property wins over the
+        # value the table's constructor stores).
+        no_term = property(lambda self: 0.0, lambda self, value: None)
+        patch(SimLeaseTable, "drift_factor", no_term)
+        patch(SimLeaseTable, "drift_floor", no_term)
     elif mutant == "trust_apart":
         patch(RestartGuard, "all_fresh", _all_fresh_apart)
     try:
