@@ -311,8 +311,13 @@ def fan_out(
         need = len(nodes) - op.majority  # a majority
         hedge_at = None
         if op.hedge is not None:
-            # Copies only while some node's replies come late enough to be lost packets.
-            hedge_at = hedging.hedge_at(nodes, wait.last, wait.last, timeout)
+            # Copies only while some node's replies come late enough to be lost packets
+            # (tested here first, without a call: this runs on every fan-out).
+            since = wait.last - hedging.LOSSY_FOR
+            for node in nodes:
+                if node.late_at > since:
+                    hedge_at = hedging.hedge_at(nodes, wait.last, wait.last, timeout)
+                    break
         every = 0.0 if hedge_at is None else hedge_at - wait.last
         #: node index -> how many copies of the command it was sent (hedged nodes only).
         copies: dict[int, int] = {}
