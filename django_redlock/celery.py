@@ -524,7 +524,7 @@ class LockedTask(Task):
     ) -> LockOptions:
         """Project defaults (``REDLOCK["LOCKED_TASK"]``) overlaid with the options this task
         sets itself, then with per-call ``overrides`` (header field names); when ``sending``,
-        a ttl or limit the task's lock service would refuse is refused now."""
+        a per-call ttl or limit the task's lock service would refuse is refused now."""
         defaults = header_values(_project_defaults())
         values = {
             field: _class_attr(self, option)
@@ -532,20 +532,15 @@ class LockedTask(Task):
             else defaults[field]
             for option, field in CALL_OPTIONS.items()
         }
-        where = f"task {self.name}"
-        check_task_options(values, where)
-        self._check_template(values["key"], where)
+        check_task_options(values, f"task {self.name}")
+        self._check_template(values["key"], f"task {self.name}")
         if overrides:
             given = {k: v for k, v in overrides.items() if k in HEADER_FIELDS}
             where = f"task {self.name} (per-call options)"
-            check_task_options(given, where, per_call=True)
+            limits = self._service_limits() if sending and {"ttl", "limit"} & set(given) else {}
+            check_task_options(given, where, per_call=True, **limits)
             self._check_template(given.get("key"), where)
             values.update(given)
-        if sending and (values["ttl"] is not None or values["limit"] is not None):
-            # The task's own ttl or limit as much as a per-call one: the service would refuse
-            # it at every run.
-            limits = self._service_limits()
-            check_task_options({"ttl": values["ttl"], "limit": values["limit"]}, where, **limits)
         if values["dedupe"] is True:
             values["dedupe"] = "merge"
         return LockOptions(**values)

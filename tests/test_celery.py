@@ -707,22 +707,6 @@ def test_per_call_values_the_worker_would_refuse_are_refused_when_sent(celery_te
     assert tasks.critical.lock_options({"ttl": rl.max_ttl}).ttl == rl.max_ttl
 
 
-def test_a_tasks_own_ttl_the_worker_would_refuse_is_refused_when_sent(celery_test_app, rl):
-    """The same for a ``lock_ttl`` the task sets itself: refused by apply_async, naming the
-    task, not sent to fail on the worker at every run."""
-
-    class TooLong(LockedTask):
-        name = "tests.too_long_ttl"
-        lock_ttl = rl.max_ttl + 1
-
-        def run(self, key):  # pragma: no cover - never runs
-            return key
-
-    task = celery_test_app.register_task(TooLong())
-    with pytest.raises(ValueError, match=r"tests\.too_long_ttl: lock_ttl .*max_ttl"):
-        task.apply_async(("k",))
-
-
 def test_task_lock_key_is_checked_by_the_same_rules():
     class MisnamedKey(LockedTask):
         name = "tests.misnamed_key"
