@@ -26,6 +26,7 @@ from django_redlock.testing import RedisCluster
 from tests.helpers import (
     REPO_ROOT,
     node_client,
+    occupy,
     pttls_on_nodes,
     tokens_on_nodes,
     wait_until,
@@ -180,6 +181,30 @@ def test_quorum_unreachable_is_lost_by_the_end_of_validity(
     assert not lock.held
     with pytest.raises(LockLost):
         lock.release()
+
+
+def test_a_loss_names_the_node_that_answered_without_our_copy(
+    redis_cluster_factory, make_redlock, event_log
+) -> None:
+    """One node silent and another answering with someone else's copy: the loss reason names
+    both, the second as "not held there", not only the silent one."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, ttl=TTL, node_timeout=0.05)
+    warm_up(rl)
+    log = event_log(rl)
+    lock = rl.lock("renew:taken-there", auto_renew=True)
+    assert lock.acquire(blocking=False)
+    occupy(cluster[0], lock.name, ms=60_000)  # another holder's copy replaces ours there
+    cluster[1].pause()
+    try:
+        event = log.wait_for("lost", lock.name, timeout=3 * TTL)
+    finally:
+        cluster[1].resume()
+    assert event is not None, "the lock was never declared lost"
+    assert "1 of 3 nodes renewed it, 2 needed" in event.reason, event.reason
+    assert f"{rl.nodes[0].name}: not held there" in event.reason, event.reason
+    assert rl.nodes[1].name in event.reason
+    assert not lock.held
 
 
 _FROZEN_HOLDER = """
