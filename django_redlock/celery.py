@@ -32,27 +32,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import functools
-import hashlib
 import inspect
 import json
 import logging
-import math
 import os
 import random
-import re
 import select
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from datetime import date, datetime, timezone
-from datetime import time as dtime
-from decimal import Decimal
+from datetime import datetime, timezone
 from typing import Any
-from uuid import UUID
 
 from celery import Task, bootsteps, signals
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
@@ -131,8 +124,6 @@ SLOT_GRACE = 0.5
 #: costs little next to it, so a busy key never ties up a worker slot for long.
 MAX_SLOT_WAIT = 2.0
 DEFAULT_DEDUPE_TTL = 3600.0
-#: Keys longer than this (default keys only) are replaced by a readable prefix + SHA-256.
-DEFAULT_KEY_MAX = 200
 #: Characters of the arguments summary stored with the lock (admin page).
 ARGS_SUMMARY_MAX = 200
 #: Exponential backoff stops doubling after this many lock retries.
@@ -170,63 +161,18 @@ class LockOptions:
 # ============================================================================ keys
 
 
-_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")
-
-
-def _normalise(value: Any) -> Any:
-    """A JSON-ready, stable form of an argument: the same value gives the same key before
-    and after Celery's JSON round trip (tuples become lists, UUIDs and dates strings), and
-    nothing that depends on memory addresses or set ordering gets in."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, enum.Enum):
-        return _normalise(value.value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if isinstance(value, (Decimal, UUID)):
-        return str(value)
-    if isinstance(value, (datetime, date, dtime)):
-        return value.isoformat()
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "bytes:" + bytes(value).hex()
-    if isinstance(value, Mapping):
-        return {str(k): _normalise(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_normalise(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        items = [_normalise(v) for v in value]
-        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=str))
-    pk = getattr(value, "pk", None)
-    meta = getattr(value, "_meta", None)
-    label = getattr(meta, "label_lower", None)
-    if pk is not None and label:  # a Django model instance
-        return f"{label}:{_normalise(pk)}"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        return {type(value).__qualname__: _normalise(fields)}
-    if type(value).__str__ is not object.__str__:  # type: ignore[comparison-overlap]
-        text = str(value)
-        if not _ADDRESS.search(text):
-            return f"{type(value).__qualname__}:{text}"
-    raise TypeError(
-        f"cannot build a lock key from a {type(value).__qualname__} argument (it has no stable "
-        "text); give the task a lock_key template naming a stable field"
-    )
-
-
 def default_lock_key(task_name: str, arguments: Mapping[str, Any]) -> str:
-    """The key used without ``lock_key``: the task name plus its bound arguments as canonical
-    JSON (sorted keys, no spaces); long keys end in a SHA-256 of the JSON instead."""
-    body = json.dumps(
-        _normalise(dict(arguments)), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
-    key = f"{task_name}:{body}"
-    if len(key) <= DEFAULT_KEY_MAX:
-        return key
-    digest = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{task_name}:sha256-{digest}"[:MAX_KEY_LENGTH]
+    """The key used without ``lock_key``: the task name plus its bound arguments as
+    ``name=value`` in name order, each value rendered as a ``lock_key`` template renders it
+    (``app.sync:account_id=42,full=%false``)."""
+    from .keys import make_key
+
+    literal = task_name.replace("{", "{{").replace("}", "}}")
+    fields = ",".join(f"{name}={{{name}}}" for name in sorted(arguments))
+    try:
+        return make_key(f"{literal}:{fields}", **arguments)
+    except TypeError as exc:
+        raise TypeError(f"{exc} (task {task_name}: give it a lock_key naming a field)") from None
 
 
 # ============================================================================ holders
@@ -610,20 +556,24 @@ class LockedTask(Task):
             if not isinstance(name, str):
                 raise TypeError(f"task {self.name}: lock_key returned {name!r}, not a str")
             return name
-        arguments = self._bound_arguments(args, kwargs)
+        arguments, extra = self._bound_arguments(args, kwargs)
         if key is None:
             return default_lock_key(self.name, arguments)
         if "{" not in key:
             return str(key)
         from .keys import make_key
 
-        return make_key(key, **arguments)
+        # **kwargs entries are addressable by their own names in templates too.
+        return make_key(key, **{**extra, **arguments})
 
-    def _bound_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _bound_arguments(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The call's arguments by name (defaults applied), and its ``**kwargs`` entries."""
         try:
             signature = inspect.signature(self.run)
         except (TypeError, ValueError):
-            return {"args": list(args), "kwargs": kwargs}
+            return {"args": list(args), "kwargs": kwargs}, {}
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -631,13 +581,8 @@ class LockedTask(Task):
                 f"task {self.name}: cannot bind the arguments for its lock key: {exc}"
             ) from None
         bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        for param in signature.parameters.values():
-            if param.kind is inspect.Parameter.VAR_KEYWORD and param.name in arguments:
-                # **kwargs fields are addressable by their own names in templates too.
-                extra = arguments[param.name]
-                arguments = {**extra, **arguments}
-        return arguments
+        var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
+        return dict(bound.arguments), dict(bound.arguments[var_kw[0]]) if var_kw else {}
 
     # -- enqueueing -------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ _ALWAYS = "%:*?[]\\{}"
 #: Suffix marker of a hashed key; '%' followed by a lowercase letter never comes from a value.
 _HASH_MARK = "%sha256-"
 _TAGS = {None: "%none", True: "%true", False: "%false"}
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")
 
 
 def _escaper(extra: str) -> Callable[[str], str]:
@@ -95,8 +96,12 @@ class KeyTemplate:
       string of its digits (``42`` and ``"42"``) deliberately give the *same* key: they name
       the same resource whichever way a URL converter or a JSON round trip typed it, and two
       keys for one resource would break mutual exclusion (see docs/usage.rst);
-    * model instances and objects without a ``__str__`` of their own are refused (their text
-      is not an identity): use an attribute, ``{order.pk}``.
+    * lists, tuples and sets render as ``[a,b]`` (sets sorted), mappings as ``{k=v,...}``
+      (sorted), with ``,`` and ``=`` escaped in their items;
+    * model instances and objects without a stable text (no ``__str__`` of their own, or one
+      showing a memory address) are refused: use an attribute, ``{order.pk}``.
+
+    The same rendering builds ``LockedTask``'s default key (one canonicalizer for both).
 
     Two fields must be separated by at least one punctuation character (checked here), so the
     key can be split back into its values. Keys longer than the core's limit keep a readable
@@ -145,6 +150,7 @@ class KeyTemplate:
             self.parts.append((literal, field, spec or "", conversion))
             seen_field = True
         self._escape = _escaper("".join(separators))
+        self._item = _escaper("".join(separators) + ",=")
         self._formatter = string.Formatter()
         #: Whether the template reads ``request.user`` or ``{client}`` (async views resolve
         #: the user first).
@@ -203,31 +209,50 @@ class KeyTemplate:
             out.append(self.encode(value, field))
         return shorten("".join(out))
 
-    def encode(self, value: Any, field: str = "?") -> str:
+    def encode(
+        self, value: Any, field: str = "?", escape: Callable[[str], str] | None = None
+    ) -> str:
+        escape = escape or self._escape
         if isinstance(value, str):
-            return self._escape(value)
+            return escape(value)
         if value is None or isinstance(value, bool):
             return _TAGS[value]
         if isinstance(value, Enum):
-            return self.encode(value.value, field)
+            return self.encode(value.value, field, escape)
         if isinstance(value, int):
-            return self._escape(str(int(value)))
+            return escape(str(int(value)))
         if isinstance(value, (datetime, date, dtime)):
-            return self._escape(value.isoformat())
+            return escape(value.isoformat())
         if isinstance(value, (float, Decimal, UUID)):
-            return self._escape(str(value))
+            return escape(str(value))
+        # Containers (a task's list or dict argument) use brackets, which are escaped in every
+        # string, and escape their own ',' and '=' in items, so nesting stays unambiguous;
+        # a tuple and a set read as the list Celery's JSON round trip turns them into.
+        if isinstance(value, Mapping):
+            pairs = (
+                f"{self.encode(k, field, self._item)}={self.encode(v, field, self._item)}"
+                for k, v in value.items()
+            )
+            return "{" + ",".join(sorted(pairs)) + "}"
+        if isinstance(value, (list, tuple, set, frozenset)):
+            items = [self.encode(v, field, self._item) for v in value]
+            if not isinstance(value, (list, tuple)):
+                items.sort()
+            return "[" + ",".join(items) + "]"
         if _is_model(value):
             raise TypeError(
                 f"lock key template {self.template!r}: {{{field}}} is a "
                 f"{type(value).__name__} instance; use one of its fields, e.g. {{{field}.pk}}"
             )
-        if type(value).__str__ is object.__str__:  # type: ignore[comparison-overlap]
+        own_str = type(value).__str__ is not object.__str__  # type: ignore[comparison-overlap]
+        text = str(value) if own_str else ""
+        if not own_str or _ADDRESS.search(text):
             raise TypeError(
                 f"lock key template {self.template!r}: {{{field}}} is a "
-                f"{type(value).__name__} without a __str__, so it has no stable text; use one "
-                "of its attributes"
+                f"{type(value).__name__}, which has no stable text (no __str__ of its own, or "
+                "one showing a memory address); use one of its attributes"
             )
-        return self._escape(str(value))
+        return escape(text)
 
 
 def _is_model(value: Any) -> bool:

@@ -90,12 +90,23 @@ class TestKeys:
 
     def test_other_types(self):
         assert make_key("k:{v}", v=Decimal("1.5")) == "k:1.5"
+        # containers: brackets are escaped in strings, ',' and '=' in items
+        assert make_key("k:{v}", v=("a,b", {"x": 1}, None)) == "k:[a%2Cb,{x=1},%none]"
+        assert make_key("k:{v}", v=["a", "b"]) != make_key("k:{v}", v=["a,b"])
+        assert make_key("k:{v}", v={2, 1}) == make_key("k:{v}", v=[1, 2]) == "k:[1,2]"
         assert make_key("k:{v:05d}", v=42) == "k:00042"
         assert make_key("k:{v!r}", v="x") == "k:'x'"
 
     def test_objects_without_text_identity_are_refused(self):
         with pytest.raises(TypeError, match="no stable text"):
             make_key("k:{v}", v=object())
+
+        class ShowsAddress:
+            def __str__(self) -> str:
+                return f"<ShowsAddress at 0x{id(self):x}>"
+
+        with pytest.raises(TypeError, match="no stable text"):
+            make_key("k:{v}", v=ShowsAddress())
         with pytest.raises(TypeError, match=r"lock key template 'k:\{v:>5\}': cannot format"):
             make_key("k:{v:>5}", v=object())
         with pytest.raises(ValueError, match="cannot format"):
