@@ -341,14 +341,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _start_time(pid: int) -> str:
-    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat``): tells a reused pid
-    from the process the reaper was told about."""
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (which is in parentheses and
+    may contain spaces): ``[0]`` the state ("T" = stopped), ``[19]`` the start time in clock
+    ticks since boot (tells a reused pid from the process the reaper was told about). Empty
+    off Linux or once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rpartition(b")")[2].split()[19].decode()
-    except (OSError, IndexError):
-        return "?"
+            return fh.read().rpartition(b")")[2].decode("ascii", "replace").split()
+    except OSError:
+        return []
 
 
 def _reap_with_owner(pid: int, *, group: bool = False) -> None:
@@ -356,7 +358,8 @@ def _reap_with_owner(pid: int, *, group: bool = False) -> None:
     process ends in a way that runs no cleanup (SIGKILL, ``os._exit``), unless
     :func:`_forget_reaping` said it already ended."""
     with _registry_lock:
-        _tell_reaper(f"+{'g' if group else 'k'} {pid} {_start_time(pid)}")
+        since = (_proc_stat(pid)[19:] or ["?"])[0]
+        _tell_reaper(f"+{'g' if group else 'k'} {pid} {since}")
 
 
 def _forget_reaping(pid: int) -> None:
@@ -456,17 +459,6 @@ def _make_node_dir() -> Path:
     return Path(path)
 
 
-def _proc_state(pid: int) -> str | None:
-    """The one-letter state from ``/proc/<pid>/stat`` ("T" = stopped), or None off Linux."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    # The command name is in parentheses and may contain spaces; the state follows it.
-    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3].decode("ascii", "replace")
-
-
 def _wait_proc_state(pid: int, stopped: bool, timeout: float = 1.0) -> None:
     """Wait until a SIGSTOP/SIGCONT has taken effect, so the caller's next request sees it.
 
@@ -475,8 +467,8 @@ def _wait_proc_state(pid: int, stopped: bool, timeout: float = 1.0) -> None:
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = _proc_state(pid)
-        if state is None or (state in ("T", "t")) == stopped:
+        fields = _proc_stat(pid)
+        if not fields or (fields[0] in ("T", "t")) == stopped:
             return
         time.sleep(0.001)
 
