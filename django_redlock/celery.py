@@ -403,7 +403,7 @@ class LockedTask(Task):
     ``lock_key``
         Template formatted with the task's bound arguments (``"sync:{account_id}"``; same
         rules as ``@locked``), or a callable ``(*args, **kwargs) -> str``. Default: the task
-        name plus the normalised arguments (:func:`default_lock_key`).
+        name plus its arguments rendered by the same rules (:func:`default_lock_key`).
     ``lock_ttl``
         Lease in seconds (default 30, renewed every ttl/3 while the task runs).
     ``on_locked``
