@@ -612,6 +612,11 @@ def test_default_key_is_stable_and_normalised():
     assert default_lock_key("t", {"d": moment, "m": decimal.Decimal("1.50")}) == default_lock_key(
         "t", {"d": moment.isoformat(), "m": "1.50"}
     )
+    # an id that reaches one task as an int (a beat job's ORM value) and as a string (a URL's)
+    # is one key: two runs for one account would otherwise overlap
+    assert default_lock_key("t", {"account_id": 42}) == default_lock_key("t", {"account_id": "42"})
+    # a decimal keeps its written form, which is what Celery's JSON carries (``"1.50"``)
+    assert default_lock_key("t", {"m": decimal.Decimal("1.50")}) == "t:m=1.50"
     long = default_lock_key("t", {"blob": "x" * 1000})
     assert long.startswith("t:blob=xxx") and "%sha256-" in long and len(long) == MAX_KEY_LENGTH
     assert long != default_lock_key("t", {"blob": "x" * 999 + "y"})
