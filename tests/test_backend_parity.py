@@ -205,6 +205,10 @@ def test_rule_4_reentrancy_only_when_asked(make, name) -> None:
     cases.rule_4_reentrancy_only_when_asked(make, name)
 
 
+def test_rule_4_reentry_never_joins_a_removed_hold(make, name) -> None:
+    cases.rule_4_reentry_never_joins_a_removed_hold(make, name)
+
+
 def test_racing_threads_never_overlap(make, name, tmp_path: Path) -> None:
     cases.rule_racing_threads_never_overlap(make, name, tmp_path)
 
@@ -219,6 +223,10 @@ def test_async_rule_2_racing_tasks_on_one_handle(abuild, name) -> None:
 
 def test_async_rules_3_and_4_waiting_and_asking_again(abuild, name) -> None:
     run_async(abuild, cases.arule_3_and_4_waiting_and_asking_again, name)
+
+
+def test_async_rule_4_reentry_never_joins_a_removed_hold(abuild, name) -> None:
+    run_async(abuild, cases.arule_4_reentry_never_joins_a_removed_hold, name)
 
 
 @pytest.mark.parametrize("start", ["os.fork", "multiprocessing"])

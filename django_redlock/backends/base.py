@@ -454,6 +454,12 @@ class BackendLocks:
         removed = self._remove(name, None if token is None else check_token(token))
         if removed:
             self._emit(LockEvent("force_released", name, token=token, nodes=removed))
+            with self._holds_lock:
+                grant = self._holds.get(name)
+            if grant is not None and token in (None, grant.token):
+                # This process's own hold: lost now, not when its watch hears of it (a
+                # reentrant acquire meanwhile would join a hold nobody has any more).
+                self._mark_lost(grant, "force-released by this process")
         return removed
 
     # -- shared logic ---------------------------------------------------------------------------
@@ -538,7 +544,20 @@ class BackendLocks:
             return None
         with self._holds_lock:
             grant = self._holds.get(handle.name)
-            if grant is None or grant.owner != owner or grant.validity <= 0:
+        if grant is None or grant.owner != owner or grant.validity <= 0:
+            return None
+        # The hold may have been removed by someone else (an operator's force release, heard
+        # by its watch within a second): joining it then would make a second holder. Asked of
+        # the service; unreachable, the hold stands as far as this process knows.
+        try:
+            gone = not self._still_held(grant)
+        except self.unavailable():
+            gone = False
+        if gone:
+            self._mark_lost(grant, "the lock was removed by someone else")
+            return None
+        with self._holds_lock:
+            if self._holds.get(handle.name) is not grant or grant.validity <= 0:
                 return None
             if handle.fencing and grant.fence is None:
                 raise ValueError(

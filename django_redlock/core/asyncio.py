@@ -486,7 +486,7 @@ class AsyncRedlock(RedlockBase):
     ) -> Lease | None:
         if handle.reentrant:
             lease = self.leases.reenter(handle, owner)
-            if lease is not None:
+            if lease is not None and await self._drive(self._rejoined_steps(lease)):
                 return lease
         try:
             return await self._acquire_new(handle, owner, blocking, timeout, retries)

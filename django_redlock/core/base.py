@@ -419,6 +419,16 @@ class RedlockBase:
         missing = replies.count(0)
         return 0 < missing <= len(self.nodes) - self.quorum and 1 in replies and lease.validity > 0
 
+    def _rejoined_steps(self, lease: Lease) -> Steps[bool]:
+        """Whether the hold a reentrant acquire just joined is still there: someone else may
+        have removed it (an operator's force release, which a holder without auto_renew hears
+        of only at its next check), and joining it then would tell this owner it holds a lock
+        another may hold. Gone from a quorum (the lease is marked lost): False, and the
+        acquire takes the lock anew. Nodes that could not answer: the hold stands, as far as
+        this process knows."""
+        held = yield from self._check_steps(lease)
+        return held or lease.lost is None
+
     def _check_steps(self, lease: Lease) -> Steps[bool]:
         if lease.released or lease.lost or lease.foreign:
             return False

@@ -132,7 +132,7 @@ class Redlock(RedlockBase):
     ) -> Lease | None:
         if handle.reentrant:
             lease = self.leases.reenter(handle, owner)
-            if lease is not None:
+            if lease is not None and self._drive(self._rejoined_steps(lease)):
                 return lease
         if not renewer.caught_up.is_set():
             # Renewal goes first: see renewal's "Renewal goes first".

@@ -844,6 +844,46 @@ def rule_4_reentrancy_only_when_asked(make: Make, name: str) -> None:
     assert not again.held and not observer.locked(name)
 
 
+def rule_4_reentry_never_joins_a_removed_hold(make: Make, name: str) -> None:
+    """A reentrant acquire of a hold that was force-released, by this manager or by another
+    one (an operator's ``redlock release --force``), joins nothing: it takes the lock anew
+    (a fence above the old one) or not at all, so another owner and it are never both told
+    they hold it."""
+    locks, operator = make(), make()
+    for remover in (locks, operator):
+        outer = locks.lock(name, ttl=30, reentrant=True, fencing=True)
+        assert outer.acquire(blocking=False)
+        assert remover.force_release(name) >= 1
+        inner = locks.lock(name, ttl=30, reentrant=True, fencing=True)
+        assert inner.acquire(blocking=False)
+        assert inner.token != outer.token and inner.fence > outer.fence
+        assert operator.lock_info(name).token == inner.token
+        stranger = operator.lock(name, ttl=30)
+        assert stranger.acquire(blocking=False) is False
+        inner.release()
+        assert not operator.locked(name)
+        with contextlib.suppress(LockLost, LockNotOwned):
+            outer.release()
+        assert not operator.locked(name)
+
+
+async def arule_4_reentry_never_joins_a_removed_hold(amake: Callable[[], Any], name: str) -> None:
+    """The asyncio twin of :func:`rule_4_reentry_never_joins_a_removed_hold`."""
+    locks, operator = amake(), amake()
+    for remover in (locks, operator):
+        outer = locks.lock(name, ttl=30, reentrant=True, fencing=True)
+        assert await outer.acquire(blocking=False)
+        assert await remover.force_release(name) >= 1
+        inner = locks.lock(name, ttl=30, reentrant=True, fencing=True)
+        assert await inner.acquire(blocking=False)
+        assert inner.token != outer.token and inner.fence > outer.fence
+        assert not await operator.lock(name, ttl=30).acquire(blocking=False)
+        await inner.release()
+        with contextlib.suppress(LockLost, LockNotOwned):
+            await outer.release()
+        assert not await operator.locked(name)
+
+
 def rule_racing_threads_never_overlap(make: Make, name: str, history: Path) -> None:
     """Six threads over two managers take one name ten times each, half of them through
     one shared handle, the rest through handles of their own: the recorded holds never
