@@ -286,6 +286,7 @@ class LockAdmin(admin.ModelAdmin):
             raise PermissionDenied
         rl, error = self._redlock(request)
         health = rl.health() if rl is not None else []
+        kind = av.service_kind(rl)
         rows = [
             {
                 "h": h,
@@ -298,15 +299,30 @@ class LockAdmin(admin.ModelAdmin):
         ]
         reachable = sum(1 for h in health if h.reachable)
         spread = av.clock_spread(health)
+        quorum = rl.quorum if rl is not None else None
+        summary = ""
+        nouns = kind.noun if len(health) == 1 else kind.nouns
+        if quorum and kind.redlock:
+            summary = f"{reachable} of {len(health)} {nouns} reachable, quorum {quorum}: " + (
+                "locks can be taken."
+                if reachable >= quorum
+                else "no lock can be taken until more nodes answer."
+            )
+        elif health:
+            # The service keeps its own replication and quorum: the page can tell only
+            # whether this server reaches it.
+            summary = f"{reachable} of {len(health)} {nouns} reachable" + (
+                "." if reachable else ": no lock can be taken until one answers."
+            )
         context = self._context(
             request,
-            "Redis nodes",
+            kind.title,
             error=error,
+            kind=kind,
+            columns=dict(av.health_columns(kind, health)),
             rows=rows,
-            reachable=reachable,
-            total_nodes=len(health),
-            quorum=rl.quorum if rl is not None else None,
-            quorum_ok=rl is not None and reachable >= rl.quorum,
+            summary=summary,
+            summary_ok=rl is not None and reachable >= (quorum or 1),
             clock_spread_ms=None if spread is None else spread * 1000,
             drift_ms=None if rl is None else rl.ttl * rl.drift_factor * 1000,
         )

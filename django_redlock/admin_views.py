@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,12 +18,15 @@ __all__ = [
     "STALE_RENEWAL_FRACTION",
     "STUCK_REASONS",
     "LockRow",
+    "ServiceKind",
     "build_rows",
     "format_duration",
     "guard_display",
+    "health_columns",
     "holder_summary",
     "log_force_release",
     "search_pattern",
+    "service_kind",
     "sort_rows",
 ]
 
@@ -246,6 +250,69 @@ def sort_rows(rows: list[LockRow], order: str) -> tuple[list[LockRow], str]:
     if name != "key":
         rows = sorted(rows, key=keys["key"])
     return sorted(rows, key=keys[name], reverse=reverse), order
+
+
+@dataclass(frozen=True)
+class ServiceKind:
+    """How the node health page names a lock service, its nodes and its lock count."""
+
+    #: The page's heading: the service's kind and what its nodes are.
+    title: str
+    #: The first column's label: what one row of ``health()`` is.
+    node: str
+    #: One row and several, in the line above the table ("1 of 3 endpoints reachable").
+    noun: str
+    nouns: str
+    #: What ``NodeHealth.lock_keys`` counts there: a Redis node's lock keys (one copy per
+    #: node of each lock it granted); the locks a backend holds (as its list shows them).
+    lock_count: str = "Locks"
+    #: A Redlock: a quorum of nodes, clock drift between them and a restart guard.
+    redlock: bool = False
+
+
+REDIS_NODES = ServiceKind("Redis nodes", "Node", "node", "nodes", "Lock keys", redlock=True)
+SERVICE_KINDS = {
+    "zookeeper": ServiceKind("ZooKeeper servers", "Servers", "server", "servers"),
+    "etcd": ServiceKind("etcd endpoints", "Endpoint", "endpoint", "endpoints"),
+    "database": ServiceKind("Database", "Database", "database", "databases"),
+}
+
+
+def service_kind(locks: Any) -> ServiceKind:
+    """The kind of a lock service ``get_locks()`` returned: the Redlock (which has no
+    ``service``), a backend by its ``service``, or a third-party backend by its own name."""
+    service = getattr(locks, "service", None)
+    if not service:
+        return REDIS_NODES
+    return SERVICE_KINDS.get(service) or ServiceKind(f"{service} nodes", "Node", "node", "nodes")
+
+
+def health_columns(kind: ServiceKind, health: Sequence[NodeHealth]) -> list[tuple[str, str]]:
+    """The node health table's columns after the node and whether it answers, as (key,
+    label): those the service's ``health()`` filled in for some node (a backend reports no
+    uptime or memory: empty columns would only say so), and the Redlock's restart guard."""
+    reported: dict[str, list[Any]] = {
+        "latency": [h.latency for h in health],
+        "software": [h.software for h in health],
+        "uptime": [h.uptime for h in health],
+        "memory": [h.used_memory for h in health],
+        "locks": [h.lock_keys for h in health],
+        "offset": [h.clock_offset for h in health],
+    }
+    labels = {
+        "latency": "Latency",
+        "software": "Software",
+        "uptime": "Uptime",
+        "memory": "Memory",
+        "locks": kind.lock_count,
+        "offset": "Clock offset",
+    }
+    columns = [
+        (key, labels[key]) for key, values in reported.items() if any(v is not None for v in values)
+    ]
+    if kind.redlock:
+        columns.append(("guard", "Restart guard"))
+    return columns
 
 
 def clock_spread(health: Sequence[NodeHealth]) -> float | None:

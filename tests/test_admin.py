@@ -449,12 +449,24 @@ def test_node_health_panel(client, lock_viewer, holder, redis_nodes):
     # The server's own name and version (Valkey's redis_version is only its compatibility level)
     server = info.get("server_name", "redis")
     version = info.get("valkey_version") or info["redis_version"]
-    assert table.count(f"<td>{server}-server {version}</td>") == 3
+    assert table.count(f'<td data-col="software">{server}-server {version}</td>') == 3
     assert table.count('alt="yes"') == 3
     assert re.search(r"\d+\.\d\d ms", table)  # latency
     assert re.search(r"-?\d+\.\d ms", table)  # clock offset
     assert "Clock spread between nodes" in html
-    assert re.search(r"<td>1</td>", table)  # lock keys
+    assert "<h1>Redis nodes</h1>" in html
+    assert re.findall(r'<th scope="col">([^<]*)</th>', table) == [
+        "Node",
+        "Reachable",
+        "Latency",
+        "Software",
+        "Uptime",
+        "Memory",
+        "Lock keys",
+        "Clock offset",
+        "Restart guard",
+    ]
+    assert table.count('<td data-col="locks">1</td>') == 3  # the lock's key on every node
     assert "can vote" in table
 
 

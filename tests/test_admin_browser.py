@@ -494,6 +494,26 @@ def test_operator_switches_to_the_database_backend_and_force_releases(
         assert page.locator('tr[data-key="db:report"]').count() == 0
         assert page.locator('tr[data-key="db:orphan"]').count() == 1
         assert not report.check() and orphan.check() and on_redis.check()
+
+        # The node page, still on the database: named for it, only the columns its health()
+        # fills in, the lock count the list shows, at a desktop width and on a phone.
+        for width in (1440, 390):
+            page.set_viewport_size({"width": width, "height": 860})
+            page.goto(f"{base}nodes/")
+            page.locator("#redlock-health").wait_for()
+            assert page.locator("#content h1").inner_text() == "Database"
+            assert page.locator("#redlock-health th").all_text_contents() == [
+                "Database",
+                "Reachable",
+                "Latency",
+                "Software",
+                "Locks",
+                "Clock offset",
+            ]
+            assert page.locator('#redlock-health td[data-col="locks"]').inner_text() == "1"
+            assert "Redis" not in page.locator("#content-main").inner_text()
+            scroll_width, viewport, past = _page_overflow(page)
+            assert scroll_width <= viewport and not past, (width, past)
     finally:
         for lock in (orphan, on_redis):
             if lock.held:

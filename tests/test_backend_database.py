@@ -62,14 +62,14 @@ RUN_TIMEOUT = 600
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_database_backend_on_sqlite(tmp_path: Path) -> None:
     # The pessimistic, NOTIFY and dropped-connection cases skip.
-    _run_cases("sqlite", tmp_path, expect=26)
+    _run_cases("sqlite", tmp_path, expect=27)
 
 
 @pytest.mark.parametrize(
     ("kind", "expect"),
     [
-        pytest.param("postgres", 41, marks=pytest.mark.postgres),
-        pytest.param("mysql", 40, marks=pytest.mark.mysql),
+        pytest.param("postgres", 42, marks=pytest.mark.postgres),
+        pytest.param("mysql", 41, marks=pytest.mark.mysql),
     ],
 )
 @pytest.mark.timeout(RUN_TIMEOUT + 60)

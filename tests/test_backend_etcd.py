@@ -117,6 +117,23 @@ def test_admin_lists_and_force_releases(admin_client, etcd_server, root, name) -
     cases.admin_round_trip(admin_client, entry, name)
 
 
+@pytest.mark.django_db
+def test_admin_node_page_names_the_service_and_its_columns(
+    admin_client, etcd_server, root, name
+) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.etcd.EtcdLocks",
+        "OPTIONS": {"endpoints": [etcd_server.address], "root": root},
+    }
+    cases.admin_node_page(
+        admin_client,
+        entry,
+        name,
+        heading="etcd endpoints",
+        columns=["Endpoint", "Reachable", "Latency", "Software"],
+    )
+
+
 def test_locked_takes_the_reentrant_and_meta_settings(etcd_server, root, name) -> None:
     entry = {
         "BACKEND": "django_redlock.backends.etcd.EtcdLocks",

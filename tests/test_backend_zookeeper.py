@@ -193,6 +193,23 @@ def test_admin_lists_and_force_releases(admin_client, zk_server, root, name) -> 
     cases.admin_round_trip(admin_client, entry, name)
 
 
+@pytest.mark.django_db
+def test_admin_node_page_names_the_service_and_its_columns(
+    admin_client, zk_server, root, name
+) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.zookeeper.ZooKeeperLocks",
+        "OPTIONS": {"hosts": zk_server.address, "root": root},
+    }
+    cases.admin_node_page(
+        admin_client,
+        entry,
+        name,
+        heading="ZooKeeper servers",
+        columns=["Servers", "Reachable", "Latency", "Locks"],
+    )
+
+
 def test_locked_takes_the_reentrant_and_meta_settings(zk_server, root, name) -> None:
     entry = {
         "BACKEND": "django_redlock.backends.zookeeper.ZooKeeperLocks",

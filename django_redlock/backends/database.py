@@ -768,7 +768,12 @@ class DatabaseLocks(BackendLocks):
         node = self.node_name
         try:
             started = time.perf_counter()
-            rows = self._sql(f"SELECT NOW_US, (SELECT COUNT(*) FROM {LOCKS})", fetch=True)
+            # Only live rows: an expired one stays until its name is taken again or
+            # released, and the list never shows it.
+            rows = self._sql(
+                f"SELECT NOW_US, (SELECT COUNT(*) FROM {LOCKS} WHERE expires_us > NOW_US)",
+                fetch=True,
+            )
             latency = time.perf_counter() - started
             server, version = _server_version(self._connection())
         except Exception as exc:

@@ -356,13 +356,29 @@ class ZooKeeperLocks(BackendLocks):
                 fence=int(path.rsplit("-", 1)[1]),
             )
 
+    def _held_count(self) -> int:
+        """How many locks are held: the directories with a contender in them (the first one
+        holds the lock), as ``live_locks()`` lists them. A lock's directory outlives its last
+        holder (removing it would race a contender creating its node there), so counting
+        the directories would count every lock name ever used."""
+        from kazoo.exceptions import NoNodeError
+
+        held = 0
+        for directory in self._ask("get_children", self.root):
+            try:
+                children = self._ask("get_children", f"{self.root}/{directory}")
+            except NoNodeError:
+                continue
+            held += any(child.startswith(PREFIX) for child in children)
+        return held
+
     def health(self) -> list[NodeHealth]:
         try:
             self._zk()
             started = time.perf_counter()
             self._ask("exists", self.root)
             latency = time.perf_counter() - started
-            count = len(self._ask("get_children", self.root))
+            count = self._held_count()
         except Exception as exc:
             return [unreachable(self.node_name, exc)]
         return [

@@ -76,6 +76,50 @@ def another_holder(entry: dict[str, Any]) -> Iterator[Any]:
         other.close()
 
 
+def admin_node_page(
+    admin_client: Any,
+    entry: dict[str, Any],
+    name: str,
+    *,
+    heading: str,
+    columns: list[str],
+    leftover: Callable[[Any, str], None] | None = None,
+) -> None:
+    """The admin's node health page, switched to backend ``entry`` (alias "svc"), names the
+    service's kind and its nodes in ``heading``, shows exactly ``columns`` (those its
+    ``health()`` fills in), and any lock count there is the number of locks the list shows,
+    whatever ``leftover(manager, name)`` left behind on the service."""
+    from django.test import override_settings
+
+    url = "/admin/django_redlock/lock/"
+    with another_holder(entry) as other, override_settings(REDLOCK=svc_settings(entry)):
+        held = [other.lock(f"{name}/held-{i}", ttl=30) for i in range(2)]
+        assert all(lock.acquire(blocking=False) for lock in held)
+        for i in range(3):  # released locks: gone from the list, so from the count too
+            with other.lock(f"{name}/done-{i}", ttl=30):
+                pass
+        if leftover is not None:
+            leftover(other, name)
+        html = admin_client.get(url + "nodes/", {"using": "svc"}).content.decode()
+        assert f"<h1>{heading}</h1>" in html, re.search(r"<h1>.*?</h1>", html)
+        assert "Redis" not in html or heading.startswith("Redis")
+        table = html[html.index('id="redlock-health"') :]
+        assert re.findall(r'<th scope="col">([^<]*)</th>', table) == columns
+        cells = re.findall(r"<tr[^>]*>\s*(<td.*?)</tr>", table, re.S)
+        assert cells and all(cell.count("<td") == len(columns) for cell in cells), cells
+        assert 'alt="yes"' in table
+        listed = admin_client.get(url).content.decode()  # still on "svc"
+        shown = set(re.findall(r'<tr[^>]*data-key="([^"]+)"', listed))
+        counts = re.findall(r'<td data-col="locks">(\d+)</td>', table)
+        if "Locks" in columns:
+            assert counts == [str(len(shown))], (counts, shown)
+            assert {lock.name for lock in held} <= shown
+        else:
+            assert counts == []
+        for lock in held:
+            lock.release()
+
+
 def admin_round_trip(admin_client: Any, entry: dict[str, Any], name: str) -> None:
     """The admin page, switched to backend ``entry`` (alias "svc"), lists its locks with
     their holders and stuck flags, shows one's details, force-releases one through the

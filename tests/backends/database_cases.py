@@ -455,6 +455,28 @@ def test_admin_round_trip(admin_client, name) -> None:
     cases.admin_round_trip(admin_client, entry, name)
 
 
+@pytest.mark.django_db(transaction=True)  # the admin needs auth, sessions and contenttypes
+def test_admin_node_page_names_the_database_and_counts_live_rows(admin_client, name) -> None:
+    entry = {
+        "BACKEND": "django_redlock.backends.database.DatabaseLocks",
+        "OPTIONS": {"using": "default"},
+    }
+
+    def expired(locks: Any, name: str) -> None:  # a row whose lease ran out stays until reused
+        lapsed = locks.lock(f"{name}/lapsed", ttl=0.2)
+        assert lapsed.acquire(blocking=False)
+        wait_until(lambda: not locks.locked(lapsed.name))
+
+    cases.admin_node_page(
+        admin_client,
+        entry,
+        name,
+        heading="Database",
+        columns=["Database", "Reachable", "Latency", "Software", "Locks", "Clock offset"],
+        leftover=expired,
+    )
+
+
 def test_management_command_round_trip(name) -> None:
     entry = {
         "BACKEND": "django_redlock.backends.database.DatabaseLocks",
