@@ -148,6 +148,10 @@ class FanOut:
     #: Nodes it was sent to again after the connection was cut with it out (see
     #: :data:`~.nodes.SENT_TWICE`).
     cut: set[int] | None = None
+    #: Nodes where a copy of the command this one ends (an acquire's, for its release or
+    #: undo) was still out: whoever reads the copy's reply sends its undo, which may remove
+    #: the key before this command gets there (see :func:`_reclaim`).
+    undone: set[int] | None = None
     finished = False
     #: ``enough`` ended it before every node answered.
     in_time = False
@@ -190,9 +194,13 @@ class FanOut:
 
     def reply_of(self, index: int, reply: Any) -> Any:
         """Node ``index``'s reply as the operation takes it: a re-sent command's "nothing to
-        do" says nothing (:data:`~.nodes.SENT_TWICE`)."""
-        if reply == 0 and self.cut is not None and index in self.cut:
-            return SENT_TWICE
+        do" says nothing (:data:`~.nodes.SENT_TWICE`), nor does it where our own undo of a
+        copy may have been first (:attr:`undone`: :data:`~.nodes.NOTHING_LEFT`)."""
+        if reply == 0:
+            if self.cut is not None and index in self.cut:
+                return SENT_TWICE
+            if self.undone is not None and index in self.undone:
+                return NOTHING_LEFT
         return reply
 
     def answer(self, index: int, reply: Any) -> bool:
@@ -249,7 +257,7 @@ def fan_out(
         for index in order:
             node = nodes[index]
             owing = behind.get(index) if behind else None
-            if owing is not None and _reclaim(node, owing, again):
+            if owing is not None and _reclaim(node, owing, op, index):
                 wire = owing[0]
             else:
                 # Node.checkout's common case: an idle connection that owes nothing, to a
@@ -400,7 +408,7 @@ def fan_out(
                     wire.reused = True
                     node._idle.append(wire)
                 reply = due.reply
-                if reply == 0 and op.cut is not None:
+                if reply == 0 and (op.cut is not None or op.undone is not None):
                     reply = op.reply_of(index, reply)
                 if index in copies:
                     reply = hedging.first_word(
@@ -598,17 +606,21 @@ def _resend_one(
     poller.register(wire.fd, select.POLLIN)
 
 
-def _reclaim(node: Node, owing: Owing, ends: bool) -> bool:
-    """Take the connection that owes the reply of a command this one ends (``behind``) out
-    of the pool, for the command to go out behind it. When another thread has it, mark the
+def _reclaim(node: Node, owing: Owing, op: FanOut, index: int) -> bool:
+    """Take the connection that owes the reply of a command ``op`` ends (``behind``) out of
+    the pool, for ``op``'s command to go out behind it. When another thread has it, mark the
     earlier command unwanted: whoever holds the connection next sends the undo behind it (it
     may have come back before it could see the mark: then it is taken after all)."""
     wire, due = owing
-    for twin in due.twins or () if ends else ():
+    if op.idempotent and due.twins:
         # The command ends the earlier one (a release, an undo), whose copy on another
         # connection is ended too: whoever reads its reply sends the undo behind it (if it
-        # is read already, the node ran it before this goes out).
-        twin.unwanted = True
+        # is read already, the node ran it before this goes out). That undo may reach the
+        # node first, and this command then finds nothing: not a key that was not ours.
+        for twin in due.twins:
+            twin.unwanted = True
+        op.undone = op.undone or set()
+        op.undone.add(index)
     if node.reclaim(wire):
         return True
     due.unwanted = True
@@ -757,7 +769,7 @@ class Round:
         for op in self.ops:
             owing = op.behind.get(index) if op.behind else None
             wire: Wire | None = None
-            if owing is not None and (owing[0] in groups or _reclaim(node, owing, op.idempotent)):
+            if owing is not None and (owing[0] in groups or _reclaim(node, owing, op, index)):
                 wire = owing[0]
             groups.setdefault(wire, []).append(op)
         return list(groups.items())
@@ -966,6 +978,11 @@ class Rounds:
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies
+        if hedge is not None and _lossy(self.nodes):
+            # A round has no copies: while replies come late enough to be lost packets, a
+            # hedged command goes alone (see _lossy).
+            fan_out(self.nodes, op, self.timeout)
+            return op.replies
         if threading.get_ident() == self._main:
             # Signal handlers run in the main thread, and may raise anywhere (Ctrl-C, a task's
             # soft time limit): it never leads, serves or waits for other threads' fan-outs.
@@ -1018,6 +1035,15 @@ class Rounds:
             head.batch = batch
         finally:
             _wake(head, _LEAD)
+
+
+def _lossy(nodes: Sequence[Node]) -> bool:
+    """Whether some node's replies came late enough to be lost packets lately (within
+    :data:`~.hedging.LOSSY_FOR`): a hedged command then goes out as a fan-out of its own,
+    which sends copies to a node late to answer, rather than in a round, which waits for
+    it up to the node timeout."""
+    since = time.monotonic() - hedging.LOSSY_FOR
+    return any(node.late_at > since for node in nodes)
 
 
 def _sleep(op: FanOut, wake: threading.Lock) -> BaseException | None:
