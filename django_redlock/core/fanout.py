@@ -464,6 +464,7 @@ def fan_out(
                 # Another copy of the command is owed here too: what ends the first (a
                 # release, an undo) must end this one as well.
                 first = owing[1]
+                due.wire = wire
                 first.twins = [*(first.twins or ()), due]
     if every and op.in_time and op.idempotent and waiting:
         _send_copies(nodes, op, waiting, copies, answered)
@@ -614,11 +615,13 @@ def _reclaim(node: Node, owing: Owing, op: FanOut, index: int) -> bool:
     wire, due = owing
     if op.idempotent and due.twins:
         # The command ends the earlier one (a release, an undo), whose copy on another
-        # connection is ended too: whoever reads its reply sends the undo behind it (if it
-        # is read already, the node ran it before this goes out). That undo may reach the
-        # node first, and this command then finds nothing: not a key that was not ours.
+        # connection is ended too: the command goes behind that copy as well, or, when
+        # another thread has its connection, whoever reads its reply sends the undo behind
+        # it (waiting for a reader would leave the key set until its lease ran out if the
+        # copy landed late and nobody took that connection). Either may reach the node
+        # first, and this command then finds nothing: not a key that was not ours.
         for twin in due.twins:
-            twin.unwanted = True
+            _end_twin(node, twin, op)
         op.undone = op.undone or set()
         op.undone.add(index)
     if node.reclaim(wire):
@@ -628,6 +631,25 @@ def _reclaim(node: Node, owing: Owing, op: FanOut, index: int) -> bool:
         due.unwanted = False
         return True
     return False
+
+
+def _end_twin(node: Node, twin: Due, op: FanOut) -> None:
+    """Send ``op``'s command (a release or an undo) behind ``twin``, a copy of the command it
+    ends still owed on a connection of its own, if that connection is idle or set aside;
+    else mark the copy unwanted (see :func:`_reclaim`)."""
+    wire = twin.wire
+    if wire is None or twin.reply is not OWED or not node.reclaim(wire):
+        twin.unwanted = True
+        return
+    command = op.build(node, wire)
+    try:
+        due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
+    except OSError:
+        twin.unwanted = True  # its undo goes out on another connection (Node.lose)
+        node.lose(wire)
+        return
+    due.left = True
+    node.checkin(wire)
 
 
 def _fresh(

@@ -237,6 +237,8 @@ class Due:
     #: Copies of the same command still owed on other connections to the node (a hedged
     #: request: see :mod:`.fanout`): whatever ends this command ends them too.
     twins: list[Due] | None = None
+    #: The connection a twin is owed on (the sync client's), for what ends it to go behind it.
+    wire: Any = None
     #: A copy of an acquire whose node granted it on another connection, counted in the
     #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
     counted = False
@@ -1021,11 +1023,12 @@ class Node:
         """Open one more connection to the node for the pool, on a thread of its own (at most
         :data:`SPARES` being opened at a time), as the asyncio client does: replies are late
         on its link, and the connections that wait for theirs take no command meanwhile. Not
-        through the reconnector, which would open them only once its probe of a node that
-        missed an answer got through the same link, one node after the other. A node that
-        cannot be reached now gets none (the reconnector reaches it first)."""
+        through the reconnector, which serves every node in turn, waiting for each one's
+        handshakes (one of which a lossy link makes late now and then) before the next. None
+        while the node is down or just missed an answer (:meth:`not_now`): the reconnector
+        reaches it first, and the next operation that finds its replies late asks again."""
         with self._spares_lock:
-            if self._spares >= SPARES or self.closed or self.unreachable() is not None:
+            if self._spares >= SPARES or self.closed or self.not_now() is not None:
                 return
             self._spares += 1
         threading.Thread(target=self._open_spare, name="redlock-spare", daemon=True).start()
