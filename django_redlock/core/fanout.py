@@ -918,12 +918,20 @@ class Round:
         that ended in time lists the connections that owe them in ``left``); its thread is
         woken with its replies."""
         if op.pending:
+            late: dict[int, tuple[int, Wire, Due]] = {}
             for index, wire, owed in self.carried.values():
                 for due in owed:
                     if due.op is op:
                         due.left = True
+                        late[wire.fd] = (index, wire, due)
                         if op.in_time and op.left is not None:
                             op.left[index] = (wire, due)
+            if op.in_time and op.idempotent and op.hedge is not None and late:
+                since = time.monotonic() - hedging.LOSSY_FOR
+                if any(node.late_at > since for node in self.nodes):
+                    # A round sends no copies while it waits; a release a quorum answered
+                    # still gets them where it is late, as a fan-out's does.
+                    _send_copies(self.nodes, op, late, {}, set())
         if op.wake is not None:
             _wake(op, _DONE)
 
@@ -1000,11 +1008,6 @@ class Rounds:
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies
-        if hedge is not None and _lossy(self.nodes):
-            # A round has no copies: while replies come late enough to be lost packets, a
-            # hedged command goes alone (see _lossy).
-            fan_out(self.nodes, op, self.timeout)
-            return op.replies
         if threading.get_ident() == self._main:
             # Signal handlers run in the main thread, and may raise anywhere (Ctrl-C, a task's
             # soft time limit): it never leads, serves or waits for other threads' fan-outs.
@@ -1057,15 +1060,6 @@ class Rounds:
             head.batch = batch
         finally:
             _wake(head, _LEAD)
-
-
-def _lossy(nodes: Sequence[Node]) -> bool:
-    """Whether some node's replies came late enough to be lost packets lately (within
-    :data:`~.hedging.LOSSY_FOR`): a hedged command then goes out as a fan-out of its own,
-    which sends copies to a node late to answer, rather than in a round, which waits for
-    it up to the node timeout."""
-    since = time.monotonic() - hedging.LOSSY_FOR
-    return any(node.late_at > since for node in nodes)
 
 
 def _sleep(op: FanOut, wake: threading.Lock) -> BaseException | None:
