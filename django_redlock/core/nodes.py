@@ -1135,8 +1135,8 @@ class Node:
         waited for: :meth:`close`). The new connection sends what could not reach the node
         meanwhile and reads the answers before the node counts as back (an asyncio client
         never reads this connection, and a connection cut with them unanswered keeps them
-        for the next try); then it goes to the pool. For a node that is up, it opens the
-        spare connections wanted (:meth:`want_spare`)."""
+        for the next try); then it goes to the pool. Spare connections are not its work
+        (:meth:`want_spare`)."""
         if self.unreachable() is None and self._probing is None:
             return True
         budget = connect_budget(self.node_timeout)
