@@ -58,3 +58,70 @@ def test_a_release_copys_nothing_to_do_while_the_first_is_out_is_not_evidence_of
     assert word(0, idempotent=True, other_out=True) is NOTHING_LEFT
     assert word(0, idempotent=True) == 0
     assert word(1, idempotent=True, other_out=True) == 1
+
+
+class Pool:
+    """A node whose pool gives the owing connection back (``Node.reclaim``)."""
+
+    def __init__(self) -> None:
+        self.later: list[bytes] = []
+        self.pooled: list[object] = []
+
+    def reclaim(self, wire: object) -> bool:
+        return True
+
+    def checkin(self, wire: object) -> None:
+        self.pooled.append(wire)
+
+
+class Wire:
+    """A connection that keeps what was written on it, and the replies it owes."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.due: list[object] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+
+
+def test_a_release_behind_an_acquire_whose_copy_is_out_reads_nothing_to_do_as_no_loss():
+    # The copy is ended too: whoever reads its reply sends the undo behind it, which may
+    # reach the node before the release does. The release then finds nothing there, which
+    # must not count as a key that was not ours (two such nodes made a false LockNotOwned).
+    from django_redlock.core.fanout import FanOut, _reclaim
+    from django_redlock.core.nodes import NOTHING_LEFT as LEFT
+    from django_redlock.core.nodes import Due
+
+    first, copy = Due(b"acquire", lambda: b"undo", 0.0), Due(b"acquire", lambda: b"undo", 0.0)
+    first.twins = [copy]
+    release = FanOut(3, lambda node, wire: b"release", idempotent=True)
+    assert _reclaim(Pool(), (object(), first), release, 1)  # type: ignore[arg-type]
+    assert copy.unwanted and not first.unwanted
+    assert release.reply_of(1, 0) is LEFT
+    assert release.reply_of(0, 0) == 0  # no copy was out there: the key was not ours
+    assert release.reply_of(1, 1) == 1
+
+    # A command that does not end the acquire (not idempotent) leaves its copies alone.
+    other = FanOut(3, lambda node, wire: b"acquire")
+    second = Due(b"acquire", lambda: b"undo", 0.0)
+    first.twins = [second]
+    assert _reclaim(Pool(), (object(), first), other, 1)  # type: ignore[arg-type]
+    assert not second.unwanted and other.reply_of(1, 0) == 0
+
+
+def test_a_release_goes_behind_each_copy_of_the_acquire_still_out_on_an_idle_connection():
+    # Not left to whoever reads the copy's reply next: a copy that landed late on a
+    # connection nobody took would keep the key set until its lease ran out.
+    from django_redlock.core.fanout import FanOut, _reclaim
+    from django_redlock.core.nodes import Due
+
+    first, copy = Due(b"acquire", lambda: b"undo", 0.0), Due(b"acquire", lambda: b"undo", 0.0)
+    copy.wire = Wire()
+    first.twins = [copy]
+    release = FanOut(3, lambda node, wire: b"release", idempotent=True)
+    node = Pool()
+    assert _reclaim(node, (Wire(), first), release, 2)  # type: ignore[arg-type]
+    assert copy.wire.sent == [b"release"] and not copy.unwanted
+    (owed,) = copy.wire.due
+    assert owed.left and node.pooled == [copy.wire]  # read by the connection's next user

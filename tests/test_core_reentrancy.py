@@ -5,6 +5,7 @@ asyncio tasks or an explicit id. Traffic is counted on the real nodes (``INFO co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -192,3 +193,24 @@ def test_reentrant_hold_asking_for_more_than_the_outer_one_is_not_silently_downg
     assert inner.held, "the inner hold asked for auto_renew but its lease ran out"
     inner.release()
     outer.release()
+
+
+def test_a_reentry_with_no_node_answering_keeps_the_hold(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """The nodes cannot say whether the hold is still there: it stands, as far as this
+    process knows (the reentry joins it; nothing is marked lost)."""
+    rl = make_redlock(redis_nodes, reentrant=True, node_timeout=0.05)
+    warm_up(rl)
+    outer = rl.lock("re:silent", ttl=10.0)
+    assert outer.acquire(blocking=False)
+    inner = rl.lock("re:silent")
+    with contextlib.ExitStack() as paused:
+        for node in redis_nodes:
+            paused.enter_context(node.paused())
+        assert inner.acquire(blocking=False) is True
+    assert inner.token == outer.token and outer.held
+    wait_until(outer.check, timeout=10.0)  # the nodes answer again: still ours
+    inner.release()
+    outer.release()
+    assert tokens_on_nodes(redis_nodes, "re:silent") == [None] * 3

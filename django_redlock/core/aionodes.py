@@ -838,6 +838,7 @@ class AsyncFanOut:
         "since",
         "tasks",
         "timeout",
+        "undone",
         "wait",
         "waiter",
         "wires",
@@ -874,6 +875,7 @@ class AsyncFanOut:
         #: Seconds between rounds of copies (0: no copies for this command).
         self.every = 0.0
         self.cut: set[int] = set()  #: as :class:`.fanout.FanOut`'s
+        self.undone: set[int] = set()  #: as :class:`.fanout.FanOut`'s
         #: Node index -> run id of a connection cut with the command out, until the fresh
         #: try's connection is open (the same server may have run it).
         self.cut_on: dict[int, str] = {}
@@ -915,11 +917,13 @@ class AsyncFanOut:
         for index, node in enumerate(self.nodes):
             owing = behind.get(index) if behind else None
             wire = None if owing is None else self.pool.reclaim(index, owing[0])
-            if owing is not None and self.idempotent:
+            if owing is not None and self.idempotent and owing[1].twins:
                 # What this ends ends the copies of the earlier command too: whoever reads
-                # a copy's reply sends the undo behind it.
-                for twin in owing[1].twins or ():
+                # a copy's reply sends the undo behind it, which may reach the node first
+                # (this command then finds nothing: not a key that was not ours).
+                for twin in owing[1].twins:
                     twin.unwanted = True
+                self.undone.add(index)
             if owing is not None and wire is None:
                 owing[1].unwanted = True
             if wire is None:
@@ -1263,8 +1267,11 @@ class AsyncFanOut:
         return reply
 
     def _final(self, index: int, reply: Any) -> None:
-        if reply == 0 and index in self.cut:
-            reply = SENT_TWICE
+        if reply == 0:
+            if index in self.cut:
+                reply = SENT_TWICE
+            elif index in self.undone:
+                reply = NOTHING_LEFT
         self.replies[index] = reply
         self.left -= 1
         if not self.left or (self.enough is not None and self.enough(self.replies)):

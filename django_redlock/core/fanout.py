@@ -148,6 +148,10 @@ class FanOut:
     #: Nodes it was sent to again after the connection was cut with it out (see
     #: :data:`~.nodes.SENT_TWICE`).
     cut: set[int] | None = None
+    #: Nodes where a copy of the command this one ends (an acquire's, for its release or
+    #: undo) was still out: whoever reads the copy's reply sends its undo, which may remove
+    #: the key before this command gets there (see :func:`_reclaim`).
+    undone: set[int] | None = None
     finished = False
     #: ``enough`` ended it before every node answered.
     in_time = False
@@ -190,9 +194,13 @@ class FanOut:
 
     def reply_of(self, index: int, reply: Any) -> Any:
         """Node ``index``'s reply as the operation takes it: a re-sent command's "nothing to
-        do" says nothing (:data:`~.nodes.SENT_TWICE`)."""
-        if reply == 0 and self.cut is not None and index in self.cut:
-            return SENT_TWICE
+        do" says nothing (:data:`~.nodes.SENT_TWICE`), nor does it where our own undo of a
+        copy may have been first (:attr:`undone`: :data:`~.nodes.NOTHING_LEFT`)."""
+        if reply == 0:
+            if self.cut is not None and index in self.cut:
+                return SENT_TWICE
+            if self.undone is not None and index in self.undone:
+                return NOTHING_LEFT
         return reply
 
     def answer(self, index: int, reply: Any) -> bool:
@@ -249,7 +257,7 @@ def fan_out(
         for index in order:
             node = nodes[index]
             owing = behind.get(index) if behind else None
-            if owing is not None and _reclaim(node, owing, again):
+            if owing is not None and _reclaim(node, owing, op, index):
                 wire = owing[0]
             else:
                 # Node.checkout's common case: an idle connection that owes nothing, to a
@@ -400,7 +408,7 @@ def fan_out(
                     wire.reused = True
                     node._idle.append(wire)
                 reply = due.reply
-                if reply == 0 and op.cut is not None:
+                if reply == 0 and (op.cut is not None or op.undone is not None):
                     reply = op.reply_of(index, reply)
                 if index in copies:
                     reply = hedging.first_word(
@@ -456,6 +464,7 @@ def fan_out(
                 # Another copy of the command is owed here too: what ends the first (a
                 # release, an undo) must end this one as well.
                 first = owing[1]
+                due.wire = wire
                 first.twins = [*(first.twins or ()), due]
     if every and op.in_time and op.idempotent and waiting:
         _send_copies(nodes, op, waiting, copies, answered)
@@ -598,17 +607,23 @@ def _resend_one(
     poller.register(wire.fd, select.POLLIN)
 
 
-def _reclaim(node: Node, owing: Owing, ends: bool) -> bool:
-    """Take the connection that owes the reply of a command this one ends (``behind``) out
-    of the pool, for the command to go out behind it. When another thread has it, mark the
+def _reclaim(node: Node, owing: Owing, op: FanOut, index: int) -> bool:
+    """Take the connection that owes the reply of a command ``op`` ends (``behind``) out of
+    the pool, for ``op``'s command to go out behind it. When another thread has it, mark the
     earlier command unwanted: whoever holds the connection next sends the undo behind it (it
     may have come back before it could see the mark: then it is taken after all)."""
     wire, due = owing
-    for twin in due.twins or () if ends else ():
+    if op.idempotent and due.twins:
         # The command ends the earlier one (a release, an undo), whose copy on another
-        # connection is ended too: whoever reads its reply sends the undo behind it (if it
-        # is read already, the node ran it before this goes out).
-        twin.unwanted = True
+        # connection is ended too: the command goes behind that copy as well, or, when
+        # another thread has its connection, whoever reads its reply sends the undo behind
+        # it (waiting for a reader would leave the key set until its lease ran out if the
+        # copy landed late and nobody took that connection). Either may reach the node
+        # first, and this command then finds nothing: not a key that was not ours.
+        for twin in due.twins:
+            _end_twin(node, twin, op)
+        op.undone = op.undone or set()
+        op.undone.add(index)
     if node.reclaim(wire):
         return True
     due.unwanted = True
@@ -616,6 +631,25 @@ def _reclaim(node: Node, owing: Owing, ends: bool) -> bool:
         due.unwanted = False
         return True
     return False
+
+
+def _end_twin(node: Node, twin: Due, op: FanOut) -> None:
+    """Send ``op``'s command (a release or an undo) behind ``twin``, a copy of the command it
+    ends still owed on a connection of its own, if that connection is idle or set aside;
+    else mark the copy unwanted (see :func:`_reclaim`)."""
+    wire = twin.wire
+    if wire is None or twin.reply is not OWED or not node.reclaim(wire):
+        twin.unwanted = True
+        return
+    command = op.build(node, wire)
+    try:
+        due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
+    except OSError:
+        twin.unwanted = True  # its undo goes out on another connection (Node.lose)
+        node.lose(wire)
+        return
+    due.left = True
+    node.checkin(wire)
 
 
 def _fresh(
@@ -757,7 +791,7 @@ class Round:
         for op in self.ops:
             owing = op.behind.get(index) if op.behind else None
             wire: Wire | None = None
-            if owing is not None and (owing[0] in groups or _reclaim(node, owing, op.idempotent)):
+            if owing is not None and (owing[0] in groups or _reclaim(node, owing, op, index)):
                 wire = owing[0]
             groups.setdefault(wire, []).append(op)
         return list(groups.items())
@@ -884,12 +918,20 @@ class Round:
         that ended in time lists the connections that owe them in ``left``); its thread is
         woken with its replies."""
         if op.pending:
+            late: dict[int, tuple[int, Wire, Due]] = {}
             for index, wire, owed in self.carried.values():
                 for due in owed:
                     if due.op is op:
                         due.left = True
+                        late[wire.fd] = (index, wire, due)
                         if op.in_time and op.left is not None:
                             op.left[index] = (wire, due)
+            if op.in_time and op.idempotent and op.hedge is not None and late:
+                since = time.monotonic() - hedging.LOSSY_FOR
+                if any(node.late_at > since for node in self.nodes):
+                    # A round sends no copies while it waits; a release a quorum answered
+                    # still gets them where it is late, as a fan-out's does.
+                    _send_copies(self.nodes, op, late, {}, set())
         if op.wake is not None:
             _wake(op, _DONE)
 

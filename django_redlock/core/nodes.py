@@ -237,6 +237,8 @@ class Due:
     #: Copies of the same command still owed on other connections to the node (a hedged
     #: request: see :mod:`.fanout`): whatever ends this command ends them too.
     twins: list[Due] | None = None
+    #: The connection a twin is owed on (the sync client's), for what ends it to go behind it.
+    wire: Any = None
     #: A copy of an acquire whose node granted it on another connection, counted in the
     #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
     counted = False
@@ -832,8 +834,9 @@ class Node:
         #: ``(process id, time.monotonic())`` of a miss, while the reconnector connects to
         #: the node in the background (:meth:`not_now`).
         self._probing: tuple[int, float] | None = None
-        #: Spare connections wanted from the reconnector (:meth:`want_spare`).
+        #: Spare connections being opened (:meth:`want_spare`).
         self._spares = 0
+        self._spares_lock = threading.Lock()
         self.closed = False
         #: When (``time.monotonic``) a reply of this node last came later than the node
         #: timeout, or a connection had to be set aside for one (see :data:`.hedging.LOSSY_FOR`).
@@ -1017,11 +1020,18 @@ class Node:
         return None
 
     def want_spare(self) -> None:
-        """Have the reconnector open one more connection to the node for the pool (at most
-        :data:`SPARES` wanted at a time)."""
-        if self._spares < SPARES:
+        """Open one more connection to the node for the pool, on a thread of its own (at most
+        :data:`SPARES` being opened at a time), as the asyncio client does: replies are late
+        on its link, and the connections that wait for theirs take no command meanwhile. Not
+        through the reconnector, which serves every node in turn, waiting for each one's
+        handshakes (one of which a lossy link makes late now and then) before the next. None
+        while the node is down or just missed an answer (:meth:`not_now`): the reconnector
+        reaches it first, and the next operation that finds its replies late asks again."""
+        with self._spares_lock:
+            if self._spares >= SPARES or self.closed or self.not_now() is not None:
+                return
             self._spares += 1
-        reconnector.watch(self)
+        threading.Thread(target=self._open_spare, name="redlock-spare", daemon=True).start()
 
     def _owes(self, wire: Wire) -> bool | None:
         """Read what has arrived on a pooled or set-aside connection that owes replies (never
@@ -1125,10 +1135,10 @@ class Node:
         waited for: :meth:`close`). The new connection sends what could not reach the node
         meanwhile and reads the answers before the node counts as back (an asyncio client
         never reads this connection, and a connection cut with them unanswered keeps them
-        for the next try); then it goes to the pool. For a node that is up, it opens the
-        spare connections wanted (:meth:`want_spare`)."""
+        for the next try); then it goes to the pool. Spare connections are not its work
+        (:meth:`want_spare`)."""
         if self.unreachable() is None and self._probing is None:
-            return self._open_spares()
+            return True
         budget = connect_budget(self.node_timeout)
         started = time.monotonic()
         try:
@@ -1162,42 +1172,24 @@ class Node:
         self.detector.answered(time.monotonic())
         self._silent = None
         self._probing = None
-        return self._open_spares()
-
-    def _open_spares(self) -> bool:
-        """Open the spare connections wanted, into the pool, all at once (behind a lossy link
-        a handshake waits for a retransmission now and then: one after the other, the pool
-        would refill more slowly than late replies drain it); True when done (a failure
-        leaves it to the operations to find out why). False when a miss made the node
-        wanted meanwhile: the reconnector, which may have been asked while this ran, must
-        keep it for that."""
-        while self._spares > 0:
-            helpers = [
-                threading.Thread(target=self._open_spare, name="redlock-spare", daemon=True)
-                for _ in range(self._spares - 1)
-            ]
-            for helper in helpers:
-                helper.start()
-            self._open_spare()
-            for helper in helpers:
-                helper.join()
-        return self.unreachable() is None and self._probing is None
+        return True
 
     def _open_spare(self) -> None:
         try:
-            self.locate()
-            wire = Wire(self, connect_budget(self.node_timeout))
-        except WireError:
-            self._spares = 0
-            return
-        self._spares = max(self._spares - 1, 0)
-        if self._pid != ThisProcess.pid or self.closed:
-            wire.close()
-            self._spares = 0
-            return
-        self.detector.answered(time.monotonic())
-        wire.reused = True
-        self._idle.appendleft(wire)
+            try:
+                self.locate()
+                wire = Wire(self, connect_budget(self.node_timeout))
+            except WireError:
+                return  # the operations find out why
+            if self._pid != ThisProcess.pid or self.closed:
+                wire.close()
+                return
+            self.detector.answered(time.monotonic())
+            wire.reused = True
+            self._idle.appendleft(wire)
+        finally:
+            with self._spares_lock:
+                self._spares = max(self._spares - 1, 0)
 
     def checkin(self, wire: Wire) -> None:
         if wire.on_replica or (self.group is not None and wire.address != self.master):
