@@ -223,3 +223,95 @@ def test_a_release_skips_a_waiter_whose_process_died(
     # The dead waiter's place is gone from every node: what is left is at most the winner's
     # (a node that the release reached after the winner's attempt took the winner's place).
     assert all(count <= 1 for count in _waiters(redis_nodes, name))
+
+
+def test_a_process_waiting_again_keeps_its_channel_subscribed(
+    redis_nodes: RedisCluster, make_redlock, node_calls
+) -> None:
+    _, taken, subscribes = _hand_offs(
+        redis_nodes, make_redlock, node_calls, "hot:again", fair=False, command="subscribe"
+    )
+    assert taken == CLIENTS * ROUNDS
+    # Each client waits under one id per name, whose channel stays subscribed between its
+    # acquires: about one SUBSCRIBE per client on each node (a reconnect sends it again),
+    # where a new channel per acquire would send one per wait, most of the acquisitions.
+    for spent in subscribes:
+        assert spent <= 2 * CLIENTS, (subscribes, taken)
+
+
+def _wait_once(nodes: RedisCluster, holder, waiter, name: str) -> None:
+    """``waiter`` waits for ``name`` while ``holder`` holds it, until ``holder`` releases."""
+    held = holder.lock(name, ttl=30.0)
+    assert held.acquire(blocking=False)
+    got: list[bool] = []
+    handle = waiter.lock(name, ttl=30.0, owner="waiter")
+    thread = threading.Thread(target=lambda: got.append(handle.acquire(timeout=20)))
+    thread.start()
+    # Released once the waiter is among the name's waiters (it listens by then).
+    wait_until(lambda: all(n >= 1 for n in _waiters(nodes, name)), timeout=10)
+    held.release()
+    thread.join(30)
+    assert got == [True]
+    handle.release()
+
+
+def test_a_lingering_channel_is_unsubscribed_once_nobody_waits(
+    redis_nodes: RedisCluster, make_redlock, monkeypatch
+) -> None:
+    from django_redlock.core import waiting
+
+    monkeypatch.setattr(waiting, "LINGER", 0.2)
+    holder, waiter = make_redlock(redis_nodes, ttl=30.0), make_redlock(redis_nodes, ttl=30.0)
+    for client in (holder, waiter):
+        warm_up(client)
+    _wait_once(redis_nodes, holder, waiter, "hot:linger")
+    # Nobody of the waiter's process waits for the name any more: its channel goes.
+    channel = "redlock:released:hot:linger"
+    wait_until(lambda: all(release_listeners(n, channel) == 0 for n in redis_nodes), timeout=10)
+
+
+def test_an_async_waiter_keeps_its_channel_between_acquires_then_drops_it(
+    redis_nodes: RedisCluster, make_async_redlock, node_calls, monkeypatch
+) -> None:
+    import asyncio
+
+    from django_redlock.core import aiowaiting
+
+    monkeypatch.setattr(aiowaiting, "LINGER", 0.5)
+    name = "hot:async"
+    channel = f"redlock:released:{name}"
+    holder = make_async_redlock(redis_nodes, ttl=30.0)
+    waiter = make_async_redlock(redis_nodes, ttl=30.0)
+
+    async def main() -> list[int]:
+        for client in (holder, waiter):
+            lock = client.lock("warm-up")
+            assert await lock.acquire(blocking=False)
+            await lock.release()
+        before = node_calls(redis_nodes)
+        for _ in range(3):
+            held = holder.lock(name, ttl=30.0)
+            assert await held.acquire(blocking=False)
+            handle = waiter.lock(name, ttl=30.0)
+            task = asyncio.create_task(handle.acquire(timeout=20))
+            while not all(n >= 1 for n in _waiters(redis_nodes, name)):
+                assert not task.done()
+                await asyncio.sleep(0.01)
+            await held.release()
+            assert await task
+            await handle.release()
+        after = node_calls(redis_nodes)
+        # Nobody of the waiter's loop waits for the name any more: its channel goes while
+        # the loop runs.
+        deadline = time.monotonic() + 10
+        while any(release_listeners(n, channel) for n in redis_nodes):
+            assert time.monotonic() < deadline, "the lingering channel stayed subscribed"
+            await asyncio.sleep(0.05)
+        return [
+            a.get("subscribe", 0) - b.get("subscribe", 0)
+            for b, a in zip(before, after, strict=True)
+        ]
+
+    subscribes = asyncio.run(main())
+    # Three waits, one subscription per node (a new channel per wait: three).
+    assert all(spent <= 2 for spent in subscribes), subscribes

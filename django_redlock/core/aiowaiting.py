@@ -12,13 +12,22 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from .aionodes import AsyncWire, open_wire
 from .lock import Lease
 from .nodes import Node, pack
-from .waiting import NOTICE_GRACE, RECONNECT_DELAY, Listener, Tally, confirmations_due
+from .waiting import (
+    LINGER,
+    NOTICE_GRACE,
+    RECONNECT_DELAY,
+    Listener,
+    Tally,
+    Waiters,
+    confirmations_due,
+    lingered_out,
+)
 
 __all__ = ["AsyncReleaseNotice", "AsyncReleaseNotices", "Signal", "TaskQueue"]
 
@@ -178,6 +187,20 @@ class AsyncReleaseNotices:
         self._retry: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
+        self._ids = Waiters()
+        #: As ``waiting.ReleaseNotices._lingering``; swept by a timer while any lingers.
+        self._lingering: dict[bytes, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def waiter_id(self, name: str, channel: Callable[[str], str]) -> str:
+        """The id this loop waits for ``name`` under, the same from one acquire to the next
+        (see :class:`.waiting.Waiters`); ``channel`` makes an id's channel."""
+        waiter, dropped = self._ids.waiter(name, channel)
+        # Its channel stops lingering: dropped now unless someone listens (then at unwatch).
+        lingered = dropped is not None and self._lingering.pop(dropped, None) is not None
+        if lingered and dropped is not None and not self._waiters.get(dropped):
+            self._drop(dropped)
+        return waiter
 
     @contextlib.asynccontextmanager
     async def listening(self, channel: str) -> AsyncIterator[AsyncReleaseNotice]:
@@ -185,17 +208,20 @@ class AsyncReleaseNotices:
         node that could be reached within the node timeout."""
         name = channel.encode()
         signal = AsyncReleaseNotice(len(self._nodes) // 2 + 1, self._loop)
+        first = name not in self._waiters
         waiters = self._waiters.setdefault(name, [])
         waiters.append(signal)
         try:
             timeout = self._timeout
             deadline = self._loop.time() + 2 * timeout  # connecting, then confirming
-            if len(waiters) == 1:
+            if first:
                 self._confirmed[name] = set()
                 fresh = await self._connect_all(timeout)
                 for index, wire in self._wires.items():
                     if index not in fresh:
                         self._send(wire, ["SUBSCRIBE", name])
+            elif len(waiters) == 1 and len(self._wires) < len(self._nodes):
+                await self._connect_all(timeout)  # lingered, with no one to reconnect it for
             due = confirmations_due(self._wires, self._nodes)
             while len(self._confirmed.get(name, ())) < due:
                 remaining = deadline - self._loop.time()
@@ -228,10 +254,31 @@ class AsyncReleaseNotices:
         if listener in waiters:
             waiters.remove(listener)
         if not waiters and name in self._waiters:
-            del self._waiters[name]
-            self._confirmed.pop(name, None)
-            for wire in self._wires.values():
-                self._send(wire, ["UNSUBSCRIBE", name])
+            if name in self._ids.channels and not self._closed:
+                # Kept subscribed for this loop's next waiter of the name (as the sync twin).
+                self._lingering[name] = self._loop.time()
+                if self._sweeper is None:
+                    self._sweeper = self._loop.call_later(LINGER, self._sweep)
+            else:
+                self._drop(name)
+
+    def _sweep(self) -> None:
+        """Unsubscribe the lingering channels nobody listened to for :data:`LINGER` seconds;
+        again later while any lingers."""
+        self._sweeper = None
+        done, due = lingered_out(self._lingering, self._waiters, self._loop.time(), LINGER)
+        for name in done:
+            self._drop(name)
+        if self._lingering and not self._closed:
+            self._sweeper = self._loop.call_at(due, self._sweep)
+
+    def _drop(self, name: bytes) -> None:
+        """Unsubscribe ``name``, which nobody listens to any more."""
+        self._lingering.pop(name, None)
+        del self._waiters[name]
+        self._confirmed.pop(name, None)
+        for wire in self._wires.values():
+            self._send(wire, ["UNSUBSCRIBE", name])
 
     async def _connect_all(self, timeout: float) -> set[int]:
         """Open the missing subscriber connections (concurrently); returns the new ones, which
@@ -305,6 +352,14 @@ class AsyncReleaseNotices:
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for name in list(self._lingering):
+            if not self._waiters.get(name):
+                self._lingering.pop(name)
+                del self._waiters[name]
+                self._confirmed.pop(name, None)
         for wire in self._wires.values():
             wire.on_lost = None
             wire.close()

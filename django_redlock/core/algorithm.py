@@ -308,6 +308,9 @@ class Cluster(Protocol):
     @property
     def leases(self) -> Table: ...
 
+    def waiter_id(self, name: str) -> str:
+        """The id a blocked acquire of ``name`` waits to be woken under."""
+
 
 class Table(Protocol):
     """The client's lease table, as the algorithm uses it (:class:`.leases.LeaseTable`)."""

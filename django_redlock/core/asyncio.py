@@ -348,6 +348,11 @@ class AsyncRedlock(RedlockBase):
 
     # -- per-loop state -------------------------------------------------------------------------
 
+    def waiter_id(self, name: str) -> str:
+        # Per loop: each loop's front task of a name waits on its own.
+        channel = functools.partial(self.keys.waiter_channel, name)
+        return self._state().notices.waiter_id(name, channel)
+
     def _state(self) -> LoopState:
         loop = asyncio.get_running_loop()
         state = self._states.get(id(loop))

@@ -191,6 +191,11 @@ class RedlockBase:
         connections' state too)."""
         self.leases.after_fork()
 
+    def waiter_id(self, name: str) -> str:
+        """The id a blocked acquire of ``name`` waits to be woken under (a new one each time
+        here; the drivers keep one per name, so its channel stays subscribed)."""
+        return clock.token_hex(8)
+
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} {len(self.nodes)} nodes, quorum {self.quorum}, "

@@ -9,7 +9,8 @@ taking the lock costs the rest at most that.
 :class:`FairLine` (``fair=True``) draws a place in the name's line before the first attempt
 (``entering``); each attempt runs the fair acquire script with it, which grants only the
 first in line. :class:`NamedWaiters` (any other lock) joins the name's waiters once the
-caller waits for release notices (``waiting``), with each attempt on the same connection.
+caller waits for release notices (``waiting``), with each attempt on the same connection,
+under the id the client keeps for the name (its channel stays subscribed between acquires).
 Either leaves when the operation ends; a winner leaves with the next command to each node
 (the algorithm hands ``left`` to :attr:`.nodes.Node.later`).
 """
@@ -51,7 +52,7 @@ class NamedWaiters(Policy):
 
     def _join(self, who: Contender) -> Steps[None]:
         keys, name = self.client.keys, who.handle.name
-        who.waiter = clock.token_hex(8)
+        who.waiter = self.client.waiter_id(name)
         who.join = keys.join_waiters(name, who.waiter, int(clock.wall() * 1000))
         who.left = keys.leave_waiters(name, who.waiter)
         who.leave = Finally(Send(to_every_node(who.left)))

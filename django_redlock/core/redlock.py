@@ -347,6 +347,9 @@ class Redlock(RedlockBase):
     def _check(self, lease: Lease) -> bool:
         return self._drive(self._check_steps(lease))
 
+    def waiter_id(self, name: str) -> str:
+        return self._notices.waiter_id(name, functools.partial(self.keys.waiter_channel, name))
+
     def _after_fork(self) -> None:
         super()._after_fork()
         self._queues = {}

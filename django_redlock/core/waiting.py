@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from . import clock
 from .hedging import LOSSY_FOR
 from .lock import Lease
 from .nodes import Incomplete, Node, Wire, WireError, pack
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
+    "LINGER",
+    "LINGER_NAMES",
     "LOSSY_POLL",
     "NOTICE_GRACE",
     "RECONNECT_DELAY",
@@ -38,7 +41,9 @@ __all__ = [
     "ReleaseNotice",
     "ReleaseNotices",
     "Tally",
+    "Waiters",
     "confirmations_due",
+    "lingered_out",
     "lossy",
 ]
 
@@ -258,6 +263,67 @@ def lossy(nodes: Sequence[Node], now: float) -> bool:
     return any(node.late_at > since for node in nodes)
 
 
+#: Seconds a name's waiter channel stays subscribed after its last waiter of this process
+#: left (see :class:`Waiters`).
+LINGER = 2.0
+
+#: At most this many names keep a waiter id (and a lingering channel) per process; the name
+#: waited for least recently gives its up first.
+LINGER_NAMES = 64
+
+
+class Waiters:
+    """The waiter id this process waits under, per name, kept from one acquire to the next.
+
+    On a hot key a process waits again right after each release. With a new id each time,
+    each acquire would subscribe to a new channel on every node, wait for the confirmations
+    (a round trip through the listener thread) and unsubscribe after: six messages each way
+    per acquisition, about as many as the acquire itself. With the same id, the channel stays
+    subscribed (:data:`LINGER` seconds after its last waiter left) and the next acquire
+    listens at once.
+
+    One id per name is enough: only the front of the name's local queue waits (a fair lock
+    waits under its place in line instead). A notice that comes while nobody of this
+    process waits is dropped; a release tells the id only while it is among the name's
+    waiters on that node, which it leaves when its acquire ends."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, tuple[str, bytes]] = {}  # name -> (waiter id, its channel)
+        self.channels: set[bytes] = set()  #: the channels that linger
+
+    def waiter(self, name: str, channel: Callable[[str], str]) -> tuple[str, bytes | None]:
+        """The id to wait for ``name`` under (``channel``: its channel, from an id), and the
+        channel of the id the name gave up (its subscription no longer lingers), if any."""
+        entry = self._ids.pop(name, None)
+        if entry is None:
+            waiter = clock.token_hex(8)
+            entry = (waiter, channel(waiter).encode())
+            self.channels.add(entry[1])
+        self._ids[name] = entry
+        dropped = None
+        if len(self._ids) > LINGER_NAMES:
+            _, dropped = self._ids.pop(next(iter(self._ids)))
+            self.channels.discard(dropped)
+        return entry[0], dropped
+
+
+def lingered_out(
+    lingering: dict[bytes, float], listeners: dict[bytes, list[Listener]], now: float, linger: float
+) -> tuple[list[bytes], float]:
+    """The lingering channels (``lingering``: when their last listener left) that nobody
+    listened to for ``linger`` seconds, and when the next one could be (``now + linger`` at
+    the latest: a channel listened to now starts its time when its last listener leaves)."""
+    done, due = [], now + linger
+    for name, since in lingering.items():
+        if listeners.get(name):
+            continue
+        if since + linger <= now:
+            done.append(name)
+        else:
+            due = min(due, since + linger)
+    return done, due
+
+
 class ReleaseNotices:
     """Subscribes to release channels on every node and wakes local waiters.
 
@@ -277,6 +343,21 @@ class ReleaseNotices:
         self._confirm = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._wake_w = -1  #: the running thread's wake-up pipe (write end)
+        self._ids = Waiters()
+        #: The channels of :attr:`_ids` subscribed, and when their last listener left
+        #: (``time.monotonic``): one with no listener stays :data:`LINGER` seconds more.
+        self._lingering: dict[bytes, float] = {}
+
+    def waiter_id(self, name: str, channel: Callable[[str], str]) -> str:
+        """The id this process waits for ``name`` under, the same from one acquire to the
+        next (see :class:`Waiters`); ``channel`` makes an id's channel."""
+        with self._lock:
+            waiter, dropped = self._ids.waiter(name, channel)
+            # Its channel stops lingering: dropped now unless someone listens (then at unwatch).
+            lingered = dropped is not None and self._lingering.pop(dropped, None) is not None
+            if lingered and dropped is not None and not self._waiters.get(dropped):
+                self._drop(dropped)
+            return waiter
 
     @contextlib.contextmanager
     def listening(self, channel: str) -> Iterator[ReleaseNotice]:
@@ -305,8 +386,11 @@ class ReleaseNotices:
         confirmed the subscription."""
         with self._lock:
             first = name not in self._waiters
-            self._waiters.setdefault(name, []).append(listener)
+            listeners = self._waiters.setdefault(name, [])
+            listeners.append(listener)
             if not first:
+                if len(listeners) == 1 and len(self._wires) < len(self._nodes):
+                    self._connect_all()  # lingered, with no one to reconnect it for
                 return
             self._confirmed[name] = set()
             fresh = self._connect_all()
@@ -346,10 +430,35 @@ class ReleaseNotices:
             if listener in listeners:
                 listeners.remove(listener)
             if not listeners and name in self._waiters:
-                del self._waiters[name]
-                self._confirmed.pop(name, None)
-                for wire in self._wires.values():
-                    self._send(wire, ["UNSUBSCRIBE", name])
+                if name in self._ids.channels:
+                    # Kept subscribed (with no listener) for this process's next waiter of
+                    # the name; the listener thread unsubscribes it later (see _sweep),
+                    # woken for it when it had nothing to time.
+                    if not self._lingering and self._thread is not None:
+                        os.write(self._wake_w, b"x")
+                    self._lingering[name] = time.monotonic()
+                else:
+                    self._drop(name)
+
+    def _sweep(self) -> float | None:
+        """Unsubscribe the lingering channels nobody listened to for :data:`LINGER` seconds;
+        returns the seconds until the next could be due, or None when none lingers. Under
+        ``_lock``."""
+        if not self._lingering:
+            return None
+        now = time.monotonic()
+        done, due = lingered_out(self._lingering, self._waiters, now, LINGER)
+        for name in done:
+            self._drop(name)
+        return due - now if self._lingering else None
+
+    def _drop(self, name: bytes) -> None:
+        """Unsubscribe ``name``, which nobody listens to any more. Under ``_lock``."""
+        self._lingering.pop(name, None)
+        del self._waiters[name]
+        self._confirmed.pop(name, None)
+        for wire in self._wires.values():
+            self._send(wire, ["UNSUBSCRIBE", name])
 
     def close(self) -> None:
         """Drop the subscriber connections and stop the listener thread (waiters then fall
@@ -358,6 +467,11 @@ class ReleaseNotices:
             for wire in self._wires.values():
                 wire.close()
             self._wires = {}
+            for name in list(self._lingering):
+                if not self._waiters.get(name):
+                    self._lingering.pop(name)
+                    del self._waiters[name]
+                    self._confirmed.pop(name, None)
             thread, self._thread = self._thread, None
             if thread is not None:
                 os.write(self._wake_w, b"x")
@@ -409,17 +523,23 @@ class ReleaseNotices:
                     for index, wire in list(self._wires.items()):
                         if wire.fileno() < 0:  # closed after a failed send
                             del self._wires[index]
-                    missing = bool(self._waiters) and len(self._wires) < len(self._nodes)
+                    linger = self._sweep()
+                    # Lingering channels alone are not worth reconnecting for.
+                    listened = any(self._waiters.values())
+                    missing = listened and len(self._wires) < len(self._nodes)
                     if missing and time.monotonic() >= reconnect_at:
                         self._connect_all()
                         reconnect_at = time.monotonic() + RECONNECT_DELAY
                     wires = {wire.fileno(): (index, wire) for index, wire in self._wires.items()}
-                    missing = bool(self._waiters) and len(self._wires) < len(self._nodes)
+                    missing = listened and len(self._wires) < len(self._nodes)
                 poller = select.poll()
                 poller.register(wake_r, select.POLLIN)
                 for fd in wires:
                     poller.register(fd, select.POLLIN)
-                for fd, _ in poller.poll(RECONNECT_DELAY * 1000 if missing else None):
+                wait = RECONNECT_DELAY if missing else None
+                if linger is not None:
+                    wait = linger if wait is None else min(wait, linger)
+                for fd, _ in poller.poll(None if wait is None else wait * 1000):
                     if fd == wake_r:
                         os.read(wake_r, 64)
                         continue
