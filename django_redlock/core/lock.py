@@ -27,10 +27,10 @@ def current_owner() -> Hashable:
     which would then re-enter a lock the finished one still holds. A lease keeps its owner
     alive, so no other object can take its place meanwhile.
     """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
+    # Asked for the running loop first: current_task() raises outside one, and a raise costs
+    # more than the rest of this (it runs twice per lock cycle, mostly in a plain thread).
+    loop = asyncio._get_running_loop()
+    task = None if loop is None else asyncio.current_task(loop)
     if task is not None:
         return ("task", task)
     return ("thread", threading.current_thread())
@@ -293,7 +293,12 @@ class Lock(LockBase):
         jitter. Returns False when someone else holds the lock; raises :class:`QuorumError`
         when too few nodes could answer at all.
         """
-        owner = current_owner() if self.owner is None else self.owner
+        owner = self.owner
+        if owner is None:
+            # current_owner(), written out: this runs on every acquire.
+            loop = asyncio._get_running_loop()
+            task = None if loop is None else asyncio.current_task(loop)
+            owner = ("thread", threading.current_thread()) if task is None else ("task", task)
         if self._lease is None and timeout is None and retries is None:
             # _prepare()'s common case, written out (this runs on every acquire): nothing
             # held through this handle, and no argument to check but a flag.
