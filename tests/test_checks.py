@@ -91,6 +91,8 @@ def test_shape(value, expected):
         ("unix:///tmp/redis.sock?socket_timout=1", "socket_timout"),
         ("redis+sentinel://10.0.0.9:26379/mymaster/0?socket_timout=1", "socket_timout"),
         ("redis+sentinel://10.0.0.9:26379/mymaster/0?ssl=true", "ssl"),
+        ("redis+sentinel://10.0.0.9:26379", "names no service"),
+        ("ftp://10.0.0.4:6379/0", "redis+sentinel://"),
         ("rediss://10.0.0.4:6380/0?ssl_cert_reqs=bogus", "ssl_cert_reqs 'bogus'"),
         ({"URL": "rediss://10.0.0.4", "OPTIONS": {"ssl_cert_reqs": "bogus"}}, "ssl_cert_reqs"),
         *(
