@@ -18,8 +18,8 @@ from bench.acquire_path import acquire_paths, files_of
 from django_redlock.testing import RedisCluster
 
 #: What one uncontended acquire runs when nothing is late: package functions, and files.
-MAX_FUNCTIONS = 26
-MAX_FILES = 7
+MAX_FUNCTIONS = 25
+MAX_FILES = 6
 
 #: The transport: connections, the fan-out and the failure detector.
 TRANSPORT = {"core/nodes.py", "core/fanout.py", "core/detector.py"}
@@ -28,8 +28,8 @@ TRANSPORT = {"core/nodes.py", "core/fanout.py", "core/detector.py"}
 MAX_TRANSPORT_FUNCTIONS = 12
 MAX_TRANSPORT_FILES = 2
 #: What the rest of that path (the handle, the client, the algorithm, its parts) runs.
-MAX_CLIENT_FUNCTIONS = 14
-MAX_CLIENT_FILES = 5
+MAX_CLIENT_FUNCTIONS = 13
+MAX_CLIENT_FILES = 4
 
 #: Any one of the acquires, with late replies and a connection opened meanwhile.
 MAX_SLOW_FUNCTIONS = 57

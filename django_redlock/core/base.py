@@ -333,16 +333,28 @@ class RedlockBase:
                 raise ValueError(
                     f"renew_for={renew_for!r} caps auto-renewal: {name!r} needs auto_renew=True"
                 )
+        # Bools need no check (every handle runs this): the checks only find which is not one.
+        if not (
+            auto_renew.__class__
+            is fencing.__class__
+            is fair.__class__
+            is blocking.__class__
+            is bool
+        ):
+            check_flag("auto_renew", auto_renew)
+            check_flag("fencing", fencing)
+            check_flag("fair", fair)
+            check_flag("blocking", blocking)
         return cls(
             self,
             name,
             ttl=lease_ttl,
-            auto_renew=check_flag("auto_renew", auto_renew),
-            fencing=check_flag("fencing", fencing),
+            auto_renew=auto_renew,
+            fencing=fencing,
             reentrant=reentrant,
-            fair=check_flag("fair", fair),
-            blocking=check_flag("blocking", blocking),
-            timeout=check_timeout(timeout),
+            fair=fair,
+            blocking=blocking,
+            timeout=None if timeout is None else check_timeout(timeout),
             meta=details,
             owner=owner,
             renew_for=renew_for,

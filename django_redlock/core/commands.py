@@ -27,6 +27,7 @@ from .nodes import (
     not_redis,
     pack,
     pack_many,
+    pack_tuple,
     reply_failure,
     script_command,
 )
@@ -171,7 +172,7 @@ class KeyLayout:
                 self._release_args.clear()
             known = self._release_args[name] = (*self.release_keys(name), self.channel(name))
         key, waiters, line, channel = known
-        return pack((*_RELEASE_HEAD, key, waiters, line, token, channel))
+        return pack_tuple((*_RELEASE_HEAD, key, waiters, line, token, channel))
 
     def undo_command(self, name: str, token: str) -> bytes:
         """``RELEASE`` of ``token`` with the script's body, for a connection given up (see
@@ -292,14 +293,18 @@ class KeyLayout:
             self._meta_cache = (pid, fixed, json.dumps(fixed, default=str)[1:-1])
         _, fixed, fixed_json = self._meta_cache
         thread, now = threading.current_thread().name, clock.wall()
-        holder = {**fixed, "thread": thread, "acquired_at": now}
         if self._thread_json[0] != thread:  # one entry: a thread mostly locks again and again
             self._thread_json = (thread, f'"thread": {json.dumps(thread)}')
-        parts = [fixed_json, self._thread_json[1], f'"acquired_at": {now!r}']
+        # To the millisecond, as the lock's value names it: a float's shortest repr costs more
+        # than all the rest of this.
+        ms = int(now * 1000)
+        digits = str(ms)
+        holder = {**fixed, "thread": thread, "acquired_at": ms / 1000}
+        text = f'{{{fixed_json}, {self._thread_json[1]}, "acquired_at": {digits[:-3]}.{digits[-3:]}'
         if meta:
             holder.update(meta)
-            parts.append(json.dumps(dict(meta), default=str)[1:-1])
-        return holder, "{" + ", ".join([p for p in parts if p]) + "}", now
+            text += ", " + json.dumps(dict(meta), default=str)[1:-1]
+        return holder, text + "}", now
 
 
 class Client(Protocol):
@@ -353,7 +358,9 @@ class AcquireRequest:
             # lock_value(), written out (no fence, no renewal yet): this runs on every acquire.
             value = f"{self.token} 0 0 {int(now * 1000)} {self._ttl_ms}\n{self._meta_json}"
             # SET NX PX and PTTL encoded in one step: this runs on every uncontended acquire.
-            data = pack(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack(("PTTL", key))
+            data = pack_tuple(("SET", key, value, "NX", "PX", self._ttl_ms)) + pack_tuple(
+                ("PTTL", key)
+            )
             count = 2
             if self._guarded:
                 data += redlock.keys.marker_read
@@ -409,16 +416,16 @@ class AcquireRequest:
         return lambda node, wire: self.script(node, wire) if id(node) in ids else _PING
 
     def _fold_fast(self, wire: Any, replies: list[Any]) -> Any:
-        for reply in replies:
-            if reply.__class__ is ReplyError:
-                return reply_failure(reply)
         taken = replies[0]
         # SET NX answers OK or nil, PTTL an integer: a vote read from anything else would be
-        # made up (a service that speaks RESP but is not Redis).
+        # made up (a service that speaks RESP but is not Redis). An error reply is neither,
+        # so the common case needs no look for one.
         if replies[1].__class__ is not int or (taken is not None and taken != b"OK"):
-            return not_redis("SET, PTTL", replies[:2])
+            return _error_in(replies) or not_redis("SET, PTTL", replies[:2])
         # [run id, marker id] as this connection saw them when the node voted.
         if self._guarded and replies[2] != wire.vote_marker:
+            if replies[2].__class__ is ReplyError:
+                return reply_failure(replies[2])
             wire.vote_marker = None
             return MARKER_CHANGED
         # The marker is unchanged, so is its trust: its age has grown by the time since.
@@ -433,6 +440,14 @@ class AcquireRequest:
         (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
         the script's body: nobody may ever read its answer."""
         return self._redlock.keys.undo_command(self._handle.name, self.token)
+
+
+def _error_in(replies: list[Any]) -> Failure | None:
+    """The first error reply among a pipeline's replies, as a failure."""
+    for reply in replies:
+        if reply.__class__ is ReplyError:
+            return reply_failure(reply)
+    return None
 
 
 def _joined(join: bytes, attempt: Pipelined) -> Pipelined:

@@ -1,18 +1,17 @@
-"""The leases this process holds: reentrancy, registration, release, the judgement of
-renewals and checks, and loss (a part of a client: :class:`.base.RedlockBase` holds one)."""
+"""What happens to a lease this process holds after it was won: release, the judgement of
+renewals and checks, and loss (a part of a client: :class:`.base.RedlockBase` holds one). The
+table itself (registration, reentrancy) is :class:`.lock.HeldLeases`, beside the lease."""
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from . import clock
 from .detector import why_lost
 from .errors import LockLost, LockNotOwned
-from .events import Listener, LockEvent, emit, heard, logger
-from .lock import Lease, LockBase
+from .events import Listener, LockEvent, emit, heard
+from .lock import HeldLeases, Lease
 from .nodes import Failure, Node
 from .renewal import pauses, renewer
 
@@ -33,9 +32,10 @@ def replies_of(results: list[Any], position: int) -> list[Any]:
     return [r[position] if isinstance(r, list) else r for r in results]
 
 
-class LeaseTable:
-    """The lease table of a Redlock client and what happens to a lease after it was granted
-    (a part of a client: :class:`.base.RedlockBase` holds one as ``leases``).
+class LeaseTable(HeldLeases):
+    """The lease table of a Redlock client (:class:`~.lock.HeldLeases`) and what happens to a
+    lease after it was granted (a part of a client: :class:`.base.RedlockBase` holds one as
+    ``leases``).
 
     ``listeners`` is the client's list (shared, not copied); ``start_renewal`` hands an
     auto-renewed lease to the client's watchdog."""
@@ -53,60 +53,10 @@ class LeaseTable:
         self.quorum = quorum
         self.drift_factor = drift_factor
         self.drift_floor = DRIFT_FLOOR
-        self.listeners = listeners
-        self.start_renewal = start_renewal
-        self.after_fork()
+        super().__init__(listeners, start_renewal)
 
     def margin(self, ttl: float) -> float:
         return ttl * self.drift_factor + DRIFT_FLOOR
-
-    def reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
-        """The owner's current lease of this name, one hold deeper, if reentry applies.
-
-        A nested hold may ask for renewal the outer one did not (a long job under a view's
-        lock): the lease is then renewed from now on. It cannot get a fence the outer
-        acquisition did not draw, so asking for one is an error rather than a silent None.
-        Asked only for a reentrant handle.
-        """
-        with self._leases_lock:
-            lease = self._leases.get(handle.name)
-            if lease is None or lease.owner != owner or lease.validity <= 0:
-                return None
-            if handle.fencing and lease.fence is None:
-                raise ValueError(
-                    f"lock {handle.name!r} is already held by this owner without fencing; a "
-                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
-                )
-            lease.count += 1
-            upgrade = handle.auto_renew and not lease.auto_renew
-            if upgrade:
-                lease.auto_renew = True
-        if upgrade:
-            self.start_renewal(lease)
-        return lease
-
-    def won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
-        """Enter a lease just granted (asked for at ``start``) in the table, tell the
-        listeners, and hand it to the watchdog when it is to be renewed."""
-        handle.retry_after = None
-        with self._leases_lock:
-            self._leases[lease.name] = lease
-        # heard(), written out: this runs on every acquire, and "acquired" logs at DEBUG.
-        if self.listeners or logger.isEnabledFor(logging.DEBUG):
-            emit(self.listeners, LockEvent.of_acquisition(lease, clock.monotonic() - start))
-        if lease.auto_renew:
-            self.start_renewal(lease)
-        return lease
-
-    def won_unreturned(self, name: str, owner: Hashable) -> Lease | None:
-        """The lease an acquire of ``name`` by ``owner`` won but never handed to its caller
-        (interrupted or cancelled after the win: renewal may have started). The drivers give
-        it back; nobody else could release it."""
-        with self._leases_lock:
-            lease = self._leases.get(name)
-        if lease is None or lease.owner != owner or lease.released:
-            return None
-        return lease
 
     def begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told (never
@@ -343,15 +293,8 @@ class LeaseTable:
         return removed
 
     def after_fork(self) -> None:
-        """Forget every lease (a forked child holds none of its parent's locks)."""
-        self._leases_lock = threading.Lock()
-        self._leases: dict[str, Lease] = {}
+        super().after_fork()
         self._yield_until: dict[str, float] = {}
-
-    def held_names(self, names: Iterable[str]) -> set[str]:
-        """Which of ``names`` this process holds a lease of."""
-        with self._leases_lock:
-            return {name for name in names if name in self._leases}
 
     def renewal_failed(self, leases: Sequence[Lease]) -> None:
         """A renewal round raised: its leases cannot be vouched for any more."""

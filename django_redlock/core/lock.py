@@ -1,21 +1,24 @@
-"""The lock handle a caller holds, and the lease that reentrant holds share."""
+"""The lock handle a caller holds, the lease that reentrant holds share, and the table where
+an acquire enters the lease it won and a reentrant owner finds it again."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
 from . import clock
 from .errors import LockNotAcquired, LockNotOwned
+from .events import Listener, LockEvent, emit, logger
 from .process import ThisProcess
 from .validation import check_flag, check_retry_count, check_timeout
 
-__all__ = ["Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
+__all__ = ["HeldLeases", "Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
 
 
 def current_owner() -> Hashable:
@@ -27,10 +30,10 @@ def current_owner() -> Hashable:
     which would then re-enter a lock the finished one still holds. A lease keeps its owner
     alive, so no other object can take its place meanwhile.
     """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
+    # Asked for the running loop first: current_task() raises outside one, and a raise costs
+    # more than the rest of this (it runs twice per lock cycle, mostly in a plain thread).
+    loop = asyncio._get_running_loop()
+    task = None if loop is None else asyncio.current_task(loop)
     if task is not None:
         return ("task", task)
     return ("thread", threading.current_thread())
@@ -95,6 +98,79 @@ class Lease:
         if self.released or self.lost or self.foreign:
             return 0.0
         return max(self.valid_until - clock.monotonic(), 0.0)
+
+
+class HeldLeases:
+    """The leases this process holds, by name: where an acquire enters the lease it won,
+    where a reentrant owner finds it again, and where a driver finds a win it could not hand
+    back (interrupted). :class:`.leases.LeaseTable` adds what happens to a lease after: its
+    release, renewal, check and loss, which take it out again.
+
+    ``listeners`` is the client's list (shared, not copied); ``start_renewal`` hands an
+    auto-renewed lease to the client's watchdog."""
+
+    def __init__(self, listeners: list[Listener], start_renewal: Callable[[Lease], None]) -> None:
+        self.listeners = listeners
+        self.start_renewal = start_renewal
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """Forget every lease (a forked child holds none of its parent's locks)."""
+        self._leases_lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+
+    def reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
+        """The owner's current lease of this name, one hold deeper, if reentry applies.
+
+        A nested hold may ask for renewal the outer one did not (a long job under a view's
+        lock): the lease is then renewed from now on. It cannot get a fence the outer
+        acquisition did not draw, so asking for one is an error rather than a silent None.
+        Asked only for a reentrant handle.
+        """
+        with self._leases_lock:
+            lease = self._leases.get(handle.name)
+            if lease is None or lease.owner != owner or lease.validity <= 0:
+                return None
+            if handle.fencing and lease.fence is None:
+                raise ValueError(
+                    f"lock {handle.name!r} is already held by this owner without fencing; a "
+                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
+                )
+            lease.count += 1
+            upgrade = handle.auto_renew and not lease.auto_renew
+            if upgrade:
+                lease.auto_renew = True
+        if upgrade:
+            self.start_renewal(lease)
+        return lease
+
+    def won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
+        """Enter a lease just granted (asked for at ``start``) in the table, tell the
+        listeners, and hand it to the watchdog when it is to be renewed."""
+        handle.retry_after = None
+        with self._leases_lock:
+            self._leases[lease.name] = lease
+        # heard(), written out: this runs on every acquire, and "acquired" logs at DEBUG.
+        if self.listeners or logger.isEnabledFor(logging.DEBUG):
+            emit(self.listeners, LockEvent.of_acquisition(lease, clock.monotonic() - start))
+        if lease.auto_renew:
+            self.start_renewal(lease)
+        return lease
+
+    def won_unreturned(self, name: str, owner: Hashable) -> Lease | None:
+        """The lease an acquire of ``name`` by ``owner`` won but never handed to its caller
+        (interrupted or cancelled after the win: renewal may have started). The drivers give
+        it back; nobody else could release it."""
+        with self._leases_lock:
+            lease = self._leases.get(name)
+        if lease is None or lease.owner != owner or lease.released:
+            return None
+        return lease
+
+    def held_names(self, names: Iterable[str]) -> set[str]:
+        """Which of ``names`` this process holds a lease of."""
+        with self._leases_lock:
+            return {name for name in names if name in self._leases}
 
 
 class LockBase:
@@ -293,7 +369,12 @@ class Lock(LockBase):
         jitter. Returns False when someone else holds the lock; raises :class:`QuorumError`
         when too few nodes could answer at all.
         """
-        owner = current_owner() if self.owner is None else self.owner
+        owner = self.owner
+        if owner is None:
+            # current_owner(), written out: this runs on every acquire.
+            loop = asyncio._get_running_loop()
+            task = None if loop is None else asyncio.current_task(loop)
+            owner = ("thread", threading.current_thread()) if task is None else ("task", task)
         if self._lease is None and timeout is None and retries is None:
             # _prepare()'s common case, written out (this runs on every acquire): nothing
             # held through this handle, and no argument to check but a flag.
