@@ -23,12 +23,11 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from .detector import connect_budget, overrun
+from .detector import connect_budget
 from .fanout import Wait
 from .hedging import MAX_COPIES, first_word, granted, hedge_at
 from .nodes import (
@@ -40,6 +39,7 @@ from .nodes import (
     TIMED_OUT,
     Due,
     Failure,
+    Link,
     Node,
     Pipelined,
     ProtocolError,
@@ -48,16 +48,14 @@ from .nodes import (
     address_of,
     as_bytes,
     as_eval,
-    claim_server,
     connect_failure,
     fold,
     on_replica,
     os_failure,
     pack_many,
     reader,
-    refuse_replica,
     reply_failure,
-    server_of,
+    shake_hands,
     unfinished,
 )
 from .sentinel import SentinelGroup, SentinelUnavailable
@@ -91,7 +89,7 @@ NOT_CONNECTED = Failure("timeout", "no answer while connecting")
 CommandBuilder = Callable[[Node, "AsyncWire"], Sequence[Any] | bytes | Pipelined]
 
 
-class AsyncWire(asyncio.Protocol):
+class AsyncWire(Link, asyncio.Protocol):
     """One connection to a node on one event loop.
 
     Replies are parsed as they arrive and handed, in order, to the callbacks of the commands
@@ -107,17 +105,6 @@ class AsyncWire(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         #: hiredis's parser: replies are handed on as soon as they are whole.
         self.reader = reader()
-        self.run_id = ""
-        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
-        self.address: tuple[Any, Any] = (None, None)
-        #: As :attr:`.nodes.Wire.started`.
-        self.started = 0.0
-        #: As :attr:`.nodes.Wire.vote_marker`.
-        self.vote_marker: list[bytes] | None = None
-        #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
-        self.trusted_at: float | None = None
-        #: True once it served a command: a pooled connection may have been closed by the node.
-        self.reused = False
         self.closed = False
         self.waiters: deque[Callable[[Any], None]] = deque()
         #: Commands of fan-outs that stopped waiting (a quorum was reached) still to be
@@ -380,12 +367,10 @@ def settle(future: asyncio.Future[Any], value: Any) -> None:
 async def open_wire(
     node: Node, loop: asyncio.AbstractEventLoop, timeout: float, spare: bool = False
 ) -> AsyncWire:
-    """Connect through ``redis.asyncio`` (TLS with every ``ssl_*`` option, AUTH, SELECT as
-    redis-py does them) and ask INFO for the run id, within ``timeout`` seconds. Raises
-    :class:`WireError` (at once while the node is unreachable: see
-    :meth:`.nodes.Node.connect`); cancelling aborts the connection. A ``spare`` (opened in
-    the background, no operation waits for it) is tried while a miss is being probed too,
-    and a late one is no miss: the connections waiting for their replies tell that story."""
+    """:meth:`.nodes.Node.connect` through ``redis.asyncio``, or a parked connection adopted
+    (:func:`park`); cancelling aborts the connection. A ``spare`` (opened in the background,
+    no operation waits for it) is tried while a miss is being probed too, and is no miss
+    when late (:meth:`.nodes.Node.connect_failed`)."""
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
@@ -402,17 +387,12 @@ async def open_wire(
     try:
         wire = await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
     except asyncio.TimeoutError:
-        if not spare:
-            node.went_silent(overrun(timeout, loop.time() - started) > 0)
+        node.connect_failed(NOT_CONNECTED, timeout, loop.time() - started, miss=not spare)
         raise WireError(NOT_CONNECTED) from None
     except WireError as exc:
-        if exc.failure.reason == "timeout" and not spare:
-            node.went_silent(overrun(timeout, loop.time() - started) > 0)
-        elif exc.failure.reason == "refused":
-            node.detector.refused(time.monotonic(), exc.failure.detail)
+        node.connect_failed(exc.failure, timeout, loop.time() - started, miss=not spare)
         raise
-    if node.detector.down:
-        node.detector.answered(time.monotonic())
+    node.connected()
     return wire
 
 
@@ -420,18 +400,14 @@ async def open_wire(
 PARK_AT_MOST = 32
 
 
-@dataclass
-class Parked:
-    """An idle connection of an event loop that ended (see :func:`park`)."""
+class Parked(Link):
+    """An idle connection of an event loop that ended (see :func:`park`): its socket, the
+    process that parked it, and what it knew of its server."""
 
-    sock: socket.socket
-    pid: int
-    run_id: str
-    started: float
-    vote_marker: list[bytes] | None
-    trusted_at: float | None
-    #: As :attr:`AsyncWire.address`.
-    address: tuple[Any, Any] = (None, None)
+    def __init__(self, sock: socket.socket, wire: AsyncWire) -> None:
+        self.sock = sock
+        self.pid = os.getpid()
+        self.learn(wire)
 
 
 def park(node: Node, wire: AsyncWire) -> bool:
@@ -459,17 +435,7 @@ def park(node: Node, wire: AsyncWire) -> bool:
         kept = socket.socket(fileno=os.dup(sock.fileno()))
     except OSError:
         return False
-    node.parked.append(
-        Parked(
-            kept,
-            os.getpid(),
-            wire.run_id,
-            wire.started,
-            wire.vote_marker,
-            wire.trusted_at,
-            wire.address,
-        )
-    )
+    node.parked.append(Parked(kept, wire))
     return True
 
 
@@ -490,20 +456,13 @@ async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | Non
             continue
         try:
             parked.sock.setblocking(False)
-            if parked.sock.family == socket.AF_UNIX:
-                _, wire = await loop.create_unix_connection(
-                    lambda: AsyncWire(loop, node.later), sock=parked.sock
-                )
-            else:
-                _, wire = await loop.create_connection(
-                    lambda: AsyncWire(loop, node.later), sock=parked.sock
-                )
+            unix = parked.sock.family == socket.AF_UNIX
+            adopt = loop.create_unix_connection if unix else loop.create_connection
+            _, wire = await adopt(lambda: AsyncWire(loop, node.later), sock=parked.sock)
         except OSError:
             parked.sock.close()
             continue
-        wire.run_id, wire.started = parked.run_id, parked.started
-        wire.vote_marker, wire.trusted_at = parked.vote_marker, parked.trusted_at
-        wire.address = parked.address
+        wire.learn(parked)
         wire.reused = True
         return wire
     return None
@@ -544,9 +503,7 @@ async def _connect_and_shake_hands(
             replication = None
         with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
             await conn.read_response()
-        run_id, started = server_of([info])
-        claim_server(node, run_id)
-        refuse_replica(node, replication)
+        run_id, started = shake_hands(node, info, replication)
         # The connected transport is handed to an AsyncWire: replies are parsed as they
         # arrive and handed to the fan-out's callbacks, with no read task per connection.
         writer = conn._writer
@@ -561,7 +518,7 @@ async def _connect_and_shake_hands(
         wire.connection_made(transport)
     except BaseException as exc:
         _abort(conn)
-        if isinstance(exc, (redis.RedisError, OSError)) and not isinstance(exc, WireError):
+        if isinstance(exc, (redis.RedisError, OSError)):
             raise WireError(connect_failure(exc)) from None
         raise
     wire.run_id, wire.started = run_id, started

@@ -62,6 +62,7 @@ __all__ = [
     "Due",
     "Failure",
     "Incomplete",
+    "Link",
     "Node",
     "NodeDetector",
     "NodeSpec",
@@ -95,6 +96,7 @@ __all__ = [
     "reply_failure",
     "script_command",
     "server_of",
+    "shake_hands",
     "unpack",
 ]
 
@@ -295,33 +297,44 @@ HANDSHAKE = (
 SOCKET_FULL = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
 
 
-class Wire:
-    """One plain socket to a node, used for lock commands only.
+class Link:
+    """What a lock connection (the sync :class:`Wire`, ``aionodes.AsyncWire``) knows of the
+    server it reached: its handshake's answers, and what the lock commands learnt there."""
 
-    Opened with a blocking handshake (TLS, AUTH, SELECT, and INFO to learn the server's run id,
-    which the restart guard compares inside the acquire script), then left non-blocking so a
-    fan-out can wait on many of them at once.
-    """
+    #: The server's run id (the restart guard compares it inside the acquire script).
+    run_id = ""
+    #: When the server started (``time.time()``; see :func:`server_of`).
+    started = 0.0
+    #: ``(host, port)`` it reached (a group node's master moves: see :meth:`Node.current`).
+    address: tuple[Any, Any] = (None, None)
+    #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
+    #: this connection (see ``commands.AcquireRequest``); None until then, and once it changed.
+    vote_marker: list[bytes] | None = None
+    #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
+    trusted_at: float | None = None
+    #: True once it served a command: a reused socket may have been closed by the node
+    #: (restart, idle timeout) while it sat in the pool.
+    reused = False
+
+    def learn(self, other: Link) -> None:
+        """Know what ``other``, a connection to the same server, knew of it."""
+        self.run_id, self.started, self.address = other.run_id, other.started, other.address
+        self.vote_marker, self.trusted_at = other.vote_marker, other.trusted_at
+
+
+class Wire(Link):
+    """One plain socket to a node, used for lock commands only: opened with a blocking
+    handshake (:data:`HANDSHAKE`), then left non-blocking so a fan-out can wait on many of them
+    at once."""
 
     def __init__(self, node: Node, timeout: float) -> None:
         #: The replies that have arrived, parsed by hiredis as they come.
         self.reader = reader()
         #: Replies taken of a :class:`Pipelined` command still waiting for the rest.
         self.partial: list[Any] = []
-        self.run_id = ""
-        #: When the server started (``time.time()``; see :func:`server_of`).
-        self.started = 0.0
-        #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
-        #: this connection (see ``base.AcquireRequest``); None until then, and once it changed.
-        self.vote_marker: list[bytes] | None = None
-        #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
-        self.trusted_at: float | None = None
         self.fd = -1
         #: The replies this connection owes, oldest first (Redis answers in order).
         self.due: deque[Due] = deque()
-        #: True once it served a command: a reused socket may have been closed by the node
-        #: (restart, idle timeout) while it sat in the pool.
-        self.reused = False
         #: How long a write may wait for the node to take it (see :meth:`write`).
         self.timeout = node.node_timeout
         #: True once the server answered ``READONLY``: it is a replica now (demoted by a
@@ -333,7 +346,6 @@ class Wire:
         #: option, AUTH, SELECT, client name) exactly as the node's URL and OPTIONS mean in
         #: redis-py; the lock commands then pipeline on its socket without blocking.
         self.conn = conn = node.connection(timeout)
-        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
         self.address = address_of(conn)
         try:
             conn.connect()
@@ -345,15 +357,11 @@ class Wire:
                 replication = None
             with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
                 conn.read_response()
-            self.run_id, self.started = server_of([info])
-            claim_server(node, self.run_id)
-            refuse_replica(node, replication)
+            self.run_id, self.started = shake_hands(node, info, replication)
             sock = conn._sock
             assert sock is not None
         except BaseException as exc:
             self.close()
-            if isinstance(exc, WireError):
-                raise
             if isinstance(exc, (redis.RedisError, OSError)):
                 raise WireError(connect_failure(exc)) from None
             raise
@@ -589,17 +597,23 @@ def connect_failure(exc: BaseException) -> Failure:
     return Failure("error", str(exc))
 
 
-def server_of(replies: Sequence[Any]) -> tuple[str, float]:
+def shake_hands(node: Node, info: Any, replication: Any) -> tuple[str, float]:
+    """The server's run id and start (:func:`server_of`) from a new connection's
+    :data:`HANDSHAKE` replies (``replication`` None where the section was withheld), once the
+    server is one ``node`` may vote with (:func:`claim_server`, :func:`refuse_replica`)."""
+    run_id, started = server_of(info)
+    claim_server(node, run_id)
+    refuse_replica(node, replication)
+    return run_id, started
+
+
+def server_of(info: Any) -> tuple[str, float]:
     """The server's run id, and when it started (``time.time()``, to the second: INFO's
-    uptime, by the server's clock where INFO has it), from the handshake replies. Raises
-    :class:`WireError` for an error reply, and for an INFO that names no run id and version: a
-    service that speaks RESP but is not Redis would answer the lock commands with replies the
-    algorithm never gets from Redis (and the restart guard needs the run id), so it fails
-    here, as a node that cannot be reached."""
-    for reply in replies:
-        if isinstance(reply, ReplyError):
-            raise WireError(reply_failure(reply))
-    info = replies[-1]
+    uptime, by the server's clock where INFO has it), from its INFO reply. Raises
+    :class:`WireError` for an INFO that names no run id and version: a service that speaks
+    RESP but is not Redis would answer the lock commands with replies the algorithm never gets
+    from Redis (and the restart guard needs the run id), so it fails here, as a node that
+    cannot be reached."""
     text = info.decode(errors="replace") if isinstance(info, bytes) else ""
     run_id = ""
     versioned = False
@@ -1064,14 +1078,28 @@ class Node:
             self.locate()
             wire = Wire(self, timeout)
         except WireError as exc:
-            if exc.failure.reason == "timeout":
-                self.went_silent(overrun(timeout, time.monotonic() - started) > 0)
-            elif exc.failure.reason == "refused":
-                self.detector.refused(time.monotonic(), exc.failure.detail)
+            self.connect_failed(exc.failure, timeout, time.monotonic() - started)
             raise
+        self.connected()
+        return wire
+
+    def connect_failed(
+        self, failure: Failure, budget: float, took: float, *, miss: bool = True
+    ) -> None:
+        """An operation's attempt to connect within ``budget`` seconds failed after ``took``:
+        a timeout is a miss (unless not ``miss``: a spare opened in the background, whose
+        lateness the connections waiting for their replies already tell; excused when this
+        process overran the budget), a refusal makes the node down at once."""
+        if failure.reason == "timeout":
+            if miss:
+                self.went_silent(overrun(budget, took) > 0)
+        elif failure.reason == "refused":
+            self.detector.refused(time.monotonic(), failure.detail)
+
+    def connected(self) -> None:
+        """An operation connected to the node: if it was down, it votes again."""
         if self.detector.down:
             self.detector.answered(time.monotonic())
-        return wire
 
     def unreachable(self) -> Failure | None:
         """Why an operation must not wait to connect to the node now: a connection attempt
