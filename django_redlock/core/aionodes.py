@@ -206,7 +206,11 @@ class AsyncWire(Link, asyncio.Protocol):
     def send(
         self, command: Sequence[Any] | bytes | Pipelined, callback: Callable[[Any], None]
     ) -> None:
-        """Send one command; ``callback`` gets its reply (or the ``OSError``)."""
+        """Send one command; ``callback`` gets its reply (a list of them for a
+        :class:`Pipelined` command of several), or the ``OSError``."""
+        if isinstance(command, Pipelined) and command.count > 1:
+            self.send_many(command.data, command.count, callback)
+            return
         if self.transport is None or self.transport.is_closing():
             callback(ConnectionResetError("connection closed"))
             return
@@ -1044,11 +1048,7 @@ class AsyncFanOut:
         due = Due(command, self.late, self.sent, as_bytes(command) if self.idempotent else None)
         self.copies.setdefault(index, []).append((wire, due))
         wire.owed.append(due)
-        reply = functools.partial(self._copy_reply, index, wire, due)
-        if isinstance(command, Pipelined) and command.count > 1:
-            wire.send_many(command.data, command.count, reply)
-        else:
-            wire.send(command, reply)
+        wire.send(command, functools.partial(self._copy_reply, index, wire, due))
         return True
 
     def _copy_reply(self, index: int, wire: AsyncWire, due: Due, reply: Any) -> None:
@@ -1101,10 +1101,7 @@ class AsyncFanOut:
         self.commands[index] = command
         for kept in self.nodes[index].take_later():  # see Node.later
             wire.send_unowned(kept)
-        if isinstance(command, Pipelined) and command.count > 1:
-            wire.send_many(command.data, command.count, functools.partial(self._deliver, index))
-        else:
-            wire.send(command, functools.partial(self._deliver, index))
+        wire.send(command, functools.partial(self._deliver, index))
 
     def _connect(self, index: int) -> None:
         # Not cancelled when a quorum decides first: the connection goes to the pool.

@@ -102,6 +102,10 @@ class LoopState(LoopPool):
             self.close(stop_renewals=True)
             self.redlock._forget(self)
 
+    def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether this is ``loop``'s state, still open, in this process (not a parent's)."""
+        return self.loop is loop and not self.closed and self.pid == os.getpid()
+
     async def _settle_idle(self, timeout: float) -> None:
         deadline = self.loop.time() + timeout
         while self.loop.time() < deadline and any(
@@ -351,12 +355,7 @@ class AsyncRedlock(RedlockBase):
     def _state(self) -> LoopState:
         loop = asyncio.get_running_loop()
         state = self._states.get(id(loop))
-        if (
-            state is not None
-            and state.loop is loop
-            and not state.closed
-            and state.pid == os.getpid()
-        ):
+        if state is not None and state.serves(loop):
             return state
         with self._states_lock:
             pid = os.getpid()
@@ -376,7 +375,7 @@ class AsyncRedlock(RedlockBase):
         except RuntimeError:
             return
         state = self._states.get(id(loop))
-        if state is None or state.loop is not loop or state.closed or state.pid != os.getpid():
+        if state is None or not state.serves(loop):
             return  # no connections here (the loop's keeper closed them: it is ending)
         # The loop is shutting down once its keeper (a task nothing else cancels) is being
         # cancelled (``Task.cancelling``: Python 3.11+; on 3.10, once it has ended).

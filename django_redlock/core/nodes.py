@@ -1421,15 +1421,7 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
         raise TypeError(
             f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
         )
-    for name in _DURATION_OPTIONS:
-        if sentinel_kwargs and sentinel_kwargs.get(name) is not None:
-            # redis-py takes them as they come, and would fail every lock operation
-            check_positive(
-                f"node OPTIONS sentinel_kwargs {name}",
-                sentinel_kwargs[name],
-                allow_zero=name == "health_check_interval",
-                maximum=MAX_NODE_TIMEOUT * 60,
-            )
+    _check_durations("node OPTIONS sentinel_kwargs", sentinel_kwargs or {})
     for name, why in _POOL_OPTIONS.items():
         if options.get(name) is not None:
             raise ValueError(f"node OPTIONS {name!r} cannot be honoured: {why}")
@@ -1449,15 +1441,20 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
         value = options.get(name)
         if value is not None and not isinstance(value, str):
             raise TypeError(f"node OPTIONS {name} must be a str, got {type(value).__name__}")
+    _check_durations("node OPTIONS", options)
+    return dict(options)
+
+
+def _check_durations(what: str, options: Mapping[str, Any]) -> None:
+    # redis-py takes them as they come, and would fail every lock operation
     for name in _DURATION_OPTIONS:
         if options.get(name) is not None:
             check_positive(
-                f"node OPTIONS {name}",
+                f"{what} {name}",
                 options[name],
                 allow_zero=name == "health_check_interval",  # redis-py's default: no checks
                 maximum=MAX_NODE_TIMEOUT * 60,
             )
-    return dict(options)
 
 
 def _init_params(cls: type) -> frozenset[str]:
