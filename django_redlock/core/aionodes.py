@@ -56,7 +56,9 @@ from .nodes import (
     reader,
     reply_failure,
     shake_hands,
+    undos,
     unfinished,
+    unwanted_undos,
 )
 from .sentinel import SentinelGroup, SentinelUnavailable
 
@@ -258,9 +260,8 @@ class AsyncWire(Link, asyncio.Protocol):
 
     def undo_unwanted(self) -> None:
         """As :meth:`.nodes.Wire.undo_unwanted`."""
-        for due in self.owed:
-            if due.unwanted and due.late is not None:
-                self.send_unowned(due.take_undo())
+        for undo in unwanted_undos(self.owed):
+            self.send_unowned(undo)
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether a command it still owes has waited longer than ``timeout``."""
@@ -289,11 +290,8 @@ class AsyncWire(Link, asyncio.Protocol):
                 self.send_unowned(late())
             self.flush()
             return
-        lates = [due.late for due in self.owed if due.late is not None and not due.counted]
-        if late is not None:
-            lates.append(late)
-        for undo in lates:
-            self.send_unowned(undo())
+        for undo in [*undos(self.owed), *([] if late is None else [late()])]:
+            self.send_unowned(undo)
         if drained is None:
             self.retire()
         else:

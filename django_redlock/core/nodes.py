@@ -97,7 +97,10 @@ __all__ = [
     "script_command",
     "server_of",
     "shake_hands",
+    "undos",
+    "unfinished",
     "unpack",
+    "unwanted_undos",
 ]
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
@@ -264,6 +267,22 @@ class Due:
         late, self.late = self.late, None
         assert late is not None
         return late()
+
+
+def undos(dues: Iterable[Due]) -> list[bytes]:
+    """The undo of every command of ``dues`` a connection still owes (sent behind them when
+    the connection is given up: the node runs one connection's commands in order, so the
+    undo cannot overtake a command still queued there; on a new connection it could, and
+    leave the command's effect behind). Not of a copy of an acquire whose node granted it on
+    another connection (:attr:`Due.counted`): that grant is part of a lease, which its
+    release ends (see :attr:`Due.twins`)."""
+    return [due.late() for due in dues if due.late is not None and not due.counted]
+
+
+def unwanted_undos(dues: Iterable[Due]) -> list[bytes]:
+    """The undo of each command of ``dues`` whose issuer gave it up (a lock released on
+    another connection, which may have overtaken the acquire on the node); once each."""
+    return [due.take_undo() for due in dues if due.unwanted and due.late is not None]
 
 
 def unfinished(dues: Iterable[Due]) -> list[bytes]:
@@ -519,27 +538,16 @@ class Wire(Link):
                 self.read()
 
     def undo_unwanted(self) -> None:
-        """Send, behind everything it carries, the undo of each command it carried whose
-        issuer gave it up (a lock released on another connection, which may have overtaken
-        the acquire on the node); once each. Whoever holds the connection does this: when it
-        reads the replies, when it puts the connection back in the pool owing, when it
-        closes it."""
-        undos = [entry.take_undo() for entry in self.due if entry.unwanted and entry.late]
+        """Send, behind everything it carries, :func:`unwanted_undos` of what it owes.
+        Whoever holds the connection does this: when it reads the replies, when it puts the
+        connection back in the pool owing, when it closes it."""
+        undos = unwanted_undos(self.due)
         if undos:
             self.send_unowned(undos)
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether its oldest unanswered command has waited longer than ``timeout``."""
         return bool(self.due) and self.due[0].sent + timeout <= now
-
-    def undos(self) -> list[bytes]:
-        """The undo of every command it still owes (sent behind them when the connection is
-        given up: the node runs one connection's commands in order, so the undo cannot
-        overtake a command still queued there; on a new connection it could, and leave the
-        command's effect behind). Not of a copy of an acquire whose node granted it on
-        another connection (:attr:`Due.counted`): that grant is part of a lease, which its
-        release ends (see :attr:`Due.twins`)."""
-        return [entry.late() for entry in self.due if entry.late is not None and not entry.counted]
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -707,6 +715,10 @@ class NodeDetector:
         self.node_timeout = node_timeout
         self.misses_to_down = misses_to_down
         self.min_span = min_span
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a forked child starts over with the node)."""
         #: Consecutive misses not excused, and when the first of them was.
         self.misses = 0
         self.first_miss = 0.0
@@ -788,17 +800,6 @@ class NodeDetector:
         self.down_since = now
         self.reason = f"connection failed: {detail}" if detail else "connection failed"
         return True
-
-    def reset(self) -> None:
-        """Forget everything (a forked child starts over with the node)."""
-        self.misses = 0
-        self.first_miss = 0.0
-        self.down_since = None
-        self.reason = ""
-        self.srtt = None
-        self.quick = None
-        self.heard_at = float("-inf")
-        self.missed_since = 0.0
 
 
 class Node:
@@ -1243,10 +1244,10 @@ class Node:
         and a late reply is not a dead connection (a lost packet delays it by TCP's
         retransmission). The next :meth:`checkout` reads it; once it owes nothing it is pooled
         again, and after :data:`DRAIN_FOR` seconds without that it is closed."""
-        undos = wire.undos()
+        owed = undos(wire.due)
         try:
-            if undos:
-                wire.send_unowned(undos)
+            if owed:
+                wire.send_unowned(owed)
         except OSError:
             self.lose(wire)  # the undos were owed: lose keeps them
             return
