@@ -241,17 +241,12 @@ class AsyncWire(Link, asyncio.Protocol):
         self.waiters.extend([collect] * count)
         self._write(data)
 
-    def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
-        """Pipeline commands in one write; the futures resolve to the replies (or the
-        ``OSError``)."""
-        futures: list[asyncio.Future[Any]] = [self.loop.create_future() for _ in commands]
-        if not self.usable():
-            for future in futures:
-                future.set_result(ConnectionResetError("connection closed"))
-            return futures
-        self.waiters.extend(functools.partial(settle, f) for f in futures)
-        self._write(pack_many(commands))
-        return futures
+    def request(self, commands: Sequence[Sequence[Any]]) -> asyncio.Future[list[Any] | OSError]:
+        """Pipeline commands in one write; the future resolves to the list of their replies,
+        or the ``OSError``."""
+        future: asyncio.Future[list[Any] | OSError] = self.loop.create_future()
+        self.send_many(pack_many(commands), len(commands), functools.partial(settle, future))
+        return future
 
     def send_unowned(self, command: bytes) -> None:
         """Send a release or an undo no operation waits for; cut before it answered, it goes

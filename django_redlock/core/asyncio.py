@@ -438,20 +438,19 @@ class AsyncRedlock(RedlockBase):
         commands: Sequence[Sequence[Any]],
         timeout: float = SLOW_TIMEOUT,
     ) -> list[Any]:
-        waiters = wire.request_many(commands)
+        future = wire.request(commands)
         try:
-            _, not_done = await asyncio.wait(waiters, timeout=timeout)
+            done, _ = await asyncio.wait([future], timeout=timeout)
         except BaseException:
             wire.abort()
             raise
-        if not_done:
+        if not done:
             wire.abort()
             raise TimeoutError(f"no answer within {timeout}s")
-        replies = [w.result() for w in waiters]
-        for reply in replies:
-            if isinstance(reply, OSError):
-                wire.abort()
-                raise reply
+        replies = future.result()
+        if isinstance(replies, OSError):
+            wire.abort()
+            raise replies
         self._state().checkin(index, wire)
         for reply in replies:
             if isinstance(reply, ReplyError):
@@ -776,16 +775,15 @@ class AsyncRedlock(RedlockBase):
     async def _pipelined(
         self, index: int, wire: AsyncWire, commands: list[list[Any]], timeout: float
     ) -> list[Any] | Failure:
-        waiters = wire.request_many(commands)
-        _, late = await asyncio.wait(waiters, timeout=timeout)
-        if late:
+        future = wire.request(commands)
+        done, _ = await asyncio.wait([future], timeout=timeout)
+        if not done:
             wire.abort()
             return Failure("timeout")
-        replies = [w.result() for w in waiters]
-        broken = next((r for r in replies if isinstance(r, OSError)), None)
-        if broken is not None:
+        replies = future.result()
+        if isinstance(replies, OSError):
             wire.abort()
-            return os_failure(broken)
+            return os_failure(replies)
         return replies
 
     # -- listing and health ---------------------------------------------------------------------

@@ -199,7 +199,7 @@ class Pipelined:
     replies came back on, which may remember something about the node (the acquire keeps the
     id of the restart-guard marker it saw vote there). A single command's error reply
     arrives as a :class:`Failure` (after the ``NOSCRIPT`` retry of an ``EVALSHA``); several
-    commands' replies arrive as parsed, error replies as :class:`~.resp.ReplyError`."""
+    commands' replies arrive as parsed, error replies as :class:`ReplyError`."""
 
     __slots__ = ("count", "data", "fold")
 
