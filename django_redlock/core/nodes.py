@@ -1070,7 +1070,7 @@ class Node:
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
-        while the node is unreachable, or being connected to in the background)."""
+        while the node must not be connected to now: :meth:`not_now`)."""
         failure = self.not_now()
         if failure is not None:
             raise WireError(failure)
@@ -1131,13 +1131,10 @@ class Node:
 
     def went_silent(self, excused: bool = False, since: float | None = None) -> None:
         """A connection attempt, or a command, got no answer within its budget: one miss
-        (``excused``: this process itself did not run for part of the wait, so it says nothing
-        about the node; ``since``: when the command went out; a node that has answered a
-        command sent on another connection since is there, its reply is late, held up on the
-        link, and its connection is read as it comes: see :meth:`abandon`). The reconnector
-        connects to it in the background, and operations use what it opens instead of
-        connecting themselves (:meth:`not_now`). Once the misses are evidence that the node is
-        down (see :mod:`.detector`: never one late reply), it counts as failed at once until it
+        (``excused``, ``since``: as :meth:`NodeDetector.missed`; a late reply's connection is
+        read as it comes: see :meth:`abandon`). The reconnector connects to the node in the
+        background, and operations use what it opens (:meth:`not_now`); once the misses are
+        evidence that it is down (:mod:`.detector`), it counts as failed at once until it
         answers again."""
         if self.unreachable() is not None:
             return
@@ -1358,10 +1355,9 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         # timeouts are the Redlock's own, and the default retry of a redis.Redis would make a
         # down node cost several connection attempts with back-off inside one lock operation.
         # The lock connections parse RESP2 whatever the client speaks: the same replies.
-        drop_list = ("socket_timeout", "socket_connect_timeout", "decode_responses", "retry")
-        kwargs.pop("protocol", None)
-        for drop in drop_list:
+        for drop in ("socket_timeout", "socket_connect_timeout", "decode_responses", "retry"):
             kwargs.pop(drop, None)
+        kwargs.pop("protocol", None)
         kwargs["connection_class"] = pool.connection_class
         return url, {k: v for k, v in kwargs.items() if k in _OPTIONS}
     if isinstance(spec, Mapping):
