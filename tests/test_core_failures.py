@@ -19,9 +19,10 @@ import time
 
 import pytest
 
-from django_redlock import LockNotAcquired, QuorumError, Redlock
+from django_redlock import AsyncRedlock, LockNotAcquired, QuorumError, Redlock
 from django_redlock.testing import RedisCluster
-from tests.helpers import REPO_ROOT, lock_keys, tokens_on_nodes, warm_up
+from tests.faults.proxy import Proxy
+from tests.helpers import REPO_ROOT, lock_keys, occupy, tokens_on_nodes, wait_until, warm_up
 
 NODE_TIMEOUT = 0.05
 OVERHEAD = 0.25  # generous: a shared 2-core machine, and a paused node costs one full timeout
@@ -302,3 +303,57 @@ def test_a_master_that_may_not_write_is_reported_down_not_voting(redis_cluster_f
 
     health = asyncio.run(probe())
     assert [h.status == "down" for h in health] == [True, False, False], health
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_a_non_blocking_acquire_is_not_refused_for_a_late_answer_alone(
+    redis_cluster_factory, client
+) -> None:
+    """Nobody holds the lock: a stale copy sits on one node, and the third node's answer is
+    held up (its open connections stall, as behind a retransmitted packet). The first attempt
+    has no verdict; a caller that will not wait for a holder still gets the lock, from one
+    more attempt on another connection (a spurious 423 from a ``@locked`` view otherwise)."""
+    cluster = redis_cluster_factory(3)
+    occupy(cluster[1], "late-once", ms=20_000, token="stale-copy")
+    proxy = Proxy((cluster[2].host, cluster[2].port))
+    urls = [*cluster.urls[:2], proxy.url]
+    try:
+        if client == "sync":
+            rl = Redlock(urls, node_timeout=0.2)
+            try:
+                warm_up(rl)
+                proxy.hold_open()
+                lock = rl.lock("late-once", ttl=20.0)
+                assert lock.acquire(blocking=False)
+                proxy.let_through()
+                token = lock.token
+                lock.release()
+            finally:
+                rl.close()
+        else:
+
+            async def main() -> str:
+                arl = AsyncRedlock(urls, node_timeout=0.2)
+                try:
+                    async with arl.lock("warm-up"):
+                        pass
+                    proxy.hold_open()
+                    lock = arl.lock("late-once", ttl=20.0)
+                    assert await lock.acquire(blocking=False)
+                    proxy.let_through()
+                    token = lock.token
+                    await lock.release()
+                    return token
+                finally:
+                    await arl.close()
+
+            token = asyncio.run(main())
+        assert token
+        # The held first attempt ran on the third node after all, and its undo behind it:
+        # nothing of ours is left anywhere, the stale copy is untouched.
+        wait_until(
+            lambda: tokens_on_nodes(cluster, "late-once") == [None, "stale-copy", None],
+            timeout=5.0,
+        )
+    finally:
+        proxy.close()

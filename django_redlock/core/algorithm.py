@@ -476,7 +476,7 @@ class Algorithm:
             if more is not None:
                 yield from more
         while True:
-            if notice is None and (listen_first or attempts):
+            if notice is None and (listen_first or (blocking and attempts)):
                 for policy in points["waiting"]:
                     more = policy.waiting(who)
                     if more is not None:
@@ -499,12 +499,20 @@ class Algorithm:
                 return self.client.leases.won(handle, outcome, start)
             attempts += 1
             now = outcome.at
-            if self.out_of_time(blocking, attempts, retries, deadline, now):
+            if self.out_of_time(blocking, attempts, retries, deadline, now) and not (
+                # A caller that will not wait for a holder gets one more attempt when the
+                # first was refused for lateness alone: nobody holds the lock, a node's
+                # answer was held up (a busy host, a retransmitted packet), which is no
+                # verdict. It goes out on other connections, a late one being set aside.
+                not blocking and attempts == 1 and outcome.late and retries != 0
+            ):
                 self.give_up(handle, outcome, now - start)
                 return None
             if notice is not None:
                 pause = self.pause_for(handle, outcome, retries, deadline, now, True)
                 yield Wait(notice, pause)
+            elif not blocking:
+                yield Pause(self.pause_for(handle, outcome, retries, deadline, now))
 
     # -- judging replies -----------------------------------------------------------------------
 
