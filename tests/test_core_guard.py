@@ -209,9 +209,9 @@ def test_a_servers_start_time_is_read_by_its_own_clock_not_by_when_the_reply_was
         b"# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\n"
         b"server_time_usec:1000000000000000\r\nuptime_in_seconds:10\r\n"
     )
-    assert server_of([info]) == ("abc", 1_000_000_000.0 - 10)
+    assert server_of(info) == ("abc", 1_000_000_000.0 - 10)
     # Without server_time_usec (older servers) the local clock stands in.
     old = b"redis_version:6.0.0\r\nrun_id:abc\r\nuptime_in_seconds:10\r\n"
     before = time.time()
-    _, started = server_of([old])
+    _, started = server_of(old)
     assert before - 10 <= started <= time.time() - 10

@@ -23,12 +23,11 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from .detector import connect_budget, overrun
+from .detector import connect_budget
 from .fanout import Wait
 from .hedging import MAX_COPIES, first_word, granted, hedge_at
 from .nodes import (
@@ -40,6 +39,7 @@ from .nodes import (
     TIMED_OUT,
     Due,
     Failure,
+    Link,
     Node,
     Pipelined,
     ProtocolError,
@@ -48,17 +48,17 @@ from .nodes import (
     address_of,
     as_bytes,
     as_eval,
-    claim_server,
     connect_failure,
     fold,
     on_replica,
     os_failure,
     pack_many,
     reader,
-    refuse_replica,
     reply_failure,
-    server_of,
+    shake_hands,
+    undos,
     unfinished,
+    unwanted_undos,
 )
 from .sentinel import SentinelGroup, SentinelUnavailable
 
@@ -91,7 +91,7 @@ NOT_CONNECTED = Failure("timeout", "no answer while connecting")
 CommandBuilder = Callable[[Node, "AsyncWire"], Sequence[Any] | bytes | Pipelined]
 
 
-class AsyncWire(asyncio.Protocol):
+class AsyncWire(Link, asyncio.Protocol):
     """One connection to a node on one event loop.
 
     Replies are parsed as they arrive and handed, in order, to the callbacks of the commands
@@ -107,17 +107,6 @@ class AsyncWire(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         #: hiredis's parser: replies are handed on as soon as they are whole.
         self.reader = reader()
-        self.run_id = ""
-        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
-        self.address: tuple[Any, Any] = (None, None)
-        #: As :attr:`.nodes.Wire.started`.
-        self.started = 0.0
-        #: As :attr:`.nodes.Wire.vote_marker`.
-        self.vote_marker: list[bytes] | None = None
-        #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
-        self.trusted_at: float | None = None
-        #: True once it served a command: a pooled connection may have been closed by the node.
-        self.reused = False
         self.closed = False
         self.waiters: deque[Callable[[Any], None]] = deque()
         #: Commands of fan-outs that stopped waiting (a quorum was reached) still to be
@@ -219,7 +208,11 @@ class AsyncWire(asyncio.Protocol):
     def send(
         self, command: Sequence[Any] | bytes | Pipelined, callback: Callable[[Any], None]
     ) -> None:
-        """Send one command; ``callback`` gets its reply (or the ``OSError``)."""
+        """Send one command; ``callback`` gets its reply (a list of them for a
+        :class:`Pipelined` command of several), or the ``OSError``."""
+        if isinstance(command, Pipelined) and command.count > 1:
+            self.send_many(command.data, command.count, callback)
+            return
         if self.transport is None or self.transport.is_closing():
             callback(ConnectionResetError("connection closed"))
             return
@@ -248,17 +241,12 @@ class AsyncWire(asyncio.Protocol):
         self.waiters.extend([collect] * count)
         self._write(data)
 
-    def request_many(self, commands: Sequence[Sequence[Any]]) -> list[asyncio.Future[Any]]:
-        """Pipeline commands in one write; the futures resolve to the replies (or the
-        ``OSError``)."""
-        futures: list[asyncio.Future[Any]] = [self.loop.create_future() for _ in commands]
-        if not self.usable():
-            for future in futures:
-                future.set_result(ConnectionResetError("connection closed"))
-            return futures
-        self.waiters.extend(functools.partial(settle, f) for f in futures)
-        self._write(pack_many(commands))
-        return futures
+    def request(self, commands: Sequence[Sequence[Any]]) -> asyncio.Future[list[Any] | OSError]:
+        """Pipeline commands in one write; the future resolves to the list of their replies,
+        or the ``OSError``."""
+        future: asyncio.Future[list[Any] | OSError] = self.loop.create_future()
+        self.send_many(pack_many(commands), len(commands), functools.partial(settle, future))
+        return future
 
     def send_unowned(self, command: bytes) -> None:
         """Send a release or an undo no operation waits for; cut before it answered, it goes
@@ -267,9 +255,8 @@ class AsyncWire(asyncio.Protocol):
 
     def undo_unwanted(self) -> None:
         """As :meth:`.nodes.Wire.undo_unwanted`."""
-        for due in self.owed:
-            if due.unwanted and due.late is not None:
-                self.send_unowned(due.take_undo())
+        for undo in unwanted_undos(self.owed):
+            self.send_unowned(undo)
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether a command it still owes has waited longer than ``timeout``."""
@@ -298,11 +285,8 @@ class AsyncWire(asyncio.Protocol):
                 self.send_unowned(late())
             self.flush()
             return
-        lates = [due.late for due in self.owed if due.late is not None and not due.counted]
-        if late is not None:
-            lates.append(late)
-        for undo in lates:
-            self.send_unowned(undo())
+        for undo in [*undos(self.owed), *([] if late is None else [late()])]:
+            self.send_unowned(undo)
         if drained is None:
             self.retire()
         else:
@@ -380,12 +364,10 @@ def settle(future: asyncio.Future[Any], value: Any) -> None:
 async def open_wire(
     node: Node, loop: asyncio.AbstractEventLoop, timeout: float, spare: bool = False
 ) -> AsyncWire:
-    """Connect through ``redis.asyncio`` (TLS with every ``ssl_*`` option, AUTH, SELECT as
-    redis-py does them) and ask INFO for the run id, within ``timeout`` seconds. Raises
-    :class:`WireError` (at once while the node is unreachable: see
-    :meth:`.nodes.Node.connect`); cancelling aborts the connection. A ``spare`` (opened in
-    the background, no operation waits for it) is tried while a miss is being probed too,
-    and a late one is no miss: the connections waiting for their replies tell that story."""
+    """:meth:`.nodes.Node.connect` through ``redis.asyncio``, or a parked connection adopted
+    (:func:`park`); cancelling aborts the connection. A ``spare`` (opened in the background,
+    no operation waits for it) is tried while a miss is being probed too, and is no miss
+    when late (:meth:`.nodes.Node.connect_failed`)."""
     failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
@@ -402,17 +384,12 @@ async def open_wire(
     try:
         wire = await asyncio.wait_for(_connect_and_shake_hands(node, loop, timeout), timeout)
     except asyncio.TimeoutError:
-        if not spare:
-            node.went_silent(overrun(timeout, loop.time() - started) > 0)
+        node.connect_failed(NOT_CONNECTED, timeout, loop.time() - started, miss=not spare)
         raise WireError(NOT_CONNECTED) from None
     except WireError as exc:
-        if exc.failure.reason == "timeout" and not spare:
-            node.went_silent(overrun(timeout, loop.time() - started) > 0)
-        elif exc.failure.reason == "refused":
-            node.detector.refused(time.monotonic(), exc.failure.detail)
+        node.connect_failed(exc.failure, timeout, loop.time() - started, miss=not spare)
         raise
-    if node.detector.down:
-        node.detector.answered(time.monotonic())
+    node.connected()
     return wire
 
 
@@ -420,18 +397,14 @@ async def open_wire(
 PARK_AT_MOST = 32
 
 
-@dataclass
-class Parked:
-    """An idle connection of an event loop that ended (see :func:`park`)."""
+class Parked(Link):
+    """An idle connection of an event loop that ended (see :func:`park`): its socket, the
+    process that parked it, and what it knew of its server."""
 
-    sock: socket.socket
-    pid: int
-    run_id: str
-    started: float
-    vote_marker: list[bytes] | None
-    trusted_at: float | None
-    #: As :attr:`AsyncWire.address`.
-    address: tuple[Any, Any] = (None, None)
+    def __init__(self, sock: socket.socket, wire: AsyncWire) -> None:
+        self.sock = sock
+        self.pid = os.getpid()
+        self.learn(wire)
 
 
 def park(node: Node, wire: AsyncWire) -> bool:
@@ -459,17 +432,7 @@ def park(node: Node, wire: AsyncWire) -> bool:
         kept = socket.socket(fileno=os.dup(sock.fileno()))
     except OSError:
         return False
-    node.parked.append(
-        Parked(
-            kept,
-            os.getpid(),
-            wire.run_id,
-            wire.started,
-            wire.vote_marker,
-            wire.trusted_at,
-            wire.address,
-        )
-    )
+    node.parked.append(Parked(kept, wire))
     return True
 
 
@@ -490,20 +453,13 @@ async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | Non
             continue
         try:
             parked.sock.setblocking(False)
-            if parked.sock.family == socket.AF_UNIX:
-                _, wire = await loop.create_unix_connection(
-                    lambda: AsyncWire(loop, node.later), sock=parked.sock
-                )
-            else:
-                _, wire = await loop.create_connection(
-                    lambda: AsyncWire(loop, node.later), sock=parked.sock
-                )
+            unix = parked.sock.family == socket.AF_UNIX
+            adopt = loop.create_unix_connection if unix else loop.create_connection
+            _, wire = await adopt(lambda: AsyncWire(loop, node.later), sock=parked.sock)
         except OSError:
             parked.sock.close()
             continue
-        wire.run_id, wire.started = parked.run_id, parked.started
-        wire.vote_marker, wire.trusted_at = parked.vote_marker, parked.trusted_at
-        wire.address = parked.address
+        wire.learn(parked)
         wire.reused = True
         return wire
     return None
@@ -544,9 +500,7 @@ async def _connect_and_shake_hands(
             replication = None
         with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
             await conn.read_response()
-        run_id, started = server_of([info])
-        claim_server(node, run_id)
-        refuse_replica(node, replication)
+        run_id, started = shake_hands(node, info, replication)
         # The connected transport is handed to an AsyncWire: replies are parsed as they
         # arrive and handed to the fan-out's callbacks, with no read task per connection.
         writer = conn._writer
@@ -561,7 +515,7 @@ async def _connect_and_shake_hands(
         wire.connection_made(transport)
     except BaseException as exc:
         _abort(conn)
-        if isinstance(exc, (redis.RedisError, OSError)) and not isinstance(exc, WireError):
+        if isinstance(exc, (redis.RedisError, OSError)):
             raise WireError(connect_failure(exc)) from None
         raise
     wire.run_id, wire.started = run_id, started
@@ -1091,11 +1045,7 @@ class AsyncFanOut:
         due = Due(command, self.late, self.sent, as_bytes(command) if self.idempotent else None)
         self.copies.setdefault(index, []).append((wire, due))
         wire.owed.append(due)
-        reply = functools.partial(self._copy_reply, index, wire, due)
-        if isinstance(command, Pipelined) and command.count > 1:
-            wire.send_many(command.data, command.count, reply)
-        else:
-            wire.send(command, reply)
+        wire.send(command, functools.partial(self._copy_reply, index, wire, due))
         return True
 
     def _copy_reply(self, index: int, wire: AsyncWire, due: Due, reply: Any) -> None:
@@ -1148,10 +1098,7 @@ class AsyncFanOut:
         self.commands[index] = command
         for kept in self.nodes[index].take_later():  # see Node.later
             wire.send_unowned(kept)
-        if isinstance(command, Pipelined) and command.count > 1:
-            wire.send_many(command.data, command.count, functools.partial(self._deliver, index))
-        else:
-            wire.send(command, functools.partial(self._deliver, index))
+        wire.send(command, functools.partial(self._deliver, index))
 
     def _connect(self, index: int) -> None:
         # Not cancelled when a quorum decides first: the connection goes to the pool.

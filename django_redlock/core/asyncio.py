@@ -102,6 +102,10 @@ class LoopState(LoopPool):
             self.close(stop_renewals=True)
             self.redlock._forget(self)
 
+    def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether this is ``loop``'s state, still open, in this process (not a parent's)."""
+        return self.loop is loop and not self.closed and self.pid == os.getpid()
+
     async def _settle_idle(self, timeout: float) -> None:
         deadline = self.loop.time() + timeout
         while self.loop.time() < deadline and any(
@@ -159,15 +163,9 @@ class AsyncLock(LockBase):
         *,
         retries: int | None = None,
     ) -> Coroutine[Any, Any, bool]:
-        """Take the lock on a quorum of nodes (see :meth:`Lock.acquire`): ``blocking=False``
-        makes one attempt; a blocking call waits until acquired, at most ``timeout`` seconds
-        when given (``retries=N``: N retries instead), woken by a release or the lease's end.
-        Returns False when someone else holds it; raises :class:`QuorumError` when too few
-        nodes could answer.
-
-        The owner is the task that *calls* ``acquire()``, so ``await asyncio.wait_for(
-        lock.acquire(), 5)`` is owned by the caller on every Python (before 3.12 wait_for
-        runs the coroutine in a task of its own)."""
+        """:meth:`Lock.acquire`, awaitable. The owner is the task that *calls* ``acquire()``,
+        so ``await asyncio.wait_for(lock.acquire(), 5)`` is owned by the caller on every
+        Python (before 3.12 wait_for runs the coroutine in a task of its own)."""
         owner = self._owner()
         prepared = self._prepare(owner, blocking, timeout, retries)
         return self._acquire_for(owner, prepared)
@@ -185,24 +183,19 @@ class AsyncLock(LockBase):
         )
 
     def release(self) -> Coroutine[Any, Any, None]:
-        """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours (or the
-        calling task is not the one that took it) and :class:`LockLost` if we knew it was
-        lost. A cancelled caller still has the release finished in the background."""
+        """:meth:`Lock.release`, awaitable: a cancelled caller still has the release finished
+        in the background."""
         lease = self._take_lease(self._owner())
         self._drop_hold()
         return self.redlock._release(lease)
 
     def extend(self, ttl: float | None = None) -> Coroutine[Any, Any, bool]:
-        """Re-arm the lease for ``ttl`` seconds (default: the lock's ttl) on a quorum: the
-        lease then ends ``ttl`` from now (redis-py's ``extend`` adds to what is left). False
-        when it could not be re-armed on a quorum (when the nodes no longer hold our token,
-        the handle is also marked lost); another owner's call raises :class:`LockNotOwned`
-        and sends nothing."""
+        """:meth:`Lock.extend`, awaitable."""
         lease = self._take_lease(self._owner())
         return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
     async def check(self) -> bool:
-        """Ask the nodes whether our token is still on a quorum (a round trip)."""
+        """:meth:`Lock.check`, awaitable."""
         lease = self._lease
         return lease is not None and await self.redlock._check(lease)
 
@@ -285,41 +278,38 @@ class AsyncRedlock(RedlockBase):
     # -- public API -----------------------------------------------------------------------------
 
     async def locked(self, name: str) -> bool:
-        """Whether anyone holds ``name`` (a quorum of nodes has the key)."""
+        """:meth:`Redlock.locked`, awaitable."""
         return await self._drive(self._locked_steps(name))
 
     async def force_release(self, name: str, token: str | None = None) -> int:
-        """Remove ``name`` on every node whoever holds it (only ``token``'s copies, when
-        given); returns how many nodes had it."""
+        """:meth:`Redlock.force_release`, awaitable."""
         return await self._drive(self._force_release_steps(name, token))
 
     async def release_token(self, name: str, token: str) -> int:
-        """Release ``name`` where ``token`` still holds it; nodes it was removed from."""
+        """:meth:`Redlock.release_token`, awaitable."""
         return await self._drive(self._release_token_steps(name, token))
 
     async def extend_token(self, name: str, token: str, ttl: float) -> bool:
-        """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it on a quorum."""
+        """:meth:`Redlock.extend_token`, awaitable."""
         return await self._drive(self._extend_token_steps(name, token, ttl))
 
     async def live_locks(self, pattern: str = "*") -> list[LockInfo]:
-        """Every lock some node holds whose name matches the glob ``pattern``, sorted by name
-        (a list rather than the sync client's iterator; read the same way)."""
+        """:meth:`Redlock.live_locks`, awaitable: a list rather than an iterator."""
         found = await self._drive(self._list_steps(pattern))
         return [self.listing.lock_info(name, found[name]) for name in sorted(found)]
 
     async def lock_info(self, name: str) -> LockInfo | None:
-        """Everything the nodes know about one lock, or None when no node holds it."""
+        """:meth:`Redlock.lock_info`, awaitable."""
         infos = await self.live_locks(glob_escape(check_name(name)))
         return next((i for i in infos if i.name == name), None)
 
     async def health(self) -> list[NodeHealth]:
-        """Reachability, latency, version, uptime, memory, lock keys, clock offset and
-        restart-guard state of every node (probed concurrently)."""
+        """:meth:`Redlock.health`, awaitable (the nodes probed concurrently)."""
         probes = await asyncio.gather(*(self._probe(i) for i in range(len(self.nodes))))
         return self.listing.judge_health(list(probes))
 
     async def trust_cluster(self) -> int:
-        """:meth:`Redlock.trust_cluster <django_redlock.Redlock.trust_cluster>`, awaitable."""
+        """:meth:`Redlock.trust_cluster`, awaitable."""
         return await self._drive(self._trust_cluster_steps())
 
     async def close(self) -> None:
@@ -356,12 +346,7 @@ class AsyncRedlock(RedlockBase):
     def _state(self) -> LoopState:
         loop = asyncio.get_running_loop()
         state = self._states.get(id(loop))
-        if (
-            state is not None
-            and state.loop is loop
-            and not state.closed
-            and state.pid == os.getpid()
-        ):
+        if state is not None and state.serves(loop):
             return state
         with self._states_lock:
             pid = os.getpid()
@@ -381,7 +366,7 @@ class AsyncRedlock(RedlockBase):
         except RuntimeError:
             return
         state = self._states.get(id(loop))
-        if state is None or state.loop is not loop or state.closed or state.pid != os.getpid():
+        if state is None or not state.serves(loop):
             return  # no connections here (the loop's keeper closed them: it is ending)
         # The loop is shutting down once its keeper (a task nothing else cancels) is being
         # cancelled (``Task.cancelling``: Python 3.11+; on 3.10, once it has ended).
@@ -458,20 +443,19 @@ class AsyncRedlock(RedlockBase):
         commands: Sequence[Sequence[Any]],
         timeout: float = SLOW_TIMEOUT,
     ) -> list[Any]:
-        waiters = wire.request_many(commands)
+        future = wire.request(commands)
         try:
-            _, not_done = await asyncio.wait(waiters, timeout=timeout)
+            done, _ = await asyncio.wait([future], timeout=timeout)
         except BaseException:
             wire.abort()
             raise
-        if not_done:
+        if not done:
             wire.abort()
             raise TimeoutError(f"no answer within {timeout}s")
-        replies = [w.result() for w in waiters]
-        for reply in replies:
-            if isinstance(reply, OSError):
-                wire.abort()
-                raise reply
+        replies = future.result()
+        if isinstance(replies, OSError):
+            wire.abort()
+            raise replies
         self._state().checkin(index, wire)
         for reply in replies:
             if isinstance(reply, ReplyError):
@@ -796,16 +780,15 @@ class AsyncRedlock(RedlockBase):
     async def _pipelined(
         self, index: int, wire: AsyncWire, commands: list[list[Any]], timeout: float
     ) -> list[Any] | Failure:
-        waiters = wire.request_many(commands)
-        _, late = await asyncio.wait(waiters, timeout=timeout)
-        if late:
+        future = wire.request(commands)
+        done, _ = await asyncio.wait([future], timeout=timeout)
+        if not done:
             wire.abort()
             return Failure("timeout")
-        replies = [w.result() for w in waiters]
-        broken = next((r for r in replies if isinstance(r, OSError)), None)
-        if broken is not None:
+        replies = future.result()
+        if isinstance(replies, OSError):
             wire.abort()
-            return os_failure(broken)
+            return os_failure(replies)
         return replies
 
     # -- listing and health ---------------------------------------------------------------------

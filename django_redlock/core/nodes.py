@@ -62,6 +62,7 @@ __all__ = [
     "Due",
     "Failure",
     "Incomplete",
+    "Link",
     "Node",
     "NodeDetector",
     "NodeSpec",
@@ -96,7 +97,11 @@ __all__ = [
     "reply_failure",
     "script_command",
     "server_of",
+    "shake_hands",
+    "undos",
+    "unfinished",
     "unpack",
+    "unwanted_undos",
 ]
 
 #: What a node can be configured as: a URL, ``{"URL": ..., "OPTIONS": {...}}``, or a client
@@ -201,7 +206,7 @@ class Pipelined:
     replies came back on, which may remember something about the node (the acquire keeps the
     id of the restart-guard marker it saw vote there). A single command's error reply
     arrives as a :class:`Failure` (after the ``NOSCRIPT`` retry of an ``EVALSHA``); several
-    commands' replies arrive as parsed, error replies as :class:`~.resp.ReplyError`."""
+    commands' replies arrive as parsed, error replies as :class:`ReplyError`."""
 
     __slots__ = ("count", "data", "fold")
 
@@ -273,6 +278,22 @@ class Due:
         return late()
 
 
+def undos(dues: Iterable[Due]) -> list[bytes]:
+    """The undo of every command of ``dues`` a connection still owes (sent behind them when
+    the connection is given up: the node runs one connection's commands in order, so the
+    undo cannot overtake a command still queued there; on a new connection it could, and
+    leave the command's effect behind). Not of a copy of an acquire whose node granted it on
+    another connection (:attr:`Due.counted`): that grant is part of a lease, which its
+    release ends (see :attr:`Due.twins`)."""
+    return [due.late() for due in dues if due.late is not None and not due.counted]
+
+
+def unwanted_undos(dues: Iterable[Due]) -> list[bytes]:
+    """The undo of each command of ``dues`` whose issuer gave it up (a lock released on
+    another connection, which may have overtaken the acquire on the node); once each."""
+    return [due.take_undo() for due in dues if due.unwanted and due.late is not None]
+
+
 def unfinished(dues: Iterable[Due]) -> list[bytes]:
     """What must still reach the node when a connection is cut (the node closed it,
     ``CLIENT KILL``, a failed link) before it answered ``dues`` of operations that ended:
@@ -304,33 +325,44 @@ HANDSHAKE = (
 SOCKET_FULL = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
 
 
-class Wire:
-    """One plain socket to a node, used for lock commands only.
+class Link:
+    """What a lock connection (the sync :class:`Wire`, ``aionodes.AsyncWire``) knows of the
+    server it reached: its handshake's answers, and what the lock commands learnt there."""
 
-    Opened with a blocking handshake (TLS, AUTH, SELECT, and INFO to learn the server's run id,
-    which the restart guard compares inside the acquire script), then left non-blocking so a
-    fan-out can wait on many of them at once.
-    """
+    #: The server's run id (the restart guard compares it inside the acquire script).
+    run_id = ""
+    #: When the server started (``time.time()``; see :func:`server_of`).
+    started = 0.0
+    #: ``(host, port)`` it reached (a group node's master moves: see :meth:`Node.current`).
+    address: tuple[Any, Any] = (None, None)
+    #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
+    #: this connection (see ``commands.AcquireRequest``); None until then, and once it changed.
+    vote_marker: list[bytes] | None = None
+    #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
+    trusted_at: float | None = None
+    #: True once it served a command: a reused socket may have been closed by the node
+    #: (restart, idle timeout) while it sat in the pool.
+    reused = False
+
+    def learn(self, other: Link) -> None:
+        """Know what ``other``, a connection to the same server, knew of it."""
+        self.run_id, self.started, self.address = other.run_id, other.started, other.address
+        self.vote_marker, self.trusted_at = other.vote_marker, other.trusted_at
+
+
+class Wire(Link):
+    """One plain socket to a node, used for lock commands only: opened with a blocking
+    handshake (:data:`HANDSHAKE`), then left non-blocking so a fan-out can wait on many of them
+    at once."""
 
     def __init__(self, node: Node, timeout: float) -> None:
         #: The replies that have arrived, parsed by hiredis as they come.
         self.reader = reader()
         #: Replies taken of a :class:`Pipelined` command still waiting for the rest.
         self.partial: list[Any] = []
-        self.run_id = ""
-        #: When the server started (``time.time()``; see :func:`server_of`).
-        self.started = 0.0
-        #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
-        #: this connection (see ``base.AcquireRequest``); None until then, and once it changed.
-        self.vote_marker: list[bytes] | None = None
-        #: When the node was trusted as part of a new cluster (``time.monotonic``), or None.
-        self.trusted_at: float | None = None
         self.fd = -1
         #: The replies this connection owes, oldest first (Redis answers in order).
         self.due: deque[Due] = deque()
-        #: True once it served a command: a reused socket may have been closed by the node
-        #: (restart, idle timeout) while it sat in the pool.
-        self.reused = False
         #: How long a write may wait for the node to take it (see :meth:`write`).
         self.timeout = node.node_timeout
         #: True once the server answered ``READONLY``: it is a replica now (demoted by a
@@ -342,7 +374,6 @@ class Wire:
         #: option, AUTH, SELECT, client name) exactly as the node's URL and OPTIONS mean in
         #: redis-py; the lock commands then pipeline on its socket without blocking.
         self.conn = conn = node.connection(timeout)
-        #: ``(host, port)`` it reached (a group node's master moves: see Node.current).
         self.address = address_of(conn)
         try:
             conn.connect()
@@ -354,15 +385,11 @@ class Wire:
                 replication = None
             with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
                 conn.read_response()
-            self.run_id, self.started = server_of([info])
-            claim_server(node, self.run_id)
-            refuse_replica(node, replication)
+            self.run_id, self.started = shake_hands(node, info, replication)
             sock = conn._sock
             assert sock is not None
         except BaseException as exc:
             self.close()
-            if isinstance(exc, WireError):
-                raise
             if isinstance(exc, (redis.RedisError, OSError)):
                 raise WireError(connect_failure(exc)) from None
             raise
@@ -520,27 +547,16 @@ class Wire:
                 self.read()
 
     def undo_unwanted(self) -> None:
-        """Send, behind everything it carries, the undo of each command it carried whose
-        issuer gave it up (a lock released on another connection, which may have overtaken
-        the acquire on the node); once each. Whoever holds the connection does this: when it
-        reads the replies, when it puts the connection back in the pool owing, when it
-        closes it."""
-        undos = [entry.take_undo() for entry in self.due if entry.unwanted and entry.late]
+        """Send, behind everything it carries, :func:`unwanted_undos` of what it owes.
+        Whoever holds the connection does this: when it reads the replies, when it puts the
+        connection back in the pool owing, when it closes it."""
+        undos = unwanted_undos(self.due)
         if undos:
             self.send_unowned(undos)
 
     def overdue(self, now: float, timeout: float) -> bool:
         """Whether its oldest unanswered command has waited longer than ``timeout``."""
         return bool(self.due) and self.due[0].sent + timeout <= now
-
-    def undos(self) -> list[bytes]:
-        """The undo of every command it still owes (sent behind them when the connection is
-        given up: the node runs one connection's commands in order, so the undo cannot
-        overtake a command still queued there; on a new connection it could, and leave the
-        command's effect behind). Not of a copy of an acquire whose node granted it on
-        another connection (:attr:`Due.counted`): that grant is part of a lease, which its
-        release ends (see :attr:`Due.twins`)."""
-        return [entry.late() for entry in self.due if entry.late is not None and not entry.counted]
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -598,17 +614,23 @@ def connect_failure(exc: BaseException) -> Failure:
     return Failure("error", str(exc))
 
 
-def server_of(replies: Sequence[Any]) -> tuple[str, float]:
+def shake_hands(node: Node, info: Any, replication: Any) -> tuple[str, float]:
+    """The server's run id and start (:func:`server_of`) from a new connection's
+    :data:`HANDSHAKE` replies (``replication`` None where the section was withheld), once the
+    server is one ``node`` may vote with (:func:`claim_server`, :func:`refuse_replica`)."""
+    run_id, started = server_of(info)
+    claim_server(node, run_id)
+    refuse_replica(node, replication)
+    return run_id, started
+
+
+def server_of(info: Any) -> tuple[str, float]:
     """The server's run id, and when it started (``time.time()``, to the second: INFO's
-    uptime, by the server's clock where INFO has it), from the handshake replies. Raises
-    :class:`WireError` for an error reply, and for an INFO that names no run id and version: a
-    service that speaks RESP but is not Redis would answer the lock commands with replies the
-    algorithm never gets from Redis (and the restart guard needs the run id), so it fails
-    here, as a node that cannot be reached."""
-    for reply in replies:
-        if isinstance(reply, ReplyError):
-            raise WireError(reply_failure(reply))
-    info = replies[-1]
+    uptime, by the server's clock where INFO has it), from its INFO reply. Raises
+    :class:`WireError` for an INFO that names no run id and version: a service that speaks
+    RESP but is not Redis would answer the lock commands with replies the algorithm never gets
+    from Redis (and the restart guard needs the run id), so it fails here, as a node that
+    cannot be reached."""
     text = info.decode(errors="replace") if isinstance(info, bytes) else ""
     run_id = ""
     versioned = False
@@ -702,6 +724,10 @@ class NodeDetector:
         self.node_timeout = node_timeout
         self.misses_to_down = misses_to_down
         self.min_span = min_span
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a forked child starts over with the node)."""
         #: Consecutive misses not excused, and when the first of them was.
         self.misses = 0
         self.first_miss = 0.0
@@ -783,17 +809,6 @@ class NodeDetector:
         self.down_since = now
         self.reason = f"connection failed: {detail}" if detail else "connection failed"
         return True
-
-    def reset(self) -> None:
-        """Forget everything (a forked child starts over with the node)."""
-        self.misses = 0
-        self.first_miss = 0.0
-        self.down_since = None
-        self.reason = ""
-        self.srtt = None
-        self.quick = None
-        self.heard_at = float("-inf")
-        self.missed_since = 0.0
 
 
 class Node:
@@ -1072,7 +1087,7 @@ class Node:
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
-        while the node is unreachable, or being connected to in the background)."""
+        while the node must not be connected to now: :meth:`not_now`)."""
         failure = self.not_now()
         if failure is not None:
             raise WireError(failure)
@@ -1081,14 +1096,28 @@ class Node:
             self.locate()
             wire = Wire(self, timeout)
         except WireError as exc:
-            if exc.failure.reason == "timeout":
-                self.went_silent(overrun(timeout, time.monotonic() - started) > 0)
-            elif exc.failure.reason == "refused":
-                self.detector.refused(time.monotonic(), exc.failure.detail)
+            self.connect_failed(exc.failure, timeout, time.monotonic() - started)
             raise
+        self.connected()
+        return wire
+
+    def connect_failed(
+        self, failure: Failure, budget: float, took: float, *, miss: bool = True
+    ) -> None:
+        """An operation's attempt to connect within ``budget`` seconds failed after ``took``:
+        a timeout is a miss (unless not ``miss``: a spare opened in the background, whose
+        lateness the connections waiting for their replies already tell; excused when this
+        process overran the budget), a refusal makes the node down at once."""
+        if failure.reason == "timeout":
+            if miss:
+                self.went_silent(overrun(budget, took) > 0)
+        elif failure.reason == "refused":
+            self.detector.refused(time.monotonic(), failure.detail)
+
+    def connected(self) -> None:
+        """An operation connected to the node: if it was down, it votes again."""
         if self.detector.down:
             self.detector.answered(time.monotonic())
-        return wire
 
     def unreachable(self) -> Failure | None:
         """Why an operation must not wait to connect to the node now: a connection attempt
@@ -1119,13 +1148,10 @@ class Node:
 
     def went_silent(self, excused: bool = False, since: float | None = None) -> None:
         """A connection attempt, or a command, got no answer within its budget: one miss
-        (``excused``: this process itself did not run for part of the wait, so it says nothing
-        about the node; ``since``: when the command went out; a node that has answered a
-        command sent on another connection since is there, its reply is late, held up on the
-        link, and its connection is read as it comes: see :meth:`abandon`). The reconnector
-        connects to it in the background, and operations use what it opens instead of
-        connecting themselves (:meth:`not_now`). Once the misses are evidence that the node is
-        down (see :mod:`.detector`: never one late reply), it counts as failed at once until it
+        (``excused``, ``since``: as :meth:`NodeDetector.missed`; a late reply's connection is
+        read as it comes: see :meth:`abandon`). The reconnector connects to the node in the
+        background, and operations use what it opens (:meth:`not_now`); once the misses are
+        evidence that it is down (:mod:`.detector`), it counts as failed at once until it
         answers again."""
         if self.unreachable() is not None:
             return
@@ -1214,10 +1240,10 @@ class Node:
         and a late reply is not a dead connection (a lost packet delays it by TCP's
         retransmission). The next :meth:`checkout` reads it; once it owes nothing it is pooled
         again, and after :data:`DRAIN_FOR` seconds without that it is closed."""
-        undos = wire.undos()
+        owed = undos(wire.due)
         try:
-            if undos:
-                wire.send_unowned(undos)
+            if owed:
+                wire.send_unowned(owed)
         except OSError:
             self.lose(wire)  # the undos were owed: lose keeps them
             return
@@ -1328,10 +1354,9 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         # timeouts are the Redlock's own, and the default retry of a redis.Redis would make a
         # down node cost several connection attempts with back-off inside one lock operation.
         # The lock connections parse RESP2 whatever the client speaks: the same replies.
-        drop_list = ("socket_timeout", "socket_connect_timeout", "decode_responses", "retry")
-        kwargs.pop("protocol", None)
-        for drop in drop_list:
+        for drop in ("socket_timeout", "socket_connect_timeout", "decode_responses", "retry"):
             kwargs.pop(drop, None)
+        kwargs.pop("protocol", None)
         kwargs["connection_class"] = pool.connection_class
         return url, {k: v for k, v in kwargs.items() if k in _OPTIONS}
     if isinstance(spec, Mapping):
@@ -1392,15 +1417,7 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
         raise TypeError(
             f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
         )
-    for name in _DURATION_OPTIONS:
-        if sentinel_kwargs and sentinel_kwargs.get(name) is not None:
-            # redis-py takes them as they come, and would fail every lock operation
-            check_positive(
-                f"node OPTIONS sentinel_kwargs {name}",
-                sentinel_kwargs[name],
-                allow_zero=name == "health_check_interval",
-                maximum=MAX_NODE_TIMEOUT * 60,
-            )
+    _check_durations("node OPTIONS sentinel_kwargs", sentinel_kwargs or {})
     for name, why in _POOL_OPTIONS.items():
         if options.get(name) is not None:
             raise ValueError(f"node OPTIONS {name!r} cannot be honoured: {why}")
@@ -1420,15 +1437,20 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
         value = options.get(name)
         if value is not None and not isinstance(value, str):
             raise TypeError(f"node OPTIONS {name} must be a str, got {type(value).__name__}")
+    _check_durations("node OPTIONS", options)
+    return dict(options)
+
+
+def _check_durations(what: str, options: Mapping[str, Any]) -> None:
+    # redis-py takes them as they come, and would fail every lock operation
     for name in _DURATION_OPTIONS:
         if options.get(name) is not None:
             check_positive(
-                f"node OPTIONS {name}",
+                f"{what} {name}",
                 options[name],
                 allow_zero=name == "health_check_interval",  # redis-py's default: no checks
                 maximum=MAX_NODE_TIMEOUT * 60,
             )
-    return dict(options)
 
 
 def _init_params(cls: type) -> frozenset[str]:

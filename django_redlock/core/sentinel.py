@@ -199,6 +199,11 @@ def group_identity(url: str) -> tuple[str, str, int]:
     return ("sentinel", f"{parsed.service}@{hosts}", 0)
 
 
+def _address(server: tuple[str, int]) -> str:
+    host, port = server
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class SentinelGroup:
     """The Sentinels of one group, and where they last said its master is.
 
@@ -245,17 +250,12 @@ class SentinelGroup:
     @property
     def address(self) -> str | None:
         """``host:port`` of the master as last resolved."""
-        if self.master is None:
-            return None
-        host, port = self.master
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return None if self.master is None else _address(self.master)
 
     def master_url(self, master: tuple[str, int]) -> str:
         """A ``redis://`` URL of ``master`` with the group URL's credentials, database and
         options: what a node at that address would be configured as."""
-        host, port = master
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return self._master_url.replace("{address}", address)
+        return self._master_url.replace("{address}", _address(master))
 
     def due(self) -> bool:
         """Whether the master is to be confirmed before the next use (see
