@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 import time
 
@@ -214,3 +215,68 @@ def test_a_reentry_with_no_node_answering_keeps_the_hold(
     inner.release()
     outer.release()
     assert tokens_on_nodes(redis_nodes, "re:silent") == [None] * 3
+
+
+def test_a_second_handle_given_up_leaves_the_first_handles_lock_alone(
+    redis_nodes: RedisCluster, make_async_redlock, make_redlock
+) -> None:
+    """Two handles of one name are two contenders, even in one task or thread: the second,
+    cancelled (or interrupted) while it waits, gives back nothing of the first's (an outside
+    test saw the first holder's keys removed, with a 'released' event and no loss)."""
+
+    async def main() -> None:
+        rl = make_async_redlock(redis_nodes)
+        first = rl.lock("two-handles", ttl=10.0)
+        assert await first.acquire(blocking=False)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(rl.lock("two-handles", ttl=10.0).acquire(timeout=8), 0.3)
+        assert first.held and first.lost is None
+        assert tokens_on_nodes(redis_nodes, "two-handles") == [first.token] * 3
+        await first.release()
+
+    asyncio.run(main())
+
+    rl = make_redlock(redis_nodes)
+    first = rl.lock("two-handles", ttl=10.0)
+    assert first.acquire(blocking=False)
+    second = rl.lock("two-handles", ttl=10.0)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with contextlib.suppress(KeyboardInterrupt):
+            second.acquire(timeout=8)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert first.held and first.lost is None
+    assert tokens_on_nodes(redis_nodes, "two-handles") == [first.token] * 3
+    first.release()
+
+
+def test_cancelled_reentries_leave_nothing_held(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    """A reentrant acquire cancelled while it asks the nodes about the hold adds no hold:
+    once every returned handle is released the key is gone and nothing renews it."""
+
+    async def main() -> None:
+        rl = make_async_redlock(redis_nodes, reentrant=True)
+        outer = rl.lock("re:cancelled", ttl=3.0, auto_renew=True)
+        assert await outer.acquire(blocking=False)
+        joined = []
+        for _ in range(20):
+            inner = rl.lock("re:cancelled", ttl=3.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                if await asyncio.wait_for(inner.acquire(), 1e-4):
+                    joined.append(inner)
+        for inner in joined:
+            await inner.release()
+        assert outer.held
+        await outer.release()
+        assert tokens_on_nodes(redis_nodes, "re:cancelled") == [None] * 3
+
+    asyncio.run(main())

@@ -474,13 +474,18 @@ class AsyncRedlock(RedlockBase):
         retries: int | None,
     ) -> Lease | None:
         if handle.reentrant:
-            lease = self.leases.reenter(handle, owner)
-            if lease is not None and await self._drive(self._rejoined_steps(lease)):
-                return lease
+            # Asked of the nodes before the hold count goes up: a cancellation meanwhile
+            # leaves no hold that nobody will release.
+            held = self.leases.joinable(handle.name, owner)
+            if held is not None and await self._drive(self._rejoined_steps(held)):
+                lease = self.leases.reenter(handle, owner)
+                if lease is not None:
+                    return lease
+        begun = time.monotonic()
         try:
             return await self._acquire_new(handle, owner, blocking, timeout, retries)
         except BaseException:
-            won = self.leases.won_unreturned(handle.name, owner)
+            won = self.leases.won_unreturned(handle.name, owner, begun)
             if won is not None:
                 self._in_background(functools.partial(self._give_back, won))
             raise
@@ -559,8 +564,8 @@ class AsyncRedlock(RedlockBase):
         except BaseException:
             state = self._state()
             for name in handle.hold_names():
-                won = self.leases.won_unreturned(name, owner)
-                if won is not None and won.acquired >= start and not state.closed:
+                won = self.leases.won_unreturned(name, owner, start)
+                if won is not None and not state.closed:
                     state.spawn(self._give_back(won))
             raise
 

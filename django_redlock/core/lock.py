@@ -119,6 +119,15 @@ class HeldLeases:
         self._leases_lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
 
+    def joinable(self, name: str, owner: Hashable) -> Lease | None:
+        """The owner's live lease of ``name``, which a reentrant acquire may join (once the
+        nodes said it is still there: :meth:`reenter` then joins it)."""
+        with self._leases_lock:
+            lease = self._leases.get(name)
+        if lease is None or lease.owner != owner or lease.validity <= 0:
+            return None
+        return lease
+
     def reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
         """The owner's current lease of this name, one hold deeper, if reentry applies.
 
@@ -157,13 +166,14 @@ class HeldLeases:
             self.start_renewal(lease)
         return lease
 
-    def won_unreturned(self, name: str, owner: Hashable) -> Lease | None:
-        """The lease an acquire of ``name`` by ``owner`` won but never handed to its caller
-        (interrupted or cancelled after the win: renewal may have started). The drivers give
-        it back; nobody else could release it."""
+    def won_unreturned(self, name: str, owner: Hashable, since: float) -> Lease | None:
+        """The lease an acquire of ``name`` by ``owner`` that began at ``since`` won but
+        never handed to its caller (interrupted or cancelled after the win: renewal may have
+        started). The drivers give it back; nobody else could release it. A lease the owner
+        took before (through another handle: two contenders) is not this acquire's."""
         with self._leases_lock:
             lease = self._leases.get(name)
-        if lease is None or lease.owner != owner or lease.released:
+        if lease is None or lease.owner != owner or lease.released or lease.acquired < since:
             return None
         return lease
 

@@ -131,12 +131,17 @@ class Redlock(RedlockBase):
         retries: int | None,
     ) -> Lease | None:
         if handle.reentrant:
-            lease = self.leases.reenter(handle, owner)
-            if lease is not None and self._drive(self._rejoined_steps(lease)):
-                return lease
+            # Asked of the nodes before the hold count goes up: an interrupt meanwhile
+            # leaves no hold that nobody will release.
+            held = self.leases.joinable(handle.name, owner)
+            if held is not None and self._drive(self._rejoined_steps(held)):
+                lease = self.leases.reenter(handle, owner)
+                if lease is not None:
+                    return lease
         if not renewer.caught_up.is_set():
             # Renewal goes first: see renewal's "Renewal goes first".
             renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
+        begun = time.monotonic()
         try:
             if not blocking:
                 # One attempt (a fair lock's in its line): no deadline, no local queue.
@@ -146,7 +151,7 @@ class Redlock(RedlockBase):
                 )
             return self._acquire_waiting(handle, owner, timeout, retries)
         except BaseException:
-            won = self.leases.won_unreturned(handle.name, owner)
+            won = self.leases.won_unreturned(handle.name, owner, begun)
             if won is not None:
                 with contextlib.suppress(Exception):
                     self._release(won)
@@ -209,8 +214,8 @@ class Redlock(RedlockBase):
             return self._drive(self.permits.hold_steps(handle, owner, blocking, deadline, start))
         except BaseException:
             for name in handle.hold_names():
-                won = self.leases.won_unreturned(name, owner)
-                if won is not None and won.acquired >= start:
+                won = self.leases.won_unreturned(name, owner, start)
+                if won is not None:
                     with contextlib.suppress(Exception):
                         self._release(won)
             raise

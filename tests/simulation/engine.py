@@ -837,8 +837,8 @@ class Driver:
         rl = task.proc.rl
         assert rl is not None
         owner = task.owner
+        start = clock.monotonic()
         try:
-            start = clock.monotonic()
             deadline = rl.algorithm.deadline(start, timeout, None)
             courtesy = rl.leases.courtesy(handle.name) if blocking else 0.0
             if courtesy:
@@ -854,7 +854,7 @@ class Driver:
             )
             return (yield from self.drive(task, contend))
         except Cancelled:
-            won = rl.leases.won_unreturned(handle.name, owner)
+            won = rl.leases.won_unreturned(handle.name, owner, start)
             if won is not None:
                 with contextlib.suppress(Exception):
                     yield from self.release(task, won)
