@@ -442,7 +442,7 @@ def _selection(raw: str) -> dict[str, str]:
 
 def _valid_name(name: str) -> bool:
     try:
-        check_name(name)
+        check_name(name, listed=True)
     except (TypeError, ValueError):
         return False
     return True

@@ -13,7 +13,7 @@ import traceback
 
 import pytest
 
-from django_redlock import QuorumError
+from django_redlock import AsyncRedlock, QuorumError
 from tests.helpers import run_processes, warm_up
 
 
@@ -182,3 +182,53 @@ def test_processes_writer_alone(redis_nodes) -> None:
     for wb, we in writes:
         others = [(b, e) for _, b, e in history if (b, e) != (wb, we)]
         assert not [o for o in others if o[0] < we and wb < o[1]], "a writer was not alone"
+
+
+def test_a_same_client_force_release_turns_a_read_or_write_hold_lost_at_once(
+    redis_nodes, make_redlock
+) -> None:
+    """As for a plain lock or a permit (docs/guarantees.rst, "at once if the same client
+    force-released it"): no renewal, no check() needed; with two readers in this process,
+    only the one released is lost."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    r1, r2 = rl.read_lock("doc:f", owner=1), rl.read_lock("doc:f", owner=2)
+    assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
+    assert rl.force_release(f"doc:f#read:{r1.token}") == len(redis_nodes)
+    assert r1.held is False and r2.held is True
+    assert rl.force_release(f"doc:f#read:{r2.token}") == len(redis_nodes)
+    assert r2.held is False
+    w = rl.write_lock("doc:f")
+    assert w.acquire(blocking=False)
+    assert rl.force_release("doc:f") == len(redis_nodes)
+    assert w.held is False
+
+    async def main() -> None:
+        arl = AsyncRedlock(redis_nodes.urls, ttl=10.0, node_timeout=0.5)
+        try:
+            reader, writer = arl.read_lock("doc:g"), arl.write_lock("doc:h")
+            assert await reader.acquire(blocking=False) and await writer.acquire(blocking=False)
+            assert await arl.force_release(f"doc:g#read:{reader.token}") == len(redis_nodes)
+            assert await arl.force_release("doc:h") == len(redis_nodes)
+            assert reader.held is False and writer.held is False
+        finally:
+            await arl.close()
+
+    asyncio.run(main())
+
+
+def test_lock_info_and_force_release_of_a_listed_reader(redis_nodes, make_redlock) -> None:
+    """A listed reader's name is the reader's, never a plain lock's (such names are refused):
+    lock_info shows that reader alone, force_release removes it."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    r1, r2 = rl.read_lock("doc:i", owner=1), rl.read_lock("doc:i", owner=2)
+    assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
+    entry = f"doc:i#read:{r1.token}"
+    with pytest.raises(ValueError, match="reserved"):
+        rl.lock(entry)
+    info = rl.lock_info(entry)
+    assert info is not None and info.reader_of == "doc:i" and info.token == r1.token
+    assert info.nodes == len(redis_nodes)
+    assert rl.force_release(entry) == len(redis_nodes)
+    assert rl.lock_info(entry) is None
+    assert [i.name for i in rl.live_locks("doc:i*")] == [f"doc:i#read:{r2.token}"]
+    r2.release()

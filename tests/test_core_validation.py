@@ -7,6 +7,7 @@ the nodes' command counters moved only by our own INFO calls, and no lock key ex
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from django_redlock import AsyncRedlock, Redlock
+from django_redlock.core.listing import glob_escape
 from django_redlock.testing import RedisCluster
 from tests.helpers import all_keys, node_client
 
@@ -85,6 +87,43 @@ def test_bad_lock_name(redis_nodes, untouched, name, exc, match) -> None:
         _raises(untouched, exc, match, lambda: rl.lock_info(name))
     finally:
         rl.close()
+
+
+RESERVED_NAMES = ["y#read", "y#read:abc", "a:b#read:0123456789abcdef", "x#permit:0", "x#permit:12"]
+
+
+@pytest.mark.parametrize("name", RESERVED_NAMES)
+def test_a_name_of_the_reserved_internal_forms_is_refused(redis_nodes, untouched, name) -> None:
+    """A plain lock named like a reader's entry would be listed as the reader and force-released
+    as it; a primitive named like a permit would share a semaphore's slot: every factory, sync
+    and async, refuses such a name, naming the value and the form."""
+    rl, arl = Redlock(redis_nodes.urls), AsyncRedlock(redis_nodes.urls)
+    makers = [rl.lock, rl.read_lock, rl.write_lock, lambda n: rl.semaphore(n, 2)]
+    makers += [arl.lock, arl.read_lock, arl.write_lock, lambda n: arl.semaphore(n, 2)]
+    try:
+        for make in makers:
+            match = rf"{re.escape(repr(name))}.*form '<name>#.*reserved"
+            _raises(untouched, ValueError, match, lambda make=make: make(name))
+    finally:
+        rl.close()
+        asyncio.run(arl.close())
+
+
+def test_names_near_the_reserved_forms_are_accepted(redis_nodes, make_redlock) -> None:
+    rl = make_redlock(redis_nodes)
+    for name in [
+        "y#reader",
+        "y#read:xyz",
+        "y#read:",
+        "#read",
+        "x#permit:",
+        "x#permit:a",
+        "#permit:0",
+    ]:
+        lock = rl.lock(name)
+        assert lock.acquire(blocking=False), name
+        assert [i.name for i in rl.live_locks(glob_escape(name))] == [name]
+        lock.release()
 
 
 def test_longest_name_is_accepted(redis_nodes, untouched) -> None:

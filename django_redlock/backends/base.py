@@ -107,10 +107,10 @@ class LockManager(Protocol):
     def close(self) -> None: ...
 
 
-def check_name(name: object) -> str:
-    """The core's lock-name rule, plus no NUL: database columns, ZooKeeper paths and etcd
-    keys cannot carry one."""
-    name = core_check_name(name)
+def check_name(name: object, *, listed: bool = False) -> str:
+    """The core's lock-name rule (``listed`` as there), plus no NUL: database columns,
+    ZooKeeper paths and etcd keys cannot carry one."""
+    name = core_check_name(name, listed=listed)
     if "\x00" in name:
         raise ValueError(f"lock name must not contain NUL: {name!r}")
     return name
@@ -422,13 +422,13 @@ class BackendLocks:
     def release_token(self, name: str, token: str) -> int:
         """Release ``name`` if ``token`` still holds it (a lock handed over with
         :meth:`BackendLock.detach`): 1, or 0 when another holder has it by now."""
-        check_name(name)
+        check_name(name, listed=True)
         self._this_process()
         return self._remove(name, check_token(token))
 
     def extend_token(self, name: str, token: str, ttl: float) -> bool:
         """Re-arm ``name`` for ``ttl`` seconds if ``token`` still holds it."""
-        check_name(name)
+        check_name(name, listed=True)
         ttl = check_positive("ttl", ttl)
         self._this_process()
         grant = self._adopt(name, check_token(token))
@@ -442,14 +442,14 @@ class BackendLocks:
         return iter(sorted(self._infos(pattern), key=lambda info: info.name))
 
     def lock_info(self, name: str) -> LockInfo | None:
-        check_name(name)
+        check_name(name, listed=True)
         self._this_process()
         return next((i for i in self._infos(glob_escape(name)) if i.name == name), None)
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Remove ``name`` whoever holds it (only ``token``'s hold, when given); 1 or 0.
         The former holder learns it lost the lock at its next renewal, check or release."""
-        check_name(name)
+        check_name(name, listed=True)
         self._this_process()
         removed = self._remove(name, None if token is None else check_token(token))
         if removed:

@@ -740,7 +740,7 @@ class DatabaseLocks(BackendLocks):
         self._this_process()
         rows = self._sql(
             f"SELECT 1 FROM {LOCKS} WHERE name = %s AND expires_us > NOW_US",
-            [check_name(name)],
+            [check_name(name, listed=True)],
             fetch=True,
         )
         return bool(rows)

@@ -576,7 +576,7 @@ class EtcdLocks(BackendLocks):
         return 1 if reply.get("succeeded") else 0
 
     def locked(self, name: str) -> bool:
-        return self._first(check_name(name)) is not None
+        return self._first(check_name(name, listed=True)) is not None
 
     def _infos(self, pattern: str) -> Iterable[LockInfo]:
         reply = self._range(f"{self.root}/", sort_order="ASCEND", sort_target="CREATE")

@@ -312,7 +312,7 @@ class ZooKeeperLocks(BackendLocks):
         """The metadata of everyone holding or waiting for lock ``name``, the holder first,
         then the waiters in the order they will be served (kazoo's ``Lock.contenders()``,
         which lists their identifiers: pass ``meta={"id": ...}`` to have one)."""
-        return [dict(data["meta"]) for _, data, _ in self._queue(check_name(name))]
+        return [dict(data["meta"]) for _, data, _ in self._queue(check_name(name, listed=True))]
 
     def _adopt(self, name: str, token: str) -> Grant | None:
         holder = self._holder(name)
@@ -333,7 +333,7 @@ class ZooKeeperLocks(BackendLocks):
         return 1
 
     def locked(self, name: str) -> bool:
-        return self._holder(check_name(name)) is not None
+        return self._holder(check_name(name, listed=True)) is not None
 
     def _infos(self, pattern: str) -> Iterable[LockInfo]:
         import fnmatch

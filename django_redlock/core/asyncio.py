@@ -300,7 +300,7 @@ class AsyncRedlock(RedlockBase):
 
     async def lock_info(self, name: str) -> LockInfo | None:
         """:meth:`Redlock.lock_info`, awaitable."""
-        infos = await self.live_locks(glob_escape(check_name(name)))
+        infos = await self.live_locks(glob_escape(check_name(name, listed=True)))
         return next((i for i in infos if i.name == name), None)
 
     async def health(self) -> list[NodeHealth]:

@@ -386,7 +386,9 @@ class RedlockBase:
         return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _locked_steps(self, name: str) -> Steps[bool]:
-        replies = yield Send(to_every_node(["EXISTS", self.keys.key(check_name(name))]))
+        replies = yield Send(
+            to_every_node(["EXISTS", self.keys.key(check_name(name, listed=True))])
+        )
         return sum(1 for r in replies if r == 1) >= self.quorum
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
@@ -400,14 +402,16 @@ class RedlockBase:
         return self.leases.judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
-        command = self.keys.release_command(check_name(name), check_token(token))
+        command = self.keys.release_command(check_name(name, listed=True), check_token(token))
         replies = yield Send(to_every_node(command), idempotent=True)
         self._keep_unreached(command, replies)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
         ttl = self._check_extend_ttl(ttl)
-        command = self.keys.extend_token_command(check_name(name), check_token(token), ttl)
+        command = self.keys.extend_token_command(
+            check_name(name, listed=True), check_token(token), ttl
+        )
         replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if r == 1) >= self.quorum
 

@@ -213,7 +213,7 @@ class KeyLayout:
         )
 
     def force_release_command(self, name: str, token: str | None = None) -> list[Any]:
-        entry = reader_entry_of(check_name(name))
+        entry = reader_entry_of(check_name(name, listed=True))
         if entry is not None:
             # One reader, as listed: its token is in its name (a token given must match).
             base, reader = entry
@@ -224,7 +224,7 @@ class KeyLayout:
         # With its body, as a release: a slow node runs it late, whatever its script cache.
         return eval_command(
             scripts.FORCE_RELEASE,
-            [self.key(check_name(name))],
+            [self.key(check_name(name, listed=True))],
             [self.channel(name), token or "", self.holders_channel()],
         )
 

@@ -20,6 +20,7 @@ __all__ = [
     "permit_of",
     "reader_entry_of",
     "reader_name",
+    "reserved_form",
 ]
 
 #: Between a semaphore's name and its permit's slot number.
@@ -70,3 +71,16 @@ def base_name(name: str) -> str:
         return name[: -len(READER_SUFFIX)]
     permit = permit_of(name)
     return name if permit is None else permit[0]
+
+
+def reserved_form(name: str) -> str | None:
+    """The internal form ``name`` has (a reader's hold or listed entry, a permit), which no
+    lock, semaphore or read/write lock may be named: its key would be another primitive's
+    hold, listed, looked up and force-released as that hold. Else None."""
+    if is_reader(name):
+        return f"<name>{READER_SUFFIX}"
+    if reader_entry_of(name) is not None:
+        return f"<name>{READER_ENTRY}<token>"
+    if permit_of(name) is not None:
+        return f"<name>{PERMIT_SEP}<k>"
+    return None

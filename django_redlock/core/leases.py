@@ -11,6 +11,7 @@ from . import clock
 from .detector import why_lost
 from .errors import LockLost, LockNotOwned
 from .events import Listener, LockEvent, emit, heard
+from .kinds import reader_entry_of, reader_name
 from .lock import HeldLeases, Lease
 from .nodes import Failure, Node
 from .renewal import pauses, renewer
@@ -281,8 +282,14 @@ class LeaseTable(HeldLeases):
     def judge_force_release(self, name: str, replies: list[Any]) -> int:
         tokens = {r.decode() for r in replies if isinstance(r, bytes)}
         removed = sum(1 for r in replies if isinstance(r, bytes))
+        entry = reader_entry_of(name)
         with self._leases_lock:
-            lease = self._leases.get(name)
+            if entry is None:
+                lease = self._leases.get(name)
+            else:  # one reader, as listed: its token is in the name
+                lease = self._readers.get(entry[1])
+                if lease is not None and lease.name != reader_name(entry[0]):
+                    lease = None
         if lease is not None and lease.token in tokens:
             self.mark_lost(lease, "force-released by an operator")
         if removed:  # nothing removed (not held, or held by another token now): no release

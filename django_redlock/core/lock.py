@@ -7,6 +7,7 @@ import asyncio
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from . import clock
 from .errors import LockNotAcquired, LockNotOwned
 from .events import Listener, LockEvent, emit, logger
+from .kinds import is_reader
 from .process import ThisProcess
 from .validation import check_flag, check_retry_count, check_timeout
 
@@ -118,6 +120,10 @@ class HeldLeases:
         """Forget every lease (a forked child holds none of its parent's locks)."""
         self._leases_lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
+        # A process's readers of one read/write lock share their hold's name, so the table
+        # keeps only the latest; an operator's force release names a reader by its token.
+        # Weak: a reader dropped unreleased leaves no entry behind.
+        self._readers: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
 
     def joinable(self, name: str, owner: Hashable) -> Lease | None:
         """The owner's live lease of ``name``, which a reentrant acquire may join (once the
@@ -159,6 +165,8 @@ class HeldLeases:
         handle.retry_after = None
         with self._leases_lock:
             self._leases[lease.name] = lease
+            if is_reader(lease.name):
+                self._readers[lease.token] = lease
         # heard(), written out: this runs on every acquire, and "acquired" logs at DEBUG.
         if self.listeners or logger.isEnabledFor(logging.DEBUG):
             emit(self.listeners, LockEvent.of_acquisition(lease, clock.monotonic() - start))

@@ -92,7 +92,7 @@ class Redlock(RedlockBase):
 
     def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""
-        pattern = glob_escape(check_name(name))
+        pattern = glob_escape(check_name(name, listed=True))
         return next((i for i in self.live_locks(pattern) if i.name == name), None)
 
     def health(self) -> list[NodeHealth]:

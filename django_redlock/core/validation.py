@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
+from .kinds import reserved_form
+
 __all__ = [
     "MAX_DURATION",
     "MAX_KEY_LENGTH",
@@ -58,7 +60,11 @@ def _encodable(label: str, text: str) -> None:
         raise ValueError(f"{label} {text!r} is not valid Unicode (lone surrogate)") from None
 
 
-def check_name(name: object) -> str:
+def check_name(name: object, *, listed: bool = False) -> str:
+    """A lock name, checked. Without ``listed``, the name a user gives a lock, semaphore or
+    read/write lock: none of the forms the package names their holds with. With ``listed``,
+    a hold's name as a listing shows it (a permit, a reader's entry, for ``lock_info``,
+    ``force_release`` and the by-token calls)."""
     if not isinstance(name, str):
         raise TypeError(f"lock name must be a str, got {type(name).__name__} {name!r}")
     if not name:
@@ -68,6 +74,12 @@ def check_name(name: object) -> str:
         raise ValueError(
             f"lock name is {len(name)} characters long, the limit is {MAX_KEY_LENGTH}: "
             f"{name[:40]!r}..."
+        )
+    form = None if listed else reserved_form(name)
+    if form is not None:
+        raise ValueError(
+            f"lock name {name!r} has the form {form!r}, reserved for the holds of semaphores "
+            "and read/write locks"
         )
     return name
 
