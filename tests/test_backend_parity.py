@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -249,3 +250,15 @@ def test_forked_children_leave_a_pessimistic_parents_transaction_alone(
     cases.rule_forked_children_hold_none_of_the_parents_locks(
         lambda: make(pessimistic=True), name, tmp_path, "os.fork"
     )
+
+
+@pytest.mark.parametrize("reserved", ["y#read", "y#read:0a1b", "x#permit:3"])
+def test_names_of_the_reserved_hold_forms_are_refused(make, reserved) -> None:
+    """docs/backends.rst: no lock may be named as a semaphore's slot or a reader's hold (the
+    admin page and ``force_release`` would take it for one); a name as listed still works for
+    ``locked``, ``lock_info`` and ``force_release`` (nothing held: False, None, 0)."""
+    locks = make()
+    with pytest.raises(ValueError, match=re.escape(repr(reserved)) + ".*reserved"):
+        locks.lock(reserved)
+    assert not locks.locked(reserved) and locks.lock_info(reserved) is None
+    assert locks.force_release(reserved) == 0

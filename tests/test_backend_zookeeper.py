@@ -135,7 +135,7 @@ EDGE_NAMES = [".", "..", "...", ".x", "%2E", "/", "a/../b", "zookeeper", "x" * 5
 
 @pytest.mark.parametrize("edge", EDGE_NAMES, ids=lambda n: repr(n[:12]))
 def test_accepts_any_name_but_nul(make, edge) -> None:
-    """docs/backends.rst: "Lock names are at most 512 characters (any but NUL)", also the
+    """docs/backends.rst: "Lock names are at most 512 characters (any but NUL, ...)", also the
     names ZooKeeper reads as path steps ("." and "..") or reserves ("zookeeper" at the top)."""
     locks = make()
     lock = locks.lock(edge)
