@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from . import clock
 from .errors import LockNotAcquired, LockNotOwned
 from .events import Listener, LockEvent, emit, logger
-from .kinds import is_reader
+from .kinds import READER_SUFFIX
 from .process import ThisProcess
 from .validation import check_flag, check_retry_count, check_timeout
 
@@ -165,7 +165,8 @@ class HeldLeases:
         handle.retry_after = None
         with self._leases_lock:
             self._leases[lease.name] = lease
-            if is_reader(lease.name):
+            # is_reader(), written out: this runs on every acquire.
+            if lease.name.endswith(READER_SUFFIX) and lease.name != READER_SUFFIX:
                 self._readers[lease.token] = lease
         # heard(), written out: this runs on every acquire, and "acquired" logs at DEBUG.
         if self.listeners or logger.isEnabledFor(logging.DEBUG):
