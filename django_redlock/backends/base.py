@@ -42,6 +42,7 @@ from ..core import (
     check_flag,
     check_meta,
     check_positive,
+    check_reentry_fence,
     check_retry_count,
     check_timeout,
     check_token,
@@ -559,11 +560,7 @@ class BackendLocks:
         with self._holds_lock:
             if self._holds.get(handle.name) is not grant or grant.validity <= 0:
                 return None
-            if handle.fencing and grant.fence is None:
-                raise ValueError(
-                    f"lock {handle.name!r} is already held by this owner without fencing; a "
-                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
-                )
+            check_reentry_fence(handle.name, handle.fencing, grant.fence)
             grant.count += 1
             upgrade = handle.auto_renew and not grant.auto_renew
         if upgrade:

@@ -502,13 +502,7 @@ class Algorithm:
                 return self.client.leases.won(handle, outcome, start)
             attempts += 1
             now = outcome.at
-            if self.out_of_time(blocking, attempts, retries, deadline, now) and not (
-                # A caller that will not wait for a holder gets one more attempt when the
-                # first was refused for lateness alone: nobody holds the lock, a node's
-                # answer was held up (a busy host, a retransmitted packet), which is no
-                # verdict. It goes out on other connections, a late one being set aside.
-                not blocking and attempts == 1 and outcome.late and retries != 0
-            ):
+            if self.out_of_time(blocking, attempts, retries, deadline, now, outcome.late):
                 self.give_up(handle, outcome, now - start)
                 return None
             if notice is not None:
@@ -580,9 +574,14 @@ class Algorithm:
         retries: int | None,
         deadline: float | None,
         now: float,
+        late: bool = False,
     ) -> bool:
         if not blocking:
-            return True
+            # A caller that will not wait for a holder gets one more attempt when the first
+            # was refused for lateness alone (``late``): nobody holds the lock, a node's
+            # answer was held up (a busy host, a retransmitted packet), which is no verdict.
+            # It goes out on other connections, a late one being set aside.
+            return not (late and attempts == 1 and retries != 0)
         if retries is not None and attempts > retries:
             return True
         return deadline is not None and now >= deadline

@@ -483,7 +483,7 @@ class AsyncRedlock(RedlockBase):
                     return lease
         begun = time.monotonic()
         try:
-            return await self._acquire_new(handle, owner, blocking, timeout, retries)
+            return await self._acquire_new(handle, owner, blocking, timeout, retries, begun)
         except BaseException:
             won = self.leases.won_unreturned(handle.name, owner, begun)
             if won is not None:
@@ -502,8 +502,8 @@ class AsyncRedlock(RedlockBase):
         blocking: bool,
         timeout: float | None,
         retries: int | None,
+        start: float,
     ) -> Lease | None:
-        start = time.monotonic()
         deadline = self.algorithm.deadline(start, timeout, retries)
         courtesy = self.leases.courtesy(handle.name) if blocking else 0.0
         if courtesy:

@@ -18,7 +18,7 @@ from .errors import LockNotAcquired, LockNotOwned
 from .events import Listener, LockEvent, emit, logger
 from .kinds import READER_SUFFIX
 from .process import ThisProcess
-from .validation import check_flag, check_retry_count, check_timeout
+from .validation import check_flag, check_reentry_fence, check_retry_count, check_timeout
 
 __all__ = ["HeldLeases", "Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
 
@@ -146,11 +146,7 @@ class HeldLeases:
             lease = self._leases.get(handle.name)
             if lease is None or lease.owner != owner or lease.validity <= 0:
                 return None
-            if handle.fencing and lease.fence is None:
-                raise ValueError(
-                    f"lock {handle.name!r} is already held by this owner without fencing; a "
-                    "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
-                )
+            check_reentry_fence(handle.name, handle.fencing, lease.fence)
             lease.count += 1
             upgrade = handle.auto_renew and not lease.auto_renew
             if upgrade:

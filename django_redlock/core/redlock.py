@@ -141,28 +141,32 @@ class Redlock(RedlockBase):
         if not renewer.caught_up.is_set():
             # Renewal goes first: see renewal's "Renewal goes first".
             renewer.make_way(YIELD_AT_MOST if timeout is None else min(timeout, YIELD_AT_MOST))
-        begun = time.monotonic()
+        start = time.monotonic()
         try:
             if not blocking:
                 # One attempt (a fair lock's in its line): no deadline, no local queue.
-                start = time.monotonic()
                 return self._drive(
                     self.algorithm.contend(Contender(handle, owner), False, None, retries, start)
                 )
-            return self._acquire_waiting(handle, owner, timeout, retries)
+            return self._acquire_waiting(handle, owner, timeout, retries, start)
         except BaseException:
-            won = self.leases.won_unreturned(handle.name, owner, begun)
+            won = self.leases.won_unreturned(handle.name, owner, start)
             if won is not None:
                 with contextlib.suppress(Exception):
                     self._release(won)
             raise
 
     def _acquire_waiting(
-        self, handle: Lock, owner: Hashable, timeout: float | None, retries: int | None
+        self,
+        handle: Lock,
+        owner: Hashable,
+        timeout: float | None,
+        retries: int | None,
+        start: float,
     ) -> Lease | None:
-        """A blocking acquire: alone, one attempt as a non-blocking one; else in this
-        process's queue for the name, then attempts until acquired or out of time."""
-        start = time.monotonic()
+        """A blocking acquire (begun at ``start``): alone, one attempt as a non-blocking
+        one; else in this process's queue for the name, then attempts until acquired or out
+        of time."""
         deadline = self.algorithm.deadline(start, timeout, retries)
         courtesy = self.leases.courtesy(handle.name)
         if courtesy:

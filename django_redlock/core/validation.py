@@ -25,6 +25,7 @@ __all__ = [
     "check_node_timeout",
     "check_positive",
     "check_prefix",
+    "check_reentry_fence",
     "check_retry_count",
     "check_timeout",
     "check_token",
@@ -219,3 +220,13 @@ def check_limit(limit: object, label: str = "limit") -> int:
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"{label} must be 1..{MAX_LIMIT}, got {limit!r}")
     return limit
+
+
+def check_reentry_fence(name: str, fencing: bool, fence: int | None) -> None:
+    """A reentrant hold shares the outer acquisition's fence; it cannot draw one the outer
+    acquisition did not (an error rather than a silent None)."""
+    if fencing and fence is None:
+        raise ValueError(
+            f"lock {name!r} is already held by this owner without fencing; a "
+            "reentrant hold cannot add a fence (take the outer lock with fencing=True)"
+        )
