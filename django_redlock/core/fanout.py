@@ -565,6 +565,10 @@ def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
     # The pools' deques read directly: this runs on every fan-out.
     for node in nodes:
         if not node._idle:
+            if any(n.max_connections is not None for n in nodes):
+                # Connections taken in one order by every thread: one holding some while it
+                # waits for a capped node's never blocks one holding that node's.
+                return range(len(nodes))
             return sorted(range(len(nodes)), key=lambda i: not nodes[i]._idle)
     return range(len(nodes))
 
@@ -794,6 +798,11 @@ class Round:
             if owing is not None and (owing[0] in groups or _reclaim(node, owing, op, index)):
                 wire = owing[0]
             groups.setdefault(wire, []).append(op)
+        if node.max_connections is not None and len(groups) > 1 and None in groups:
+            # A capped node: the rest go behind a connection the round holds already, rather
+            # than wait for one that the round itself may be holding.
+            rest = groups.pop(None)
+            next(iter(groups.values())).extend(rest)
         return list(groups.items())
 
     def _send(self, index: int, wire: Wire, ops: list[FanOut], sent: float) -> None:

@@ -22,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -356,6 +357,11 @@ class Wire(Link):
     at once."""
 
     def __init__(self, node: Node, timeout: float) -> None:
+        #: The node whose count of open connections this one is in, until closed (see
+        #: :meth:`Node.take_slot`).
+        self.node: Node | None = None
+        #: When (``time.monotonic``) it last went back to the pool (see :meth:`Node.trim`).
+        self.idle_since = time.monotonic()
         #: The replies that have arrived, parsed by hiredis as they come.
         self.reader = reader()
         #: Replies taken of a :class:`Pipelined` command still waiting for the rest.
@@ -375,6 +381,8 @@ class Wire(Link):
         #: redis-py; the lock commands then pipeline on its socket without blocking.
         self.conn = conn = node.connection(timeout)
         self.address = address_of(conn)
+        node.take_slot()
+        self.node = node
         try:
             conn.connect()
             conn.send_packed_command([HANDSHAKE])
@@ -562,13 +570,31 @@ class Wire(Link):
         return self.sock.fileno()
 
     def close(self) -> None:
+        node, self.node = self.node, None
+        if node is None:
+            return
         with contextlib.suppress(OSError, redis.RedisError):
             self.conn.disconnect()
+        node.free_slot()
 
 
 #: Spare connections a node may want opened in the background at a time (see
 #: :meth:`Node.want_spare`).
 SPARES = 8
+
+#: How long an idle connection stays open unused (see :meth:`Node.trim`): a process that
+#: stops taking locks keeps :data:`MIN_IDLE` connections per node.
+IDLE_FOR = 10.0
+
+#: Idle connections a node keeps.
+MIN_IDLE = 1
+
+#: Connections a node keeps open, beyond the most its operations used at once lately
+#: (:meth:`Node.wanted`), for the replies that come back late.
+IDLE_SLACK = 2
+
+#: How often the trimmer looks at every node's idle connections (:meth:`Node.trim`).
+TRIM_EVERY = 1.0
 
 #: How long a connection given up stays open to be read (:meth:`Node.abandon`): a lease
 #: lasts at most ``max_ttl`` (60 s by default), so what its undo removes is gone by then.
@@ -811,6 +837,46 @@ class NodeDetector:
         return True
 
 
+class Trimmer:
+    """One thread per process that calls every live node's :meth:`Node.trim` each
+    :data:`TRIM_EVERY` seconds: a process that stops taking locks has no operation left to
+    close its idle connections. It ends when no node is left (closed or collected)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: weakref.WeakSet[Node] = weakref.WeakSet()
+        self._pid: int | None = None
+
+    def watch(self, node: Node) -> None:
+        with self._lock:
+            self._nodes.add(node)
+            if self._pid != ThisProcess.pid:
+                self._pid = ThisProcess.pid
+                threading.Thread(target=self._run, name="redlock-trimmer", daemon=True).start()
+
+    def forget(self, node: Node) -> None:
+        with self._lock:
+            self._nodes.discard(node)
+
+    def _run(self) -> None:
+        pid = ThisProcess.pid
+        while True:
+            time.sleep(TRIM_EVERY)  # a timer: no event to wait for
+            with self._lock:
+                nodes = list(self._nodes)
+                if not nodes or self._pid != pid:
+                    if self._pid == pid:
+                        self._pid = None
+                    return
+            for node in nodes:
+                with contextlib.suppress(Exception):  # a node closed meanwhile
+                    node.trim()
+            del nodes
+
+
+trimmer = Trimmer()
+
+
 class Node:
     """One independent Redis server: pooled connections for lock commands, and a redis-py client
     for listing, health and pub/sub."""
@@ -821,6 +887,28 @@ class Node:
         #: The URL without credentials: safe for logs, errors and the admin page.
         self.name = redact(url)
         options.pop("decode_responses", None)
+        #: At most this many lock connections open to the node in this process (redis-py's
+        #: name for a pool's cap): an operation that finds them all busy waits for one
+        #: (:meth:`checkout`). None: as many as the operations use at once.
+        self.max_connections: int | None = options.pop("max_connections", None)
+        if self.max_connections is None:  # the URL's query (checked by _check_query)
+            self.max_connections = parse_url(
+                group_master_url(url) if is_group_url(url) else url
+            ).get("max_connections")
+        if asyncio and self.max_connections is not None:
+            raise ValueError(
+                "node OPTIONS 'max_connections' cannot be honoured by AsyncRedlock: its "
+                "connections are per event loop (a Redlock's are per process)"
+            )
+        #: Lock connections open (or being opened) to the node in this process.
+        self._open = 0
+        #: Held to count them; notified when one comes back to the pool or closes.
+        self._room = threading.Condition()
+        #: The most connections in use at once in this :data:`IDLE_FOR` window and the one
+        #: before (:meth:`wanted`), and when this window began.
+        self._peak = 0
+        self._peak_before = 0
+        self._window_at = time.monotonic()
         #: A Sentinel-managed group's Sentinels: the node's address is its master's, asked
         #: for with every new connection (:meth:`locate`). None for a server's URL.
         self.group: SentinelGroup | None = None
@@ -877,6 +965,7 @@ class Node:
             if self.group is None
             else self.group.client(**{k: v for k, v in slow.items() if k != "sentinel_kwargs"})
         )
+        trimmer.watch(self)
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
@@ -940,8 +1029,10 @@ class Node:
             self._idle = deque()
             self._draining = deque()
             self._spares = 0
+            self._open = self._peak = self._peak_before = 0
             self.detector.reset()
             self._pid = ThisProcess.pid
+            trimmer.watch(self)
         if self._draining:
             self._sweep()
         if self.group is not None and self.group.due():
@@ -997,7 +1088,7 @@ class Node:
             # timeout beats counting the node out. A spare is opened in the background.
             self.want_spare()
             return due
-        if self._draining:
+        if self._draining and not self._worth_waiting():
             # Every connection owes a reply past its deadline: the node is frozen, or behind
             # a lossy link, where a handshake may be late too. Others are opened in the
             # background; this operation tries one handshake within the node timeout if the
@@ -1012,7 +1103,121 @@ class Node:
                 except WireError:
                     pass
             raise WireError(BEHIND_LATE)
-        return self.connect(max(deadline - time.monotonic(), 0.005))
+        if self.max_connections is not None and self._await_room(deadline):
+            return self.checkout(deadline)
+        try:
+            return self.connect(max(deadline - time.monotonic(), 0.005))
+        except WireError as exc:
+            if exc.failure is not AT_CAP:
+                raise
+        return self.checkout(deadline)  # another thread took the last slot first
+
+    def _worth_waiting(self) -> bool:
+        """Whether :attr:`max_connections` are open and some are in use (not all set aside
+        for late replies): one comes back within an operation."""
+        cap = self.max_connections
+        return cap is not None and self._open >= cap and self._open > len(self._draining)
+
+    def _await_room(self, deadline: float) -> bool:
+        """With :attr:`max_connections` open: wait, until ``deadline``, for one to come back
+        to the pool (True) or to close (False: one may be opened). Raises :class:`WireError`
+        at the deadline: the operation counts the node as failed, without a miss (the node
+        did nothing wrong)."""
+        cap = self.max_connections
+        with self._room:
+            while cap is not None and self._open >= cap:
+                if self._idle:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WireError(AT_CAP)
+                self._room.wait(remaining)
+        return False
+
+    def take_slot(self) -> None:
+        """Count a connection about to be opened; raises :class:`WireError` (:data:`AT_CAP`)
+        when :attr:`max_connections` are open already."""
+        with self._room:
+            if self.max_connections is not None and self._open >= self.max_connections:
+                raise WireError(AT_CAP)
+            self._open += 1
+
+    def free_slot(self) -> None:
+        with self._room:
+            self._open = max(self._open - 1, 0)
+            self._room.notify()
+
+    def wanted(self) -> int:
+        """How many connections the node keeps open outside those set aside for late
+        replies: the most its operations had in use at once in the last :data:`IDLE_FOR`
+        seconds or so, and :data:`IDLE_SLACK` more. Beyond that, a connection coming back
+        to the pool is closed and no spare is opened."""
+        return max(self._peak, self._peak_before) + IDLE_SLACK
+
+    def _note_busy(self, now: float) -> None:
+        """Count the connections in use now (open, neither idle nor set aside) towards
+        :meth:`wanted`; a new window begins every :data:`IDLE_FOR` seconds."""
+        busy = self._open - len(self._idle) - len(self._draining)
+        if now - self._window_at >= IDLE_FOR:
+            self._peak_before, self._peak, self._window_at = self._peak, busy, now
+        elif busy > self._peak:
+            self._peak = busy
+
+    def _pool(self, wire: Wire, *, last: bool = False) -> None:
+        """Put ``wire`` in the pool (the next to be used, or with ``last`` the last), or
+        close it when the pool holds what the operations want already (:meth:`wanted`) and it
+        owes nothing: spares opened while replies were late would otherwise stay open once
+        those replies came (closing one that owes a reply would reset it, and the node drop
+        what it has not read)."""
+        now = time.monotonic()
+        self._note_busy(now)
+        if not wire.due and len(self._idle) >= self.wanted():
+            wire.close()
+            return
+        wire.reused = True
+        wire.idle_since = now
+        if last:
+            self._idle.appendleft(wire)
+        else:
+            self._idle.append(wire)
+        if self.max_connections is not None:
+            with self._room:
+                self._room.notify()
+
+    def trim(self) -> None:
+        """Run by the trimmer every :data:`TRIM_EVERY` seconds: read the replies that came in
+        on idle connections that owed them (a connection is never counted busy with its reply
+        waiting in the socket), give up those whose reply is later than the node timeout
+        (:meth:`abandon`), and close those unused for :data:`IDLE_FOR` seconds, keeping
+        :data:`MIN_IDLE`."""
+        if self._pid != ThisProcess.pid or self.closed:
+            return
+        now = time.monotonic()
+        self._note_busy(now)
+        if self._draining:
+            self._sweep()
+        for wire in list(self._idle):
+            unused = wire.idle_since <= now - IDLE_FOR
+            if not wire.due and not (unused and len(self._idle) > MIN_IDLE):
+                continue
+            owes = self._take(wire)
+            if owes is None:
+                continue
+            if owes and wire.overdue(time.monotonic(), self.node_timeout):
+                self.abandon(wire)
+            elif owes or not unused or len(self._idle) + 1 <= MIN_IDLE:
+                self._idle.appendleft(wire)
+            else:
+                wire.close()
+
+    def _take(self, wire: Wire) -> bool | None:
+        """Take ``wire`` out of the pool and read what came in on it: whether it still owes
+        replies; None when another thread took it first, or it broke (see :meth:`_owes`)."""
+        try:
+            self._idle.remove(wire)
+        except ValueError:
+            return None
+        return self._owes(wire) if wire.due else False
 
     def spare(self) -> Wire | None:
         """An idle pooled connection that owes nothing, taken out of the pool, for a copy of
@@ -1025,12 +1230,8 @@ class Node:
         for wire in list(self._idle):
             if not self.current(wire):
                 continue
-            try:
-                self._idle.remove(wire)
-            except ValueError:  # another thread took it
-                continue
             # Most that owe owe only replies that came in since (a copy's, read by nobody).
-            owes = self._owes(wire) if wire.due else False
+            owes = self._take(wire)
             if owes is None:
                 continue
             if owes:
@@ -1051,6 +1252,10 @@ class Node:
         reaches it first, and the next operation that finds its replies late asks again."""
         with self._spares_lock:
             if self._spares >= SPARES or self.closed or self.not_now() is not None:
+                return
+            if self._open + self._spares - len(self._draining) >= self.wanted():
+                return  # the pool holds what the operations use at once already
+            if self.max_connections is not None and self._open >= self.max_connections:
                 return
             self._spares += 1
         threading.Thread(target=self._open_spare, name="redlock-spare", daemon=True).start()
@@ -1179,6 +1384,8 @@ class Node:
             wire = Wire(self, budget)
         except WireError as exc:
             now = time.monotonic()
+            if exc.failure is AT_CAP:
+                return False  # every connection allowed is in use: the node is not silent
             if exc.failure.reason == "refused":
                 # Refused at once: operations may try it themselves, it costs them nothing.
                 self.detector.refused(now, exc.failure.detail)
@@ -1218,8 +1425,7 @@ class Node:
                 wire.close()
                 return
             self.detector.answered(time.monotonic())
-            wire.reused = True
-            self._idle.appendleft(wire)
+            self._pool(wire, last=True)
         finally:
             with self._spares_lock:
                 self._spares = max(self._spares - 1, 0)
@@ -1228,8 +1434,7 @@ class Node:
         if wire.on_replica or (self.group is not None and wire.address != self.master):
             self.lose(wire)  # the next connection goes to the master (see locate)
             return
-        wire.reused = True
-        self._idle.append(wire)
+        self._pool(wire)
 
     def abandon(self, wire: Wire) -> None:
         """Stop waiting on a connection (it owes a reply older than the node timeout): the
@@ -1274,8 +1479,7 @@ class Node:
             if wire.on_replica or not self.current(wire):
                 self.lose(wire)
             else:
-                wire.reused = True
-                self._idle.appendleft(wire)
+                self._pool(wire, last=True)
 
     def send_later(self, wire: Wire) -> None:
         """Send on ``wire`` what could not reach the node before (see :attr:`later`). If
@@ -1317,6 +1521,7 @@ class Node:
         self.closed = True
         self._spares = 0
         reconnector.forget(self)
+        trimmer.forget(self)
         self._silent = None
         self._probing = None
         self.detector.reset()
@@ -1388,8 +1593,6 @@ _OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
 #: ``redis.Redis`` settings of its client or pool, not of a connection: the lock connections
 #: are not drawn from a redis-py pool, so these could only be dropped.
 _POOL_OPTIONS = {
-    "max_connections": "the lock connections are the package's own, not a redis-py pool's, "
-    "so a pool's cap cannot apply to them",
     "single_connection_client": "the lock connections are the package's own, not one "
     "client connection's",
     "cache": "a lock's state is never read from a client-side cache",
@@ -1421,6 +1624,12 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
     for name, why in _POOL_OPTIONS.items():
         if options.get(name) is not None:
             raise ValueError(f"node OPTIONS {name!r} cannot be honoured: {why}")
+    cap = options.get("max_connections")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(
+            f"node OPTIONS max_connections must be a whole number of at least 1 (or None), "
+            f"got {cap!r}"
+        )
     if options.get("protocol") not in (None, 2, "2"):
         raise ValueError(
             f"node OPTIONS 'protocol' {options['protocol']!r} cannot be honoured: the lock "
@@ -1748,6 +1957,10 @@ TIMED_OUT = Failure("timeout")
 #: The reply of a node every connection to which owes a reply past its deadline (the command
 #: did not go out: it would have waited behind them; another connection is being opened).
 BEHIND_LATE = Failure("timeout", "every connection owes a late reply; opening another")
+
+#: Why an operation got no connection to a node with ``max_connections`` in use until its
+#: deadline (not a miss: the node did nothing wrong).
+AT_CAP = Failure("error", "every connection allowed by max_connections is in use")
 
 #: The reply of a node the command never went out to (the sending thread was interrupted
 #: first): a release so answered is kept for the node (:func:`reached` is False).
