@@ -258,7 +258,8 @@ def test_a_late_reply_keeps_its_connection(redis_cluster_factory, make_redlock):
     """A lossy link: node 2's replies are held up past the node timeout (as TCP's
     retransmission of a lost packet holds them) while the node runs every command. The
     connection that missed its deadline is not closed: the next operations do not queue
-    behind it, it is read as its reply comes, and then it is pooled again, owing nothing."""
+    behind it, it is read as its reply comes, and then, owing nothing, it is pooled again
+    (or closed, when the stand-in opened meanwhile gives the pool all it wants)."""
     cluster = redis_cluster_factory(3)
     proxy = Proxy((cluster[2].host, cluster[2].port))
     try:
@@ -277,8 +278,8 @@ def test_a_late_reply_keeps_its_connection(redis_cluster_factory, make_redlock):
         assert lock.acquire(blocking=False)
         lock.release()
         wait_until(lambda: any(other is not wire for other in node._idle), timeout=5.0)
-        wait_until(lambda: rl.locked("late") is False and wire in node._idle, timeout=5.0)
-        assert not wire.due and wire.sock.fileno() >= 0
+        wait_until(lambda: rl.locked("late") is False and not wire.due, timeout=5.0)
+        assert wire in node._idle or wire.node is None  # pooled, or closed once it was read
     finally:
         proxy.close()
 
