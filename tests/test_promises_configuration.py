@@ -1,0 +1,63 @@
+"""docs/configuration.rst's settings table against the code: every documented default is the
+one the package uses, and a setting left out reaches the shared Redlock with that default."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from django_redlock import Redlock
+from django_redlock.conf import get_redlock
+from django_redlock.setting import DEFAULTS
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.rst"
+URLS = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"]
+
+
+def documented_defaults() -> dict[str, object]:
+    """``{name: default}`` from the page's "Settings" list-table (rows of ``* - ``NAME```` then
+    ``- ``DEFAULT````)."""
+    text = PAGE.read_text().split("\nSettings\n--------\n", 1)[1].split("\nThe shared Redlock", 1)[0]
+    rows = re.findall(r"^   \* - ``([A-Z_]+)``\n     - ``(.+?)``$", text, re.M)
+    return {name: ast.literal_eval(value) for name, value in rows}
+
+
+def test_the_table_lists_every_setting_with_its_default():
+    table = documented_defaults()
+    # BACKENDS has a section of its own ("Backends", below the table).
+    assert set(table) == set(DEFAULTS) - {"BACKENDS"}
+    for name, value in table.items():
+        assert DEFAULTS[name] == value, name
+
+
+def test_settings_left_out_reach_the_shared_redlock_as_documented(settings):
+    settings.REDLOCK = {"NODES": URLS}
+    rl = get_redlock()
+    assert (
+        rl.key_prefix,
+        rl.ttl,
+        rl.node_timeout,
+        rl.retry_count,
+        rl.retry_delay,
+        rl.drift_factor,
+        rl.restart_guard,
+        rl.trust_fresh_cluster,
+        rl.reentrant,
+        rl.fair_heartbeat,
+        rl.meta,
+    ) == ("redlock", 30.0, 0.05, 3, 0.2, 0.01, True, True, True, 3.0, {})
+    # MAX_TTL None: the larger of TTL and 60 s.
+    assert rl.max_ttl == 60.0
+    settings.REDLOCK = {"NODES": URLS, "TTL": 90.0}
+    assert get_redlock().max_ttl == 90.0
+
+
+def test_a_redlock_built_by_hand_has_the_same_defaults_but_does_not_reenter():
+    rl = Redlock(URLS)
+    try:
+        assert (rl.key_prefix, rl.ttl, rl.node_timeout, rl.retry_count) == ("redlock", 30.0, 0.05, 3)
+        assert (rl.retry_delay, rl.drift_factor, rl.max_ttl) == (0.2, 0.01, 60.0)
+        assert rl.reentrant is False
+    finally:
+        rl.close()
