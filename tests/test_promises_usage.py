@@ -1,0 +1,126 @@
+"""docs/usage.rst's promises that tests/test_decorators*.py and tests/test_signals.py leave
+out, against the real nodes of the ``redlock_settings`` fixture: the ``Retry-After`` added to a
+custom 429/503 answer, an async ``on_locked`` for an async view, a busy body that never names
+the lock, ``current_lock()`` unset inside a generator, and the structured log fields."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.http import HttpResponse
+from django.test import RequestFactory
+
+from django_redlock import get_redlock, locked
+from django_redlock.decorators import current_lock
+
+pytestmark = pytest.mark.usefixtures("redlock_settings")
+rf = RequestFactory()
+
+
+@contextlib.contextmanager
+def held_by_someone_else(name: str, ttl: float = 6.0):
+    lock = get_redlock().lock(name, ttl, owner="someone-else")
+    assert lock.acquire(blocking=False)
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_custom_answer_of_429_or_503_gets_retry_after(status):
+    @locked("promises:ra", on_locked=lambda request, exc: HttpResponse("later", status=status))
+    def view(request):
+        return HttpResponse("ok")
+
+    with held_by_someone_else("promises:ra", ttl=6):
+        response = view(rf.get("/"))
+    assert response.status_code == status
+    assert 1 <= int(response["Retry-After"]) <= 6
+
+
+def test_a_custom_answer_that_sets_retry_after_keeps_it():
+    def answer(request, exc):
+        response = HttpResponse("later", status=423)
+        response["Retry-After"] = "42"
+        return response
+
+    @locked("promises:keep", on_locked=answer)
+    def view(request):
+        return HttpResponse("ok")
+
+    with held_by_someone_else("promises:keep"):
+        assert view(rf.get("/"))["Retry-After"] == "42"
+
+
+def test_an_async_view_may_answer_with_an_async_callable():
+    async def answer(request, exc):
+        return HttpResponse(f"busy {exc.retry_after > 0}", status=423)
+
+    @locked("promises:async", on_locked=answer)
+    async def view(request):
+        return HttpResponse("ok")
+
+    with held_by_someone_else("promises:async", ttl=5):
+        response = async_to_sync(view)(rf.get("/"))
+    assert response.status_code == 423 and response.content == b"busy True"
+    assert 1 <= int(response["Retry-After"]) <= 5
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/plain", "*/*"])
+def test_the_busy_body_never_names_the_lock(accept):
+    @locked("promises:secret-{n}")
+    def view(request, n):
+        return HttpResponse("ok")
+
+    with held_by_someone_else("promises:secret-7"):
+        response = view(rf.get("/", HTTP_ACCEPT=accept), n=7)
+    assert response.status_code == 423
+    assert b"secret" not in response.content and b"promises" not in response.content
+    kind = "application/json" if accept == "application/json" else "text/plain"
+    assert response["Content-Type"].startswith(kind)
+
+
+def test_current_lock_is_not_set_inside_a_generator():
+    @locked("promises:gen")
+    def rows():
+        yield current_lock()
+        yield get_redlock().locked("promises:gen")
+
+    assert list(rows()) == [None, True]
+    assert not get_redlock().locked("promises:gen")
+
+
+def test_log_records_carry_the_structured_fields(caplog):
+    caplog.set_level(logging.DEBUG, logger="django_redlock")
+    rl = get_redlock()
+    with rl.lock("promises:log") as lock:
+        token = lock.token
+        with pytest.raises(Exception):  # noqa: B017 - any refusal: we look at the log
+            with rl.lock("promises:log", owner="other", timeout=0.05):
+                pass
+    records = {
+        r.lock_event: r for r in caplog.records if getattr(r, "lock_name", None) == "promises:log"
+    }
+    assert {"acquired", "released", "contended"} <= set(records)
+    for kind in ("acquired", "released", "contended"):
+        record = records[kind]
+        assert record.levelno == logging.DEBUG
+        for field in ("lock_token", "lock_reason", "lock_waited", "lock_held"):
+            assert hasattr(record, field), (kind, field)
+    assert records["acquired"].lock_token == records["released"].lock_token == token
+    assert records["acquired"].lock_waited >= 0 and records["released"].lock_held >= 0
+    assert records["contended"].lock_token is None
+
+    caplog.clear()
+    assert rl.lock("promises:gone", ttl=5).acquire(blocking=False)
+    rl.force_release("promises:gone")
+    levels = {
+        r.lock_event: r.levelno
+        for r in caplog.records
+        if getattr(r, "lock_name", None) == "promises:gone"
+    }
+    assert levels["lost"] == levels["force_released"] == logging.WARNING, levels
