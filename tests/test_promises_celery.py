@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("celery")
 
-from django_redlock import LockNotAcquired  # noqa: E402
-from django_redlock.celery import LockedTask  # noqa: E402
-from django_redlock.conf import get_redlock  # noqa: E402
-from testproject.celery_app import app  # noqa: E402
+from django_redlock import LockNotAcquired
+from django_redlock.celery import LockedTask
+from django_redlock.conf import get_redlock
+from testproject.celery_app import app
 
 
 @app.task(base=LockedTask, bind=True, lock_key="promises:{name}", name="promises.seen")

@@ -18,7 +18,9 @@ URLS = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0
 def documented_defaults() -> dict[str, object]:
     """``{name: default}`` from the page's "Settings" list-table (rows of ``* - ``NAME```` then
     ``- ``DEFAULT````)."""
-    text = PAGE.read_text().split("\nSettings\n--------\n", 1)[1].split("\nThe shared Redlock", 1)[0]
+    text = (
+        PAGE.read_text().split("\nSettings\n--------\n", 1)[1].split("\nThe shared Redlock", 1)[0]
+    )
     rows = re.findall(r"^   \* - ``([A-Z_]+)``\n     - ``(.+?)``$", text, re.M)
     return {name: ast.literal_eval(value) for name, value in rows}
 
@@ -56,7 +58,12 @@ def test_settings_left_out_reach_the_shared_redlock_as_documented(settings):
 def test_a_redlock_built_by_hand_has_the_same_defaults_but_does_not_reenter():
     rl = Redlock(URLS)
     try:
-        assert (rl.key_prefix, rl.ttl, rl.node_timeout, rl.retry_count) == ("redlock", 30.0, 0.05, 3)
+        assert (rl.key_prefix, rl.ttl, rl.node_timeout, rl.retry_count) == (
+            "redlock",
+            30.0,
+            0.05,
+            3,
+        )
         assert (rl.retry_delay, rl.drift_factor, rl.max_ttl) == (0.2, 0.01, 60.0)
         assert rl.reentrant is False
     finally:

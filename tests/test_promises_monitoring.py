@@ -13,11 +13,11 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="prometheus_client is not installed")
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest
 
-from django_redlock import get_redlock  # noqa: E402
-from django_redlock import metrics as redlock_metrics  # noqa: E402
-from django_redlock.probes import probes  # noqa: E402
+from django_redlock import get_redlock
+from django_redlock import metrics as redlock_metrics
+from django_redlock.probes import probes
 
 
 @pytest.fixture

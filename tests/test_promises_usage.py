@@ -6,6 +6,7 @@ the lock, ``current_lock()`` unset inside a generator, and the structured log fi
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 
 import pytest
@@ -13,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from django_redlock import get_redlock, locked
+from django_redlock import LockNotAcquired, get_redlock, locked
 from django_redlock.decorators import current_lock
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
@@ -99,7 +100,7 @@ def test_log_records_carry_the_structured_fields(caplog):
     rl = get_redlock()
     with rl.lock("promises:log") as lock:
         token = lock.token
-        with pytest.raises(Exception):  # noqa: B017 - any refusal: we look at the log
+        with pytest.raises(LockNotAcquired):
             with rl.lock("promises:log", owner="other", timeout=0.05):
                 pass
     records = {
@@ -124,3 +125,50 @@ def test_log_records_carry_the_structured_fields(caplog):
         if getattr(r, "lock_name", None) == "promises:gone"
     }
     assert levels["lost"] == levels["force_released"] == logging.WARNING, levels
+
+
+def test_meta_values_json_cannot_write_are_stored_as_their_text():
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+
+    @locked("promises:meta", meta={"when": when, "tags": {"a"}})
+    def job():
+        return dict(get_redlock().lock_info("promises:meta").meta)
+
+    meta = job()
+    assert meta["when"] == str(when) and meta["tags"] == str({"a"})
+
+
+def test_meta_larger_than_max_meta_bytes_is_refused_at_decoration():
+    from django_redlock.core import MAX_META_BYTES
+
+    with pytest.raises(
+        ValueError, match=rf"meta is \d+ bytes of JSON, the limit is {MAX_META_BYTES}"
+    ):
+        locked("promises:big", meta={"blob": "x" * MAX_META_BYTES})
+    locked("promises:big", meta={"blob": "x" * (MAX_META_BYTES - 100)})
+
+
+@pytest.mark.django_db
+def test_user_in_meta_only_when_already_loaded_and_never_a_query(django_user_model):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils.functional import SimpleLazyObject
+
+    user = django_user_model.objects.create_user(username="meta-user")
+    seen = []
+
+    @locked("promises:user:{n}")
+    def view(request, n):
+        seen.append(dict(get_redlock().lock_info(current_lock().name).meta))
+        return HttpResponse()
+
+    lazy = rf.get("/")
+    lazy.user = SimpleLazyObject(lambda: django_user_model.objects.get(pk=user.pk))
+    with CaptureQueriesContext(connection) as queries:
+        view(lazy, n=1)
+    assert "user" not in seen[0] and len(queries) == 0
+
+    loaded = rf.get("/")
+    loaded.user = user
+    view(loaded, n=2)
+    assert seen[1]["user"] == user.pk
