@@ -16,6 +16,7 @@ from django_redlock import LockNotAcquired
 from django_redlock.celery import LockedTask
 from django_redlock.conf import get_redlock
 from testproject.celery_app import app
+from tests.celery_support import UNREAD_QUEUE, drop_queue, queued_messages
 
 
 @app.task(base=LockedTask, bind=True, lock_key="promises:{name}", name="promises.seen")
@@ -55,3 +56,48 @@ def test_raise_names_the_holder_and_retry_after_is_its_remaining_lease(redlock_s
     assert 10.0 < caught.value.retry_after <= 20.0
     # A plain holder (no task) is named by its process and host.
     assert f"held by pid {os.getpid()} on {socket.gethostname()}" in str(caught.value)
+
+
+@app.task(base=LockedTask, bind=True, lock_key="promises:dd:{name}", name="promises.dedupe")
+def dedupe(self, name):
+    return name
+
+
+def test_lockedtask_acknowledges_late_and_rejects_on_worker_lost_by_default():
+    assert seen.acks_late is True and seen.reject_on_worker_lost is True
+
+    @app.task(base=LockedTask, bind=True, acks_late=False, name="promises.early")
+    def early(self):
+        return None
+
+    assert early.acks_late is False and early.reject_on_worker_lost is True
+
+
+def test_dedupe_raise_gives_the_seconds_the_marker_has_left(
+    redlock_settings, celery_test_app, celery_broker_node
+):
+    try:
+        first = dedupe.apply_async(("r",), queue=UNREAD_QUEUE, lock_dedupe="raise")
+        with pytest.raises(LockNotAcquired) as caught:
+            dedupe.apply_async(("r",), queue=UNREAD_QUEUE, lock_dedupe="raise")
+        # lock_dedupe_ttl (3600 s) is capped by MAX_TTL, 60 s by default.
+        assert 50.0 < caught.value.retry_after <= 60.0
+        assert first.id in str(caught.value)
+        assert queued_messages(celery_broker_node.url) == 1
+    finally:
+        drop_queue(celery_broker_node.url)
+
+
+def test_dedupe_with_the_lock_nodes_down_still_sends_the_task(
+    settings, redis_cluster_factory, celery_test_app, celery_broker_node
+):
+    cluster = redis_cluster_factory(3)
+    settings.REDLOCK = {"NODES": cluster.urls, "TTL": 10.0}
+    for node in cluster:
+        node.kill()
+    try:
+        for _ in range(2):
+            dedupe.apply_async(("down",), queue=UNREAD_QUEUE, lock_dedupe="merge")
+        assert queued_messages(celery_broker_node.url) == 2
+    finally:
+        drop_queue(celery_broker_node.url)
