@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from django_redlock import Redlock
 from django_redlock.conf import get_redlock
 from django_redlock.setting import DEFAULTS
@@ -68,3 +70,24 @@ def test_a_redlock_built_by_hand_has_the_same_defaults_but_does_not_reenter():
         assert rl.reentrant is False
     finally:
         rl.close()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache"],
+)
+def test_a_cache_with_several_locations_locks_on_its_primary(
+    settings, redis_cluster_factory, backend
+):
+    cluster = redis_cluster_factory(4)
+    primary, replica = cluster.urls[0], cluster.urls[3]
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "locks": {"BACKEND": backend, "LOCATION": [primary, replica]},
+    }
+    settings.REDLOCK = {"NODES": ["cache:locks", cluster.urls[1], cluster.urls[2]]}
+    rl = get_redlock()
+    assert rl.nodes[0].name == primary
+    with rl.lock("several"):
+        assert cluster[0].client().exists("redlock:lock:several")
+        assert not cluster[3].client().exists("redlock:lock:several")
