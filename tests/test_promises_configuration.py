@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import ast
 import re
+import time
 from pathlib import Path
 
 import pytest
 
-from django_redlock import Redlock
+from django_redlock import QuorumError, Redlock
 from django_redlock.conf import get_redlock
 from django_redlock.setting import DEFAULTS
 
@@ -91,3 +92,29 @@ def test_a_cache_with_several_locations_locks_on_its_primary(
     with rl.lock("several"):
         assert cluster[0].client().exists("redlock:lock:several")
         assert not cluster[3].client().exists("redlock:lock:several")
+
+
+def test_lock_commands_wait_node_timeout_whatever_socket_timeout_says(redis_cluster_factory):
+    cluster = redis_cluster_factory(3)
+    nodes = [
+        {"URL": url, "OPTIONS": {"socket_timeout": 30, "socket_connect_timeout": 30}}
+        for url in cluster.urls
+    ]
+    rl = Redlock(nodes, node_timeout=0.2)
+    try:
+        with rl.lock("warm"):  # connections open: the frozen nodes accept and never answer
+            pass
+        cluster[0].pause()
+        cluster[1].pause()
+        try:
+            start = time.monotonic()
+            with pytest.raises(QuorumError):
+                with rl.lock("frozen", timeout=0):
+                    pass
+            took = time.monotonic() - start
+        finally:
+            cluster[0].resume()
+            cluster[1].resume()
+        assert took < 5, took  # socket_timeout would be 30 s
+    finally:
+        rl.close()
