@@ -45,3 +45,15 @@ def test_every_test_file_a_page_names_exists() -> None:
 def test_the_collector_sees_the_names() -> None:
     text = (ROOT / "docs" / "guarantees.rst").read_text()
     assert "test_flushed_node_does_not_vote_at_once" in {n for _, n in TEST_NAME.findall(text)}
+
+
+BENCH_FILE = re.compile(r"(?<![\w/.~-])bench/[\w/.-]+\.(?:py|md|txt|json|rst)\b")
+
+
+def test_every_benchmark_script_and_result_a_page_names_exists() -> None:
+    """Numbers the pages present as measured name the script that measures them and, often,
+    the file that holds the run: both must be in the repository."""
+    named = {(page.name, path) for page in PAGES for path in BENCH_FILE.findall(page.read_text())}
+    assert len(named) > 10, named
+    missing = sorted(f"{page}: {path}" for page, path in named if not (ROOT / path).exists())
+    assert not missing, missing
