@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import re
+from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -172,3 +174,39 @@ def test_user_in_meta_only_when_already_loaded_and_never_a_query(django_user_mod
     loaded.user = user
     view(loaded, n=2)
     assert seen[1]["user"] == user.pk
+
+
+def test_every_signal_has_every_documented_keyword_argument():
+    from django_redlock import signals
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "usage.rst").read_text()
+    table = page.split("Every signal has these keyword arguments:", 1)[1].split("\n\n", 2)[1]
+    documented = set(re.findall(r"^``(\w+)``", table, re.M))
+    assert len(documented) == 11, documented
+    kinds = ("lock_acquired", "lock_released", "lock_contended", "lock_lost")
+    kinds += ("lock_force_released",)
+    got: list[tuple[str, dict]] = []
+
+    def receiver(signal, sender, **kwargs):
+        got.append((sender, kwargs))
+
+    for kind in kinds:
+        getattr(signals, kind).connect(receiver, weak=False)
+    try:
+        rl = get_redlock()
+        with rl.lock("promises:sig", fencing=True) as lock:
+            fence = lock.fence
+            assert not rl.lock("promises:sig", owner="other").acquire(blocking=False)
+        assert rl.lock("promises:sig2").acquire(blocking=False)
+        rl.force_release("promises:sig2")
+    finally:
+        for kind in kinds:
+            getattr(signals, kind).disconnect(receiver)
+    kinds_seen = [kwargs["event"].kind for _, kwargs in got]
+    assert sorted(kinds_seen) == sorted(
+        ["acquired", "contended", "released", "acquired", "lost", "force_released"]
+    )
+    for sender, kwargs in got:
+        assert sender is type(get_redlock())
+        assert documented <= set(kwargs), documented - set(kwargs)
+    assert got[0][1]["fence"] == fence and got[0][1]["event"].kind == "acquired"
