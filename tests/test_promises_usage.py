@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import enum
 import logging
 import re
+import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 
 from django_redlock import LockNotAcquired, get_redlock, locked
-from django_redlock.decorators import current_lock
+from django_redlock.decorators import current_lock, make_key
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
 rf = RequestFactory()
@@ -210,3 +213,32 @@ def test_every_signal_has_every_documented_keyword_argument():
         assert sender is type(get_redlock())
         assert documented <= set(kwargs), documented - set(kwargs)
     assert got[0][1]["fence"] == fence and got[0][1]["event"].kind == "acquired"
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (42, "42"),
+        (uuid.UUID(int=5), "00000000-0000-0000-0000-000000000005"),
+        (datetime.date(2026, 1, 2), "2026-01-02"),
+        (datetime.datetime(2026, 1, 2, 3, 4, 5), "2026-01-02T03%3A04%3A05"),
+        (Color.RED, "red"),
+        (Decimal("1.50"), "1.50"),
+        (1.5, "1.5"),
+        ("a:b", "a%3Ab"),
+        ("{x} y", "%7Bx%7D%20y"),
+        (False, "%false"),
+    ],
+)
+def test_values_render_as_the_page_says(value, text):
+    assert make_key("k:{v}", v=value) == f"k:{text}"
+
+
+def test_equal_numbers_written_differently_give_the_keys_the_page_lists():
+    assert make_key("k:{v}", v=Decimal("1.50")) != make_key("k:{v}", v=Decimal("1.5"))
+    assert make_key("k:{v}", v=1) == make_key("k:{v}", v=Decimal("1")) == "k:1"
+    assert make_key("k:{v}", v=1.0) == make_key("k:{v}", v=Decimal("1.0")) == "k:1.0"
