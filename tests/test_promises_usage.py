@@ -242,3 +242,25 @@ def test_equal_numbers_written_differently_give_the_keys_the_page_lists():
     assert make_key("k:{v}", v=Decimal("1.50")) != make_key("k:{v}", v=Decimal("1.5"))
     assert make_key("k:{v}", v=1) == make_key("k:{v}", v=Decimal("1")) == "k:1"
     assert make_key("k:{v}", v=1.0) == make_key("k:{v}", v=Decimal("1.0")) == "k:1.0"
+
+
+def test_an_async_generator_holds_the_lock_from_its_first_item_to_its_end():
+    @locked("promises:agen:{n}")
+    async def numbers(n):
+        for i in range(n):
+            yield i
+
+    async def run():
+        gen = numbers(3)
+        before = get_redlock().locked("promises:agen:3")
+        first = await gen.__anext__()
+        during = get_redlock().locked("promises:agen:3")
+        rest = [i async for i in gen]
+        after = get_redlock().locked("promises:agen:3")
+        closing = numbers(3)
+        await closing.__anext__()
+        await closing.aclose()
+        closed = get_redlock().locked("promises:agen:3")
+        return before, first, during, rest, after, closed
+
+    assert async_to_sync(run)() == (False, 0, True, [1, 2], False, False)
