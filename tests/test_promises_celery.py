@@ -5,6 +5,7 @@ holder metadata's fields and its 200-character argument summary, and ``"raise"``
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -101,3 +102,30 @@ def test_dedupe_with_the_lock_nodes_down_still_sends_the_task(
         assert queued_messages(celery_broker_node.url) == 2
     finally:
         drop_queue(celery_broker_node.url)
+
+
+@app.task(base=LockedTask, bind=True, lock_key="promises:lost", name="promises.loses")
+def loses(self):
+    get_redlock().force_release("promises:lost")  # an operator, mid-run
+    return "finished"
+
+
+def test_a_task_that_lost_its_lock_finishes_and_the_release_logs_an_error(redlock_settings, caplog):
+    from django_redlock.signals import lock_lost
+
+    lost = []
+
+    def record(sender, name, **kwargs):
+        lost.append(name)
+
+    lock_lost.connect(record)
+    try:
+        with caplog.at_level(logging.WARNING, logger="django_redlock.celery"):
+            assert loses.apply(throw=True).get() == "finished"
+    finally:
+        lock_lost.disconnect(record)
+    assert lost == ["promises:lost"]
+    (record_,) = [r for r in caplog.records if r.name == "django_redlock.celery"]
+    assert record_.levelno == logging.ERROR
+    assert "promises.loses" in record_.getMessage()
+    assert "finished without holding lock promises:lost" in record_.getMessage()
