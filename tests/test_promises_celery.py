@@ -129,3 +129,19 @@ def test_a_task_that_lost_its_lock_finishes_and_the_release_logs_an_error(redloc
     assert record_.levelno == logging.ERROR
     assert "promises.loses" in record_.getMessage()
     assert "finished without holding lock promises:lost" in record_.getMessage()
+
+
+def test_a_merged_duplicate_is_logged_at_info_and_a_dropped_one_at_warning(
+    redlock_settings, celery_test_app, celery_broker_node, caplog
+):
+    try:
+        with caplog.at_level(logging.INFO, logger="django_redlock.celery"):
+            first = dedupe.apply_async(("log",), queue=UNREAD_QUEUE, lock_dedupe="merge")
+            merged = dedupe.apply_async(("log",), queue=UNREAD_QUEUE, lock_dedupe="merge")
+            dropped = dedupe.apply_async(("log",), queue=UNREAD_QUEUE, lock_dedupe="drop")
+        assert merged.id == first.id and dropped.state == "REJECTED"
+        assert queued_messages(celery_broker_node.url) == 1
+    finally:
+        drop_queue(celery_broker_node.url)
+    levels = [r.levelno for r in caplog.records if r.name == "django_redlock.celery"]
+    assert levels == [logging.INFO, logging.WARNING], caplog.records
