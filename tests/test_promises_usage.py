@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import enum
+import json
 import logging
 import re
 import uuid
@@ -264,3 +265,20 @@ def test_an_async_generator_holds_the_lock_from_its_first_item_to_its_end():
         return before, first, during, rest, after, closed
 
     assert async_to_sync(run)() == (False, 0, True, [1, 2], False, False)
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/plain"])
+def test_too_few_nodes_is_503_with_retry_after_1(settings, redis_cluster_factory, accept):
+    cluster = redis_cluster_factory(3)
+    settings.REDLOCK = {"NODES": cluster.urls, "TTL": 10.0, "NODE_TIMEOUT": 0.2}
+    cluster[0].kill()
+    cluster[1].kill()
+
+    @locked("promises:down")
+    def view(request):
+        return HttpResponse("ok")
+
+    response = view(rf.get("/", HTTP_ACCEPT=accept))
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    if accept == "application/json":
+        assert json.loads(response.content)["error"] == "unavailable"
