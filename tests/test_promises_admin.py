@@ -8,9 +8,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib.admin import AdminSite
 from django.test import Client
+from django.urls import path
 
 from django_redlock import Redlock
+from django_redlock.admin import LockAdmin
+from django_redlock.models import Lock
 
 pytestmark = pytest.mark.django_db
 LIST = "/admin/django_redlock/lock/"
@@ -66,3 +70,32 @@ def test_no_inline_script_and_a_five_second_refresh(client: Client, lock_viewer,
     assert scripts and all("src=" in tag for tag in scripts), scripts
     assert not re.search(r"\son[a-z]+=", page), "an inline event handler"
     assert 'id="redlock-autorefresh" data-interval="5"' in page
+
+
+# docs/admin.rst, "Customising": a subclass changes the page size and the refresh interval,
+# and may be registered on another admin site. This module is that site's URLconf.
+class MyLockAdmin(LockAdmin):
+    list_per_page = 50
+    refresh_interval = 10
+
+
+ops_site = AdminSite(name="ops")
+ops_site.register(Lock, MyLockAdmin)
+urlpatterns = [path("ops/", ops_site.urls)]
+
+
+def test_a_subclass_on_another_site_sets_page_size_and_refresh(
+    client: Client, admin_user, holder, settings, redis_nodes
+):
+    settings.ROOT_URLCONF = __name__
+    for i in range(60):
+        assert holder.lock(f"adm:page:{i:02d}").acquire(blocking=False)
+    client.force_login(admin_user)
+    first = client.get("/ops/django_redlock/lock/")
+    assert first.status_code == 200
+    page = first.content.decode()
+    assert page.count('<tr class="redlock-row') == 50
+    assert 'data-interval="10"' in page
+    assert 'href="/ops/"' in page  # the breadcrumb points at this site, not the default one
+    second = client.get("/ops/django_redlock/lock/", {"p": 2}).content.decode()
+    assert second.count('<tr class="redlock-row') == 10
