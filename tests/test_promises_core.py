@@ -62,3 +62,18 @@ def test_a_finite_acquire_timeout_is_bounded_by_a_year_and_renew_for_too() -> No
         rl.lock("k", timeout=float("inf"))  # waits for ever: accepted
     finally:
         rl.close()
+
+
+def test_the_failure_detector_and_watchdog_knobs_have_the_values_operating_rst_gives() -> None:
+    """docs/operating.rst, "Telling a busy client from a dead node", names these by value;
+    the behaviour behind each is tested in tests/test_core_detector*.py and
+    tests/test_core_renewal.py."""
+    from django_redlock.core import detector, renewal
+
+    assert (detector.MISSES_TO_DOWN, detector.MIN_SPAN) == (3, 0.5)
+    assert (detector.STALL_SLACK, detector.MAX_STALLS, detector.CONNECT_AT_LEAST) == (
+        0.005,
+        3,
+        1.0,
+    )
+    assert (renewal.BEHIND_AFTER, renewal.YIELD_AT_MOST, renewal.ROUND_MAX) == (0.1, 0.5, 1000)
