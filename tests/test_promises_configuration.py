@@ -118,3 +118,50 @@ def test_lock_commands_wait_node_timeout_whatever_socket_timeout_says(redis_clus
         assert took < 5, took  # socket_timeout would be 30 s
     finally:
         rl.close()
+
+
+DB = {"BACKEND": "django_redlock.backends.database.DatabaseLocks", "OPTIONS": {"using": "default"}}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("reentrant", [None, False])
+def test_a_backends_service_takes_reentrant_and_meta_from_the_setting(settings, reentrant):
+    from django_redlock import get_locks
+
+    settings.REDLOCK = {
+        "NODES": URLS,
+        "BACKENDS": {"db": DB},
+        "META": {"service": "web"},
+        **({} if reentrant is None else {"REENTRANT": reentrant}),
+    }
+    locks = get_locks("db")
+    outer = locks.lock("conf:reentry", ttl=10)
+    assert outer.acquire(blocking=False)
+    try:
+        assert locks.lock_info("conf:reentry").meta["service"] == "web"
+        inner = locks.lock("conf:reentry", ttl=10)
+        again = inner.acquire(blocking=False)
+        assert again is (reentrant is None)  # REENTRANT defaults to True
+        if again:
+            inner.release()
+            assert locks.locked("conf:reentry")  # the outer hold stands
+    finally:
+        outer.release()
+    assert not locks.locked("conf:reentry")
+
+
+@pytest.mark.parametrize("auto_renew", [None, True])
+def test_auto_renew_is_the_default_of_locked(settings, redis_nodes, auto_renew):
+    from django_redlock import locked
+    from django_redlock.decorators import current_lock
+
+    settings.REDLOCK = {
+        "NODES": list(redis_nodes.urls),
+        **({} if auto_renew is None else {"AUTO_RENEW": auto_renew}),
+    }
+
+    @locked("conf:renew")
+    def job():
+        return current_lock().auto_renew
+
+    assert job() is bool(auto_renew)
