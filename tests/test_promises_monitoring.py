@@ -6,6 +6,7 @@ round trip of each node that answers, and every series has the documented type."
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="prometheus_client is not installed")
 
+from django.test import Client
 from prometheus_client import CollectorRegistry, generate_latest
 
 from django_redlock import get_redlock
@@ -71,3 +73,49 @@ def test_every_series_has_its_documented_type(settings, redlock_settings, regist
     documented = {name.removesuffix("_total"): kind for name, kind in rows}
     assert len(documented) == 17
     assert {name: types.get(name) for name in documented} == documented
+
+
+@pytest.fixture
+def fresh_readiness(monkeypatch):
+    from django_redlock import views
+
+    monkeypatch.setattr(views, "READY_CACHE", 0.0)
+    probes.forget()
+    yield
+    probes.forget()
+
+
+def documented_ready_body() -> dict:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "monitoring.rst").read_text()
+    block = page.split("Kubernetes probes", 1)[1].split(".. code-block:: json", 1)[1]
+    text = block.split("\n\n", 2)[1]
+    return json.loads(text)
+
+
+def test_the_readiness_body_has_the_documented_fields(settings, redlock_settings, fresh_readiness):
+    documented = documented_ready_body()
+    response = Client().get("/redlock/ready/")
+    assert response.status_code == 200
+    body = json.loads(response.content)
+    assert set(body) == set(documented)
+    assert body["status"] == "ready" and body["using"] == "default" and body["quorum"] == 2
+    assert all(set(node) == set(documented["nodes"][0]) for node in body["nodes"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readiness_asks_another_backends_service_by_alias(
+    settings, redlock_settings, fresh_readiness
+):
+    settings.REDLOCK = {
+        **redlock_settings,
+        "BACKENDS": {
+            "db": {
+                "BACKEND": "django_redlock.backends.database.DatabaseLocks",
+                "OPTIONS": {"using": "default"},
+            }
+        },
+    }
+    response = Client().get("/redlock/ready/", {"using": "db"})
+    assert response.status_code == 200
+    body = json.loads(response.content)
+    assert body["using"] == "db" and len(body["nodes"]) == 1
