@@ -107,3 +107,13 @@ def test_no_ping_while_a_node_is_malformed(redis_cluster_factory):
     # Two dead nodes and a malformed one: only the malformed entry is reported.
     found = messages({"NODES": [*cluster.urls, "http://10.0.0.4:6379"]}, deploy=True)
     assert [m.id for m in found] == ["django_redlock.E004"]
+
+
+def test_the_tag_selects_this_apps_deploy_checks_too(redis_cluster_factory):
+    cluster = redis_cluster_factory(3)
+    for node in cluster:
+        node.kill()
+    with override_settings(REDLOCK={"NODES": cluster.urls}):
+        tagged = {m.id for m in run_checks(tags=["django_redlock"], include_deployment_checks=True)}
+        regular = {m.id for m in run_checks(tags=["django_redlock"])}
+    assert "django_redlock.E011" in tagged and "django_redlock.E011" not in regular
