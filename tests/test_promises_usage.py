@@ -11,6 +11,7 @@ import enum
 import json
 import logging
 import re
+import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -20,7 +21,7 @@ from asgiref.sync import async_to_sync
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from django_redlock import LockNotAcquired, get_redlock, locked
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, get_redlock, locked
 from django_redlock.decorators import current_lock, make_key
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
@@ -282,3 +283,71 @@ def test_too_few_nodes_is_503_with_retry_after_1(settings, redis_cluster_factory
     assert response.status_code == 503 and response["Retry-After"] == "1"
     if accept == "application/json":
         assert json.loads(response.content)["error"] == "unavailable"
+
+
+# docs/usage.rst, "Release": when the release fails, the lock was not exclusive the whole time.
+
+
+def wait_until_free(name: str) -> None:
+    while get_redlock().locked(name):  # the nodes expire the lease: no event to wait on
+        time.sleep(0.02)
+
+
+def test_a_plain_call_whose_lease_ran_out_raises_lock_not_owned():
+    @locked("promises:ranout", ttl=1.0)
+    def job():
+        wait_until_free("promises:ranout")
+        return "done"
+
+    with pytest.raises(LockNotOwned) as caught:
+        job()
+    assert not isinstance(caught.value, LockLost)  # nobody was to renew it
+
+
+def test_a_plain_call_whose_lock_was_force_released_raises_lock_lost():
+    @locked("promises:forced")
+    def job():
+        get_redlock().force_release("promises:forced")
+        return "done"
+
+    with pytest.raises(LockLost):
+        job()
+
+
+def test_a_call_that_raised_keeps_its_exception_and_logs_the_release_error(caplog):
+    @locked("promises:both")
+    def job():
+        get_redlock().force_release("promises:both")
+        raise KeyError("its own")
+
+    with caplog.at_level(logging.ERROR, logger="django_redlock"):
+        with pytest.raises(KeyError, match="its own"):
+            job()
+    assert any(
+        r.levelno == logging.ERROR and "promises:both" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_view_whose_lock_was_lost_returns_its_response_and_logs_an_error(caplog):
+    from django_redlock.signals import lock_lost
+
+    lost = []
+
+    def record(sender, name, **kwargs):
+        lost.append(name)
+
+    @locked("promises:view-lost")
+    def view(request):
+        get_redlock().force_release("promises:view-lost")
+        return HttpResponse("the work is done")
+
+    lock_lost.connect(record)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_redlock"):
+            response = view(rf.get("/"))
+    finally:
+        lock_lost.disconnect(record)
+    assert response.status_code == 200 and response.content == b"the work is done"
+    assert lost == ["promises:view-lost"]
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "promises:view-lost" in error.getMessage()
