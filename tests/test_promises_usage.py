@@ -351,3 +351,39 @@ def test_a_view_whose_lock_was_lost_returns_its_response_and_logs_an_error(caplo
     assert lost == ["promises:view-lost"]
     (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "promises:view-lost" in error.getMessage()
+
+
+def test_current_lock_is_the_innermost_and_comes_back_after_it():
+    @locked("promises:inner")
+    def inner():
+        return current_lock().name
+
+    @locked("promises:outer")
+    def outer():
+        before = current_lock().name
+        during = inner()
+        return before, during, current_lock().name
+
+    assert outer() == ("promises:outer", "promises:inner", "promises:outer")
+    assert current_lock() is None
+
+
+def test_concurrent_tasks_each_see_their_own_current_lock():
+    import asyncio
+
+    @locked("promises:task:{n}")
+    async def job(n, started, go):
+        started.set()
+        await go.wait()
+        return current_lock().name
+
+    async def main():
+        events = [(asyncio.Event(), asyncio.Event()) for _ in range(3)]
+        tasks = [asyncio.create_task(job(n, s, g)) for n, (s, g) in enumerate(events)]
+        for started, _ in events:
+            await started.wait()  # all three hold their locks at once
+        for _, go in events:
+            go.set()
+        return await asyncio.gather(*tasks)
+
+    assert async_to_sync(main)() == [f"promises:task:{n}" for n in range(3)]
