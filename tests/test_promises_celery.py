@@ -19,6 +19,11 @@ from django_redlock.conf import get_redlock
 from testproject.celery_app import app
 from tests.celery_support import UNREAD_QUEUE, drop_queue, queued_messages
 
+# The app is configured (broker and result backend on the embedded node) before any task of
+# it runs, even eagerly: a run before that would fix the app's backend to its defaults for
+# the rest of the session, and the worker of a later test module would never see a result.
+pytestmark = pytest.mark.usefixtures("celery_test_app")
+
 
 @app.task(base=LockedTask, bind=True, lock_key="promises:{name}", name="promises.seen")
 def seen(self, name, payload=""):
