@@ -150,3 +150,13 @@ def test_a_merged_duplicate_is_logged_at_info_and_a_dropped_one_at_warning(
         drop_queue(celery_broker_node.url)
     levels = [r.levelno for r in caplog.records if r.name == "django_redlock.celery"]
     assert levels == [logging.INFO, logging.WARNING], caplog.records
+
+
+def test_a_queued_or_scheduled_task_holds_nothing(redlock_settings, celery_broker_node):
+    try:
+        seen.apply_async(("queued",), queue=UNREAD_QUEUE)
+        seen.apply_async(("scheduled",), queue=UNREAD_QUEUE, countdown=60)
+        assert queued_messages(celery_broker_node.url) >= 1
+        assert list(get_redlock().live_locks("promises:*")) == []
+    finally:
+        drop_queue(celery_broker_node.url)
