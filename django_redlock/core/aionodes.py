@@ -75,7 +75,6 @@ __all__ = [
     "noscript",
     "open_wire",
     "park",
-    "parse_info",
     "relocate",
 ]
 
@@ -528,24 +527,6 @@ def _abort(conn: Any) -> None:
     if writer is not None:
         writer.transport.abort()
     conn._reader = conn._writer = None
-
-
-def parse_info(raw: Any) -> dict[str, Any]:
-    """INFO's ``key:value`` lines; numbers as int/float like redis-py's ``info()``."""
-    info: dict[str, Any] = {}
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else ""
-    for line in text.splitlines():
-        if not line or line.startswith("#") or ":" not in line:
-            continue
-        key, value = line.split(":", 1)
-        try:
-            info[key] = int(value)
-        except ValueError:
-            try:
-                info[key] = float(value)
-            except ValueError:
-                info[key] = value
-    return info
 
 
 class LoopPool:
