@@ -91,23 +91,25 @@ def test_a_release_behind_an_acquire_whose_copy_is_out_reads_nothing_to_do_as_no
     # must not count as a key that was not ours (two such nodes made a false LockNotOwned).
     from django_redlock.core.fanout import FanOut, _reclaim
     from django_redlock.core.nodes import NOTHING_LEFT as LEFT
-    from django_redlock.core.nodes import Due
+    from django_redlock.core.nodes import Due, settled
 
     first, copy = Due(b"acquire", lambda: b"undo", 0.0), Due(b"acquire", lambda: b"undo", 0.0)
     first.twins = [copy]
     release = FanOut(3, lambda node, wire: b"release", idempotent=True)
     assert _reclaim(Pool(), (object(), first), release, 1)  # type: ignore[arg-type]
     assert copy.unwanted and not first.unwanted
-    assert release.reply_of(1, 0) is LEFT
-    assert release.reply_of(0, 0) == 0  # no copy was out there: the key was not ours
-    assert release.reply_of(1, 1) == 1
+    assert settled(0, 1, release.cut, release.undone) is LEFT
+    assert (
+        settled(0, 0, release.cut, release.undone) == 0
+    )  # no copy was out there: the key was not ours
+    assert settled(1, 1, release.cut, release.undone) == 1
 
     # A command that does not end the acquire (not idempotent) leaves its copies alone.
     other = FanOut(3, lambda node, wire: b"acquire")
     second = Due(b"acquire", lambda: b"undo", 0.0)
     first.twins = [second]
     assert _reclaim(Pool(), (object(), first), other, 1)  # type: ignore[arg-type]
-    assert not second.unwanted and other.reply_of(1, 0) == 0
+    assert not second.unwanted and settled(0, 1, other.cut, other.undone) == 0
 
 
 def test_a_release_goes_behind_each_copy_of_the_acquire_still_out_on_an_idle_connection():
