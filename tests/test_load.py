@@ -142,6 +142,42 @@ def test_at_fifteen_percent_loss_most_cycles_do_not_wait_for_a_retransmission():
     few_waited_for_a_retransmission(times, elapsed)
 
 
+@pytest.mark.load
+def test_at_fifteen_percent_loss_a_release_leaves_the_key_on_no_node():
+    """A release that returned at a quorum left the key, on about one release in seven at
+    15 % loss, on the third node, whose delete was behind a lost packet: the key stayed there
+    for the retransmission (200 ms or more), so the next acquire of the name needed both
+    other nodes in time, and two such leftovers of successive holds refused it outright. On
+    a lossy link a release now waits for every node that did not miss lately (copies go out
+    while it waits): measured, 33 of 217 releases left the key somewhere before, 4 of 518
+    after (four threads on two keys, load average 22-34)."""
+    cycles = 120
+    with (
+        RedisCluster(3) as cluster,
+        ProxyProcess([(n.host, n.port) for n in cluster], seed=3) as proxy,
+    ):
+        rl = Redlock(proxy.urls, key_prefix="left")
+        clients = cluster.clients()
+        try:
+            load.sync_cycles(rl, "warm", 20, load.Tally())
+            proxy.set_link(0.15, 0.0)
+            before = proxy.stats()
+            left = 0
+            for i in range(cycles):
+                lock = rl.lock("k", ttl=10)
+                assert lock.acquire(blocking=True, timeout=10), f"cycle {i} gave up"
+                token = lock.token
+                lock.release()
+                # Straight to the nodes, around the proxy: is our lease's key still there?
+                held = [c.get("left:lock:k") for c in clients]
+                left += any(v is not None and v.split(b" ", 1)[0].decode() == token for v in held)
+            assert proxy.stats().lost - before.lost > 50, "the proxy injected too little loss"
+        finally:
+            rl.close()
+        no_copies_left(cluster, "left:lock:k*")
+    assert left <= cycles // 15, f"{left} of {cycles} releases left the key on a node"
+
+
 def no_copies_left(cluster: RedisCluster, pattern: str) -> None:
     """Every copy of every acquire was ended by its release: once the late packets are in
     (a retransmission backs off to 1.4 s at most three losses in a row), no key is left on
