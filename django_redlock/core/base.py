@@ -38,7 +38,7 @@ from .events import Listener
 from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
 from .guard import RestartGuard
-from .hedging import heard_out, lossy
+from .hedging import heard_out, hedge_at
 from .leases import LeaseTable, replies_of
 from .listing import Listing, glob_escape
 from .lock import Lease, LockBase
@@ -369,9 +369,10 @@ class RedlockBase:
         keep_unreached(self.nodes, release, replies)
 
     def _release_ends(self) -> Callable[[list[Any]], bool]:
-        """When a release's wait ends: at a quorum, or on a lossy link once every node that
-        did not miss lately answered too (:func:`.hedging.heard_out`)."""
-        if lossy(self.nodes, clock.monotonic()):
+        """When a release's wait ends: at a quorum, or on a lossy link, while copies go out,
+        once every node that did not miss lately answered too (:func:`.hedging.heard_out`)."""
+        now = clock.monotonic()
+        if hedge_at(self.nodes, now, now, self.node_timeout) is not None:
             return self._released_everywhere
         return self._released_by_quorum
 

@@ -86,17 +86,21 @@ def hedge_at(nodes: Sequence[_Node], now: float, start: float, timeout: float) -
     otherwise): after :data:`HEDGE_AFTER`, or :data:`HEDGE_TRIPS` of the slowest node's
     unhindered round trips (``detector.quick``: the round trips late by a retransmission,
     which the copies are for, do not count), and never later than a quarter of the node
-    timeout (a copy sent later could hardly beat it). None when that leaves no time."""
-    if not lossy(nodes, now):
+    timeout. None when even :data:`HEDGE_AFTER` is later than that (a node timeout under
+    8 ms leaves a copy no time).
+
+    Capped, not called off: on a busy host the round trips run to several milliseconds, and
+    a copy then sent at a quarter of the node timeout still beats a retransmission (200 ms)
+    by far; without it every late node cost its command the whole node timeout."""
+    cap = timeout / 4
+    if cap < HEDGE_AFTER or not lossy(nodes, now):
         return None
     after = HEDGE_AFTER
     for node in nodes:
         quick = node.detector.quick
         if quick is not None and quick * HEDGE_TRIPS > after:
             after = quick * HEDGE_TRIPS
-    if after > timeout / 4:
-        return None
-    return start + after
+    return start + (after if after < cap else cap)
 
 
 def heard_out(nodes: Sequence[_Node], replies: Sequence[Any], out: Any) -> bool:
@@ -109,7 +113,7 @@ def heard_out(nodes: Sequence[_Node], replies: Sequence[Any], out: Any) -> bool:
     in time; two such leftovers of successive holds refuse it outright. The wait costs the
     release a copy's round trip (copies go out while it waits), rarely the node timeout.
     A node that missed is not waited for again: one really down or frozen costs one node
-    timeout once, not one per release."""
+    timeout once, not one per release. Asked only while copies go out (:func:`hedge_at`)."""
     for node, reply in zip(nodes, replies, strict=True):
         if reply is out and not node.detector.misses:
             return False
