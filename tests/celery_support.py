@@ -25,6 +25,7 @@ from typing import Any
 from celery import signals as celery_signals
 
 from django_redlock.celery import LockedTask, install
+from django_redlock.testing import _reap_with_owner
 from testproject import tasks
 from testproject.tasks import _COMMON, _critical, recorder
 
@@ -133,6 +134,9 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        # Its own session is out of reach of a signal to the test run's group (a CI timeout):
+        # the nodes' reaper kills the worker and its pool if this process ends first.
+        _reap_with_owner(self.proc.pid, group=True)
         deadline = time.monotonic() + 90
         while b" ready." not in self.log.read_bytes():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -231,3 +231,58 @@ def test_revoking_a_waiting_task_stops_it_and_frees_its_slot(
     assert [e["task_id"] for e in run.all("started")] == [holder.id]
     assert waiter.state == "REVOKED"
     assert "revoked while it waited for lock demo:rw" in prefork_worker.text(tail=None)
+
+
+def test_a_worker_outlives_no_test_run_that_ended_without_cleanup(celery_broker_node, tmp_path):
+    """A worker runs in a session of its own (so the tests can kill its whole pool), out of
+    reach of a signal to the test run's group such as a CI timeout's: when the process that
+    started it ends without any cleanup (``os._exit``), the worker and its pool go too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from tests.celery_support import WorkerProcess, worker_env\n"
+        "url = sys.argv[1]\n"
+        "env = worker_env([url], url, url, 600)\n"
+        "w = WorkerProcess(Path(sys.argv[2]), env, 'orphan-' + os.urandom(4).hex()).start()\n"
+        "print(w.proc.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    repo = celery_support.REPO_ROOT
+    out = subprocess.run(
+        [sys.executable, "-c", script, celery_broker_node.url, str(tmp_path / "w.log")],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert out.returncode == 0, out.stderr
+    group = int(out.stdout.split()[-1])
+
+    def members() -> list[int]:
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat", "rb") as fh:
+                        fields = fh.read().rpartition(b")")[2].split()
+                except OSError:
+                    continue
+                if int(fields[2]) == group and fields[0] != b"Z":
+                    found.append(int(name))
+        return found
+
+    try:
+        deadline = time.monotonic() + 30
+        while members() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the end of another session's processes sends this one no event
+        assert members() == []
+    finally:
+        if members():
+            os.killpg(group, signal.SIGKILL)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from django_redlock.testing import _reap_with_owner
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,10 @@ class Demo:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        # Out of reach of a signal to the test run's group: the nodes' reaper kills the demo's
+        # group if the test run ends without its cleanup (the demo's own reaper then stops
+        # what the demo started).
+        _reap_with_owner(self.proc.pid, group=True)
         self.output: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

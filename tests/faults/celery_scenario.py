@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_redlock.testing import RedisNode
+from django_redlock.testing import RedisNode, _reap_with_owner
 
 from .harness import Harness, Profile, ScenarioResult
 from .history import HistoryWriter, load_events
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _start_worker(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -62,6 +62,10 @@ def _start_worker(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    # In a session of its own, so a signal to the test run's group misses it: the reaper
+    # kills the worker and its pool if the test run ends without its cleanup.
+    _reap_with_owner(proc.pid, group=True)
+    return proc
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
