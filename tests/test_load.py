@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 
 import pytest
@@ -176,6 +177,50 @@ def test_at_fifteen_percent_loss_a_release_leaves_the_key_on_no_node():
             rl.close()
         no_copies_left(cluster, "left:lock:k*")
     assert left <= cycles // 15, f"{left} of {cycles} releases left the key on a node"
+
+
+@pytest.mark.load
+def test_at_fifteen_percent_loss_threads_sharing_a_client_do_not_wait_for_retransmissions():
+    """Two threads of one client, each cycling on keys of its own through 15 % loss: their
+    fan-outs used to meet in shared rounds, which send no copies, so a late node cost a
+    command the node timeout whenever the other thread was on the wire too. On a lossy link
+    each fan-out now goes alone, with its copies."""
+    cycles = 80
+    with (
+        RedisCluster(3) as cluster,
+        ProxyProcess([(n.host, n.port) for n in cluster], seed=9) as proxy,
+    ):
+        rl = Redlock(proxy.urls, key_prefix="pair")
+        times: list[float] = []
+        failures: list[str] = []
+
+        def cycle(me: int) -> None:
+            for i in range(cycles):
+                lock = rl.lock(f"k{me}-{i}", ttl=10)
+                t0 = time.monotonic()
+                if not lock.acquire(blocking=True, timeout=10):
+                    failures.append(f"thread {me} cycle {i} gave up")
+                    return
+                lock.release()
+                times.append(time.monotonic() - t0)
+
+        try:
+            load.sync_cycles(rl, "warm", 20, load.Tally())
+            proxy.set_link(0.15, 0.0)
+            before = proxy.stats()
+            started = time.monotonic()
+            threads = [threading.Thread(target=cycle, args=(me,)) for me in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed = time.monotonic() - started
+            assert proxy.stats().lost - before.lost > 50, "the proxy injected too little loss"
+        finally:
+            rl.close()
+        no_copies_left(cluster, "pair:lock:k*")
+    assert not failures, failures
+    few_waited_for_a_retransmission(times, elapsed)
 
 
 def no_copies_left(cluster: RedisCluster, pattern: str) -> None:
