@@ -646,7 +646,7 @@ class AsyncRedlock(RedlockBase):
     ) -> list[Any]:
         command = self.keys.release_command(name, token)
         replies = await self._fan_out(
-            lambda n, w: command, enough=self._released_by_quorum, behind=behind, idempotent=True
+            lambda n, w: command, enough=self._release_ends(), behind=behind, idempotent=True
         )
         self._keep_unreached(command, replies)
         return replies

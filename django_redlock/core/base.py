@@ -41,12 +41,14 @@ from .events import Listener
 from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
 from .guard import RestartGuard
+from .hedging import heard_out, hedge_at
 from .info import NodeHealth
 from .leases import LeaseTable, replies_of
 from .listing import Listing, glob_escape, parse_info
 from .lock import Lease, LockBase
 from .nodes import (
     NOTHING_LEFT,
+    TIMED_OUT,
     Node,
     NodeSpec,
     Pipelined,
@@ -370,6 +372,17 @@ class RedlockBase:
 
     def _keep_unreached(self, release: bytes, replies: list[Any]) -> None:
         keep_unreached(self.nodes, release, replies)
+
+    def _release_ends(self) -> Callable[[list[Any]], bool]:
+        """When a release's wait ends: at a quorum, or on a lossy link, while copies go out,
+        once every node that did not miss lately answered too (:func:`.hedging.heard_out`)."""
+        now = clock.monotonic()
+        if hedge_at(self.nodes, now, now, self.node_timeout) is not None:
+            return self._released_everywhere
+        return self._released_by_quorum
+
+    def _released_everywhere(self, replies: list[Any]) -> bool:
+        return self._released_by_quorum(replies) and heard_out(self.nodes, replies, TIMED_OUT)
 
     def _released_by_quorum(self, replies: list[Any]) -> bool:
         """A release's wait ends once a quorum removed the key: the lock is free for others

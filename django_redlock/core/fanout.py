@@ -990,6 +990,11 @@ class Rounds:
             # soft time limit): it never leads, serves or waits for other threads' fan-outs.
             fan_out(self.nodes, op, self.timeout)
             return op.replies
+        if hedge is not None and hedging.lossy(self.nodes, time.monotonic()):
+            # A round sends no copies while it waits, and on a lossy link the copies are what
+            # beats a lost packet's retransmission: each thread fans out alone, with them.
+            fan_out(self.nodes, op, self.timeout)
+            return op.replies
         with self._lock:
             leader = not self._leading
             if leader:

@@ -295,7 +295,7 @@ class Redlock(RedlockBase):
         command = self.keys.release_command(name, token)
         replies = self._rounds.fan_out(
             lambda n, w: command,
-            enough=self._released_by_quorum,
+            enough=self._release_ends(),
             behind=behind,
             idempotent=True,
         )
