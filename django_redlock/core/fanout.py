@@ -393,11 +393,9 @@ def fan_out(
                         detector.quick = quick + QUICK_GAIN * (rtt - quick)
                     srtt = detector.srtt
                     detector.srtt = rtt if srtt is None else srtt + SRTT_GAIN * (rtt - srtt)
-                if wire.on_replica or node.group is not None:
-                    node.checkin(wire)  # dropped if the server is no longer the master
-                else:
-                    wire.reused = True
-                    node._idle.append(wire)
+                # Dropped if the server is no longer the master; closed if the pool holds
+                # what the operations use at once already (see Node.wanted).
+                node.checkin(wire)
                 reply = due.reply
                 if reply == 0 and (op.cut is not None or op.undone is not None):
                     reply = settled(reply, index, op.cut, op.undone)
