@@ -632,8 +632,10 @@ IDLE_FOR = 10.0
 MIN_IDLE = 1
 
 #: Connections a node keeps open, beyond the most its operations used at once lately
-#: (:meth:`Node.wanted`), for the replies that come back late.
-IDLE_SLACK = 2
+#: (:meth:`Node.wanted`), for the replies that come back late: with fewer, on a busy host
+#: every connection of a node owed a late reply now and then, and an operation found none
+#: to use ("every connection owes a late reply").
+IDLE_SLACK = SPARES
 
 #: How often the trimmer looks at every node's idle connections (:meth:`Node.trim`).
 TRIM_EVERY = 1.0
