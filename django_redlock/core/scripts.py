@@ -402,8 +402,8 @@ return 0
 # Arm this node's marker as trusted now: an operator asserted that no lock is held (`manage.py
 # redlock trust`), so the node may vote at once whatever its guard said.
 # KEYS[1] node marker
-# ARGV[1] run_id of the server this connection reached, ARGV[2] its master_replid ('' when
-# the connection read none)
+# ARGV[1] run_id of the server this connection reached, ARGV[2] its master_replid ('' or
+# absent when the connection read none)
 # Returns 1.
 TRUST_NOW = Script(
     """
@@ -411,7 +411,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = t[1] .. string.format('%06d', t[2])
 redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'started', now, 'fresh', 0, 'trusted', now,
-           'armed', now, 'id', id, 'replid', id .. ' ' .. ARGV[2])
+           'armed', now, 'id', id, 'replid', id .. ' ' .. (ARGV[2] or ''))
 return 1
 """
 )
