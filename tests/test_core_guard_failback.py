@@ -73,6 +73,7 @@ def _marker_is_ms_own(m: RedisNode) -> bool:
         return c.hget(MARKER, "run_id").decode() == c.info("server")["run_id"]
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("client", ["sync", "async"])
 def test_a_master_that_resynced_from_its_promoted_replica_is_guarded(
     client, failed_back, make_redlock, make_async_redlock
