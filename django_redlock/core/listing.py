@@ -17,7 +17,7 @@ from .info import LockInfo, NodeHealth, NodeLockState
 from .nodes import Node
 from .scripts import PERMITTED
 
-__all__ = ["Listing", "glob_escape"]
+__all__ = ["Listing", "glob_escape", "parse_info"]
 
 
 #: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
@@ -319,3 +319,21 @@ def glob_escape(name: str) -> str:
     """A glob matching exactly ``name`` (for SCAN MATCH). Redis' glob takes a backslash
     escape; a bracket class would not do for ']' and '\\'."""
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in name)
+
+
+def parse_info(raw: Any) -> dict[str, Any]:
+    """INFO's ``key:value`` lines; numbers as int/float like redis-py's ``info()``."""
+    info: dict[str, Any] = {}
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else ""
+    for line in text.splitlines():
+        if not line or line.startswith("#") or ":" not in line:
+            continue
+        key, value = line.split(":", 1)
+        try:
+            info[key] = int(value)
+        except ValueError:
+            try:
+                info[key] = float(value)
+            except ValueError:
+                info[key] = value
+    return info

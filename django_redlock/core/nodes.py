@@ -24,7 +24,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import parse_qsl, urlsplit
@@ -81,6 +81,8 @@ __all__ = [
     "eval_command",
     "eval_form",
     "fold",
+    "leave",
+    "list_left",
     "make_nodes",
     "node_client",
     "node_identity",
@@ -98,6 +100,7 @@ __all__ = [
     "reply_failure",
     "script_command",
     "server_of",
+    "settled",
     "shake_hands",
     "undos",
     "unfinished",
@@ -277,6 +280,45 @@ class Due:
         late, self.late = self.late, None
         assert late is not None
         return late()
+
+
+def settled(
+    reply: Any, index: int, cut: Container[int] | None, undone: Container[int] | None
+) -> Any:
+    """Node ``index``'s reply as its operation takes it: a re-sent command's "nothing to do"
+    says nothing where the first may have run (``cut``: :data:`SENT_TWICE`), nor does it where
+    our own undo of a copy may have been first (``undone``: :data:`NOTHING_LEFT`)."""
+    if reply == 0:
+        if cut and index in cut:
+            return SENT_TWICE
+        if undone and index in undone:
+            return NOTHING_LEFT
+    return reply
+
+
+def leave(due: Due, *, counted: bool, refused: bool) -> None:
+    """``due``'s operation ended without its reply, which nobody waits for now. ``counted``:
+    a grant in the quorum of a lease, ended by the lease's release, not undone when its
+    connection is given up; ``refused``: the node answered on another connection without
+    granting, and this copy may still land, so whoever reads its reply sends its undo."""
+    due.left = True
+    due.counted = counted
+    if refused:
+        due.unwanted = True
+
+
+def list_left(left: dict[int, Any] | None, index: int, wire: Any, due: Due) -> None:
+    """List ``wire``, which owes ``due``, in an operation's ``left`` (what ends the command
+    goes behind it); a second copy of the command owed to the node becomes the first's twin:
+    what ends one ends both."""
+    if left is None:
+        return
+    owing = left.get(index)
+    if owing is None:
+        left[index] = (wire, due)
+    else:
+        due.wire = wire
+        owing[1].twins = [*(owing[1].twins or ()), due]
 
 
 def undos(dues: Iterable[Due]) -> list[bytes]:

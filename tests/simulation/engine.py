@@ -856,8 +856,7 @@ class Driver:
             )
             return (yield from self.drive(task, contend))
         except Cancelled:
-            won = rl.leases.won_unreturned(handle.name, owner, start)
-            if won is not None:
+            for won in rl.leases.won_unreturned([handle.name], owner, start):
                 with contextlib.suppress(Exception):
                     yield from self.release(task, won)
             raise
