@@ -144,13 +144,8 @@ class LockAdmin(admin.ModelAdmin):
             }
             for node in (rl.nodes if rl is not None else [])
         ]
-        counts = dict.fromkeys([code for code, _, _ in av.STUCK_REASONS], 0)
-        counts["any"] = 0
-        for r in rows:
-            if r.reasons:
-                counts["any"] += 1
-                for code in r.reasons:
-                    counts[code] += 1
+        counts = Counter(code for r in rows for code in r.reasons)
+        counts["any"] = sum(1 for r in rows if r.stuck)
         if stuck_filter == "any":
             rows = [r for r in rows if r.stuck]
         elif stuck_filter:

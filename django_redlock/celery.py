@@ -374,10 +374,6 @@ class _TaskRun:
         )
         self.reported = True
 
-    def report_done(self) -> None:
-        if self.reported:
-            self.report("done")
-
 
 def _warn_not_installed(task: LockedTask) -> None:
     global _not_installed_warned
@@ -755,21 +751,12 @@ class LockedTask(Task):
             **_hold_times.meta(self.name),
         }
         owner = ("celery", task_id or id(request))
+        lease: dict[str, Any] = {"auto_renew": renew, "renew_for": renew_for, "meta": meta}
         if opts.limit is not None:
             # A semaphore per key: up to lock_limit runs at once, each holding a permit.
-            lock = redlock.semaphore(
-                name, opts.limit, ttl, auto_renew=renew, renew_for=renew_for, owner=owner, meta=meta
-            )
+            lock = redlock.semaphore(name, opts.limit, ttl, owner=owner, **lease)
         else:
-            lock = redlock.lock(
-                name,
-                ttl=ttl,
-                auto_renew=renew,
-                renew_for=renew_for,
-                reentrant=False,
-                owner=owner,
-                meta=meta,
-            )
+            lock = redlock.lock(name, ttl=ttl, reentrant=False, owner=owner, **lease)
         run = _TaskRun(self, request, header, opts, redlock, lock)
         # One try from the first attempt to the end: an exception landing anywhere (a soft
         # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
@@ -870,7 +857,8 @@ class LockedTask(Task):
                         run.task_id,
                         stopped,
                     )
-        run.report_done()
+        if run.reported:
+            run.report("done")
 
     def _end_revoked(self, run: _TaskRun, request: Any) -> None:
         """A task revoked while it waited for its lock ends in state REVOKED, never running."""

@@ -99,7 +99,10 @@ def resolve_node(spec: Any) -> NodeSpec:
     return spec
 
 
-def _build(factory: Callable[..., T]) -> T:
+def _build(factory: Callable[..., Any]) -> Any:
+    """A Redlock (or AsyncRedlock) from the setting, its events sent as Django signals."""
+    from . import signals
+
     # Servers never run the system checks: refuse a broken setting here, as the check would.
     problem = first_error(constructor=False)
     if problem is not None:
@@ -108,9 +111,11 @@ def _build(factory: Callable[..., T]) -> T:
     kwargs = {arg: config[name] for name, arg in REDLOCK_ARGUMENTS.items()}
     nodes = [resolve_node(spec) for spec in config["NODES"] or []]
     try:
-        return factory(nodes, **kwargs)
+        redlock = factory(nodes, **kwargs)
     except (TypeError, ValueError) as exc:  # what only the constructor judges
         raise ImproperlyConfigured(format_message(constructor_error(exc))) from exc
+    redlock.listeners.append(signals.listener_for(redlock))
+    return redlock
 
 
 def _build_redlock() -> Redlock:
@@ -119,20 +124,12 @@ def _build_redlock() -> Redlock:
     Built on first call (no I/O), shared by every thread, rebuilt after the setting changes.
     Its events are sent as the Django signals of :mod:`django_redlock.signals`.
     """
-    from . import signals
-
-    redlock = _build(Redlock)
-    redlock.listeners.append(signals.listener_for(redlock))
-    return redlock
+    return _build(Redlock)
 
 
 def _build_async_redlock() -> Any:
     """The asyncio twin of :func:`get_redlock` (an ``AsyncRedlock``), same settings."""
-    from . import signals
-
-    redlock = _build(AsyncRedlock)
-    redlock.listeners.append(signals.listener_for(redlock))
-    return redlock
+    return _build(AsyncRedlock)
 
 
 get_redlock = _Shared(_build_redlock)

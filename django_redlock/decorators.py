@@ -653,10 +653,8 @@ class Locked:
             except LockNotAcquired as exc:  # QuorumError: too few nodes answered
                 return self._finish_response(self._refused(call, exc), exc)
             if not acquired:
-                holder = None
-                if call.request is not None and self._asks_holder():
-                    holder = _quietly(redlock.lock_info, call.name)
-                busy = self._busy(lock, holder)
+                asks = call.request is not None and self._asks_holder()
+                busy = self._busy(lock, _quietly(redlock.lock_info, call.name) if asks else None)
                 return self._finish_response(self._refused(call, busy), busy)
             tokens = self._enter(lock, call)
             try:

@@ -103,49 +103,56 @@ class RedlockMetrics:
         self.settings = settings
         self.registry = REGISTRY if registry is None else registry
         self.label = settings.labels
-        kw: dict[str, Any] = {"registry": self.registry}
-        self.acquire_seconds = Histogram(
+        #: Every metric registered here, for disconnect() to unregister.
+        self._metrics: list[Any] = []
+
+        def add(kind: Any, name: str, doc: str, labels: list[str], **options: Any) -> Any:
+            metric = kind(name, doc, labels, registry=self.registry, **options)
+            self._metrics.append(metric)
+            return metric
+
+        self.acquire_seconds = add(
+            Histogram,
             "redlock_acquire_seconds",
             "Time spent acquiring a lock, waiting included, by outcome (acquired, contended).",
             ["lock", "outcome"],
             buckets=ACQUIRE_BUCKETS,
-            **kw,
         )
-        self.hold_seconds = Histogram(
+        self.hold_seconds = add(
+            Histogram,
             "redlock_hold_seconds",
             "How long locks were held, by how the hold ended (released, lost).",
             ["lock", "end"],
             buckets=HOLD_BUCKETS,
-            **kw,
         )
-        self.acquired = Counter("redlock_acquired", "Locks acquired.", ["lock"], **kw)
-        self.contended = Counter(
+        self.acquired = add(Counter, "redlock_acquired", "Locks acquired.", ["lock"])
+        self.contended = add(
+            Counter,
             "redlock_contended",
             "Acquisitions that did not get the lock (held by another, or too few nodes).",
             ["lock"],
-            **kw,
         )
-        self.released = Counter("redlock_released", "Locks released.", ["lock"], **kw)
-        self.lost = Counter(
+        self.released = add(Counter, "redlock_released", "Locks released.", ["lock"])
+        self.lost = add(
+            Counter,
             "redlock_lost",
             "Held locks lost (lease ran out, renewal failed, force-released).",
             ["lock"],
-            **kw,
         )
-        self.force_released = Counter(
-            "redlock_force_released", "Locks an operator force-released.", ["lock"], **kw
+        self.force_released = add(
+            Counter, "redlock_force_released", "Locks an operator force-released.", ["lock"]
         )
-        self.celery_skipped = Counter(
+        self.celery_skipped = add(
+            Counter,
             "redlock_celery_skipped",
             "LockedTask runs skipped because the lock was held (on_locked='skip').",
             ["lock", "task"],
-            **kw,
         )
-        self.celery_lock_retries = Counter(
+        self.celery_lock_retries = add(
+            Counter,
             "redlock_celery_lock_retries",
             "LockedTask runs re-scheduled because the lock was held (on_locked='retry').",
             ["lock", "task"],
-            **kw,
         )
         self.collector = NodeCollector(settings.health_cache)
         self.registry.register(self.collector)
@@ -205,17 +212,7 @@ class RedlockMetrics:
             signal.disconnect(receiver)
         self._connected = []
         self.registry.unregister(self.collector)
-        for metric in (
-            self.acquire_seconds,
-            self.hold_seconds,
-            self.acquired,
-            self.contended,
-            self.released,
-            self.lost,
-            self.force_released,
-            self.celery_skipped,
-            self.celery_lock_retries,
-        ):
+        for metric in self._metrics:
             self.registry.unregister(metric)
 
     def exposition(self) -> tuple[bytes, str]:

@@ -374,11 +374,21 @@ def _check_values(config: Mapping[str, Any], *, constructor: bool) -> list[Check
             error(8, f"REDLOCK['KEY_PREFIX'] is invalid: {exc}.", hint="The default is 'redlock'.")
         )
     if not isinstance(config.get("META"), Mapping):
-        messages.append(error(8, f"REDLOCK['META'] must be a dict, got {config.get('META')!r}."))
+        messages.append(
+            error(
+                8,
+                f"REDLOCK['META'] must be a dict, got {config.get('META')!r}.",
+                hint=f"The default is {DEFAULTS['META']!r}.",
+            )
+        )
     for name in _BOOLEANS:
         if not isinstance(config.get(name), bool):
             messages.append(
-                error(8, f"REDLOCK['{name}'] must be True or False, got {config.get(name)!r}.")
+                error(
+                    8,
+                    f"REDLOCK['{name}'] must be True or False, got {config.get(name)!r}.",
+                    hint=f"The default is {DEFAULTS[name]!r}.",
+                )
             )
     ttl, timeout, max_ttl = good.get("TTL"), good.get("NODE_TIMEOUT"), good.get("MAX_TTL")
     if ttl is not None and timeout is not None:

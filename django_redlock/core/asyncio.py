@@ -46,7 +46,6 @@ from .aionodes import (
     LoopPool,
     noscript,
     open_wire,
-    parse_info,
     relocate,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
@@ -485,8 +484,7 @@ class AsyncRedlock(RedlockBase):
         try:
             return await self._acquire_new(handle, owner, blocking, timeout, retries, begun)
         except BaseException:
-            won = self.leases.won_unreturned(handle.name, owner, begun)
-            if won is not None:
+            for won in self.leases.won_unreturned([handle.name], owner, begun):
                 self._in_background(functools.partial(self._give_back, won))
             raise
 
@@ -563,9 +561,8 @@ class AsyncRedlock(RedlockBase):
             return lease
         except BaseException:
             state = self._state()
-            for name in handle.hold_names():
-                won = self.leases.won_unreturned(name, owner, start)
-                if won is not None and not state.closed:
+            for won in self.leases.won_unreturned(handle.hold_names(), owner, start):
+                if not state.closed:
                     state.spawn(self._give_back(won))
             raise
 
@@ -649,7 +646,7 @@ class AsyncRedlock(RedlockBase):
     ) -> list[Any]:
         command = self.keys.release_command(name, token)
         replies = await self._fan_out(
-            lambda n, w: command, enough=self._released_by_quorum, behind=behind, idempotent=True
+            lambda n, w: command, enough=self._release_ends(), behind=behind, idempotent=True
         )
         self._keep_unreached(command, replies)
         return replies
@@ -798,44 +795,21 @@ class AsyncRedlock(RedlockBase):
 
     # -- listing and health ---------------------------------------------------------------------
 
-    async def _count_keys(self, index: int, match: str) -> int:
-        count = 0
-        cursor: Any = b"0"
-        while True:
-            [(cursor, keys)] = await self._call(
-                index, [["SCAN", cursor, "MATCH", match, "COUNT", 1000]]
-            )
-            count += len(keys)
-            if cursor in (b"0", 0):
-                return count
-
     async def _probe(self, index: int) -> NodeHealth:
         node = self.nodes[index]
         try:
             await relocate(node, self._state(), index)
-            wire = await self._wire(index)
-            sent = time.time()
-            t0 = time.perf_counter()
-            await self._ask(index, wire, [["PING"]])
-            latency = time.perf_counter() - t0
-            try:
-                await self._call(index, self.listing.permission_probe())
-            except ReplyError as exc:
-                raise self.listing.script_refused(exc) from None
-            [server_time] = await self._call(index, [["TIME"]])
-            received = time.time()
-            info, marker = await self._call(
-                index, [["INFO"], ["HMGET", self.keys.node_key(), *self.keys.MARKER_FIELDS]]
-            )
-            probe: Mapping[str, Any] = {
-                "latency": latency,
-                "sent": sent,
-                "time": server_time,
-                "received": received,
-                "info": parse_info(info),
-                "marker": marker,
-                "keys": await self._count_keys(index, f"{self.key_prefix}:lock:*"),
-            }
+            self._state().checkin(index, await self._wire(index))
+            steps = self._probe_steps(node)
+            commands = next(steps)
+            while True:
+                try:
+                    replies = await self._call(index, commands)
+                except ReplyError as exc:
+                    commands = steps.throw(exc)
+                else:
+                    commands = steps.send(replies)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except Exception as exc:
             return self.listing.failed_health(node, exc)
-        return self.listing.node_health(node, probe)

@@ -17,9 +17,12 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import time
 import weakref
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
+
+import redis
 
 from . import clock
 from .algorithm import (
@@ -38,14 +41,18 @@ from .events import Listener
 from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
 from .guard import RestartGuard
+from .hedging import heard_out, hedge_at
+from .info import NodeHealth
 from .leases import LeaseTable, replies_of
-from .listing import Listing, glob_escape
+from .listing import Listing, glob_escape, parse_info
 from .lock import Lease, LockBase
 from .nodes import (
     NOTHING_LEFT,
+    TIMED_OUT,
     Node,
     NodeSpec,
     Pipelined,
+    ReplyError,
     make_nodes,
     pack,
 )
@@ -366,6 +373,17 @@ class RedlockBase:
     def _keep_unreached(self, release: bytes, replies: list[Any]) -> None:
         keep_unreached(self.nodes, release, replies)
 
+    def _release_ends(self) -> Callable[[list[Any]], bool]:
+        """When a release's wait ends: at a quorum, or on a lossy link, while copies go out,
+        once every node that did not miss lately answered too (:func:`.hedging.heard_out`)."""
+        now = clock.monotonic()
+        if hedge_at(self.nodes, now, now, self.node_timeout) is not None:
+            return self._released_everywhere
+        return self._released_by_quorum
+
+    def _released_everywhere(self, replies: list[Any]) -> bool:
+        return self._released_by_quorum(replies) and heard_out(self.nodes, replies, TIMED_OUT)
+
     def _released_by_quorum(self, replies: list[Any]) -> bool:
         """A release's wait ends once a quorum removed the key: the lock is free for others
         and cannot be reported as lost any more (a slower node removes its copy as it gets
@@ -515,6 +533,33 @@ class RedlockBase:
                 self.listing.list_step(cursors, replies, found)
         return found
 
+    def _probe_steps(self, node: Node) -> Generator[list[list[Any]], list[Any], NodeHealth]:
+        """One node's health probe as I/O-free steps: each yield is commands the driver
+        pipelines to ``node``, resumed with their replies (as redis-py's client parses them,
+        or as they came), or thrown the error a reply was."""
+        sent = time.time()
+        t0 = time.perf_counter()
+        yield [["PING"]]
+        latency = time.perf_counter() - t0
+        try:
+            yield self.listing.permission_probe()
+        except (ReplyError, redis.ResponseError) as exc:
+            raise self.listing.script_refused(exc) from None
+        [server_time] = yield [["TIME"]]
+        received = time.time()
+        info, marker = yield [["INFO"], ["HMGET", self.keys.node_key(), *self.keys.MARKER_FIELDS]]
+        keys, cursor, match = 0, b"0", f"{self.key_prefix}:lock:*"
+        while True:
+            [(cursor, found)] = yield [["SCAN", cursor, "MATCH", match, "COUNT", 1000]]
+            keys += len(found)
+            if cursor in (b"0", 0):
+                break
+        info = info if isinstance(info, Mapping) else parse_info(info)
+        probe = {"latency": latency, "sent": sent, "time": server_time, "received": received}
+        return self.listing.node_health(
+            node, {**probe, "info": info, "marker": marker, "keys": keys}
+        )
+
     def _trust_cluster_steps(self) -> Steps[int]:
         """``trust_cluster()``: refuse when a reachable node holds a lock (the operator's
         assertion is false), else arm every reachable node's marker as trusted now."""
@@ -522,7 +567,7 @@ class RedlockBase:
         self.listing.refuse_trust(
             [self.listing.lock_info(name, found[name]) for name in sorted(found)]
         )
-        replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire.run_id))
+        replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire.run_id, wire.replid))
         return sum(1 for r in replies if r == 1)
 
     def _detach(self, lease: Lease) -> str:

@@ -36,7 +36,6 @@ from .nodes import (
     NOT_SENT,
     NOTHING_LEFT,
     OWED,
-    SENT_TWICE,
     SOCKET_FULL,
     TIMED_OUT,
     Due,
@@ -48,8 +47,11 @@ from .nodes import (
     Wire,
     WireError,
     as_bytes,
+    leave,
+    list_left,
     os_failure,
     pack_many,
+    settled,
 )
 from .process import ThisProcess
 
@@ -192,20 +194,9 @@ class FanOut:
         #: key) cannot hold before.
         self.majority = nodes - (nodes // 2 + 1)
 
-    def reply_of(self, index: int, reply: Any) -> Any:
-        """Node ``index``'s reply as the operation takes it: a re-sent command's "nothing to
-        do" says nothing (:data:`~.nodes.SENT_TWICE`), nor does it where our own undo of a
-        copy may have been first (:attr:`undone`: :data:`~.nodes.NOTHING_LEFT`)."""
-        if reply == 0:
-            if self.cut is not None and index in self.cut:
-                return SENT_TWICE
-            if self.undone is not None and index in self.undone:
-                return NOTHING_LEFT
-        return reply
-
     def answer(self, index: int, reply: Any) -> bool:
         """A node of a round answered (or failed); whether that decides the operation."""
-        self.replies[index] = self.reply_of(index, reply)
+        self.replies[index] = settled(reply, index, self.cut, self.undone)
         self.pending -= 1
         if not self.pending:
             self.finished = True
@@ -409,7 +400,7 @@ def fan_out(
                     node._idle.append(wire)
                 reply = due.reply
                 if reply == 0 and (op.cut is not None or op.undone is not None):
-                    reply = op.reply_of(index, reply)
+                    reply = settled(reply, index, op.cut, op.undone)
                 if index in copies:
                     reply = hedging.first_word(
                         reply,
@@ -439,16 +430,10 @@ def fan_out(
             then()
     now = time.monotonic()
     for index, wire, due in waiting.values():
-        due.left = True
-        if index in answered and not hedging.granted(replies[index]):
-            # A copy of an acquire still out to a node that refused it on another
-            # connection: the node is not counted, and the copy may still land (once the
-            # key is free there): whoever reads its reply sends the undo behind it.
-            due.unwanted = True
-        if not op.in_time:
-            # Without a quorum in time no lease comes of it: a grant counted here is
-            # undone like the rest, behind the connection that is given up.
-            due.counted = False
+        # Without a quorum in time no lease comes of it: a grant counted here is undone
+        # like the rest, behind the connection that is given up.
+        refused = index in answered and not hedging.granted(replies[index])
+        leave(due, counted=due.counted and op.in_time, refused=refused)
         overdue = wire.due[0].sent + timeout + wait.stalled <= now
         silent = (expired or overdue) and index not in answered
         kept = _put_back(
@@ -456,16 +441,8 @@ def fan_out(
         )
         # A counted copy given up (past the node timeout already) carries no undo: what ends
         # the lock must still go behind it (it is read, and found, where it is set aside).
-        if (kept or due.counted) and op.left is not None:
-            owing = op.left.get(index)
-            if owing is None:
-                op.left[index] = (wire, due)
-            else:
-                # Another copy of the command is owed here too: what ends the first (a
-                # release, an undo) must end this one as well.
-                first = owing[1]
-                due.wire = wire
-                first.twins = [*(first.twins or ()), due]
+        if kept or due.counted:
+            list_left(op.left, index, wire, due)
     if every and op.in_time and op.idempotent and waiting:
         _send_copies(nodes, op, waiting, copies, answered)
 
@@ -924,8 +901,8 @@ class Round:
                     if due.op is op:
                         due.left = True
                         late[wire.fd] = (index, wire, due)
-                        if op.in_time and op.left is not None:
-                            op.left[index] = (wire, due)
+                        if op.in_time:
+                            list_left(op.left, index, wire, due)
             if op.in_time and op.idempotent and op.hedge is not None and late:
                 since = time.monotonic() - hedging.LOSSY_FOR
                 if any(node.late_at > since for node in self.nodes):
@@ -1011,6 +988,11 @@ class Rounds:
         if threading.get_ident() == self._main:
             # Signal handlers run in the main thread, and may raise anywhere (Ctrl-C, a task's
             # soft time limit): it never leads, serves or waits for other threads' fan-outs.
+            fan_out(self.nodes, op, self.timeout)
+            return op.replies
+        if hedge is not None and hedging.lossy(self.nodes, time.monotonic()):
+            # A round sends no copies while it waits, and on a lossy link the copies are what
+            # beats a lost packet's retransmission: each thread fans out alone, with them.
             fan_out(self.nodes, op, self.timeout)
             return op.replies
         with self._lock:

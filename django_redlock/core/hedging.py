@@ -24,7 +24,9 @@ __all__ = [
     "MAX_COPIES",
     "first_word",
     "granted",
+    "heard_out",
     "hedge_at",
+    "lossy",
 ]
 
 #: The shortest wait before a copy of a command goes out on a second connection to a node
@@ -44,9 +46,16 @@ MAX_COPIES = 3
 LOSSY_FOR = 10.0
 
 
+class _Late(Protocol):
+    @property
+    def late_at(self) -> float: ...
+
+
 class _Detector(Protocol):
     @property
     def quick(self) -> float | None: ...
+    @property
+    def misses(self) -> int: ...
 
 
 class _Node(Protocol):
@@ -56,6 +65,20 @@ class _Node(Protocol):
     def detector(self) -> _Detector: ...
 
 
+def lossy(nodes: Sequence[_Late], now: float) -> bool:
+    """Whether some node answered later than the node timeout lately (within
+    :data:`LOSSY_FOR` of ``now``: a lost packet's retransmission), the state in which
+    commands get copies."""
+    # A loop, not any() over a generator: this runs on every fan-out of a shared round.
+    since = now - LOSSY_FOR
+    for node in nodes:
+        if node.late_at > since:
+            break
+    else:
+        return False
+    return True
+
+
 def hedge_at(nodes: Sequence[_Node], now: float, start: float, timeout: float) -> float | None:
     """When a node that has not answered a command sent at ``start`` gets a copy on another
     connection, while some node's replies come late enough to be lost packets (within
@@ -63,22 +86,38 @@ def hedge_at(nodes: Sequence[_Node], now: float, start: float, timeout: float) -
     otherwise): after :data:`HEDGE_AFTER`, or :data:`HEDGE_TRIPS` of the slowest node's
     unhindered round trips (``detector.quick``: the round trips late by a retransmission,
     which the copies are for, do not count), and never later than a quarter of the node
-    timeout (a copy sent later could hardly beat it). None when that leaves no time."""
-    # A loop, not any() over a generator: this runs on every hedged fan-out.
-    since = now - LOSSY_FOR
-    for node in nodes:
-        if node.late_at > since:
-            break
-    else:
+    timeout. None when even :data:`HEDGE_AFTER` is later than that (a node timeout under
+    8 ms leaves a copy no time).
+
+    Capped, not called off: on a busy host the round trips run to several milliseconds, and
+    a copy then sent at a quarter of the node timeout still beats a retransmission (200 ms)
+    by far; without it every late node cost its command the whole node timeout."""
+    cap = timeout / 4
+    if cap < HEDGE_AFTER or not lossy(nodes, now):
         return None
     after = HEDGE_AFTER
     for node in nodes:
         quick = node.detector.quick
         if quick is not None and quick * HEDGE_TRIPS > after:
             after = quick * HEDGE_TRIPS
-    if after > timeout / 4:
-        return None
-    return start + after
+    return start + (after if after < cap else cap)
+
+
+def heard_out(nodes: Sequence[_Node], replies: Sequence[Any], out: Any) -> bool:
+    """Whether a release on a lossy link may stop waiting: every node answered (a reply, or
+    a failure), except a node whose last answer was already missed (``detector.misses``).
+    ``out`` is the reply of a node still owing one.
+
+    Why not stop at a quorum there: a node whose delete is behind a lost packet keeps the key
+    for the retransmission (200 ms or more), and the next acquire then needs every other node
+    in time; two such leftovers of successive holds refuse it outright. The wait costs the
+    release a copy's round trip (copies go out while it waits), rarely the node timeout.
+    A node that missed is not waited for again: one really down or frozen costs one node
+    timeout once, not one per release. Asked only while copies go out (:func:`hedge_at`)."""
+    for node, reply in zip(nodes, replies, strict=True):
+        if reply is out and not node.detector.misses:
+            return False
+    return True
 
 
 def granted(reply: Any) -> bool:

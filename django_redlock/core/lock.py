@@ -171,16 +171,21 @@ class HeldLeases:
             self.start_renewal(lease)
         return lease
 
-    def won_unreturned(self, name: str, owner: Hashable, since: float) -> Lease | None:
-        """The lease an acquire of ``name`` by ``owner`` that began at ``since`` won but
+    def won_unreturned(self, names: Iterable[str], owner: Hashable, since: float) -> list[Lease]:
+        """The leases of ``names`` an acquire by ``owner`` that began at ``since`` won but
         never handed to its caller (interrupted or cancelled after the win: renewal may have
-        started). The drivers give it back; nobody else could release it. A lease the owner
-        took before (through another handle: two contenders) is not this acquire's."""
+        started). The drivers give them back; nobody else could release them. A lease the
+        owner took before (through another handle: two contenders) is not this acquire's."""
         with self._leases_lock:
-            lease = self._leases.get(name)
-        if lease is None or lease.owner != owner or lease.released or lease.acquired < since:
-            return None
-        return lease
+            leases = [self._leases.get(name) for name in names]
+        return [
+            lease
+            for lease in leases
+            if lease is not None
+            and lease.owner == owner
+            and not lease.released
+            and lease.acquired >= since
+        ]
 
     def held_names(self, names: Iterable[str]) -> set[str]:
         """Which of ``names`` this process holds a lease of."""

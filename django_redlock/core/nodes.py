@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import select
 import socket
 import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import parse_qsl, urlsplit
@@ -80,6 +81,8 @@ __all__ = [
     "eval_command",
     "eval_form",
     "fold",
+    "leave",
+    "list_left",
     "make_nodes",
     "node_client",
     "node_identity",
@@ -97,6 +100,7 @@ __all__ = [
     "reply_failure",
     "script_command",
     "server_of",
+    "settled",
     "shake_hands",
     "undos",
     "unfinished",
@@ -278,6 +282,45 @@ class Due:
         return late()
 
 
+def settled(
+    reply: Any, index: int, cut: Container[int] | None, undone: Container[int] | None
+) -> Any:
+    """Node ``index``'s reply as its operation takes it: a re-sent command's "nothing to do"
+    says nothing where the first may have run (``cut``: :data:`SENT_TWICE`), nor does it where
+    our own undo of a copy may have been first (``undone``: :data:`NOTHING_LEFT`)."""
+    if reply == 0:
+        if cut and index in cut:
+            return SENT_TWICE
+        if undone and index in undone:
+            return NOTHING_LEFT
+    return reply
+
+
+def leave(due: Due, *, counted: bool, refused: bool) -> None:
+    """``due``'s operation ended without its reply, which nobody waits for now. ``counted``:
+    a grant in the quorum of a lease, ended by the lease's release, not undone when its
+    connection is given up; ``refused``: the node answered on another connection without
+    granting, and this copy may still land, so whoever reads its reply sends its undo."""
+    due.left = True
+    due.counted = counted
+    if refused:
+        due.unwanted = True
+
+
+def list_left(left: dict[int, Any] | None, index: int, wire: Any, due: Due) -> None:
+    """List ``wire``, which owes ``due``, in an operation's ``left`` (what ends the command
+    goes behind it); a second copy of the command owed to the node becomes the first's twin:
+    what ends one ends both."""
+    if left is None:
+        return
+    owing = left.get(index)
+    if owing is None:
+        left[index] = (wire, due)
+    else:
+        due.wire = wire
+        owing[1].twins = [*(owing[1].twins or ()), due]
+
+
 def undos(dues: Iterable[Due]) -> list[bytes]:
     """The undo of every command of ``dues`` a connection still owes (sent behind them when
     the connection is given up: the node runs one connection's commands in order, so the
@@ -331,6 +374,10 @@ class Link:
 
     #: The server's run id (the restart guard compares it inside the acquire script).
     run_id = ""
+    #: The server's ``master_replid`` at the handshake ("" where INFO replication was
+    #: withheld): a new one after a promotion, so the guard tells a master that resynced from
+    #: another (and lost leases) under its own run id.
+    replid = ""
     #: When the server started (``time.time()``; see :func:`server_of`).
     started = 0.0
     #: ``(host, port)`` it reached (a group node's master moves: see :meth:`Node.current`).
@@ -347,6 +394,7 @@ class Link:
     def learn(self, other: Link) -> None:
         """Know what ``other``, a connection to the same server, knew of it."""
         self.run_id, self.started, self.address = other.run_id, other.started, other.address
+        self.replid = other.replid
         self.vote_marker, self.trusted_at = other.vote_marker, other.trusted_at
 
 
@@ -385,7 +433,7 @@ class Wire(Link):
                 replication = None
             with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
                 conn.read_response()
-            self.run_id, self.started = shake_hands(node, info, replication)
+            self.run_id, self.started, self.replid = shake_hands(node, info, replication)
             sock = conn._sock
             assert sock is not None
         except BaseException as exc:
@@ -614,14 +662,19 @@ def connect_failure(exc: BaseException) -> Failure:
     return Failure("error", str(exc))
 
 
-def shake_hands(node: Node, info: Any, replication: Any) -> tuple[str, float]:
-    """The server's run id and start (:func:`server_of`) from a new connection's
-    :data:`HANDSHAKE` replies (``replication`` None where the section was withheld), once the
-    server is one ``node`` may vote with (:func:`claim_server`, :func:`refuse_replica`)."""
+def shake_hands(node: Node, info: Any, replication: Any) -> tuple[str, float, str]:
+    """The server's run id, start (:func:`server_of`) and ``master_replid`` ("" when not
+    told) from a new connection's :data:`HANDSHAKE` replies (``replication`` None where the
+    section was withheld), once the server is one ``node`` may vote with
+    (:func:`claim_server`, :func:`refuse_replica`)."""
     run_id, started = server_of(info)
     claim_server(node, run_id)
     refuse_replica(node, replication)
-    return run_id, started
+    replid = ""
+    if isinstance(replication, bytes):
+        found = re.search(rb"^master_replid:(\w+)", replication, re.MULTILINE)
+        replid = found.group(1).decode() if found else ""
+    return run_id, started, replid
 
 
 def server_of(info: Any) -> tuple[str, float]:

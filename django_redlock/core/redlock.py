@@ -150,10 +150,7 @@ class Redlock(RedlockBase):
                 )
             return self._acquire_waiting(handle, owner, timeout, retries, start)
         except BaseException:
-            won = self.leases.won_unreturned(handle.name, owner, start)
-            if won is not None:
-                with contextlib.suppress(Exception):
-                    self._release(won)
+            self._give_back(self.leases.won_unreturned([handle.name], owner, start))
             raise
 
     def _acquire_waiting(
@@ -217,12 +214,14 @@ class Redlock(RedlockBase):
         try:
             return self._drive(self.permits.hold_steps(handle, owner, blocking, deadline, start))
         except BaseException:
-            for name in handle.hold_names():
-                won = self.leases.won_unreturned(name, owner, start)
-                if won is not None:
-                    with contextlib.suppress(Exception):
-                        self._release(won)
+            self._give_back(self.leases.won_unreturned(handle.hold_names(), owner, start))
             raise
+
+    def _give_back(self, leases: list[Lease]) -> None:
+        """Release leases their acquire's caller never got (interrupted after the win)."""
+        for lease in leases:
+            with contextlib.suppress(Exception):
+                self._release(lease)
 
     def _drive(self, steps: Steps[_T]) -> _T:
         """Run the algorithm's steps over sockets: each :class:`Send` is one fan-out, a
@@ -296,7 +295,7 @@ class Redlock(RedlockBase):
         command = self.keys.release_command(name, token)
         replies = self._rounds.fan_out(
             lambda n, w: command,
-            enough=self._released_by_quorum,
+            enough=self._release_ends(),
             behind=behind,
             idempotent=True,
         )
@@ -384,26 +383,16 @@ class Redlock(RedlockBase):
             # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
             # its HELLO leaves it waiting for the rest until its timeout).
             node.checkin(node.checkout(time.monotonic() + self.keys.LIST_TIMEOUT))
-            sent = time.time()
-            t0 = time.perf_counter()
-            node.client.ping()
-            latency = time.perf_counter() - t0
-            try:
-                for command in self.listing.permission_probe():
-                    node.client.execute_command(*command)  # type: ignore[no-untyped-call]
-            except redis.ResponseError as exc:
-                raise self.listing.script_refused(exc) from None
-            probe = {
-                "latency": latency,
-                "sent": sent,
-                "time": node.client.time(),
-                "received": time.time(),
-                "info": node.client.info(),
-                "marker": node.client.hmget(self.keys.node_key(), *self.keys.MARKER_FIELDS),
-                "keys": sum(
-                    1 for _ in node.client.scan_iter(match=f"{self.key_prefix}:lock:*", count=1000)
-                ),
-            }
+            steps = self._probe_steps(node)
+            commands = next(steps)
+            while True:
+                try:
+                    replies = [node.client.execute_command(*c) for c in commands]  # type: ignore[no-untyped-call]
+                except redis.ResponseError as exc:
+                    commands = steps.throw(exc)
+                else:
+                    commands = steps.send(replies)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except Exception as exc:
             return self.listing.failed_health(node, exc)
-        return self.listing.node_health(node, probe)

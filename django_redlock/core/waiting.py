@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from . import clock
-from .hedging import LOSSY_FOR
+from .hedging import lossy
 from .lock import Lease
 from .nodes import Incomplete, Node, Wire, WireError, pack
 
@@ -254,13 +254,6 @@ def confirmations_due(subscribed: Iterable[int], nodes: Sequence[Node]) -> int:
     link is most of the time (a subscriber connection carries every waiter's traffic)."""
     reachable = sum(1 for index in subscribed if nodes[index].unreachable() is None)
     return min(reachable, len(nodes) // 2 + 1)
-
-
-def lossy(nodes: Sequence[Node], now: float) -> bool:
-    """Whether some node answered later than the node timeout lately (a lost packet's
-    retransmission: see :data:`~.hedging.LOSSY_FOR`)."""
-    since = now - LOSSY_FOR
-    return any(node.late_at > since for node in nodes)
 
 
 #: Seconds a name's waiter channel stays subscribed after its last waiter of this process
