@@ -290,3 +290,17 @@ def make_async_redlock():
 # ---- fault-injection suite (tests/faults/, tests/test_faults.py): --soak option + profile ------
 pytest_plugins = [*pytest_plugins, "tests.faults.plugin"]
 # ---- end of fault-injection block ----------------------------------------------------------------
+
+
+# ---- Password hashing: the tests' users need none of PBKDF2's cost ----
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing(django_test_environment):
+    """Django's testing docs' advice: the default hasher costs most of a second per user
+    created or logged in by password, which the admin and DRF tests do hundreds of times.
+    MD5 is for the test run only; testproject's settings (and the demo) keep the default."""
+    from django.test.utils import override_settings
+
+    fast = override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"])
+    fast.enable()
+    yield
+    fast.disable()

@@ -18,6 +18,7 @@ import time
 from io import StringIO
 
 import pytest
+import redis
 from django.core.management import call_command
 
 from django_redlock import AsyncRedlock, QuorumError, Redlock
@@ -306,6 +307,18 @@ def test_a_release_a_master_refused_goes_out_again(groups, make_redlock, client)
         assert not admin.exists(key)
 
 
+def _cut_replication(replica) -> None:
+    """Its replication stops: it reconnects as a user its master does not know, and fails."""
+    with replica.client(decode_responses=True) as c:
+        c.config_set("masteruser", "nobody-here")
+        c.config_set("masterauth", "wrong")
+        c.client_kill_filter(_type="master")
+        deadline = time.monotonic() + 30
+        while c.info("replication")["master_link_status"] != "down":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+
 def test_a_killed_master_whose_replica_missed_the_lock(own_groups, make_redlock):
     """The promoted replica never got the lock (its replication was cut while the lock was
     taken) and two groups fail over so: only the restart guard stands between a second
@@ -324,15 +337,7 @@ def test_a_killed_master_whose_replica_missed_the_lock(own_groups, make_redlock)
     masters = [groups.master(i) for i in (0, 1)]
     replicas = [groups.replica(i) for i in (0, 1)]
     for replica in replicas:
-        # Cut its replication: it reconnects as a user its master does not know, and fails.
-        with replica.client(decode_responses=True) as c:
-            c.config_set("masteruser", "nobody-here")
-            c.config_set("masterauth", "wrong")
-            c.client_kill_filter(_type="master")
-            deadline = time.monotonic() + 30
-            while c.info("replication")["master_link_status"] != "down":
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+        _cut_replication(replica)
     lock = a.lock("payroll", ttl=50.0)
     assert lock.acquire(blocking=False)
     with groups.switch(0), groups.switch(1):
@@ -353,6 +358,81 @@ def test_a_killed_master_whose_replica_missed_the_lock(own_groups, make_redlock)
     assert lock.held and lock.check() is False  # the holder's own quorum view: 1 of 3
     unguarded = make_redlock(groups.urls, key_prefix=prefix, **opts, restart_guard=False)
     assert unguarded.lock("payroll").acquire(blocking=False)  # the hazard the guard closes
+
+
+def test_a_failover_and_failback_while_a_lock_is_held(own_groups, make_redlock):
+    """Group 0's replica R misses A's lock (A holds it on groups 0 and 1 only); a failover
+    promotes R, the Sentinels make the old master M R's replica (a full resync: A's key is
+    gone, M's marker comes back from R with M's own run id), nobody uses the group
+    meanwhile, and a second failover promotes M again. M's new replication id keeps it out
+    of every quorum for its guard period: in the history of A's hold and a fresh client's
+    attempts, nobody is granted the lock while A holds it."""
+    groups = own_groups
+    prefix = _prefix()
+    opts = _options(max_ttl=120.0)
+    a = make_redlock(groups.urls, key_prefix=prefix, **opts)
+    # C's pooled connections saw every node vote, and stay open through both failovers.
+    c_rl = make_redlock(groups.urls, key_prefix=prefix, **opts)
+    for rl in (a, c_rl):
+        warm = rl.lock("warm-up")
+        assert warm.acquire(blocking=False)
+        warm.release()
+    m, r = groups.master(0), groups.replica(0)
+    with m.client() as c:
+        assert c.wait(1, 5000) == 1  # R holds M's marker
+    idle = redis.Connection(host=m.host, port=m.port)
+    idle.connect()
+    idle.send_command("CLIENT", "ID")
+    idle_id = idle.read_response()
+    _cut_replication(r)
+    other = groups.master(2)
+    key = f"{prefix}:lock:ledger"
+    with other.client() as c:  # A's hold is a bare quorum: groups 0 and 1
+        c.set(key, "foreign 0 0 0 60000\n{}", px=60_000)
+    lock = a.lock("ledger", ttl=100.0)
+    assert lock.acquire(blocking=False)
+    held_from = time.monotonic()
+    with other.client() as c:
+        c.delete(key)
+    with groups.switch(0), groups.sentinel_client() as c:
+        c.execute_command("SENTINEL", "FAILOVER", groups.services[0])
+    assert groups.master_address(0) == (r.host, r.port)
+    with r.client() as c:
+        assert not c.exists(key)  # the promoted replica never got A's lock
+        c.config_set("masteruser", "")
+        c.config_set("masterauth", "")
+    # The Sentinels make M R's replica; its resync drops A's key.
+    deadline = time.monotonic() + 60
+    while True:
+        with m.client(decode_responses=True) as c:
+            info = c.info("replication")
+            if info["role"] == "slave" and info["master_link_status"] == "up":
+                assert not c.exists(key)
+                break
+        assert time.monotonic() < deadline, info
+        time.sleep(0.1)  # nothing announces the end of a resync: polled
+    assert groups.failover(0) == (m.host, m.port)
+    with m.client(decode_responses=True) as c:
+        assert not c.exists(key)
+        assert c.hget(f"{prefix}:node", "run_id") == c.info("server")["run_id"]
+        # The Sentinels closed M's client connections when they reconfigured it.
+        assert c.client_list(client_id=[idle_id]) == []
+    idle.disconnect()
+    b = make_redlock(groups.urls, key_prefix=prefix, **opts)
+    grants: list[tuple[float, bool]] = []  # (when, whether A still held it)
+    # The Sentinels' reconfiguration of M (each REPLICAOF) closes its clients' connections
+    # (CLIENT KILL TYPE normal): C's next attempt shakes hands anew and reads the new id.
+    for rl in (b, c_rl, b, c_rl):
+        attempt = rl.lock("ledger", ttl=2.0)
+        if attempt.acquire(blocking=False):
+            grants.append((time.monotonic() - held_from, lock.held))
+            attempt.release()
+    health = b.health()
+    a_held = lock.held
+    lock.release()
+    assert a_held
+    assert [g for g in grants if g[1]] == [], f"double grants: {grants}"
+    assert health[0].status == "guarded" and health[0].guarded_for > 100, health[0]
 
 
 def test_history_of_holders_across_failovers(groups, make_redlock):

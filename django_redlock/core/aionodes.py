@@ -501,7 +501,7 @@ async def _connect_and_shake_hands(
             replication = None
         with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
             await conn.read_response()
-        run_id, started = shake_hands(node, info, replication)
+        run_id, started, replid = shake_hands(node, info, replication)
         # The connected transport is handed to an AsyncWire: replies are parsed as they
         # arrive and handed to the fan-out's callbacks, with no read task per connection.
         writer = conn._writer
@@ -519,7 +519,7 @@ async def _connect_and_shake_hands(
         if isinstance(exc, (redis.RedisError, OSError)):
             raise WireError(connect_failure(exc)) from None
         raise
-    wire.run_id, wire.started = run_id, started
+    wire.run_id, wire.started, wire.replid = run_id, started, replid
     return wire
 
 

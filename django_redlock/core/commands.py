@@ -125,7 +125,7 @@ class KeyLayout:
         return clock.token_hex(8), max(tickets, default=0)
 
     #: Marker fields a health probe reads (see ``scripts._GUARD``).
-    MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed")
+    MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed", "id", "replid")
 
     def node_key(self) -> str:
         return f"{self.key_prefix}:node"
@@ -257,8 +257,8 @@ class KeyLayout:
     def trust_command(self, run_id: str, marker: bytes) -> list[Any]:
         return script_command(scripts.TRUST, [self.node_key()], [run_id, marker])
 
-    def trust_now_command(self, run_id: str) -> list[Any]:
-        return script_command(scripts.TRUST_NOW, [self.node_key()], [run_id])
+    def trust_now_command(self, run_id: str, replid: str) -> list[Any]:
+        return script_command(scripts.TRUST_NOW, [self.node_key()], [run_id, replid])
 
     def extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
         """``EXTEND`` of the lease; with ``claim``, taking the lock where nobody holds it
@@ -394,7 +394,8 @@ class AcquireRequest:
             ]
             self._script = (head, [guard, *extra])
         head, tail = self._script
-        return Pipelined(pack([*head, wire.run_id, *tail]), 1, _fold_script)
+        server = f"{wire.run_id} {wire.replid}" if wire.replid else wire.run_id
+        return Pipelined(pack([*head, server, *tail]), 1, _fold_script)
 
     def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
         """The acquire script, its keys, and its arguments after the guard period."""

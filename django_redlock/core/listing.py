@@ -172,8 +172,12 @@ class Listing:
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
         guarded_for = fresh = armed = None
         if self.restart_guard:
-            run_id, started, is_fresh, trusted, _ = probe["marker"]
-            armed = run_id is not None and run_id.decode() == info.get("run_id")
+            run_id, started, is_fresh, trusted, _, marker_id, replid = probe["marker"]
+            armed = (
+                run_id is not None
+                and run_id.decode() == info.get("run_id")
+                and not _resynced(marker_id, replid, info.get("master_replid"))
+            )
             if not armed:
                 # The next acquire arms the marker: the guard runs from then.
                 guarded_for, fresh = self.guard_period, run_id is None
@@ -264,12 +268,22 @@ def _unlike_redis(info: Any, server_time: Any, marker: Any) -> str:
         return f"TIME answered {server_time!r:.60}"
     if marker is not None and not (
         isinstance(marker, list)
-        and len(marker) == 5
-        and (marker[0] is None or isinstance(marker[0], bytes))
-        and all(value is None or _number(value) for value in marker[1:])
+        and len(marker) == 7
+        and all(value is None or isinstance(value, bytes) for value in marker[::6])
+        and all(value is None or _number(value) for value in marker[1:6])
     ):
         return f"HMGET answered {marker!r:.60}"
     return ""
+
+
+def _resynced(marker_id: bytes | None, replid: bytes | None, current: Any) -> bool:
+    """The marker's replication id (``"<marker id> <master_replid>"``, see ``scripts._GUARD``)
+    is not the server's: it was promoted since, so the next acquire arms the marker again. A
+    missing one, or one another marker version left, is filled in instead."""
+    if marker_id is None or replid is None or not current:
+        return False
+    of, _, was = replid.partition(b" ")
+    return of == marker_id and was.decode(errors="replace") != str(current)
 
 
 def _server_name(info: Mapping[str, Any]) -> str:

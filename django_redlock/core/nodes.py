@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import select
 import socket
 import ssl
@@ -374,6 +375,10 @@ class Link:
 
     #: The server's run id (the restart guard compares it inside the acquire script).
     run_id = ""
+    #: The server's ``master_replid`` at the handshake ("" where INFO replication was
+    #: withheld): a new one after a promotion, so the guard tells a master that resynced from
+    #: another (and lost leases) under its own run id.
+    replid = ""
     #: When the server started (``time.time()``; see :func:`server_of`).
     started = 0.0
     #: ``(host, port)`` it reached (a group node's master moves: see :meth:`Node.current`).
@@ -390,6 +395,7 @@ class Link:
     def learn(self, other: Link) -> None:
         """Know what ``other``, a connection to the same server, knew of it."""
         self.run_id, self.started, self.address = other.run_id, other.started, other.address
+        self.replid = other.replid
         self.vote_marker, self.trusted_at = other.vote_marker, other.trusted_at
 
 
@@ -435,7 +441,7 @@ class Wire(Link):
                 replication = None
             with contextlib.suppress(redis.ResponseError):  # a user not allowed SCRIPT LOAD
                 conn.read_response()
-            self.run_id, self.started = shake_hands(node, info, replication)
+            self.run_id, self.started, self.replid = shake_hands(node, info, replication)
             sock = conn._sock
             assert sock is not None
         except BaseException as exc:
@@ -684,14 +690,19 @@ def connect_failure(exc: BaseException) -> Failure:
     return Failure("error", str(exc))
 
 
-def shake_hands(node: Node, info: Any, replication: Any) -> tuple[str, float]:
-    """The server's run id and start (:func:`server_of`) from a new connection's
-    :data:`HANDSHAKE` replies (``replication`` None where the section was withheld), once the
-    server is one ``node`` may vote with (:func:`claim_server`, :func:`refuse_replica`)."""
+def shake_hands(node: Node, info: Any, replication: Any) -> tuple[str, float, str]:
+    """The server's run id, start (:func:`server_of`) and ``master_replid`` ("" when not
+    told) from a new connection's :data:`HANDSHAKE` replies (``replication`` None where the
+    section was withheld), once the server is one ``node`` may vote with
+    (:func:`claim_server`, :func:`refuse_replica`)."""
     run_id, started = server_of(info)
     claim_server(node, run_id)
     refuse_replica(node, replication)
-    return run_id, started
+    replid = ""
+    if isinstance(replication, bytes):
+        found = re.search(rb"^master_replid:(\w+)", replication, re.MULTILINE)
+        replid = found.group(1).decode() if found else ""
+    return run_id, started, replid
 
 
 def server_of(info: Any) -> tuple[str, float]:

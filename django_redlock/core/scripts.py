@@ -15,7 +15,9 @@ Key layout for a lock named ``name`` under prefix ``p``:
   guard runs from: when the marker was armed), ``fresh`` (1 when it had no marker),
   ``trusted`` (server ms it was trusted as new, or 0), ``armed`` (server ms the marker was
   written), ``id`` (server µs the marker was written: names this version of the marker, so
-  a connection that saw it vote can tell, with one ``HMGET``, that it is still the same).
+  a connection that saw it vote can tell, with one ``HMGET``, that it is still the same),
+  ``replid`` (``"<id> <master_replid>"``: the replication id the server had when this
+  version of the marker was armed; a new one means the dataset was replaced by a resync).
 * ``p:queue:name``, ``p:beats:name``, ``p:qseq:name`` - a fair lock's line of waiters, their
   heartbeats and its ticket sequence (all expire when the line stays idle).
 * ``p:waiters:name`` - the processes waiting for a (not fair) lock, to wake one at a time:
@@ -75,8 +77,9 @@ end
 """
 
 # Shared opening of both acquire scripts: the server clock, then the restart guard.
-# Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms, id), ARGV[5]
-# run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off). Returns
+# Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms, id, replid),
+# ARGV[5] the run id of the server this connection reached, then a space and its
+# master_replid when the connection read one, ARGV[6] guard period ms ("0" = off). Returns
 # early {2, ms, fresh, armed_age, marker} while this node may not vote (armed_age: ms since
 # the marker was written; marker: its id, which a TRUST must name); sets trusted_age (ms
 # since a brand-new cluster was trusted, else -1) and marker (the marker's id, which the
@@ -88,22 +91,46 @@ local guard = tonumber(ARGV[6])
 local trusted_age = -1
 local marker = false
 if guard > 0 then
-  local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed', 'id')
-  if m[1] ~= ARGV[5] or not (m[2] and m[4] and m[5]) then
-    -- The marker is missing or was written by an earlier server process: this node lost
-    -- its data (restart, FLUSHALL, eviction) or is another server (a promoted replica), at
-    -- some moment up to now. Its uptime says nothing about when (a flush does not restart
-    -- it), so the guard runs from now: each caller keeps it out of its quorum until its own
-    -- guard period (its longest lease) has passed, so every lease the node granted (or
-    -- forgot) before has run out. fresh = 1 when no marker was left at all. (A marker
-    -- missing fields was written by an older version: armed again the same way.)
-    m = {ARGV[5], now, m[1] and '0' or '1', '0', now, t[1] .. string.format('%06d', t[2])}
+  local run_id, replid = string.match(ARGV[5], '^(%S+) ?(%S*)$')
+  local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed', 'id',
+                       'replid')
+  -- replid is '<marker id> <master_replid>': the replication id this version of the marker
+  -- was armed (or first voted) under. Redis draws a new one at every promotion, while a
+  -- replica that resyncs takes its master's, so a master that was a replica meanwhile (a
+  -- failover and failback, REPLICAOF then REPLICAOF NO ONE) may hold a copy of its own old
+  -- marker under its own run id but without the leases it granted since: only the
+  -- replication id tells. One paired with another marker id was left by a client that
+  -- predates the field arming the marker, and counts as missing.
+  local of, was = false, false
+  if m[7] then
+    of, was = string.match(m[7], '^(%S+) (%S*)$')
+  end
+  local current = of and of == m[6]
+  local resynced = current and replid ~= '' and was ~= replid
+  if m[1] ~= run_id or not (m[2] and m[4] and m[5]) or resynced then
+    -- The marker is missing or was written by an earlier server process (or dataset): this
+    -- node lost its data (restart, FLUSHALL, eviction, a resync) or is another server (a
+    -- promoted replica), at some moment up to now. Its uptime says nothing about when (a
+    -- flush does not restart it), so the guard runs from now: each caller keeps it out of
+    -- its quorum until its own guard period (its longest lease) has passed, so every lease
+    -- the node granted (or forgot) before has run out. fresh = 1 when no marker was left at
+    -- all. (A marker missing fields was written by an older version: armed again the same
+    -- way.)
+    m = {run_id, now, m[1] and '0' or '1', '0', now, t[1] .. string.format('%06d', t[2])}
     redis.call('HSET', KEYS[3], 'run_id', m[1], 'started', m[2], 'fresh', m[3], 'trusted', 0,
-               'armed', now, 'id', m[6])
-  elseif not m[6] then
-    -- A marker from before markers had ids: name it, without arming it again.
-    m[6] = t[1] .. string.format('%06d', t[2])
-    redis.call('HSET', KEYS[3], 'id', m[6])
+               'armed', now, 'id', m[6], 'replid', m[6] .. ' ' .. replid)
+  else
+    if not m[6] then
+      -- A marker from before markers had ids: name it, without arming it again.
+      m[6] = t[1] .. string.format('%06d', t[2])
+      redis.call('HSET', KEYS[3], 'id', m[6])
+      current = false
+    end
+    if not current and replid ~= '' then
+      -- No replication id yet (a marker of an older version, or one it armed): this one is
+      -- filled in without arming the marker again, so an upgrade guards no node.
+      redis.call('HSET', KEYS[3], 'replid', m[6] .. ' ' .. replid)
+    end
   end
   marker = m[6]
   local trusted = tonumber(m[4])
@@ -155,7 +182,8 @@ return {0, fence, trusted_age, marker}
 # this connection saw vote is a plain SET NX PX instead: see commands.AcquireRequest).
 # KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] node marker
 # ARGV[1] token, ARGV[2] ttl ms, ARGV[3] holder metadata (JSON), ARGV[4] "1" to draw a fence,
-# ARGV[5] run_id of the server this connection reached, ARGV[6] guard period ms ("0" = off)
+# ARGV[5] run_id of the server this connection reached (and its master_replid, see _GUARD),
+# ARGV[6] guard period ms ("0" = off)
 # Returns {0, fence, trusted_age, marker} taken (fence 0 when not fencing)
 #         {1, pttl, trusted_age, marker} held by another owner; pttl = ms until its lease ends
 #         {2, ms, fresh, armed_age, marker} restart guard: this node may not vote for ms
@@ -374,14 +402,16 @@ return 0
 # Arm this node's marker as trusted now: an operator asserted that no lock is held (`manage.py
 # redlock trust`), so the node may vote at once whatever its guard said.
 # KEYS[1] node marker
-# ARGV[1] run_id of the server this connection reached
+# ARGV[1] run_id of the server this connection reached, ARGV[2] its master_replid ('' or
+# absent when the connection read none)
 # Returns 1.
 TRUST_NOW = Script(
     """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local id = t[1] .. string.format('%06d', t[2])
 redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'started', now, 'fresh', 0, 'trusted', now,
-           'armed', now, 'id', t[1] .. string.format('%06d', t[2]))
+           'armed', now, 'id', id, 'replid', id .. ' ' .. (ARGV[2] or ''))
 return 1
 """
 )

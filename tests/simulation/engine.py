@@ -87,6 +87,8 @@ class Conn:
         self.epoch = node.epoch
         self.run_id = node.run_id
         self.run_id_arg = node.run_id.encode()
+        # A simulated node never replicates: no replication id, the run id alone is compared.
+        self.replid = ""
         # INFO's uptime, to the second, read on this process's wall clock.
         self.started = proc.wall() - int(node.wall() - node.started_wall)
         self.vote_marker: list[bytes] | None = None
