@@ -199,6 +199,9 @@ class BackendLocks:
     #: Redlock's clock-drift allowance; these services time leases themselves.
     drift_factor = 0.0
 
+    #: Whether a lock runs out with its lease (a ZooKeeper lock lives as its session does).
+    leased = True
+
     @property
     def node_name(self) -> str:
         """How the service is named in listings (the one "node" of LockInfo/NodeHealth)."""
@@ -602,7 +605,7 @@ class BackendLocks:
             return
         held = time.monotonic() - grant.acquired
         self._unwatch(grant)
-        if grant.lost is None and grant.validity <= 0:
+        if self.leased and grant.lost is None and grant.validity <= 0:
             self._release_run_out(grant)
         if grant.lost is None and self._give_back(grant):
             grant.released = True
