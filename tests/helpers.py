@@ -7,12 +7,13 @@ test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,16 @@ def run_processes(target: Callable[..., None], args: list[tuple[Any, ...]]) -> l
     errors = [o[-1] for o in outcomes if o[-1]]
     assert not errors, errors[0]
     return outcomes
+
+
+@contextlib.contextmanager
+def held_by_someone_else(name: str, ttl: float = 10.0) -> Iterator[Any]:
+    """The shared Redlock's lock ``name`` held by another owner for the block."""
+    from django_redlock import get_redlock
+
+    lock = get_redlock().lock(name, ttl, owner="someone-else")
+    assert lock.acquire(blocking=False)
+    try:
+        yield lock
+    finally:
+        lock.release()

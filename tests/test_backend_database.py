@@ -68,8 +68,8 @@ def test_database_backend_on_sqlite(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "expect"),
     [
-        pytest.param("postgres", 42, marks=pytest.mark.postgres),
-        pytest.param("mysql", 41, marks=pytest.mark.mysql),
+        pytest.param("postgres", 48, marks=pytest.mark.postgres),
+        pytest.param("mysql", 47, marks=pytest.mark.mysql),
     ],
 )
 @pytest.mark.timeout(RUN_TIMEOUT + 60)

@@ -126,8 +126,10 @@ def _fds() -> int:
 
 
 def test_no_fd_or_thread_leak_after_200_cycles(redis_nodes) -> None:
-    holder = Redlock(redis_nodes.urls)
-    held = holder.lock("leak", ttl=10)
+    # A lease the 200 cycles cannot outlast on a loaded host (no renewal: its connections
+    # would be counted).
+    holder = Redlock(redis_nodes.urls, max_ttl=600)
+    held = holder.lock("leak", ttl=600)
     assert held.acquire(blocking=False)
     try:
         gc.collect()
@@ -147,8 +149,10 @@ def test_no_fd_or_thread_leak_after_200_cycles(redis_nodes) -> None:
 
 def test_no_fd_or_thread_leak_after_200_cycles_async(redis_nodes) -> None:
     async def main() -> None:
-        holder = AsyncRedlock(redis_nodes.urls)
-        held = holder.lock("leak", ttl=10)
+        # A lease the 200 cycles cannot outlast on a loaded host (no renewal: its
+        # connections would be counted).
+        holder = AsyncRedlock(redis_nodes.urls, max_ttl=600)
+        held = holder.lock("leak", ttl=600)
         assert await held.acquire(blocking=False)
         try:
             gc.collect()

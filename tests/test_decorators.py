@@ -7,7 +7,6 @@ owner (``owner="someone-else"``), never a mock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -29,18 +28,9 @@ from django_redlock import LockNotAcquired, get_redlock, locked
 from django_redlock.core import MAX_KEY_LENGTH
 from django_redlock.decorators import KeyTemplate, current_lock, make_key
 from django_redlock.keys import client_id
+from tests.helpers import held_by_someone_else
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
-
-
-@contextlib.contextmanager
-def held_by_someone_else(name: str, ttl: float = 10.0):
-    lock = get_redlock().lock(name, ttl, owner="someone-else")
-    assert lock.acquire(blocking=False)
-    try:
-        yield lock
-    finally:
-        lock.release()
 
 
 def is_locked(name: str) -> bool:

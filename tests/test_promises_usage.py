@@ -5,7 +5,6 @@ the lock, ``current_lock()`` unset inside a generator, and the structured log fi
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import enum
 import json
@@ -23,19 +22,10 @@ from django.test import RequestFactory
 
 from django_redlock import LockLost, LockNotAcquired, LockNotOwned, get_redlock, locked
 from django_redlock.decorators import current_lock, make_key
+from tests.helpers import held_by_someone_else
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
 rf = RequestFactory()
-
-
-@contextlib.contextmanager
-def held_by_someone_else(name: str, ttl: float = 6.0):
-    lock = get_redlock().lock(name, ttl, owner="someone-else")
-    assert lock.acquire(blocking=False)
-    try:
-        yield lock
-    finally:
-        lock.release()
 
 
 @pytest.mark.parametrize("status", [429, 503])

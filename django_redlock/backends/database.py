@@ -41,6 +41,7 @@ import contextlib
 import copy
 import fnmatch
 import json
+import logging
 import math
 import os
 import select
@@ -55,6 +56,8 @@ from .base import BackendLock, BackendLocks, Grant, holder_meta, unreachable, ut
 __all__ = ["DatabaseLocks"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("django_redlock")
 
 LOCKS = "django_redlock_databaselock"
 FENCES = "django_redlock_databaselockfence"
@@ -444,9 +447,16 @@ class DatabaseLocks(BackendLocks):
             grant = self._contend(
                 handle, token, meta, blocking and mutex is None, deadline, force=mutex is not None
             )
-        except BaseException:
+        except BaseException as exc:
             if mutex is not None:
                 self._end_mutex(mutex)
+            if isinstance(exc, self.unavailable()) and getattr(self._local, "took", None) == token:
+                # A take whose reply was lost may have granted the row to this token, which
+                # nobody will hold: deleted by token (nobody else's), or it ends with its lease.
+                with contextlib.suppress(*self.unavailable()):
+                    self._sql(
+                        f"DELETE FROM {LOCKS} WHERE name = %s AND token = %s", [handle.name, token]
+                    )
             raise
         if grant is None and mutex is not None:
             self._end_mutex(mutex)
@@ -465,7 +475,11 @@ class DatabaseLocks(BackendLocks):
         force: bool,
     ) -> Grant | None:
         pause = 0.005
-        wake = self._listen(handle.name) if blocking and self.vendor == "postgresql" else None
+        wake = None
+        if blocking and self.vendor == "postgresql":
+            # Not listening, it polls: its attempts tell whether the database answers.
+            with contextlib.suppress(*self.unavailable()):
+                wake = self._listen(handle.name)
         try:
             while True:
                 started = time.monotonic()
@@ -569,6 +583,7 @@ class DatabaseLocks(BackendLocks):
         values = "%s, %s, %s, %s, NOW_US, NOW_US + %s, %s, 0"
         params = [*row, fence, lease_us, lease_us]
         insert = INSERT_ABSENT[self.vendor].format(table=LOCKS, columns=LOCK_COLUMNS, values=values)
+        self._local.took = row[1]  # sent: if its outcome is never known, _take deletes it
         if self._sql(insert, params):
             return True
         free = ("", []) if force else (" AND (expires_us <= NOW_US OR token = %s)", [row[1]])
@@ -811,13 +826,11 @@ class DatabaseLocks(BackendLocks):
     def _listening(self) -> tuple[bool, bool]:
         """Make sure removals are heard (PostgreSQL's LISTEN, for the row watch): whether
         they are, and whether listening began just now (a removal before it was not heard)."""
-        from django.db import Error
-
         self._this_process()
         with self._listener_lock:
             try:
                 return True, self._live_listener()[1]
-            except Error:  # unreachable now: the row watch polls meanwhile
+            except Exception:  # unreachable now: the row watch polls meanwhile
                 return False, False
 
     def _live_listener(self) -> tuple[_Listener, bool]:
@@ -861,8 +874,9 @@ class _Listener:
         self._waiters: dict[str, set[threading.Event]] = {}
         self._lock = threading.Lock()
         self._stopped = False
-        wrapper.ensure_connection()
-        wrapper.connection.execute(f"LISTEN {CHANNEL}")
+        self._broken = False
+        with wrapper.cursor() as cursor:  # a failure is Django's OperationalError, as elsewhere
+            cursor.execute(f"LISTEN {CHANNEL}")
         self._thread = threading.Thread(target=self._run, name="lock-listen", daemon=True)
         self._thread.start()
 
@@ -894,7 +908,9 @@ class _Listener:
                 if self._stopped:
                     return
                 # The connection broke: wake everyone (they re-try and fall back to timeouts),
-                # and the row watch (it looks its rows up, and listens anew).
+                # and the row watch (it looks its rows up, and listens anew: dead already,
+                # this listener is replaced rather than waited on).
+                self._broken = True
                 with self._lock:
                     everyone = [e for group in self._waiters.values() for e in group]
                 for event in everyone:
@@ -904,7 +920,7 @@ class _Listener:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return not self._broken and self._thread.is_alive()
 
     def stop(self) -> None:
         self._stopped = True
@@ -971,8 +987,19 @@ class _RowWatch:
 
     def _run(self) -> None:
         try:
-            self._watch()
+            while True:
+                try:
+                    self._watch()
+                    return
+                except Exception:
+                    # A dead watch would leave every holder of this manager deaf to force
+                    # releases for good: it looks again after loss_check.
+                    logger.exception("lock row watch failed; looking again")
+                    self._due.wait(self._locks.loss_check)
         finally:
+            with self._mutex:
+                if self._thread is threading.current_thread():
+                    self._thread = None  # ended by an error beyond Exception: add() restarts
             self._locks._drop_thread_connection()
 
     def _watch(self) -> None:

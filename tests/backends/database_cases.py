@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -444,6 +445,148 @@ def test_a_pessimistic_holder_whose_connection_died_checks_false(make, name) -> 
         with pytest.raises(LockLost):
             holder.release()
         assert not make().locked(name), notice  # its row went too, not at its lease's end
+
+
+def dying_connections(locks: DatabaseLocks, count: int) -> list[int]:
+    """The next ``count`` connections that ``locks`` opens or reopens are dropped by the
+    server right after they connect, before any statement of the lock's (a storm of
+    terminations at its worst moment). This thread's connection is patched as well as every
+    one opened from now on. Returns ``[left]``: 0 once all ``count`` died."""
+    left = [count]
+
+    def dies_on_connect(wrapper: Any) -> Any:
+        connect = wrapper.ensure_connection
+
+        def ensure_connection() -> None:
+            fresh = wrapper.connection is None
+            connect()
+            if fresh and left[0] > 0:
+                left[0] -= 1
+                try:
+                    kill(wrapper)
+                finally:
+                    if threading.current_thread() is not threading.main_thread():
+                        connection.close()  # kill()'s connection, opened in a thread of ours
+
+        wrapper.ensure_connection = ensure_connection
+        return wrapper
+
+    dies_on_connect(locks._connection())
+    open_connection = locks._open
+    locks._open = lambda: dies_on_connect(open_connection())  # type: ignore[method-assign]
+    return left
+
+
+def kill_every_connection(seconds: float) -> int:
+    """A storm: every connection to the test database but the test's own is terminated
+    (pg_terminate_backend / KILL) again and again for ``seconds``. Returns how many died."""
+    from django.db import Error
+
+    killed = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                killed += cursor.fetchone()[0]
+            else:
+                cursor.execute(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                )
+                for (sid,) in cursor.fetchall():
+                    try:
+                        cursor.execute(f"KILL {int(sid)}")
+                        killed += 1
+                    except Error:  # it ended meanwhile
+                        pass
+        time.sleep(0.01)  # the pace of the storm, not a wait for anything
+    return killed
+
+
+def heard_of_a_force_release(make: Any, locks: DatabaseLocks, lock: Any) -> float:
+    """Force-release ``lock`` (of ``locks``) from another manager: seconds until its holder
+    heard of it."""
+    heard = threading.Event()
+    locks.listeners.append(
+        lambda event: event.kind == "lost" and event.name == lock.name and heard.set()
+    )
+    assert make().force_release(lock.name) == 1
+    removed = time.monotonic()
+    assert heard.wait(10), f"{lock.name}: the holder was not told within 10 s"
+    assert not lock.held
+    return time.monotonic() - removed
+
+
+@server_only
+@pytest.mark.parametrize("fault", ["storm", "dying-at-connect"])
+def test_the_row_watch_outlives_the_deaths_of_its_connections(make, name, fault) -> None:
+    """A holder still hears of a force release after every connection of the database was
+    terminated again and again, or after the watch's new connections died as soon as they
+    connected: its row watch reconnects (the watch's thread died of an error of its LISTEN
+    on PostgreSQL, and from then on no force release was heard, also of locks taken later)."""
+    locks = make()
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    if fault == "storm":
+        assert kill_every_connection(1.5) > 0
+    else:
+        left = dying_connections(locks, 4)
+        kill_every_connection(0)  # one round: the watch reconnects, and dies at once, 4 times
+        wait_until(lambda: left[0] == 0, timeout=20)
+    told = heard_of_a_force_release(make, locks, holder)
+    assert told < BOUND, f"heard after {told:.2f} s"
+    later = locks.lock(f"{name}:later", ttl=30)
+    assert later.acquire(blocking=False)
+    told = heard_of_a_force_release(make, locks, later)
+    assert told < BOUND, f"a later lock: heard after {told:.2f} s"
+
+
+#: How soon a holder hears of a force release once its database answers again: a lookup
+#: every loss_check (0.25 s) after a reconnection; the rest is room for a loaded machine.
+BOUND = 3.0
+
+
+@server_only
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
+def test_an_acquire_whose_connections_die_is_refused_with_quorum_error(
+    make, name, blocking
+) -> None:
+    """Every connection the acquire opens is dropped right after it connects: the acquire
+    raises QuorumError from Django's OperationalError (a blocking one on PostgreSQL raised
+    the driver's own error, from its LISTEN), and leaves no lock behind."""
+    from django.db import OperationalError
+
+    locks = make()
+    dying_connections(locks, 1000)
+    lock = locks.lock(name, ttl=30)
+    with pytest.raises(QuorumError) as refused:
+        lock.acquire(blocking=blocking, timeout=1 if blocking else None)
+    assert isinstance(refused.value.__cause__, OperationalError)
+    assert not lock.held
+    assert not make().locked(name)
+
+
+@server_only
+@pytest.mark.parametrize("fencing", [False, True], ids=["plain", "fencing"])
+def test_an_acquire_refused_after_its_take_ran_leaves_no_lock(make, name, fencing) -> None:
+    """The take ran and its reply was lost, and its repeat's connection died too: the
+    acquire raises QuorumError, and the row granted by the lost reply is deleted (it stayed,
+    held by a token nobody has, until its 30 s lease ended)."""
+    locks = make()
+    assert not locks.locked(name)  # this thread's connection is open before the faults
+    fired = lose_a_reply(locks, "COMMIT" if fencing else "INTO DJANGO_REDLOCK_DATABASELOCK (")
+    # The repeat dies: the INSERT's; with fencing, the BEGIN of the replayed attempt and its
+    # own repeat.
+    dying_connections(locks, 2 if fencing else 1)
+    lock = locks.lock(name, ttl=30, fencing=fencing)
+    with pytest.raises(QuorumError):
+        lock.acquire(blocking=False)
+    assert fired, "the take was not interrupted"
+    assert not make().locked(name)
 
 
 @pytest.mark.django_db(transaction=True)  # the admin needs auth, sessions and contenttypes
