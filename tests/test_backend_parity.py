@@ -230,6 +230,20 @@ def test_async_rule_4_reentry_never_joins_a_removed_hold(abuild, name) -> None:
     run_async(abuild, cases.arule_4_reentry_never_joins_a_removed_hold, name)
 
 
+def test_bad_options_are_refused_alike(make, name) -> None:
+    cases.rule_bad_options_are_refused_alike(make, name)
+
+
+def test_async_bad_options_are_refused_alike(abuild, name) -> None:
+    run_async(abuild, cases.arule_bad_options_are_refused_alike, name)
+
+
+def test_a_release_after_the_lease_ran_out_raises(kind, make, name) -> None:
+    if kind not in LEASED:
+        pytest.skip("a ZooKeeper lock lives as its session does: it has no lease to run out")
+    cases.rule_a_release_after_the_lease_ran_out_raises(make, name)
+
+
 @pytest.mark.parametrize("start", ["os.fork", "multiprocessing"])
 def test_forked_children_hold_none_of_the_parents_locks(make, name, start, tmp_path) -> None:
     cases.rule_forked_children_hold_none_of_the_parents_locks(make, name, tmp_path, start)

@@ -35,6 +35,7 @@ from ..core import (
     LockInfo,
     LockLost,
     LockNotAcquired,
+    LockNotOwned,
     NodeHealth,
     NodeLockState,
     QuorumError,
@@ -49,6 +50,7 @@ from ..core import (
     emit,
 )
 from ..core import check_name as core_check_name
+from ..core.validation import check_handle_options
 
 __all__ = [
     "AsyncBackendLock",
@@ -156,6 +158,8 @@ class Grant:
     #: Holds of its owner through ``reentrant=True`` handles; released at the last one.
     count: int = 1
     auto_renew: bool = False
+    #: When capped auto-renewal stops (monotonic; ``renew_for``), None for no cap.
+    renew_until: float | None = None
     stop_renewal: threading.Event = field(default_factory=threading.Event)
     #: The process that acquired it; a forked child holds none of its parent's locks.
     pid: int = field(default_factory=lambda: ThisProcess.pid)
@@ -194,6 +198,9 @@ class BackendLocks:
 
     #: Redlock's clock-drift allowance; these services time leases themselves.
     drift_factor = 0.0
+
+    #: Whether a lock runs out with its lease (a ZooKeeper lock lives as its session does).
+    leased = True
 
     @property
     def node_name(self) -> str:
@@ -394,27 +401,22 @@ class BackendLocks:
         timeout = check_timeout(timeout)
         details = {**self.meta, **check_meta(meta, besides=self.meta)}
         reentrant = self.reentrant if reentrant is None else check_flag("reentrant", reentrant)
+        cap = check_handle_options(name, auto_renew, fencing, fair, blocking, owner, renew_for)
         if fair and not self.fair:
             raise ValueError(f"{type(self).__name__} does not serve waiters in order (fair=True)")
-        if renew_for is not None:
-            renew_for = check_positive("renew_for", renew_for)
         if retries is not None:
-            if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-                raise (TypeError if not isinstance(retries, int) else ValueError)(
-                    f"retries must be an int of 0 or more, got {retries!r}"
-                )
-            retries = check_retry_count(retries)
+            retries = check_retry_count(retries, "retries")
         return self.lock_class(
             self,
             name,
             ttl=lease,
-            auto_renew=bool(auto_renew),
-            fencing=bool(fencing),
-            blocking=bool(blocking),
+            auto_renew=auto_renew,
+            fencing=fencing,
+            blocking=blocking,
             timeout=timeout,
             meta=details,
             owner=owner,
-            renew_for=renew_for,
+            renew_for=cap,
             retries=retries,
             reentrant=reentrant,
             fair=False,
@@ -530,6 +532,7 @@ class BackendLocks:
     def _start_renewal(self, grant: Grant, renew_for: float | None) -> None:
         grant.auto_renew = True
         until = None if renew_for is None else time.monotonic() + renew_for
+        grant.renew_until = until
         threading.Thread(
             target=self._keep_renewing,
             args=(grant, until),
@@ -602,6 +605,8 @@ class BackendLocks:
             return
         held = time.monotonic() - grant.acquired
         self._unwatch(grant)
+        if self.leased and grant.lost is None and grant.validity <= 0:
+            self._release_run_out(grant)
         if grant.lost is None and self._give_back(grant):
             grant.released = True
             self._emit(
@@ -611,6 +616,26 @@ class BackendLocks:
         self._mark_lost(grant, "the lock was no longer ours at release")
         grant.released = True
         raise LockLost(f"lock {grant.name!r} was lost before release: {grant.lost}", grant.name)
+
+    def _release_run_out(self, grant: Grant) -> None:
+        """The release of a grant whose lease ran out by our clock, as the Redlock's: its
+        leftover lock is removed (by token, never another holder's), and the release raises
+        LockLost when the lease was to be renewed (the process was frozen past it), else
+        LockNotOwned (it simply ran out: the lock was not exclusive the whole time)."""
+        renewing = grant.auto_renew and (
+            grant.renew_until is None or grant.valid_until < grant.renew_until
+        )
+        with contextlib.suppress(*self.unavailable()):  # else the service ends it itself
+            self._give_back(grant)
+        why = "the lease ran out before it could be renewed" if renewing else "its lease ran out"
+        self._mark_lost(grant, why)
+        grant.released = True
+        if renewing:
+            raise LockLost(f"lock {grant.name!r} was lost before release: {why}", grant.name)
+        raise LockNotOwned(
+            f"lock {grant.name!r}: {why} before release; it was not exclusive the whole time",
+            grant.name,
+        )
 
     def _extend(self, grant: Grant, ttl: float) -> bool:
         ttl = check_positive("ttl", ttl)
@@ -632,10 +657,13 @@ class BackendLocks:
             return False
         self._this_process()
         try:
-            return self._still_held(grant)
+            held = self._still_held(grant)
         except self.unavailable():
             # Not known to be ours, as a Redlock's check() is False with its nodes down.
             return False
+        if not held:  # the service says it is not ours: lost, as a Redlock's check() finds
+            self._mark_lost(grant, "the lock was no longer ours when checked")
+        return held
 
     def _detach(self, grant: Grant) -> str:
         """Forget a grant handed to another process (no release, no renewal here)."""

@@ -77,6 +77,7 @@ class ZooKeeperLocks(BackendLocks):
         return self.hosts
 
     fair = True  # each waiter watches its predecessor: first come, first served
+    leased = False  # no validity while the connection is down is no lease run out
 
     def __init__(
         self,

@@ -59,6 +59,7 @@ from .nodes import (
 from .sentinel import GUARD_MARGIN
 from .validation import (
     check_flag,
+    check_handle_options,
     check_limit,
     check_meta,
     check_name,
@@ -236,7 +237,7 @@ class RedlockBase:
             self.lock_class, name, ttl, auto_renew, fencing, fair, blocking, timeout, meta,
             owner, renew_for,
             reentrant=self.reentrant if reentrant is None else check_flag("reentrant", reentrant),
-            retries=None if retries is None else check_retry_count(retries),
+            retries=None if retries is None else check_retry_count(retries, "retries"),
         )  # fmt: skip
 
     def semaphore(
@@ -334,24 +335,7 @@ class RedlockBase:
         if lease_ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
         details = check_meta(meta, besides=self.meta)
-        if renew_for is not None:
-            check_positive("renew_for", renew_for)
-            if not auto_renew:
-                raise ValueError(
-                    f"renew_for={renew_for!r} caps auto-renewal: {name!r} needs auto_renew=True"
-                )
-        # Bools need no check (every handle runs this): the checks only find which is not one.
-        if not (
-            auto_renew.__class__
-            is fencing.__class__
-            is fair.__class__
-            is blocking.__class__
-            is bool
-        ):
-            check_flag("auto_renew", auto_renew)
-            check_flag("fencing", fencing)
-            check_flag("fair", fair)
-            check_flag("blocking", blocking)
+        cap = check_handle_options(name, auto_renew, fencing, fair, blocking, owner, renew_for)
         return cls(
             self,
             name,
@@ -364,7 +348,7 @@ class RedlockBase:
             timeout=None if timeout is None else check_timeout(timeout),
             meta=details,
             owner=owner,
-            renew_for=renew_for,
+            renew_for=cap,
             retries=retries,
         )
 

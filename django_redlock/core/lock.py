@@ -287,7 +287,7 @@ class LockBase:
         elif blocking.__class__ is not bool:  # a bool needs no check (every acquire runs this)
             check_flag("blocking", blocking)
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        retries = self.retries if retries is None else check_retry_count(retries)
+        retries = self.retries if retries is None else check_retry_count(retries, "retries")
         lease = self._lease
         if lease is not None and (lease.released or lease.validity <= 0):
             # a hold that ended (released elsewhere, ran out, lost)

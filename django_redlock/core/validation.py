@@ -20,6 +20,7 @@ __all__ = [
     "MAX_NODE_TIMEOUT",
     "MAX_RETRY_COUNT",
     "check_flag",
+    "check_handle_options",
     "check_meta",
     "check_name",
     "check_node_timeout",
@@ -134,12 +135,14 @@ def check_node_timeout(value: object) -> float:
     return check_positive("node_timeout", value, maximum=MAX_NODE_TIMEOUT)
 
 
-def check_retry_count(value: object) -> int:
+def check_retry_count(value: object, label: str = "retry_count") -> int:
+    """A number of retries, in 0..MAX_RETRY_COUNT; ``label`` names the argument the caller
+    passed (``retry_count`` of a client, ``retries`` of a handle)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"retry_count must be an int, got {value!r}")
+        raise TypeError(f"{label} must be an int, got {value!r}")
     if not 0 <= value <= MAX_RETRY_COUNT:
         raise ValueError(
-            f"retry_count must be between 0 and {MAX_RETRY_COUNT}, got {value!r} "
+            f"{label} must be between 0 and {MAX_RETRY_COUNT}, got {value!r} "
             "(for a longer wait pass a timeout)"
         )
     return value
@@ -206,6 +209,43 @@ def check_flag(label: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{label} must be True or False, got {value!r}")
     return value
+
+
+def check_handle_options(
+    name: str,
+    auto_renew: object,
+    fencing: object,
+    fair: object,
+    blocking: object,
+    owner: object,
+    renew_for: object,
+    /,
+) -> float | None:
+    """The options every lock service's handle takes, checked alike (the Redlock's, the
+    backends'): flags that are bools, a hashable ``owner`` (it keys the reentrancy table)
+    and ``renew_for`` only with ``auto_renew`` (it caps the renewal). Returns ``renew_for``
+    as seconds, or None."""
+    # Plain bools need no check (every handle runs this): the checks only find which is not.
+    if not (
+        auto_renew.__class__ is fencing.__class__ is fair.__class__ is blocking.__class__ is bool
+    ):
+        check_flag("auto_renew", auto_renew)
+        check_flag("fencing", fencing)
+        check_flag("fair", fair)
+        check_flag("blocking", blocking)
+    if owner is not None:
+        try:
+            hash(owner)
+        except TypeError:
+            raise TypeError(f"owner must be hashable, got {owner!r}") from None
+    if renew_for is None:
+        return None
+    seconds = check_positive("renew_for", renew_for)
+    if not auto_renew:
+        raise ValueError(
+            f"renew_for={renew_for!r} caps auto-renewal: {name!r} needs auto_renew=True"
+        )
+    return seconds
 
 
 #: The most permits a semaphore may have: each is a slot read by every acquire that finds

@@ -389,7 +389,7 @@ def test_bad_input(make: Make, name: str) -> None:
         locks.lock(name, reentrant="no")  # truthy: refused rather than read as True
     with pytest.raises(ValueError, match="retries"):
         locks.lock(name, retries=-1)
-    with pytest.raises(ValueError, match="retr"):  # the core's check says "retry_count"
+    with pytest.raises(ValueError, match="retries"):
         locks.lock(name).acquire(retries=-1)
     if not locks.fair:
         with pytest.raises(ValueError, match="fair"):
@@ -1035,6 +1035,85 @@ async def arule_3_and_4_waiting_and_asking_again(amake: AsyncMake, name: str) ->
     assert lock.held and (await observer.lock_info(name)).token == lock.token
     await lock.release()
     assert not await observer.locked(name)
+
+
+#: Handle options every lock service refuses alike, before anything is sent: (options, the
+#: exception, the argument its message names). Each message also shows the value passed.
+BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"fencing": "yes"}, TypeError, "fencing"),
+    ({"auto_renew": 1}, TypeError, "auto_renew"),
+    ({"blocking": None}, TypeError, "blocking"),
+    ({"blocking": "no"}, TypeError, "blocking"),  # truthy: read as a bool it would wait
+    ({"fair": "yes"}, TypeError, "fair"),
+    ({"reentrant": "y"}, TypeError, "reentrant"),
+    ({"renew_for": 10}, ValueError, "renew_for"),  # caps auto-renewal: alone, it is refused
+    ({"renew_for": 0, "auto_renew": True}, ValueError, "renew_for"),
+    ({"renew_for": "10", "auto_renew": True}, TypeError, "renew_for"),
+    ({"owner": [1]}, TypeError, "owner"),  # it keys the reentrancy table
+    ({"retries": True}, TypeError, "retries"),
+    ({"retries": 1.5}, TypeError, "retries"),
+    ({"retries": -1}, ValueError, "retries"),
+    ({"ttl": "10"}, TypeError, "ttl"),
+    ({"ttl": 0}, ValueError, "ttl"),
+    ({"ttl": float("nan")}, ValueError, "ttl"),
+    ({"timeout": -1}, ValueError, "timeout"),
+    ({"timeout": "5"}, TypeError, "timeout"),
+    ({"meta": [1]}, TypeError, "meta"),
+]
+
+
+def _refused(
+    error: type[Exception], label: str, value: Any, call: Callable[..., Any], **options: Any
+) -> None:
+    with pytest.raises(error) as raised:
+        call(**options)
+    assert type(raised.value) is error, raised.value  # not a subclass of the other one
+    message = str(raised.value)
+    assert label in message and repr(value) in message, message
+
+
+def rule_bad_options_are_refused_alike(make: Make, name: str) -> None:
+    """Every option of :data:`BAD_OPTIONS` is refused by ``lock()`` with the same exception
+    on every service, its message naming the argument and the value, and nothing is taken;
+    ``acquire()``'s own ``retries`` and ``blocking`` are checked as ``lock()``'s."""
+    locks = make()
+    for options, error, label in BAD_OPTIONS:
+        _refused(error, label, options[label], locks.lock, name=name, **options)
+    lock = locks.lock(name, ttl=10)
+    _refused(ValueError, "retries", -1, lock.acquire, retries=-1)
+    _refused(TypeError, "retries", True, lock.acquire, retries=True)
+    _refused(TypeError, "blocking", "no", lock.acquire, blocking="no")
+    assert not lock.held and not locks.locked(name)  # nothing half-taken
+
+
+async def arule_bad_options_are_refused_alike(amake: AsyncMake, name: str) -> None:
+    """The asyncio handles refuse :data:`BAD_OPTIONS` as the blocking ones do."""
+    locks = amake()
+    for options, error, label in BAD_OPTIONS:
+        _refused(error, label, options[label], locks.lock, name=name, **options)
+    assert not await locks.locked(name)
+
+
+def rule_a_release_after_the_lease_ran_out_raises(make: Make, name: str) -> None:
+    """A lease that ran out with nobody to renew it: ``release()`` raises LockNotOwned (the
+    lock was not exclusive the whole time), LockLost once ``check()`` found it gone, and
+    the name is free after it either way."""
+    locks, observer = make(), make()
+    for checked in (False, True):
+        lock = locks.lock(name, ttl=1)
+        assert lock.acquire(blocking=False)
+        wait_until(lambda lock=lock: not lock.held, timeout=30, interval=0.05)
+        if checked:
+            # The service may keep a lease a moment longer (etcd grants at least 2 s).
+            wait_until(lambda: not observer.locked(name), timeout=30, interval=0.05)
+            assert lock.check() is False
+        with pytest.raises(LockNotOwned) as raised:
+            lock.release()
+        assert type(raised.value) is (LockLost if checked else LockNotOwned), raised.value
+        assert not lock.held and not observer.locked(name)
+        again = observer.lock(name, ttl=10)
+        assert again.acquire(blocking=False)
+        again.release()
 
 
 def _forked_worker(locks: Any, name: str, held: Any, history: Path, i: int) -> dict[str, Any]:
