@@ -91,7 +91,8 @@ def bound(threads: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("threads", [4, 8])
+# Eight threads beside burners run with the load scenarios (CI runs them as a step of its own).
+@pytest.mark.parametrize("threads", [4, pytest.param(8, marks=pytest.mark.load)])
 def test_connections_stay_bounded_on_a_busy_host_and_shrink_when_idle(cluster, threads):
     clients = [node.client() for node in cluster.nodes]
     rl = Redlock(named(cluster.urls))
