@@ -191,15 +191,19 @@ def test_a_same_client_force_release_turns_a_read_or_write_hold_lost_at_once(
     force-released it"): no renewal, no check() needed; with two readers in this process,
     only the one released is lost."""
     rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    # An acquire returns at a quorum; on a loaded host its write to the slowest node may
+    # still be on the wire when the force release (another connection) gets there: a quorum
+    # of removals, or all of them.
+    every = range(rl.quorum, len(redis_nodes) + 1)
     r1, r2 = rl.read_lock("doc:f", owner=1), rl.read_lock("doc:f", owner=2)
     assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
-    assert rl.force_release(f"doc:f#read:{r1.token}") == len(redis_nodes)
+    assert rl.force_release(f"doc:f#read:{r1.token}") in every
     assert r1.held is False and r2.held is True
-    assert rl.force_release(f"doc:f#read:{r2.token}") == len(redis_nodes)
+    assert rl.force_release(f"doc:f#read:{r2.token}") in every
     assert r2.held is False
     w = rl.write_lock("doc:f")
     assert w.acquire(blocking=False)
-    assert rl.force_release("doc:f") == len(redis_nodes)
+    assert rl.force_release("doc:f") in every
     assert w.held is False
 
     async def main() -> None:
@@ -207,8 +211,8 @@ def test_a_same_client_force_release_turns_a_read_or_write_hold_lost_at_once(
         try:
             reader, writer = arl.read_lock("doc:g"), arl.write_lock("doc:h")
             assert await reader.acquire(blocking=False) and await writer.acquire(blocking=False)
-            assert await arl.force_release(f"doc:g#read:{reader.token}") == len(redis_nodes)
-            assert await arl.force_release("doc:h") == len(redis_nodes)
+            assert await arl.force_release(f"doc:g#read:{reader.token}") in every
+            assert await arl.force_release("doc:h") in every
             assert reader.held is False and writer.held is False
         finally:
             await arl.close()
