@@ -14,6 +14,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,32 +39,63 @@ def child_env(kind: str, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _run_cases(kind: str, tmp_path: Path, expect: int) -> None:
+#: How long a child run may take; this test's own timeout is longer, so the child's end is
+#: reported by run_pytest, not by a pytest-timeout that would leave the child running.
+RUN_TIMEOUT = 600
+
+#: The kind of database each child run test of this module is for.
+_KIND_OF = {"test_database_backend_on_sqlite": "sqlite"}
+
+
+@pytest.fixture(scope="module")
+def child_runs(request, tmp_path_factory) -> Iterator[dict[str, Future[tuple[int, str]]]]:
+    """The child runs of the selected databases, started together: each spends most of its
+    time waiting (for its processes, leases, servers), so three at once take about as long as
+    the longest, not the sum."""
+    kinds = set()
+    for item in request.session.items:
+        if item.module is request.module and item.originalname in _KIND_OF:
+            kinds.add(_KIND_OF[item.originalname])
+        elif (
+            item.module is request.module
+            and item.originalname == "test_database_backend_on_a_server"
+        ):
+            kinds.add(item.callspec.params["kind"])
+    reachable = [k for k in sorted(kinds) if k == "sqlite" or not database_unreachable(k)]
+    args = ["tests/backends/database_cases.py", "--ds", "tests.backends.db_settings"]
+    with ThreadPoolExecutor(max_workers=max(1, len(reachable))) as pool:
+        runs = {
+            kind: pool.submit(
+                run_pytest, args, child_env(kind, tmp_path_factory.mktemp(kind)), RUN_TIMEOUT
+            )
+            for kind in reachable
+        }
+        try:
+            yield runs
+        finally:
+            for run in runs.values():
+                run.exception()  # wait for every child before sweeping
+            # A child killed with this run (its timeout, Ctrl-C) ran no teardown: its test
+            # database goes now (its reaper drops it too; whichever comes first).
+            for kind in runs:
+                if kind != "sqlite":
+                    databases.sweep(kind)
+
+
+def _run_cases(kind: str, runs: dict[str, Future[tuple[int, str]]], expect: int) -> None:
     reason = None if kind == "sqlite" else database_unreachable(kind)
     if reason:
         pytest.skip(reason)
-    args = ["tests/backends/database_cases.py", "--ds", "tests.backends.db_settings"]
-    try:
-        code, output = run_pytest(args, child_env(kind, tmp_path), RUN_TIMEOUT)
-    finally:
-        # A child killed with this test (its timeout, Ctrl-C) ran no teardown: its test
-        # database goes now (its reaper drops it too; whichever comes first).
-        if kind != "sqlite":
-            databases.sweep(kind)
+    code, output = runs[kind].result()
     assert code == 0, output[-6000:]
     summary = re.search(r"(\d+) passed", output)
     assert summary and int(summary.group(1)) == expect, output[-2000:]
 
 
-#: How long a child run may take; this test's own timeout is longer, so the child's end is
-#: reported by run_pytest, not by a pytest-timeout that would leave the child running.
-RUN_TIMEOUT = 600
-
-
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_database_backend_on_sqlite(tmp_path: Path) -> None:
+def test_database_backend_on_sqlite(child_runs) -> None:
     # The pessimistic, NOTIFY and dropped-connection cases skip.
-    _run_cases("sqlite", tmp_path, expect=27)
+    _run_cases("sqlite", child_runs, expect=27)
 
 
 @pytest.mark.parametrize(
@@ -73,8 +106,8 @@ def test_database_backend_on_sqlite(tmp_path: Path) -> None:
     ],
 )
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
-def test_database_backend_on_a_server(kind: str, expect: int, tmp_path: Path) -> None:
-    _run_cases(kind, tmp_path, expect)
+def test_database_backend_on_a_server(kind: str, expect: int, child_runs) -> None:
+    _run_cases(kind, child_runs, expect)
 
 
 SERVERS = [
