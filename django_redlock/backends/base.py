@@ -41,6 +41,7 @@ from ..core import (
     QuorumError,
     ThisProcess,
     check_flag,
+    check_handle_options,
     check_meta,
     check_positive,
     check_reentry_fence,
@@ -50,7 +51,6 @@ from ..core import (
     emit,
 )
 from ..core import check_name as core_check_name
-from ..core.validation import check_handle_options
 
 __all__ = [
     "AsyncBackendLock",
