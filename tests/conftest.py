@@ -304,3 +304,26 @@ def _fast_password_hashing(django_test_environment):
     fast.enable()
     yield
     fast.disable()
+
+
+@pytest.fixture
+def holder(admin_redlock_settings, redis_nodes):
+    """A Redlock of its own beside the admin's, standing in for another process that holds
+    locks (30 s leases)."""
+    from django_redlock import Redlock
+
+    rl = Redlock(list(redis_nodes.urls), ttl=30.0)
+    yield rl
+    rl.close()
+
+
+@pytest.fixture
+def fresh_readiness(monkeypatch):
+    """The readiness view with no cached answer, before and after the test."""
+    from django_redlock import views
+    from django_redlock.probes import probes
+
+    monkeypatch.setattr(views, "READY_CACHE", 0.0)
+    probes.forget()
+    yield
+    probes.forget()

@@ -24,7 +24,6 @@ from django_redlock import (
     LockLost,
     LockNotOwned,
     get_redlock,
-    views,
 )
 from django_redlock import metrics as redlock_metrics
 from django_redlock.labels import OTHER, LockLabels
@@ -178,14 +177,6 @@ def test_stuck_locks_gauge(settings, redlock_settings, registry):
 
 
 # =============================================================== readiness and liveness
-
-
-@pytest.fixture
-def fresh_readiness(monkeypatch):
-    monkeypatch.setattr(views, "READY_CACHE", 0.0)
-    probes.forget()
-    yield
-    probes.forget()
 
 
 def ready():

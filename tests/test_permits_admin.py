@@ -10,20 +10,13 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from django_redlock import LockLost, Redlock
+from django_redlock import LockLost
 
 pytestmark = pytest.mark.django_db
 
 LIST = "/admin/django_redlock/lock/"
 DETAIL = LIST + "detail/"
 RELEASE = LIST + "release/"
-
-
-@pytest.fixture
-def holder(admin_redlock_settings, redis_nodes):
-    rl = Redlock(list(redis_nodes.urls), ttl=30.0)
-    yield rl
-    rl.close()
 
 
 def test_permits_listed_and_one_released_from_the_admin(client: Client, lock_releaser, holder):

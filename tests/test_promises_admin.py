@@ -12,20 +12,12 @@ from django.contrib.admin import AdminSite
 from django.test import Client
 from django.urls import path
 
-from django_redlock import Redlock
 from django_redlock.admin import LockAdmin
 from django_redlock.models import Lock
 
 pytestmark = pytest.mark.django_db
 LIST = "/admin/django_redlock/lock/"
 NODES = LIST + "nodes/"
-
-
-@pytest.fixture
-def holder(admin_redlock_settings, redis_nodes):
-    rl = Redlock(list(redis_nodes.urls), ttl=30.0)
-    yield rl
-    rl.close()
 
 
 def command_calls(node, command: str) -> int:

@@ -75,16 +75,6 @@ def test_every_series_has_its_documented_type(settings, redlock_settings, regist
     assert {name: types.get(name) for name in documented} == documented
 
 
-@pytest.fixture
-def fresh_readiness(monkeypatch):
-    from django_redlock import views
-
-    monkeypatch.setattr(views, "READY_CACHE", 0.0)
-    probes.forget()
-    yield
-    probes.forget()
-
-
 def documented_ready_body() -> dict:
     page = (Path(__file__).resolve().parent.parent / "docs" / "monitoring.rst").read_text()
     block = page.split("Kubernetes probes", 1)[1].split(".. code-block:: json", 1)[1]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import time
 import weakref
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -521,16 +520,16 @@ class RedlockBase:
         """One node's health probe as I/O-free steps: each yield is commands the driver
         pipelines to ``node``, resumed with their replies (as redis-py's client parses them,
         or as they came), or thrown the error a reply was."""
-        sent = time.time()
-        t0 = time.perf_counter()
+        sent = clock.wall()
+        t0 = clock.monotonic()
         yield [["PING"]]
-        latency = time.perf_counter() - t0
+        latency = clock.monotonic() - t0
         try:
             yield self.listing.permission_probe()
         except (ReplyError, redis.ResponseError) as exc:
             raise self.listing.script_refused(exc) from None
         [server_time] = yield [["TIME"]]
-        received = time.time()
+        received = clock.wall()
         info, marker = yield [["INFO"], ["HMGET", self.keys.node_key(), *self.keys.MARKER_FIELDS]]
         keys, cursor, match = 0, b"0", f"{self.key_prefix}:lock:*"
         while True:

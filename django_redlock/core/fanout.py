@@ -910,12 +910,16 @@ class Round:
                         late[wire.fd] = (index, wire, due)
                         if op.in_time:
                             list_left(op.left, index, wire, due)
-            if op.in_time and op.idempotent and op.hedge is not None and late:
-                since = time.monotonic() - hedging.LOSSY_FOR
-                if any(node.late_at > since for node in self.nodes):
-                    # A round sends no copies while it waits; a release a quorum answered
-                    # still gets them where it is late, as a fan-out's does.
-                    _send_copies(self.nodes, op, late, {}, set())
+            # A round sends no copies while it waits; a release a quorum answered still gets
+            # them where it is late, as a fan-out's does.
+            if (
+                op.in_time
+                and op.idempotent
+                and op.hedge is not None
+                and late
+                and hedging.lossy(self.nodes, time.monotonic())
+            ):
+                _send_copies(self.nodes, op, late, {}, set())
         if op.wake is not None:
             _wake(op, _DONE)
 

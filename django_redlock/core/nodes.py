@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import re
 import select
 import socket
 import ssl
@@ -100,6 +99,7 @@ __all__ = [
     "refuse_replica",
     "reply_failure",
     "script_command",
+    "section_fields",
     "server_of",
     "settled",
     "shake_hands",
@@ -697,12 +697,9 @@ def shake_hands(node: Node, info: Any, replication: Any) -> tuple[str, float, st
     (:func:`claim_server`, :func:`refuse_replica`)."""
     run_id, started = server_of(info)
     claim_server(node, run_id)
-    refuse_replica(node, replication)
-    replid = ""
-    if isinstance(replication, bytes):
-        found = re.search(rb"^master_replid:(\w+)", replication, re.MULTILINE)
-        replid = found.group(1).decode() if found else ""
-    return run_id, started, replid
+    fields = section_fields(replication)
+    refuse_replica(node, fields)
+    return run_id, started, fields.get("master_replid", "")
 
 
 def server_of(info: Any) -> tuple[str, float]:
@@ -1917,23 +1914,31 @@ def claim_server(node: Node, run_id: str) -> None:
         raise WireError(Failure("refused", why))
 
 
-def refuse_replica(node: Node, replication: Any) -> None:
-    """Refuse a connection of a plain node to a replica (``INFO replication`` says
+def section_fields(section: Any) -> dict[str, str]:
+    """An INFO section's ``key:value`` lines as text (empty where the section was withheld:
+    ``section`` None)."""
+    if not isinstance(section, bytes):
+        return {}
+    return {
+        key: value.strip()
+        for key, _, value in (
+            line.partition(":")
+            for line in section.decode(errors="replace").splitlines()
+            if ":" in line
+        )
+    }
+
+
+def refuse_replica(node: Node, replication: Mapping[str, str]) -> None:
+    """Refuse a connection of a plain node to a replica (``INFO replication``'s fields say
     ``role:slave``): it is not independent of its primary (it holds that primary's keys, and
     loses its own writes at the next resync), and a read-only one never votes anyway. A
     Sentinel group's connection that reached a replica is the failover's business: it is
     dropped at its first ``READONLY`` and the next one asks the Sentinels."""
-    if node.group is not None or not isinstance(replication, bytes):
+    if node.group is not None:
         return
-    fields = dict(
-        line.split(":", 1)
-        for line in replication.decode(errors="replace").splitlines()
-        if ":" in line
-    )
-    if fields.get("role", "").strip() == "slave":
-        primary = (
-            f"{fields.get('master_host', '?').strip()}:{fields.get('master_port', '?').strip()}"
-        )
+    if replication.get("role") == "slave":
+        primary = f"{replication.get('master_host', '?')}:{replication.get('master_port', '?')}"
         why = (
             f"a replica (of {primary}), not an independent primary: only primaries vote "
             "(list the primary once, or make each node a primary of its own)"
