@@ -423,7 +423,9 @@ def test_the_largest_database_number_is_accepted() -> None:
 @pytest.mark.parametrize("options", [[], None, 0, "", False])
 def test_node_options_that_are_not_a_dict_are_refused(options: Any) -> None:
     """A falsy non-dict used to pass as "no options"."""
-    with pytest.raises(TypeError, match=rf"node OPTIONS must be a dict, got {re.escape(repr(options))}"):
+    with pytest.raises(
+        TypeError, match=rf"node OPTIONS must be a dict, got {re.escape(repr(options))}"
+    ):
         Redlock([{"URL": "redis://127.0.0.1:7000/0", "OPTIONS": options}])
 
 

@@ -12,11 +12,13 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from ..conf import get_async_redlock, get_config, get_redlock
+from ..setting import format_message
 from .base import AsyncLocks, BackendLocks
 
 __all__ = ["DEFAULT_ALIAS", "aliases", "build_backend", "get_async_locks", "get_locks", "reset"]
@@ -50,9 +52,12 @@ def build_backend(alias: str, entry: Any) -> Any:
     unknown = sorted(set(entry) - {"BACKEND", "OPTIONS"})
     if unknown:
         raise ValueError(f'REDLOCK["BACKENDS"][{alias!r}] has unknown keys {unknown}')
-    options = entry.get("OPTIONS") or {}
+    # Only a missing OPTIONS means none: a falsy non-dict ([], None, 0) is a mistake.
+    options = entry.get("OPTIONS", {})
     if not isinstance(options, Mapping):
-        raise ValueError(f'REDLOCK["BACKENDS"][{alias!r}]["OPTIONS"] must be a dict')
+        raise ValueError(
+            f'REDLOCK["BACKENDS"][{alias!r}]["OPTIONS"] must be a dict, got {options!r}'
+        )
     factory = import_string(entry["BACKEND"])
     config = get_config()
     if isinstance(factory, type) and issubclass(factory, BackendLocks):
@@ -91,6 +96,13 @@ def get_async_locks(alias: str = DEFAULT_ALIAS) -> Any:
 
 
 def _cached(alias: str, backends: Mapping[str, Any], *, asynchronous: bool) -> Any:
+    from .checks import judge_backends, judge_entry
+
+    # Servers never run the system checks: a broken entry is refused here as the check
+    # reports it (ImproperlyConfigured starting with its id), as get_redlock() does.
+    problems = judge_backends(get_config().get("BACKENDS"))
+    if problems:  # BACKENDS itself is not a dict (E101)
+        raise ImproperlyConfigured(format_message(problems[0]))
     if alias not in backends:
         raise ValueError(
             f'no lock backend {alias!r} in REDLOCK["BACKENDS"] (known: {", ".join(aliases())})'
@@ -100,7 +112,10 @@ def _cached(alias: str, backends: Mapping[str, Any], *, asynchronous: bool) -> A
         if manager is None:
             from .. import signals
 
-            manager = _built[(alias, False)] = build_backend(alias, backends[alias])
+            manager, problem = judge_entry(alias, backends[alias])
+            if problem is not None:
+                raise ImproperlyConfigured(format_message(problem))
+            _built[(alias, False)] = manager
             manager.listeners.append(signals.listener_for(manager))
         if not asynchronous:
             return manager
