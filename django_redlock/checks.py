@@ -8,7 +8,7 @@ and message for servers that never run the checks). Only the deploy checks
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,8 +16,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Tags, register
 
 from .conf import resolve_node
-from .core import Redlock, node_client, redact
-from .core.nodes import Node
+from .core import NodeHealth, Redlock, node_client, redact
 from .setting import DEFAULTS, error, node_urls, validate, warning
 
 __all__ = [
@@ -189,8 +188,10 @@ def _probe_all(
 
     def probe(item: tuple[int, str, dict[str, Any]]) -> tuple[Any, ...]:
         index, url, options = item
-        node = None if prober is None else prober.nodes[index]
-        return _probe(url, options, prober, node)
+        if prober is None:
+            return _probe(url, options)
+        redlock, node = prober, prober.nodes[index]
+        return _probe(url, options, lambda client: redlock.probe_with(node, client))
 
     with ThreadPoolExecutor(max_workers=max(len(parsed), 1)) as pool:
         results = list(pool.map(probe, parsed))
@@ -261,13 +262,13 @@ def _quorum_messages(
 def _probe(
     url: str,
     options: Mapping[str, Any],
-    prober: Redlock | None = None,
-    node: Node | None = None,
+    health_probe: Callable[[Any], NodeHealth] | None = None,
 ) -> tuple[str | None, str | None, str | None, str | None]:
     """``(why it is down, maxmemory-policy, run_id, the primary of a replica)``: PING, then
     ``INFO`` (readable without the CONFIG permission managed services often withhold), then,
-    with ``prober`` and its ``node``, the health probe ``health()`` runs (the lock scripts'
-    permission, TIME, INFO, the restart guard's marker)."""
+    with ``health_probe`` (a node's :meth:`.Redlock.probe_with`, given the client), the
+    health probe ``health()`` runs (the lock scripts' permission, TIME, INFO, the restart
+    guard's marker)."""
     import redis
 
     try:
@@ -282,8 +283,8 @@ def _probe(
             policy, run_id = info.get("maxmemory_policy"), info.get("run_id")
             health = None
             # A replica is reported as such (E015): its probe would fail on its writes.
-            if prober is not None and node is not None and info.get("role") != "slave":
-                health = prober.probe_with(node, client)
+            if health_probe is not None and info.get("role") != "slave":
+                health = health_probe(client)
         finally:
             client.close()
     except Exception as exc:

@@ -11,67 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Warning, register
 
 from ..conf import get_config
-from .registry import build_backend
+from .registry import OBJ, backend_error, judge_backends, judge_entry
 
-__all__ = ["check_backends", "check_backends_reachable", "judge_backends", "judge_entry"]
+__all__ = ["check_backends", "check_backends_reachable"]
 
 TAG = "django_redlock"
-OBJ = 'settings.REDLOCK["BACKENDS"]'
-EXAMPLE = (
-    '"BACKENDS": {"db": {"BACKEND": "django_redlock.backends.database.DatabaseLocks", '
-    '"OPTIONS": {"using": "default"}}}'
-)
-
-
-def _error(n: int, msg: str, hint: str | None = None) -> Error:
-    return Error(msg, hint=hint, obj=OBJ, id=f"django_redlock.E{n:03d}")
-
-
-def judge_backends(backends: Any) -> list[CheckMessage]:
-    """E101 when ``REDLOCK["BACKENDS"]`` is set but not a dict (None: no backends)."""
-    if backends is None or isinstance(backends, Mapping):
-        return []
-    # an empty list or string too
-    return [
-        _error(
-            101,
-            f"REDLOCK['BACKENDS'] must be a dict of alias -> backend, got {backends!r}.",
-            EXAMPLE,
-        )
-    ]
-
-
-def judge_entry(alias: Any, entry: Any) -> tuple[Any, CheckMessage | None]:
-    """One ``BACKENDS`` entry, built as ``get_locks(alias)`` builds it (no connection is
-    opened): ``(the backend, None)``, or ``(None, the error)``: E101 an alias that is not a
-    non-empty str, E102 no BACKEND dotted path, E103 a path that does not import, E104
-    OPTIONS the backend refuses. The system check reports the error, ``get_locks()`` raises
-    it as ImproperlyConfigured: one judgement for both."""
-    if not isinstance(alias, str) or not alias:
-        return None, _error(
-            101, f"REDLOCK['BACKENDS'] alias {alias!r} must be a non-empty str.", EXAMPLE
-        )
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("BACKEND"), str):
-        return None, _error(
-            102,
-            f"REDLOCK['BACKENDS'][{alias!r}] needs a 'BACKEND' dotted path, got {entry!r}.",
-            EXAMPLE,
-        )
-    try:
-        return build_backend(alias, entry), None
-    except ImportError as exc:
-        return None, _error(
-            103,
-            f"REDLOCK['BACKENDS'][{alias!r}]: cannot import {entry['BACKEND']!r} ({exc}).",
-            "Known backends: django_redlock.backends.database.DatabaseLocks, "
-            "django_redlock.backends.zookeeper.ZooKeeperLocks (extra 'zookeeper'), "
-            "django_redlock.backends.etcd.EtcdLocks.",
-        )
-    except (TypeError, ValueError) as exc:
-        return None, _error(104, f"{exc}", "See docs/backends.rst for each backend's OPTIONS.")
 
 
 def _entries() -> dict[Any, Any]:
@@ -93,7 +40,7 @@ def check_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             continue
         reason = getattr(backend, "unusable_reason", lambda: None)()
         if reason:
-            messages.append(_error(106, f"REDLOCK['BACKENDS'][{alias!r}]: {reason}"))
+            messages.append(backend_error(106, f"REDLOCK['BACKENDS'][{alias!r}]: {reason}"))
         caveat = getattr(backend, "caveat", lambda: None)()
         if caveat:
             messages.append(
@@ -128,7 +75,7 @@ def check_backends_reachable(app_configs: Any = None, **kwargs: Any) -> list[Che
         if down:
             detail = "; ".join(f"{h.node}: {h.error}" for h in down)
             messages.append(
-                _error(
+                backend_error(
                     105,
                     f"Lock backend {alias!r} is unreachable ({detail}).",
                     "Start the service or fix its address; `manage.py redlock --using "
