@@ -103,6 +103,7 @@ def test_contention_across_processes(etcd_server, root, name, tmp_path: Path) ->
     cases.contention(spec(etcd_server, root, name), {}, tmp_path)
 
 
+@pytest.mark.faults
 def test_holder_sigkill_recovered_within_one_lease(make, etcd_server, root, name) -> None:
     # etcd's shortest lease is about 2 s (1.5 x the election timeout, rounded up).
     cases.holder_killed(make, {**spec(etcd_server, root, name), "ttl": 2.0}, {}, bound=2.0 + 1.5)

@@ -180,6 +180,7 @@ def test_contention_across_processes(zk_server, root, name, tmp_path: Path) -> N
     cases.contention(spec(zk_server, root, name), {}, tmp_path)
 
 
+@pytest.mark.faults
 def test_holder_sigkill_recovered_within_one_session_timeout(make, zk_server, root, name) -> None:
     cases.holder_killed(make, spec(zk_server, root, name, session_timeout=2.0), {}, bound=2.0 + 1.5)
 
@@ -250,6 +251,7 @@ def outcomes(calls: dict[str, Callable[[], Any]], within: float) -> dict[str, An
     return results
 
 
+@pytest.mark.faults
 def test_every_operation_is_bounded_when_zookeeper_is_down(name) -> None:
     """ZooKeeper SIGKILLed while this process holds locks (kazoo's blocking calls then wait
     for ever): every operation answers within connect_timeout (acquire(timeout=t) within

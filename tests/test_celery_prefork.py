@@ -177,6 +177,7 @@ def test_time_limits_still_count_from_the_moment_the_lock_is_held(prefork_worker
     assert not rl.locked("demo:over")
 
 
+@pytest.mark.faults
 def test_a_hard_time_limit_after_the_wait_frees_the_key_at_once(prefork_worker, rl, queue):
     """The pool process killed by its hard limit cannot release; the worker's main process
     releases the lock it knows the task holds (its map), long before the lease ends."""

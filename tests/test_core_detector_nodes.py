@@ -240,8 +240,13 @@ def test_one_late_answer_is_not_a_failed_node(redis_cluster_factory, make_redloc
     rl = make_redlock(cluster, node_timeout=0.05)
     warm_up(rl)
     node = rl.nodes[2]
-    with cluster[2].paused():
-        assert rl.locked("late") is False  # waits for every node: node 2 misses
+    for _ in range(10):
+        with cluster[2].paused():
+            assert rl.locked("late") is False  # waits for every node: node 2 misses
+        # A loaded host may stall this process through the pause: the miss is then excused
+        # (the silence said nothing about the node), and the node is paused once more.
+        if node.detector.misses:
+            break
     assert node.detector.misses >= 1
     assert node.unreachable() is None and not node.detector.down
     wait_until(lambda: node.not_now() is None)  # reconnected in the background

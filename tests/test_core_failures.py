@@ -178,6 +178,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.faults
 def test_holder_killed_lock_free_after_ttl(redis_nodes: RedisCluster, make_redlock) -> None:
     ttl = 1.5
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))

@@ -92,7 +92,8 @@ def bound(threads: int) -> int:
 
 @pytest.mark.slow
 # Eight threads beside burners run with the load scenarios (CI runs them as a step of its own).
-@pytest.mark.parametrize("threads", [4, pytest.param(8, marks=pytest.mark.load)])
+@pytest.mark.load
+@pytest.mark.parametrize("threads", [4, 8])
 def test_connections_stay_bounded_on_a_busy_host_and_shrink_when_idle(cluster, threads):
     clients = [node.client() for node in cluster.nodes]
     rl = Redlock(named(cluster.urls))
@@ -126,6 +127,7 @@ rl.close()
 """
 
 
+@pytest.mark.load
 @pytest.mark.slow
 def test_a_second_process_is_not_refused_by_nodes_with_few_clients_allowed():
     threads = 8

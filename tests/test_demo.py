@@ -202,8 +202,10 @@ def test_bad_node_count_is_refused_with_a_clear_message(demo):
 
 # (signal, extra arguments, the line that marks the moment): every signal where the tour
 # freezes a child with SIGSTOP, and each signal at other moments of the tour and of serving.
-# The README command runs every signal once and every moment once; the same moment under
-# another signal (one handler serves all three) runs with the fault scenarios.
+# The README command runs every signal once and every moment of the tour once (serving ends
+# by SIGINT in test_serving_shows_...); the moments of serving, each of which starts a Celery
+# worker, and the same moment under another signal (one handler serves all three) run with
+# the fault scenarios.
 _AGAIN = pytest.mark.faults
 TOUR_MOMENTS = [
     (signal.SIGINT, [], r"^Started \d+ (redis|valkey)-server"),
@@ -241,6 +243,7 @@ def test_a_stop_signal_during_the_tour_leaves_nothing_behind(demo, signum, args,
     assert f"{signum.name}: stopping everything" in run.text
 
 
+@pytest.mark.faults
 @pytest.mark.celery
 @pytest.mark.parametrize(
     ("signum", "moment"),
@@ -261,7 +264,7 @@ def test_a_stop_signal_while_serving_leaves_nothing_behind(demo, signum, moment)
 # it, removes everything, a frozen child and the Celery worker's whole pool included.
 KILL_MOMENTS = [
     pytest.param(["--no-serve"], r"froze \(SIGSTOP\) before writing", id="tour-frozen-child"),
-    pytest.param(["--port", "0"], r"^Press Ctrl-C to stop", id="serving", marks=pytest.mark.celery),
+    pytest.param(["--port", "0"], r"^Press Ctrl-C to stop", id="serving", marks=[pytest.mark.celery, _AGAIN]),
 ]
 
 
