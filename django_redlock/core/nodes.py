@@ -583,12 +583,17 @@ class Wire(Link):
         are owed like any other, read and dropped by whoever reads the connection next.
         Owed before they are sent: if sending fails, the connection is lost with them
         (:meth:`Node.lose`)."""
+        self.write(self.owe_unowned(commands))
+
+    def owe_unowned(self, commands: list[bytes]) -> bytes:
+        """:meth:`send_unowned` but for the write: the replies are owed now, and the caller
+        sends the returned bytes (ahead of its own command, in the same write)."""
         now = time.monotonic()
         for command in commands:
             due = Due(b"", None, now, again=command)
             due.left = True
             self.due.append(due)
-        self.write(b"".join(commands))
+        return b"".join(commands)
 
     def settle_within(self, timeout: float) -> None:
         """Read until every reply it owes is in; raises :class:`Incomplete` after ``timeout``
@@ -1540,6 +1545,15 @@ class Node:
         pending = self.take_later()
         if pending:
             wire.send_unowned(pending)
+
+    def owe_later(self, wire: Wire) -> bytes:
+        """:meth:`send_later` for a caller that sends the returned bytes on ``wire`` in the
+        same write as its own command, right behind them. On a hot key a waiter's leave of
+        the name's waiters goes out with its release this way: a write of its own would wake
+        the node (and, on a busy host, often switch to it) once more per node, on the path
+        from one holder to the next."""
+        pending = self.take_later()
+        return wire.owe_unowned(pending) if pending else b""
 
     def take_later(self) -> list[bytes]:
         """Everything in :attr:`later`, taken out before it is sent: a send that fails puts
