@@ -95,6 +95,14 @@ def test_a_clean_replay_prints_its_schedule_and_whole_trace() -> None:
     assert out.strip().splitlines()[-1].startswith("runs=1 ops=")
 
 
+def test_the_run_docs_name_for_the_known_issue_shows_it() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "faults.rst").read_text()
+    assert "``--replay 1000239`` shows it" in docs
+    summary = _cli("--replay", "1000239").stdout.strip().splitlines()[-1]
+    assert int(summary.split(" known=")[1].split()[0]) > 0
+    assert " overlaps=0 " in summary
+
+
 _SLOW = {"trust_apart", "fresh_kept", "flushed_votes", "fork_releases"}
 
 
