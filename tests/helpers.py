@@ -171,8 +171,9 @@ def database_unreachable(kind: str) -> str | None:
 
 def run_pytest(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
     """pytest in a child process from the repository root (without the cache and the
-    hypothesis plugin, which alone takes seconds to import): its exit code and its output."""
-    plugins_off = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+    hypothesis plugin, which alone takes seconds to import), one test at a time (not three
+    files at once, as setup.cfg's addopts ask): its exit code and its output."""
+    plugins_off = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-n", "0"]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", *args, "-q", *plugins_off],
         cwd=REPO_ROOT,

@@ -141,7 +141,7 @@ def test_a_run_that_is_killed_leaves_no_test_database(kind: str, ending: str, tm
     report = tmp_path / "database"
     env = {**child_env(kind, tmp_path), "REDLOCK_HANG_REPORT": str(report)}
     args = [sys.executable, "-m", "pytest", "tests/backends/hanging_case.py", "-q"]
-    args += ["--ds", "tests.backends.db_settings", "-p", "no:cacheprovider"]
+    args += ["--ds", "tests.backends.db_settings", "-p", "no:cacheprovider", "-n", "0"]
     if ending == "pytest-timeout":  # the test itself times out, its fixtures' setup does not
         args += ["--timeout", "2", "-o", "timeout_method=thread", "-o", "timeout_func_only=true"]
     else:
