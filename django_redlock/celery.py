@@ -59,6 +59,7 @@ from .core import (
     QuorumError,
     Redlock,
     RedlockError,
+    printable,
     process_gone,
 )
 from .holders import TYPICAL_HOLD, HoldTimes, expected_free_in
@@ -188,7 +189,7 @@ def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
     try:
         info = redlock.lock_info(name)
     except Exception:
-        logger.debug("could not read the holder of %s", name, exc_info=True)
+        logger.debug("could not read the holder of %s", printable(name), exc_info=True)
         return {}
     if info is None:
         return {}
@@ -200,7 +201,9 @@ def _release_queued_marker(redlock: Redlock, queued: Any) -> None:
     try:
         redlock.release_token(queued[0], queued[1])
     except Exception:
-        logger.warning("could not release the queued marker %s", queued[0], exc_info=True)
+        logger.warning(
+            "could not release the queued marker %s", printable(queued[0]), exc_info=True
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,12 +239,18 @@ def release_held_locks(reason: str = "worker shutdown") -> int:
         try:
             lock.release()
         except RedlockError as exc:
-            logger.debug("releasing %s at %s: %s", lock.name, reason, exc)
+            logger.debug(
+                "releasing %s at %s: %s", printable(lock.name), printable(reason), printable(exc)
+            )
         except Exception:
-            logger.warning("could not release %s at %s", lock.name, reason, exc_info=True)
+            logger.warning(
+                "could not release %s at %s", printable(lock.name), printable(reason), exc_info=True
+            )
         else:
             released += 1
-            logger.warning("released lock %s of a running task (%s)", lock.name, reason)
+            logger.warning(
+                "released lock %s of a running task (%s)", printable(lock.name), printable(reason)
+            )
     return released
 
 
@@ -356,7 +365,9 @@ class _TaskRun:
         except RedlockError:
             pass  # a revoke freed it already, or it ran out: nothing of ours is left
         except Exception:
-            logger.warning("could not release the waiting slot %s", slot.name, exc_info=True)
+            logger.warning(
+                "could not release the waiting slot %s", printable(slot.name), exc_info=True
+            )
 
     def report(self, kind: str, **fields: Any) -> None:
         hooks = self.hooks
@@ -649,8 +660,8 @@ class LockedTask(Task):
                 self.name,
                 task_id,
                 self.name,
-                queued_id,
-                name,
+                printable(queued_id),
+                printable(name),
             )
             task_dropped.send(
                 sender=self,
@@ -668,8 +679,8 @@ class LockedTask(Task):
             "task %s merged into %s[%s], already queued for lock %s",
             self.name,
             self.name,
-            queued_id,
-            name,
+            printable(queued_id),
+            printable(name),
         )
         return self.AsyncResult(queued_id)
 
@@ -720,8 +731,8 @@ class LockedTask(Task):
                 "task %s[%s]: replaced the queued marker %s of revoked task %s",
                 self.name,
                 task_id,
-                queued_name,
-                other,
+                printable(queued_name),
+                printable(other),
             )
             if lock.acquire(blocking=False):
                 return (queued_name, lock.detach())
@@ -774,7 +785,11 @@ class LockedTask(Task):
                 # fail.
                 requeue = opts.on_locked in ("retry", "skip") and not _eager(request)
                 logger.warning(
-                    "task %s[%s]: lock %s unavailable: %s", self.name, task_id, name, exc
+                    "task %s[%s]: lock %s unavailable: %s",
+                    self.name,
+                    task_id,
+                    printable(name),
+                    printable(exc),
                 )
                 if requeue:
                     self._retry_later(run, exc, self._countdown(opts, run.lock_retries, {}))
@@ -842,17 +857,17 @@ class LockedTask(Task):
                     "task %s[%s] finished without holding lock %s: %s",
                     self.name,
                     run.task_id,
-                    lock.name,
-                    exc,
+                    printable(lock.name),
+                    printable(exc),
                 )
             except Exception:
-                logger.warning("could not release lock %s", lock.name, exc_info=True)
+                logger.warning("could not release lock %s", printable(lock.name), exc_info=True)
             else:
                 if stopped is not None:
                     logger.warning(
                         "released lock %s of task %s[%s]: the task was stopped (%r, a worker "
                         "shutdown or terminate)",
-                        lock.name,
+                        printable(lock.name),
                         self.name,
                         run.task_id,
                         stopped,
@@ -866,7 +881,7 @@ class LockedTask(Task):
             "task %s[%s] revoked while it waited for lock %s: not run",
             self.name,
             run.task_id,
-            run.lock.name,
+            printable(run.lock.name),
         )
         if request.id and not request.called_directly:
             try:
@@ -929,7 +944,7 @@ class LockedTask(Task):
                 "broker's visibility_timeout must exceed the longest task); retrying in %.1fs",
                 self.name,
                 request.id,
-                name,
+                printable(name),
                 holder.get("attempt"),
                 f"{request.retries or 0}.{run.lock_retries}",
                 lock.retry_after or 0.0,
@@ -974,8 +989,8 @@ class LockedTask(Task):
                 "%s nodes)",
                 self.name,
                 request.id,
-                name,
-                holder.get("pid"),
+                printable(name),
+                printable(holder.get("pid")),
                 freed,
             )
             return run.acquire(blocking=False), None
@@ -1086,8 +1101,8 @@ class LockedTask(Task):
             "task %s[%s] skipped: lock %s is held by %s",
             self.name,
             task_id,
-            name,
-            _describe(holder),
+            printable(name),
+            printable(_describe(holder)),
         )
         _django_contended(run.redlock, run.lock)
         task_skipped.send(
@@ -1376,7 +1391,7 @@ class WorkerHooks:
                 select.select([], [self._write_fd], [], REPORT_PATIENCE)
                 os.write(self._write_fd, data)
         except OSError as exc:
-            logger.warning("could not report %s to the worker: %s", report["kind"], exc)
+            logger.warning("could not report %s to the worker: %s", report["kind"], printable(exc))
 
     def warn_charged(self, task_name: str) -> None:
         """Once per task: this pool counts the lock wait against the time limits."""
@@ -1513,7 +1528,7 @@ class WorkerHooks:
             "task %s[%s] revoked while it waited for lock %s: stopped",
             entry.task,
             entry.task_id,
-            entry.lock,
+            printable(entry.lock),
         )
         if entry.pid == self.pid:
             return  # an in-process pool: the task looks at the revoked ids when its wait ends
@@ -1549,11 +1564,20 @@ class WorkerHooks:
             if entry.token:
                 released = redlock.release_token(entry.lock, entry.token) > 0
         except Exception:
-            logger.warning("could not release lock %s (%s)", entry.lock, why, exc_info=True)
+            logger.warning(
+                "could not release lock %s (%s)",
+                printable(entry.lock),
+                printable(why),
+                exc_info=True,
+            )
             return False
         if released:
             logger.warning(
-                "released lock %s of task %s[%s] (%s)", entry.lock, entry.task, task_id, why
+                "released lock %s of task %s[%s] (%s)",
+                printable(entry.lock),
+                entry.task,
+                task_id,
+                printable(why),
             )
         return released
 

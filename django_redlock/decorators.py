@@ -598,8 +598,8 @@ class Locked:
         if failed or call.request is not None:
             logger.error(
                 "lock %s: release failed: %s",
-                call.name,
-                exc,
+                printable(call.name),
+                printable(exc),
                 extra={"lock_name": call.name, "lock_event": "release_failed"},
             )
             return
@@ -844,7 +844,11 @@ class _StreamRelease:
             try:
                 async_to_sync(_await)(coro)
             except Exception as exc:
-                logger.error("lock %s: release after streaming failed: %s", self.call.name, exc)
+                logger.error(
+                    "lock %s: release after streaming failed: %s",
+                    printable(self.call.name),
+                    printable(exc),
+                )
         else:
             task = loop.create_task(coro)
             _pending.add(task)
@@ -891,7 +895,7 @@ def _quietly(read: Callable[[str], Any], name: str) -> Any:
     try:
         return read(name)
     except Exception:
-        logger.debug("could not read the holder of %s", name, exc_info=True)
+        logger.debug("could not read the holder of %s", printable(name), exc_info=True)
         return None
 
 
@@ -899,7 +903,7 @@ async def _aquietly(read: Callable[[str], Any], name: str) -> Any:
     try:
         return await read(name)
     except Exception:
-        logger.debug("could not read the holder of %s", name, exc_info=True)
+        logger.debug("could not read the holder of %s", printable(name), exc_info=True)
         return None
 
 

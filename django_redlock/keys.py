@@ -22,7 +22,7 @@ from uuid import UUID
 from django.http import HttpRequest
 from django.utils.functional import LazyObject, empty
 
-from .core import MAX_KEY_LENGTH
+from .core import MAX_KEY_LENGTH, printable
 
 __all__ = [
     "CLIENT_FIELD",
@@ -65,21 +65,6 @@ def _escaper(extra: str) -> Callable[[str], str]:
         )
 
     return escape
-
-
-def printable(value: object) -> str:
-    """``str(value)`` safe to write into a log line or onto a terminal: each character that is
-    not printable (CR, LF, ESC and the other control characters, line separators) and the
-    backslash in Python's escaped form (``\\r``, ``\\x1b``, ``\\\\``), as Django's request
-    logger writes a client's path, so a value cannot forge a line or steer the terminal.
-    Printable letters of every script stay as they are."""
-    text = str(value)
-    if text.isprintable() and "\\" not in text:
-        return text
-    return "".join(
-        c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
-        for c in text
-    )
 
 
 class KeyTemplate:

@@ -16,6 +16,8 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from .core import printable
+
 __all__ = ["DEFAULT_MAX_LABELS", "OTHER", "LockLabels", "default_label", "label_function"]
 
 logger = logging.getLogger("django_redlock")
@@ -74,7 +76,7 @@ class LockLabels:
         try:
             label = str(self.function(name))
         except Exception:
-            logger.warning("the lock label function failed on %r", name, exc_info=True)
+            logger.warning("the lock label function failed on %s", printable(name), exc_info=True)
             return OTHER
         if label in self._seen:
             return label
@@ -87,10 +89,10 @@ class LockLabels:
             if not self._warned:
                 self._warned = True
                 logger.warning(
-                    "more than %s distinct lock labels; lock %r and later new ones are "
+                    "more than %s distinct lock labels; lock %s and later new ones are "
                     "counted as %r (REDLOCK['METRICS']['LABEL'] or 'MAX_LABELS')",
                     self.limit,
-                    name,
+                    printable(name),
                     OTHER,
                 )
         return OTHER

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from .core import LockEvent
+from .core import LockEvent, printable
 
 logger = logging.getLogger("django_redlock")
 
@@ -94,8 +94,8 @@ def send_event(event: LockEvent, redlock: Any = None) -> None:
                 "lock_%s receiver %r failed on lock %s: %s",
                 event.kind,
                 receiver,
-                event.name,
-                reply,
+                printable(event.name),
+                printable(reply),
                 exc_info=(type(reply), reply, reply.__traceback__),
                 extra={"lock_name": event.name, "lock_event": event.kind},
             )

@@ -276,10 +276,12 @@ def test_row_only_the_owner_releases(conn, rl, redis_nodes) -> None:
     assert run_owned(shared.release) is None
 
 
-def test_row_reset_is_force_release(conn, rl) -> None:
+def test_row_reset_is_force_release(conn, rl, redis_nodes, make_redlock) -> None:
     """``lock.reset()`` / ``reset_all(conn)`` (remove locks whoever holds them) ->
-    ``rl.force_release(name)``, one name at a time (no "remove all"); the holder hears of it
-    (``lost``)."""
+    ``rl.force_release(name)``, one name at a time (no "remove all"); the holder's ``lost``
+    is set at once when the same Redlock released it, without a call when it holds with
+    ``auto_renew``, else at its next ``check()`` (its ``release()`` would raise
+    LockNotOwned: test_a_holder_without_auto_renew_learns_of_a_force_release_at_its_next_call)."""
     assert redis_lock.Lock(conn, "a").acquire(blocking=False)
     assert redis_lock.Lock(conn, "b").acquire(blocking=False)
     redis_lock.reset_all(conn)
@@ -288,8 +290,15 @@ def test_row_reset_is_force_release(conn, rl) -> None:
     assert ours.acquire(blocking=False)
     assert rl.force_release("a") == 3
     assert not rl.locked("a")
-    wait_until(lambda: ours.lost or not ours.check())
-    assert not ours.held
+    assert ours.lost and not ours.held  # the same client: at once
+    operator = make_redlock(redis_nodes)
+    renewed, plain = rl.lock("r", ttl=10, auto_renew=True), rl.lock("p", ttl=10)
+    assert renewed.acquire(blocking=False) and plain.acquire(blocking=False)
+    assert operator.force_release("r") == 3 and operator.force_release("p") == 3
+    wait_until(lambda: renewed.lost, timeout=10)  # heard: no call of the holder's
+    assert not renewed.held
+    assert plain.lost is None and plain.held  # told nothing
+    assert plain.check() is False and plain.lost and not plain.held
 
 
 def test_row_one_node_becomes_a_quorum(redis_cluster_factory, make_redlock) -> None:

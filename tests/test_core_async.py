@@ -663,3 +663,35 @@ def test_a_parked_connection_the_node_closed_meanwhile_gets_a_fresh_one(
         assert asyncio.run(cycle())
     finally:
         asyncio.run(rl.close())
+
+
+def test_an_async_holder_without_auto_renew_learns_of_a_force_release_at_its_next_call(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """As the Redlock's (docs/backends.rst): only auto_renew holders listen; another's
+    force release is found by ``check()`` (then LockLost) or by ``release()``
+    (LockNotOwned); one through the holder's own AsyncRedlock is heard at once."""
+    operator = make_redlock(redis_nodes, node_timeout=0.5)
+
+    async def main() -> None:
+        rl = AsyncRedlock(redis_nodes.urls, node_timeout=0.5)
+        try:
+            checked, released = rl.lock("aforced-plain-0", ttl=30), rl.lock("aforced-plain-1")
+            for lock in (checked, released):
+                assert await lock.acquire(blocking=False)
+                assert operator.force_release(lock.name) == 3
+            assert checked.lost is None and released.lost is None and checked.held
+            assert await checked.check() is False and checked.lost and not checked.held
+            with pytest.raises(LockLost):
+                await checked.release()
+            with pytest.raises(LockNotOwned) as raised:
+                await released.release()
+            assert type(raised.value) is LockNotOwned, raised.value
+            own = rl.lock("aforced-plain-own", ttl=30)
+            assert await own.acquire(blocking=False)
+            assert await rl.force_release(own.name) == 3
+            assert own.lost and not own.held  # through its own AsyncRedlock: at once
+        finally:
+            await rl.close()
+
+    asyncio.run(main())

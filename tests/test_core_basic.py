@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from django_redlock import LockNotAcquired, LockNotOwned, QuorumError
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, QuorumError
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
     all_keys,
@@ -453,3 +453,41 @@ def test_a_lost_lock_says_why_in_its_log_line(
     [record] = [r for r in caplog.records if getattr(r, "lock_event", None) == "lost"]
     assert record.lock_reason == "force-released by an operator"
     assert record.getMessage() == "lock logged-lost lost: force-released by an operator"
+
+
+def test_a_holder_without_auto_renew_learns_of_a_force_release_at_its_next_call(
+    redis_nodes, make_redlock
+) -> None:
+    """docs/backends.rst, the Redlock: only ``auto_renew`` holders listen for force releases
+    (test_force_release_turns_holder_held_false). A holder without it learns of one done by
+    its own client at once, and of one done by another client (another process, the admin,
+    manage.py redlock release) at its next ``check()`` (False, ``lost`` set, then
+    ``release()`` raises LockLost), ``extend()`` (False, ``lost`` set) or ``release()``
+    (LockNotOwned: it did not know)."""
+    rl = make_redlock(redis_nodes, node_timeout=0.5)
+    operator = make_redlock(redis_nodes, node_timeout=0.5)
+
+    own = rl.lock("forced-plain-own", ttl=30)
+    assert own.acquire(blocking=False)
+    assert rl.force_release("forced-plain-own") == 3
+    assert not own.held and "force" in (own.lost or "")
+    with pytest.raises(LockLost):
+        own.release()
+
+    checked, extended, released = (rl.lock(f"forced-plain-{n}", ttl=30) for n in range(3))
+    for lock in (checked, extended, released):
+        assert lock.acquire(blocking=False)
+        assert operator.force_release(lock.name) == 3
+    # Nothing tells them: the operator's notice reaches listening holders only, and the
+    # round trips above (the other two force releases) gave it time to arrive.
+    assert all(lock.held and lock.lost is None for lock in (checked, extended, released))
+    assert checked.check() is False and checked.lost and not checked.held
+    with pytest.raises(LockLost):
+        checked.release()
+    assert extended.extend() is False and extended.lost and not extended.held
+    with pytest.raises(LockLost):
+        extended.release()
+    with pytest.raises(LockNotOwned) as raised:
+        released.release()
+    assert type(raised.value) is LockNotOwned, raised.value
+    assert not any(rl.locked(lock.name) for lock in (own, checked, extended, released))

@@ -141,9 +141,17 @@ class _Gateway:
         self, endpoint: str, path: str, body: dict[str, Any], timeout: float
     ) -> dict[str, Any]:
         connection = self._connection(endpoint, timeout)
-        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        payload: dict[str, Any] = json.loads(response.read() or b"{}")
+        try:
+            connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            payload: dict[str, Any] = json.loads(response.read() or b"{}")
+        except BaseException:
+            # A request cut short (timed out, interrupted, a reply cut off) leaves the
+            # connection mid-exchange: http.client refuses its next request ("Request-sent"),
+            # and a late reply would answer the wrong one. Every caller, health() too, gets a
+            # fresh connection next time.
+            self._drop(endpoint)
+            raise
         if response.status != 200:
             raise EtcdError(f"etcd {path}: HTTP {response.status}: {payload.get('error', payload)}")
         return payload

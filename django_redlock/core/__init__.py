@@ -9,7 +9,7 @@ from .errors import (
     RedlockError,
     TrustRefused,
 )
-from .events import LockEvent, emit
+from .events import LockEvent, emit, printable
 from .info import (
     HOLDER_PLACE,
     NODE_STATUSES,
@@ -102,6 +102,7 @@ __all__ = [
     "node_client",
     "node_identity",
     "parse_spec",
+    "printable",
     "process_gone",
     "redact",
 ]

@@ -12,9 +12,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["EventKind", "Listener", "LockEvent", "emit", "heard"]
+__all__ = ["EventKind", "Listener", "LockEvent", "emit", "heard", "printable"]
 
 logger = logging.getLogger("django_redlock")
+
+
+def printable(value: object) -> str:
+    """``str(value)`` safe to write into a log line or onto a terminal: each character that is
+    not printable (CR, LF, ESC and the other control characters, line separators) and the
+    backslash in Python's escaped form (``\\r``, ``\\x1b``, ``\\\\``), as Django's request
+    logger writes a client's path, so a value cannot forge a line or steer the terminal.
+    Printable letters of every script stay as they are. Every log line of this package that
+    carries a lock name (the client's, through a key template or a key function), a path, a
+    holder or an error that may quote them writes them through this."""
+    text = str(value)
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(
+        c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
 
 EventKind = Literal["acquired", "released", "contended", "lost", "force_released"]
 
@@ -78,9 +96,9 @@ def emit(listeners: list[Listener], event: LockEvent) -> None:
         logger.log(
             level,
             "lock %s %s: %s" if event.reason else "lock %s %s",
-            event.name,
+            printable(event.name),
             event.kind,
-            *((event.reason,) if event.reason else ()),
+            *((printable(event.reason),) if event.reason else ()),
             extra={
                 "lock_event": event.kind,
                 "lock_name": event.name,

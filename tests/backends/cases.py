@@ -1094,22 +1094,44 @@ async def arule_bad_options_are_refused_alike(amake: AsyncMake, name: str) -> No
     assert not await locks.locked(name)
 
 
-def rule_a_release_after_the_lease_ran_out_raises(make: Make, name: str) -> None:
+def rule_a_release_after_the_lease_ran_out_raises(
+    make: Make, name: str, hears_the_lease_end: bool
+) -> None:
     """A lease that ran out with nobody to renew it: ``release()`` raises LockNotOwned (the
-    lock was not exclusive the whole time), LockLost once ``check()`` found it gone, and
-    the name is free after it either way."""
+    lock was not exclusive the whole time); LockLost (a LockNotOwned) when the handle already
+    knew the lock was gone, its ``lost`` set: ``check()`` found it gone, or the service told
+    the holder when it ended the lease (``hears_the_lease_end``: etcd's watch sees the key
+    deleted); the name is free after it either way.
+
+    Three releases: as soon as ``held`` turned False (the service may still keep the lease a
+    moment: nothing told the handle), after ``check()``, and after the service itself freed
+    the name, where only a service that tells the holder makes it LockLost."""
     locks, observer = make(), make()
-    for checked in (False, True):
+    for when in ("held turned False", "checked", "the service freed it"):
         lock = locks.lock(name, ttl=1)
         assert lock.acquire(blocking=False)
         wait_until(lambda lock=lock: not lock.held, timeout=30, interval=0.05)
-        if checked:
+        if when != "held turned False":
             # The service may keep a lease a moment longer (etcd grants at least 2 s).
             wait_until(lambda: not observer.locked(name), timeout=30, interval=0.05)
+        if when == "checked":
             assert lock.check() is False
+            assert lock.lost, when
+        if when == "the service freed it":
+            if hears_the_lease_end:
+                wait_until(lambda lock=lock: lock.lost, timeout=30, interval=0.05)
+            else:
+                assert lock.lost is None, (when, lock.lost)
+        knew = lock.lost is not None
         with pytest.raises(LockNotOwned) as raised:
             lock.release()
-        assert type(raised.value) is (LockLost if checked else LockNotOwned), raised.value
+        if knew:
+            assert type(raised.value) is LockLost, (when, raised.value)
+        elif when == "held turned False" and hears_the_lease_end and lock.lost:
+            # The service ended the lease while the release was on its way: told meanwhile.
+            assert type(raised.value) in (LockLost, LockNotOwned), (when, raised.value)
+        else:
+            assert type(raised.value) is LockNotOwned, (when, raised.value)
         assert not lock.held and not observer.locked(name)
         again = observer.lock(name, ttl=10)
         assert again.acquire(blocking=False)

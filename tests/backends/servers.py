@@ -11,6 +11,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -50,6 +51,33 @@ class Server:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)
+
+
+@contextlib.contextmanager
+def frozen(server: Server, timeout: float = 30.0) -> Iterator[Server]:
+    """The server stopped (SIGSTOP: connections stay open, nothing is answered) until the
+    block ends. Entered once every thread of it has stopped: a signal takes effect
+    asynchronously, and a thread still running on another core would answer the request the
+    block sends first."""
+    pid = server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _all_threads_stopped(pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pid {pid} did not stop within {timeout} s")
+            time.sleep(0.001)
+        yield server
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    states = []
+    for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+        with contextlib.suppress(OSError), open(stat, "rb") as fh:
+            states.append(fh.read().rpartition(b")")[2].split()[0])
+    return not states or all(state in (b"T", b"t") for state in states)
 
 
 def free_port() -> int:

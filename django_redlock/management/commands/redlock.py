@@ -320,12 +320,12 @@ class Command(BaseCommand):
     @staticmethod
     def _audit(name: str, removed: int, total: int, info: Any) -> None:
         audit.warning(
-            "manage.py redlock release by %s: released lock %r on %s of %s nodes; holder: %s",
-            _operator(),
-            name,
+            "manage.py redlock release by %s: released lock '%s' on %s of %s nodes; holder: %s",
+            printable(_operator()),
+            printable(name),
             removed,
             total,
-            describe_holder(info) if info is not None else "unknown",
+            describe_holder(info) if info is not None else "unknown",  # repr: escaped
         )
 
     # -- check -----------------------------------------------------------------------------
