@@ -9,9 +9,10 @@ and takes it again, as scenario f of ``bench/load.py`` does, with timestamps (th
 listener thread hears, the waiting thread's return from its wait, every fan-out, the end of the
 acquire. For each hand-off (a release, then the next acquisition by another process) it prints
 the p50 of each step of the winner, how many processes heard that release, how many fan-outs
-all processes sent meanwhile, and the client CPU (user + system, every process) per
-acquisition. The hooks wrap the client's methods; they change no decision. Nothing here is a
-test.
+all processes sent meanwhile, the client CPU (user + system, every process) and context
+switches per acquisition, and the nodes' CPU per acquisition (``/proc/<pid>/stat`` of each
+``redis-server``). The hooks wrap the client's methods; they change no decision. Nothing here
+is a test.
 """
 
 from __future__ import annotations
@@ -82,8 +83,19 @@ def _worker(urls: list[str], key: str, fair: bool, seconds: float, barrier: Any,
             handle.release()
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    switches = r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw
     rl.close()
-    out.put((os.getpid(), events, cpu))
+    out.put((os.getpid(), events, cpu, switches))
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _p50(values: list[float]) -> float:
@@ -91,7 +103,7 @@ def _p50(values: list[float]) -> float:
     return values[len(values) // 2] if values else float("nan")
 
 
-def run(urls: list[str], fair: bool, processes: int, seconds: float) -> None:
+def run(urls: list[str], fair: bool, processes: int, seconds: float, pids: list[int]) -> None:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes + 1)
     out = ctx.Queue()
@@ -103,11 +115,15 @@ def run(urls: list[str], fair: bool, processes: int, seconds: float) -> None:
     for p in procs:
         p.start()
     barrier.wait(timeout=120)
+    node_cpu = _cpu_of(pids)
     results = [out.get(timeout=seconds + 60) for _ in procs]
+    node_cpu = _cpu_of(pids) - node_cpu
     for p in procs:
         p.join(10)
     cpu = sum(r[2] for r in results)
-    merged = sorted((t, pid, what) for pid, events, _ in results for t, what in events)
+    voluntary = sum(r[3][0] for r in results)
+    involuntary = sum(r[3][1] for r in results)
+    merged = sorted((t, pid, what) for pid, events, _, _ in results for t, what in events)
     # Hold i: (pid, acquired at, release started, release returned).
     holds: list[tuple[int, float, float, float]] = []
     open_at: dict[int, float] = {}
@@ -162,10 +178,13 @@ def run(urls: list[str], fair: bool, processes: int, seconds: float) -> None:
             if sends:
                 steps["waiter awake -> first send"].append((sends[0] - woke[-1]) * 1000)
             steps["waiter awake -> granted"].append((b_acq - woke[-1]) * 1000)
+    n = max(len(holds), 1)
     print(
         f"fair={fair}, {processes} processes, {seconds:.0f} s: {len(holds)} acquisitions "
-        f"({len(holds) / seconds:.0f}/s), {handoffs} hand-offs to another process, "
-        f"client CPU {cpu / max(len(holds), 1) * 1000:.2f} ms per acquisition"
+        f"({len(holds) / seconds:.0f}/s), {handoffs} hand-offs to another process; per "
+        f"acquisition: client CPU {cpu / n * 1000:.2f} ms, nodes' CPU {node_cpu / n * 1000:.2f} "
+        f"ms (the whole run), context switches {voluntary / n:.1f} voluntary and "
+        f"{involuntary / n:.1f} involuntary"
     )
     for name, values in steps.items():
         unit = "" if name.startswith(("processes", "fan-outs", "sends")) else " ms"
@@ -181,7 +200,8 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     with RedisCluster(3) as cluster:
         for fair in (False, True) if args.fair is None else (bool(args.fair),):
-            run(cluster.urls, fair, args.processes, args.seconds)
+            pids = [node.pid for node in cluster.nodes if node.pid is not None]
+            run(cluster.urls, fair, args.processes, args.seconds, pids)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -8,15 +8,16 @@ and message for servers that never run the checks). Only the deploy checks
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Tags, register
 
-from .core import node_client, redact
-from .setting import error, node_urls, validate, warning
+from .conf import resolve_node
+from .core import NodeHealth, Redlock, node_client, redact
+from .setting import DEFAULTS, error, node_urls, validate, warning
 
 __all__ = [
     "SAFE_EVICTION",
@@ -102,12 +103,18 @@ def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 @register(TAG, deploy=True)
 def check_reachable(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """PING every node (deploy checks only); fewer than a quorum reachable is an error, and
-    a node that may evict keys draws W006."""
+    """PING every node and run the health probe on each that answers (deploy checks only):
+    fewer than a quorum that could vote is an error, and a node that may evict keys draws
+    W006."""
     parsed = _valid_nodes()
     if not parsed:
         return []
-    down, policies, servers, replicas = _probe_all(parsed)
+    prober = _prober()
+    try:
+        down, policies, servers, replicas = _probe_all(parsed, prober)
+    finally:
+        if prober is not None:
+            prober.close()
     return (
         _same_server_errors(servers)
         + _replica_errors(replicas)
@@ -154,14 +161,40 @@ def _replica_errors(replicas: Sequence[tuple[int, str, str]]) -> list[CheckMessa
 _Probed = list[tuple[int, str, str]]
 
 
+def _prober() -> Redlock | None:
+    """A Redlock over the configured nodes, whose health probe the deploy check runs (it
+    opens no connection: the probe goes through the check's own clients). None when the
+    setting cannot build one: the regular checks report why."""
+    user = _user_setting()
+    config = {**DEFAULTS, **user} if isinstance(user, Mapping) else {}
+    try:
+        return Redlock(
+            [resolve_node(spec) for spec in config.get("NODES") or []],
+            key_prefix=config.get("KEY_PREFIX"),
+            restart_guard=config.get("RESTART_GUARD"),
+        )
+    except Exception:
+        return None
+
+
 def _probe_all(
-    parsed: Sequence[tuple[int, str, dict[str, Any]]],
+    parsed: Sequence[tuple[int, str, dict[str, Any]]], prober: Redlock | None = None
 ) -> tuple[_Probed, _Probed, _Probed, _Probed]:
     """Every node probed at once: ``(index, url, why)`` of those down, ``(index, url,
     maxmemory-policy)``, ``(index, url, run_id)`` and, for a replica, ``(index, url, its
-    primary)`` of those that answered."""
+    primary)`` of those that answered. With ``prober`` (a Redlock over the same nodes), a
+    node that answers PING but fails its health probe counts as down, with the probe's
+    reason (a user who may not run the lock scripts or INFO can never vote)."""
+
+    def probe(item: tuple[int, str, dict[str, Any]]) -> tuple[Any, ...]:
+        index, url, options = item
+        if prober is None:
+            return _probe(url, options)
+        redlock, node = prober, prober.nodes[index]
+        return _probe(url, options, lambda client: redlock.probe_with(node, client))
+
     with ThreadPoolExecutor(max_workers=max(len(parsed), 1)) as pool:
-        results = list(pool.map(lambda item: _probe(item[1], item[2]), parsed))
+        results = list(pool.map(probe, parsed))
     down: _Probed = []
     policies: _Probed = []
     servers: _Probed = []
@@ -209,7 +242,8 @@ def _quorum_messages(
         return [
             error(
                 11,
-                f"Only {reachable} of {len(parsed)} REDLOCK nodes answer PING, {quorum} needed: "
+                f"Only {reachable} of {len(parsed)} REDLOCK nodes answer and may take locks, "
+                f"{quorum} needed: "
                 f"no lock can be taken ({detail}).",
                 hint="Start the nodes or fix their addresses/credentials; "
                 "`manage.py redlock check` shows each node's state.",
@@ -218,17 +252,23 @@ def _quorum_messages(
     return [
         warning(
             5,
-            f"{len(down)} of {len(parsed)} REDLOCK nodes do not answer PING ({detail}).",
+            f"{len(down)} of {len(parsed)} REDLOCK nodes do not answer or may not take locks "
+            f"({detail}).",
             hint=f"Locks still work with {quorum} nodes, but one more failure stops them.",
         )
     ]
 
 
 def _probe(
-    url: str, options: Mapping[str, Any]
+    url: str,
+    options: Mapping[str, Any],
+    health_probe: Callable[[Any], NodeHealth] | None = None,
 ) -> tuple[str | None, str | None, str | None, str | None]:
     """``(why it is down, maxmemory-policy, run_id, the primary of a replica)``: PING, then
-    ``INFO`` (readable without the CONFIG permission managed services often withhold)."""
+    ``INFO`` (readable without the CONFIG permission managed services often withhold), then,
+    with ``health_probe`` (a node's :meth:`.Redlock.probe_with`, given the client), the
+    health probe ``health()`` runs (the lock scripts' permission, TIME, INFO, the restart
+    guard's marker)."""
     import redis
 
     try:
@@ -238,13 +278,19 @@ def _probe(
             try:
                 # One INFO: its default sections hold all three (one round trip per node).
                 info = client.info()
-            except redis.ResponseError:  # INFO renamed or denied: nothing to judge
+            except redis.ResponseError:  # INFO renamed or denied: the health probe says
                 info = {}
             policy, run_id = info.get("maxmemory_policy"), info.get("run_id")
+            health = None
+            # A replica is reported as such (E015): its probe would fail on its writes.
+            if health_probe is not None and info.get("role") != "slave":
+                health = health_probe(client)
         finally:
             client.close()
     except Exception as exc:
         return str(exc) or type(exc).__name__, None, None, None
+    if health is not None and not health.reachable:
+        return health.error or "its health probe failed", None, None, None
     primary = None
     if info.get("role") == "slave":
         primary = f"{info.get('master_host')}:{info.get('master_port')}"

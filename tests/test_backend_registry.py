@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import threading
 
 import pytest
@@ -146,6 +147,13 @@ def ids(messages) -> list[str]:
         ({"zk": {**ZK, "OPTIONS": {**ZK["OPTIONS"], "connect_timeout": math.nan}}}, [E104]),
         ({"etcd": {**ETCD, "OPTIONS": {**ETCD["OPTIONS"], "request_timeout": -1}}}, [E104]),
         ({"etcd": {**ETCD, "OPTIONS": {**ETCD["OPTIONS"], "request_timeout": 0}}}, [E104]),
+        # a falsy non-dict is not "no options"
+        ({"db": {**DB, "OPTIONS": []}}, [E104]),
+        ({"db": {**DB, "OPTIONS": None}}, [E104]),
+        ({"db": {**DB, "OPTIONS": 0}}, [E104]),
+        # an endpoint without a host used to fail only at first use
+        ({"etcd": {**ETCD, "OPTIONS": {"endpoints": ["http://"]}}}, [E104]),
+        ({"etcd": {**ETCD, "OPTIONS": {"endpoints": ["http://127.0.0.1:99999"]}}}, [E104]),
     ],
 )
 def test_checks(backends, expected) -> None:
@@ -155,6 +163,51 @@ def test_checks(backends, expected) -> None:
     for message in messages:
         if message.id in expected:
             assert "REDLOCK['BACKENDS']" in message.msg or "BACKENDS" in message.msg
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected", "text"),
+    [
+        ({"OPTIONS": {}}, "django_redlock.E102", "BACKEND"),
+        ({"BACKEND": "django_redlock.backends.nope.NoLocks"}, "django_redlock.E103", "nope"),
+        ({**DB, "OPTIONS": {"using": "nowhere"}}, E104, "nowhere"),
+        ({**DB, "OPTIONS": []}, E104, "OPTIONS"),
+        ({**DB, "TIMEOUT": 3}, E104, "TIMEOUT"),
+        ({**ETCD, "OPTIONS": {"endpoints": ["http://"]}}, E104, "'http://'"),
+    ],
+)
+def test_get_locks_on_a_broken_entry_raises_improperly_configured_with_the_check_id(
+    entry, expected, text
+) -> None:
+    """As get_redlock() does for NODES: the id and message the system check reports."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    with override_settings(REDLOCK=redlock_with({"broken": entry})):
+        reported = [m for m in checks.run_checks(tags=["django_redlock"]) if m.id == expected]
+        for get in (get_locks, get_async_locks):
+            with pytest.raises(ImproperlyConfigured) as refused:
+                get("broken")
+            assert str(refused.value).startswith(f"{expected}: "), refused.value
+            assert text in str(refused.value)
+            assert reported and reported[0].msg in str(refused.value)
+
+
+def test_get_locks_on_a_backends_setting_that_is_not_a_dict() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with override_settings(REDLOCK=redlock_with([DB])):
+        with pytest.raises(ImproperlyConfigured, match=r"^django_redlock\.E101: "):
+            get_locks("db")
+        assert get_locks() is get_redlock()  # the Redlock over NODES is not concerned
+
+
+def test_etcd_endpoint_without_a_host_is_refused_by_the_constructor() -> None:
+    from django_redlock.backends.etcd import EtcdLocks
+
+    for bad in ("http://", "https://:2379", "http://127.0.0.1:99999", "http://127.0.0.1:0"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            EtcdLocks(endpoints=["http://127.0.0.1:2379", bad])
+    EtcdLocks(endpoints=["http://127.0.0.1:2379", "https://[::1]:2379"]).close()
 
 
 def test_sqlite_with_atomic_requests_is_warned_about(monkeypatch) -> None:

@@ -40,6 +40,8 @@ def ids(redlock, **kwargs):
 def test_valid_setting_is_silent():
     assert ids(GOOD) == []
     assert ids({**GOOD, "TTL": 5, "NODE_TIMEOUT": 0.02, "KEY_PREFIX": "app-locks"}) == []
+    # the largest database number Redis's 32-bit "databases" setting allows
+    assert ids({"NODES": [A, B, "redis://10.0.0.3:6379/2147483647"]}) == []
 
 
 def test_regular_checks_do_no_io():
@@ -77,6 +79,17 @@ def test_shape(value, expected):
         ("redis://10.0.0.4:6379/zero", "invalid database number"),
         ({"url": "redis://10.0.0.4"}, "needs 'URL'"),
         ({"URL": "redis://10.0.0.4", "OPTIONS": "password"}, "OPTIONS must be a dict"),
+        # a falsy non-dict is not "no options"
+        ({"URL": "redis://10.0.0.4", "OPTIONS": []}, "OPTIONS must be a dict, got []"),
+        ({"URL": "redis://10.0.0.4", "OPTIONS": None}, "OPTIONS must be a dict, got None"),
+        ({"URL": "redis://10.0.0.4", "OPTIONS": 0}, "OPTIONS must be a dict, got 0"),
+        # SELECT takes 0 .. databases-1, a 32-bit setting
+        ("redis://10.0.0.4:6379/99999999999", "database number 99999999999"),
+        ("redis://10.0.0.4:6379/" + "1" * 23, "database number " + "1" * 23),
+        ("redis://10.0.0.4:6379/2147483648", "database number 2147483648"),
+        ("redis://10.0.0.4:6379/0?db=-5", "database number -5"),
+        ("unix:///tmp/redis.sock?db=-5", "database number -5"),
+        ("redis+sentinel://10.0.0.9:26379/mymaster/2147483648", "database number 2147483648"),
         ({"URL": "redis://10.0.0.4", "OPTIONS": {"pasword": "x"}}, "pasword"),
         (42, "a node must be a URL string"),
         # options in the URL's query are checked as OPTIONS are, never dropped
@@ -382,6 +395,48 @@ def test_deploy_ping_uses_credentials(redis_cluster_factory):
         {"URL": f"redis://127.0.0.1:{n.port}/0", "OPTIONS": {"password": "nope"}} for n in cluster
     ]
     assert ids({"NODES": wrong}, deploy=True) == ["django_redlock.E011"]
+
+
+ACL_PASSWORD = "acl-Pa55"
+ACL_USERS = [
+    # may do everything the locks do
+    *["--user", "locker", "on", f">{ACL_PASSWORD}", "~redlock:*", "&*", "+@all"],
+    # may not run the lock scripts
+    *["--user", "noeval", "on", f">{ACL_PASSWORD}", "~redlock:*", "&*", "+@all", "-eval"],
+    *["--user", "noevalsha", "on", f">{ACL_PASSWORD}", "~redlock:*", "&*", "+@all", "-evalsha"],
+    # may run them, but not read INFO (the health probe's, and the guard's, view of the node)
+    *["--user", "noinfo", "on", f">{ACL_PASSWORD}", "~redlock:*", "&*", "+@all", "-info"],
+]
+
+
+def _as(user, cluster):
+    return [f"redis://{user}:{ACL_PASSWORD}@127.0.0.1:{n.port}/0" for n in cluster]
+
+
+def test_deploy_check_reports_nodes_whose_user_may_not_run_the_lock_scripts(
+    redis_cluster_factory,
+):
+    """PING alone passed a cluster on which no lock can ever be taken: the deploy check runs
+    the health probe (health() and `manage.py redlock check` report the same)."""
+    cluster = redis_cluster_factory(3, extra_args=ACL_USERS)
+    assert ids({"NODES": _as("locker", cluster)}, deploy=True) == []
+    for user, said in (
+        ("noeval", "may not run the lock scripts"),
+        ("noevalsha", "may not run the lock scripts"),
+        ("noinfo", "info"),
+    ):
+        found = messages({"NODES": _as(user, cluster)}, deploy=True)
+        assert [m.id for m in found] == ["django_redlock.E011"], (user, found)
+        assert "Only 0 of 3" in found[0].msg and said in found[0].msg.lower(), found[0].msg
+        assert ACL_PASSWORD not in found[0].msg
+    # One node's user only: locks still work on the other two, one failure from stopping.
+    nodes = _as("locker", cluster)
+    nodes[1] = _as("noeval", cluster)[1]
+    found = messages({"NODES": nodes}, deploy=True)
+    assert [m.id for m in found] == ["django_redlock.W005"]
+    assert "[1]" in found[0].msg and "may not run the lock scripts" in found[0].msg
+    # Only with --deploy: the regular checks never talk to the nodes.
+    assert ids({"NODES": _as("noeval", cluster)}) == []
 
 
 @pytest.mark.usefixtures("db")

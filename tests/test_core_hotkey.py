@@ -225,16 +225,18 @@ def test_a_release_skips_a_waiter_whose_process_died(
     assert all(count <= 1 for count in _waiters(redis_nodes, name))
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
 def test_a_process_waiting_again_keeps_its_channel_subscribed(
-    redis_nodes: RedisCluster, make_redlock, node_calls
+    redis_nodes: RedisCluster, make_redlock, node_calls, fair: bool
 ) -> None:
-    _, taken, subscribes = _hand_offs(
-        redis_nodes, make_redlock, node_calls, "hot:again", fair=False, command="subscribe"
+    counts, taken, subscribes = _hand_offs(
+        redis_nodes, make_redlock, node_calls, f"hot:again:{int(fair)}", fair, "subscribe"
     )
-    assert taken == CLIENTS * ROUNDS
+    assert counts == [ROUNDS] * CLIENTS
     # Each client waits under one id per name, whose channel stays subscribed between its
-    # acquires: about one SUBSCRIBE per client on each node (a reconnect sends it again),
-    # where a new channel per acquire would send one per wait, most of the acquisitions.
+    # acquires (a fair waiter's place in line is named after it): about one SUBSCRIBE per
+    # client on each node (a reconnect sends it again), where a new channel per acquire
+    # would send one per wait, most of the acquisitions.
     for spent in subscribes:
         assert spent <= 2 * CLIENTS, (subscribes, taken)
 

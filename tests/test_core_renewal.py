@@ -127,7 +127,6 @@ def test_token_gone_behind_our_back_is_lost(
     log = event_log(rl)
     lock = rl.lock("renew:stolen", auto_renew=True)
     assert lock.acquire(blocking=False)
-    t0 = time.monotonic()
     if how == "del":  # gone from a quorum (2 of 3), as after an operator's DEL or a flush
         for node in redis_nodes.nodes[:2]:
             with node_client(node) as c:
@@ -137,8 +136,8 @@ def test_token_gone_behind_our_back_is_lost(
         assert other.force_release(lock.name) == 3
     event = log.wait_for("lost", lock.name, timeout=TTL)
     assert event is not None, "no lost event within one lease"
-    assert time.monotonic() - t0 < TTL / 3 + 0.3
-    # A force release is heard at once on the release channel, not at the next renewal.
+    # Found by the renewal (the nodes refused) or heard at once on the release channel (a
+    # force release), not by the lease running out: the reason says which.
     why = "the nodes refused: the token is gone" if how == "del" else "force-released"
     assert event.token == lock.token and why in event.reason
     assert not lock.held and lock.validity == 0

@@ -387,3 +387,48 @@ def test_a_node_port_outside_1_to_65535_is_refused_at_configuration(url: str) ->
         Redlock([url])
     with pytest.raises(ValueError, match=r"invalid port"):
         AsyncRedlock([{"URL": url}])
+
+
+#: Redis's SELECT takes 0 .. databases-1, and ``databases`` is a 32-bit int setting.
+LAST_DB = 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://127.0.0.1:7000/99999999999", "99999999999"),
+        ("redis://127.0.0.1:7000/" + "9" * 23, "9" * 23),
+        (f"redis://127.0.0.1:7000/{LAST_DB + 1}", str(LAST_DB + 1)),
+        ("redis://127.0.0.1:7000/0?db=-5", "-5"),
+        ("redis://127.0.0.1:7000?db=-5", "-5"),
+        ("unix:///tmp/redis.sock?db=-5", "-5"),
+        ("unix:///tmp/redis.sock?db=99999999999", "99999999999"),
+        ("redis+sentinel://127.0.0.1:26379/mymaster/99999999999", "99999999999"),
+    ],
+)
+def test_a_database_number_out_of_range_is_refused_at_configuration(url: str, shown: str) -> None:
+    """They used to pass, then every operation failed with 'value is out of range'."""
+    for build in (Redlock, AsyncRedlock):
+        with pytest.raises(ValueError, match=rf"database number {shown}\b.*2147483647"):
+            build([url])
+        with pytest.raises(ValueError, match=rf"database number {shown}\b"):
+            build([{"URL": url}])
+
+
+def test_the_largest_database_number_is_accepted() -> None:
+    Redlock([f"redis://127.0.0.1:7000/{LAST_DB}"]).close()
+    Redlock([f"redis://127.0.0.1:7000/0?db={LAST_DB}"]).close()
+
+
+@pytest.mark.parametrize("options", [[], None, 0, "", False])
+def test_node_options_that_are_not_a_dict_are_refused(options: Any) -> None:
+    """A falsy non-dict used to pass as "no options"."""
+    with pytest.raises(
+        TypeError, match=rf"node OPTIONS must be a dict, got {re.escape(repr(options))}"
+    ):
+        Redlock([{"URL": "redis://127.0.0.1:7000/0", "OPTIONS": options}])
+
+
+def test_empty_node_options_are_accepted() -> None:
+    Redlock([{"URL": "redis://127.0.0.1:7000/0", "OPTIONS": {}}]).close()
+    Redlock([{"URL": "redis://127.0.0.1:7000/0"}]).close()

@@ -264,7 +264,9 @@ def test_a_stop_signal_while_serving_leaves_nothing_behind(demo, signum, moment)
 # it, removes everything, a frozen child and the Celery worker's whole pool included.
 KILL_MOMENTS = [
     pytest.param(["--no-serve"], r"froze \(SIGSTOP\) before writing", id="tour-frozen-child"),
-    pytest.param(["--port", "0"], r"^Press Ctrl-C to stop", id="serving", marks=[pytest.mark.celery, _AGAIN]),
+    pytest.param(
+        ["--port", "0"], r"^Press Ctrl-C to stop", id="serving", marks=[pytest.mark.celery, _AGAIN]
+    ),
 ]
 
 

@@ -82,6 +82,27 @@ def test_a_violation_prints_its_seed_schedule_and_a_shrunk_trace() -> None:
     assert replayed.returncode == 1 and "VIOLATION in run seed=7000021 " in replayed.stdout
 
 
+def test_a_clean_replay_prints_its_schedule_and_whole_trace() -> None:
+    """docs/faults.rst: ``--replay RUN_SEED`` runs one run again, with its trace, whether or
+    not it broke a rule."""
+    replayed = _cli("--replay", "1000236")
+    assert replayed.returncode == 0
+    out = replayed.stdout
+    assert "schedule:\nseed=1000236 family=" in out
+    trace = out.split("trace:\n", 1)[1].strip().splitlines()[:-1]  # the summary line ends it
+    assert len(trace) >= 5 and any(" holds " in line for line in trace)
+    assert "fault pause@" in out and "VIOLATION" not in out
+    assert out.strip().splitlines()[-1].startswith("runs=1 ops=")
+
+
+def test_the_run_docs_name_for_the_known_issue_shows_it() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "faults.rst").read_text()
+    assert "``--replay 1000239`` shows it" in docs
+    summary = _cli("--replay", "1000239").stdout.strip().splitlines()[-1]
+    assert int(summary.split(" known=")[1].split()[0]) > 0
+    assert " overlaps=0 " in summary
+
+
 _SLOW = {"trust_apart", "fresh_kept", "flushed_votes", "fork_releases"}
 
 

@@ -87,6 +87,22 @@ def _new_connection(endpoint: str, timeout: float) -> http.client.HTTPConnection
     return factory(url.hostname or "127.0.0.1", url.port, timeout=timeout)
 
 
+def _check_endpoint(endpoint: str) -> None:
+    """Refuse an endpoint no connection can be made to (no host, a bad port): it would
+    otherwise be tried, and fail, at every request."""
+    url = urlsplit(endpoint)
+    try:
+        port = url.port  # raises ValueError on a port that is not a number below 65536
+    except ValueError:
+        port = -1
+    if not url.hostname:
+        raise ValueError(f"EtcdLocks: endpoint {endpoint!r} names no host")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(
+            f"EtcdLocks: endpoint {endpoint!r} has an invalid port (ports are 1-65535)"
+        )
+
+
 class _Gateway:
     """POSTs JSON to the v3 gateway over one keep-alive connection per thread, trying the
     endpoints in turn when one fails."""
@@ -363,6 +379,8 @@ class EtcdLocks(BackendLocks):
             isinstance(e, str) and urlsplit(e).scheme in ("http", "https") for e in endpoints
         ):
             raise ValueError(f"EtcdLocks: endpoints must be http(s) URLs, got {endpoints!r}")
+        for endpoint in endpoints:
+            _check_endpoint(endpoint)
         if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
             raise ValueError(f"EtcdLocks: root must look like /locks, got {root!r}")
         self.endpoints = list(endpoints)

@@ -118,11 +118,14 @@ class KeyLayout:
     def leave_line_command(self, name: str, waiter: str) -> list[Any]:
         return script_command(scripts.FAIR_LEAVE, self.line_keys(name)[:2], [waiter])
 
-    def line(self, replies: list[Any]) -> tuple[str, int]:
-        """A new waiter's place: the largest ticket any node drew (quorums overlap, so a waiter
-        arriving after another finished joining always draws a larger one)."""
+    def line(self, replies: list[Any], waiter: str | None = None) -> tuple[str, int]:
+        """A new waiter's place: its name (``waiter.suffix`` for a ``waiter`` id, whose
+        channel ``scripts.RELEASE`` tells; else an id of its own) and the largest ticket any
+        node drew (quorums overlap, so a waiter arriving after another finished joining
+        always draws a larger one)."""
         tickets = [r for r in replies if isinstance(r, int)]
-        return clock.token_hex(8), max(tickets, default=0)
+        place = clock.token_hex(8) if waiter is None else f"{waiter}.{clock.token_hex(4)}"
+        return place, max(tickets, default=0)
 
     #: Marker fields a health probe reads (see ``scripts._GUARD``).
     MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed", "id", "replid")

@@ -25,18 +25,28 @@ __all__ = ["FairLine", "NamedWaiters"]
 
 
 class FairLine(Policy):
-    """A fair lock's place in line; ``client`` is the Redlock."""
+    """A fair lock's place in line; ``client`` is the Redlock.
+
+    The place is named after the id the client keeps for the name (``waiter.suffix``), so a
+    release tells its waiter on that id's channel, which stays subscribed from one acquire
+    to the next as a plain lock's does (:class:`NamedWaiters`): on a hot key, a new channel
+    per place cost every acquisition a ``SUBSCRIBE`` and an ``UNSUBSCRIBE`` on every node
+    and a wait for the confirmations. The suffix keeps places apart: a place left late (its
+    leave still on the wire) is never taken for the next one. ``by_name=False`` (a
+    semaphore's waiters, which listen on the primitive's channel): a place of its own."""
 
     flag = "fair"
 
-    def __init__(self, client: Cluster) -> None:
+    def __init__(self, client: Cluster, by_name: bool = True) -> None:
         self.client = client
+        self.by_name = by_name
 
     def entering(self, who: Contender) -> Steps[None]:
         keys, name = self.client.keys, who.handle.name
-        who.line = keys.line((yield Send(to_every_node(keys.ticket_command(name)))))
-        who.waiter = who.line[0]
-        command = keys.leave_line_command(name, who.waiter)
+        waiter = self.client.waiter_id(name) if self.by_name else None
+        who.line = keys.line((yield Send(to_every_node(keys.ticket_command(name)))), waiter)
+        who.waiter = waiter or who.line[0]
+        command = keys.leave_line_command(name, who.line[0])
         who.leave, who.left = Finally(Send(to_every_node(command))), as_eval(command)
         yield who.leave
 

@@ -283,14 +283,14 @@ def fan_out(
                 else:
                     data = as_bytes(command)
             try:
-                if node.later:
-                    node.send_later(wire)
+                # What could not reach the node before goes out first, in the same write.
+                out = node.owe_later(wire) + data if node.later else data
                 try:
-                    sent = wire.sock.send(data)
+                    sent = wire.sock.send(out)
                 except SOCKET_FULL:
                     sent = 0
-                if sent != len(data):
-                    wire.write(memoryview(data)[sent:])
+                if sent != len(out):
+                    wire.write(memoryview(out)[sent:])
             except OSError as exc:
                 node.lose(wire)
                 if wire.reused and not isinstance(exc, TimeoutError):
@@ -551,9 +551,7 @@ def _pooled_first(nodes: Sequence[Node]) -> Sequence[int]:
 def _send_one(node: Node, wire: Wire, op: FanOut, command: Any, data: bytes, sent: float) -> Due:
     """Send ``op``'s command (``data``, encoded) on ``wire``, behind what could not reach the
     node before; the reply it now owes (raises ``OSError``)."""
-    if node.later:
-        node.send_later(wire)
-    wire.write(data)
+    wire.write(node.owe_later(wire) + data if node.later else data)
     due = Due(command, op.late, sent, data if op.idempotent else None, op)
     wire.due.append(due)
     return due
@@ -784,8 +782,6 @@ class Round:
         """Send the fan-outs' commands on ``wire`` in one write, behind what could not reach
         the node before; the wire then owes their replies (raises ``OSError``)."""
         node = self.nodes[index]
-        if node.later:
-            node.send_later(wire)
         dues = []
         for op in ops:
             command = op.build(node, wire)
@@ -794,7 +790,9 @@ class Round:
                 last = op.last = (command, as_bytes(command))
             dues.append(Due(command, op.late, sent, last[1] if op.idempotent else None, op))
         # One write (a failed one loses the connection, and the replies owed with it).
-        wire.write(last[1] if len(dues) == 1 else b"".join([op.last[1] for op in ops]))  # type: ignore[index]
+        data = last[1] if len(dues) == 1 else b"".join([op.last[1] for op in ops])  # type: ignore[index]
+        # What could not reach the node before goes out first, in the same write.
+        wire.write(node.owe_later(wire) + data if node.later else data)
         wire.due.extend(dues)
         for op in ops:
             op.replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it

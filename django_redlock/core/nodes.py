@@ -54,6 +54,7 @@ __all__ = [
     "BEHIND_LATE",
     "DRAIN_FOR",
     "HANDSHAKE",
+    "MAX_DB",
     "NOTHING_LEFT",
     "NOT_SENT",
     "OWED",
@@ -582,12 +583,17 @@ class Wire(Link):
         are owed like any other, read and dropped by whoever reads the connection next.
         Owed before they are sent: if sending fails, the connection is lost with them
         (:meth:`Node.lose`)."""
+        self.write(self.owe_unowned(commands))
+
+    def owe_unowned(self, commands: list[bytes]) -> bytes:
+        """:meth:`send_unowned` but for the write: the replies are owed now, and the caller
+        sends the returned bytes (ahead of its own command, in the same write)."""
         now = time.monotonic()
         for command in commands:
             due = Due(b"", None, now, again=command)
             due.left = True
             self.due.append(due)
-        self.write(b"".join(commands))
+        return b"".join(commands)
 
     def settle_within(self, timeout: float) -> None:
         """Read until every reply it owes is in; raises :class:`Incomplete` after ``timeout``
@@ -1540,6 +1546,15 @@ class Node:
         if pending:
             wire.send_unowned(pending)
 
+    def owe_later(self, wire: Wire) -> bytes:
+        """:meth:`send_later` for a caller that sends the returned bytes on ``wire`` in the
+        same write as its own command, right behind them. On a hot key a waiter's leave of
+        the name's waiters goes out with its release this way: a write of its own would wake
+        the node (and, on a busy host, often switch to it) once more per node, on the path
+        from one holder to the next."""
+        pending = self.take_later()
+        return wire.owe_unowned(pending) if pending else b""
+
     def take_later(self) -> list[bytes]:
         """Everything in :attr:`later`, taken out before it is sent: a send that fails puts
         its command back, for the next connection."""
@@ -1623,7 +1638,8 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
                 "a node given as a dict needs 'URL' and may have 'OPTIONS', "
                 f"got keys {sorted(spec)}"
             )
-        options = spec.get("OPTIONS") or {}
+        # Only a missing OPTIONS means none: a falsy non-dict ([], None, 0) is a mistake.
+        options = spec.get("OPTIONS", {})
         if not isinstance(options, Mapping):
             raise TypeError(f"node OPTIONS must be a dict, got {options!r}")
         url = _check_url(spec["URL"])
@@ -1739,6 +1755,7 @@ def connection_args(
     that the connection cannot honour (a TLS option on a plain connection, OCSP on an asyncio
     one): a security setting is never dropped."""
     options = dict(options)
+    given = url
     if is_group_url(url):
         # A group's master, as its redis:// URL gives it; the address is located later
         # (Node.connection).
@@ -1751,6 +1768,8 @@ def connection_args(
     pool = redis.ConnectionPool.from_url(url, **options)
     cls = pool.connection_class
     kwargs = dict(pool.connection_kwargs)
+    # As redis-py read it, from the path or the query (which wins): one check for both.
+    _check_db(given, kwargs.get("db", 0))
     if asyncio:
         cls = _asyncio_class(cls)
     accepted = _init_params(cls)
@@ -1785,6 +1804,22 @@ def connection_args(
         else:
             kwargs["lib_name"] = kwargs["lib_version"] = None
     return cls, kwargs
+
+
+#: The largest database number a server can have: SELECT takes 0 .. ``databases`` - 1, and
+#: ``databases`` is a 32-bit int setting.
+MAX_DB = 2**31 - 1
+
+
+def _check_db(url: str, db: object) -> None:
+    """Refuse a database number no Redis server has: redis-py takes any int, and every lock
+    operation would then fail at the connection's SELECT ("value is out of range"), the node
+    looking down."""
+    if isinstance(db, bool) or not isinstance(db, int) or not 0 <= db <= MAX_DB:
+        raise ValueError(
+            f"node URL {redact(url)!r} has an invalid database number {db}: Redis's SELECT "
+            f"takes 0 to databases-1, and databases is a 32-bit setting (at most {MAX_DB})"
+        )
 
 
 def _asyncio_class(cls: type) -> type:

@@ -179,7 +179,7 @@ class Permits:
         waiter = secrets.token_hex(8)
         who = Contender(handle, owner)
         if handle.fair:  # one line for every slot (the mutex's)
-            yield from FairLine(self.client).entering(who)
+            yield from FairLine(self.client, by_name=False).entering(who)
         line = who.line
         if handle.kind == "write" and blocking:
             leave = script_command(

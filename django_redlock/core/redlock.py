@@ -383,11 +383,21 @@ class Redlock(RedlockBase):
             # INFO tells a service that is not Redis, which redis-py may not (a nil reply to
             # its HELLO leaves it waiting for the rest until its timeout).
             node.checkin(node.checkout(time.monotonic() + self.keys.LIST_TIMEOUT))
+        except Exception as exc:
+            return self.listing.failed_health(node, exc)
+        return self.probe_with(node, node.client)
+
+    def probe_with(self, node: Node, client: redis.Redis) -> NodeHealth:
+        """The health probe of ``node`` (its steps: :meth:`_probe_steps`), its commands sent
+        through ``client``, a redis-py client of that node: the deploy checks probe with
+        their own client, so that ``check --deploy`` judges a node as ``health()`` does (a
+        user who may not run the lock scripts or INFO, a service that is not Redis)."""
+        try:
             steps = self._probe_steps(node)
             commands = next(steps)
             while True:
                 try:
-                    replies = [node.client.execute_command(*c) for c in commands]  # type: ignore[no-untyped-call]
+                    replies = [client.execute_command(*c) for c in commands]  # type: ignore[no-untyped-call]
                 except redis.ResponseError as exc:
                     commands = steps.throw(exc)
                 else:

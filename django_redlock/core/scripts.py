@@ -23,7 +23,9 @@ Key layout for a lock named ``name`` under prefix ``p``:
 * ``p:waiters:name`` - the processes waiting for a (not fair) lock, to wake one at a time:
   waiter id -> when it began to wait (ms, its wall clock); expires when nobody waits.
 * channel ``p:released:name:waiter`` - a release wakes that waiter (the fair line's first, or
-  the waiter that has waited longest); channel ``p:released:name`` when there is none.
+  the waiter that has waited longest); channel ``p:released:name`` when there is none. A place
+  in a fair lock's line is named ``waiter.suffix`` (the process's waiter id for the name, and
+  one of the place's own), and its waiter is told on the channel of the id before the dot.
 """
 
 from __future__ import annotations
@@ -301,7 +303,8 @@ return 0
 )
 
 # Delete the lock if it is still ours and wake one waiter: the fair line's first, else the
-# waiter that has waited longest, on its own channel (the release channel, ':', its id). Woken
+# waiter that has waited longest, on its own channel (the release channel, ':', its id; for a
+# place in the fair line, the id before its '.'). Woken
 # all at once, every process waiting would contend for each release (and all but one lose);
 # woken one at a time, the next one takes the lock alone. A waiter that left (or whose process
 # died) no longer listens on its channel: PUBLISH tells nobody, and the next one is tried.
@@ -321,7 +324,10 @@ if held and string.match(held, '^(%S+) ') == ARGV[1] then
     return 1 + redis.call('PUBLISH', ARGV[2], ARGV[1])
   end
   local told = 0
-  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 2)) do
+  for _, entry in ipairs(redis.call('ZRANGE', KEYS[3], 0, 2)) do
+    -- A place in a fair lock's line is '<waiter id>.<suffix>': its waiter is told on the
+    -- channel of that id, which its process keeps for the name between acquires.
+    local waiter = string.match(entry, '^([^.]+)%.') or entry
     told = redis.call('PUBLISH', ARGV[2] .. ':' .. waiter, ARGV[1])
     if told > 0 then
       return 1 + told

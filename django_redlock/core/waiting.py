@@ -276,9 +276,10 @@ class Waiters:
     listens at once.
 
     One id per name is enough: only the front of the name's local queue waits (a fair lock
-    waits under its place in line instead). A notice that comes while nobody of this
-    process waits is dropped; a release tells the id only while it is among the name's
-    waiters on that node, which it leaves when its acquire ends."""
+    too: its place in line is named after the id, see :class:`.fairness.FairLine`). A
+    notice that comes while nobody of this process waits is dropped; a release tells the id
+    only while it is among the name's waiters (or first in its line) on that node, which it
+    leaves when its acquire ends."""
 
     def __init__(self) -> None:
         self._ids: dict[str, tuple[str, bytes]] = {}  # name -> (waiter id, its channel)

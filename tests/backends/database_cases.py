@@ -647,14 +647,16 @@ def test_locked_takes_the_reentrant_and_meta_settings(name) -> None:
 
 
 def test_waiter_never_sleeps_past_the_lease_end(make, name) -> None:
-    """A holder that never releases: with polling capped at 5 s, only the rule "never sleep
-    past the holder's lease end" gets the waiter in soon after the 1 s lease runs out."""
-    holder = make().lock(name, ttl=1)
+    """A holder that never releases its 3 s lease. The waiter's pause doubles from 5 ms: the
+    attempt after 2.56 s of them would next sleep 2.56 s more, and wake at 5.1 s; the rule
+    "never sleep past the holder's lease end" wakes it as the lease runs out, at 3 s. The
+    bound between the two leaves a loaded host two seconds."""
+    holder = make().lock(name, ttl=3)
     assert holder.acquire(blocking=False)
     start = time.monotonic()
-    waiter = make(max_poll=5.0).lock(name, ttl=5)
-    assert waiter.acquire(timeout=10)
-    assert time.monotonic() - start < 1.0 + 0.6
+    waiter = make(max_poll=60.0).lock(name, ttl=5)
+    assert waiter.acquire(timeout=30)
+    assert time.monotonic() - start < 5.0
     waiter.release()
 
 

@@ -46,7 +46,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.replay is not None:
         summary = Summary()
-        summary.add(run_seed(args.replay, args.mutant))
+        outcome = run_seed(args.replay, args.mutant, trace=True)
+        summary.add(outcome)
+        if not summary.violated:  # a violation prints its schedule and trace below
+            print("schedule:")
+            print(outcome.scenario.describe())
+            print("trace:")
+            for line in outcome.trace:
+                print(f"  {line}")
     else:
         summary = sweep(
             args.runs, args.seed, args.mutant, stop_at_first=args.stop, progress=progress
