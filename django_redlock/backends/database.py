@@ -18,6 +18,11 @@ client, so clients with skewed clocks agree on when a lease ended.
 * a connection the server or the network dropped (pgbouncer, idle timeouts, failovers) is
   replaced, and the statement runs again on the new one, once, where that is safe (see
   :meth:`DatabaseLocks._sql` and :meth:`DatabaseLocks._insert_or_take`);
+* every wait on the database is bounded (``request_timeout``, see :meth:`DatabaseLocks._bounded`):
+  a server or network that stops answering sends no error, and a driver waits for ever for
+  the reply (PostgreSQL without ``connect_timeout``, MySQL without ``read_timeout``); a
+  statement that outlives its operation's deadline has its socket shut down, which the
+  driver reports as a dropped connection;
 * waiting: on PostgreSQL a release sends ``NOTIFY`` and waiters ``LISTEN``; elsewhere a bounded
   backoff (5 ms doubling to ``max_poll``, never past the holder's lease end);
 * a holder hears when its row is removed by anyone else (a force release) within
@@ -45,6 +50,7 @@ import logging
 import math
 import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -192,6 +198,81 @@ def abandon(wrapper: Any) -> None:
     wrapper.connection = None
 
 
+def cut(wrapper: Any) -> None:
+    """Shut a connection's socket down (both ways) so that a statement blocked on it wakes
+    up with an error the driver reports as a dropped connection. The descriptor stays open
+    (it is the driver's to close): shutdown acts on the socket, here through a duplicate."""
+    raw = wrapper.connection
+    fd = None if raw is None else _socket_fd(raw)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
+class _Watchdog:
+    """Cuts (:func:`cut`) the connection of a statement still running at its deadline: one
+    thread per manager, started on demand, that ends after a second with nothing armed.
+
+    A driver blocked on a silent socket cannot be told to stop any other way: PostgreSQL's
+    ``statement_timeout`` and cancel requests need an answering server, and the drivers'
+    read timeouts are per connection (PyMySQL) or absent (psycopg).
+    """
+
+    LINGER = 1.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._armed: dict[int, tuple[float, Any]] = {}  #: key -> (deadline, wrapper)
+        self._fired: set[int] = set()
+        self._keys = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: float, wrapper: Any) -> int:
+        with self._cond:
+            self._keys += 1
+            self._armed[self._keys] = (deadline, wrapper)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lock-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._keys
+
+    def disarm(self, key: int) -> bool:
+        """Stop watching; whether the connection was cut. Under the same lock as the cut, so
+        a connection is never cut after its statement returned (its socket may be closed and
+        its descriptor number reused by then)."""
+        with self._cond:
+            self._armed.pop(key, None)
+            if key in self._fired:
+                self._fired.discard(key)
+                return True
+            return False
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for key, (deadline, wrapper) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[key]
+                        self._fired.add(key)
+                        cut(wrapper)
+                if self._armed:
+                    idle_since = now
+                    self._cond.wait(min(d for d, _ in self._armed.values()) - now)
+                elif now - idle_since >= self.LINGER:
+                    self._thread = None
+                    return
+                else:
+                    self._cond.wait(self.LINGER)
+
+
 class _Mutex:
     """A pessimistic lock's connection, in the transaction holding the mutex row; ``guard``
     keeps the holder's thread and its renewal thread from using it at the same time."""
@@ -207,8 +288,10 @@ class DatabaseLocks(BackendLocks):
     ``OPTIONS``: ``using`` (a DATABASES alias, default ``"default"``), ``ttl`` (default lease,
     seconds), ``pessimistic`` (bool), ``max_poll`` (longest sleep between two attempts while
     waiting without LISTEN/NOTIFY, seconds), ``loss_check`` (how often a holder's rows are
-    looked up to notice a force release, seconds, default 0.25), ``retry_count``/
-    ``retry_delay`` (how long ``acquire(timeout=None)`` waits, as on the Redlock).
+    looked up to notice a force release, seconds, default 0.25), ``request_timeout`` (how long
+    one operation waits for the database, connecting included, seconds, default 5),
+    ``retry_count``/``retry_delay`` (how long ``acquire(timeout=None)`` waits, as on the
+    Redlock).
     """
 
     service = "database"
@@ -225,6 +308,7 @@ class DatabaseLocks(BackendLocks):
         pessimistic: bool = False,
         max_poll: float = 0.2,
         loss_check: float = 0.25,
+        request_timeout: float = 5.0,
         retry_count: int = 3,
         retry_delay: float = 0.2,
     ) -> None:
@@ -242,6 +326,7 @@ class DatabaseLocks(BackendLocks):
             raise ValueError("DatabaseLocks: pessimistic=True needs PostgreSQL or MySQL/MariaDB")
         self.max_poll = check_positive("max_poll", max_poll)
         self.loss_check = check_positive("loss_check", loss_check)
+        self.request_timeout = check_positive("request_timeout", request_timeout)
         self._now = NOW_US[self.vendor]
         self._local = threading.local()
         self._opened: list[Any] = []
@@ -249,6 +334,8 @@ class DatabaseLocks(BackendLocks):
         self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
         self._row_watch = _RowWatch(self)
+        self._watchdog = _Watchdog()
+        self._sweep = _Sweep(self)
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -297,6 +384,8 @@ class DatabaseLocks(BackendLocks):
         self._listener = None
         self._listener_lock = threading.Lock()
         self._row_watch = _RowWatch(self)
+        self._watchdog = _Watchdog()
+        self._sweep = _Sweep(self)
 
     def _connection(self, *, idle: bool = False) -> Any:
         """This thread's own connection (autocommit), separate from Django's. ``idle``: it is
@@ -309,7 +398,10 @@ class DatabaseLocks(BackendLocks):
             discard(wrapper)  # the next statement connects anew: none of it was sent
         return wrapper
 
-    def _open(self) -> Any:
+    def _open(self, *, wait: float | None = 0.0) -> Any:
+        """A new connection of ours (not connected yet). ``wait``: how long its statements
+        may wait in the server beyond ``request_timeout`` (None: for ever), for MySQL's
+        read timeout, the only bound on reading its handshake."""
         from django.core.exceptions import ImproperlyConfigured
         from django.db import connections
         from django.db.utils import load_backend
@@ -323,7 +415,14 @@ class DatabaseLocks(BackendLocks):
         if self.vendor == "mysql":
             # No gap locks, and a non-matching UPDATE lets go of the row at once: fewer
             # deadlocks between a release and a fencing attempt.
-            settings_dict.setdefault("OPTIONS", {})["isolation_level"] = "read committed"
+            options = settings_dict.setdefault("OPTIONS", {})
+            options["isolation_level"] = "read committed"
+            # PyMySQL and mysqlclient read and write without a timeout by default: a server
+            # that stops answering would hold the caller for ever, handshake included.
+            limit = None if wait is None else self.request_timeout + wait
+            if limit is not None:
+                options.setdefault("write_timeout", math.ceil(limit))
+                options.setdefault("read_timeout", math.ceil(limit))
         backend = load_backend(settings_dict["ENGINE"])
         wrapper = backend.DatabaseWrapper(settings_dict, alias=f"{self.using}:locks")
         wrapper.inc_thread_sharing()  # close() may run in another thread
@@ -354,7 +453,7 @@ class DatabaseLocks(BackendLocks):
         with mutex.guard:
             try:
                 if mutex.wrapper.connection is not None:  # cursor() would connect anew
-                    with mutex.wrapper.cursor() as cursor:
+                    with self._bounded(mutex.wrapper), mutex.wrapper.cursor() as cursor:
                         cursor.execute("ROLLBACK")
             except Error:  # the connection is already gone, and its row lock with it
                 pass
@@ -371,7 +470,7 @@ class DatabaseLocks(BackendLocks):
             if wrapper.connection is None or dropped_while_idle(wrapper):
                 return False
             try:
-                with wrapper.cursor() as cursor:
+                with self._bounded(wrapper), wrapper.cursor() as cursor:
                     cursor.execute("SELECT 1")
                     cursor.fetchall()
             except Error:
@@ -391,6 +490,85 @@ class DatabaseLocks(BackendLocks):
         self._mark_lost(grant, "the database connection holding the pessimistic lock was lost")
         self._retrying(self._delete, grant)
         return True
+
+    @contextlib.contextmanager
+    def _budget(self) -> Iterator[None]:
+        """One operation's deadline, ``request_timeout`` from now, for every statement and
+        connection in the block (the replacement of a dropped connection and a statement's
+        repeat included). Inside another's block it is that one's."""
+        if getattr(self._local, "deadline", None) is not None:
+            yield
+            return
+        self._local.deadline = time.monotonic() + self.request_timeout
+        self._local.timed_out = False
+        try:
+            yield
+        finally:
+            self._local.deadline = None
+
+    @contextlib.contextmanager
+    def _bounded(self, wrapper: Any, wait: float | None = 0.0) -> Iterator[None]:
+        """Connect ``wrapper`` if it is not, and run the block (statements on it) by the
+        deadline of the operation (:meth:`_budget`) plus ``wait`` (a wait in the server's
+        lock manager that the statement bounds itself; None: no bound at all).
+
+        * Connecting: the driver's own ``connect_timeout`` (PostgreSQL, MySQL), set to the
+          time left, unless ``OPTIONS`` sets a shorter one. libpq counts whole seconds, at
+          least 2, so a connection begun at the deadline's edge may end up to 2 s past it.
+        * A statement: a silent server answers nothing, not even a cancel request, so at the
+          deadline the :class:`_Watchdog` shuts its socket down; the driver's error is
+          raised as Django's ``OperationalError`` naming the database and the timeout, and
+          the connection counts as dropped.
+
+        SQLite has no server to stop answering (its waits are its busy timeout): unbounded.
+        """
+        from django.db import OperationalError, connections
+
+        if self.vendor == "sqlite":
+            yield
+            return
+        with self._budget():
+            deadline = self._local.deadline
+            if wrapper.connection is None:
+                left = self._left(deadline)
+                options = wrapper.settings_dict.setdefault("OPTIONS", {})
+                chosen = connections[self.using].settings_dict.get("OPTIONS", {})
+                limit = min(left, float(chosen.get("connect_timeout") or math.inf))
+                # Whole seconds (mysqlclient's and libpq's reading), at least libpq's 2.
+                least = 2 if self.vendor == "postgresql" else 1
+                options["connect_timeout"] = max(least, math.ceil(limit))
+                wrapper.ensure_connection()
+            self._left(deadline)
+            key = None if wait is None else self._watchdog.arm(deadline + wait, wrapper)
+            cut_off = False
+            try:
+                yield
+            except Exception as exc:
+                cut_off = key is not None and self._watchdog.disarm(key)
+                key = None
+                if not cut_off:
+                    raise
+                self._local.timed_out = True
+                raise OperationalError(
+                    f"database {self.using!r} did not answer within {self.request_timeout:g} s "
+                    "(request_timeout)"
+                ) from exc
+            finally:
+                if key is not None:
+                    self._watchdog.disarm(key)
+
+    def _left(self, deadline: float) -> float:
+        """Seconds left before ``deadline``; an OperationalError when none are."""
+        from django.db import OperationalError
+
+        left = deadline - time.monotonic()
+        if left <= 0:
+            self._local.timed_out = True
+            raise OperationalError(
+                f"database {self.using!r} did not answer within {self.request_timeout:g} s "
+                "(request_timeout)"
+            )
+        return left
 
     def _sql(
         self, sql: str, params: Iterable[Any] = (), *, fetch: bool = False, repeat: bool = True
@@ -413,17 +591,25 @@ class DatabaseLocks(BackendLocks):
         alone (the transaction died with its connection): :meth:`_retrying` runs the whole
         step again.
         """
+        with self._budget():
+            return self._run_sql(sql, params, fetch=fetch, repeat=repeat)
+
+    def _run_sql(self, sql: str, params: Iterable[Any], *, fetch: bool, repeat: bool) -> Any:
         from django.db import Error
 
         in_transaction = getattr(self._local, "in_transaction", False)
         for attempt in (1, 2):
             wrapper = self._connection(idle=not in_transaction)
             try:
-                with wrapper.cursor() as cursor:
+                with self._bounded(wrapper), wrapper.cursor() as cursor:
                     cursor.execute(sql.replace("NOW_US", self._now), list(params))
                     return cursor.fetchall() if fetch else cursor.rowcount
             except Error as exc:
-                dropped = connection_dropped(wrapper, exc)
+                # A statement cut at its deadline: the connection is gone, and the repeat
+                # finds the deadline passed.
+                dropped = getattr(self._local, "timed_out", False) or connection_dropped(
+                    wrapper, exc
+                )
                 discard(wrapper)  # a broken connection is reopened by the next statement
                 if dropped and in_transaction:
                     self._local.dropped_in_transaction = exc
@@ -433,6 +619,8 @@ class DatabaseLocks(BackendLocks):
         raise AssertionError("unreachable")
 
     # -- acquiring ------------------------------------------------------------------------------
+
+    _DELETE_TAKE = f"DELETE FROM {LOCKS} WHERE name = %s AND token = %s"
 
     def _take(
         self, handle: BackendLock, token: str, blocking: bool, deadline: float | None
@@ -448,15 +636,24 @@ class DatabaseLocks(BackendLocks):
                 handle, token, meta, blocking and mutex is None, deadline, force=mutex is not None
             )
         except BaseException as exc:
-            if mutex is not None:
+            timed_out = getattr(self._local, "timed_out", False)
+            if mutex is not None and timed_out:
+                # No ROLLBACK to wait for: the server ends the transaction, and frees the
+                # row lock, when it sees the connection closed.
+                self._forget(mutex.wrapper)
+            elif mutex is not None:
                 self._end_mutex(mutex)
             if isinstance(exc, self.unavailable()) and getattr(self._local, "took", None) == token:
                 # A take whose reply was lost may have granted the row to this token, which
-                # nobody will hold: deleted by token (nobody else's), or it ends with its lease.
-                with contextlib.suppress(*self.unavailable()):
-                    self._sql(
-                        f"DELETE FROM {LOCKS} WHERE name = %s AND token = %s", [handle.name, token]
-                    )
+                # nobody will hold: deleted by token (nobody else's). At once when the
+                # database answers (not when the take ran out of time: the delete would
+                # wait as long again), and by the sweep thread until it is sure.
+                deleted = False
+                if not timed_out:
+                    with contextlib.suppress(*self.unavailable()):
+                        deleted = bool(self._sql(self._DELETE_TAKE, [handle.name, token]))
+                if not deleted:
+                    self._sweep.add(handle.name, token, handle.ttl)
             raise
         if grant is None and mutex is not None:
             self._end_mutex(mutex)
@@ -476,17 +673,22 @@ class DatabaseLocks(BackendLocks):
     ) -> Grant | None:
         pause = 0.005
         wake = None
-        if blocking and self.vendor == "postgresql":
-            # Not listening, it polls: its attempts tell whether the database answers.
-            with contextlib.suppress(*self.unavailable()):
-                wake = self._listen(handle.name)
+        first = True
         try:
             while True:
-                started = time.monotonic()
-                fence = self._retrying(self._attempt, handle, token, meta, force=force)
-                if fence is not False:
-                    return self._grant(handle, token, meta, started=started, fence=fence)
-                handle.retry_after = self._time_left(handle.name)
+                # One request_timeout for each attempt (the first one's LISTEN included).
+                with self._budget():
+                    if first and blocking and self.vendor == "postgresql":
+                        # Not listening, it polls: its attempts tell whether the database
+                        # answers.
+                        with contextlib.suppress(*self.unavailable()):
+                            wake = self._listen(handle.name)
+                    first = False
+                    started = time.monotonic()
+                    fence = self._retrying(self._attempt, handle, token, meta, force=force)
+                    if fence is not False:
+                        return self._grant(handle, token, meta, started=started, fence=fence)
+                    handle.retry_after = self._time_left(handle.name)
                 now = time.monotonic()
                 if not blocking or (deadline is not None and now >= deadline):
                     return None
@@ -616,20 +818,29 @@ class DatabaseLocks(BackendLocks):
             seconds = 31536000 if left is None else math.ceil(left)
             wait = f"SET SESSION innodb_lock_wait_timeout = {seconds}"
         nowait = "" if blocking else " NOWAIT"
-        wrapper = self._open()
+        # The row lock's wait is the server's to end (above); request_timeout bounds the rest.
+        queue = None if blocking and left is None else (left or 0.0)
+        if queue and self.vendor == "mysql":
+            queue = float(math.ceil(queue))  # innodb_lock_wait_timeout, above
+        wrapper = self._open(wait=queue)
         try:
-            wrapper.ensure_connection()  # reading the server's kind must not open and close it
-            if left is not None and self.vendor == "mysql" and wrapper.mysql_is_mariadb:
-                # MariaDB can stop the statement itself at the fraction of a second.
-                wait += f", SESSION max_statement_time = {left:.3f}"
-            with wrapper.cursor() as cursor:
-                cursor.execute(BEGIN[self.vendor])
-                cursor.execute(wait)
-                cursor.execute(
-                    f"SELECT name FROM {MUTEXES} WHERE name = %s FOR UPDATE{nowait}", [name]
-                )
+            with self._budget():
+                # Connected first: reading the server's kind must not open and close it.
+                with self._bounded(wrapper):
+                    wrapper.ensure_connection()
+                if left is not None and self.vendor == "mysql" and wrapper.mysql_is_mariadb:
+                    # MariaDB can stop the statement itself at the fraction of a second.
+                    wait += f", SESSION max_statement_time = {left:.3f}"
+                with self._bounded(wrapper, queue), wrapper.cursor() as cursor:
+                    cursor.execute(BEGIN[self.vendor])
+                    cursor.execute(wait)
+                    cursor.execute(
+                        f"SELECT name FROM {MUTEXES} WHERE name = %s FOR UPDATE{nowait}", [name]
+                    )
         except OperationalError:
             self._forget(wrapper)
+            if getattr(self._local, "timed_out", False):
+                raise  # the database did not answer: not a lock held by another
             return None
         except BaseException:
             self._forget(wrapper)
@@ -677,7 +888,8 @@ class DatabaseLocks(BackendLocks):
             ) from exc
 
     def _give_back(self, grant: Grant) -> bool:
-        with self._reaching(grant, "release"):
+        # One request_timeout for the whole release, a pessimistic one's ROLLBACK included.
+        with self._reaching(grant, "release"), self._budget():
             if self._mutex_lost(grant):
                 return False
             mutex = grant.state
@@ -710,7 +922,7 @@ class DatabaseLocks(BackendLocks):
         return bool(self._sql(delete, [grant.name, grant.token]))
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
-        with self._reaching(grant, "extend"):
+        with self._reaching(grant, "extend"), self._budget():
             if self._mutex_lost(grant):
                 return False
             lease_us = int(ttl * 1_000_000)  # a repeat after a lost reply renews again: harmless
@@ -723,14 +935,15 @@ class DatabaseLocks(BackendLocks):
             )
 
     def _still_held(self, grant: Grant) -> bool:
-        if self._mutex_lost(grant):
-            return False
-        rows = self._sql(
-            f"SELECT 1 FROM {LOCKS} WHERE name = %s AND token = %s AND expires_us > NOW_US",
-            [grant.name, grant.token],
-            fetch=True,
-        )
-        return bool(rows)
+        with self._budget():
+            if self._mutex_lost(grant):
+                return False
+            rows = self._sql(
+                f"SELECT 1 FROM {LOCKS} WHERE name = %s AND token = %s AND expires_us > NOW_US",
+                [grant.name, grant.token],
+                fetch=True,
+            )
+            return bool(rows)
 
     def _adopt(self, name: str, token: str) -> Grant | None:
         return Grant(name, token, self.ttl, time.monotonic() + self.ttl, {})
@@ -779,15 +992,22 @@ class DatabaseLocks(BackendLocks):
     def health(self) -> list[NodeHealth]:
         node = self.node_name
         try:
-            started = time.perf_counter()
-            # Only live rows: an expired one stays until its name is taken again or
-            # released, and the list never shows it.
-            rows = self._sql(
-                f"SELECT NOW_US, (SELECT COUNT(*) FROM {LOCKS} WHERE expires_us > NOW_US)",
-                fetch=True,
-            )
-            latency = time.perf_counter() - started
-            server, version = _server_version(self._connection())
+            with self._budget():
+                started = time.perf_counter()
+                # Only live rows: an expired one stays until its name is taken again or
+                # released, and the list never shows it.
+                rows = self._sql(
+                    f"SELECT NOW_US, (SELECT COUNT(*) FROM {LOCKS} WHERE expires_us > NOW_US)",
+                    fetch=True,
+                )
+                latency = time.perf_counter() - started
+                wrapper = self._connection()
+                try:
+                    with self._bounded(wrapper):
+                        server, version = _server_version(wrapper)
+                except Exception:
+                    discard(wrapper)  # cut at the deadline, or broken: the next one is new
+                    raise
         except Exception as exc:
             return [unreachable(node, exc)]
         db_now, count = rows[0]
@@ -806,6 +1026,7 @@ class DatabaseLocks(BackendLocks):
     def close(self) -> None:
         self._this_process()  # in a forked child: close the child's own, never the parent's
         self._row_watch.close()
+        self._sweep.close()
         if self._listener is not None:
             self._listener.stop()
             self._listener = None
@@ -843,7 +1064,8 @@ class DatabaseLocks(BackendLocks):
             return self._listener, False
         wrapper = self._open()
         try:
-            self._listener = _Listener(wrapper, self._row_watch.notice)
+            with self._bounded(wrapper):
+                self._listener = _Listener(wrapper, self._row_watch.notice)
         except BaseException:
             self._forget(wrapper)
             raise
@@ -1043,3 +1265,75 @@ class _RowWatch:
                 return  # released meanwhile: our own delete, not a loss
             del self._held[grant.token]
         self._locks._mark_lost(grant, "its row was removed (a force release, or taken over)")
+
+
+class _Sweep:
+    """Deletes, by token, the rows of takes whose outcome was never learnt (the database
+    stopped answering in the middle): one thread per manager while there are any.
+
+    A take's statement may reach the database after its client gave up on it (a partition
+    that heals delivers what was sent; the proxy of the tests forwards it when it is resumed)
+    and grant a whole lease from then to a token nobody holds. So a delete that finds no row
+    proves nothing yet: the sweep deletes again every ``PAUSE`` seconds until one removes the
+    row, or for one lease after the database first answered. While it does not answer, the
+    sweep keeps trying. ``close()`` gives it up (such rows then end with their leases).
+    """
+
+    PAUSE = 0.5
+
+    def __init__(self, locks: DatabaseLocks) -> None:
+        self._locks = locks
+        #: (name, token) -> [lease seconds, monotonic end of the sweep or None before the
+        #: database first answered]
+        self._pending: dict[tuple[str, str], list[float | None]] = {}
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, name: str, token: str, ttl: float) -> None:
+        with self._mutex:
+            self._pending[(name, token)] = [ttl, None]
+            self._stop.clear()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lock-sweep", daemon=True)
+                self._thread.start()
+
+    def pending(self) -> list[tuple[str, str]]:
+        """The (name, token) of the takes still swept."""
+        with self._mutex:
+            return list(self._pending)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._pending.clear()
+            thread = self._thread
+        self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2 * self._locks.request_timeout + 5)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._mutex:
+                    entries = list(self._pending.items())
+                    if not entries:
+                        self._thread = None
+                        return
+                for (name, token), entry in entries:
+                    try:
+                        removed = self._locks._delete(Grant(name, token, 0.0, 0.0, {}))
+                    except Exception:  # not answering yet: tried again after the pause
+                        continue
+                    now = time.monotonic()
+                    with self._mutex:
+                        lease, until = entry
+                        if until is None:
+                            entry[1] = until = now + float(lease or 0.0)
+                        if removed or now >= until:
+                            self._pending.pop((name, token), None)
+                self._stop.wait(self.PAUSE)
+        finally:
+            with self._mutex:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+            self._locks._drop_thread_connection()

@@ -4,11 +4,18 @@ subprocess per database (SQLite file, PostgreSQL, MariaDB) with tests/backends/d
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
 import os
 import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +115,8 @@ def child_spec(name: str, **options: Any) -> tuple[dict[str, Any], dict[str, str
 def test_bad_options() -> None:
     with pytest.raises(ValueError, match="names no database"):
         DatabaseLocks("nope")
+    with pytest.raises(ValueError, match="request_timeout"):
+        DatabaseLocks("default", request_timeout=0)
 
 
 def test_contention_across_processes(name, tmp_path: Path) -> None:
@@ -681,3 +690,137 @@ def test_mixed_modes_do_not_exclude_each_other(make, name) -> None:
     assert pessimistic.acquire(blocking=False)
     assert not plain.check() and pessimistic.check()
     pessimistic.release()
+
+
+@pytest.fixture
+def frozen_alias() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A DATABASES alias ("frozen") for the test database reached through a proxy process
+    (tests/backends/freezable_proxy.py) that the test can SIGSTOP. Default settings: no
+    connect_timeout, nothing but HOST and PORT changed."""
+    from django.db import connections
+
+    entry = copy.deepcopy(connection.settings_dict)
+    port = entry.get("PORT") or (5432 if connection.vendor == "postgresql" else 3306)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("freezable_proxy.py")),
+            entry.get("HOST") or "127.0.0.1",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        entry.update(HOST="127.0.0.1", PORT=proxy.stdout.readline().strip())
+        connections.settings["frozen"] = entry
+        yield "frozen", proxy
+    finally:
+        os.kill(proxy.pid, signal.SIGCONT)
+        proxy.kill()
+        proxy.wait()
+        with contextlib.suppress(Exception):
+            connections["frozen"].close()
+        with contextlib.suppress(Exception):
+            del connections["frozen"]
+        connections.settings.pop("frozen", None)
+
+
+#: How long a call on the frozen database may take before the test calls it hung: the
+#: bound is about the acquire's timeout plus twice request_timeout (5 s); the rest is room
+#: for a loaded machine. Without a bound the calls never returned.
+HUNG = 60.0
+
+
+@server_only
+def test_every_call_is_bounded_when_the_database_stops_answering(frozen_alias, name) -> None:
+    """The database stops answering (every packet to it is swallowed, as in a network
+    partition or a frozen server), with default settings: every call returns. An acquire
+    raises QuorumError (also the blocking one with timeout=1, which had waited for ever),
+    check() is False, release() raises QuorumError, health() reports the database
+    unreachable and so do the deploy check and ``manage.py redlock check``. A take whose
+    reply never came is deleted once the database answers again, not left until its lease
+    ends."""
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from django_redlock.backends.checks import check_backends_reachable
+
+    alias, proxy = frozen_alias
+    entry = {
+        "BACKEND": "django_redlock.backends.database.DatabaseLocks",
+        "OPTIONS": {"using": alias},
+    }
+    locks = DatabaseLocks(alias)
+    try:
+        # Held by the threads that check and release them (a handle belongs to its thread).
+        held = {key: locks.lock(f"{name}:{key}", ttl=60) for key in ("check", "release")}
+        taken = {"blocking": f"{name}:t1", "non-blocking": f"{name}:nb"}
+        calls: dict[str, Callable[[], Any]] = {
+            "blocking": lambda: locks.lock(taken["blocking"], ttl=60).acquire(timeout=1),
+            "non-blocking": lambda: locks.lock(taken["non-blocking"], ttl=60).acquire(
+                blocking=False
+            ),
+            "check": held["check"].check,
+            "release": held["release"].release,
+            "force_release": lambda: locks.force_release(f"{name}:other"),
+            "health": locks.health,
+            "check --deploy": check_backends_reachable,
+            "redlock check": lambda: call_command(
+                "redlock", "--using", "svc", "check", stdout=io.StringIO()
+            ),
+        }
+        results: dict[str, Any] = {}
+        ready = threading.Barrier(len(calls) + 1)
+        start = threading.Event()
+
+        def run(key: str) -> None:
+            # This thread's connection is open before the freeze.
+            warm = held[key].acquire(blocking=False) if key in held else not locks.locked(name)
+            ready.wait()
+            if not warm:
+                results[key] = AssertionError("not warmed up")
+                return
+            start.wait()
+            try:
+                results[key] = calls[key]()
+            except Exception as exc:
+                results[key] = exc
+
+        with override_settings(REDLOCK=cases.svc_settings(entry)):
+            threads = [threading.Thread(target=run, args=(key,), daemon=True) for key in calls]
+            for thread in threads:
+                thread.start()
+            ready.wait()
+            os.kill(proxy.pid, signal.SIGSTOP)
+            start.set()
+            end = time.monotonic() + HUNG
+            for thread in threads:
+                thread.join(max(end - time.monotonic(), 0))
+            hung = [key for key, thread in zip(calls, threads, strict=True) if thread.is_alive()]
+            os.kill(proxy.pid, signal.SIGCONT)
+        assert not hung, f"still waiting on the frozen database: {hung}"
+        for key in ("blocking", "non-blocking", "release"):
+            assert isinstance(results[key], QuorumError), (key, results[key])
+        assert results["check"] is False
+        assert isinstance(results["force_release"], Exception)
+        assert [h.reachable for h in results["health"]] == [False]
+        assert [m.id for m in results["check --deploy"]] == ["django_redlock.E105"]
+        assert isinstance(results["redlock check"], Exception)
+
+        # The non-blocking take was sent on an open connection: its INSERT reaches the
+        # database when the proxy is resumed (late, on a connection its client gave up on),
+        # granting a 60 s lease to a token nobody holds. The sweep deletes it by token: it
+        # stops sweeping a take before the lease ends only when a delete removed its row.
+        def swept(lock_name: str) -> bool:
+            return all(pending != lock_name for pending, _ in locks._sweep.pending())
+
+        wait_until(lambda: swept(taken["non-blocking"]), timeout=30, interval=0.1)
+        fresh = DatabaseLocks("default")
+        try:
+            assert not any(fresh.locked(lock_name) for lock_name in taken.values())
+        finally:
+            fresh.close()
+    finally:
+        locks.close()
