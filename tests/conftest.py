@@ -22,40 +22,6 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under REDLOCK_REQUIRE_ALL=1: {report.longrepr}"
 
 
-# ---- pytest-xdist (setup.cfg runs three files at once): the Celery files run together --------
-#: The files whose tests run Celery workers against the process's session broker and its one
-#: result consumer: one xdist worker runs them one after another, in their usual order. Spread
-#: over the workers, tests/test_celery_limit.py once waited 45 s for results that never came,
-#: after files that ran before it on its worker (1 run of 3); in this order it always passed.
-CELERY_FILES = frozenset(
-    f"tests/{name}.py"
-    for name in (
-        "test_celery",
-        "test_celery_crash",
-        "test_celery_limit",
-        "test_celery_prefork",
-        "test_compat_celery_once",
-        "test_compat_celery_singleton",
-        "test_observability",
-        "test_promises_celery",
-    )
-)
-
-
-@_pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class CeleryFilesTogether(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            return "celery" if path in CELERY_FILES else path
-
-    return CeleryFilesTogether(config, log)
-
-
 # ---- core tests (tests/test_core_*.py): Redlock clients closed after each test --------------
 import contextlib as _core_contextlib  # noqa: E402
 

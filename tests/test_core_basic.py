@@ -154,7 +154,9 @@ def test_blocking_with_timeout_gives_up_after_about_timeout(
     t0 = time.monotonic()
     assert contender.acquire(timeout=0.4) is False
     elapsed = time.monotonic() - t0
-    assert 0.4 <= elapsed < 0.4 + 0.3, elapsed
+    # At once after its timeout, well short of the holder's 5 s lease (a loaded host adds to
+    # the time a give-up takes, not to the timeout itself).
+    assert 0.4 <= elapsed < 0.4 + 2.0, elapsed
     assert h.check()
     h.release()
 

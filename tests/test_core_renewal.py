@@ -434,7 +434,9 @@ def test_renew_for_ending_on_a_renewal_stops_both_clients_at_the_same_one(
             await arl.close()
 
     async_gone = asyncio.run(main())
-    assert 2.6 <= sync_gone <= 3.3 and 2.6 <= async_gone <= 3.3, (sync_gone, async_gone)
+    # Renewed past 1.0 s (gone no sooner than 2.5 s), and never after renew_for: gone by
+    # 2.0 + 1.5 s, plus what a loaded host adds to seeing it (a renewal at 2.0 s is allowed).
+    assert 2.6 <= sync_gone <= 4.0 and 2.6 <= async_gone <= 4.0, (sync_gone, async_gone)
 
 
 def test_renewals_wait_out_busy_nodes_within_the_leases_validity(

@@ -119,7 +119,10 @@ def test_managers_of_other_services_log_through_the_same_escaper(
         rl.close()
 
 
-@pytest.mark.usefixtures("redlock_settings")
+# celery_test_app: a task of the test project's app run before the app is configured would
+# fix its result backend to the defaults for the rest of the process, and a later module's
+# worker would never see a result (tests/test_promises_celery.py).
+@pytest.mark.usefixtures("redlock_settings", "celery_test_app")
 def test_a_locked_task_with_a_key_function_logs_its_name_escaped(caplog) -> None:
     """A LockedTask whose lock_key is a function of its arguments: skipped because the lock
     is held, its WARNING names the lock escaped (and the holder, whose path is a client's)."""
