@@ -198,20 +198,22 @@ def abandon(wrapper: Any) -> None:
     wrapper.connection = None
 
 
-def cut(wrapper: Any) -> None:
+def cut(wrapper: Any) -> bool:
     """Shut a connection's socket down (both ways) so that a statement blocked on it wakes
     up with an error the driver reports as a dropped connection. The descriptor stays open
-    (it is the driver's to close): shutdown acts on the socket, here through a duplicate."""
+    (it is the driver's to close): shutdown acts on the socket, here through a duplicate.
+    Whether there was a socket to shut down (none while the driver is still connecting)."""
     raw = wrapper.connection
     fd = None if raw is None else _socket_fd(raw)
     if fd is None:
-        return
+        return False
     with contextlib.suppress(OSError):
         sock = socket.socket(fileno=os.dup(fd))
         try:
             sock.shutdown(socket.SHUT_RDWR)
         finally:
             sock.close()
+    return True
 
 
 class _Watchdog:
@@ -224,6 +226,10 @@ class _Watchdog:
     """
 
     LINGER = 1.0
+    #: How often a connection still being set up at its deadline is looked at again: the
+    #: driver's connect has its own timeout, but the statements Django runs once it is
+    #: connected (PostgreSQL's SET TIME ZONE, MySQL's server variables) have none.
+    RECUT = 0.02
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -243,7 +249,8 @@ class _Watchdog:
             return self._keys
 
     def disarm(self, key: int) -> bool:
-        """Stop watching; whether the connection was cut. Under the same lock as the cut, so
+        """Stop watching; whether the deadline passed (the connection was cut, or is to be
+        cut once the driver has connected it). Under the same lock as the cut, so
         a connection is never cut after its statement returned (its socket may be closed and
         its descriptor number reused by then)."""
         with self._cond:
@@ -260,9 +267,11 @@ class _Watchdog:
                 now = time.monotonic()
                 for key, (deadline, wrapper) in list(self._armed.items()):
                     if deadline <= now:
-                        del self._armed[key]
                         self._fired.add(key)
-                        cut(wrapper)
+                        if cut(wrapper):
+                            del self._armed[key]
+                        else:  # no socket yet: cut it as soon as the driver has one
+                            self._armed[key] = (now + self.RECUT, wrapper)
                 if self._armed:
                     idle_since = now
                     self._cond.wait(min(d for d, _ in self._armed.values()) - now)
@@ -522,7 +531,7 @@ class DatabaseLocks(BackendLocks):
 
         SQLite has no server to stop answering (its waits are its busy timeout): unbounded.
         """
-        from django.db import OperationalError, connections
+        from django.db import connections
 
         if self.vendor == "sqlite":
             yield
@@ -537,25 +546,39 @@ class DatabaseLocks(BackendLocks):
                 # Whole seconds (mysqlclient's and libpq's reading), at least libpq's 2.
                 least = 2 if self.vendor == "postgresql" else 1
                 options["connect_timeout"] = max(least, math.ceil(limit))
-                wrapper.ensure_connection()
+                # Watched too: once the driver is connected, Django runs statements of its
+                # own on the new connection (SET TIME ZONE, the server's variables), which
+                # the driver's connect_timeout does not bound. Cut at the deadline, or as
+                # soon as the driver's connect returns after it.
+                with self._cut_at(self._watchdog.arm(deadline, wrapper)):
+                    wrapper.ensure_connection()
             self._left(deadline)
-            key = None if wait is None else self._watchdog.arm(deadline + wait, wrapper)
-            cut_off = False
-            try:
+            if wait is None:
                 yield
-            except Exception as exc:
-                cut_off = key is not None and self._watchdog.disarm(key)
-                key = None
-                if not cut_off:
-                    raise
-                self._local.timed_out = True
-                raise OperationalError(
-                    f"database {self.using!r} did not answer within {self.request_timeout:g} s "
-                    "(request_timeout)"
-                ) from exc
-            finally:
-                if key is not None:
-                    self._watchdog.disarm(key)
+            else:
+                with self._cut_at(self._watchdog.arm(deadline + wait, wrapper)):
+                    yield
+
+    @contextlib.contextmanager
+    def _cut_at(self, key: int) -> Iterator[None]:
+        """Stop watching (:class:`_Watchdog`) at the block's end; a block that failed after
+        its connection was cut at the deadline raises Django's ``OperationalError`` naming
+        the database and ``request_timeout``. (A block that ended well before its cut keeps
+        its result: the next statement finds the connection dropped and replaces it.)"""
+        from django.db import OperationalError
+
+        try:
+            yield
+        except Exception as exc:
+            if not self._watchdog.disarm(key):
+                raise
+            self._local.timed_out = True
+            raise OperationalError(
+                f"database {self.using!r} did not answer within {self.request_timeout:g} s "
+                "(request_timeout)"
+            ) from exc
+        finally:
+            self._watchdog.disarm(key)  # a second disarm is a no-op
 
     def _left(self, deadline: float) -> float:
         """Seconds left before ``deadline``; an OperationalError when none are."""
@@ -571,7 +594,13 @@ class DatabaseLocks(BackendLocks):
         return left
 
     def _sql(
-        self, sql: str, params: Iterable[Any] = (), *, fetch: bool = False, repeat: bool = True
+        self,
+        sql: str,
+        params: Iterable[Any] = (),
+        *,
+        fetch: bool = False,
+        repeat: bool = True,
+        took: str | None = None,
     ) -> Any:
         """Run one statement on this thread's connection: rows (fetch) or the row count.
 
@@ -590,11 +619,17 @@ class DatabaseLocks(BackendLocks):
         Inside a transaction (``self._local.in_transaction``) nothing is replaced or repeated
         alone (the transaction died with its connection): :meth:`_retrying` runs the whole
         step again.
+
+        ``took``: the token of a take, noted in ``self._local.took`` once the statement is
+        sent (if its outcome is never known, :meth:`_take` deletes it); a statement given up
+        before it was sent (no time left, no connection) granted nothing.
         """
         with self._budget():
-            return self._run_sql(sql, params, fetch=fetch, repeat=repeat)
+            return self._run_sql(sql, params, fetch=fetch, repeat=repeat, took=took)
 
-    def _run_sql(self, sql: str, params: Iterable[Any], *, fetch: bool, repeat: bool) -> Any:
+    def _run_sql(
+        self, sql: str, params: Iterable[Any], *, fetch: bool, repeat: bool, took: str | None
+    ) -> Any:
         from django.db import Error
 
         in_transaction = getattr(self._local, "in_transaction", False)
@@ -602,6 +637,8 @@ class DatabaseLocks(BackendLocks):
             wrapper = self._connection(idle=not in_transaction)
             try:
                 with self._bounded(wrapper), wrapper.cursor() as cursor:
+                    if took is not None:
+                        self._local.took = took
                     cursor.execute(sql.replace("NOW_US", self._now), list(params))
                     return cursor.fetchall() if fetch else cursor.rowcount
             except Error as exc:
@@ -785,14 +822,14 @@ class DatabaseLocks(BackendLocks):
         values = "%s, %s, %s, %s, NOW_US, NOW_US + %s, %s, 0"
         params = [*row, fence, lease_us, lease_us]
         insert = INSERT_ABSENT[self.vendor].format(table=LOCKS, columns=LOCK_COLUMNS, values=values)
-        self._local.took = row[1]  # sent: if its outcome is never known, _take deletes it
-        if self._sql(insert, params):
+        if self._sql(insert, params, took=row[1]):
             return True
         free = ("", []) if force else (" AND (expires_us <= NOW_US OR token = %s)", [row[1]])
         taken = self._sql(
             f"UPDATE {LOCKS} SET token = %s, meta = %s, fence = %s, acquired_us = NOW_US, "
             f"expires_us = NOW_US + %s, lease_us = %s, renewals = 0 WHERE name = %s{free[0]}",
             [row[1], row[2], fence, lease_us, lease_us, row[0], *free[1]],
+            took=row[1],
         )
         return bool(taken)
 
@@ -1038,10 +1075,19 @@ class DatabaseLocks(BackendLocks):
 
     # -- LISTEN / NOTIFY ------------------------------------------------------------------------
 
-    def _listen(self, name: str) -> threading.Event:
+    def _listen(self, name: str) -> threading.Event | None:
+        """An event set when ``name`` may have been released, or None when the listener is
+        not ready within the operation's deadline (another thread is setting it up, on a
+        database that may not answer): the waiter polls then."""
         self._this_process()
-        with self._listener_lock:
+        deadline = getattr(self._local, "deadline", None)
+        wait = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not self._listener_lock.acquire(timeout=wait):
+            return None
+        try:
             listener, _ = self._live_listener()
+        finally:
+            self._listener_lock.release()
         return listener.subscribe(name)
 
     def _listening(self) -> tuple[bool, bool]:
@@ -1164,6 +1210,10 @@ class _RowWatch:
     NOTIFIED = 5.0
     #: How long the thread waits for new locks, once it holds none, before it ends.
     LINGER = 1.0
+    #: How often a connection still being set up at its deadline is looked at again: the
+    #: driver's connect has its own timeout, but the statements Django runs once it is
+    #: connected (PostgreSQL's SET TIME ZONE, MySQL's server variables) have none.
+    RECUT = 0.02
 
     def __init__(self, locks: DatabaseLocks) -> None:
         self._locks = locks

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -734,6 +735,49 @@ HUNG = 60.0
 
 
 @server_only
+def test_a_connection_whose_set_up_meets_a_frozen_database_is_bounded(frozen_alias, name) -> None:
+    """The database stops answering while a new lock connection is being set up: the driver
+    has connected, and the statements Django runs on a new connection before handing it
+    over (PostgreSQL's SET TIME ZONE, MySQL's server variables; here a ``connection_created``
+    receiver's, which runs at the same place) get no answer. The driver's connect_timeout is
+    over by then: the acquire still raises QuorumError, the set-up counts against
+    request_timeout. (A PostgreSQL listener set up so by the row watch, under the lock every
+    waiter takes to listen, once held each blocking acquire for ever on a loaded host.)"""
+    from django.db.backends.signals import connection_created
+
+    alias, proxy = frozen_alias
+    locks = DatabaseLocks(alias, request_timeout=2)
+    outcome: dict[str, Any] = {}
+
+    def freeze(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.alias == f"{alias}:locks":
+            os.kill(proxy.pid, signal.SIGSTOP)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+
+    def run() -> None:
+        try:
+            outcome["result"] = locks.lock(name, ttl=60).acquire(timeout=1)
+        except Exception as exc:
+            outcome["result"] = exc
+
+    connection_created.connect(freeze)
+    thread = threading.Thread(target=run, daemon=True)
+    try:
+        thread.start()
+        thread.join(HUNG)
+        hung = thread.is_alive()
+    finally:
+        connection_created.disconnect(freeze)
+        os.kill(proxy.pid, signal.SIGCONT)
+    try:
+        assert not hung, "still setting a connection up on the frozen database"
+        assert isinstance(outcome["result"], QuorumError), outcome["result"]
+    finally:
+        locks.close()
+
+
+@server_only
 def test_every_call_is_bounded_when_the_database_stops_answering(frozen_alias, name) -> None:
     """The database stops answering (every packet to it is swallowed, as in a network
     partition or a frozen server), with default settings: every call returns. An acquire
@@ -799,8 +843,16 @@ def test_every_call_is_bounded_when_the_database_stops_answering(frozen_alias, n
             for thread in threads:
                 thread.join(max(end - time.monotonic(), 0))
             hung = [key for key, thread in zip(calls, threads, strict=True) if thread.is_alive()]
+            # Where each hung call waits, and every thread of this process (a lock it
+            # waits on is held by another): the failure's only clue on a busy CI host.
+            frames = sys._current_frames()
+            stacks = "".join(
+                f"--- {thread.name}\n" + "".join(traceback.format_stack(frames[thread.ident]))
+                for thread in threading.enumerate()
+                if thread.ident in frames
+            )
             os.kill(proxy.pid, signal.SIGCONT)
-        assert not hung, f"still waiting on the frozen database: {hung}"
+        assert not hung, f"still waiting on the frozen database: {hung}\n{stacks}"
         for key in ("blocking", "non-blocking", "release"):
             assert isinstance(results[key], QuorumError), (key, results[key])
         assert results["check"] is False
@@ -809,14 +861,16 @@ def test_every_call_is_bounded_when_the_database_stops_answering(frozen_alias, n
         assert [m.id for m in results["check --deploy"]] == ["django_redlock.E105"]
         assert isinstance(results["redlock check"], Exception)
 
-        # The non-blocking take was sent on an open connection: its INSERT reaches the
-        # database when the proxy is resumed (late, on a connection its client gave up on),
-        # granting a 60 s lease to a token nobody holds. The sweep deletes it by token: it
-        # stops sweeping a take before the lease ends only when a delete removed its row.
+        # Each take was sent on an open connection (the blocking one's too, when its first
+        # attempt got that far): its INSERT reaches the database when the proxy is resumed
+        # (late, on a connection its client gave up on), granting a 60 s lease to a token
+        # nobody holds. The sweep deletes it by token: it stops sweeping a take before the
+        # lease ends only when a delete removed its row. Both sweeps are waited for: one
+        # pass may remove one take's row before it comes to the other's.
         def swept(lock_name: str) -> bool:
             return all(pending != lock_name for pending, _ in locks._sweep.pending())
 
-        wait_until(lambda: swept(taken["non-blocking"]), timeout=30, interval=0.1)
+        wait_until(lambda: all(swept(n) for n in taken.values()), timeout=30, interval=0.1)
         fresh = DatabaseLocks("default")
         try:
             assert not any(fresh.locked(lock_name) for lock_name in taken.values())
