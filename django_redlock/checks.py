@@ -17,7 +17,7 @@ from django.core.checks import CheckMessage, Tags, register
 
 from .conf import resolve_node
 from .core import NodeHealth, Redlock, node_client, redact
-from .setting import DEFAULTS, error, node_urls, validate, warning
+from .setting import DEFAULTS, REDLOCK_ARGUMENTS, error, node_urls, validate, warning
 
 __all__ = [
     "SAFE_EVICTION",
@@ -166,12 +166,14 @@ def _prober() -> Redlock | None:
     opens no connection: the probe goes through the check's own clients). None when the
     setting cannot build one: the regular checks report why."""
     user = _user_setting()
-    config = {**DEFAULTS, **user} if isinstance(user, Mapping) else {}
+    if not isinstance(user, Mapping):
+        return None
+    config = {**DEFAULTS, **user}
     try:
+        # As conf builds the process's Redlock: the same arguments, from the same names.
         return Redlock(
-            [resolve_node(spec) for spec in config.get("NODES") or []],
-            key_prefix=config.get("KEY_PREFIX"),
-            restart_guard=config.get("RESTART_GUARD"),
+            [resolve_node(spec) for spec in config["NODES"] or []],
+            **{arg: config[name] for name, arg in REDLOCK_ARGUMENTS.items()},
         )
     except Exception:
         return None

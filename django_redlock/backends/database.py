@@ -565,33 +565,34 @@ class DatabaseLocks(BackendLocks):
         its connection was cut at the deadline raises Django's ``OperationalError`` naming
         the database and ``request_timeout``. (A block that ended well before its cut keeps
         its result: the next statement finds the connection dropped and replaces it.)"""
-        from django.db import OperationalError
 
         try:
             yield
         except Exception as exc:
             if not self._watchdog.disarm(key):
                 raise
-            self._local.timed_out = True
-            raise OperationalError(
-                f"database {self.using!r} did not answer within {self.request_timeout:g} s "
-                "(request_timeout)"
-            ) from exc
+            raise self._timed_out() from exc
         finally:
             self._watchdog.disarm(key)  # a second disarm is a no-op
 
     def _left(self, deadline: float) -> float:
         """Seconds left before ``deadline``; an OperationalError when none are."""
-        from django.db import OperationalError
 
         left = deadline - time.monotonic()
         if left <= 0:
-            self._local.timed_out = True
-            raise OperationalError(
-                f"database {self.using!r} did not answer within {self.request_timeout:g} s "
-                "(request_timeout)"
-            )
+            raise self._timed_out()
         return left
+
+    def _timed_out(self) -> Exception:
+        """The operation ran out of ``request_timeout`` (noted for the caller's bookkeeping):
+        Django's ``OperationalError`` naming the database and the timeout."""
+        from django.db import OperationalError
+
+        self._local.timed_out = True
+        return OperationalError(
+            f"database {self.using!r} did not answer within {self.request_timeout:g} s "
+            "(request_timeout)"
+        )
 
     def _sql(
         self,

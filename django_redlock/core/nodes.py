@@ -1542,9 +1542,9 @@ class Node:
     def send_later(self, wire: Wire) -> None:
         """Send on ``wire`` what could not reach the node before (see :attr:`later`). If
         sending fails, they are owed by ``wire``: :meth:`lose` keeps them again."""
-        pending = self.take_later()
-        if pending:
-            wire.send_unowned(pending)
+        data = self.owe_later(wire)
+        if data:
+            wire.write(data)
 
     def owe_later(self, wire: Wire) -> bytes:
         """:meth:`send_later` for a caller that sends the returned bytes on ``wire`` in the
