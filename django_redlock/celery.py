@@ -600,10 +600,7 @@ class LockedTask(Task):
         ``on_locked=...``, ...; also through ``sig.set(...)``), carried in the ``redlock``
         message header; with ``lock_dedupe`` it may return the already queued task's result
         instead of sending a new message."""
-        overrides = {CALL_OPTIONS[k]: options.pop(k) for k in list(options) if k in CALL_OPTIONS}
-        headers = dict(options.pop("headers", None) or {})
-        header = dict(headers.get(HEADER) or {})
-        header.update(overrides)
+        headers, header = _call_options(options)
         opts = self.lock_options(header, sending=True)
         queued = None
         # The task's own self.retry() sends the running request's id again: the same task
@@ -635,6 +632,18 @@ class LockedTask(Task):
             if isinstance(queued, tuple):
                 _release_queued_marker(self.get_redlock(), queued)
             raise
+
+    def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        """``apply`` (the task run here and now, eagerly) taking the per-call options as
+        :meth:`apply_async` does, checked the same way; they reach the run in the
+        ``redlock`` header, as a worker's run gets them."""
+        headers, header = _call_options(options)
+        self.lock_options(header, sending=True)
+        if header:
+            headers[HEADER] = header
+        if headers:
+            options["headers"] = headers
+        return super().apply(args, kwargs, *rest, **options)
 
     def _duplicate(
         self,
@@ -1178,6 +1187,16 @@ def _project_defaults() -> Mapping[str, Any]:
 
     defaults = get_config().get("LOCKED_TASK")
     return defaults if isinstance(defaults, Mapping) else {}
+
+
+def _call_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The message headers and the ``redlock`` header of a call: the per-call options
+    (``lock_key=...``) taken out of ``options`` into the header over what it carried."""
+    overrides = {CALL_OPTIONS[k]: options.pop(k) for k in list(options) if k in CALL_OPTIONS}
+    headers = dict(options.pop("headers", None) or {})
+    header = dict(headers.get(HEADER) or {})
+    header.update(overrides)
+    return headers, header
 
 
 def _header_of(request: Any) -> dict[str, Any]:

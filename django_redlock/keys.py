@@ -26,6 +26,7 @@ from .core import MAX_KEY_LENGTH, printable
 
 __all__ = [
     "CLIENT_FIELD",
+    "KeyPart",
     "KeyTemplate",
     "base_request",
     "client_id",
@@ -65,6 +66,18 @@ def _escaper(extra: str) -> Callable[[str], str]:
         )
 
     return escape
+
+
+class KeyPart(str):
+    """Text that is a key part already, its own parts escaped (:func:`client_id`): a
+    template inserts it as it is, so ``"cart:{client}"`` and ``f"cart:{client_id(request)}"``
+    name the same lock."""
+
+    __slots__ = ()
+
+
+#: Escapes a value inside a :class:`KeyPart` (``:``, ``%``, glob characters, whitespace).
+_escape_part = _escaper("")
 
 
 class KeyTemplate:
@@ -199,7 +212,7 @@ class KeyTemplate:
     ) -> str:
         escape = escape or self._escape
         if isinstance(value, str):
-            return escape(value)
+            return value if value.__class__ is KeyPart else escape(value)
         if value is None or isinstance(value, bool):
             return _TAGS[value]
         if isinstance(value, Enum):
@@ -309,12 +322,14 @@ def user_pk(request: Any, *, load: bool = False) -> Any:
     return getattr(user, "pk", None)
 
 
-def client_id(request: Any) -> str:
+def client_id(request: Any) -> KeyPart:
     """Who is asking, as a key part that never lumps anonymous users together:
     ``user:<pk>`` for an authenticated user (loaded if nothing has read ``request.user`` yet:
     every session of a user is one client; under DRF, the user its authentication classes
     found), else ``session:<key>`` when the client sent a session cookie, else
-    ``ip:<REMOTE_ADDR>``.
+    ``ip:<REMOTE_ADDR>``, the pk, key or address escaped as a template escapes a value (an
+    IPv6 address's colons become ``%3A``). A :class:`KeyPart`: ``{client}`` in a template
+    inserts it as it is, so both forms name the same lock.
 
     ``{request.user.pk}`` renders ``%none`` for every anonymous user, so they all share one
     key; ``{client}`` in a view's template (or ``client_id(request)`` in a ``key=``
@@ -323,10 +338,10 @@ def client_id(request: Any) -> str:
     """
     user = user_pk(request, load=True)
     if user is not None:
-        return f"user:{user}"
+        return KeyPart(f"user:{_escape_part(str(user))}")
     base = base_request(request)
     session = base.__dict__.get("session")
     key = getattr(session, "session_key", None) if session is not None else None
     if key:
-        return f"session:{key}"
-    return f"ip:{base.META.get('REMOTE_ADDR') or 'unknown'}"
+        return KeyPart(f"session:{_escape_part(key)}")
+    return KeyPart(f"ip:{_escape_part(base.META.get('REMOTE_ADDR') or 'unknown')}")

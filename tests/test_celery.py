@@ -691,6 +691,29 @@ def test_eager_calls_lock_too(rl, celery_test_app):
     assert not rl.locked("demo:e")
 
 
+def test_eager_apply_takes_the_per_call_options(rl, celery_test_app):
+    """docs/celery.rst: per-call options can be changed for one call, eager calls lock too,
+    and invalid values are refused when the task is sent: ``task.apply(...)`` and
+    ``sig.set(...).apply()`` take them as ``apply_async`` does (Celery's own ``apply``
+    dropped them: the task's own policy ran, and ``lock_ttl=-1`` went through)."""
+    run = Run()
+    lock = rl.lock("demo:e", ttl=5)
+    assert lock.acquire(blocking=False)
+    try:
+        skipped = tasks.critical.apply(("e", run.id), on_locked="skip")
+        assert skipped.state == "SUCCESS" and skipped.result is None
+        skipped = tasks.critical.s("e", run.id).set(on_locked="skip").apply()
+        assert skipped.state == "SUCCESS" and skipped.result is None
+        with pytest.raises(ValueError, match=r"per-call options.*lock_ttl"):
+            tasks.critical.apply(("e", run.id), lock_ttl=-1)
+        # Another key for this call: the held one is not in its way.
+        other = tasks.critical.apply(("e", run.id), lock_key="demo:other:{key}").get()
+        assert other["lock"] == "demo:other:e"
+    finally:
+        lock.release()
+    assert not rl.locked("demo:other:e")
+
+
 @pytest.mark.parametrize(
     "template",
     ["s:{}", "s:{0}", "s:{key", "s:key}", "{key}{run}", "s:{account_id}"],

@@ -800,7 +800,45 @@ class TestAnonymousClients:
 
         view(a)
         view(b)
-        assert keys == ["cart:ip%3A10.0.0.1", "cart:ip%3A10.0.0.2"]
+        assert keys == ["cart:ip:10.0.0.1", "cart:ip:10.0.0.2"]
+
+    def test_the_client_field_and_client_id_name_the_same_lock(self, django_user_model, db):
+        """``"cart:{client}"`` and ``key=... f"cart:{client_id(request)}"`` are the two
+        documented ways of keying on the client: one view of each kind on one resource
+        exclude each other (each is refused while the other holds)."""
+        from django.contrib.auth.models import AnonymousUser
+
+        user = django_user_model.objects.create_user("pair", password="x")
+
+        def anonymous():
+            request = rf.get("/", REMOTE_ADDR="::1")
+            request.user = AnonymousUser()
+            return request
+
+        def signed_in():
+            return self._signed_in_request(user)
+
+        inner: list[int] = []
+
+        @locked("cart:{client}", wait=0)
+        def by_template(request, again):
+            # Another request of the same client, to a view of the other kind, meanwhile.
+            other = threading.Thread(target=lambda: inner.append(by_key(again).status_code))
+            other.start()
+            other.join()
+            return HttpResponse("ok")
+
+        @locked(key=lambda request, **kw: f"cart:{client_id(request)}", wait=0)
+        def by_key(request):
+            return HttpResponse("ok")
+
+        for request in (anonymous, signed_in):
+            again = request()
+            client_id(again)  # its user loaded here: the test database is this thread's
+            assert by_template(request(), again=again).status_code == 200
+        assert inner == [423, 423]
+        assert client_id(anonymous()) == "ip:%3A%3A1"  # its own parts escaped
+        assert client_id(signed_in()) == f"user:{user.pk}"
 
     def test_session_then_user(self, django_user_model, db):
         from django.contrib.sessions.backends.db import SessionStore
@@ -844,7 +882,7 @@ class TestAnonymousClients:
                 statuses.append(view(second).status_code)  # the other browser, meanwhile
             return HttpResponse(current_lock().name)
 
-        assert view(first).content.decode() == f"cart:user%3A{user.pk}"
+        assert view(first).content.decode() == f"cart:user:{user.pk}"
         assert statuses == [423]
 
     def test_a_signed_in_user_is_one_client_in_async_views(self, django_user_model, db):
@@ -858,7 +896,7 @@ class TestAnonymousClients:
             return HttpResponse(current_lock().name)
 
         response = async_to_sync(view)(request)
-        assert response.content.decode() == f"cart:user%3A{user.pk}"
+        assert response.content.decode() == f"cart:user:{user.pk}"
 
     def test_an_argument_named_client_wins(self):
         @locked("x:{client}")

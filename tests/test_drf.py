@@ -96,7 +96,7 @@ def test_two_users_get_two_locks(form, auth, users):
     bodies = [r.json() for r in responses]
     prefix = FORMS[form][2].format(id=7)
     assert [b["user"] for b in bodies] == [u.pk for u in users]
-    assert [b["lock"] for b in bodies] == [f"{prefix}:user%3A{u.pk}" for u in users]
+    assert [b["lock"] for b in bodies] == [f"{prefix}:user:{u.pk}" for u in users]
     a, b = bodies
     assert a["start"] < b["end"] and b["start"] < a["end"], "the two users did not overlap"
 
@@ -127,7 +127,7 @@ def test_refusal_is_rendered_by_drf_for_the_browsable_api(users):
     """The 423 is a DRF exception: DRF's negotiated renderer writes it (HTML for a browser,
     the browsable API), with the same Retry-After."""
     client = token_client(users[0])
-    name = f"api-order:9:user%3A{users[0].pk}"
+    name = f"api-order:9:user:{users[0].pk}"
     lock = get_redlock().lock(name, 10.0, owner="someone-else")
     assert lock.acquire(blocking=False)
     try:
@@ -226,7 +226,7 @@ def test_on_locked_still_wins_under_drf(users):
     from rest_framework.test import force_authenticate
 
     force_authenticate(request, user=users[0])
-    lock = get_redlock().lock(f"custom:user%3A{users[0].pk}", 10.0, owner="someone-else")
+    lock = get_redlock().lock(f"custom:user:{users[0].pk}", 10.0, owner="someone-else")
     assert lock.acquire(blocking=False)
     try:
         response = pay(request)

@@ -96,7 +96,7 @@ def test_a_custom_exception_handler_receives_lock_busy(settings, user):
     def pay(request):
         return Response({"ok": True})
 
-    with held(f"handled:user%3A{user.pk}"):
+    with held(f"handled:user:{user.pk}"):
         response = pay(authenticated(user))
     assert response.status_code == 423 and 1 <= int(response["Retry-After"]) <= 10
     assert len(SEEN) == 1 and isinstance(SEEN[0], LockBusy) and SEEN[0].wait
@@ -110,6 +110,6 @@ def test_the_locked_response_setting_still_answers_under_drf(settings, redlock_s
     def pay(request):
         return Response({"ok": True})
 
-    with held(f"setting:user%3A{user.pk}"):
+    with held(f"setting:user:{user.pk}"):
         response = pay(authenticated(user))
     assert response.status_code == 409 and json.loads(response.content)["code"] == "busy"

@@ -28,16 +28,22 @@ The rules:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 __all__ = [
     "CONNECT_AT_LEAST",
     "MAX_STALLS",
     "MIN_SPAN",
     "MISSES_TO_DOWN",
+    "QUICK_GAIN",
+    "REPLY_BUDGET_CAP",
+    "RTT_GAIN",
+    "SRTT_GAIN",
     "STALL_SLACK",
     "PauseLog",
     "connect_budget",
     "overrun",
+    "reply_budget",
     "why_lost",
 ]
 
@@ -63,6 +69,33 @@ MAX_STALLS = 3
 #: the reply budget (``node_timeout``) does not have to cover. A node that is really silent
 #: costs an operation that must connect to it this much, until it is found down.
 CONNECT_AT_LEAST = 1.0
+
+
+#: How far :attr:`.nodes.NodeDetector.quick` follows a round trip longer than it.
+QUICK_GAIN = 0.02
+
+#: The gains of the smoothed round trip and of its mean deviation (RFC 6298's, as TCP's).
+SRTT_GAIN = 0.125
+RTT_GAIN = 0.25
+
+#: The most an operation's reply budget follows the nodes' round trips to (seconds): on a
+#: busy host (replies 100-300 ms late at the 99th percentile beside CPU burners and 32
+#: locking threads) a quorum answers within it, and a lease of the default 30 s loses at most
+#: this much of its validity to the wait.
+REPLY_BUDGET_CAP = 0.5
+
+
+def reply_budget(node_timeout: float, rtos: Iterable[float], quorum: int) -> float:
+    """How long an operation waits for the nodes' replies: ``node_timeout``, or longer while
+    the round trips of a quorum of them run longer (each node's ``rto``: its smoothed round
+    trip and four deviations, after RFC 6298), at most :data:`REPLY_BUDGET_CAP`. A node
+    that went silent keeps the ``rto`` it had (only answers move it), so a dead minority
+    does not stretch the wait, and a quorum that answers ends it early anyway; what a longer
+    budget costs is a later verdict when too few nodes answer at all."""
+    slow = sorted(rtos)[quorum - 1]
+    if slow <= node_timeout:
+        return node_timeout
+    return slow if slow < REPLY_BUDGET_CAP else max(REPLY_BUDGET_CAP, node_timeout)
 
 
 def connect_budget(node_timeout: float) -> float:

@@ -31,7 +31,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import hedging
-from .detector import CONNECT_AT_LEAST, MAX_STALLS, STALL_SLACK, connect_budget
+from .detector import (
+    CONNECT_AT_LEAST,
+    MAX_STALLS,
+    QUICK_GAIN,
+    RTT_GAIN,
+    SRTT_GAIN,
+    STALL_SLACK,
+    connect_budget,
+    reply_budget,
+)
 from .nodes import (
     NOT_SENT,
     NOTHING_LEFT,
@@ -385,6 +394,7 @@ def fan_out(
                 elif sent_at > detector.heard_at:
                     detector.heard_at = sent_at
                 if wire.reused:
+                    # NodeDetector.round_trip, written out.
                     rtt = now - sent_at
                     quick = detector.quick
                     if quick is None or rtt < quick:
@@ -392,7 +402,14 @@ def fan_out(
                     else:
                         detector.quick = quick + QUICK_GAIN * (rtt - quick)
                     srtt = detector.srtt
-                    detector.srtt = rtt if srtt is None else srtt + SRTT_GAIN * (rtt - srtt)
+                    if srtt is None:
+                        srtt, detector.rttvar = rtt, rtt / 2
+                    else:
+                        gap = rtt - srtt if rtt > srtt else srtt - rtt
+                        detector.rttvar += RTT_GAIN * (gap - detector.rttvar)
+                        srtt += SRTT_GAIN * (rtt - srtt)
+                    detector.srtt = srtt
+                    detector.rto = srtt + 4 * detector.rttvar
                 # Dropped if the server is no longer the master; closed if the pool holds
                 # what the operations use at once already (see Node.wanted).
                 node.checkin(wire)
@@ -481,13 +498,6 @@ def _send_copy(node: Node, op: FanOut, now: float) -> tuple[Wire, Due] | None:
     except OSError:
         node.lose(wire)
         return None
-
-
-#: How far :attr:`.nodes.NodeDetector.quick` follows a round trip longer than it.
-QUICK_GAIN = 0.02
-
-#: The smoothed round trip's gain (RFC 6298's).
-SRTT_GAIN = 0.125
 
 
 def _outstanding(waiting: Mapping[int, tuple[int, Wire, Due]], answered: set[int]) -> int:
@@ -861,6 +871,8 @@ class Round:
                     poller.unregister(fd)
                     node = self.nodes[on[0]]
                     node.detector.answered(now, sent)
+                    if sent is not None and wire.reused:
+                        node.detector.round_trip(now - sent)
                     node.checkin(wire)
 
     def _cut(self, carried: _Carried, exc: OSError, remaining: float) -> None:
@@ -994,15 +1006,20 @@ class Rounds:
         if timeout is not None and timeout != self.timeout:
             fan_out(self.nodes, op, timeout)
             return op.replies
+        budget = self.timeout
+        for node in self.nodes:
+            if node.detector.rto > budget:
+                budget = self.budget()  # the round trips run longer than the node timeout
+                break
         if threading.get_ident() == self._main:
             # Signal handlers run in the main thread, and may raise anywhere (Ctrl-C, a task's
             # soft time limit): it never leads, serves or waits for other threads' fan-outs.
-            fan_out(self.nodes, op, self.timeout)
+            fan_out(self.nodes, op, budget)
             return op.replies
         if hedge is not None and hedging.lossy(self.nodes, time.monotonic()):
             # A round sends no copies while it waits, and on a lossy link the copies are what
             # beats a lost packet's retransmission: each thread fans out alone, with them.
-            fan_out(self.nodes, op, self.timeout)
+            fan_out(self.nodes, op, budget)
             return op.replies
         with self._lock:
             leader = not self._leading
@@ -1013,14 +1030,14 @@ class Rounds:
                 wake.acquire()
                 self._queue.append(op)
         if leader:
-            self._lead(op, [op])
+            self._lead(op, [op], budget)
             return op.replies
         interrupted = _sleep(op, wake)
         try:
             if op.role == _LEAD:
                 batch, op.batch = op.batch, None
                 assert batch is not None
-                self._lead(op, batch)
+                self._lead(op, batch, budget)
             elif op.role == _SERVE:
                 round, op.round = op.round, None
                 assert round is not None
@@ -1030,14 +1047,21 @@ class Rounds:
                 raise interrupted
         return op.replies
 
-    def _lead(self, op: FanOut, batch: list[FanOut]) -> None:
+    def _lead(self, op: FanOut, batch: list[FanOut], budget: float) -> None:
         """Send ``batch`` (``op``'s thread leads it): alone, as a plain fan-out; several, as
-        a round. The queue is handed over once a majority of nodes answered ``op`` (what is
-        left is the slower nodes: one slow node never holds the other threads up)."""
+        a round, waiting ``budget`` seconds for replies. The queue is handed over once a
+        majority of nodes answered ``op`` (what is left is the slower nodes: one slow node
+        never holds the other threads up)."""
         if len(batch) > 1:
-            Round(self.nodes, batch, self.timeout).serve(op, self._hand_over)
+            Round(self.nodes, batch, budget).serve(op, self._hand_over)
         else:
-            fan_out(self.nodes, op, self.timeout, self._hand_over)
+            fan_out(self.nodes, op, budget, self._hand_over)
+
+    def budget(self) -> float:
+        """How long an operation waits for replies: the node timeout, or longer while the
+        nodes' round trips run longer (:func:`.detector.reply_budget`)."""
+        rtos = [node.detector.rto for node in self.nodes]
+        return reply_budget(self.timeout, rtos, len(self.nodes) // 2 + 1)
 
     def _hand_over(self) -> None:
         """The queue becomes the next round, led by its first thread."""

@@ -33,7 +33,16 @@ import hiredis
 import redis
 from redis.connection import parse_url as _parse_url
 
-from .detector import MIN_SPAN, MISSES_TO_DOWN, connect_budget, overrun
+from .detector import (
+    MIN_SPAN,
+    MISSES_TO_DOWN,
+    QUICK_GAIN,
+    RTT_GAIN,
+    SRTT_GAIN,
+    connect_budget,
+    overrun,
+    reply_budget,
+)
 from .process import ThisProcess
 from .reconnect import reconnector
 from .scripts import BODIES, RELEASE, Script
@@ -791,6 +800,8 @@ class NodeDetector:
         "node_timeout",
         "quick",
         "reason",
+        "rto",
+        "rttvar",
         "srtt",
     )
 
@@ -824,9 +835,14 @@ class NodeDetector:
         self.srtt: float | None = None
         #: The node's round trip when nothing holds it up (seconds; None before the first),
         #: kept by the fan-out too: it follows a shorter one at once and a longer one by
-        #: :data:`.fanout.QUICK_GAIN` of the difference, so a reply late by a retransmission
+        #: :data:`.detector.QUICK_GAIN` of the difference, so a reply late by a retransmission
         #: barely moves it (the smoothed round trip takes an eighth of it).
         self.quick: float | None = None
+        #: The round trips' mean deviation, and the time by which a reply is late: ``srtt +
+        #: 4 * rttvar`` (0 before the first round trip). RFC 6298's, as TCP's retransmission
+        #: timeout: the operations' reply budget follows it (:func:`.detector.reply_budget`).
+        self.rttvar = 0.0
+        self.rto = 0.0
         #: When the newest command the node answered (on any connection) was sent; -inf
         #: before the first answer that says.
         self.heard_at = float("-inf")
@@ -856,6 +872,28 @@ class NodeDetector:
         self.reason = ""
         return True
 
+    def round_trip(self, rtt: float) -> None:
+        """A reply came ``rtt`` seconds after its command went out on a connection already
+        set up (a new one's first round trip includes its handshake). The sync fan-out's hot
+        path writes this out (:func:`.fanout.fan_out`)."""
+        quick = self.quick
+        self.quick = rtt if quick is None or rtt < quick else quick + QUICK_GAIN * (rtt - quick)
+        srtt = self.srtt
+        if srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar += RTT_GAIN * (abs(rtt - srtt) - self.rttvar)
+            self.srtt = srtt + SRTT_GAIN * (rtt - srtt)
+        self.rto = self.srtt + 4 * self.rttvar
+
+    def budget(self) -> float:
+        """How long a reply of this node may take before it is late: the node timeout, or
+        longer while its round trips run longer (:func:`.detector.reply_budget`)."""
+        rto = self.rto
+        if rto <= self.node_timeout:
+            return self.node_timeout
+        return reply_budget(self.node_timeout, (rto,), 1)
+
     def heard_since(self, when: float) -> bool:
         """Whether the node answered a command (on any connection) sent at or after ``when``:
         it ran what reached it after that moment, so it is not frozen or gone."""
@@ -870,6 +908,10 @@ class NodeDetector:
         miss made the node down."""
         if excused or self.down_since is not None:
             return False
+        # The reply is late, whatever the node's state: the next one gets twice the time (as
+        # TCP backs its retransmission timer off), or a node whose round trips run longer
+        # than the budget would never answer one in time to teach the budget otherwise.
+        self.rto = reply_budget(self.node_timeout, (2 * max(self.rto, self.node_timeout),), 1)
         if since is not None and self.heard_since(since):
             return False
         if not self.misses:
@@ -1118,9 +1160,10 @@ class Node:
             if owes:
                 now = time.monotonic()
                 owed_for = now - wire.due[0].sent
-                if owed_for >= self.node_timeout:
+                budget = self.detector.budget()
+                if owed_for >= budget:
                     self.abandon(wire)  # as a fan-out gives up a connection past it
-                elif young is None and owed_for < self.node_timeout / 4:
+                elif young is None and owed_for < budget / 4:
                     young = wire
                 elif due is None:
                     due = wire
@@ -1261,7 +1304,7 @@ class Node:
             owes = self._take(wire)
             if owes is None:
                 continue
-            if owes and wire.overdue(time.monotonic(), self.node_timeout):
+            if owes and wire.overdue(time.monotonic(), self.detector.budget()):
                 self.abandon(wire)
             elif owes or not unused or len(self._idle) + 1 <= MIN_IDLE:
                 self._idle.appendleft(wire)
@@ -1457,7 +1500,7 @@ class Node:
             return True
         try:
             self.send_later(wire)
-            wire.settle_within(self.node_timeout)
+            wire.settle_within(self.detector.budget())
         except (OSError, Incomplete):
             self.lose(wire)  # what it carries goes out again with the next try
             return False

@@ -1,0 +1,90 @@
+"""The reply budget follows the nodes' round trips: a node whose replies take longer than the
+node timeout (a busy host, a far link) is waited for, up to a cap, instead of being counted
+silent on every operation; a late reply backs the budget off, as TCP's retransmission timer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from bench.lossy_proxy import LossyProxy
+from django_redlock import Redlock
+from django_redlock.core.detector import REPLY_BUDGET_CAP, reply_budget
+from django_redlock.core.errors import QuorumError
+from django_redlock.core.nodes import NodeDetector
+
+
+def test_the_budget_is_the_node_timeout_while_a_quorum_answers_within_it():
+    assert reply_budget(0.05, [0.001, 0.002, 0.3], 2) == 0.05
+    assert reply_budget(0.05, [0.0, 0.0, 0.0], 2) == 0.05
+
+
+def test_the_budget_follows_the_round_trips_of_a_quorum_not_of_the_slowest_node():
+    # One node far slower (or silent, its rto backed off) does not stretch the wait.
+    assert reply_budget(0.05, [0.01, 0.08, 0.4], 2) == 0.08
+    assert reply_budget(0.05, [0.01, 0.02, 0.03, 0.2, 0.4], 3) == 0.05
+
+
+def test_the_budget_is_capped_and_never_below_the_node_timeout():
+    assert reply_budget(0.05, [2.0, 3.0, 4.0], 2) == REPLY_BUDGET_CAP
+    assert reply_budget(2.0, [3.0, 4.0, 5.0], 2) == 2.0
+
+
+def test_a_late_reply_doubles_the_node_s_budget_and_an_answer_brings_it_back():
+    detector = NodeDetector(0.05)
+    assert detector.budget() == 0.05
+    detector.missed(1.0)
+    assert detector.budget() == pytest.approx(0.1)
+    detector.missed(1.1)
+    assert detector.budget() == pytest.approx(0.2)
+    for _ in range(4):
+        detector.missed(1.2)
+    assert detector.budget() == REPLY_BUDGET_CAP
+    # A miss while this process did not run says nothing about the node.
+    excused = NodeDetector(0.05)
+    excused.missed(1.0, excused=True)
+    assert excused.budget() == 0.05
+    # Answers bring it back to what the round trips are (RFC 6298: srtt + 4 rttvar).
+    for _ in range(60):
+        detector.round_trip(0.002)
+    assert detector.budget() == 0.05
+    assert detector.rto == pytest.approx(detector.srtt + 4 * detector.rttvar)
+
+
+def test_nodes_whose_round_trips_exceed_the_node_timeout_still_grant_locks(redis_cluster_factory):
+    """Two of three nodes behind a link of 40 ms each way (80 ms round trips against the
+    default 50 ms node timeout): every acquire needs one of them. With the budget fixed at
+    the node timeout, each one raised QuorumError, and a blocking acquire never got the lock."""
+    cluster = redis_cluster_factory(3)
+    near = Redlock(cluster.urls)  # the cluster is in service: its markers are armed
+    try:
+        assert near.lock("far:near").acquire(blocking=False)
+    finally:
+        near.close()
+    slow = [LossyProxy((node.host, node.port), delay=0.04) for node in cluster.nodes[1:]]
+    with contextlib.ExitStack() as stack:
+        for proxy in slow:
+            stack.enter_context(proxy)
+        rl = Redlock([cluster.nodes[0].url, *(proxy.url for proxy in slow)])
+        stack.callback(rl.close)
+        # The first, blocking acquires teach the budget (their late replies back it off), and
+        # leave no connection owing a late reply behind them.
+        for i in range(3):
+            lock = rl.lock(f"far:first:{i}", ttl=10)
+            assert lock.acquire(timeout=30)
+            lock.release()
+        outcomes = []
+        for i in range(10):
+            lock = rl.lock(f"far:{i}", ttl=10)
+            try:
+                got = lock.acquire(blocking=False)
+            except QuorumError as exc:
+                outcomes.append(f"QuorumError: {exc}")
+                continue
+            outcomes.append("granted" if got else "refused")
+            if got:
+                assert lock.validity > 9.0
+                lock.release()
+        assert outcomes == ["granted"] * 10, outcomes
