@@ -5,12 +5,13 @@ silent on every operation; a late reply backs the budget off, as TCP's retransmi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import pytest
 
 from bench.lossy_proxy import LossyProxy
-from django_redlock import Redlock
+from django_redlock import AsyncRedlock, Redlock
 from django_redlock.core.detector import REPLY_BUDGET_CAP, reply_budget
 from django_redlock.core.errors import QuorumError
 from django_redlock.core.nodes import NodeDetector
@@ -88,3 +89,43 @@ def test_nodes_whose_round_trips_exceed_the_node_timeout_still_grant_locks(redis
                 assert lock.validity > 9.0
                 lock.release()
         assert outcomes == ["granted"] * 10, outcomes
+
+
+def test_the_async_client_s_budget_follows_the_round_trips_too(redis_cluster_factory):
+    """The same far nodes, through ``AsyncRedlock``."""
+    cluster = redis_cluster_factory(3)
+    near = Redlock(cluster.urls)
+    try:
+        assert near.lock("far:near").acquire(blocking=False)
+    finally:
+        near.close()
+
+    async def main(urls: list[str]) -> list[str]:
+        arl = AsyncRedlock(urls)
+        try:
+            for i in range(3):
+                lock = arl.lock(f"far:first:{i}", ttl=10)
+                assert await lock.acquire(timeout=30)
+                await lock.release()
+            outcomes = []
+            for i in range(10):
+                lock = arl.lock(f"far:{i}", ttl=10)
+                try:
+                    got = await lock.acquire(blocking=False)
+                except QuorumError as exc:
+                    outcomes.append(f"QuorumError: {exc}")
+                    continue
+                outcomes.append("granted" if got else "refused")
+                if got:
+                    await lock.release()
+            return outcomes
+        finally:
+            await arl.close()
+
+    with contextlib.ExitStack() as stack:
+        slow = [
+            stack.enter_context(LossyProxy((node.host, node.port), delay=0.04))
+            for node in cluster.nodes[1:]
+        ]
+        outcomes = asyncio.run(main([cluster.nodes[0].url, *(proxy.url for proxy in slow)]))
+    assert outcomes == ["granted"] * 10, outcomes

@@ -568,7 +568,8 @@ class LoopPool:
         wire = self.shared[index]
         if wire is not None and wire.usable() and node.current(wire):
             owed = wire.owed[0].sent if wire.owed else None
-            if owed is None or owed + node.node_timeout / 4 > self.loop.time():
+            budget = node.detector.budget()
+            if owed is None or owed + budget / 4 > self.loop.time():
                 return wire
             # It owes a reply held up on the link (a lost packet waits for TCP's
             # retransmission): a command behind it would wait too. It is read as the reply
@@ -576,7 +577,7 @@ class LoopPool:
             # past the node timeout, what it carries is undone behind it.
             node.late_at = now = time.monotonic()
             since = now - (self.loop.time() - owed)
-            given_up = wire.overdue(self.loop.time(), node.node_timeout)
+            given_up = wire.overdue(self.loop.time(), budget)
             self.set_aside(node, index, wire, since, abandon=given_up)
             self.want_spare(node, index)
         if wire is not None and wire.usable():
@@ -1128,7 +1129,11 @@ class AsyncFanOut:
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
             return
         self.wires[index] = None
-        self.nodes[index].detector.answered(time.monotonic(), self.since)
+        detector = self.nodes[index].detector
+        now = time.monotonic()
+        detector.answered(now, self.since)
+        if wire.reused:
+            detector.round_trip(now - self.since)
         if on_replica(reply):
             # A demoted master (so are the idle connections to it): the next connection asks
             # the Sentinels where the master is now (a release refused is kept for it by

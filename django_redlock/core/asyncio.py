@@ -54,7 +54,15 @@ from .base import RedlockBase
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
-from .nodes import Failure, ReplyError, WireError, eval_form, os_failure, reply_failure
+from .nodes import (
+    Failure,
+    ReplyError,
+    WireError,
+    eval_form,
+    os_failure,
+    reply_failure,
+    reply_wait,
+)
 from .permits import HoldBase, Permits
 from .renewal import BATCH_WINDOW, pauses
 from .validation import check_name
@@ -414,7 +422,9 @@ class AsyncRedlock(RedlockBase):
         state = self._state()
         hedge = hedge if hedge is not None or not idempotent else build
         fan_out = AsyncFanOut(self.nodes, state, build, late, enough, left, idempotent, hedge)
-        return await fan_out.run(self.node_timeout if timeout is None else timeout, behind)
+        if timeout is None:
+            timeout = reply_wait(self.nodes, self.node_timeout)
+        return await fan_out.run(timeout, behind)
 
     async def _call(
         self, index: int, commands: Sequence[Sequence[Any]], timeout: float = SLOW_TIMEOUT

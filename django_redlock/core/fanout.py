@@ -39,7 +39,6 @@ from .detector import (
     SRTT_GAIN,
     STALL_SLACK,
     connect_budget,
-    reply_budget,
 )
 from .nodes import (
     NOT_SENT,
@@ -60,6 +59,7 @@ from .nodes import (
     list_left,
     os_failure,
     pack_many,
+    reply_wait,
     settled,
 )
 from .process import ThisProcess
@@ -1060,8 +1060,7 @@ class Rounds:
     def budget(self) -> float:
         """How long an operation waits for replies: the node timeout, or longer while the
         nodes' round trips run longer (:func:`.detector.reply_budget`)."""
-        rtos = [node.detector.rto for node in self.nodes]
-        return reply_budget(self.timeout, rtos, len(self.nodes) // 2 + 1)
+        return reply_wait(self.nodes, self.timeout)
 
     def _hand_over(self) -> None:
         """The queue becomes the next round, led by its first thread."""

@@ -108,6 +108,7 @@ __all__ = [
     "redact",
     "refuse_replica",
     "reply_failure",
+    "reply_wait",
     "script_command",
     "section_fields",
     "server_of",
@@ -2120,6 +2121,12 @@ SENT_TWICE = Failure(
 NOTHING_LEFT = Failure(
     "error", "a copy of the command found nothing left to do; the first one is still unanswered"
 )
+
+
+def reply_wait(nodes: Sequence[Node], node_timeout: float) -> float:
+    """How long an operation waits for the nodes' replies: ``node_timeout``, or longer while
+    the round trips of a quorum of them run longer (:func:`.detector.reply_budget`)."""
+    return reply_budget(node_timeout, [n.detector.rto for n in nodes], len(nodes) // 2 + 1)
 
 
 def reached(reply: Any) -> bool:
