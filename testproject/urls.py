@@ -18,6 +18,8 @@ urlpatterns = [
     ),
     path("exports/<slug:name>.csv", views.export, name="export"),
     path("async-exports/<slug:name>.csv", views.async_export, name="async-export"),
+    path("renewed-exports/<slug:name>.csv", views.renewed_export),
+    path("renewed-async-exports/<slug:name>.csv", views.renewed_async_export),
     path("ping/", views.ping, name="ping"),
     path("ping-locked/", views.ping_locked, name="ping-locked"),
 ]

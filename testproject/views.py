@@ -187,6 +187,31 @@ async def async_export(request: HttpRequest, name: str) -> StreamingHttpResponse
     return StreamingHttpResponse(rows(), content_type="text/csv")
 
 
+@locked("renewed-export:{name}", ttl=1, auto_renew=True)
+async def renewed_export(request: HttpRequest, name: str) -> StreamingHttpResponse:
+    """An async view whose renewed lock outlives its loop under a WSGI server: the loop ends
+    when the view returns, and the (sync) stream goes on in the server's thread."""
+
+    def rows():
+        yield b"id,name\r\n"
+        _hold(request)
+        yield f"0,{name}\r\n".encode()
+
+    return StreamingHttpResponse(rows(), content_type="text/csv")
+
+
+@locked("renewed-export:{name}", ttl=1, auto_renew=True)
+async def renewed_async_export(request: HttpRequest, name: str) -> StreamingHttpResponse:
+    """The same with an async iterator (a WSGI server consumes it in another loop)."""
+
+    async def rows():
+        yield b"id,name\r\n"
+        await _ahold(request)
+        yield f"0,{name}\r\n".encode()
+
+    return StreamingHttpResponse(rows(), content_type="text/csv")
+
+
 # --------------------------------------------------------------------------- overhead baseline
 
 

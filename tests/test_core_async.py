@@ -270,6 +270,30 @@ def test_renewal_runs_on_the_loop_so_a_loop_blocked_past_the_lease_loses_the_loc
     asyncio.run(main())
 
 
+def test_an_auto_renewed_lease_outlives_the_loop_that_took_it(
+    redis_nodes: RedisCluster, make_async_redlock, make_redlock
+) -> None:
+    """An async view under a WSGI server runs in a loop of its own, which ends when the view
+    returns; a streaming response goes on after it, and its lock must stay held until the
+    stream ends (docs/usage.rst). The lease is renewed from the client's own loop once the
+    one that took it ended, until it is released from another loop."""
+    rl = make_async_redlock(redis_nodes)
+    other = make_redlock(redis_nodes)
+    lock = rl.lock("outlives", ttl=0.6, auto_renew=True)
+    assert asyncio.run(lock.acquire(blocking=False))  # the loop that took it has ended
+    # Five leases' worth of time with nobody on the taking loop: held all along.
+    until = time.monotonic() + 3.0
+    while time.monotonic() < until:
+        assert not other.lock("outlives").acquire(blocking=False)
+        assert lock.held and lock.lost is None
+        time.sleep(0.1)
+    asyncio.run(lock.release())  # from a loop of its own, as async_to_sync runs it
+    assert not lock.held and lock.lost is None
+    grabbed = other.lock("outlives")
+    assert grabbed.acquire(blocking=False)
+    grabbed.release()
+
+
 def test_a_task_queued_behind_a_force_released_holder_moves_up_at_once(
     redis_nodes: RedisCluster, make_async_redlock, make_redlock
 ) -> None:

@@ -185,6 +185,24 @@ def test_streaming_holds_the_lock_until_the_stream_ends(server):
     assert fetch(server, "/exports/big.csv")[0] == 200
 
 
+@pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume asynchronous iterators")
+@pytest.mark.parametrize("path", ["/renewed-exports/big.csv", "/renewed-async-exports/big.csv"])
+def test_an_async_view_s_renewed_lock_holds_until_its_stream_ends_under_wsgi(server, path):
+    """Under a WSGI server an async view runs in a loop that ends when it returns; its
+    ``auto_renew`` lease (1 s) must outlive that loop while the stream goes on (it was
+    renewed from that loop alone, ran out mid-stream, and a second request got in)."""
+    g = uuid.uuid4().hex
+    first = ThreadPoolExecutor(1).submit(fetch, server, f"{path}?gate={g}")
+    assert gate(g).wait_arrivals(1, TIMEOUT)  # the view returned: its loop is gone
+    # What is under test is time passing: two and a half leases with the stream paused.
+    time.sleep(2.5)
+    assert fetch(server, path)[0] == 423
+    gate(g).open()
+    status, _, body = first.result(TIMEOUT)
+    assert status == 200 and body.count(b"\r\n") == 2
+    assert fetch(server, path)[0] == 200
+
+
 # --------------------------------------------------------------------------- ASGI disconnect
 
 

@@ -100,6 +100,11 @@ class LoopState(LoopPool):
         try:
             await self.loop.create_future()
         finally:
+            # Auto-renewed leases still held outlive their loop (an async view under a WSGI
+            # server returns a streaming response: its loop ends, the stream goes on).
+            held = [entry for entry in self.due if not (entry[2].released or entry[2].lost)]
+            if held and not self.closed:
+                self.redlock._adopt_renewals(self.loop, held)
             if not self.closed:
                 # The loop is ending: what its idle connections still owe (a release that
                 # stopped at quorum) is read first, briefly, so they can be parked for the
@@ -145,6 +150,25 @@ def _on_loop(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *ar
     elif not loop.is_closed():
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(function, *args)
+
+
+def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
+    """An adopter loop's thread (see :meth:`AsyncRedlock._adopt_renewals`)."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+async def _shut_down() -> None:
+    """End the running loop as ``asyncio.run`` ends its own: its tasks cancelled and awaited
+    (the client's keeper closes the loop's connections), then the loop stops."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.get_running_loop().stop()
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -281,6 +305,9 @@ class AsyncRedlock(RedlockBase):
         self._states_lock = threading.Lock()
         #: Leases with a renewal on the wire -> set when it is done (any loop may wait).
         self._renewing: dict[Lease, concurrent.futures.Future[None]] = {}
+        #: The loop (on a thread of its own) that renews the leases whose loop ended.
+        self._adopter: asyncio.AbstractEventLoop | None = None
+        self._adopter_pid = 0
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -336,6 +363,10 @@ class AsyncRedlock(RedlockBase):
             elif not state.loop.is_closed():
                 with contextlib.suppress(RuntimeError):
                     state.loop.call_soon_threadsafe(state.close)
+        adopter, self._adopter = self._adopter, None
+        if adopter is not None and not adopter.is_closed():
+            with contextlib.suppress(RuntimeError):
+                asyncio.run_coroutine_threadsafe(_shut_down(), adopter)
         for node in self.nodes:
             node.close()
         if loop is not None:
@@ -382,6 +413,39 @@ class AsyncRedlock(RedlockBase):
             return
         state.spawn(make())
 
+    def _adopt_renewals(
+        self, ended: asyncio.AbstractEventLoop, due: list[tuple[float, int, Lease]]
+    ) -> None:
+        """Renew ``due`` (auto-renewed leases still held whose loop, ``ended``, is ending)
+        from this client's own loop, on a daemon thread started the first time: the lease is
+        kept until it is released (from any loop, or from no loop through ``async_to_sync``),
+        as a sync client's watchdog keeps it. Its holder no longer hears a force release
+        within a second; its next renewal finds it out."""
+        with self._states_lock:
+            adopter = self._adopter
+            if adopter is ended:
+                return  # the adopter itself is closing: the client was closed
+            if adopter is None or adopter.is_closed() or self._adopter_pid != os.getpid():
+                adopter = self._adopter = asyncio.new_event_loop()
+                self._adopter_pid = os.getpid()
+                threading.Thread(
+                    target=_run_until_stopped,
+                    args=(adopter,),
+                    name="redlock-async-renewer",
+                    daemon=True,
+                ).start()
+        adopter.call_soon_threadsafe(self._renew_adopted, due)
+
+    def _renew_adopted(self, due: list[tuple[float, int, Lease]]) -> None:
+        state = self._state()
+        for when, _, lease in due:
+            if not (lease.released or lease.lost):
+                heapq.heappush(state.due, (when, next(state.seq), lease))
+        if state.renewer is None:
+            state.renewer = state.loop.create_task(self._renewals(state), name="redlock-renewer")
+        else:
+            state.renew_wake.set()
+
     def _forget(self, state: LoopState) -> None:
         with self._states_lock:
             if self._states.get(id(state.loop)) is state:
@@ -393,6 +457,7 @@ class AsyncRedlock(RedlockBase):
         self._states = {}
         self._states_lock = threading.Lock()
         self._renewing = {}
+        self._adopter = None
 
     # -- fan-out --------------------------------------------------------------------------------
 
