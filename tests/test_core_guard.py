@@ -11,6 +11,7 @@ server resumes, so A ends up on all five nodes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -128,6 +129,51 @@ def test_whole_cluster_emptied_within_a_lease_looks_brand_new(
     else:
         with pytest.raises(QuorumError, match="guarded"):
             b.acquire(blocking=False)
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_a_running_client_s_first_acquire_after_every_node_was_flushed_is_granted(
+    client: str, redis_cluster_factory, make_redlock, make_async_redlock
+) -> None:
+    """docs/guarantees.rst: every node losing its data at once looks like a brand-new cluster,
+    trusted at once. A client that had locked before (its connections saw the old markers)
+    sent its plain ``SET`` first, which landed everywhere; the guard's second look then had
+    the nodes sit out, and the attempt was not undone: its next attempt (a new token) found
+    its own first key "held", returned False, and the key refused everyone for a whole lease.
+    """
+    cluster = redis_cluster_factory(3)
+    if client == "sync":
+        rl = make_redlock(cluster, ttl=5.0)
+
+        def attempt(name: str) -> bool:
+            lock = rl.lock(name)
+            got = lock.acquire(blocking=False)
+            if got:
+                lock.release()
+            return got
+
+    else:
+        arl = make_async_redlock(cluster, ttl=5.0)
+
+        async def attempt_async(name: str) -> bool:
+            lock = arl.lock(name)
+            got = await lock.acquire(blocking=False)
+            if got:
+                await lock.release()
+            return got
+
+        def attempt(name: str) -> bool:
+            return asyncio.run(attempt_async(name))
+
+    for i in range(3):
+        assert attempt(f"flush:before:{i}")
+    for node in cluster:
+        with node_client(node) as redis_client:
+            redis_client.flushall()
+    assert attempt("flush:after")
+    for node in cluster:
+        with node_client(node) as redis_client:
+            assert redis_client.keys("flush:*") == []  # nothing left behind
 
 
 def _probed(rl, node) -> bool:

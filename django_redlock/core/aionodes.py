@@ -863,7 +863,11 @@ class AsyncFanOut:
                     twin.unwanted = True
                 self.undone.add(index)
             if owing is not None and wire is None:
+                # Whoever reads the earlier command's reply sends its undo, which may reach
+                # the node first, as a copy's may.
                 owing[1].unwanted = True
+                if self.idempotent:
+                    self.undone.add(index)
             if wire is None:
                 wire = self.pool.share(index, node)
             if wire is None:

@@ -389,6 +389,10 @@ class Algorithm:
             start = send.started
             now = who.now = send.ended
             granted = [r for r in replies if r.__class__ is list and r[0] == 0]
+            # Whether this round may have left our key on a node: a grant, or no clear answer
+            # (a policy's second look may then report the node as sitting out, but what the
+            # first command set stays set until it is undone).
+            unsure = bool(granted) or any(isinstance(r, Failure) for r in replies)
             if len(granted) < client.quorum:
                 for policy in points["replied"]:
                     more = policy.replied(who, request, replies)
@@ -425,7 +429,7 @@ class Algorithm:
                     lease.behind = send.left
                     return lease
             # 3. Undo it everywhere, also where no answer came in time.
-            if granted or any(isinstance(r, Failure) for r in replies):
+            if unsure or granted or any(isinstance(r, Failure) for r in replies):
                 undo = client.keys.release_command(handle.name, request.token)
                 # Behind the acquire where it is still on its way, as a release goes; kept
                 # for a node it could not reach, as a release is. Its answers change nothing

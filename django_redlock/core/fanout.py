@@ -617,6 +617,11 @@ def _reclaim(node: Node, owing: Owing, op: FanOut, index: int) -> bool:
     if node.reclaim(wire):
         due.unwanted = False
         return True
+    if op.idempotent:
+        # Whoever reads the earlier command's reply sends its undo, which may reach the node
+        # first, as a copy's may.
+        op.undone = op.undone or set()
+        op.undone.add(index)
     return False
 
 
