@@ -26,6 +26,7 @@ from .setting import (
     CACHE_PREFIX,
     DEFAULTS,
     REDLOCK_ARGUMENTS,
+    async_refusal,
     cache_client,
     constructor_error,
     first_error,
@@ -105,6 +106,8 @@ def _build(factory: Callable[..., Any]) -> Any:
 
     # Servers never run the system checks: refuse a broken setting here, as the check would.
     problem = first_error(constructor=False)
+    if problem is None and factory is AsyncRedlock:
+        problem = async_refusal()
     if problem is not None:
         raise ImproperlyConfigured(format_message(problem))
     config = get_config()

@@ -19,6 +19,7 @@ from django.utils.module_loading import import_string
 
 from .core import (
     Redlock,
+    asyncio_refusal,
     check_positive,
     check_prefix,
     connection_args,
@@ -255,8 +256,32 @@ def node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[C
                 )
             )
             continue
+        refusal = asyncio_refusal(url, options)
+        if refusal is not None:
+            messages.append(
+                warning(
+                    7,
+                    f"{where}: {refusal}.",
+                    hint="get_async_redlock() (async views under @locked, async tasks) refuses "
+                    "it (ImproperlyConfigured, django_redlock.E004); Redlock takes it. Drop the "
+                    "option if any code of the project is async.",
+                )
+            )
         parsed.append((index, url, options))
     return parsed, messages
+
+
+def async_refusal() -> CheckMessage | None:
+    """Why ``get_async_redlock()`` cannot build from ``settings.REDLOCK`` where
+    ``get_redlock()`` can (a node's ``W007``), as the ``E004`` it raises; None when it can."""
+    nodes = getattr(settings, "REDLOCK", None)
+    nodes = nodes.get("NODES") if isinstance(nodes, Mapping) else None
+    if not isinstance(nodes, Sequence) or isinstance(nodes, (str, bytes)):
+        return None
+    for message in node_urls(nodes)[1]:
+        if message.id == "django_redlock.W007":
+            return error(4, message.msg, hint=message.hint)
+    return None
 
 
 def _cache_node(where: str, alias: str) -> tuple[CheckMessage | None, Any]:

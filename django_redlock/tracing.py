@@ -21,6 +21,7 @@ import importlib.util
 import time
 from typing import Any
 
+from . import metrics
 from .conf import get_config
 from .labels import LockLabels
 
@@ -113,8 +114,15 @@ def install_from_settings() -> Tracing | None:
     if config.get("TRACING") is False or importlib.util.find_spec("opentelemetry") is None:
         return None
     if _installed is None:
+        counted = metrics.installed()
         try:
-            labels = LockLabels.from_settings(config.get("METRICS"))
+            # The metrics' own labeller when they are on: one count of distinct labels, one
+            # warning past MAX_LABELS.
+            labels = (
+                counted.label
+                if counted is not None
+                else LockLabels.from_settings(config.get("METRICS"))
+            )
         except (TypeError, ValueError):
             labels = LockLabels()  # METRICS is broken: E013 says so; spans keep the default
         _installed = Tracing(labels)

@@ -132,6 +132,31 @@ def test_malformed_node(node, text):
 
 
 @pytest.mark.parametrize(
+    ("node", "text"),
+    [
+        ({"URL": "redis://10.0.0.4", "OPTIONS": {"max_connections": 4}}, "max_connections"),
+        ("redis://10.0.0.4:6379/0?max_connections=4", "max_connections"),
+        ({"URL": "rediss://10.0.0.4", "OPTIONS": {"ssl_validate_ocsp": True}}, "no OCSP"),
+    ],
+)
+def test_a_node_only_the_async_client_refuses_is_W007_and_E004_when_it_is_built(node, text):
+    """docs/configuration.rst: options AsyncRedlock cannot honour are refused by it as E004.
+    ``check`` passed them silently, and ``get_async_redlock()`` raised E008: every async view
+    answered 500. Now ``check`` warns (a project with no async code is fine: the sync client
+    takes them), and the async client's refusal names E004."""
+    found = messages({"NODES": [A, B, node]})
+    assert [m.id for m in found] == ["django_redlock.W007"], found
+    assert "REDLOCK['NODES'][2]" in found[0].msg and text in found[0].msg
+    assert "a TLS option needs a rediss:// URL" not in found[0].msg
+    with override_settings(REDLOCK={"NODES": [A, B, node]}):
+        from django_redlock.conf import get_async_redlock
+
+        assert get_redlock() is not None
+        with pytest.raises(ImproperlyConfigured, match=r"django_redlock\.E004: .*NODES'\]\[2\]"):
+            get_async_redlock()
+
+
+@pytest.mark.parametrize(
     "node",
     [
         "http://10.0.0.4:6379",

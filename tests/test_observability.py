@@ -10,7 +10,11 @@ django_redlock.testing.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.core.checks import run_checks
@@ -29,6 +33,8 @@ from django_redlock import metrics as redlock_metrics
 from django_redlock.labels import OTHER, LockLabels
 from django_redlock.probes import probes
 from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -466,6 +472,39 @@ def test_a_waiting_acquire_spans_the_wait_and_a_lost_hold_is_an_error(spans):
 
     assert lost.status.status_code is StatusCode.ERROR
     assert lost.attributes["redlock.lock"] == "export"
+
+
+def test_the_max_labels_warning_is_logged_once_with_metrics_and_tracing_on(redis_nodes, tmp_path):
+    """docs/monitoring.rst: past MAX_LABELS new labels count as ``other`` and a warning is
+    logged once. Tracing kept a labeller of its own, which warned a second time."""
+    pytest.importorskip("opentelemetry")
+    pytest.importorskip("prometheus_client")
+    (tmp_path / "labelled_settings.py").write_text(
+        "from testproject.settings import *\nREDLOCK = {**REDLOCK, 'METRICS': {'MAX_LABELS': 3}}\n"
+    )
+    script = (
+        "import django; django.setup()\n"
+        "from django_redlock import get_redlock\n"
+        "rl = get_redlock()\n"
+        "for i in range(10):\n"
+        "    lock = rl.lock(f'kind{i}:1', ttl=5)\n"
+        "    assert lock.acquire(blocking=False)\n"
+        "    lock.release()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+            "DJANGO_SETTINGS_MODULE": "labelled_settings",
+            "REDLOCK_NODES": ",".join(redis_nodes.urls),
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("distinct lock labels") == 1, done.stderr
 
 
 def test_tracing_follows_the_setting(settings, redlock_settings):

@@ -23,7 +23,15 @@ from .info import (
 )
 from .listing import glob_escape
 from .lock import Lock
-from .nodes import NodeSpec, connection_args, node_client, node_identity, parse_spec, redact
+from .nodes import (
+    NodeSpec,
+    asyncio_refusal,
+    connection_args,
+    node_client,
+    node_identity,
+    parse_spec,
+    redact,
+)
 from .permits import ReadLock, Semaphore, WriteLock
 from .process import ThisProcess
 from .redlock import Redlock
@@ -83,6 +91,7 @@ __all__ = [
     "ThisProcess",
     "TrustRefused",
     "WriteLock",
+    "asyncio_refusal",
     "check_flag",
     "check_handle_options",
     "check_limit",

@@ -85,6 +85,7 @@ __all__ = [
     "WireError",
     "as_bytes",
     "as_eval",
+    "asyncio_refusal",
     "claim_server",
     "connect_failure",
     "connection_args",
@@ -997,10 +998,7 @@ class Node:
                 group_master_url(url) if is_group_url(url) else url
             ).get("max_connections")
         if asyncio and self.max_connections is not None:
-            raise ValueError(
-                "node OPTIONS 'max_connections' cannot be honoured by AsyncRedlock: its "
-                "connections are per event loop (a Redlock's are per process)"
-            )
+            raise ValueError(MAX_CONNECTIONS_ASYNC)
         #: Lock connections open (or being opened) to the node in this process.
         self._open = 0
         #: Held to count them; notified when one comes back to the pool or closes.
@@ -1822,9 +1820,13 @@ def connection_args(
             continue
         value = kwargs.pop(name)
         if name.startswith("ssl_") and value not in (None, False):
-            where = "an asyncio" if asyncio and cls.__name__ == "SSLConnection" else "this"
+            if asyncio and cls.__name__ == "SSLConnection":
+                raise ValueError(
+                    f"node OPTIONS {name!r} cannot be honoured on an asyncio connection "
+                    f"({cls.__module__}.{cls.__name__} has no OCSP checks)"
+                )
             raise ValueError(
-                f"node OPTIONS {name!r} cannot be honoured on {where} connection "
+                f"node OPTIONS {name!r} cannot be honoured on this connection "
                 f"({cls.__module__}.{cls.__name__}; a TLS option needs a rediss:// URL)"
             )
     for name in ("socket_timeout", "socket_connect_timeout", "decode_responses"):
@@ -1848,6 +1850,27 @@ def connection_args(
         else:
             kwargs["lib_name"] = kwargs["lib_version"] = None
     return cls, kwargs
+
+
+MAX_CONNECTIONS_ASYNC = (
+    "node OPTIONS 'max_connections' cannot be honoured by AsyncRedlock: its connections are "
+    "per event loop (a Redlock's are per process)"
+)
+
+
+def asyncio_refusal(url: str, options: Mapping[str, Any]) -> str | None:
+    """Why ``AsyncRedlock`` cannot take a node that ``Redlock`` takes (None when it can):
+    ``max_connections`` (its connections are per loop), an option redis-py's asyncio
+    connections do not have (OCSP). ``url`` and ``options`` passed the sync rules."""
+    if options.get("max_connections") is not None or parse_url(
+        group_master_url(url) if is_group_url(url) else url
+    ).get("max_connections"):
+        return MAX_CONNECTIONS_ASYNC
+    try:
+        connection_args(url, options, asyncio=True)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 #: The largest database number a server can have: SELECT takes 0 .. ``databases`` - 1, and
