@@ -47,7 +47,7 @@ def _join_in_order(urls, count, heartbeat=1.0, done=None):
     return processes, results
 
 
-def _wait_for_line(urls, length, timeout=10.0):
+def _wait_for_line(urls, length, timeout=30.0):
     """The queue zset on a quorum has `length` waiters (event-free, but bounded polling of the
     nodes' own state is the only signal another process gives us here)."""
     import redis
@@ -64,7 +64,10 @@ def _wait_for_line(urls, length, timeout=10.0):
 def test_waiters_in_separate_processes_acquire_in_arrival_order(redis_nodes):
     holder = Redlock(redis_nodes.urls, ttl=10).lock("fair")
     assert holder.acquire(blocking=False)
-    processes, results = _join_in_order(redis_nodes.urls, 8)
+    # A heartbeat of 3 s: eight processes starting one after the other on a busy machine
+    # take seconds, and a waiter whose refresh comes later than its heartbeat drops out of
+    # the line (a full suite run on a loaded host once saw the line stop short of eight).
+    processes, results = _join_in_order(redis_nodes.urls, 8, heartbeat=3.0)
     holder.release()
     # By the time each waiter got the lock (CLOCK_MONOTONIC is one clock for every process):
     # the queue's own order is the order its feeder threads flushed, not the order of put().
