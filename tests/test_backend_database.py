@@ -101,8 +101,8 @@ def test_database_backend_on_sqlite(child_runs) -> None:
 @pytest.mark.parametrize(
     ("kind", "expect"),
     [
-        pytest.param("postgres", 50, marks=pytest.mark.postgres),
-        pytest.param("mysql", 49, marks=pytest.mark.mysql),
+        pytest.param("postgres", 52, marks=pytest.mark.postgres),
+        pytest.param("mysql", 51, marks=pytest.mark.mysql),
     ],
 )
 @pytest.mark.timeout(RUN_TIMEOUT + 60)

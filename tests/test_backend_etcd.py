@@ -35,6 +35,7 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_waiter_wakes_on_release,
     test_waiters_are_served_in_arrival_order,
 )
+from tests.helpers import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -395,3 +396,95 @@ def test_the_loss_watch_hears_a_force_release_after_etcd_froze(
     assert make().force_release(name) == 1
     assert heard.wait(30), "the holder was not told of the force release after the freeze"
     assert not lock.held and lock.lost
+
+
+def _queued_lease(locks: EtcdLocks, name: str, place: int) -> str:
+    """The lease of the key at ``place`` (0: the holder) in the line of ``name``."""
+    kvs = locks._range(locks._prefix(name), sort_order="ASCEND", sort_target="CREATE")["kvs"]
+    return str(kvs[place]["lease"])
+
+
+def _waiting(locks: EtcdLocks, name: str, **options: Any) -> tuple[threading.Thread, list[Any]]:
+    """A waiter's ``acquire(**options)`` on a thread of its own, once its key is in the line
+    behind the holder's: the thread and what the acquire answered or raised."""
+    outcome: list[Any] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(locks.lock(name, ttl=30).acquire(**options))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: int(locks._range(locks._prefix(name), count_only=True)["count"]) == 2)
+    return thread, outcome
+
+
+def test_a_waiter_whose_own_lease_is_gone_gives_up_with_false(make, name) -> None:
+    """A waiter's lease ran out while it waited (etcd froze for longer than its ttl): at its
+    timeout it withdraws from the line by revoking that lease, which etcd no longer has. That
+    is nothing to clean up: the acquire answers False. It raised EtcdError (a RuntimeError,
+    not the documented QuorumError: a view answered 500) 'etcd /v3/lease/revoke: HTTP 404:
+    etcdserver: requested lease not found'."""
+    locks = make()
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    thread, outcome = _waiting(make(), name, timeout=1.5)
+    locks.gateway.post("/v3/lease/revoke", {"ID": _queued_lease(locks, name, 1)})
+    thread.join(30)
+    assert outcome == [False]
+    assert holder.check()
+    holder.release()
+    assert not locks.locked(name)
+
+
+def test_a_waiter_whose_withdrawal_fails_raises_quorum_error(make, name, monkeypatch) -> None:
+    """Any other failure of the waiter's withdrawal is the documented error of a service that
+    cannot answer: QuorumError naming etcd and the reason (a view answers 503)."""
+    from django_redlock.backends import etcd
+
+    def refused(self: Any, endpoint: str, path: str, body: Any, timeout: float) -> Any:
+        if path == "/v3/lease/revoke":
+            raise EtcdError(f"etcd {path}: HTTP 503: etcdserver: no leader")
+        return post(self, endpoint, path, body, timeout)
+
+    locks = make()
+    holder = locks.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    post = etcd._Gateway._post
+    monkeypatch.setattr(etcd._Gateway, "_post", refused)
+    thread, outcome = _waiting(make(), name, timeout=1.0)
+    thread.join(30)
+    [error] = outcome
+    assert isinstance(error, QuorumError), error
+    assert "etcd" in str(error) and "no leader" in str(error), error
+    monkeypatch.undo()
+    holder.release()
+
+
+def test_a_waiter_while_etcd_froze_gets_a_documented_answer(etcd_server, make, name) -> None:
+    """The outside tester's run: a waiter's acquire(timeout=1) while etcd froze for 4 s, past
+    both leases (ttl 3), answers True, False or QuorumError; it raised EtcdError in 4 of 5
+    rounds."""
+    locks = make()
+    holder = locks.lock(name, ttl=3)
+    assert holder.acquire(blocking=False)
+    outcome: list[Any] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(make().lock(name, ttl=3).acquire(timeout=1))
+        except QuorumError as exc:
+            outcome.append(exc)
+        except Exception as exc:
+            outcome.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.2)
+    with servers.frozen(etcd_server):
+        time.sleep(4)
+    thread.join(30)
+    [answer] = outcome
+    assert answer in (True, False) or isinstance(answer, QuorumError), answer

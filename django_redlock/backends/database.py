@@ -28,7 +28,8 @@ client, so clients with skewed clocks agree on when a lease ended.
 * a holder hears when its row is removed by anyone else (a force release) within
   ``loss_check`` seconds: while a manager holds locks, one thread of its own looks their rows
   up in one statement (by primary key) every ``loss_check`` seconds, and on PostgreSQL at once
-  when the ``NOTIFY`` of a removal names one of them; a row gone marks the lock lost.
+  when the ``NOTIFY`` of a removal or a take-over names one of them; a row gone, or held by
+  another token, marks the lock lost.
 
 ``pessimistic=True`` (PostgreSQL, MySQL/MariaDB) also holds ``SELECT ... FOR UPDATE`` on a
 mutex row in a transaction of its own connection for the lock's whole life: waiters queue in
@@ -826,13 +827,19 @@ class DatabaseLocks(BackendLocks):
         if self._sql(insert, params, took=row[1]):
             return True
         free = ("", []) if force else (" AND (expires_us <= NOW_US OR token = %s)", [row[1]])
-        taken = self._sql(
+        update = (
             f"UPDATE {LOCKS} SET token = %s, meta = %s, fence = %s, acquired_us = NOW_US, "
-            f"expires_us = NOW_US + %s, lease_us = %s, renewals = 0 WHERE name = %s{free[0]}",
-            [row[1], row[2], fence, lease_us, lease_us, row[0], *free[1]],
-            took=row[1],
+            f"expires_us = NOW_US + %s, lease_us = %s, renewals = 0 WHERE name = %s{free[0]}"
         )
-        return bool(taken)
+        params = [row[1], row[2], fence, lease_us, lease_us, row[0], *free[1]]
+        if self.vendor == "postgresql":
+            # A take-over ends the previous holder's lock as a release does: its NOTIFY tells
+            # that holder's row watch at once, which otherwise looks only every few seconds
+            # while it listens. Inside the fencing transaction it is sent at COMMIT.
+            update = f"WITH taken AS ({update} RETURNING name) "
+            update += "SELECT pg_notify(%s, name) FROM taken"
+            return bool(self._sql(update, [*params, CHANNEL], fetch=True, took=row[1]))
+        return bool(self._sql(update, params, took=row[1]))
 
     def _time_left(self, name: str) -> float | None:
         rows = self._sql(
@@ -1200,11 +1207,11 @@ class _Listener:
 class _RowWatch:
     """Tells holders that their row was removed by anyone else (a force release, a take-over
     after a pause): one thread per DatabaseLocks while it holds locks, which looks their rows
-    up every ``loss_check`` seconds, and at once when PostgreSQL's NOTIFY of a removal names
-    one of them (the lookup then tells a stale notice, of the previous holder's release, from
-    a removal of ours). A row gone, or holding another token, marks the lock lost. Our own
-    release stops watching before it deletes the row. A lookup that fails (the database is
-    down) tells nothing: the holder's lease runs on as usual.
+    up every ``loss_check`` seconds, and at once when PostgreSQL's NOTIFY of a removal or a
+    take-over names one of them (the lookup then tells a stale notice, of the previous
+    holder's release, from a removal of ours). A row gone, or holding another token, marks
+    the lock lost. Our own release stops watching before it deletes the row. A lookup that
+    fails (the database is down) tells nothing: the holder's lease runs on as usual.
     """
 
     #: Longest wait between two lookups while NOTIFY tells of removals (a safety net).
@@ -1240,7 +1247,7 @@ class _RowWatch:
                 del self._held[grant.token]
 
     def notice(self, name: str | None) -> None:
-        """A row named ``name`` was removed (PostgreSQL's NOTIFY; any holder's release), or
+        """A row named ``name`` was removed or taken over (PostgreSQL's NOTIFY), or
         (None) notices may have been missed: the listening connection broke."""
         with self._mutex:
             mine = name is None or any(grant.name == name for grant in self._held.values())

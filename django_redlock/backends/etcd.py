@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
-from ..core import LockInfo, NodeHealth, check_positive
+from ..core import LockInfo, NodeHealth, QuorumError, check_positive
 from .base import (
     BackendLock,
     BackendLocks,
@@ -54,7 +54,16 @@ __all__ = ["EtcdError", "EtcdLocks", "EtcdUnreachable"]
 
 
 class EtcdError(RuntimeError):
-    """etcd answered with an error, or could not be reached on any endpoint."""
+    """etcd answered with an error, or could not be reached on any endpoint. ``code``: the
+    gRPC status code etcd answered with (5: not found), None when it did not answer."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+#: The gRPC status code of an answer "not found" (a lease etcd does not have).
+NOT_FOUND = 5
 
 
 class EtcdUnreachable(EtcdError):
@@ -153,7 +162,10 @@ class _Gateway:
             self._drop(endpoint)
             raise
         if response.status != 200:
-            raise EtcdError(f"etcd {path}: HTTP {response.status}: {payload.get('error', payload)}")
+            raise EtcdError(
+                f"etcd {path}: HTTP {response.status}: {payload.get('error', payload)}",
+                payload.get("code"),
+            )
         return payload
 
     def watch_delete(self, key: str, revision: int, timeout: float) -> bool:
@@ -460,7 +472,16 @@ class EtcdLocks(BackendLocks):
                 self._revoke(lease, quiet=True)
                 raise
             if turn is None:
-                self._revoke(lease)
+                try:
+                    self._revoke(lease)
+                except EtcdUnreachable:
+                    raise  # acquire() raises it as QuorumError
+                except EtcdError as exc:  # answered, yet could not take the waiter's key away
+                    raise QuorumError(
+                        f"lock {handle.name!r}: {exc}",
+                        handle.name,
+                        failures={self.node_name: str(exc)},
+                    ) from exc
                 return None
             if turn is not False:
                 return self._grant(
@@ -525,10 +546,13 @@ class EtcdLocks(BackendLocks):
         return bool(kvs) and int(kvs[0]["create_revision"]) == fence
 
     def _revoke(self, lease: str, quiet: bool = False) -> None:
+        """Revoke ``lease``, and with it its key. A lease etcd no longer has (it ran out while
+        etcd or this process was paused) has nothing left to revoke: done. ``quiet``: any
+        other failure is let go too (the lease ends by itself)."""
         try:
             self.gateway.post("/v3/lease/revoke", {"ID": lease})
-        except EtcdError:
-            if not quiet:
+        except EtcdError as exc:
+            if not quiet and exc.code != NOT_FOUND:
                 raise
 
     # -- holding --------------------------------------------------------------------------------
