@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from kazoo.client import KazooClient  # in the test extra: a missing kazoo is an error here
 
 from django_redlock import LockLost, QuorumError
-from django_redlock.backends.zookeeper import ZooKeeperLocks
+from django_redlock.backends.zookeeper import ZooKeeperLocks, ZooKeeperUnreachable
 from tests.backends import cases, servers
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
     test_a_cancelled_async_acquire_leaves_no_lock,
@@ -342,3 +343,117 @@ def test_check_is_false_after_the_session_expired(make, zk_server, root, name) -
             holder.kill()
             holder.wait()
     assert out == "check False\n"
+
+
+@contextlib.contextmanager
+def proxy_to(server: servers.Server, port: int = 0) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """A TCP proxy process (tests/backends/freezable_proxy.py) in front of ``server``, on
+    ``port`` (a free one by default): (its port, its process), killed when the block ends."""
+    script = Path(servers.__file__).with_name("freezable_proxy.py")
+    process = subprocess.Popen(
+        [sys.executable, str(script), "127.0.0.1", str(server.port), str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        yield int(process.stdout.readline()), process
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize("removed", ["while disconnected", "after the reconnection"])
+def test_a_holder_hears_a_force_release_across_a_dropped_connection(
+    make, zk_server, root, name, removed
+) -> None:
+    """The holder's connection drops and comes back with its session (a network blip, a
+    server restart), and the lock is force-released and taken by another process, while it
+    was away or after it came back: the holder hears it within a second (``held`` False, the
+    ``lost`` event), although the connection took its node watch along (it stayed held for
+    good)."""
+    with proxy_to(zk_server) as (port, proxy):
+        locks = ZooKeeperLocks(f"127.0.0.1:{port}", root=root, session_timeout=10.0)
+        try:
+            heard = threading.Event()
+            locks.listeners.append(lambda e: e.kind == "lost" and heard.set())
+            lock = locks.lock(name)
+            assert lock.acquire(blocking=False) and lock.held
+            session = locks.client.client_id
+            proxy.kill()
+            proxy.wait()
+            wait_until(lambda: not lock.held, timeout=10)  # the connection is gone
+            other = make()
+            if removed == "while disconnected":
+                assert other.force_release(name) == 1
+                assert other.lock(name).acquire(blocking=False)
+            with proxy_to(zk_server, port):
+                wait_until(lambda: locks.client.connected, timeout=15)
+                assert locks.client.client_id == session  # the same session: the node lived
+                if removed == "after the reconnection":
+                    wait_until(lambda: lock.held, timeout=5)
+                    assert other.force_release(name) == 1
+                    assert other.lock(name).acquire(blocking=False)
+                since = time.monotonic()
+                assert heard.wait(10), "the holder was not told"
+                told = time.monotonic() - since
+                assert not lock.held and lock.lost
+                assert told < 1.0, f"the holder learnt it after {told:.2f} s"
+                with pytest.raises(LockLost):
+                    lock.release()
+        finally:
+            locks.close()
+
+
+@pytest.mark.faults
+def test_a_new_manager_is_bounded_when_zookeeper_is_frozen(name) -> None:
+    """A manager with no session yet (a new worker process, ``manage.py``) whose ZooKeeper is
+    frozen: each call answers within connect_timeout (acquire(timeout=t) within
+    t + connect_timeout), naming the outage, as with a session already open (kazoo's own
+    start() waited as long again to stop its connection attempt: 2 x connect_timeout)."""
+    timeout = 2.0
+    calls: dict[str, tuple[Callable[[ZooKeeperLocks], Any], float]] = {
+        "health": (lambda locks: locks.health()[0].reachable, timeout),
+        "acquire(timeout=1)": (lambda locks: locks.lock(name).acquire(timeout=1), 1 + timeout),
+        "acquire(blocking=False)": (
+            lambda locks: locks.lock(name).acquire(blocking=False),
+            timeout,
+        ),
+        "locked": (lambda locks: locks.locked(name), timeout),
+    }
+    with servers.zookeeper() as server:
+        for label, (call, bound) in calls.items():
+            locks = ZooKeeperLocks(server.address, connect_timeout=timeout)
+            try:
+                with servers.frozen(server):
+                    started = time.monotonic()
+                    try:
+                        outcome = call(locks)
+                    except Exception as exc:
+                        outcome = exc
+                    took = time.monotonic() - started
+                    assert took < bound + 0.5, (label, took, outcome)
+                    if label == "health":
+                        assert outcome is False, (label, outcome)
+                    else:
+                        expected = (
+                            QuorumError if label.startswith("acquire") else locks.unavailable()
+                        )
+                        assert isinstance(outcome, expected), (label, outcome)
+                        assert f"no answer within {timeout:g} s" in str(outcome), (label, outcome)
+                # Thawed, the same manager connects and answers.
+                wait_until(lambda locks=locks: locks.health()[0].reachable, timeout=30)
+            finally:
+                locks.close()
+        # The connection attempt a frozen server holds up is not left for close() to wait out.
+        locks = ZooKeeperLocks(server.address, connect_timeout=timeout)
+        with servers.frozen(server):
+            with pytest.raises(ZooKeeperUnreachable):
+                locks.locked(name)
+            started = time.monotonic()
+            locks.close()
+            assert time.monotonic() - started < 0.5
+        assert not locks.locked(name)  # and the manager serves again on its next call
+        locks.close()

@@ -8,7 +8,8 @@ never goes back, also after the children were deleted.
 
 The lock lives as long as the holder's session: there is no lease to renew (``auto_renew`` and
 ``extend`` only confirm the node is still there) and ``validity`` is infinite while connected.
-When the connection drops, ``held`` turns False until it is back; when the session expires,
+When the connection drops, ``held`` turns False until it is back and the node is found still
+there (the node watch is set anew: it went with the connection); when the session expires,
 or an operator force-releases the node, the lock is lost: a ``lost`` event (the ``lock_lost``
 signal) fires and ``release()`` raises :class:`~django_redlock.LockLost`. A crashed holder's
 node disappears when the server expires its session (``session_timeout``).
@@ -24,6 +25,7 @@ connection or an expired session reads the same way: with the session, the lock 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -112,13 +114,18 @@ class ZooKeeperLocks(BackendLocks):
         return self._client
 
     def _new_client(self) -> None:
-        from kazoo.client import KazooClient
-
-        self._client = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
-        self._client.add_listener(self._on_state)
+        self._client = self._kazoo()
         self._grants: weakref.WeakSet[Grant] = weakref.WeakSet()
         self._started = self._rooted = False
         self._start_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+
+    def _kazoo(self) -> Any:
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
+        client.add_listener(self._on_state)
+        return client
 
     def _after_fork(self) -> None:
         # The parent's client is left alone: its connection thread does not run here, and
@@ -131,10 +138,16 @@ class ZooKeeperLocks(BackendLocks):
             raise ZooKeeperUnreachable(f"zookeeper unreachable ({self.hosts}: still connecting)")
         try:
             if not self._started:
-                try:
-                    self.client.start(timeout=self.connect_timeout)
-                except self.unavailable() as exc:
-                    raise self._unreachable(exc) from exc
+                client = self.client
+                if not client.start_async().wait(self.connect_timeout):
+                    # Not client.start(), which then stops the connection attempt and waits
+                    # for that too (twice connect_timeout against a frozen server): it stops
+                    # aside, with no session to end, and the next call starts a new client
+                    # (its states are not this manager's any more).
+                    client.remove_listener(self._on_state)
+                    self._client = self._kazoo()
+                    threading.Thread(target=self._shut_aside, args=(client,), daemon=True).start()
+                    raise self._unreachable(client.handler.timeout_exception())
                 self._started = True
             if not self._rooted:
                 self._answer(self.client.ensure_path_async(self.root))
@@ -251,8 +264,30 @@ class ZooKeeperLocks(BackendLocks):
             if state == "LOST":
                 self._mark_lost(grant, "the ZooKeeper session expired")
             elif state == "SUSPENDED":  # the session may still live: not held until we know
-                grant.valid_until = time.monotonic()
+                with self._state_lock:
+                    grant.valid_until = time.monotonic()
             else:
+                self._rewatch(grant)
+
+    def _rewatch(self, grant: Grant) -> None:
+        """Back with the same session: the node watch went with the connection (the server
+        forgets a connection's watches, kazoo fires them with no event), and the node may
+        have been deleted meanwhile. Ask again with a new watch; held once the node is seen."""
+        seen = self.client.exists_async(
+            grant.state, watch=lambda event: self._on_node_event(grant, event)
+        )
+        seen.rawlink(lambda seen: self._on_seen(grant, seen))
+
+    def _on_seen(self, grant: Grant, seen: Any) -> None:
+        # Runs in kazoo's callback thread. No answer: the connection dropped again, and the
+        # next reconnection asks again.
+        if not seen.successful():
+            return
+        if seen.value is None:
+            self._mark_lost(grant, "the lock node was deleted (force release or session expiry)")
+            return
+        with self._state_lock:  # not after a newer disconnection made it not held
+            if self.client.connected and not (grant.released or grant.lost):
                 grant.valid_until = math.inf
 
     # -- holding --------------------------------------------------------------------------------
@@ -393,6 +428,15 @@ class ZooKeeperLocks(BackendLocks):
         self._this_process()  # in a forked child: close the child's own, never the parent's
         with self._start_lock:
             if self._started:
-                self.client.stop()
-                self.client.close()
+                self._shut(self.client)
                 self._started = self._rooted = False
+
+    @staticmethod
+    def _shut(client: Any) -> None:
+        client.stop()
+        client.close()
+
+    @classmethod
+    def _shut_aside(cls, client: Any) -> None:
+        with contextlib.suppress(Exception):  # a client nobody uses: nobody to tell
+            cls._shut(client)
