@@ -889,12 +889,17 @@ class NodeDetector:
         self.rto = self.srtt + 4 * self.rttvar
 
     def budget(self) -> float:
-        """How long a reply of this node may take before it is late: the node timeout, or
-        longer while its round trips run longer (:func:`.detector.reply_budget`)."""
-        rto = self.rto
-        if rto <= self.node_timeout:
+        """How long a reply of this node may take before its connection counts as owing a
+        late one (a pool's judgement): the node timeout, or longer while its measured round
+        trips run longer (:func:`.detector.reply_budget`). Not the back-off of :attr:`rto`:
+        a frozen node's connections are not waited on longer for its silence."""
+        srtt = self.srtt
+        if srtt is None:
             return self.node_timeout
-        return reply_budget(self.node_timeout, (rto,), 1)
+        measured = srtt + 4 * self.rttvar
+        if measured <= self.node_timeout:
+            return self.node_timeout
+        return reply_budget(self.node_timeout, (measured,), 1)
 
     def heard_since(self, when: float) -> bool:
         """Whether the node answered a command (on any connection) sent at or after ``when``:
