@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 
@@ -137,3 +138,81 @@ def test_the_async_client_s_budget_follows_the_round_trips_too(redis_cluster_fac
         ]
         outcomes = asyncio.run(main([cluster.nodes[0].url, *(proxy.url for proxy in slow)]))
     assert outcomes == ["granted"] * 10, outcomes
+
+
+def _far_cluster(stack, redis_cluster_factory, delays):
+    """A cluster in service (markers armed), its first node reached directly and the others
+    through links delaying each way by ``delays``; the URLs and the cluster."""
+    cluster = redis_cluster_factory(1 + len(delays))
+    near = Redlock(cluster.urls)
+    try:
+        assert near.lock("far:near").acquire(blocking=False)
+    finally:
+        near.close()
+    far = [
+        stack.enter_context(LossyProxy((node.host, node.port), delay=delay))
+        for node, delay in zip(cluster.nodes[1:], delays, strict=True)
+    ]
+    return [cluster.nodes[0].url, *(proxy.url for proxy in far)], cluster
+
+
+def test_a_node_found_down_does_not_shorten_the_wait_for_the_far_quorum(redis_cluster_factory):
+    """The near node killed, the two far ones (80 and 150 ms round trips) are the quorum:
+    the wait follows the slower of them. The killed node's own small estimate counted among
+    the quorum's before, and every acquire raised QuorumError (25 of 25)."""
+    with contextlib.ExitStack() as stack:
+        urls, cluster = _far_cluster(stack, redis_cluster_factory, (0.04, 0.075))
+        rl = Redlock(urls)
+        stack.callback(rl.close)
+        for i in range(3):
+            lock = rl.lock(f"far:learn:{i}", ttl=10)
+            assert lock.acquire(timeout=30)
+            lock.release()
+        cluster.nodes[0].kill()
+        outcomes = []
+        for i in range(10):
+            lock = rl.lock(f"far:down:{i}", ttl=10)
+            try:
+                got = lock.acquire(timeout=30) if i == 0 else lock.acquire(blocking=False)
+            except QuorumError as exc:
+                outcomes.append(f"QuorumError: {exc}")
+                continue
+            outcomes.append("granted" if got else "refused")
+            if got:
+                lock.release()
+        assert outcomes[1:] == ["granted"] * 9, outcomes
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_auto_renewal_keeps_a_lock_on_far_nodes(client, redis_cluster_factory):
+    """Renewal waits as operations do: on two far nodes (80 and 150 ms round trips) beside a
+    near one, an auto-renewed lease of 1.5 s is kept for three of its lengths. The asyncio
+    client renewed within the node timeout and lost it at the first renewal."""
+    with contextlib.ExitStack() as stack:
+        urls, _ = _far_cluster(stack, redis_cluster_factory, (0.04, 0.075))
+        if client == "sync":
+            rl = Redlock(urls)
+            stack.callback(rl.close)
+            lock = rl.lock("far:renewed", ttl=1.5, auto_renew=True)
+            assert lock.acquire(timeout=30)
+            until = time.monotonic() + 4.5
+            while time.monotonic() < until:
+                assert lock.lost is None and lock.held
+                time.sleep(0.1)  # time passing is what is under test
+            lock.release()
+        else:
+
+            async def main() -> None:
+                arl = AsyncRedlock(urls)
+                try:
+                    lock = arl.lock("far:renewed", ttl=1.5, auto_renew=True)
+                    assert await lock.acquire(timeout=30)
+                    until = time.monotonic() + 4.5
+                    while time.monotonic() < until:
+                        assert lock.lost is None and lock.held
+                        await asyncio.sleep(0.1)
+                    await lock.release()
+                finally:
+                    await arl.close()
+
+            asyncio.run(main())

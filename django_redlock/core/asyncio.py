@@ -834,7 +834,7 @@ class AsyncRedlock(RedlockBase):
     async def _pipeline(self, index: int, commands: list[list[Any]]) -> list[Any] | Failure:
         """``commands`` pipelined to one node within the node timeout (another to connect):
         the replies in order, or the node's :class:`Failure`."""
-        timeout = self.node_timeout
+        timeout = reply_wait(self.nodes, self.node_timeout)
         try:
             wire = await self._wire(index, timeout)
         except (OSError, asyncio.TimeoutError) as exc:

@@ -87,12 +87,16 @@ REPLY_BUDGET_CAP = 0.5
 
 def reply_budget(node_timeout: float, rtos: Iterable[float], quorum: int) -> float:
     """How long an operation waits for the nodes' replies: ``node_timeout``, or longer while
-    the round trips of a quorum of them run longer (each node's ``rto``: its smoothed round
-    trip and four deviations, after RFC 6298), at most :data:`REPLY_BUDGET_CAP`. A node
-    that went silent keeps the ``rto`` it had (only answers move it), so a dead minority
-    does not stretch the wait, and a quorum that answers ends it early anyway; what a longer
-    budget costs is a later verdict when too few nodes answer at all."""
-    slow = sorted(rtos)[quorum - 1]
+    the round trips of a quorum of them run longer (``rtos``: the ``rto`` of each node that
+    may answer, a node found down left out: its smoothed round trip and four deviations,
+    after RFC 6298, backed off by its late replies), at most :data:`REPLY_BUDGET_CAP`. It is
+    the quorum-th smallest: one slow or silent node among quicker ones does not stretch the
+    wait, and a quorum that answers ends it early anyway; what a longer budget costs is a
+    later verdict when too few nodes answer at all."""
+    ordered = sorted(rtos)
+    if len(ordered) < quorum:
+        return node_timeout  # no quorum can answer: nothing to wait longer for
+    slow = ordered[quorum - 1]
     if slow <= node_timeout:
         return node_timeout
     return slow if slow < REPLY_BUDGET_CAP else max(REPLY_BUDGET_CAP, node_timeout)

@@ -2153,8 +2153,10 @@ NOTHING_LEFT = Failure(
 
 def reply_wait(nodes: Sequence[Node], node_timeout: float) -> float:
     """How long an operation waits for the nodes' replies: ``node_timeout``, or longer while
-    the round trips of a quorum of them run longer (:func:`.detector.reply_budget`)."""
-    return reply_budget(node_timeout, [n.detector.rto for n in nodes], len(nodes) // 2 + 1)
+    the round trips of a quorum of those not found down run longer
+    (:func:`.detector.reply_budget`): with one node down, the others' slowest may be needed."""
+    rtos = [n.detector.rto for n in nodes if n.detector.down_since is None]
+    return reply_budget(node_timeout, rtos, len(nodes) // 2 + 1)
 
 
 def reached(reply: Any) -> bool:

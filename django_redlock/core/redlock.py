@@ -23,7 +23,7 @@ from .fanout import Rounds, fan_out_batch
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, Lock
-from .nodes import Node, Owing
+from .nodes import Node, Owing, reply_wait
 from .permits import HoldBase, Permits, ReadLock, Semaphore, WriteLock
 from .renewal import YIELD_AT_MOST, renewer
 from .validation import check_name
@@ -343,7 +343,7 @@ class Redlock(RedlockBase):
             return fan_out_batch(
                 self.nodes,
                 commands,
-                self.node_timeout,
+                reply_wait(self.nodes, self.node_timeout),
                 quorum=self.quorum,
                 until=step.until,
                 answered=step.answered,
