@@ -26,7 +26,6 @@ from .setting import (
     CACHE_PREFIX,
     DEFAULTS,
     REDLOCK_ARGUMENTS,
-    async_refusal,
     cache_client,
     constructor_error,
     first_error,
@@ -105,9 +104,7 @@ def _build(factory: Callable[..., Any]) -> Any:
     from . import signals
 
     # Servers never run the system checks: refuse a broken setting here, as the check would.
-    problem = first_error(constructor=False)
-    if problem is None and factory is AsyncRedlock:
-        problem = async_refusal()
+    problem = first_error(constructor=False, asyncio=factory is AsyncRedlock)
     if problem is not None:
         raise ImproperlyConfigured(format_message(problem))
     config = get_config()

@@ -190,11 +190,16 @@ def format_message(message: CheckMessage) -> str:
     return f"{text} HINT: {message.hint}" if message.hint else text
 
 
-def first_error(*, constructor: bool = True) -> CheckMessage | None:
+def first_error(*, constructor: bool = True, asyncio: bool = False) -> CheckMessage | None:
     """The first error :func:`validate` finds in ``settings.REDLOCK`` (None when it is
-    usable)."""
-    messages = validate(getattr(settings, "REDLOCK", None), constructor=constructor)
-    return next((m for m in messages if m.is_serious()), None)
+    usable). ``asyncio``: for ``AsyncRedlock``, which refuses a node that is only a
+    ``W007`` for ``Redlock``: as the ``E004`` it is for it."""
+    for message in validate(getattr(settings, "REDLOCK", None), constructor=constructor):
+        if message.is_serious():
+            return message
+        if asyncio and message.id == "django_redlock.W007":
+            return error(4, message.msg, hint=message.hint)
+    return None
 
 
 def constructor_error(exc: Exception) -> CheckMessage:
@@ -270,14 +275,6 @@ def node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[C
         parsed.append((index, url, options))
     return parsed, messages
 
-
-def async_refusal() -> CheckMessage | None:
-    """Why ``get_async_redlock()`` cannot build from ``settings.REDLOCK`` where
-    ``get_redlock()`` can (a node's ``W007``), as the ``E004`` it raises; None when it can."""
-    nodes = getattr(settings, "REDLOCK", None)
-    nodes = nodes.get("NODES") if isinstance(nodes, Mapping) else None
-    if not isinstance(nodes, Sequence) or isinstance(nodes, (str, bytes)):
-        return None
     for message in node_urls(nodes)[1]:
         if message.id == "django_redlock.W007":
             return error(4, message.msg, hint=message.hint)

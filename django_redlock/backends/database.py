@@ -566,7 +566,6 @@ class DatabaseLocks(BackendLocks):
         its connection was cut at the deadline raises Django's ``OperationalError`` naming
         the database and ``request_timeout``. (A block that ended well before its cut keeps
         its result: the next statement finds the connection dropped and replaces it.)"""
-
         try:
             yield
         except Exception as exc:
@@ -1218,10 +1217,6 @@ class _RowWatch:
     NOTIFIED = 5.0
     #: How long the thread waits for new locks, once it holds none, before it ends.
     LINGER = 1.0
-    #: How often a connection still being set up at its deadline is looked at again: the
-    #: driver's connect has its own timeout, but the statements Django runs once it is
-    #: connected (PostgreSQL's SET TIME ZONE, MySQL's server variables) have none.
-    RECUT = 0.02
 
     def __init__(self, locks: DatabaseLocks) -> None:
         self._locks = locks

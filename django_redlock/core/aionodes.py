@@ -567,9 +567,11 @@ class LoopPool:
         when there is no usable one to the node's current server."""
         wire = self.shared[index]
         if wire is not None and wire.usable() and node.current(wire):
-            owed = wire.owed[0].sent if wire.owed else None
+            if not wire.owed:
+                return wire
+            owed = wire.owed[0].sent
             budget = node.detector.budget()
-            if owed is None or owed + budget / 4 > self.loop.time():
+            if owed + budget / 4 > self.loop.time():
                 return wire
             # It owes a reply held up on the link (a lost packet waits for TCP's
             # retransmission): a command behind it would wait too. It is read as the reply

@@ -389,11 +389,11 @@ class Algorithm:
             start = send.started
             now = who.now = send.ended
             granted = [r for r in replies if r.__class__ is list and r[0] == 0]
-            # Whether this round may have left our key on a node: a grant, or no clear answer
-            # (a policy's second look may then report the node as sitting out, but what the
-            # first command set stays set until it is undone).
-            unsure = bool(granted) or any(isinstance(r, Failure) for r in replies)
+            unsure = False
             if len(granted) < client.quorum:
+                # What this round set stays set until it is undone, whatever a policy's second
+                # look then reports of the node (sitting out).
+                unsure = _may_have_set(replies)
                 for policy in points["replied"]:
                     more = policy.replied(who, request, replies)
                     if more is not None:
@@ -429,7 +429,7 @@ class Algorithm:
                     lease.behind = send.left
                     return lease
             # 3. Undo it everywhere, also where no answer came in time.
-            if unsure or granted or any(isinstance(r, Failure) for r in replies):
+            if unsure or _may_have_set(replies):
                 undo = client.keys.release_command(handle.name, request.token)
                 # Behind the acquire where it is still on its way, as a release goes; kept
                 # for a node it could not reach, as a release is. Its answers change nothing
@@ -658,6 +658,12 @@ def keep_unreached(nodes: list[Node], command: bytes, replies: list[Any]) -> Non
         # Most replies are answers: only a Failure needs judging (this runs on every release).
         if reply.__class__ is Failure and not reached(reply):
             node.later.append(command)
+
+
+def _may_have_set(replies: list[Any]) -> bool:
+    """Whether an acquire's replies leave our key possibly set on a node: a grant, or no
+    clear answer (a failure: the command may have run)."""
+    return any((r.__class__ is list and r[0] == 0) or isinstance(r, Failure) for r in replies)
 
 
 def _any_answers(replies: list[Any]) -> bool:

@@ -440,11 +440,7 @@ class AsyncRedlock(RedlockBase):
         state = self._state()
         for when, _, lease in due:
             if not (lease.released or lease.lost):
-                heapq.heappush(state.due, (when, next(state.seq), lease))
-        if state.renewer is None:
-            state.renewer = state.loop.create_task(self._renewals(state), name="redlock-renewer")
-        else:
-            state.renew_wake.set()
+                self._renew_later(state, lease, when)
 
     def _forget(self, state: LoopState) -> None:
         with self._states_lock:
@@ -768,8 +764,10 @@ class AsyncRedlock(RedlockBase):
         state.holders.add(watch)
         lease.unwatch = functools.partial(state.holders.remove, watch)
 
-    def _renew_later(self, state: LoopState, lease: Lease) -> None:
-        heapq.heappush(state.due, (time.monotonic() + lease.ttl / 3, next(state.seq), lease))
+    def _renew_later(self, state: LoopState, lease: Lease, when: float | None = None) -> None:
+        """Renew ``lease`` from ``state``'s loop at ``when`` (a third of its ttl from now)."""
+        when = time.monotonic() + lease.ttl / 3 if when is None else when
+        heapq.heappush(state.due, (when, next(state.seq), lease))
         if state.renewer is None:
             state.renewer = state.loop.create_task(self._renewals(state), name="redlock-renewer")
         else:
@@ -817,9 +815,10 @@ class AsyncRedlock(RedlockBase):
         for lease in step.leases:
             self._renewing[lease] = done
         step.answered = [None] * len(self.nodes)
+        timeout = reply_wait(self.nodes, self.node_timeout)  # one budget for the round
 
         async def pipeline(index: int) -> list[Any] | Failure:
-            replies = await self._pipeline(index, step.commands)
+            replies = await self._pipeline(index, step.commands, timeout)
             if not isinstance(replies, Failure):
                 step.answered[index] = time.monotonic()
             return replies
@@ -831,10 +830,11 @@ class AsyncRedlock(RedlockBase):
                 del self._renewing[lease]
             done.set_result(None)
 
-    async def _pipeline(self, index: int, commands: list[list[Any]]) -> list[Any] | Failure:
-        """``commands`` pipelined to one node within the node timeout (another to connect):
-        the replies in order, or the node's :class:`Failure`."""
-        timeout = reply_wait(self.nodes, self.node_timeout)
+    async def _pipeline(
+        self, index: int, commands: list[list[Any]], timeout: float
+    ) -> list[Any] | Failure:
+        """``commands`` pipelined to one node within ``timeout`` (another to connect): the
+        replies in order, or the node's :class:`Failure`."""
         try:
             wire = await self._wire(index, timeout)
         except (OSError, asyncio.TimeoutError) as exc:

@@ -893,13 +893,9 @@ class NodeDetector:
         late one (a pool's judgement): the node timeout, or longer while its measured round
         trips run longer (:func:`.detector.reply_budget`). Not the back-off of :attr:`rto`:
         a frozen node's connections are not waited on longer for its silence."""
-        srtt = self.srtt
-        if srtt is None:
+        if self.srtt is None:
             return self.node_timeout
-        measured = srtt + 4 * self.rttvar
-        if measured <= self.node_timeout:
-            return self.node_timeout
-        return reply_budget(self.node_timeout, (measured,), 1)
+        return reply_budget(self.node_timeout, (self.srtt + 4 * self.rttvar,), 1)
 
     def heard_since(self, when: float) -> bool:
         """Whether the node answered a command (on any connection) sent at or after ``when``:
@@ -997,11 +993,8 @@ class Node:
         #: At most this many lock connections open to the node in this process (redis-py's
         #: name for a pool's cap): an operation that finds them all busy waits for one
         #: (:meth:`checkout`). None: as many as the operations use at once.
-        self.max_connections: int | None = options.pop("max_connections", None)
-        if self.max_connections is None:  # the URL's query (checked by _check_query)
-            self.max_connections = parse_url(
-                group_master_url(url) if is_group_url(url) else url
-            ).get("max_connections")
+        self.max_connections = max_connections(url, options)
+        options.pop("max_connections", None)
         if asyncio and self.max_connections is not None:
             raise ValueError(MAX_CONNECTIONS_ASYNC)
         #: Lock connections open (or being opened) to the node in this process.
@@ -1857,6 +1850,15 @@ def connection_args(
     return cls, kwargs
 
 
+def max_connections(url: str, options: Mapping[str, Any]) -> int | None:
+    """A node's cap on its lock connections: its ``max_connections`` option, else its URL's
+    query's (checked by ``_check_query``); None for none."""
+    cap = options.get("max_connections")
+    if cap is None:
+        cap = parse_url(group_master_url(url) if is_group_url(url) else url).get("max_connections")
+    return cap
+
+
 MAX_CONNECTIONS_ASYNC = (
     "node OPTIONS 'max_connections' cannot be honoured by AsyncRedlock: its connections are "
     "per event loop (a Redlock's are per process)"
@@ -1867,9 +1869,7 @@ def asyncio_refusal(url: str, options: Mapping[str, Any]) -> str | None:
     """Why ``AsyncRedlock`` cannot take a node that ``Redlock`` takes (None when it can):
     ``max_connections`` (its connections are per loop), an option redis-py's asyncio
     connections do not have (OCSP). ``url`` and ``options`` passed the sync rules."""
-    if options.get("max_connections") is not None or parse_url(
-        group_master_url(url) if is_group_url(url) else url
-    ).get("max_connections"):
+    if max_connections(url, options) is not None:
         return MAX_CONNECTIONS_ASYNC
     try:
         connection_args(url, options, asyncio=True)
