@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 
 import pytest
@@ -90,6 +91,33 @@ def test_brand_new_cluster_is_usable_at_once(redis_cluster_factory, make_redlock
     assert time.monotonic() - t0 < 0.5
     lock.release()
     assert all(h.guarded_for == 0 for h in rl.health())
+
+
+def test_a_brand_new_cluster_whose_node_answers_late_once_is_trusted(
+    redis_cluster_factory, make_redlock
+) -> None:
+    """A busy host: one node's first reply comes after the node timeout (its command ran in
+    time, the reply did not). No node could then vouch for the cluster being new, and the
+    first lock was refused; the guard now waits a node timeout and asks again, as it does
+    for a cluster another client is trusting."""
+    from bench.lossy_proxy import LossyProxy
+
+    cluster = redis_cluster_factory(3)
+    with LossyProxy((cluster[2].host, cluster[2].port)) as late:
+        rl = make_redlock([*cluster.urls[:2], late.url], node_timeout=0.05, max_ttl=60.0)
+        assert rl.locked("guard:late-once") is False  # connected; no marker armed
+        # The first round's reply comes 60 ms after it was asked, past the node timeout; the
+        # link is quick again by the time the guard asks again.
+        late.set_link(0.0, 0.03)
+        quick = threading.Timer(0.05, late.set_link, (0.0, 0.0))
+        quick.start()
+        try:
+            lock = rl.lock("guard:late-once")
+            assert lock.acquire(blocking=False) is True
+        finally:
+            quick.cancel()
+        lock.release()
+        assert all(h.guarded_for == 0 for h in rl.health())
 
 
 def test_brand_new_cluster_is_guarded_without_trust_fresh_cluster(
@@ -261,3 +289,13 @@ def test_a_servers_start_time_is_read_by_its_own_clock_not_by_when_the_reply_was
     before = time.time()
     _, started = server_of(old)
     assert before - 10 <= started <= time.time() - 10
+
+
+def test_a_refusal_that_hangs_on_a_late_answer_says_so() -> None:
+    from django_redlock.core.guard import RestartGuard
+    from django_redlock.core.nodes import TIMED_OUT
+
+    fresh = [2, 60000, 1, 5, "marker"]
+    why = RestartGuard(None).explain(fresh, [fresh, fresh, TIMED_OUT])  # type: ignore[arg-type]
+    assert "did not answer in time" in why
+    assert "not every node is new" not in why

@@ -127,11 +127,15 @@ def test_release_after_expiry_and_takeover_raises_and_spares_the_new_holder(
     time.sleep(0.35)  # let the first lease expire
     second = second_client.lock("stale", ttl=5.0)
     assert second.acquire(blocking=False)
+    # A quorum granted it; on a busy host the third node may have answered late (its grant
+    # then undone) or still held the first lease for a moment.
+    before = tokens_on_nodes(redis_nodes, "stale")
+    assert before.count(second.token) >= 2
     with pytest.raises(LockNotOwned) as info:
         first.release()
     assert info.value.name == "stale"
-    # The new holder is untouched: its token on every node, lease intact, check() True.
-    assert tokens_on_nodes(redis_nodes, "stale") == [second.token] * 3
+    # The new holder is untouched: its token where it was, lease intact, check() True.
+    assert tokens_on_nodes(redis_nodes, "stale") == before
     assert second.check() is True
     assert second.held
     assert first_client.locked("stale") is True

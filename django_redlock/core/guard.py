@@ -6,7 +6,8 @@ It plugs into two points of an attempt. ``replied``: a node whose marker is not 
 connection saw vote answered :data:`MARKER_CHANGED` to the plain ``SET``, so the nodes that
 answered get the full script in a second round, which judges the guard for every node at one
 moment. ``refused``: a brand-new cluster (every node fresh, started together) is trusted and
-tried again at once; one that another client is trusting right now, after a node timeout.
+tried again at once; one that another client is trusting right now, or one whose fresh nodes
+wait on a node that answered late, after a node timeout.
 """
 
 from __future__ import annotations
@@ -56,23 +57,27 @@ class RestartGuard(Policy):
         return self._again(who, replies, spread)
 
     def _again(self, who: Contender, replies: list[Any], spread: float) -> Steps[bool]:
-        # What this attempt did so far: trusted the cluster once, settled how many times.
+        # What this attempt did so far: trusted the cluster once, settled how many times, and
+        # when its first round started (this round's start, as near as the steps know it).
         if who.rounds is None:
             who.rounds = {}
-        trusted, settle = who.rounds.get(self, (False, SETTLE_TRIES))
-        if not trusted and self.all_fresh(replies, spread):
+        trusted, settle, first = who.rounds.get(self, (False, SETTLE_TRIES, who.now - spread))
+        # The markers this attempt armed, over all of its rounds, were armed since its first
+        # round started: a node answering late had its marker armed a round after the others.
+        if not trusted and self.all_fresh(replies, who.now - first):
             trusted = True
-            who.rounds[self] = (trusted, settle)
+            who.rounds[self] = (trusted, settle, first)
             # Each node's marker as this attempt saw it fresh: only that one is trusted.
             trusting = Send(self.trust_builder(replies))
             trust = yield trusting
             who.now = trusting.ended
             if any(r == 1 for r in trust):  # a node it could not trust stays guarded
-                who.rounds[self] = (trusted, 0)
+                who.rounds[self] = (trusted, 0, first)
                 return True
-        if settle and self.settling(replies, spread):
-            # Another client is trusting this brand-new cluster right now.
-            who.rounds[self] = (trusted, settle - 1)
+        if settle and (self.settling(replies, spread) or self.unheard(replies)):
+            # Another client is trusting this brand-new cluster right now, or a node's
+            # answer that would let it be trusted came late (a busy host).
+            who.rounds[self] = (trusted, settle - 1, first)
             yield Pause(self.client.node_timeout)
             return True
         return False
@@ -82,7 +87,10 @@ class RestartGuard(Policy):
         seconds = f"{int(reply[1]) / 1000:.1f}s"
         if reply[2] == 1:
             why = self._why_new_is_guarded(replies) or (
-                "not every node is new, so no node can vouch that nothing was held"
+                "a node did not answer in time, so whether every node is new is not known "
+                "and no node can vouch that nothing was held"
+                if self.unheard(replies)
+                else "not every node is new, so no node can vouch that nothing was held"
             )
             return (
                 f"guarded for {seconds}: it has no lock data (new, flushed or restarted empty) "
@@ -134,8 +142,8 @@ class RestartGuard(Policy):
         trusted this way: it may have forgotten a lease the others still count on. Nor are
         nodes that lost their data apart: one came back into a running cluster while a lease
         may have been taken on the others since, which they then lost in turn. ``spread``
-        is how long this fan-out took: the nodes measured their markers' ages at moments at
-        most that far apart."""
+        is how long this attempt's rounds took so far: the nodes measured their markers'
+        ages at moments at most that far apart, and the markers it armed were armed in it."""
         if not all(isinstance(r, list) and r[0] == 2 and r[2] == 1 for r in replies):
             return False
         armed_ages: list[int] = [r[3] for r in replies]
@@ -145,6 +153,15 @@ class RestartGuard(Policy):
         # is armed with them, but its server restarted earlier. (Servers that all started
         # more than a lease ago lost nothing to a restart that a lease could outlive.)
         return started_together([r[5] for r in replies], clock.wall(), self.client.max_ttl)
+
+    @staticmethod
+    def unheard(replies: list[Any]) -> bool:
+        """Every node that answered is new, and the others' answers did not come in time:
+        whether the cluster is brand-new hangs on answers a busy host or a lost packet made
+        late, which another attempt may well get."""
+        late = [r for r in replies if isinstance(r, Failure) and r.reason == "timeout"]
+        fresh = [r for r in replies if isinstance(r, list) and r[0] == 2 and r[2] == 1]
+        return bool(late) and bool(fresh) and len(late) + len(fresh) == len(replies)
 
     def settling(self, replies: list[Any], spread: float) -> bool:
         """A brand-new cluster that another client is trusting right now: the nodes still
