@@ -6,6 +6,7 @@ killed (by pytest-timeout, SIGKILL, or Ctrl-C)."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -13,6 +14,11 @@ import pytest
 from django.db import connection
 
 from tests.backends.database_cases import _test_database_reaped  # noqa: F401  (the cleanup)
+
+# Ctrl-C stands for an interrupted run in a terminal. A run started in the background by a
+# non-interactive shell (`cmd &`, as CI scripts and nohup do) has SIGINT ignored, which its
+# child processes inherit, and the signal would then never reach this run.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.mark.django_db(transaction=True)
