@@ -117,3 +117,15 @@ def test_the_tag_selects_this_apps_deploy_checks_too(redis_cluster_factory):
         tagged = {m.id for m in run_checks(tags=["django_redlock"], include_deployment_checks=True)}
         regular = {m.id for m in run_checks(tags=["django_redlock"])}
     assert "django_redlock.E011" in tagged and "django_redlock.E011" not in regular
+
+
+def test_every_table_of_the_checks_page_starts_with_its_header_row():
+    """Each ``list-table`` renders its first row as the header: a check's row put above the
+    header row became the header (W007 was missing from the warnings where readers look)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "checks.rst").read_text()
+    tables = re.findall(r"\.\. list-table::\n(?:   :.*\n)*\n   \* - (.*)\n", page)
+    assert tables, "no list-table found on docs/checks.rst"
+    assert all(first == "Id" for first in tables), tables
