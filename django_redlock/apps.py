@@ -14,5 +14,6 @@ class RedlockConfig(AppConfig):
         from . import checks, metrics, signals, tracing  # noqa: F401
         from .backends import checks as backend_checks  # noqa: F401
 
+        signals.install()
         metrics.install_from_settings()
         tracing.install_from_settings()

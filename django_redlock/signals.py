@@ -21,12 +21,16 @@ core's :class:`~django_redlock.core.LockEvent` into these signals. Each is sent 
     the core's ``LockEvent`` itself.
 
 Receivers run synchronously in the thread that caused the event (the renewal thread for
-``lock_lost``). A receiver that raises is logged on the ``django_redlock`` logger and skipped:
-a broken receiver can never break locking.
+``lock_lost``). A receiver that raises is logged on the ``django_redlock`` logger (one record,
+naming the lock and the event, with the traceback) and skipped: a broken receiver can never
+break locking. Django's ``send_robust`` would log it too, on ``django.dispatch``, without the
+lock: that record is dropped for these signals (:class:`_LoggedHere`, installed by the
+app's ``ready()``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +42,7 @@ from .core import LockEvent, printable
 logger = logging.getLogger("django_redlock")
 
 __all__ = [
+    "install",
     "listener_for",
     "lock_acquired",
     "lock_contended",
@@ -68,26 +73,61 @@ SIGNALS: dict[str, Signal] = {
 }
 
 
+#: The lock signal send_event is sending in this context, if any.
+_sending: contextvars.ContextVar[Signal | None] = contextvars.ContextVar(
+    "django_redlock_sending", default=None
+)
+
+
+class _LoggedHere(logging.Filter):
+    """Drops Django's own record of a failing receiver (``send_robust`` logs one on
+    ``django.dispatch`` since Django 4.1) when send_event logs that failure itself, with the
+    lock's name: one record per failure. Only a receiver of the signal send_event is sending
+    is dropped: the frame that caught the error is that signal's ``send_robust`` (or, for an
+    async receiver, its wrapper, where the signal is ``self`` too). Another signal sent
+    robustly from inside a receiver keeps Django's record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        signal = _sending.get()
+        error = record.exc_info[1] if record.exc_info else None
+        if signal is None or error is None or error.__traceback__ is None:
+            return True
+        return error.__traceback__.tb_frame.f_locals.get("self") is not signal
+
+
+_LOGGED_HERE = _LoggedHere()
+
+
+def install() -> None:
+    """Drop Django's duplicate records of the lock signals' failing receivers (called by the
+    app's ``ready()``; idempotent: a filter is added to a logger once)."""
+    logging.getLogger("django.dispatch").addFilter(_LOGGED_HERE)
+
+
 def send_event(event: LockEvent, redlock: Any = None) -> None:
     """Send the signal for ``event`` to every receiver: one that raises is logged and skipped,
     and the others still run (an alerting receiver must not be silenced by another app's bug)."""
     signal = SIGNALS.get(event.kind)
     if signal is None or not signal.receivers:  # cheap: most events have no receiver
         return
-    replies = signal.send_robust(
-        sender=type(redlock) if redlock is not None else LockEvent,
-        redlock=redlock,
-        name=event.name,
-        token=event.token,
-        meta=event.meta,
-        waited=event.waited,
-        held=event.held,
-        fence=event.fence,
-        reason=event.reason,
-        retry_after=event.retry_after,
-        nodes=event.nodes,
-        event=event,
-    )
+    sending = _sending.set(signal)
+    try:
+        replies = signal.send_robust(
+            sender=type(redlock) if redlock is not None else LockEvent,
+            redlock=redlock,
+            name=event.name,
+            token=event.token,
+            meta=event.meta,
+            waited=event.waited,
+            held=event.held,
+            fence=event.fence,
+            reason=event.reason,
+            retry_after=event.retry_after,
+            nodes=event.nodes,
+            event=event,
+        )
+    finally:
+        _sending.reset(sending)
     for receiver, reply in replies:
         if isinstance(reply, Exception):
             logger.error(

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from django_redlock import QuorumError
-from django_redlock.backends.etcd import EtcdError, EtcdLocks
+from django_redlock.backends.etcd import EtcdError, EtcdLocks, EtcdServerError
 from tests.backends import cases, servers
 from tests.backends.cases import (  # noqa: F401  (shared cases, run with this module's fixtures)
     test_a_cancelled_async_acquire_leaves_no_lock,
@@ -35,6 +35,7 @@ from tests.backends.cases import (  # noqa: F401  (shared cases, run with this m
     test_waiter_wakes_on_release,
     test_waiters_are_served_in_arrival_order,
 )
+from tests.backends.refusing_proxy import RefusingProxy
 from tests.helpers import wait_until
 
 
@@ -173,8 +174,9 @@ def test_auto_renew_outlives_the_servers_shortest_lease(make, name) -> None:
 def test_check_is_false_when_etcd_is_down(name) -> None:
     """etcd gone while locks are held: check() is False (not known to be ours, as a Redlock's
     check() with its nodes down) instead of raising EtcdError; health() names the outage;
-    the other operations raise the "unreachable" error, which unavailable() lists; each
-    answers within request_timeout (acquire(timeout=t) within t + request_timeout)."""
+    acquire and release raise QuorumError from the "unreachable" error, the other operations
+    that error itself, which unavailable() lists; each answers within request_timeout
+    (acquire(timeout=t) within t + request_timeout)."""
 
     def timed(call: Callable[[], Any]) -> tuple[Any, float]:
         started = time.monotonic()
@@ -210,7 +212,7 @@ def test_check_is_false_when_etcd_is_down(name) -> None:
     assert not health.reachable and health.error, health
     for label, (outcome, _) in results.items():
         assert "unreachable" in str(outcome), (label, outcome)
-        if label.startswith("acquire"):  # refused as a Redlock's with too few nodes: a 503
+        if label.startswith(("acquire", "release")):  # as a Redlock's with too few nodes: a 503
             assert isinstance(outcome, QuorumError), (label, outcome)
             outcome = outcome.__cause__
         assert isinstance(outcome, EtcdError), (label, outcome)
@@ -488,3 +490,125 @@ def test_a_waiter_while_etcd_froze_gets_a_documented_answer(etcd_server, make, n
     thread.join(30)
     [answer] = outcome
     assert answer in (True, False) or isinstance(answer, QuorumError), answer
+
+
+#: How etcd's gateway answers when the cluster cannot serve a request (gRPC Unavailable and
+#: Unknown), and how a load balancer in front of it answers when etcd is gone.
+REFUSALS = {
+    "503-no-leader": (
+        503,
+        '{"error":"etcdserver: no leader","code":14,"message":"etcdserver: no leader"}',
+    ),
+    "500-timed-out": (
+        500,
+        '{"error":"etcdserver: request timed out","code":2,'
+        '"message":"etcdserver: request timed out"}',
+    ),
+    "502-from-a-balancer": (502, "<html><body><h1>502 Bad Gateway</h1></body></html>\n"),
+}
+
+#: Each request an operation sends, in the order it sends them.
+STEPS = [
+    ("acquire", "/v3/lease/grant"),
+    ("acquire", "/v3/kv/txn"),
+    ("acquire", "/v3/kv/range"),
+    ("release", "/v3/kv/txn"),
+    ("extend", "/v3/kv/range"),
+    ("extend", "/v3/lease/keepalive"),
+    ("extend(20)", "/v3/lease/grant"),
+    ("extend(20)", "/v3/kv/txn"),
+]
+
+
+@pytest.fixture
+def proxy(etcd_server):
+    server = RefusingProxy(etcd_server.address)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def through(proxy, root):
+    """A manager that talks to etcd through the proxy."""
+    locks = EtcdLocks([proxy.address], root=root)
+    yield locks
+    locks.close()
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+@pytest.mark.parametrize(("call", "path"), STEPS)
+def test_an_etcd_5xx_answer_is_a_quorum_error(
+    proxy, through, make, name, call, path, refusal
+) -> None:
+    """etcd (or a balancer in front of it) answering 5xx to any request of acquire, release
+    or extend is the Redlock's "could not get a verdict": QuorumError naming the lock and the
+    answer (a view answers 503, a LockedTask treats it as unavailable lock nodes). It raised
+    a bare EtcdError (a RuntimeError, so a 500 in a view), or for a balancer's HTML page a
+    JSONDecodeError. A refused acquire leaves nothing in etcd; a refused release or extend
+    leaves the lock held by its token, and the manager works once etcd answers again."""
+    status, body = REFUSALS[refusal]
+    direct = make()
+    lock = through.lock(name, ttl=30)
+    if call != "acquire":
+        assert lock.acquire(blocking=False)
+    token = lock.token
+    operations = {
+        "acquire": lambda: lock.acquire(blocking=False),
+        "release": lock.release,
+        "extend": lock.extend,
+        "extend(20)": lambda: lock.extend(20),
+    }
+    with proxy.refusing(path, status, body), pytest.raises(QuorumError) as refused:
+        operations[call]()
+    assert proxy.refused.get(path), f"{call} sent no {path}"
+    assert refused.value.name == name and f"HTTP {status}" in str(refused.value), refused.value
+    assert isinstance(refused.value.__cause__, through.unavailable()), refused.value.__cause__
+    if call == "acquire":
+        assert not lock.held and not direct.locked(name)  # no key of the waiter is left
+    else:
+        assert direct.lock_info(name).token == token
+    if call.startswith("extend"):
+        assert lock.held and lock.extend() and lock.check()
+        lock.release()
+    else:
+        direct.force_release(name)
+    again = through.lock(name, ttl=30)
+    assert again.acquire(blocking=False)
+    again.release()
+    assert not direct.locked(name)
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+def test_check_is_false_while_etcd_answers_5xx(proxy, through, name, refusal) -> None:
+    """Not known to be ours, as with etcd unreachable; not lost either. health() shows the
+    endpoint unreachable, and the other calls raise EtcdServerError."""
+    lock = through.lock(name, ttl=30)
+    assert lock.acquire(blocking=False)
+    status, body = REFUSALS[refusal]
+    with proxy.refusing("/v3/kv/range", status, body):
+        assert lock.check() is False
+        with pytest.raises(EtcdServerError, match=f"HTTP {status}") as raised:
+            through.locked(name)
+        assert raised.value.status == status
+    with proxy.refusing("/v3/maintenance/status", status, body):
+        [health] = through.health()
+    assert not health.reachable and f"HTTP {status}" in health.error
+    assert lock.held and lock.check()
+    lock.release()
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+def test_a_waiter_whose_watch_is_refused_raises_quorum_error(
+    proxy, through, make, queue_length, name, refusal
+) -> None:
+    """A waiter cannot wait for the holder's key when etcd refuses its watch: QuorumError
+    (it re-sent the watch in a loop until its timeout and answered False; a balancer's page
+    raised JSONDecodeError), and its key leaves the line."""
+    direct = make()
+    holder = direct.lock(name, ttl=30)
+    assert holder.acquire(blocking=False)
+    with proxy.refusing("/v3/watch", *REFUSALS[refusal]), pytest.raises(QuorumError) as refused:
+        through.lock(name, ttl=30).acquire(timeout=5)
+    assert "/v3/watch" in str(refused.value), refused.value
+    assert queue_length(direct, name) == 1
+    holder.release()

@@ -83,6 +83,11 @@ BAD = [
     ("redis+sentinel://s1:26379/", "names no service"),
     ("redis+sentinel://s1:port/mymaster/0", "invalid Sentinel port"),
     ("redis+sentinel://s1:70000/mymaster/0", "invalid Sentinel port"),
+    ("redis+sentinel://s1:0/mymaster/0", "invalid Sentinel port"),
+    ("redis+sentinel://s1:26379,s2:0/mymaster/0", "invalid Sentinel port"),
+    ("redis+sentinel://s1:26379,[::1]:65536/mymaster/0", "invalid Sentinel port"),
+    # a digit to str.isdigit() and int(), not to a URL (redis:// refuses it as urlsplit does)
+    ("redis+sentinel://s1:\u0663/mymaster/0", "invalid Sentinel port"),
     ("redis+sentinel://s1:26379/mymaster/x", "must end in /SERVICE/DB"),
     ("redis+sentinel://s1:26379/mymaster/0/extra", "must end in /SERVICE/DB"),
     ("redis+sentinel://s1:26379,s1:26379/mymaster/0", "names a Sentinel twice"),

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 
+import django
 import pytest
 
 from django_redlock import LockNotAcquired, Redlock, get_redlock, locked
@@ -215,3 +216,84 @@ def test_admin_release_of_a_retaken_lock_sends_no_force_released(client):
         assert got == []
     finally:
         second.release()
+
+
+def _receiver_failures(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    """The records, on any logger, that tell of a receiver failing with ``text``."""
+    return [
+        r
+        for r in caplog.records
+        if r.exc_info and r.exc_info[1] is not None and text in str(r.exc_info[1])
+    ]
+
+
+@contextlib.contextmanager
+def connected(signal, *receivers):
+    for receiver in receivers:
+        signal.connect(receiver, weak=False)
+    try:
+        yield
+    finally:
+        for receiver in receivers:
+            signal.disconnect(receiver)
+
+
+def test_a_failing_receiver_is_logged_once_with_the_lock_and_its_traceback(caplog):
+    """Django's send_robust logs a failing receiver itself ("django.dispatch", Django 4.1 and
+    later): with send_event's own record that made two per failure. One record per failing
+    receiver, on any logger, naming the lock and the event, with the traceback; the other
+    receivers still run."""
+    seen = []
+
+    def broken(**kwargs):
+        raise RuntimeError("first receiver bug")
+
+    def also_broken(**kwargs):
+        raise ValueError("second receiver bug")
+
+    def alert(name, **kwargs):
+        seen.append(name)
+
+    with connected(lock_acquired, broken, alert, also_broken), caplog.at_level(logging.ERROR):
+        with locked("sig:once"):
+            pass
+    assert seen == ["sig:once"]
+    for text, receiver in (("first receiver bug", "broken"), ("second receiver bug", "also")):
+        [record] = _receiver_failures(caplog, text)
+        assert record.name == "django_redlock" and record.levelno == logging.ERROR
+        assert record.lock_name == "sig:once" and record.lock_event == "acquired"
+        assert receiver in record.getMessage() and "lock_acquired" in record.getMessage()
+        assert record.exc_info[2] is not None  # the traceback, down to the receiver's raise
+        assert text in caplog.text.split(record.getMessage(), 1)[1]
+
+
+def test_a_failure_inside_a_receiver_of_another_signal_is_still_logged(caplog):
+    """Only the lock signals' own receivers are logged by send_event: a receiver that sends
+    another signal robustly leaves that signal's failures to Django's record."""
+    from django.dispatch import Signal
+
+    other = Signal()
+
+    def nested_broken(**kwargs):
+        raise RuntimeError("nested receiver bug")
+
+    def relay(**kwargs):
+        other.send_robust(sender=None)
+
+    with connected(other, nested_broken), connected(lock_acquired, relay):
+        with caplog.at_level(logging.ERROR), locked("sig:nested"):
+            pass
+    [record] = _receiver_failures(caplog, "nested receiver bug")
+    assert record.name == "django.dispatch"
+
+
+@pytest.mark.skipif(django.VERSION < (5, 0), reason="Django runs async receivers from 5.0 on")
+def test_a_failing_async_receiver_is_logged_once(caplog):
+    async def broken_async(**kwargs):
+        raise RuntimeError("async receiver bug")
+
+    with connected(lock_acquired, broken_async), caplog.at_level(logging.ERROR):
+        with locked("sig:async-once"):
+            pass
+    [record] = _receiver_failures(caplog, "async receiver bug")
+    assert record.name == "django_redlock" and record.lock_name == "sig:async-once"

@@ -34,7 +34,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
@@ -50,16 +50,18 @@ from .base import (
     utc_from_micros,
 )
 
-__all__ = ["EtcdError", "EtcdLocks", "EtcdUnreachable"]
+__all__ = ["EtcdError", "EtcdLocks", "EtcdServerError", "EtcdUnreachable"]
 
 
 class EtcdError(RuntimeError):
     """etcd answered with an error, or could not be reached on any endpoint. ``code``: the
-    gRPC status code etcd answered with (5: not found), None when it did not answer."""
+    gRPC status code etcd answered with (5: not found), None when it did not answer;
+    ``status``: the HTTP status it answered with, None when it did not answer."""
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+    def __init__(self, message: str, code: int | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
 
 
 #: The gRPC status code of an answer "not found" (a lease etcd does not have).
@@ -68,11 +70,34 @@ NOT_FOUND = 5
 
 class EtcdUnreachable(EtcdError):
     """No endpoint answered (refused, timed out, dropped the connection): the service is
-    down, not wrong. ``check()`` reads it as "not known to be ours" (``unavailable()``); an
-    error etcd answered with stays a plain :class:`EtcdError`."""
+    down, not wrong. ``check()`` reads it as "not known to be ours" (``unavailable()``), as
+    it reads :class:`EtcdServerError`; any other error etcd answered with (a 4xx: a request
+    it refuses) stays a plain :class:`EtcdError`."""
 
     def __init__(self, errors: list[str]) -> None:
         super().__init__(f"etcd unreachable ({'; '.join(errors)})")
+
+
+class EtcdServerError(EtcdError):
+    """etcd, or a proxy in front of it, answered HTTP 5xx: it could not serve the request
+    (no leader, a request that timed out inside the cluster, a balancer with no etcd behind
+    it). Down rather than wrong, as :class:`EtcdUnreachable`. It is not sent again to
+    another endpoint: etcd may have applied it."""
+
+
+def _answered_error(path: str, status: int, raw: bytes) -> EtcdError:
+    """The error for an answer other than 200: etcd's gateway answers JSON (``error``,
+    ``code``); a balancer or proxy in front of it may answer a page of its own."""
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict):
+        detail, code = payload.get("error", payload), payload.get("code")
+    else:
+        detail, code = raw.decode(errors="replace").strip()[:200], None
+    kind = EtcdServerError if status >= 500 else EtcdError
+    return kind(f"etcd {path}: HTTP {status}: {detail}", code, status)
 
 
 def _b64(text: str) -> str:
@@ -153,7 +178,12 @@ class _Gateway:
         try:
             connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
             response = connection.getresponse()
-            payload: dict[str, Any] = json.loads(response.read() or b"{}")
+            raw = response.read()
+            if response.status != 200:
+                raise _answered_error(path, response.status, raw)
+            payload: dict[str, Any] = json.loads(raw or b"{}")
+        except EtcdError:
+            raise  # answered in full: the connection is ready for the next request
         except BaseException:
             # A request cut short (timed out, interrupted, a reply cut off) leaves the
             # connection mid-exchange: http.client refuses its next request ("Request-sent"),
@@ -161,11 +191,6 @@ class _Gateway:
             # fresh connection next time.
             self._drop(endpoint)
             raise
-        if response.status != 200:
-            raise EtcdError(
-                f"etcd {path}: HTTP {response.status}: {payload.get('error', payload)}",
-                payload.get("code"),
-            )
         return payload
 
     def watch_delete(self, key: str, revision: int, timeout: float) -> bool:
@@ -185,6 +210,8 @@ class _Gateway:
             body = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
             connection.request("POST", "/v3/watch", json.dumps(body))
             response = connection.getresponse()
+            if response.status != 200:
+                raise _answered_error("/v3/watch", response.status, response.read())
             while True:
                 line = response.readline()
                 if not line:
@@ -274,8 +301,10 @@ class _KeyWatch:
                 self._thread.start()
                 return
             unseen = fence + 1 < self._covered_from
-        if unseen and not self._locks._still_held(grant):
-            self._lost(held.key, grant)
+        # etcd not answering now is no loss: the holder learns at its next check or extend.
+        with contextlib.suppress(EtcdError):
+            if unseen and not self._locks._still_held(grant):
+                self._lost(held.key, grant)
 
     def remove(self, grant: Grant) -> None:
         held: _Held = grant.state
@@ -422,7 +451,36 @@ class EtcdLocks(BackendLocks):
         self._key_watch = _KeyWatch(self)
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
-        return (EtcdUnreachable,)
+        return (EtcdUnreachable, EtcdServerError)
+
+    @contextlib.contextmanager
+    def _verdict(self, name: str, verb: str, after: str = "") -> Iterator[None]:
+        """etcd gave no verdict on ``verb``-ing lock ``name`` (it could not be reached, or
+        answered with an error): raised as the Redlock's :class:`QuorumError`, the one error
+        its acquire, release and extend raise for "no verdict" (a view answers 503, a
+        LockedTask treats it as unavailable lock nodes), naming the lock and the cause."""
+        try:
+            yield
+        except EtcdError as exc:
+            raise QuorumError(
+                f"lock {name!r}: etcd could not {verb} it{after}",
+                name,
+                failures={self.node_name: str(exc)},
+            ) from exc
+
+    def _acquire(self, handle: BackendLock, owner: Hashable, **options: Any) -> Grant | None:
+        with self._verdict(handle.name, "grant"):
+            return super()._acquire(handle, owner, **options)
+
+    def _release(self, grant: Grant) -> None:
+        # The delete may have been applied before the error: the lock is gone, or held by
+        # its token until its lease ends.
+        with self._verdict(grant.name, "release", "; it may stay held until its lease ends"):
+            super()._release(grant)
+
+    def _extend(self, grant: Grant, ttl: float) -> bool:
+        with self._verdict(grant.name, "extend"):
+            return super()._extend(grant, ttl)
 
     def _prefix(self, name: str) -> str:
         return f"{self.root}/{quote(name, safe='')}/"
@@ -472,16 +530,7 @@ class EtcdLocks(BackendLocks):
                 self._revoke(lease, quiet=True)
                 raise
             if turn is None:
-                try:
-                    self._revoke(lease)
-                except EtcdUnreachable:
-                    raise  # acquire() raises it as QuorumError
-                except EtcdError as exc:  # answered, yet could not take the waiter's key away
-                    raise QuorumError(
-                        f"lock {handle.name!r}: {exc}",
-                        handle.name,
-                        failures={self.node_name: str(exc)},
-                    ) from exc
+                self._revoke(lease)  # a failure: acquire() raises it as QuorumError
                 return None
             if turn is not False:
                 return self._grant(

@@ -109,9 +109,11 @@ def _host_port(url: str, item: str) -> tuple[str, int]:
         raise ValueError(f"node URL {redact_group_url(url)!r} names a Sentinel without a host")
     if not port_text:
         return host, DEFAULT_SENTINEL_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    # isascii(): str.isdigit() and int() take other scripts' digits, which no URL does.
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
         raise ValueError(
-            f"node URL {redact_group_url(url)!r} has an invalid Sentinel port {port_text!r}"
+            f"node URL {redact_group_url(url)!r} has an invalid Sentinel port {port_text!r} "
+            "(ports are 1-65535)"
         )
     return host, int(port_text)
 
