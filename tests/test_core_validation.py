@@ -432,3 +432,26 @@ def test_node_options_that_are_not_a_dict_are_refused(options: Any) -> None:
 def test_empty_node_options_are_accepted() -> None:
     Redlock([{"URL": "redis://127.0.0.1:7000/0", "OPTIONS": {}}]).close()
     Redlock([{"URL": "redis://127.0.0.1:7000/0"}]).close()
+
+
+NODES = [f"redis://10.0.0.{i}:6379/0" for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("heartbeat", [0.001, 0.05, 0.0999])
+def test_a_fair_heartbeat_that_would_make_waiters_poll_hard_is_refused(heartbeat) -> None:
+    """A waiter asks the nodes every third of its heartbeat: 1 ms made one waiter send about
+    48,000 commands a second."""
+    from django_redlock import Redlock
+
+    with pytest.raises(ValueError, match=rf"fair_heartbeat must be at least 0\.1 .*{heartbeat}"):
+        Redlock(NODES, fair_heartbeat=heartbeat)
+    assert Redlock(NODES, fair_heartbeat=0.1).fair_heartbeat == 0.1
+
+
+def test_a_fair_heartbeat_setting_below_the_floor_is_e008() -> None:
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    with override_settings(REDLOCK={"NODES": NODES, "FAIR_HEARTBEAT": 0.01}):
+        found = [m for m in run_checks() if m.id == "django_redlock.E008"]
+    assert found and "fair_heartbeat must be at least 0.1" in found[0].msg

@@ -57,6 +57,7 @@ from .nodes import (
 )
 from .sentinel import GUARD_MARGIN
 from .validation import (
+    check_fair_heartbeat,
     check_flag,
     check_handle_options,
     check_limit,
@@ -144,7 +145,7 @@ class RedlockBase:
         self.trust_fresh_cluster = check_flag("trust_fresh_cluster", trust_fresh_cluster)
         self.reentrant = check_flag("reentrant", reentrant)
         #: A fair lock's waiter that stops refreshing its place for this long is dropped.
-        self.fair_heartbeat = check_positive("fair_heartbeat", fair_heartbeat)
+        self.fair_heartbeat = check_fair_heartbeat(fair_heartbeat)
         self.meta = details
         self.nodes: list[Node] = make_nodes(
             nodes, node_timeout=self.node_timeout, asyncio=self.asyncio_transport

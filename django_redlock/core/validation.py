@@ -19,6 +19,8 @@ __all__ = [
     "MAX_META_BYTES",
     "MAX_NODE_TIMEOUT",
     "MAX_RETRY_COUNT",
+    "MIN_FAIR_HEARTBEAT",
+    "check_fair_heartbeat",
     "check_flag",
     "check_handle_options",
     "check_meta",
@@ -128,6 +130,21 @@ def check_positive(
         raise ValueError(f"{label} must be finite and {bound}, got {value!r}")
     if number > maximum:
         raise ValueError(f"{label} must be at most {maximum:g} seconds, got {value!r}")
+    return number
+
+
+#: The shortest ``fair_heartbeat``: a waiter asks the nodes at least every third of it, so a
+#: heartbeat of a millisecond made one waiter send tens of thousands of commands a second.
+MIN_FAIR_HEARTBEAT = 0.1
+
+
+def check_fair_heartbeat(value: object) -> float:
+    number = check_positive("fair_heartbeat", value)
+    if number < MIN_FAIR_HEARTBEAT:
+        raise ValueError(
+            f"fair_heartbeat must be at least {MIN_FAIR_HEARTBEAT:g} seconds (a waiter asks "
+            f"the nodes every third of it), got {value!r}"
+        )
     return number
 
 
