@@ -128,8 +128,14 @@ def _build_redlock() -> Redlock:
 
 
 def _build_async_redlock() -> Any:
-    """The asyncio twin of :func:`get_redlock` (an ``AsyncRedlock``), same settings."""
-    return _build(AsyncRedlock)
+    """The asyncio twin of :func:`get_redlock` (an ``AsyncRedlock``), same settings.
+
+    The two count holds together: a view holding a lock through one re-enters it in the
+    ``@locked`` function it calls through the other (``sync_to_async``, ``async_to_sync``).
+    """
+    redlock = _build(AsyncRedlock)
+    redlock.share_holds(get_redlock())
+    return redlock
 
 
 get_redlock = _Shared(_build_redlock)
@@ -139,7 +145,8 @@ get_async_redlock = _Shared(_build_async_redlock)
 
 
 def reset() -> None:
-    """Drop the cached settings and Redlocks (closing them); the next call rebuilds them."""
+    """Drop the cached settings and Redlocks (closing them); the next call rebuilds them
+    (both: the async one shares holds with the sync one it was built beside)."""
     get_config.cache_clear()
     for shared in (get_redlock, get_async_redlock):
         old = shared.cache_clear()

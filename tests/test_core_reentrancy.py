@@ -10,6 +10,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from django_redlock import RedlockError
 from django_redlock.testing import RedisCluster
 from tests.helpers import tokens_on_nodes, wait_until, warm_up
@@ -280,3 +282,106 @@ def test_cancelled_reentries_leave_nothing_held(
         assert tokens_on_nodes(redis_nodes, "re:cancelled") == [None] * 3
 
     asyncio.run(main())
+
+
+# ---- a sync and an async client that share holds (Redlock.share_holds) ----------------------
+
+
+def _shared_pair(redis_nodes: RedisCluster, make_redlock, make_async_redlock):
+    sync = make_redlock(redis_nodes, reentrant=True)
+    aio = make_async_redlock(redis_nodes, reentrant=True)
+    aio.share_holds(sync)
+    return sync, aio
+
+
+def test_clients_that_share_holds_reenter_each_others_hold(
+    redis_nodes: RedisCluster, make_redlock, make_async_redlock
+) -> None:
+    """An async view's hold joined by the sync function it calls through a thread (what
+    ``sync_to_async`` does), with the view's explicit owner: one lease, one token, the key
+    released at the outer release only; another owner is refused throughout."""
+    sync, aio = _shared_pair(redis_nodes, make_redlock, make_async_redlock)
+
+    def inner() -> str | None:
+        lock = sync.lock("re:across", owner="view-1")
+        assert lock.acquire(blocking=False)
+        assert not sync.lock("re:across", owner="view-2").acquire(blocking=False)
+        token = lock.token
+        lock.release()
+        return token
+
+    async def outer() -> tuple[str | None, str | None, list[str | None]]:
+        lock = aio.lock("re:across", ttl=5.0, owner="view-1")
+        assert await lock.acquire(blocking=False)
+        token = await asyncio.to_thread(inner)
+        after = tokens_on_nodes(redis_nodes, "re:across")
+        assert not await aio.lock("re:across", owner="view-2").acquire(blocking=False)
+        mine = lock.token
+        await lock.release()
+        return mine, token, after
+
+    outer_token, inner_token, after = asyncio.run(outer())
+    assert inner_token == outer_token and after == [outer_token] * 3
+    assert tokens_on_nodes(redis_nodes, "re:across") == [None] * 3
+
+
+def test_an_async_call_reenters_a_sync_hold_from_its_own_event_loop(
+    redis_nodes: RedisCluster, make_redlock, make_async_redlock
+) -> None:
+    """The reverse (``async_to_sync`` in a sync view: a fresh event loop that ends with the
+    call). The nested hold asks for renewal the outer one did not: it is renewed after that
+    loop ended, past the outer lease, until the outer release."""
+    sync, aio = _shared_pair(redis_nodes, make_redlock, make_async_redlock)
+    outer = sync.lock("re:across-sync", ttl=0.6, owner="view-1")
+    assert outer.acquire(blocking=False)
+
+    async def inner() -> str | None:
+        lock = aio.lock("re:across-sync", ttl=0.6, owner="view-1", auto_renew=True)
+        assert await lock.acquire(blocking=False)
+        token = lock.token
+        await lock.release()
+        return token
+
+    assert asyncio.run(inner()) == outer.token
+    time.sleep(1.0)  # past the outer lease: renewed since the inner hold asked for it
+    assert outer.held and outer.check()
+    assert not sync.lock("re:across-sync", owner="view-2").acquire(blocking=False)
+    outer.release()
+    assert tokens_on_nodes(redis_nodes, "re:across-sync") == [None] * 3
+
+
+def test_the_last_hold_ends_the_lease_whichever_client_drops_it(
+    redis_nodes: RedisCluster, make_redlock, make_async_redlock
+) -> None:
+    """The outer hold released first (an async view cancelled while the sync function it
+    called runs on in its thread): the nested hold keeps the lock, and its release, through
+    the other client, ends it on the nodes."""
+    sync, aio = _shared_pair(redis_nodes, make_redlock, make_async_redlock)
+    inner = sync.lock("re:across-last", ttl=5.0, owner="view-1")
+
+    async def outer() -> str | None:
+        lock = aio.lock("re:across-last", ttl=5.0, owner="view-1")
+        assert await lock.acquire(blocking=False)
+        assert await asyncio.to_thread(inner.acquire, False)
+        mine = lock.token
+        await lock.release()
+        return mine
+
+    token = asyncio.run(outer())
+    assert inner.held and tokens_on_nodes(redis_nodes, "re:across-last") == [token] * 3
+    inner.release()
+    assert tokens_on_nodes(redis_nodes, "re:across-last") == [None] * 3
+    # Gone from both clients' tables: the owner takes it anew (a new token), not rejoins.
+    again = sync.lock("re:across-last", owner="view-1")
+    assert again.acquire(blocking=False) and again.token != token
+    again.release()
+
+
+def test_only_clients_of_the_same_locks_share_holds(
+    redis_nodes: RedisCluster, make_redlock, make_async_redlock
+) -> None:
+    sync = make_redlock(redis_nodes)
+    with pytest.raises(ValueError, match="share holds"):
+        make_async_redlock(redis_nodes, key_prefix="other").share_holds(sync)
+    with pytest.raises(ValueError, match="share holds"):
+        make_async_redlock(list(redis_nodes.urls)[:2]).share_holds(sync)

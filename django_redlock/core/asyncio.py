@@ -742,6 +742,12 @@ class AsyncRedlock(RedlockBase):
             # A renewal is on the wire: let it land first, so no PEXPIRE follows the release.
             await asyncio.wrap_future(renewing)
         behind, lease.behind = lease.behind, None
+        if lease.home is not self.leases:
+            # The last hold of a lease the partner client took (share_holds: its owner
+            # re-entered it here and outlived the outer hold, a view cancelled while its
+            # sync_to_async call ran on) goes out here, by token: the partner's connections
+            # that owed the acquire's reply are not this client's (or this loop's).
+            behind = None
         return await self._release_everywhere(lease.name, lease.token, behind)
 
     async def _extend(self, lease: Lease, ttl: float) -> bool:

@@ -199,6 +199,24 @@ class RedlockBase:
         connections' state too)."""
         self.leases.after_fork()
 
+    def share_holds(self, other: RedlockBase) -> None:
+        """Count one owner's holds through this client and ``other`` together: an owner
+        that holds a lock through one re-enters it through the other (a reentrant lock),
+        instead of waiting for itself. For a :class:`~.redlock.Redlock` and an
+        :class:`~.asyncio.AsyncRedlock` of the same nodes: an async view's hold, joined by
+        the sync function it calls through ``sync_to_async`` (and the reverse).
+
+        The lease stays the taking client's (its end is told to that client's listeners);
+        the last hold ends it on the nodes, through whichever client drops it."""
+        mine = (self.key_prefix, [node.name for node in self.nodes])
+        theirs = (other.key_prefix, [node.name for node in other.nodes])
+        if mine != theirs:
+            raise ValueError(
+                f"{self!r} and {other!r} do not lock the same names on the same nodes: "
+                "they cannot share holds"
+            )
+        self.leases.share_holds(other.leases)
+
     def waiter_id(self, name: str) -> str:
         """The id a blocked acquire of ``name`` waits to be woken under (a new one each time
         here; the drivers keep one per name, so its channel stays subscribed)."""

@@ -5,7 +5,7 @@ table itself (registration, reentrancy) is :class:`.lock.HeldLeases`, beside the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from . import clock
 from .detector import why_lost
@@ -59,9 +59,19 @@ class LeaseTable(HeldLeases):
     def margin(self, ttl: float) -> float:
         return ttl * self.drift_factor + DRIFT_FLOOR
 
+    def _elsewhere(self, lease: Lease) -> LeaseTable | None:
+        """The partner table ``lease`` lives in, when an owner re-entered it through this one
+        (:meth:`~.lock.HeldLeases.share_holds`): its holds are counted there, and its end is
+        told to that client's listeners, which heard of its start."""
+        home = lease.home
+        return None if home is None or home is self else cast(LeaseTable, home)
+
     def begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told (never
         from a forked child: the parent still holds the lock)."""
+        home = self._elsewhere(lease)
+        if home is not None:
+            return home.begin_release(lease)
         if lease.foreign:
             return False
         if lease.count <= 1 and lease.validity <= 0:
@@ -100,6 +110,9 @@ class LeaseTable(HeldLeases):
             unwatch()
 
     def finish_release(self, lease: Lease, replies: list[Any]) -> None:
+        home = self._elsewhere(lease)
+        if home is not None:
+            return home.finish_release(lease, replies)
         self._stop_watching(lease)
         if [r for r in replies if isinstance(r, int) and r > 1]:
             now = clock.monotonic()
@@ -132,6 +145,9 @@ class LeaseTable(HeldLeases):
     def detach(self, lease: Lease) -> str:
         """Stop tracking a lease here without releasing it: the process it was taken for
         releases it by token. It is no longer renewed or reentered in this process."""
+        home = self._elsewhere(lease)
+        if home is not None:
+            return home.detach(lease)
         with self._leases_lock:
             lease.released = True
             if self._leases.get(lease.name) is lease:
@@ -261,6 +277,9 @@ class LeaseTable(HeldLeases):
         return False
 
     def mark_lost(self, lease: Lease, why: str) -> None:
+        home = self._elsewhere(lease)
+        if home is not None:
+            return home.mark_lost(lease, why)
         with self._leases_lock:
             if lease.lost is not None or lease.released:
                 return

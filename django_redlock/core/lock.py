@@ -89,6 +89,9 @@ class Lease:
     behind: Any = field(default=None, repr=False)
     #: The process that acquired it; a forked child holds none of its parent's locks.
     pid: int = field(default_factory=lambda: ThisProcess.pid)
+    #: The lease table it was entered in (the client's that took it): a hold re-entered
+    #: through a partner client (:meth:`HeldLeases.share_holds`) is counted and dropped there.
+    home: HeldLeases | None = field(default=None, repr=False)
 
     @property
     def foreign(self) -> bool:
@@ -114,7 +117,17 @@ class HeldLeases:
     def __init__(self, listeners: list[Listener], start_renewal: Callable[[Lease], None]) -> None:
         self.listeners = listeners
         self.start_renewal = start_renewal
+        #: The tables whose leases an owner may re-enter through this one (see
+        #: :meth:`share_holds`), this one first.
+        self.shared: list[HeldLeases] = [self]
         self.after_fork()
+
+    def share_holds(self, other: HeldLeases) -> None:
+        """Let an owner re-enter through either table a lease it holds in the other: one
+        client's hold, the other's nested one, one lease on the nodes."""
+        for table, partner in ((self, other), (other, self)):
+            if partner not in table.shared:
+                table.shared.append(partner)
 
     def after_fork(self) -> None:
         """Forget every lease (a forked child holds none of its parent's locks)."""
@@ -128,11 +141,12 @@ class HeldLeases:
     def joinable(self, name: str, owner: Hashable) -> Lease | None:
         """The owner's live lease of ``name``, which a reentrant acquire may join (once the
         nodes said it is still there: :meth:`reenter` then joins it)."""
-        with self._leases_lock:
-            lease = self._leases.get(name)
-        if lease is None or lease.owner != owner or lease.validity <= 0:
-            return None
-        return lease
+        for table in self.shared:
+            with table._leases_lock:
+                lease = table._leases.get(name)
+            if lease is not None and lease.owner == owner and lease.validity > 0:
+                return lease
+        return None
 
     def reenter(self, handle: LockBase, owner: Hashable) -> Lease | None:
         """The owner's current lease of this name, one hold deeper, if reentry applies.
@@ -142,23 +156,29 @@ class HeldLeases:
         acquisition did not draw, so asking for one is an error rather than a silent None.
         Asked only for a reentrant handle.
         """
-        with self._leases_lock:
-            lease = self._leases.get(handle.name)
-            if lease is None or lease.owner != owner or lease.validity <= 0:
-                return None
-            check_reentry_fence(handle.name, handle.fencing, lease.fence)
-            lease.count += 1
-            upgrade = handle.auto_renew and not lease.auto_renew
+        for table in self.shared:
+            with table._leases_lock:
+                lease = table._leases.get(handle.name)
+                if lease is None or lease.owner != owner or lease.validity <= 0:
+                    continue
+                check_reentry_fence(handle.name, handle.fencing, lease.fence)
+                lease.count += 1
+                upgrade = handle.auto_renew and not lease.auto_renew
+                if upgrade:
+                    lease.auto_renew = True
             if upgrade:
-                lease.auto_renew = True
-        if upgrade:
-            self.start_renewal(lease)
-        return lease
+                # This client's watchdog, even for a partner's lease: the partner's may need
+                # an event loop this thread does not run. An async client renews on after the
+                # loop that asked ends (async_to_sync's), as it does its own leases.
+                self.start_renewal(lease)
+            return lease
+        return None
 
     def won(self, handle: LockBase, lease: Lease, start: float) -> Lease:
         """Enter a lease just granted (asked for at ``start``) in the table, tell the
         listeners, and hand it to the watchdog when it is to be renewed."""
         handle.retry_after = None
+        lease.home = self
         with self._leases_lock:
             self._leases[lease.name] = lease
             # is_reader(), written out: this runs on every acquire.

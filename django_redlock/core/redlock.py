@@ -308,6 +308,8 @@ class Redlock(RedlockBase):
         try:
             with lease.io_lock:
                 behind, lease.behind = lease.behind, None
+                if lease.home is not self.leases:
+                    behind = None  # see AsyncRedlock._release_after_renewal
                 replies = self._release_everywhere(lease.name, lease.token, behind)
         finally:
             if lease.leave_queue is not None:
