@@ -836,18 +836,25 @@ class LockedTask(Task):
                 self._end_revoked(run, request)
 
     def _take(self, run: _TaskRun, opts: LockOptions) -> tuple[bool, dict[str, Any] | None]:
-        """Try for the lock as the options say (blocking up to ``lock_wait``), then contend
-        (:meth:`_contend`); True once held, and the holder as last read when not."""
+        """Try for the lock; refused, free this task's own earlier attempt's lease if its
+        process is gone, block up to ``lock_wait``, then contend (:meth:`_contend`). True
+        once held, and the holder as last read when not."""
         wait = opts.effective_wait()
         if wait > 0:
             run.begin_wait()
-            acquired = run.acquire(blocking=True, timeout=wait)
-            run.check_revoked()
-        else:
-            acquired = run.acquire(blocking=False)
+        acquired = run.acquire(blocking=False)
         holder: dict[str, Any] | None = None
+        if not acquired and not _eager(run.request):
+            # Before any wait: a dead process never releases, so waiting for it would only
+            # hold this redelivery back until its lease or lock_wait ran out.
+            acquired, holder = self._free_dead_attempt(run, _holder(run.redlock, run.lock.name))
+        if not acquired and wait > 0:
+            acquired = run.acquire(blocking=True, timeout=wait)
+            holder = None
+        if wait > 0:
+            run.check_revoked()
         if not acquired:
-            acquired, holder = self._contend(run, opts)
+            acquired, holder = self._contend(run, opts, holder)
         run.end_wait(acquired)
         return acquired, holder
 
@@ -975,38 +982,51 @@ class LockedTask(Task):
             )
         raise exc
 
-    def _contend(self, run: _TaskRun, opts: LockOptions) -> tuple[bool, dict[str, Any] | None]:
+    def _contend(
+        self, run: _TaskRun, opts: LockOptions, holder: dict[str, Any] | None
+    ) -> tuple[bool, dict[str, Any] | None]:
         """After a refused attempt: True if the lock was taken after all, because its holder
         was this task's own earlier attempt in a process that is gone, or (``on_locked=
         "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
-        the holder let go while it waited. Also the holder it read, while that is still the
-        latest word (nothing was released or waited for since), else None."""
-        request, redlock, name = run.request, run.redlock, run.lock.name
-        if _eager(request):
+        the holder let go while it waited. ``holder`` is the holder as read since the last
+        attempt (None: read it now). Also the holder it read, while that is still the latest
+        word (nothing was released or waited for since), else None."""
+        if _eager(run.request):
             return False, None
-        holder = _holder(redlock, name)
-        if (
-            request.id
-            and holder.get("task_id") == request.id
-            and process_gone(holder, certain=True)
-        ):
-            # A pool process killed mid-run: its message came back (reject_on_worker_lost)
-            # while its lease still runs. Nobody is in the critical section any more.
-            freed = redlock.release_token(name, holder["token"])
-            logger.warning(
-                "task %s[%s]: freed lock %s of this task's earlier attempt (pid %s is gone, "
-                "%s nodes)",
-                self.name,
-                request.id,
-                printable(name),
-                printable(holder.get("pid")),
-                freed,
-            )
-            return run.acquire(blocking=False), None
+        if holder is None:
+            acquired, holder = self._free_dead_attempt(run, _holder(run.redlock, run.lock.name))
+            if acquired or holder is None:
+                return acquired, None
         if opts.on_locked != "retry" or opts.wait or not holder:
             return False, holder
         waited = self._wait_in_slot(run, holder)
         return (False, holder) if waited is None else (waited, None)
+
+    def _free_dead_attempt(
+        self, run: _TaskRun, holder: dict[str, Any]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Free the lease of ``holder`` when it is this task's own earlier attempt in a
+        process that is gone on this host, and try for the lock again: whether it was taken,
+        and ``holder`` unless it was freed (then None: what holds the key now is unknown)."""
+        request, redlock, name = run.request, run.redlock, run.lock.name
+        if not (
+            request.id
+            and holder.get("task_id") == request.id
+            and process_gone(holder, certain=True)
+        ):
+            return False, holder
+        # A pool process killed mid-run: its message came back (reject_on_worker_lost)
+        # while its lease still runs. Nobody is in the critical section any more.
+        freed = redlock.release_token(name, holder["token"])
+        logger.warning(
+            "task %s[%s]: freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)",
+            self.name,
+            request.id,
+            printable(name),
+            printable(holder.get("pid")),
+            freed,
+        )
+        return run.acquire(blocking=False), None
 
     def _wait_in_slot(self, run: _TaskRun, holder: Mapping[str, Any]) -> bool | None:
         """Block for the lock if no other task of this key is blocking for it already (one

@@ -1,9 +1,10 @@
 """The options of :class:`~django_redlock.celery.LockedTask` and their rules, free of Celery so
 the system checks can judge ``REDLOCK["LOCKED_TASK"]`` with the very code the task runs.
 
-Numbers go through the core's validators (``django_redlock.core.check_positive``), the same
-the ``Redlock`` constructor and ``@locked`` use: NaN, infinities and out-of-range values are
-refused everywhere with the same message.
+Numbers and flags go through the core's validators (``django_redlock.core.check_positive``,
+``check_flag``), the same the ``Redlock`` constructor and ``@locked`` use: NaN, infinities and
+out-of-range values are refused everywhere with the same message, and, as there, a value of the
+wrong type is a ``TypeError``, a wrong value of the right type a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def check_task_options(
     every run; given the name of a service ``without_semaphores``, so is any ``limit``."""
     on_locked = values.get("on_locked")
     if on_locked is not None and on_locked not in ON_LOCKED:
-        raise ValueError(f"{where}: on_locked must be one of {ON_LOCKED}, got {on_locked!r}")
+        error = ValueError if isinstance(on_locked, str) else TypeError
+        raise error(f"{where}: on_locked must be one of {ON_LOCKED}, got {on_locked!r}")
     try:
         for name in ("ttl", "retry_delay", "dedupe_ttl", "wait", "retry_jitter"):
             value = values.get(name)
@@ -79,14 +81,11 @@ def check_task_options(
                 check_positive(
                     HEADER_FIELDS[name], value, allow_zero=name in ("wait", "retry_jitter")
                 )
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{where}: {exc}") from None
-    try:
         for name in _BOOLEANS:
             if values.get(name) is not None:
                 check_flag(HEADER_FIELDS[name], values[name])
-    except TypeError as exc:  # docs/celery.rst: a lock_renew not a bool is a ValueError
-        raise ValueError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
     ttl = values.get("ttl")
     if max_ttl is not None and ttl is not None and ttl > max_ttl:
         raise ValueError(
@@ -94,13 +93,16 @@ def check_task_options(
             "a longer lease)"
         )
     retries = values.get("max_retries")
-    if retries is not None and (
-        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-    ):
-        raise ValueError(f"{where}: lock_max_retries must be an int >= 0 or None, got {retries!r}")
+    if retries is not None:
+        not_int = isinstance(retries, bool) or not isinstance(retries, int)
+        if not_int or retries < 0:
+            raise (TypeError if not_int else ValueError)(
+                f"{where}: lock_max_retries must be an int >= 0 or None, got {retries!r}"
+            )
     dedupe = values.get("dedupe")
     if dedupe is not None and not isinstance(dedupe, bool) and dedupe not in DEDUPE_POLICIES:
-        raise ValueError(
+        error = ValueError if isinstance(dedupe, str) else TypeError
+        raise error(
             f"{where}: lock_dedupe must be True, False or one of {DEDUPE_POLICIES}, got {dedupe!r}"
         )
     limit = values.get("limit")

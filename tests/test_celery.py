@@ -736,9 +736,68 @@ def test_per_call_values_the_worker_would_refuse_are_refused_when_sent(celery_te
     too_long = rl.max_ttl + 1
     with pytest.raises(ValueError, match=rf"per-call options.*lock_ttl {too_long!r}.*max_ttl"):
         tasks.critical.apply_async(("k", "r"), lock_ttl=too_long)
-    with pytest.raises(ValueError, match=r"per-call options.*lock_renew.*'yes'"):
+    with pytest.raises(TypeError, match=r"per-call options.*lock_renew.*'yes'"):
         tasks.critical.s("k", "r").set(lock_renew="yes").delay()
     assert tasks.critical.lock_options({"ttl": rl.max_ttl}).ttl == rl.max_ttl
+
+
+WRONG_TYPES = [
+    ("lock_renew", "yes"),
+    ("lock_renew", 1),
+    ("lock_retry_counts", "no"),
+    ("lock_max_retries", 1.5),
+    ("lock_max_retries", "3"),
+    ("lock_limit", 2.5),
+    ("lock_ttl", "10"),
+    ("on_locked", 1),
+    ("lock_dedupe", 1),
+]
+
+
+@pytest.mark.parametrize("option, value", WRONG_TYPES)
+def test_per_call_options_of_the_wrong_type_are_a_type_error(celery_test_app, option, value):
+    """docs/celery.rst: a value of the wrong type is a TypeError when the task is sent, as
+    the core's flags are (``auto_renew=1``), naming the task, the option and the value."""
+    with pytest.raises(TypeError, match=rf"per-call options.*{option}.*{value!r}"):
+        tasks.critical.apply_async(("k", "r"), **{option: value})
+    with pytest.raises(TypeError, match=rf"per-call options.*{option}"):
+        tasks.critical.s("k", "r").set(**{option: value}).delay()
+
+
+def _no_run(self: Any) -> None:  # pragma: no cover - never runs
+    return None
+
+
+@pytest.mark.parametrize("option, value", WRONG_TYPES)
+def test_task_options_of_the_wrong_type_are_a_type_error(option, value):
+    """The task's own options and the project's LOCKED_TASK defaults go through the same
+    check as the per-call ones."""
+    wrong = type(
+        "WrongType", (LockedTask,), {"name": "tests.wrong_type", option: value, "run": _no_run}
+    )
+    with pytest.raises(TypeError, match=rf"task tests\.wrong_type: {option}"):
+        wrong().lock_options()
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("lock_renew", 1), ("lock_retry_counts", "no"), ("lock_max_retries", 1.5)],
+)
+def test_project_defaults_of_the_wrong_type_are_a_type_error(settings, redis_nodes, option, value):
+    settings.REDLOCK = {"NODES": list(redis_nodes.urls), "LOCKED_TASK": {option: value}}
+    with pytest.raises(TypeError, match=rf"task testproject\.bench_locked: {option}"):
+        tasks.bench_locked.lock_options()
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("lock_max_retries", -1), ("on_locked", "later"), ("lock_dedupe", "sometimes")],
+)
+def test_per_call_options_of_the_right_type_but_a_wrong_value_are_a_value_error(
+    celery_test_app, option, value
+):
+    with pytest.raises(ValueError, match=rf"per-call options.*{option}"):
+        tasks.critical.apply_async(("k", "r"), **{option: value})
 
 
 def test_task_lock_key_is_checked_by_the_same_rules():

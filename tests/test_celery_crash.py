@@ -106,12 +106,12 @@ def spawn_worker(rl, redis_nodes, celery_broker_node, tmp_path, queue):
 
 
 def _start_victim(
-    rl, broker, queue: str, run: Run, key: str, lock_ttl: float | None = None
+    rl, broker, queue: str, run: Run, key: str, lock_ttl: float | None = None, **options: Any
 ) -> tuple[Any, dict[str, Any]]:
     """Send ``long_task`` (60 s) and wait until it runs with its lease renewed twice (or,
-    with a per-call ``lock_ttl``, until it holds that lease); returns the AsyncResult and the
-    holder metadata."""
-    headers = {"redlock": {"ttl": lock_ttl}} if lock_ttl is not None else None
+    with a per-call ``lock_ttl``, until it holds that lease); ``options`` are more per-call
+    options (header fields). Returns the AsyncResult and the holder metadata."""
+    headers = {"redlock": {"ttl": lock_ttl, **options}} if lock_ttl is not None else None
     victim = broker["app"].send_task(
         "testproject.long_task", (key, run.id, 60), queue=queue, headers=headers
     )
@@ -180,6 +180,33 @@ def test_sigkill_of_a_pool_process_requeues_the_task_and_frees_its_key(
     assert_no_overlap(runs)
     assert worker.proc.poll() is None  # the worker itself lives on
     wait_until(lambda: not rl.locked("long:pool"), timeout=15, what="the key to be free")
+
+
+@pytest.mark.parametrize("on_locked", ["retry", "wait"])
+def test_a_pool_process_killed_mid_run_is_run_again_without_waiting_out_lock_wait(
+    rl, broker, spawn_worker, queue, on_locked
+):
+    """docs/celery.rst: the next delivery frees the dead process's lease and runs. With a
+    ``lock_wait`` as long as the lease it must do so before it starts waiting, not once the
+    wait (or the dead attempt's lease) has run out."""
+    run = Run()
+    worker = spawn_worker(broker["url"])
+    victim, holder = _start_victim(
+        rl, broker, queue, run, "waiting", lock_ttl=40, on_locked=on_locked, wait=40
+    )
+    os.kill(holder["pid"], signal.SIGKILL)
+    killed_at = time.time()
+    run.r.set(f"{run.id}:stop", 1)
+
+    again = victim.get(timeout=TIMEOUT)
+    assert again["task_id"] == victim.id and again["pid"] != holder["pid"]
+    # Waiting would have taken until the lease or lock_wait ran out (about 40 s); a
+    # redelivery on a loaded machine takes a few seconds.
+    assert again["start"] - killed_at < 15, worker.text()
+    assert f"freed lock long:waiting of this task's earlier attempt (pid {holder['pid']}" in (
+        worker.text()
+    )
+    assert_no_overlap(_runs_of(run, victim.id))
 
 
 def test_sigkill_of_the_main_process_only_runs_the_task_again_without_overlap(

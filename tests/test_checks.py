@@ -221,6 +221,7 @@ def test_checks_refuse_what_the_constructor_refuses():
         ({"on_locked": "later"}, "on_locked must be one of"),
         ({"lock_dedupe": "sometimes"}, "lock_dedupe must be"),
         ({"lock_renew": "yes"}, "lock_renew must be True or False"),
+        ({"lock_max_retries": 1.5}, "lock_max_retries must be an int"),
         # the shared Redlock refuses a lease longer than MAX_TTL (60 s by default) at every run
         ({"lock_ttl": 100}, "lock_ttl 100 exceeds max_ttl 60"),
     ],
