@@ -114,6 +114,9 @@ class LossyProxy:
         self.loss, self.delay = check_link(loss, delay)
         self.stats = LinkStats()
         self._rng = random.Random(seed)
+        #: Client requests to hold back whatever the loss (see :meth:`hold`).
+        self._holds: list[tuple[bytes, float]] = []
+        self._holds_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server: asyncio.AbstractServer | None = None
@@ -133,6 +136,22 @@ class LossyProxy:
     def set_link(self, loss: float, delay: float) -> None:
         self.loss, self.delay = check_link(loss, delay)
 
+    def hold(self, match: bytes, count: int, seconds: float) -> None:
+        """Hold back the next ``count`` chunks from the client that contain ``match`` by
+        ``seconds`` more (each on its own connection, say, a command and its copies): a test
+        decides which requests are lost, where :meth:`set_link`'s loss draws them."""
+        with self._holds_lock:
+            self._holds.extend([(match, seconds)] * count)
+
+    def _held(self, data: bytes) -> float:
+        """How long :meth:`hold` holds ``data`` back (0 when it asked for nothing of it)."""
+        with self._holds_lock:
+            for i, (match, seconds) in enumerate(self._holds):
+                if match in data:
+                    del self._holds[i]
+                    return seconds
+        return 0.0
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_until_complete(self._start())
@@ -151,13 +170,16 @@ class LossyProxy:
             client_w.close()
             return
         self._writers.update((client_w, node_w))
-        for r, w in ((client_r, node_w), (node_r, client_w)):
-            task = asyncio.ensure_future(self._direction(r, w))
+        for r, w, upstream in ((client_r, node_w, True), (node_r, client_w, False)):
+            task = asyncio.ensure_future(self._direction(r, w, upstream))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _direction(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Read chunks as they come and forward each at its delivery time, in order."""
+    async def _direction(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool
+    ) -> None:
+        """Read chunks as they come and forward each at its delivery time, in order
+        (``upstream``: from the client to the node)."""
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
         sender = asyncio.ensure_future(self._deliver(queue, writer))
         self._tasks.add(sender)
@@ -170,6 +192,9 @@ class LossyProxy:
                     break
                 now = time.monotonic()
                 extra, lost = late_by(self._rng, self.loss)
+                held = self._held(data) if upstream and self._holds else 0.0
+                if held:
+                    extra, lost = extra + held, lost + 1
                 at = now + self.delay + extra
                 # Late because of its own loss, or held behind a late chunk in front of it.
                 self.stats.held_back += lost > 0 or free_at > at

@@ -29,7 +29,7 @@ import redis
 
 from .detector import connect_budget
 from .fanout import Wait
-from .hedging import MAX_COPIES, first_word, granted, hedge_at
+from .hedging import copies_allowed, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
     HANDSHAKE,
@@ -992,16 +992,17 @@ class AsyncFanOut:
         """Send the hedge (a copy of the command the node may run twice: see
         :mod:`.hedging`) to every node that has not answered yet, on an idle connection that
         owes nothing (:meth:`LoopPool.spare`); one more each ``every`` seconds, up to
-        :data:`.hedging.MAX_COPIES` connections per node."""
+        :func:`.hedging.copies_allowed` connections per node."""
         if self.finished:
             return
+        most = copies_allowed(self.idempotent)
         more = False
         for index in self._late():
             copies = self.copies.setdefault(index, [])
-            if len(copies) + 1 >= MAX_COPIES:
+            if len(copies) + 1 >= most:
                 continue
             sent = self._copy_to(index)
-            more = more or not sent or len(copies) + 1 < MAX_COPIES
+            more = more or not sent or len(copies) + 1 < most
         if more:
             self.pool.loop.call_later(every, self._send_copies, every)
 

@@ -524,13 +524,14 @@ def _hedge(
     to every node that has not answered yet, on an idle connection that owes nothing (none
     is opened for it). A connection that carries a copy owes its reply like the first: an
     undo or release goes behind each (see :attr:`~.nodes.Due.twins`). Returns when the next
-    copies go out (one more each ``every`` seconds, up to :data:`~.hedging.MAX_COPIES` connections),
-    or None."""
+    copies go out (one more each ``every`` seconds, up to :func:`~.hedging.copies_allowed`
+    connections), or None."""
     late = {entry[0] for entry in waiting.values()} - answered
+    most = hedging.copies_allowed(op.idempotent)
     more = False
     for index in late:
         sent = copies.get(index, 1)
-        if sent >= hedging.MAX_COPIES:
+        if sent >= most:
             continue
         copy = _send_copy(nodes[index], op, now)
         if copy is None:
@@ -538,7 +539,7 @@ def _hedge(
             continue
         wire, due = copy
         copies[index] = sent + 1
-        more = more or sent + 1 < hedging.MAX_COPIES
+        more = more or sent + 1 < most
         waiting[wire.fd] = (index, wire, due)
         poller.register(wire.fd, select.POLLIN)
     return now + every if more else None
