@@ -39,6 +39,13 @@ budgets: Counter[str] = Counter()
 rel_unanswered: Counter[int] = Counter()
 samples: dict[str, list[float]] = defaultdict(list)
 paths: list[tuple[str, float, float, str]] = []
+#: Tokens by what they were: an attempt's (thread), a lease held, being released, released.
+attempt_of: dict[str, int] = {}
+holding: set[str] = set()
+releasing_tok: dict[str, float] = {}
+released_tok: dict[str, float] = {}
+held_by: Counter[str] = Counter()
+direct: list[Any] = []  # redis clients straight to the nodes, around the proxy
 held_pttls: list[int] = []
 
 
@@ -97,6 +104,14 @@ class Timed:
             if kind == "acquire":
                 ok = sum(1 for r in reply if r.__class__ is list and r[0] == 0) >= 2
                 sample("attempt_ok" if ok else "attempt_refused", took)
+                name, token = step.undo_if_cancelled
+                me = threading.get_ident()
+                with lock:
+                    attempt_of[token] = me
+                if not ok and direct:
+                    for i, r in enumerate(reply):
+                        if r.__class__ is list and r[0] == 1:
+                            held_by[classify(direct[i].get(f"e:lock:{name}"), me)] += 1
         elif isinstance(step, algorithm.Wait):
             add("t_wait_notice", took)
             add("n_wait_notice")
@@ -110,6 +125,24 @@ class Timed:
             add("n_listen")
         else:
             add(f"t_{type(step).__name__}", took)
+
+
+def classify(raw: bytes | None, me: int) -> str:
+    """Whose key a refused attempt found, read straight from the node just after."""
+    if raw is None:
+        return "gone when read"
+    token = raw.split(b" ", 1)[0].decode()
+    with lock:
+        if token in holding:
+            return "a holder's (held)"
+        if token in releasing_tok:
+            return "a lease being released"
+        if token in released_tok:
+            return "a lease already released"
+        owner = attempt_of.get(token)
+    if owner is None:
+        return "unknown token"
+    return "own earlier attempt" if owner == me else "another thread's attempt"
 
 
 def patch() -> None:
@@ -136,9 +169,15 @@ def patch() -> None:
     def _release(self: Any, lease: Any) -> None:
         t = time.monotonic()
         local.releasing = True
+        with lock:
+            holding.discard(lease.token)
+            releasing_tok[lease.token] = t
         try:
             release(self, lease)
         finally:
+            with lock:
+                releasing_tok.pop(lease.token, None)
+                released_tok[lease.token] = time.monotonic()
             local.releasing = False
             add("t_release", time.monotonic() - t)
             sample("release", time.monotonic() - t)
@@ -300,6 +339,8 @@ def loop(rl: Redlock, key: str, deadline: float, tally: Tally) -> None:
         t1 = clock()
         if not ok:
             continue
+        with lock:
+            holding.add(lk.token)
         lk.release()
         t2 = clock()
         tally.hold(Hold(key, t1, t1, t2))
@@ -346,6 +387,9 @@ def main() -> None:
             sync_cycles(warm, "warm", 20, Tally())
         finally:
             warm.close()
+        import redis
+
+        direct.extend(redis.Redis(host=n.host, port=n.port) for n in cluster)
         px.set_link(args.loss, 0.0)
         before = px.stats()
         totals.clear()
@@ -425,6 +469,9 @@ def main() -> None:
             f"  {path:28s} {len(v) / total:5.0%} mean {sum(v) / len(v) * 1000:6.1f} ms "
             f"p50 {v[len(v) // 2] * 1000:6.1f} share of key time {sum(v) / sum(map(sum, by_path.values())):5.0%}"
         )
+    print("whose key a refused attempt found held (read from the node right after):")
+    for k, v in held_by.most_common():
+        print(f"  {v:6d}  {k}")
     held_pttls.sort()
     if held_pttls:
         print(
