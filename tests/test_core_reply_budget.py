@@ -216,3 +216,38 @@ def test_auto_renewal_keeps_a_lock_on_far_nodes(client, redis_cluster_factory):
                     await arl.close()
 
             asyncio.run(main())
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_extend_and_check_right_after_an_acquire_on_far_nodes(client, redis_cluster_factory):
+    """One near node and two far ones (80 and 150 ms round trips): an acquire is decided by
+    the near node and the nearer far one, so the farthest one's replies come after the quorum
+    answered and were never measured; its estimate stayed low, the quorum-th smallest one
+    undershot the wait, and the first ``extend()`` or ``check()`` after an acquire answered
+    False while the lock was held. Each is asked right after an acquire, 20 times."""
+    with contextlib.ExitStack() as stack:
+        urls, _ = _far_cluster(stack, redis_cluster_factory, (0.04, 0.075))
+        outcomes = []
+        if client == "sync":
+            rl = Redlock(urls)
+            stack.callback(rl.close)
+            for i in range(20):
+                lock = rl.lock(f"far:extend:{i}", ttl=10)
+                assert lock.acquire(timeout=30)
+                outcomes.append((lock.extend(), lock.check()))
+                lock.release()
+        else:
+
+            async def main() -> None:
+                arl = AsyncRedlock(urls)
+                try:
+                    for i in range(20):
+                        lock = arl.lock(f"far:extend:{i}", ttl=10)
+                        assert await lock.acquire(timeout=30)
+                        outcomes.append((await lock.extend(), await lock.check()))
+                        await lock.release()
+                finally:
+                    await arl.close()
+
+            asyncio.run(main())
+        assert outcomes == [(True, True)] * 20, outcomes
