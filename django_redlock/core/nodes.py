@@ -40,6 +40,7 @@ from .detector import (
     RTT_GAIN,
     SRTT_GAIN,
     connect_budget,
+    far_rto,
     overrun,
     reply_budget,
 )
@@ -924,9 +925,11 @@ class NodeDetector:
         late one (a pool's judgement): the node timeout, or longer while its measured round
         trips run longer (:func:`.detector.reply_budget`). Not the back-off of :attr:`rto`:
         a frozen node's connections are not waited on longer for its silence."""
-        if self.srtt is None:
+        srtt = self.srtt
+        if srtt is None:
             return self.node_timeout
-        return reply_budget(self.node_timeout, (self.srtt + 4 * self.rttvar,), 1)
+        rto = far_rto(srtt + 4 * self.rttvar, srtt, self.node_timeout)
+        return reply_budget(self.node_timeout, (rto,), 1)
 
     def heard_since(self, when: float) -> bool:
         """Whether the node answered a command (on any connection) sent at or after ``when``:
@@ -2186,7 +2189,11 @@ def reply_wait(nodes: Sequence[Node], node_timeout: float) -> float:
     """How long an operation waits for the nodes' replies: ``node_timeout``, or longer while
     the round trips of a quorum of those not found down run longer
     (:func:`.detector.reply_budget`): with one node down, the others' slowest may be needed."""
-    rtos = [n.detector.rto for n in nodes if n.detector.down_since is None]
+    rtos = [
+        far_rto(n.detector.rto, n.detector.srtt, node_timeout)
+        for n in nodes
+        if n.detector.down_since is None
+    ]
     return reply_budget(node_timeout, rtos, len(nodes) // 2 + 1)
 
 
