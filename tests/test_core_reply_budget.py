@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench.lossy_proxy import LossyProxy
+from bench.lossy_proxy import LossyProxy, ProxyProcess
 from django_redlock import AsyncRedlock, Redlock
 from django_redlock.core.detector import REPLY_BUDGET_CAP, far_rto, reply_budget
 from django_redlock.core.errors import QuorumError
@@ -153,20 +153,25 @@ def test_the_async_client_s_budget_follows_the_round_trips_too(redis_cluster_fac
     assert outcomes == ["granted"] * 10, outcomes
 
 
-def _far_cluster(stack, redis_cluster_factory, delays):
+def _far_cluster(stack, redis_cluster_factory, delays, *, apart=False):
     """A cluster in service (markers armed), its first node reached directly and the others
-    through links delaying each way by ``delays``; the URLs and the cluster."""
+    through links delaying each way by ``delays``; the URLs and the cluster. ``apart``: each
+    link in a process of its own, which competes for the CPU as a network hop does, not for
+    this process's interpreter lock (beside CPU burners, a link in this process delivered
+    one reply in a hundred 80 to 360 ms late; one apart, 16 ms)."""
     cluster = redis_cluster_factory(1 + len(delays))
     near = Redlock(cluster.urls)
     try:
         assert near.lock("far:near").acquire(blocking=False)
     finally:
         near.close()
-    far = [
-        stack.enter_context(LossyProxy((node.host, node.port), delay=delay))
-        for node, delay in zip(cluster.nodes[1:], delays, strict=True)
-    ]
-    return [cluster.nodes[0].url, *(proxy.url for proxy in far)], cluster
+    urls = [cluster.nodes[0].url]
+    for node, delay in zip(cluster.nodes[1:], delays, strict=True):
+        if apart:
+            urls += stack.enter_context(ProxyProcess([(node.host, node.port)], delay=delay)).urls
+        else:
+            urls.append(stack.enter_context(LossyProxy((node.host, node.port), delay=delay)).url)
+    return urls, cluster
 
 
 def test_a_node_found_down_does_not_shorten_the_wait_for_the_far_quorum(redis_cluster_factory):
@@ -239,7 +244,7 @@ def test_extend_and_check_right_after_an_acquire_on_far_nodes(client, redis_clus
     undershot the wait, and the first ``extend()`` or ``check()`` after an acquire answered
     False while the lock was held. Each is asked right after an acquire, 20 times."""
     with contextlib.ExitStack() as stack:
-        urls, _ = _far_cluster(stack, redis_cluster_factory, (0.04, 0.075))
+        urls, _ = _far_cluster(stack, redis_cluster_factory, (0.04, 0.075), apart=True)
         outcomes = []
         if client == "sync":
             rl = Redlock(urls)
