@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from bench.lossy_proxy import LossyProxy
+from bench.lossy_proxy import LossyProxy, ProxyProcess
 from django_redlock import AsyncRedlock, Redlock
-from django_redlock.core.detector import REPLY_BUDGET_CAP, reply_budget
+from django_redlock.core.detector import REPLY_BUDGET_CAP, far_rto, reply_budget
 from django_redlock.core.errors import QuorumError
 from django_redlock.core.nodes import NodeDetector
 
@@ -57,10 +57,23 @@ def test_a_late_reply_doubles_the_node_s_wait_and_an_answer_brings_it_back():
     assert detector.rto == pytest.approx(detector.srtt + 4 * detector.rttvar)
     assert detector.rto < 0.05
     slow = NodeDetector(0.05)
-    for _ in range(10):
+    for _ in range(3):
         slow.round_trip(0.09)
     assert slow.budget() == pytest.approx(slow.srtt + 4 * slow.rttvar)
     assert slow.budget() > 0.05
+    # Round trips that barely vary leave a far node's reply the node timeout beyond its
+    # smoothed round trip, as a near node's has, not four tiny deviations.
+    for _ in range(30):
+        slow.round_trip(0.09)
+    assert 4 * slow.rttvar < 0.01
+    assert slow.budget() == pytest.approx(slow.srtt + 0.05)
+
+
+def test_a_far_quorum_s_wait_is_the_node_timeout_beyond_its_round_trip_at_least():
+    assert far_rto(0.03, 0.01, 0.05) == 0.03  # within the node timeout: as measured
+    assert far_rto(0.085, 0.081, 0.05) == pytest.approx(0.131)
+    assert far_rto(0.4, 0.15, 0.05) == 0.4  # deviations, or a back-off, above that count
+    assert far_rto(0.1, None, 0.05) == 0.1  # backed off before any round trip
 
 
 def test_nodes_whose_round_trips_exceed_the_node_timeout_still_grant_locks(redis_cluster_factory):
@@ -140,20 +153,25 @@ def test_the_async_client_s_budget_follows_the_round_trips_too(redis_cluster_fac
     assert outcomes == ["granted"] * 10, outcomes
 
 
-def _far_cluster(stack, redis_cluster_factory, delays):
+def _far_cluster(stack, redis_cluster_factory, delays, *, apart=False):
     """A cluster in service (markers armed), its first node reached directly and the others
-    through links delaying each way by ``delays``; the URLs and the cluster."""
+    through links delaying each way by ``delays``; the URLs and the cluster. ``apart``: each
+    link in a process of its own, which competes for the CPU as a network hop does, not for
+    this process's interpreter lock (beside CPU burners, a link in this process delivered
+    one reply in a hundred 80 to 360 ms late; one apart, 16 ms)."""
     cluster = redis_cluster_factory(1 + len(delays))
     near = Redlock(cluster.urls)
     try:
         assert near.lock("far:near").acquire(blocking=False)
     finally:
         near.close()
-    far = [
-        stack.enter_context(LossyProxy((node.host, node.port), delay=delay))
-        for node, delay in zip(cluster.nodes[1:], delays, strict=True)
-    ]
-    return [cluster.nodes[0].url, *(proxy.url for proxy in far)], cluster
+    urls = [cluster.nodes[0].url]
+    for node, delay in zip(cluster.nodes[1:], delays, strict=True):
+        if apart:
+            urls += stack.enter_context(ProxyProcess([(node.host, node.port)], delay=delay)).urls
+        else:
+            urls.append(stack.enter_context(LossyProxy((node.host, node.port), delay=delay)).url)
+    return urls, cluster
 
 
 def test_a_node_found_down_does_not_shorten_the_wait_for_the_far_quorum(redis_cluster_factory):
@@ -216,3 +234,40 @@ def test_auto_renewal_keeps_a_lock_on_far_nodes(client, redis_cluster_factory):
                     await arl.close()
 
             asyncio.run(main())
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_extend_and_check_right_after_an_acquire_on_far_nodes(client, redis_cluster_factory):
+    """One near node and two far ones (80 and 150 ms round trips): an acquire is decided by
+    the near node and the nearer far one, so the farthest one's replies come after the quorum
+    answered and were never measured; its estimate stayed low, the quorum-th smallest one
+    undershot the wait, and the first ``extend()`` or ``check()`` after an acquire answered
+    False while the lock was held. Each is asked right after an acquire, 20 times."""
+    with contextlib.ExitStack() as stack:
+        urls, _ = _far_cluster(stack, redis_cluster_factory, (0.04, 0.075), apart=True)
+        outcomes = []
+        if client == "sync":
+            rl = Redlock(urls)
+            stack.callback(rl.close)
+            for i in range(20):
+                lock = rl.lock(f"far:extend:{i}", ttl=10)
+                assert lock.acquire(timeout=30)
+                outcomes.append((lock.extend(), lock.check()))
+                lock.release()
+        else:
+
+            async def main() -> None:
+                arl = AsyncRedlock(urls)
+                try:
+                    for i in range(20):
+                        lock = arl.lock(f"far:extend:{i}", ttl=10)
+                        assert await lock.acquire(timeout=30)
+                        outcomes.append((await lock.extend(), await lock.check()))
+                        await lock.release()
+                finally:
+                    await arl.close()
+
+            asyncio.run(main())
+        assert len(outcomes) == 20
+        failed = {i: outcome for i, outcome in enumerate(outcomes) if outcome != (True, True)}
+        assert not failed, failed

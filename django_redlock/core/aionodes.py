@@ -493,8 +493,10 @@ async def _connect_and_shake_hands(
     conn = node.connection(timeout, asyncio=True)
     try:
         await conn.connect()
+        asked = time.monotonic()
         await conn.send_packed_command([HANDSHAKE])
         info = await conn.read_response()
+        node.detector.round_trip(time.monotonic() - asked)  # as the sync Wire's
         try:
             replication = await conn.read_response()
         except redis.ResponseError:  # INFO's replication section withheld: not judged
@@ -779,6 +781,7 @@ class AsyncFanOut:
         "tasks",
         "timeout",
         "undone",
+        "unmeasured",
         "wait",
         "waiter",
         "wires",
@@ -816,6 +819,9 @@ class AsyncFanOut:
         self.every = 0.0
         self.cut: set[int] = set()  #: as :class:`.fanout.FanOut`'s
         self.undone: set[int] = set()  #: as :class:`.fanout.FanOut`'s
+        #: Nodes whose reply is no round trip sample from :attr:`since` (Karn's rule: sent
+        #: again after NOSCRIPT; or sent only once connected).
+        self.unmeasured: frozenset[int] = frozenset()
         #: Node index -> run id of a connection cut with the command out, until the fresh
         #: try's connection is open (the same server may have run it).
         self.cut_on: dict[int, str] = {}
@@ -971,6 +977,8 @@ class AsyncFanOut:
         due = Due(command, self.late, self.sent, again)
         refused = index in self.answered and not granted(self.replies[index])
         leave(due, counted=index in self.counted, refused=refused)
+        if wire.reused and index not in self.unmeasured:
+            due.waited = time.monotonic() - self.since  # its reply measures the node
         wire.owed.append(due)
         self.owing[index] = due
         list_left(self.owing_out, index, wire, due)
@@ -1098,6 +1106,7 @@ class AsyncFanOut:
             if self.cut_on.pop(index, None) == wire.run_id:
                 self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
+            self.unmeasured |= {index}  # sent once connected, after ``since``
             # The node's reply budget starts now: connecting was not its silence.
             self.wait.deadline = max(self.wait.deadline, self.pool.loop.time() + self.timeout)
         elif isinstance(error, WireError):
@@ -1132,14 +1141,16 @@ class AsyncFanOut:
             return
         if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
             # The node restarted or flushed its script cache: send the body once, which also
-            # caches it for the next EVALSHA.
+            # caches it for the next EVALSHA. Its reply then comes two round trips after
+            # ``since``: no sample (Karn's rule).
             wire.send(as_eval(self.commands[index]), functools.partial(self._deliver, index))
+            self.unmeasured |= {index}
             return
         self.wires[index] = None
         detector = self.nodes[index].detector
         now = time.monotonic()
         detector.answered(now, self.since)
-        if wire.reused:
+        if wire.reused and index not in self.unmeasured:
             detector.round_trip(now - self.since)
         if on_replica(reply):
             # A demoted master (so are the idle connections to it): the next connection asks
@@ -1161,6 +1172,11 @@ class AsyncFanOut:
         due = self.owing.pop(index, None)
         wire = self.wires[index]
         if due is not None and wire is not None:
+            if due.waited and not isinstance(reply, OSError):
+                # Read as it comes (the loop reads every connection), so the time to the
+                # read is the round trip (see NodeDetector.late_reply).
+                read = time.monotonic() - self.since
+                self.nodes[index].detector.late_reply(read, due.waited)
             self._read_owed(wire, due, reply)
 
     def _read_owed(self, wire: AsyncWire, due: Due, reply: Any) -> Any:

@@ -42,6 +42,7 @@ __all__ = [
     "STALL_SLACK",
     "PauseLog",
     "connect_budget",
+    "far_rto",
     "overrun",
     "reply_budget",
     "why_lost",
@@ -89,10 +90,10 @@ def reply_budget(node_timeout: float, rtos: Iterable[float], quorum: int) -> flo
     """How long an operation waits for the nodes' replies: ``node_timeout``, or longer while
     the round trips of a quorum of them run longer (``rtos``: the ``rto`` of each node that
     may answer, a node found down left out: its smoothed round trip and four deviations,
-    after RFC 6298, backed off by its late replies), at most :data:`REPLY_BUDGET_CAP`. It is
-    the quorum-th smallest: one slow or silent node among quicker ones does not stretch the
-    wait, and a quorum that answers ends it early anyway; what a longer budget costs is a
-    later verdict when too few nodes answer at all."""
+    after RFC 6298, backed off by its late replies, as :func:`far_rto` counts it), at most
+    :data:`REPLY_BUDGET_CAP`. It is the quorum-th smallest: one slow or silent node among
+    quicker ones does not stretch the wait, and a quorum that answers ends it early anyway;
+    what a longer budget costs is a later verdict when too few nodes answer at all."""
     ordered = sorted(rtos)
     if len(ordered) < quorum:
         return node_timeout  # no quorum can answer: nothing to wait longer for
@@ -100,6 +101,19 @@ def reply_budget(node_timeout: float, rtos: Iterable[float], quorum: int) -> flo
     if slow <= node_timeout:
         return node_timeout
     return slow if slow < REPLY_BUDGET_CAP else max(REPLY_BUDGET_CAP, node_timeout)
+
+
+def far_rto(rto: float, srtt: float | None, node_timeout: float) -> float:
+    """A node's ``rto`` as the waits count it: once past ``node_timeout`` (a far node, or one
+    backed off), at least ``node_timeout`` beyond its smoothed round trip ``srtt``, as Linux's
+    TCP keeps its minimum timeout beyond it. A near node's reply may be late by nearly the
+    node timeout (a busy host's scheduling, at either end) and still count; with RFC 6298's
+    four deviations alone, a far node whose round trips barely vary got a few milliseconds,
+    and beside CPU burners the far reply a quorum needed missed that now and then."""
+    if rto <= node_timeout or srtt is None:
+        return rto
+    floor = srtt + node_timeout
+    return rto if rto > floor else floor
 
 
 def connect_budget(node_timeout: float) -> float:

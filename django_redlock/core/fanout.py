@@ -393,8 +393,9 @@ def fan_out(
                     detector.answered(now, sent_at)
                 elif sent_at > detector.heard_at:
                     detector.heard_at = sent_at
-                if wire.reused:
-                    # NodeDetector.round_trip, written out.
+                if wire.reused and not due.resent:
+                    # NodeDetector.round_trip, written out (not of a script sent again after
+                    # NOSCRIPT: Karn's rule, its time spans two round trips).
                     rtt = now - sent_at
                     quick = detector.quick
                     if quick is None or rtt < quick:
@@ -449,6 +450,8 @@ def fan_out(
         # like the rest, behind the connection that is given up.
         refused = index in answered and not hedging.granted(replies[index])
         leave(due, counted=due.counted and op.in_time, refused=refused)
+        if wire.reused:
+            due.waited = now - due.sent  # its reply, read later, measures the node
         overdue = wire.due[0].sent + timeout + wait.stalled <= now
         silent = (expired or overdue) and index not in answered
         kept = _put_back(
@@ -871,13 +874,16 @@ class Round:
                 except OSError as exc:
                     self._cut(on, exc, remaining)
                     continue
-                sent = on[2][-1].sent if on[2] else None
+                owed = on[2]
+                sent = owed[-1].sent if owed else None
+                # Not of a script sent again after NOSCRIPT (Karn's rule: two round trips).
+                measured = wire.reused and not any(due.resent for due in owed)
                 if self._take_answers(on):
                     del carried[fd]
                     poller.unregister(fd)
                     node = self.nodes[on[0]]
                     node.detector.answered(now, sent)
-                    if sent is not None and wire.reused:
+                    if sent is not None and measured:
                         node.detector.round_trip(now - sent)
                     node.checkin(wire)
 
@@ -919,10 +925,13 @@ class Round:
         woken with its replies."""
         if op.pending:
             late: dict[int, tuple[int, Wire, Due]] = {}
+            now = time.monotonic()
             for index, wire, owed in self.carried.values():
                 for due in owed:
                     if due.op is op:
                         due.left = True
+                        if wire.reused:
+                            due.waited = now - due.sent  # as fan_out's
                         late[wire.fd] = (index, wire, due)
                         if op.in_time:
                             list_left(op.left, index, wire, due)

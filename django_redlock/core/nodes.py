@@ -40,6 +40,7 @@ from .detector import (
     RTT_GAIN,
     SRTT_GAIN,
     connect_budget,
+    far_rto,
     overrun,
     reply_budget,
 )
@@ -271,6 +272,13 @@ class Due:
     #: A copy of an acquire whose node granted it on another connection, counted in the
     #: quorum: giving this connection up does not undo it (:meth:`Wire.undos`).
     counted = False
+    #: How long its operation waited for the reply on a connection already set up, when it
+    #: stopped waiting without it (0: it did not, or the wait says nothing of the round
+    #: trip); whoever reads the reply later counts it (:meth:`NodeDetector.late_reply`).
+    waited = 0.0
+    #: Sent again on the same connection (its script, after ``NOSCRIPT``): its reply is no
+    #: round trip sample (Karn's rule: the time since :attr:`sent` spans two of them).
+    resent = False
 
     def __init__(
         self,
@@ -445,8 +453,12 @@ class Wire(Link):
         self.node = node
         try:
             conn.connect()
+            asked = time.monotonic()
             conn.send_packed_command([HANDSHAKE])
             info = conn.read_response()
+            # A round trip like any other: a node is measured from its first connection,
+            # not from its first command on a pooled one (one may never come in time).
+            node.detector.round_trip(time.monotonic() - asked)
             try:
                 replication = conn.read_response()
             except redis.ResponseError:  # INFO's replication section withheld: not judged
@@ -559,6 +571,15 @@ class Wire(Link):
             entry.reply = reply
             if entry.unwanted and entry.late is not None:
                 self.send_unowned([entry.take_undo()])
+            if entry.waited:
+                self._late(entry)
+
+    def _late(self, entry: Due) -> None:
+        """:meth:`read` of the reply of a command its operation stopped waiting for: the
+        node's round trips are measured by it (see :meth:`NodeDetector.late_reply`)."""
+        node = self.node
+        if node is not None and not entry.resent:
+            node.detector.late_reply(time.monotonic() - entry.sent, entry.waited)
 
     def _unusual(self, entry: Due, reply: Any) -> Any:
         """:meth:`read` of a reply that is an error or holds one (or an array): it may say the
@@ -581,6 +602,7 @@ class Wire(Link):
             again = as_eval(entry.command if entry.again is None else entry.again)
             if entry.again is not None:
                 entry.again = again
+            entry.resent = True
             self.write(again)
             self.due.append(entry)
             return OWED
@@ -888,14 +910,26 @@ class NodeDetector:
             self.srtt = srtt + SRTT_GAIN * (rtt - srtt)
         self.rto = self.srtt + 4 * self.rttvar
 
+    def late_reply(self, read: float, waited: float) -> None:
+        """A reply read ``read`` seconds after its command went out, by whoever read its
+        connection after the operation stopped waiting for it ``waited`` seconds after (a
+        quorum had answered, or the wait ran out). Without it a node slower than the quorum
+        is never measured, and its estimate, too low, makes the quorum-th smallest one
+        undershoot. Its round trip lies between the two; the time to the read counts, but
+        at most twice ``waited``: a reply read long after it came (by the next operation of
+        a process that was idle) does not count the idle time."""
+        self.round_trip(read if read < 2 * waited else 2 * waited)
+
     def budget(self) -> float:
         """How long a reply of this node may take before its connection counts as owing a
         late one (a pool's judgement): the node timeout, or longer while its measured round
         trips run longer (:func:`.detector.reply_budget`). Not the back-off of :attr:`rto`:
         a frozen node's connections are not waited on longer for its silence."""
-        if self.srtt is None:
+        srtt = self.srtt
+        if srtt is None:
             return self.node_timeout
-        return reply_budget(self.node_timeout, (self.srtt + 4 * self.rttvar,), 1)
+        rto = far_rto(srtt + 4 * self.rttvar, srtt, self.node_timeout)
+        return reply_budget(self.node_timeout, (rto,), 1)
 
     def heard_since(self, when: float) -> bool:
         """Whether the node answered a command (on any connection) sent at or after ``when``:
@@ -2155,7 +2189,11 @@ def reply_wait(nodes: Sequence[Node], node_timeout: float) -> float:
     """How long an operation waits for the nodes' replies: ``node_timeout``, or longer while
     the round trips of a quorum of those not found down run longer
     (:func:`.detector.reply_budget`): with one node down, the others' slowest may be needed."""
-    rtos = [n.detector.rto for n in nodes if n.detector.down_since is None]
+    rtos = [
+        far_rto(n.detector.rto, n.detector.srtt, node_timeout)
+        for n in nodes
+        if n.detector.down_since is None
+    ]
     return reply_budget(node_timeout, rtos, len(nodes) // 2 + 1)
 
 
