@@ -156,6 +156,30 @@ def test_bad_token(redis_nodes, untouched, token, exc, match) -> None:
         rl.close()
 
 
+PATTERN_CASES = [
+    (5, TypeError, r"pattern.*\b5\b"),
+    (None, TypeError, r"pattern.*None"),
+    (b"x*", TypeError, r"pattern.*b'x\*'"),
+    (["x"], TypeError, r"pattern.*\['x'\]"),
+    ("x\ud800*", ValueError, r"pattern.*not valid Unicode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "exc", "match"), PATTERN_CASES, ids=[repr(c[0]) for c in PATTERN_CASES]
+)
+def test_bad_listing_pattern(redis_nodes, untouched, pattern, exc, match) -> None:
+    """live_locks() refuses a pattern that is not a str when it is called, sync (before the
+    iterator is even read) and async, with nothing sent."""
+    rl, arl = Redlock(redis_nodes.urls), AsyncRedlock(redis_nodes.urls)
+    try:
+        _raises(untouched, exc, match, lambda: rl.live_locks(pattern))
+        _raises(untouched, exc, match, lambda: asyncio.run(arl.live_locks(pattern)))
+    finally:
+        rl.close()
+        asyncio.run(arl.close())
+
+
 # --------------------------------------------------------------------------- numbers
 
 TTL_CASES = [

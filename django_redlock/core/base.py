@@ -63,6 +63,7 @@ from .validation import (
     check_meta,
     check_name,
     check_node_timeout,
+    check_pattern,
     check_positive,
     check_prefix,
     check_retry_count,
@@ -503,6 +504,7 @@ class RedlockBase:
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
         entries (see :meth:`.Listing.lock_info`)."""
+        pattern = check_pattern(pattern)
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
         # The locks, then the read/write locks' readers (one entry per reader).
         for command in (self.keys.list_command, self.keys.list_readers_command):

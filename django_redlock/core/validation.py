@@ -24,6 +24,7 @@ __all__ = [
     "check_meta",
     "check_name",
     "check_node_timeout",
+    "check_pattern",
     "check_positive",
     "check_prefix",
     "check_reentry_fence",
@@ -84,6 +85,14 @@ def check_name(name: object, *, listed: bool = False) -> str:
             "and read/write locks"
         )
     return name
+
+
+def check_pattern(pattern: object) -> str:
+    """A listing's glob on lock names (``live_locks``)."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str, got {type(pattern).__name__} {pattern!r}")
+    _encodable("pattern", pattern)
+    return pattern
 
 
 def check_prefix(prefix: object) -> str:
