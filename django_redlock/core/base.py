@@ -36,6 +36,7 @@ from .algorithm import (
     to_every_node,
 )
 from .commands import AcquireRequest, KeyLayout
+from .errors import QuorumError
 from .events import Listener
 from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
@@ -48,6 +49,7 @@ from .lock import Lease, LockBase
 from .nodes import (
     NOTHING_LEFT,
     TIMED_OUT,
+    Failure,
     Node,
     NodeSpec,
     Pipelined,
@@ -391,7 +393,24 @@ class RedlockBase:
         replies = yield Send(
             to_every_node(["EXISTS", self.keys.key(check_name(name, listed=True))])
         )
-        return sum(1 for r in replies if r == 1) >= self.quorum
+        held = sum(1 for r in replies if r == 1)
+        if held >= self.quorum:
+            return True
+        failures = {
+            n.name: str(r)
+            for n, r in zip(self.nodes, replies, strict=True)
+            if isinstance(r, Failure)
+        }
+        if held + len(failures) < self.quorum:
+            return False
+        # The silent nodes may hold it: "free" would be a guess (redis-py's locked() raises
+        # when it cannot ask, and so does an acquire here).
+        raise QuorumError(
+            f"lock {name!r}: could not tell whether it is held: {held} of {len(self.nodes)} "
+            f"nodes hold it, {len(failures)} could not answer, {self.quorum} needed",
+            name,
+            failures=failures,
+        )
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
         token = None if token is None else check_token(token)

@@ -438,7 +438,9 @@ class Lock(LockBase):
         return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
     def check(self) -> bool:
-        """Ask the nodes whether our token is still on a quorum (a round trip)."""
+        """Ask the nodes whether our token is still on a quorum (a round trip). False also
+        when too few nodes answered to say: then :attr:`lost` stays None (it is set when
+        the nodes said the token is gone)."""
         lease = self._lease
         return lease is not None and self.redlock._check(lease)
 

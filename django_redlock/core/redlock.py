@@ -61,7 +61,8 @@ class Redlock(RedlockBase):
     # -- public API -----------------------------------------------------------------------------
 
     def locked(self, name: str) -> bool:
-        """Whether anyone holds ``name`` (a quorum of nodes has the key)."""
+        """Whether anyone holds ``name`` (a quorum of nodes has the key). Raises
+        :class:`QuorumError` when too few nodes answered to rule that out."""
         return self._drive(self._locked_steps(name))
 
     def force_release(self, name: str, token: str | None = None) -> int:
