@@ -43,6 +43,7 @@ from .fencing import Fencing
 from .guard import RestartGuard
 from .hedging import heard_out, hedge_at
 from .info import NodeHealth
+from .kinds import listed_hold
 from .leases import LeaseTable, replies_of
 from .listing import Listing, glob_escape, parse_info
 from .lock import Lease, LockBase
@@ -390,10 +391,8 @@ class RedlockBase:
         return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _locked_steps(self, name: str) -> Steps[bool]:
-        replies = yield Send(
-            to_every_node(["EXISTS", self.keys.key(check_name(name, listed=True))])
-        )
-        held = sum(1 for r in replies if r == 1)
+        replies = yield Send(to_every_node(self.keys.locked_command(check_name(name, listed=True))))
+        held = sum(1 for r in replies if r == 1 or isinstance(r, bytes))
         if held >= self.quorum:
             return True
         failures = {
@@ -423,16 +422,20 @@ class RedlockBase:
         return self.leases.judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
-        command = self.keys.release_command(check_name(name, listed=True), check_token(token))
+        hold = listed_hold(check_name(name, listed=True), check_token(token))
+        if hold is None:
+            return 0
+        command = self.keys.release_command(hold, token)
         replies = yield Send(to_every_node(command), idempotent=True)
         self._keep_unreached(command, replies)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
         ttl = self._check_extend_ttl(ttl)
-        command = self.keys.extend_token_command(
-            check_name(name, listed=True), check_token(token), ttl
-        )
+        hold = listed_hold(check_name(name, listed=True), check_token(token))
+        if hold is None:
+            return False
+        command = self.keys.extend_token_command(hold, token, ttl)
         replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if r == 1) >= self.quorum
 

@@ -266,7 +266,9 @@ class LockBase:
     def detach(self) -> str:
         """Hand the lock over to another process: this handle forgets it (no release, no
         renewal here) and returns the token the new owner releases it with, through
-        ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker)."""
+        ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker). A
+        reader of a read/write lock is released under its listed name,
+        ``release_token(f"{name}#read:{token}", token)``."""
         lease = self._take_lease(self._owner())
         self._lease, self._holds = None, 0
         return self.redlock._detach(lease)  # type: ignore[no-any-return]
