@@ -90,7 +90,9 @@ def test_majority_killed_raises_quorum_error_and_leaves_nothing(
     assert not lock.held
     # The survivors granted, then the failed attempt was released everywhere.
     assert lock_keys(survivors) == [{}] * len(survivors)
-    assert rl.locked("majority-killed") is False
+    # Too few nodes to say the lock is free: no answer rather than a False.
+    with pytest.raises(QuorumError):
+        rl.locked("majority-killed")
 
 
 @pytest.mark.parametrize("n", [3, 5])
@@ -165,6 +167,51 @@ def test_mixed_majority_down_names_each_reason(redis_cluster_factory, make_redlo
     assert lock_keys([cluster[3], cluster[4]]) == [{}, {}]
 
 
+@pytest.mark.parametrize("how", ["kill", "pause"])
+def test_locked_raises_quorum_error_when_a_quorum_cannot_be_asked(
+    how: str, redis_cluster_factory, make_redlock, make_async_redlock
+) -> None:
+    """locked() answers False only when the nodes that answered rule out a quorum holding
+    the name; with 2 of 3 nodes down, a held lock is a QuorumError naming each silent node
+    and why (sync and async), as redis-py's locked() raises when it cannot ask."""
+    cluster = redis_cluster_factory(3)
+    rl = make_redlock(cluster, node_timeout=NODE_TIMEOUT, ttl=5.0, retry_count=0)
+    arl = make_async_redlock(cluster, node_timeout=NODE_TIMEOUT)
+    warm_up(rl)
+    lock = rl.lock("nightly")
+    assert lock.acquire(blocking=False)
+    _fault(cluster, [0], how)
+    try:
+        # One node down: still a verdict either way.
+        assert rl.locked("nightly") is True
+        assert rl.locked("free-name") is False
+        assert asyncio.run(arl.locked("nightly")) is True
+        _fault(cluster, [1], how)
+        for ask in (
+            lambda: rl.locked("nightly"),
+            lambda: asyncio.run(arl.locked("nightly")),
+            lambda: rl.locked("free-name"),
+        ):
+            with pytest.raises(QuorumError) as info:
+                ask()
+            failures = info.value.failures
+            assert set(failures) == {cluster[0].url, cluster[1].url}, failures
+            reason = "refused" if how == "kill" else "timeout"
+            assert all(why.startswith(reason) for why in failures.values()), failures
+            assert cluster[0].url in str(info.value)
+            assert "could not" in str(info.value)
+        # The holder's own questions answer False, and lost tells "could not say" from "gone".
+        assert lock.check() is False
+        assert lock.extend() is False
+        assert lock.held is True
+        assert lock.lost is None
+    finally:
+        if how == "pause":
+            cluster[0].resume()
+            cluster[1].resume()
+
+
+# --------------------------------------------------------------------------- holder crash
 # --------------------------------------------------------------------------- holder crash
 
 _HOLDER = """

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from django_redlock import LockNotOwned, QuorumError
-from django_redlock.testing import RedisCluster
+from django_redlock.testing import RedisCluster, RedisNode
 from tests.helpers import node_client, occupy, tokens_on_nodes, vacate, wait_until, warm_up
 
 
@@ -299,3 +299,61 @@ def test_a_refusal_that_hangs_on_a_late_answer_says_so() -> None:
     why = RestartGuard(None).explain(fresh, [fresh, fresh, TIMED_OUT])  # type: ignore[arg-type]
     assert "did not answer in time" in why
     assert "not every node is new" not in why
+
+
+def _start_seconds(nodes) -> list[int]:
+    """Each server's start, in whole seconds of its own clock (what INFO says exactly)."""
+    seconds = []
+    for node in nodes:
+        with node_client(node) as client:
+            info = client.info("server")
+        seconds.append(int(info["server_time_usec"]) // 1_000_000 - int(info["uptime_in_seconds"]))
+    return seconds
+
+
+def _spread_cluster(gap: float) -> tuple[list, float, float]:
+    """Three brand-new servers, the last two started ``gap`` seconds after the first, which
+    starts late in a wall-clock second (so whole-second uptimes put them a second further
+    apart than they are). Returns the nodes and the bounds of the real spread."""
+    nodes = [RedisNode(autostart=False) for _ in range(3)]
+    wait_until(lambda: time.time() % 1 >= 0.8, timeout=2.0, interval=0.001)
+    before_first = time.time()
+    nodes[0].start()
+    after_first = time.time()
+    time.sleep(max(before_first + gap - time.time(), 0))  # the spread under test
+    before_last = time.time()
+    nodes[1].start()
+    nodes[2].start()
+    return nodes, before_last - after_first, time.time() - before_first
+
+
+def test_servers_started_within_2s_are_a_brand_new_cluster(make_redlock) -> None:
+    """FRESH_START_SPREAD is 2 s although INFO's uptime is in whole seconds: servers started
+    1.2 s apart across two second boundaries are trusted at the first lock."""
+    for _ in range(4):
+        nodes, _, at_most = _spread_cluster(1.2)
+        try:
+            starts = _start_seconds(nodes)
+            if at_most > 2.0 or max(starts) - min(starts) != 2:
+                continue  # a slow start, or no second boundary crossed twice: try again
+            rl = make_redlock([n.url for n in nodes], node_timeout=0.5)
+            lock = rl.lock("first")
+            assert lock.acquire(blocking=False)
+            lock.release()
+            return
+        finally:
+            for node in nodes:
+                node.stop()
+    pytest.skip("the machine never started the servers 1.2 s apart in time")
+
+
+def test_servers_started_more_than_2s_apart_are_refused_truthfully(make_redlock) -> None:
+    nodes, at_least, _ = _spread_cluster(3.2)
+    try:
+        assert at_least > 2.0
+        rl = make_redlock([n.url for n in nodes], node_timeout=0.5)
+        with pytest.raises(QuorumError, match=r"started more than 2s apart"):
+            rl.lock("first").acquire(blocking=False)
+    finally:
+        for node in nodes:
+            node.stop()

@@ -236,3 +236,53 @@ def test_lock_info_and_force_release_of_a_listed_reader(redis_nodes, make_redloc
     assert rl.lock_info(entry) is None
     assert [i.name for i in rl.live_locks("doc:i*")] == [f"doc:i#read:{r2.token}"]
     r2.release()
+
+
+def test_the_by_name_calls_take_a_listed_reader(redis_nodes, make_redlock) -> None:
+    """locked, extend_token and release_token act on a reader by its listed name, as on a
+    permit: the reader alone, and only with its own token."""
+    # A generous node timeout: every node's answer is counted on a busy machine.
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    operator = make_redlock(redis_nodes, node_timeout=0.5)
+    r1, r2 = rl.read_lock("doc:t", owner=1), rl.read_lock("doc:t", owner=2)
+    assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
+    entry, other = f"doc:t#read:{r1.token}", f"doc:t#read:{r2.token}"
+    assert operator.locked(entry) is True
+    assert operator.locked(f"doc:t#read:{'0' * 32}") is False
+    assert operator.extend_token(entry, r1.token, 30.0) is True
+    info = operator.lock_info(entry)
+    assert info is not None and info.ttl is not None and info.ttl > 20
+    # Another reader's token under this name: that reader's hold is never touched.
+    assert operator.extend_token(entry, r2.token, 30.0) is False
+    assert operator.release_token(entry, r2.token) == 0
+    assert operator.release_token(entry, r1.token) >= 2
+    assert operator.locked(entry) is False
+    assert operator.locked(other) is True
+    assert r2.check() is True
+    r2.release()
+
+
+def test_a_detached_reader_is_released_by_token(
+    redis_nodes, make_redlock, make_async_redlock
+) -> None:
+    """read_lock().detach() hands over a token that release_token takes, under the reader's
+    listed name (sync and async)."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    reader = rl.read_lock("doc:d")
+    assert reader.acquire(blocking=False)
+    token = reader.detach()
+    # A quorum at least: a node that answered the acquire late may have had it undone.
+    assert rl.release_token(f"doc:d#read:{token}", token) >= 2
+    assert rl.locked(f"doc:d#read:{token}") is False
+    arl = make_async_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+
+    async def detached() -> None:
+        reader = arl.read_lock("doc:d")
+        assert await reader.acquire(blocking=False)
+        token = reader.detach()
+        assert await arl.locked(f"doc:d#read:{token}") is True
+        assert await arl.extend_token(f"doc:d#read:{token}", token, 20.0) is True
+        assert await arl.release_token(f"doc:d#read:{token}", token) >= 2
+        assert await arl.locked(f"doc:d#read:{token}") is False
+
+    asyncio.run(detached())

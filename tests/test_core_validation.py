@@ -136,6 +136,47 @@ def test_longest_name_is_accepted(redis_nodes, untouched) -> None:
         rl.close()
 
 
+def test_the_listed_holds_of_the_longest_names_are_taken(redis_nodes, make_redlock) -> None:
+    """A semaphore or read/write lock may have the longest name; its holds are listed under
+    longer names (name#permit:k, name#read:<token>), which every by-name call takes."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    sem, reader = rl.semaphore("s" * 512, limit=3), rl.read_lock("r" * 512)
+    assert sem.acquire(blocking=False) and reader.acquire(blocking=False)
+    permit, entry = f"{'s' * 512}#permit:{sem.permit}", f"{'r' * 512}#read:{reader.token}"
+    assert [i.name for i in rl.live_locks("s*")] == [permit]
+    assert [i.name for i in rl.live_locks("r*")] == [entry]
+    for name, token in ((permit, sem.token), (entry, reader.token)):
+        info = rl.lock_info(name)
+        assert info is not None and info.token == token
+        assert rl.locked(name) is True
+        assert rl.extend_token(name, token, 20.0) is True
+    assert rl.release_token(permit, sem.token) >= 2
+    assert rl.force_release(entry) >= 2
+    assert rl.lock_info(permit) is None and rl.lock_info(entry) is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x" * 513 + "#permit:0",
+        "x" * 513 + "#read",
+        "x" * 513 + "#read:" + "a" * 32,
+        "x#read:" + "a" * 600,
+        "x#permit:" + "1" * 600,
+    ],
+    ids=["permit", "reader", "entry", "long-token", "long-slot"],
+)
+def test_a_listed_name_over_the_limit_is_refused(redis_nodes, untouched, name) -> None:
+    """Past the limit, only the forms the package lists its holds under: the primitive's
+    name within the limit, a permit's slot and a reader's token as long as they come."""
+    rl = Redlock(redis_nodes.urls)
+    try:
+        _raises(untouched, ValueError, r"limit is 512", lambda: rl.lock_info(name))
+        _raises(untouched, ValueError, r"limit is 512", lambda: rl.force_release(name))
+    finally:
+        rl.close()
+
+
 TOKEN_CASES = [
     (5, TypeError, r"\b5\b"),
     (b"tok", TypeError, r"b'tok'"),
@@ -154,6 +195,30 @@ def test_bad_token(redis_nodes, untouched, token, exc, match) -> None:
         _raises(untouched, exc, match, lambda: rl.force_release("t", token))
     finally:
         rl.close()
+
+
+PATTERN_CASES = [
+    (5, TypeError, r"pattern.*\b5\b"),
+    (None, TypeError, r"pattern.*None"),
+    (b"x*", TypeError, r"pattern.*b'x\*'"),
+    (["x"], TypeError, r"pattern.*\['x'\]"),
+    ("x\ud800*", ValueError, r"pattern.*not valid Unicode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "exc", "match"), PATTERN_CASES, ids=[repr(c[0]) for c in PATTERN_CASES]
+)
+def test_bad_listing_pattern(redis_nodes, untouched, pattern, exc, match) -> None:
+    """live_locks() refuses a pattern that is not a str when it is called, sync (before the
+    iterator is even read) and async, with nothing sent."""
+    rl, arl = Redlock(redis_nodes.urls), AsyncRedlock(redis_nodes.urls)
+    try:
+        _raises(untouched, exc, match, lambda: rl.live_locks(pattern))
+        _raises(untouched, exc, match, lambda: asyncio.run(arl.live_locks(pattern)))
+    finally:
+        rl.close()
+        asyncio.run(arl.close())
 
 
 # --------------------------------------------------------------------------- numbers

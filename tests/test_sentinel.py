@@ -26,6 +26,7 @@ from django_redlock.checks import check_reachable, check_settings
 from django_redlock.core import node_identity, parse_spec, redact
 from django_redlock.core.sentinel import GUARD_MARGIN
 from django_redlock.probes import probes
+from tests.helpers import warm_up
 from tests.sentinel_support import SentinelGroups, SentinelUnavailable
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
@@ -522,6 +523,34 @@ def test_async_client_follows_a_failover(groups, make_redlock):
             await rl.close()
 
     asyncio.run(scenario())
+
+
+def test_with_every_sentinel_down_health_shows_the_master_it_votes_through(
+    own_groups, make_redlock
+):
+    """A client that cannot reach any Sentinel goes on with the master it knows; health()
+    (sync and async) shows each group so, reachable and voting, as the locks find it."""
+    prefix = _prefix()
+    rl = make_redlock(own_groups.urls, key_prefix=prefix, **_options())
+    arl = AsyncRedlock(own_groups.urls, key_prefix=prefix, **_options())
+    masters = [f"{h}:{p}" for h, p in map(own_groups.master_address, range(3))]
+
+    async def async_health():
+        return await arl.health()
+
+    try:
+        warm_up(rl)
+        assert [h.master for h in asyncio.run(async_health())] == masters
+        for sentinel in own_groups.sentinels:
+            sentinel.kill()
+        lock = rl.lock("sentinels-down", ttl=3.0)
+        assert lock.acquire(blocking=False)
+        for health in (rl.health(), asyncio.run(async_health())):
+            assert [h.master for h in health] == masters
+            assert all(h.reachable and h.voting for h in health), health
+        lock.release()
+    finally:
+        asyncio.run(arl.close())
 
 
 def test_a_group_with_a_password(make_redlock):

@@ -43,6 +43,7 @@ from ..core import (
     check_flag,
     check_handle_options,
     check_meta,
+    check_pattern,
     check_positive,
     check_reentry_fence,
     check_retry_count,
@@ -439,8 +440,7 @@ class BackendLocks:
 
     def live_locks(self, pattern: str = "*") -> Iterator[LockInfo]:
         """Every live lock whose name matches the glob ``pattern``, by name."""
-        if not isinstance(pattern, str):
-            raise TypeError(f"pattern must be a str, got {pattern!r}")
+        pattern = check_pattern(pattern)
         self._this_process()
         return iter(sorted(self._infos(pattern), key=lambda info: info.name))
 

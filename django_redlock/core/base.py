@@ -36,18 +36,21 @@ from .algorithm import (
     to_every_node,
 )
 from .commands import AcquireRequest, KeyLayout
+from .errors import QuorumError
 from .events import Listener
 from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
 from .guard import RestartGuard
 from .hedging import heard_out, hedge_at
 from .info import NodeHealth
+from .kinds import listed_hold
 from .leases import LeaseTable, replies_of
 from .listing import Listing, glob_escape, parse_info
 from .lock import Lease, LockBase
 from .nodes import (
     NOTHING_LEFT,
     TIMED_OUT,
+    Failure,
     Node,
     NodeSpec,
     Pipelined,
@@ -64,6 +67,7 @@ from .validation import (
     check_meta,
     check_name,
     check_node_timeout,
+    check_pattern,
     check_positive,
     check_prefix,
     check_retry_count,
@@ -406,10 +410,25 @@ class RedlockBase:
         return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _locked_steps(self, name: str) -> Steps[bool]:
-        replies = yield Send(
-            to_every_node(["EXISTS", self.keys.key(check_name(name, listed=True))])
+        replies = yield Send(to_every_node(self.keys.locked_command(check_name(name, listed=True))))
+        held = sum(1 for r in replies if r == 1 or isinstance(r, bytes))
+        if held >= self.quorum:
+            return True
+        failures = {
+            n.name: str(r)
+            for n, r in zip(self.nodes, replies, strict=True)
+            if isinstance(r, Failure)
+        }
+        if held + len(failures) < self.quorum:
+            return False
+        # The silent nodes may hold it: "free" would be a guess (redis-py's locked() raises
+        # when it cannot ask, and so does an acquire here).
+        raise QuorumError(
+            f"lock {name!r}: could not tell whether it is held: {held} of {len(self.nodes)} "
+            f"nodes hold it, {len(failures)} could not answer, {self.quorum} needed",
+            name,
+            failures=failures,
         )
-        return sum(1 for r in replies if r == 1) >= self.quorum
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
         token = None if token is None else check_token(token)
@@ -422,16 +441,20 @@ class RedlockBase:
         return self.leases.judge_force_release(name, replies)
 
     def _release_token_steps(self, name: str, token: str) -> Steps[int]:
-        command = self.keys.release_command(check_name(name, listed=True), check_token(token))
+        hold = listed_hold(check_name(name, listed=True), check_token(token))
+        if hold is None:
+            return 0
+        command = self.keys.release_command(hold, token)
         replies = yield Send(to_every_node(command), idempotent=True)
         self._keep_unreached(command, replies)
         return sum(1 for r in replies if isinstance(r, int) and r)
 
     def _extend_token_steps(self, name: str, token: str, ttl: float) -> Steps[bool]:
         ttl = self._check_extend_ttl(ttl)
-        command = self.keys.extend_token_command(
-            check_name(name, listed=True), check_token(token), ttl
-        )
+        hold = listed_hold(check_name(name, listed=True), check_token(token))
+        if hold is None:
+            return False
+        command = self.keys.extend_token_command(hold, token, ttl)
         replies = yield Send(to_every_node(command))
         return sum(1 for r in replies if r == 1) >= self.quorum
 
@@ -522,6 +545,7 @@ class RedlockBase:
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
         entries (see :meth:`.Listing.lock_info`)."""
+        pattern = check_pattern(pattern)
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
         # The locks, then the read/write locks' readers (one entry per reader).
         for command in (self.keys.list_command, self.keys.list_readers_command):

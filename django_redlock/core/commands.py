@@ -15,7 +15,7 @@ from . import clock, rwscripts, scripts
 from .algorithm import AnyBuilder
 from .guard import MARKER_CHANGED
 from .info import HOLDER_PLACE
-from .kinds import base_name, is_reader, reader_entry_of
+from .kinds import base_name, is_reader, reader_entry_of, reader_name
 from .lock import Lease, LockBase
 from .nodes import (
     Failure,
@@ -158,6 +158,14 @@ class KeyLayout:
         if is_reader(name):
             return script_command(rwscripts.READ_CHECK, self.reader_keys(name)[:1], [token])
         return ["GET", self.key(name)]
+
+    def locked_command(self, name: str) -> list[Any]:
+        """What :meth:`locked` asks each node: 1 or a reader's value where ``name`` is held,
+        0 or nil where it is not."""
+        entry = reader_entry_of(name)
+        if entry is not None:
+            return self.check_command(reader_name(entry[0]), entry[1])
+        return ["EXISTS", self.key(name)]
 
     def holders_channel(self) -> str:
         """Where a force release announces the token it removed, for the holder: one channel

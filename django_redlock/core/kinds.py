@@ -16,6 +16,7 @@ __all__ = [
     "READER_SUFFIX",
     "base_name",
     "is_reader",
+    "listed_hold",
     "permit_name",
     "permit_of",
     "reader_entry_of",
@@ -62,6 +63,16 @@ def reader_entry_of(name: str) -> tuple[str, str] | None:
     if sep and base and token and all(c in "0123456789abcdef" for c in token):
         return base, token
     return None
+
+
+def listed_hold(name: str, token: str) -> str | None:
+    """The hold a by-token call on ``name`` acts on: a listed reader's own hold (None when
+    ``token`` is not that reader's: the listed name means that one reader), else ``name``."""
+    entry = reader_entry_of(name)
+    if entry is None:
+        return name
+    base, reader = entry
+    return reader_name(base) if reader == token else None
 
 
 def base_name(name: str) -> str:

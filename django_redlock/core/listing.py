@@ -20,9 +20,11 @@ from .scripts import PERMITTED
 __all__ = ["Listing", "glob_escape", "parse_info"]
 
 
-#: Seconds within which the servers of a brand-new cluster started (INFO's uptime, to the
-#: second): servers restarted further apart lost their data apart, and a lease may have been
-#: taken on the later ones in between (see :meth:`.guard.RestartGuard.all_fresh`).
+#: Seconds within which the servers of a brand-new cluster started: servers restarted further
+#: apart lost their data apart, and a lease may have been taken on the later ones in between
+#: (see :meth:`.guard.RestartGuard.all_fresh`). INFO gives each server's start second (its
+#: uptime is in whole seconds), and start seconds at most this far apart are together: every
+#: spread up to it passes, and none of 3 s or more (a refusal's "more than 2s apart" is true).
 FRESH_START_SPREAD = 2.0
 
 

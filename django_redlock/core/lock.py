@@ -286,7 +286,9 @@ class LockBase:
     def detach(self) -> str:
         """Hand the lock over to another process: this handle forgets it (no release, no
         renewal here) and returns the token the new owner releases it with, through
-        ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker)."""
+        ``release_token(name, token)`` (how an enqueue-time lock is freed by the worker). A
+        reader of a read/write lock is released under its listed name,
+        ``release_token(f"{name}#read:{token}", token)``."""
         lease = self._take_lease(self._owner())
         self._lease, self._holds = None, 0
         return self.redlock._detach(lease)  # type: ignore[no-any-return]
@@ -458,7 +460,9 @@ class Lock(LockBase):
         return self.redlock._extend(lease, self.ttl if ttl is None else ttl)
 
     def check(self) -> bool:
-        """Ask the nodes whether our token is still on a quorum (a round trip)."""
+        """Ask the nodes whether our token is still on a quorum (a round trip). False also
+        when too few nodes answered to say: then :attr:`lost` stays None (it is set when
+        the nodes said the token is gone)."""
         lease = self._lease
         return lease is not None and self.redlock._check(lease)
 

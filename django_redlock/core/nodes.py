@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import select
 import socket
 import ssl
@@ -767,7 +768,12 @@ def server_of(info: Any) -> tuple[str, float]:
             server_now = int(line[17:]) / 1e6
     if not run_id or not versioned:
         raise WireError(not_redis("INFO", info))
-    return run_id, (time.time() if server_now is None else server_now) - uptime
+    if server_now is None:
+        return run_id, time.time() - uptime
+    # INFO's uptime is the whole seconds between the server's start second and the second of
+    # server_now (both from one clock reading), so this is the start second itself: a start
+    # at x.9 is x, never x.9 plus the fraction of the moment INFO was written.
+    return run_id, float(math.floor(server_now) - uptime)
 
 
 def not_redis(command: str, reply: Any) -> Failure:

@@ -26,7 +26,7 @@ from .lock import Lease, Lock
 from .nodes import Node, Owing, reply_wait
 from .permits import HoldBase, Permits, ReadLock, Semaphore, WriteLock
 from .renewal import YIELD_AT_MOST, renewer
-from .validation import check_name
+from .validation import check_name, check_pattern
 from .waiting import HolderWatch, HolderWatches, LocalQueue, ReleaseNotices
 
 __all__ = ["Redlock"]
@@ -61,7 +61,8 @@ class Redlock(RedlockBase):
     # -- public API -----------------------------------------------------------------------------
 
     def locked(self, name: str) -> bool:
-        """Whether anyone holds ``name`` (a quorum of nodes has the key)."""
+        """Whether anyone holds ``name`` (a quorum of nodes has the key). Raises
+        :class:`QuorumError` when too few nodes answered to rule that out."""
         return self._drive(self._locked_steps(name))
 
     def force_release(self, name: str, token: str | None = None) -> int:
@@ -86,6 +87,10 @@ class Redlock(RedlockBase):
     def live_locks(self, pattern: str = "*") -> Iterator[LockInfo]:
         """Every lock some node holds whose name matches the glob ``pattern``, by name
         (read ``LIST_BATCH`` locks per node per step, all nodes at once)."""
+        # Checked at the call, not at the iterator's first read.
+        return self._live_locks(check_pattern(pattern))
+
+    def _live_locks(self, pattern: str) -> Iterator[LockInfo]:
         found = self._drive(self._list_steps(pattern))
         for name in sorted(found):
             yield self.listing.lock_info(name, found[name])

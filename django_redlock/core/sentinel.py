@@ -36,6 +36,7 @@ from redis.connection import parse_url as _parse_url
 parse_url: Callable[[str], dict[str, Any]] = _parse_url
 _Sentinel: Callable[..., Any] = redis.sentinel.Sentinel
 _AsyncSentinel: Callable[..., Any] = redis.asyncio.sentinel.Sentinel
+_SentinelPool: Callable[..., Any] = redis.sentinel.SentinelConnectionPool
 
 __all__ = [
     "CONFIRM_EVERY",
@@ -206,6 +207,17 @@ def _address(server: tuple[str, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class _Located:
+    """What redis-py's Sentinel pool asks where the master is: the group
+    (:meth:`SentinelGroup.resolve`)."""
+
+    def __init__(self, group: SentinelGroup) -> None:
+        self._group = group
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        return self._group.resolve()
+
+
 class SentinelGroup:
     """The Sentinels of one group, and where they last said its master is.
 
@@ -319,10 +331,13 @@ class SentinelGroup:
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A redis-py client of the master (redis-py's Sentinel pool: it finds the master
-        again after a failover), for work other than lock commands (listing, health)."""
-        client: redis.Redis = self._sentinel.master_for(
-            self.service, **{**self.master_kwargs, **kwargs}
-        )
+        again after a failover), for work other than lock commands (listing, health). It
+        finds the master as the lock connections do (:meth:`resolve`): with no Sentinel
+        answering, the master last named, so health() shows the server this client votes
+        through rather than the group down."""
+        options = {**self.master_kwargs, **kwargs, "is_master": True}
+        pool = _SentinelPool(self.service, _Located(self), **options)
+        client: redis.Redis = redis.Redis.from_pool(pool)
         return client
 
     def close(self) -> None:

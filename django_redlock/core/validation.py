@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
-from .kinds import reserved_form
+from .kinds import base_name, is_reader, permit_of, reader_entry_of, reserved_form
 
 __all__ = [
     "MAX_DURATION",
@@ -26,6 +26,7 @@ __all__ = [
     "check_meta",
     "check_name",
     "check_node_timeout",
+    "check_pattern",
     "check_positive",
     "check_prefix",
     "check_reentry_fence",
@@ -38,6 +39,10 @@ __all__ = [
 #: Longest lock name accepted (characters). Longer names are almost always a bug (a whole
 #: request body used as key); the Django layer hashes long keys before they get here.
 MAX_KEY_LENGTH = 512
+
+
+#: A reader's token in its listed name (``"name#read:<token>"``): 16 random bytes in hex.
+READER_TOKEN_LENGTH = 32
 
 
 #: Longest duration accepted (seconds; one year): leases, max_ttl, delays, heartbeats and finite
@@ -68,13 +73,13 @@ def check_name(name: object, *, listed: bool = False) -> str:
     """A lock name, checked. Without ``listed``, the name a user gives a lock, semaphore or
     read/write lock: none of the forms the package names their holds with. With ``listed``,
     a hold's name as a listing shows it (a permit, a reader's entry, for ``lock_info``,
-    ``force_release`` and the by-token calls)."""
+    ``force_release`` and the by-token calls), which may pass the limit by its suffix."""
     if not isinstance(name, str):
         raise TypeError(f"lock name must be a str, got {type(name).__name__} {name!r}")
     if not name:
         raise ValueError("lock name must not be empty")
     _encodable("lock name", name)
-    if len(name) > MAX_KEY_LENGTH:
+    if len(name) > MAX_KEY_LENGTH and not (listed and _listed_hold_fits(name)):
         raise ValueError(
             f"lock name is {len(name)} characters long, the limit is {MAX_KEY_LENGTH}: "
             f"{name[:40]!r}..."
@@ -86,6 +91,27 @@ def check_name(name: object, *, listed: bool = False) -> str:
             "and read/write locks"
         )
     return name
+
+
+def _listed_hold_fits(name: str) -> bool:
+    """Whether ``name``, over the limit, is a hold of a semaphore or read/write lock whose own
+    name is within it: those are listed under their primitive's name plus a suffix, and a
+    listed name must stay usable."""
+    permit = permit_of(name)
+    if permit is not None:
+        return len(permit[0]) <= MAX_KEY_LENGTH and permit[1] < MAX_LIMIT
+    entry = reader_entry_of(name)
+    if entry is not None:
+        return len(entry[0]) <= MAX_KEY_LENGTH and len(entry[1]) <= READER_TOKEN_LENGTH
+    return is_reader(name) and len(base_name(name)) <= MAX_KEY_LENGTH
+
+
+def check_pattern(pattern: object) -> str:
+    """A listing's glob on lock names (``live_locks``)."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str, got {type(pattern).__name__} {pattern!r}")
+    _encodable("pattern", pattern)
+    return pattern
 
 
 def check_prefix(prefix: object) -> str:
