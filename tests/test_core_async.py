@@ -753,3 +753,142 @@ def test_an_async_holder_without_auto_renew_learns_of_a_force_release_at_its_nex
             await rl.close()
 
     asyncio.run(main())
+
+
+def test_a_renewed_lease_taken_by_a_loop_s_task_is_released_from_a_later_loop(
+    redis_nodes: RedisCluster, make_async_redlock, make_redlock
+) -> None:
+    """Taken inside ``asyncio.run`` with no ``owner=`` (the owner is that run's task), the lease
+    outlives its loop and is renewed; the task that owned it is gone, so a later loop releases
+    it through the handle (a task or thread that still runs is still the only one that may)."""
+    rl = make_async_redlock(redis_nodes)
+    other = make_redlock(redis_nodes)
+
+    async def take() -> AsyncLock:
+        lock = rl.lock("task-gone", ttl=0.6, auto_renew=True)
+        assert await lock.acquire(blocking=False)  # owned by this run's task
+        return lock
+
+    lock = asyncio.run(take())
+    time.sleep(1.8)  # three leases after its loop ended: renewed all along
+    assert lock.held and lock.lost is None
+    assert not other.lock("task-gone").acquire(blocking=False)
+    asyncio.run(lock.release())  # another loop, another task
+    assert not lock.held and lock.lost is None
+    assert other.lock("task-gone").acquire(blocking=False)
+
+    async def still_running_owner() -> None:
+        held, done = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:
+            async with shared:
+                held.set()
+                await done.wait()
+
+        task = asyncio.create_task(holder())
+        await held.wait()
+        with pytest.raises(LockNotOwned):
+            await shared.release()
+        done.set()
+        await task
+
+    shared = rl.lock("task-live", ttl=0.6, auto_renew=True)
+    asyncio.run(still_running_owner())
+    assert not shared.held
+
+
+def test_a_renewed_lease_its_ended_task_left_without_a_handle_runs_out(
+    redis_nodes: RedisCluster, make_async_redlock, make_redlock
+) -> None:
+    """A task that ends holding an auto-renewed lock and leaves no handle to it: nobody can
+    release it, so it is not renewed for ever; it is free once its lease ran out, whether its
+    loop goes on or ended."""
+    rl = make_async_redlock(redis_nodes)
+    other = make_redlock(redis_nodes)
+
+    async def take_and_drop(name: str) -> None:
+        assert await rl.lock(name, ttl=0.6, auto_renew=True).acquire(blocking=False)
+
+    def gone(name: str) -> bool:
+        return tokens_on_nodes(redis_nodes, name) == [None] * 3
+
+    async def loop_goes_on() -> float:
+        await asyncio.create_task(take_and_drop("task-abandoned"))
+        started = time.monotonic()
+        while not gone("task-abandoned"):
+            assert time.monotonic() - started < 4.0, "still renewed"
+            await asyncio.sleep(0.02)
+        return time.monotonic() - started
+
+    assert asyncio.run(loop_goes_on()) <= 0.6 + 0.2 + 1.0
+    assert other.lock("task-abandoned").acquire(blocking=False)
+    asyncio.run(take_and_drop("loop-abandoned"))  # its loop ended: adopted, then let go
+    wait_until(lambda: gone("loop-abandoned"), timeout=4.0)
+    assert other.lock("loop-abandoned").acquire(blocking=False)
+
+
+def test_retry_after_is_the_lease_left_of_a_holder_in_the_same_client(
+    redis_nodes: RedisCluster, make_async_redlock
+) -> None:
+    """Another task of the same AsyncRedlock holds the lock: the refused ``async with`` says
+    how long its lease has left, as the sync client does for another thread."""
+    rl = make_async_redlock(redis_nodes)
+
+    async def main() -> list[float | None]:
+        held, done = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:
+            async with rl.lock("busy-here", ttl=10):
+                held.set()
+                await done.wait()
+
+        task = asyncio.create_task(holder())
+        await held.wait()
+        found = []
+        for timeout in (0, 0.2):
+            with pytest.raises(LockNotAcquired) as caught:
+                async with rl.lock("busy-here", ttl=5, timeout=timeout):
+                    pass
+            found.append(caught.value.retry_after)
+        done.set()
+        await task
+        return found
+
+    for retry_after in asyncio.run(main()):
+        assert retry_after is not None and 8.0 < retry_after <= 10.0, retry_after
+
+
+def test_close_keeps_renewing_held_locks_as_the_sync_client_does(
+    redis_nodes: RedisCluster, make_async_redlock, make_redlock
+) -> None:
+    """``close()`` closes connections; an auto-renewed lock stays held (renewed over new
+    connections) until it is released, in the loop that holds it and in one that ended."""
+    rl = make_async_redlock(redis_nodes)
+    sync = make_redlock(redis_nodes, ttl=0.6)
+    lost: list[str | None] = []
+    rl.listeners.append(lambda event: lost.append(event.reason) if event.kind == "lost" else None)
+    sync.listeners.append(lambda event: lost.append(event.reason) if event.kind == "lost" else None)
+
+    async def take(name: str) -> AsyncLock:
+        lock = rl.lock(name, ttl=0.6, auto_renew=True, owner="job")
+        assert await lock.acquire(blocking=False)
+        return lock
+
+    adopted = asyncio.run(take("closed-adopted"))  # renewed from the client's own loop
+
+    async def main() -> None:
+        lock = await take("closed-here")
+        await rl.close()
+        await asyncio.sleep(1.8)  # three leases
+        assert lock.held and adopted.held, (lock.lost, adopted.lost)
+        await lock.release()
+        await adopted.release()
+
+    asyncio.run(main())
+    held = sync.lock("closed-sync", auto_renew=True)
+    assert held.acquire(blocking=False)
+    sync.close()
+    time.sleep(1.8)
+    assert held.held
+    held.release()
+    assert lost == []

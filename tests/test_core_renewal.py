@@ -513,3 +513,72 @@ def test_a_quorum_that_answers_after_the_lease_ran_out_does_not_revive_it(
     assert "renewal fell behind" in lock.lost and "its round took" in lock.lost, lock.lost
     with pytest.raises(LockLost):
         lock.release()
+
+
+def test_a_renewed_lock_whose_thread_ended_stays_held_and_is_released_through_its_handle(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """A thread that ends holding an auto-renewed lock passes it on with its handle (a stream
+    that goes on after the view that locked it): still renewed while the handle is kept, and
+    its owner being gone bars nobody from releasing it through the handle."""
+    rl = make_redlock(redis_nodes, ttl=TTL)
+    other = make_redlock(redis_nodes)
+    box = []
+
+    def take() -> None:
+        lock = rl.lock("renew:thread-ended", auto_renew=True)
+        assert lock.acquire(blocking=False)
+        box.append(lock)
+
+    worker = threading.Thread(target=take, name="ended-holder")
+    worker.start()
+    worker.join()
+    [lock] = box
+    time.sleep(3 * TTL)  # three leases after its thread ended: renewed all along
+    assert lock.held and lock.lost is None
+    assert not other.lock("renew:thread-ended").acquire(blocking=False)
+    lock.release()  # from the main thread
+    assert not lock.held and lock.lost is None
+    assert tokens_on_nodes(redis_nodes, "renew:thread-ended") == [None] * 3
+    # A live owner still bars everyone else, as before.
+    mine = rl.lock("renew:thread-live", auto_renew=True)
+    assert mine.acquire(blocking=False)
+    refused = []
+
+    def release_from_another_thread() -> None:
+        try:
+            mine.release()
+        except LockNotOwned as exc:
+            refused.append(exc)
+
+    thief = threading.Thread(target=release_from_another_thread)
+    thief.start()
+    thief.join()
+    assert refused and mine.held
+    mine.release()
+
+
+def test_a_renewed_lock_its_ended_thread_left_without_a_handle_runs_out(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    """Nobody can release a lock whose thread ended and whose handle is gone: the watchdog
+    stops renewing it and it is free once its lease ran out, as a crashed process's is (it is
+    not renewed for ever)."""
+    rl = make_redlock(redis_nodes, ttl=TTL)
+    other = make_redlock(redis_nodes)
+
+    def take_and_drop() -> None:
+        assert rl.lock("renew:abandoned", auto_renew=True).acquire(blocking=False)
+
+    worker = threading.Thread(target=take_and_drop)
+    worker.start()
+    worker.join()
+    assert other.locked("renew:abandoned")
+    started = time.monotonic()
+
+    def gone() -> bool:
+        return tokens_on_nodes(redis_nodes, "renew:abandoned") == [None] * 3
+
+    wait_until(gone, timeout=3 * TTL + 2, interval=0.02)
+    assert time.monotonic() - started <= TTL + TTL / 3 + 1.0
+    assert other.lock("renew:abandoned").acquire(blocking=False)

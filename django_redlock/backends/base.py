@@ -170,6 +170,10 @@ class Grant:
         """Inherited through fork: this process must never touch it on the service."""
         return self.pid != ThisProcess.pid
 
+    def taken_by(self, handle: Any) -> None:
+        """A handle took it (see :meth:`.core.lock.Lease.taken_by`): a backend's renewal does
+        not ask which handles still hold a grant, so none are kept."""
+
     @property
     def validity(self) -> float:
         if self.released or self.lost or self.foreign:

@@ -123,6 +123,12 @@ class TaskQueue:
     def _holder_gone(self) -> bool:
         return self._lease is not None and self._lease.validity <= 0
 
+    def holder_left(self) -> float | None:
+        """Seconds left of the lease this process's holder at the front has (None when the
+        front is not holding): what a waiter that gave up in line is told to wait."""
+        lease = self._lease
+        return None if lease is None else lease.validity
+
     def hold(self, lease: Lease) -> None:
         self._lease = lease
         self._notify()  # the next in line now waits for this lease's end at the latest

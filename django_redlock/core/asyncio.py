@@ -100,6 +100,9 @@ class LoopState(LoopPool):
         try:
             await self.loop.create_future()
         finally:
+            # Closed already: the client's close(), and the loop goes on, so do its renewals
+            # (the renewer hands them to the loop's next state, over new connections).
+            closed_by_client = self.closed
             # Auto-renewed leases still held outlive their loop (an async view under a WSGI
             # server returns a streaming response: its loop ends, the stream goes on).
             held = [entry for entry in self.due if not (entry[2].released or entry[2].lost)]
@@ -111,7 +114,7 @@ class LoopState(LoopPool):
                 # next loop (a fresh loop per request then connects nothing).
                 with contextlib.suppress(BaseException):
                     await self._settle_idle(self.redlock.node_timeout)
-            self.close(stop_renewals=True)
+            self.close(stop_renewals=not closed_by_client)
             self.redlock._forget(self)
 
     def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
@@ -131,6 +134,8 @@ class LoopState(LoopPool):
         self.closed = True
         if stop_renewals and self.renewer is not None:
             self.renewer.cancel()
+        else:
+            self.renew_wake.set()  # the renewer hands its leases over at once
         self.notices.close()
         # A loop that ends leaves its idle connections to the next loop of this process.
         self.close_parking(self.redlock.nodes if stop_renewals else None)
@@ -347,9 +352,11 @@ class AsyncRedlock(RedlockBase):
         return await self._drive(self._trust_cluster_steps())
 
     async def close(self) -> None:
-        """Close every connection this Redlock opened, on every loop (held locks stay held
-        until their lease ends); one that carries other tasks' operations closes once they
-        have their replies. The instance stays usable: it reconnects when used again."""
+        """Close every connection this Redlock opened, on every loop; one that carries other
+        tasks' operations closes once they have their replies. Held locks stay held: an
+        auto-renewed one is still renewed (over new connections) until it is released, any
+        other until its lease ends. The instance stays usable: it reconnects when used
+        again."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -363,10 +370,11 @@ class AsyncRedlock(RedlockBase):
             elif not state.loop.is_closed():
                 with contextlib.suppress(RuntimeError):
                     state.loop.call_soon_threadsafe(state.close)
-        adopter, self._adopter = self._adopter, None
+        adopter = self._adopter
         if adopter is not None and not adopter.is_closed():
+            ended = [state for state in states if state.loop is adopter]
             with contextlib.suppress(RuntimeError):
-                asyncio.run_coroutine_threadsafe(_shut_down(), adopter)
+                adopter.call_soon_threadsafe(self._retire_adopter, adopter, ended)
         for node in self.nodes:
             node.close()
         if loop is not None:
@@ -424,7 +432,7 @@ class AsyncRedlock(RedlockBase):
         with self._states_lock:
             adopter = self._adopter
             if adopter is ended:
-                return  # the adopter itself is closing: the client was closed
+                return  # the adopter itself is ending
             if adopter is None or adopter.is_closed() or self._adopter_pid != os.getpid():
                 adopter = self._adopter = asyncio.new_event_loop()
                 self._adopter_pid = os.getpid()
@@ -434,7 +442,20 @@ class AsyncRedlock(RedlockBase):
                     name="redlock-async-renewer",
                     daemon=True,
                 ).start()
-        adopter.call_soon_threadsafe(self._renew_adopted, due)
+            # Under the lock: the adopter is not retired between this check and the call.
+            adopter.call_soon_threadsafe(self._renew_adopted, due)
+
+    def _retire_adopter(self, adopter: asyncio.AbstractEventLoop, ended: list[LoopState]) -> None:
+        """On the adopter's loop, after ``close()`` closed its states (``ended``): stop it
+        unless it still renews something (closing keeps held locks held); the next loop that
+        ends holding a lease starts another."""
+        with self._states_lock:
+            current = self._states.get(id(adopter))
+            states = [*ended, *([current] if current is not None else [])]
+            if self._adopter is not adopter or any(s.renewer is not None for s in states):
+                return
+            self._adopter = None
+        adopter.create_task(_shut_down())
 
     def _renew_adopted(self, due: list[tuple[float, int, Lease]]) -> None:
         state = self._state()
@@ -591,9 +612,8 @@ class AsyncRedlock(RedlockBase):
                 raise
             if not entered:
                 self._drop_queue(state, handle.name, queue)
-                self.algorithm.give_up(
-                    handle, Refusal({}, len(self.nodes), None), time.monotonic() - start
-                )
+                refusal = Refusal({}, len(self.nodes), queue.holder_left())
+                self.algorithm.give_up(handle, refusal, time.monotonic() - start)
                 return None
         try:
             lease = await self._drive(
@@ -785,6 +805,15 @@ class AsyncRedlock(RedlockBase):
         next one starts it again)."""
         try:
             while state.due:
+                if state.closed:
+                    # The client was closed (its connections), not the loop: renewal goes on
+                    # from this loop's next state, as the sync client's goes on reconnecting.
+                    fresh = self._state()
+                    for due, _, held in state.due:
+                        if not (held.released or held.lost):
+                            self._renew_later(fresh, held, due)
+                    state.due.clear()
+                    return
                 delay = state.due[0][0] - time.monotonic()
                 if delay > 0:
                     asked = time.monotonic()

@@ -349,7 +349,14 @@ class AcquireRequest:
         join: bytes | None = None,
     ) -> None:
         self.token = clock.token_hex(16)
-        self._redlock, self._handle, self._line = redlock, handle, line
+        # The name and flags, not the handle: a connection that still owes this attempt's
+        # reply keeps the request, and must not keep the handle (see Lease.abandoned).
+        self._redlock, self._name, self._fencing, self._line = (
+            redlock,
+            handle.name,
+            handle.fencing,
+            line,
+        )
         #: A waiter's place among the name's waiters, taken (or kept) before the attempt on
         #: the same connection: a release that comes after the attempt was refused wakes it.
         self._join = join
@@ -390,7 +397,7 @@ class AcquireRequest:
         """The full acquire script (the run id is per wire; encoded at the first use, as most
         attempts never send it)."""
         if self._script is None:
-            redlock, handle = self._redlock, self._handle
+            redlock = self._redlock
             script, keys, extra = self._parts()
             guard = str(int(redlock.guard_period * 1000)) if self._guarded else "0"
             head = [
@@ -401,7 +408,7 @@ class AcquireRequest:
                 self.token,
                 self._ttl_ms,
                 self._meta_json,
-                "1" if handle.fencing else "0",
+                "1" if self._fencing else "0",
             ]
             self._script = (head, [guard, *extra])
         head, tail = self._script
@@ -410,11 +417,11 @@ class AcquireRequest:
 
     def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
         """The acquire script, its keys, and its arguments after the guard period."""
-        redlock, handle, line = self._redlock, self._handle, self._line
-        keys = redlock.keys.acquire_keys(handle.name)
+        redlock, name, line = self._redlock, self._name, self._line
+        keys = redlock.keys.acquire_keys(name)
         if line is None:
             return scripts.ACQUIRE, keys, []
-        keys = keys + redlock.keys.line_keys(handle.name)
+        keys = keys + redlock.keys.line_keys(name)
         return scripts.FAIR_ACQUIRE, keys, [line[0], line[1], int(redlock.fair_heartbeat * 1000)]
 
     def recheck(self, answered: list[Node]) -> AnyBuilder:
@@ -451,7 +458,7 @@ class AcquireRequest:
         """The release of this attempt's token, for a node whose answer did not come in time
         (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
         the script's body: nobody may ever read its answer."""
-        return self._redlock.keys.undo_command(self._handle.name, self.token)
+        return self._redlock.keys.undo_command(self._name, self.token)
 
 
 def _error_in(replies: list[Any]) -> Failure | None:

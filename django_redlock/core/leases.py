@@ -10,7 +10,7 @@ from typing import Any, Literal, cast
 from . import clock
 from .detector import why_lost
 from .errors import LockLost, LockNotOwned
-from .events import Listener, LockEvent, emit, heard
+from .events import Listener, LockEvent, emit, heard, logger, printable
 from .kinds import reader_entry_of, reader_name
 from .lock import HeldLeases, Lease
 from .nodes import Failure, Node
@@ -217,6 +217,9 @@ class LeaseTable(HeldLeases):
         if lease.validity <= 0:
             self.mark_lost(lease, self._why_ran_out(lease, now))
             return False
+        if lease.abandoned():
+            self._let_run_out(lease)
+            return False
         if lease.renew_until is None:
             return True
         return lease.acquired + (lease.renewed + 1) * lease.ttl / 3 < lease.renew_until
@@ -275,6 +278,20 @@ class LeaseTable(HeldLeases):
         if answered - ours > len(self.nodes) - self.quorum:
             self.mark_lost(lease, "the token is gone from a quorum of nodes")
         return False
+
+    def _let_run_out(self, lease: Lease) -> None:
+        """Stop keeping a lease nobody can release (its task or thread ended, and no handle
+        holds it): it is left to run out on the nodes, as a crashed process's lease is."""
+        with self._leases_lock:
+            if self._leases.get(lease.name) is lease:
+                del self._leases[lease.name]
+        self._stop_watching(lease)
+        logger.warning(
+            "lock %s: %s, and no handle holds it any more: no longer renewed, it runs out in %.1fs",
+            printable(lease.name),
+            printable(lease.owner),
+            lease.validity,
+        )
 
     def mark_lost(self, lease: Lease, why: str) -> None:
         home = self._elsewhere(lease)

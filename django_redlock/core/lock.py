@@ -20,7 +20,7 @@ from .kinds import READER_SUFFIX
 from .process import ThisProcess
 from .validation import check_flag, check_reentry_fence, check_retry_count, check_timeout
 
-__all__ = ["HeldLeases", "Lease", "Lock", "LockBase", "SyncClient", "current_owner"]
+__all__ = ["HeldLeases", "Lease", "Lock", "LockBase", "SyncClient", "current_owner", "owner_ended"]
 
 
 def current_owner() -> Hashable:
@@ -41,7 +41,35 @@ def current_owner() -> Hashable:
     return ("thread", threading.current_thread())
 
 
+class _Ended:
+    """What a lease keeps as its owner once that task or thread has ended: not the task itself,
+    which would keep alive what it returned (often the handle, which then looks reachable)."""
+
+    def __init__(self, was: str) -> None:
+        self.was = was
+
+    def __repr__(self) -> str:
+        return f"{self.was} (ended)"
+
+
+def owner_ended(owner: Hashable) -> bool:
+    """Whether ``owner`` is a task that finished (or whose loop was closed) or a thread that
+    ended: nobody can ask as that owner any more. An explicit ``owner=`` never ends."""
+    if owner.__class__ is _Ended:
+        return True
+    if owner.__class__ is not tuple or len(owner) != 2:
+        return False
+    kind, who = owner
+    if kind == "task" and isinstance(who, asyncio.Task):
+        return who.done() or who.get_loop().is_closed()
+    if kind == "thread" and isinstance(who, threading.Thread):
+        return not who.is_alive()
+    return False  # an explicit owner= that merely looks like one of ours
+
+
 def _describe(owner: Hashable) -> str:
+    if owner.__class__ is _Ended:
+        return repr(owner)
     if isinstance(owner, tuple) and len(owner) == 2 and owner[0] == "thread":
         return f"thread {owner[1].name!r}"
     if isinstance(owner, tuple) and len(owner) == 2 and owner[0] == "task":
@@ -92,6 +120,9 @@ class Lease:
     #: The lease table it was entered in (the client's that took it): a hold re-entered
     #: through a partner client (:meth:`HeldLeases.share_holds`) is counted and dropped there.
     home: HeldLeases | None = field(default=None, repr=False)
+    #: Weak references to the handles that took it: once its owner ended and none of them
+    #: holds it any more, nobody can release it, so the watchdog lets it run out.
+    handles: tuple[weakref.ref[Any], ...] = field(default=(), repr=False)
 
     @property
     def foreign(self) -> bool:
@@ -103,6 +134,27 @@ class Lease:
         if self.released or self.lost or self.foreign:
             return 0.0
         return max(self.valid_until - clock.monotonic(), 0.0)
+
+    def taken_by(self, handle: LockBase) -> None:
+        # The handles that let go are dropped: a long hold that many nested reentrant
+        # handles joined keeps only those that still hold it.
+        kept = tuple(
+            ref for ref in self.handles if (h := ref()) is not None and h._holds_lease(self)
+        )
+        self.handles = (*kept, weakref.ref(handle))
+
+    def abandoned(self) -> bool:
+        """Whether nobody can release it any more: its owner (a task or a thread) ended, and
+        no handle that took it still holds it."""
+        if not owner_ended(self.owner):
+            return False
+        if self.owner.__class__ is not _Ended:
+            self.owner = _Ended(_describe(self.owner))  # let the task go (see _Ended)
+        for ref in self.handles:
+            handle = ref()
+            if handle is not None and handle._holds_lease(self):
+                return False
+        return True
 
 
 class HeldLeases:
@@ -333,7 +385,11 @@ class LockBase:
                 self._holds += 1  # the owner re-entered through this very handle
             else:
                 self._lease, self._holds = lease, 1
+                lease.taken_by(self)
         return lease is not None
+
+    def _holds_lease(self, lease: Lease) -> bool:
+        return self._lease is lease
 
     def _drop_hold(self) -> None:
         """One hold taken through this handle is being released; the handle lets go of the
@@ -344,12 +400,15 @@ class LockBase:
 
     def _take_lease(self, owner: Hashable) -> Lease:
         """The hold ``owner`` may release or extend: the handle's, when ``owner`` took it
-        (another thread or task of a shared handle gets :class:`LockNotOwned`, as with
-        redis-py's thread-local token, and nothing is sent)."""
+        or has ended (another live thread or task of a shared handle gets
+        :class:`LockNotOwned`, as with redis-py's thread-local token, and nothing is sent).
+        A task or thread that ended holding the lock passed it on with the handle (a loop
+        that ended, a stream that goes on after its view): whoever has the handle may end it,
+        else nobody could."""
         lease = self._lease
         if lease is None or lease.released:
             raise LockNotOwned(f"lock {self.name!r} is not held by this handle", self.name)
-        if lease.owner != owner:
+        if lease.owner != owner and not owner_ended(lease.owner):
             raise LockNotOwned(
                 f"lock {self.name!r} is held through this handle by another owner "
                 f"({_describe(lease.owner)}), not by {_describe(owner)}",
@@ -440,6 +499,7 @@ class Lock(LockBase):
             self._holds += 1  # the owner re-entered through this very handle
         else:
             self._lease, self._holds = lease, 1
+            lease.taken_by(self)
         return True
 
     def release(self) -> None:

@@ -35,7 +35,7 @@ from .base import RedlockBase
 from .commands import AcquireRequest
 from .fairness import FairLine
 from .kinds import permit_name, reader_name
-from .lock import Lease, Lock, LockBase
+from .lock import Lease, Lock, LockBase, owner_ended
 from .nodes import Failure, script_command
 from .scripts import Script
 from .validation import (
@@ -80,6 +80,19 @@ class HoldBase(LockBase):
         # Permits and read holds are not reentrant: the owner's one hold ends here.
         self._lease = None
 
+    def _holds_lease(self, lease: Lease) -> bool:
+        return lease in self.__dict__.get("_by_owner", {}).values()
+
+    def _take_lease(self, owner: Hashable) -> Lease:
+        holds: dict[Hashable, Lease] = self.__dict__.setdefault("_by_owner", {})
+        if owner not in holds:
+            # An owner that ended passed its hold on with the handle (see LockBase): the
+            # asking one takes it over, so that its release ends it.
+            ended = next((who for who in list(holds) if owner_ended(who)), None)
+            if ended is not None:
+                holds[owner] = holds.pop(ended)
+        return super()._take_lease(owner)
+
     @property
     def permit(self) -> int | None:
         """The slot of the permit this owner holds (0 .. limit-1), for a semaphore."""
@@ -99,6 +112,7 @@ class HoldBase(LockBase):
         task that finishes it)."""
         if lease is not None:
             self.__dict__.setdefault("_by_owner", {})[owner] = lease
+            lease.taken_by(self)
         return lease is not None
 
     def _not_acquired(self) -> Any:
@@ -135,7 +149,7 @@ class WriterRequest(AcquireRequest):
         wait_ms = int(redlock.fair_heartbeat * 1000)
         return (
             rwscripts.WRITE_ACQUIRE,
-            redlock.keys.rw_keys(self._handle.name),
+            redlock.keys.rw_keys(self._name),
             [self._waiter, wait_ms],
         )
 

@@ -118,8 +118,9 @@ class Redlock(RedlockBase):
         return self._drive(self._trust_cluster_steps())
 
     def close(self) -> None:
-        """Close every connection this Redlock opened (held locks stay held until their
-        lease ends)."""
+        """Close every connection this Redlock opened. Held locks stay held: an auto-renewed
+        one is still renewed (over new connections) until it is released, any other until
+        its lease ends. The instance stays usable: it reconnects when used again."""
         self._notices.close()
         for node in self.nodes:
             node.close()
@@ -187,9 +188,8 @@ class Redlock(RedlockBase):
             raise
         if not entered:
             self._drop_queue(handle.name, queue)
-            self.algorithm.give_up(
-                handle, first or Refusal({}, len(self.nodes), None), time.monotonic() - start
-            )
+            refusal = first or Refusal({}, len(self.nodes), queue.holder_left())
+            self.algorithm.give_up(handle, refusal, time.monotonic() - start)
             return None
         try:
             lease = self._drive(

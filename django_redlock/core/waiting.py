@@ -93,6 +93,12 @@ class LocalQueue:
     def _holder_gone(self) -> bool:
         return self._lease is not None and self._lease.validity <= 0
 
+    def holder_left(self) -> float | None:
+        """Seconds left of the lease this process's holder at the front has (None when the
+        front is not holding): what a waiter that gave up in line is told to wait."""
+        lease = self._lease
+        return None if lease is None else lease.validity
+
     def hold(self, lease: Lease) -> None:
         with self._cond:
             self._lease = lease
