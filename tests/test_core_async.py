@@ -737,7 +737,9 @@ def test_an_async_holder_without_auto_renew_learns_of_a_force_release_at_its_nex
             checked, released = rl.lock("aforced-plain-0", ttl=30), rl.lock("aforced-plain-1")
             for lock in (checked, released):
                 assert await lock.acquire(blocking=False)
-                assert operator.force_release(lock.name) == 3
+                # The acquire ends once a quorum granted; on a busy host the third node may
+                # run the operator's delete before the acquire's copy (another connection).
+                assert operator.force_release(lock.name) >= 2
             assert checked.lost is None and released.lost is None and checked.held
             assert await checked.check() is False and checked.lost and not checked.held
             with pytest.raises(LockLost):
