@@ -26,8 +26,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from bench.load import TTL, RedisCluster, Tally, count_overlaps, sync_cycles  # noqa: E402
-from bench.lossy_proxy import ProxyProcess  # noqa: E402
+from bench.load import TTL, Tally, count_overlaps, lossy_cluster  # noqa: E402
 from django_redlock.core import algorithm, fanout, nodes, redlock, waiting  # noqa: E402
 from django_redlock.core.nodes import TIMED_OUT, Failure  # noqa: E402
 from django_redlock.core.redlock import Redlock  # noqa: E402
@@ -378,15 +377,7 @@ def main() -> None:
 
         hedging.MAX_DELETE_COPIES = args.delete_copies
     patch()
-    with (
-        RedisCluster(3) as cluster,
-        ProxyProcess([(n.host, n.port) for n in cluster], seed=7) as px,
-    ):
-        warm = Redlock(px.urls, key_prefix="e")
-        try:
-            sync_cycles(warm, "warm", 20, Tally())
-        finally:
-            warm.close()
+    with lossy_cluster("e") as (cluster, px):
         import redis
 
         direct.extend(redis.Redis(host=n.host, port=n.port) for n in cluster)

@@ -899,24 +899,31 @@ def _collect(into: list[Any], function: Callable[..., Any], *args: Any) -> None:
     into.append(function(*args))
 
 
+@contextlib.contextmanager
+def lossy_cluster(prefix: str) -> Iterator[tuple[RedisCluster, ProxyProcess]]:
+    """Three nodes, each behind a lossy proxy (a clean link to start with), ``prefix``'s
+    node markers set while the link is clean: a prefix first used under loss could (rightly)
+    find a node guarded when another one answered too late to vouch for it, which is the
+    restart guard at work, not the link's doing."""
+    with (
+        RedisCluster(3) as cluster,
+        ProxyProcess([(n.host, n.port) for n in cluster], seed=7) as proxy,
+    ):
+        warm = Redlock(proxy.urls, key_prefix=prefix)
+        try:
+            sync_cycles(warm, "warm", 20, Tally())
+        finally:
+            warm.close()
+        yield cluster, proxy
+
+
 def scenario_e(
     seconds: float, levels: Sequence[float] = (0.0, 0.15, 0.30), threads: int = 4, keys: int = 2
 ) -> list[Row]:
     """``threads`` threads share ``keys`` keys through a lossy proxy in front of every node."""
     rows = []
     base: float | None = None
-    with (
-        RedisCluster(3) as cluster,
-        ProxyProcess([(n.host, n.port) for n in cluster], seed=7) as proxy,
-    ):
-        # The key prefix's node markers are set while the link is clean: a prefix first used
-        # under loss could (rightly) find a node guarded when another one answered too late
-        # to vouch for it, which is the restart guard at work, not the link's doing.
-        warm = Redlock(proxy.urls, key_prefix="e")
-        try:
-            sync_cycles(warm, "warm", 20, Tally())
-        finally:
-            warm.close()
+    with lossy_cluster("e") as (_, proxy):
         for level in levels:
             progress(f"e: {level:.0%} loss, {seconds:.0f} s")
             proxy.set_link(level, 0.0)
