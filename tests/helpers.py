@@ -55,6 +55,21 @@ def lock_keys(nodes: Iterable[RedisNode], prefix: str = PREFIX) -> list[dict[str
     return found
 
 
+def settled_lock_keys(
+    nodes: Iterable[RedisNode], prefix: str = PREFIX, within: float = 2.0
+) -> list[dict[str, tuple[int, str]]]:
+    """:func:`lock_keys` once every node holds the same lock keys (or after ``within`` seconds,
+    as they stand then): the last node may run a release's copy a moment after the release
+    returned (see :func:`settled_tokens`)."""
+    nodes = list(nodes)
+    deadline = time.monotonic() + within
+    while True:
+        found = lock_keys(nodes, prefix)
+        if len({frozenset(keys) for keys in found}) <= 1 or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.005)
+
+
 def all_keys(nodes: Iterable[RedisNode]) -> list[dict[str, int]]:
     """Per node: ``{key: pttl ms}`` for every key in db 0 (-1 = no expiry)."""
     found: list[dict[str, int]] = []
@@ -74,6 +89,35 @@ def tokens_on_nodes(
             raw = c.get(f"{prefix}:lock:{name}")
             out.append(lock_fields(raw)["token"] if raw is not None else None)
     return out
+
+
+def settled_tokens(
+    nodes: Iterable[RedisNode], name: str, prefix: str = PREFIX, within: float = 2.0
+) -> list[str | None]:
+    """:func:`tokens_on_nodes` once every node holds the same (or after ``within`` seconds, as
+    they stand then).
+
+    An acquire or a release returns once a quorum answered, and the last node may run its copy
+    a moment later on a busy host; no event of the client marks that moment (the copy is on
+    its way, not owed to the caller). A read right after the call can land in it, so an
+    assertion about every node reads until the nodes agree. A node that never catches up still
+    fails the assertion, with what it holds."""
+    nodes = list(nodes)
+    deadline = time.monotonic() + within
+    while True:
+        tokens = tokens_on_nodes(nodes, name, prefix)
+        if len(set(tokens)) <= 1 or time.monotonic() >= deadline:
+            return tokens
+        time.sleep(0.005)
+
+
+def held_everywhere(nodes: Iterable[RedisNode], name: str, prefix: str = PREFIX) -> str:
+    """Wait until every node holds lock ``name`` with one token, and return it: before a count
+    of the nodes a later command finds it on (a force release), which would otherwise race the
+    acquire's last copy."""
+    tokens = settled_tokens(nodes, name, prefix)
+    assert len(set(tokens)) == 1 and tokens[0] is not None, tokens
+    return tokens[0]
 
 
 def occupy(node: RedisNode, name: str, ms: int = 5000, token: str = "stale-lease") -> None:

@@ -37,6 +37,7 @@ from django_redlock.core import MAX_KEY_LENGTH
 from django_redlock.signals import lock_contended
 from testproject import tasks
 from tests.celery_support import TIMEOUT, UNREAD_QUEUE, Run, assert_no_overlap, wait_until
+from tests.helpers import held_everywhere
 
 pytestmark = [pytest.mark.celery, pytest.mark.timeout(180)]
 
@@ -379,6 +380,7 @@ def test_force_release_turns_the_running_tasks_held_false(worker, rl, redis_node
     assert lock.held
     operator = Redlock(list(redis_nodes.urls), ttl=10)
     try:
+        held_everywhere(redis_nodes, "demo:fr")
         assert operator.force_release("demo:fr") == 3
         wait_until(lambda: not lock.held, timeout=0.5, what="held to turn False")
     finally:

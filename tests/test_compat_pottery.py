@@ -32,7 +32,7 @@ from django_redlock import AsyncRedlock, LockNotAcquired, LockNotOwned, QuorumEr
 from django_redlock.testing import RedisCluster
 from tests.backends.cases import run_owned
 from tests.compat_rows import assert_rows_match
-from tests.helpers import node_client, pttls_on_nodes, tokens_on_nodes, wait_until
+from tests.helpers import node_client, pttls_on_nodes, settled_tokens, wait_until
 
 
 @pytest.fixture
@@ -237,12 +237,12 @@ def test_row_only_the_owner_releases(masters, rl, redis_nodes) -> None:
     ours = rl.lock("own", ttl=10)
     assert ours.acquire(blocking=False)
     assert isinstance(run_owned(ours.release), LockNotOwned)
-    assert tokens_on_nodes(redis_nodes, "own") == [ours.token] * 3
+    assert settled_tokens(redis_nodes, "own") == [ours.token] * 3
     ours.release()
     shared = rl.lock("own", ttl=10, owner="nightly-job")
     assert shared.acquire(blocking=False)
     assert run_owned(shared.release) is None
-    assert tokens_on_nodes(redis_nodes, "own") == [None] * 3
+    assert settled_tokens(redis_nodes, "own") == [None] * 3
 
 
 def test_row_handles_of_one_key_contend(masters, rl) -> None:

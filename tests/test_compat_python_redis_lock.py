@@ -19,7 +19,7 @@ from django_redlock import LockLost, LockNotAcquired, LockNotOwned, Redlock
 from django_redlock.testing import RedisCluster
 from tests.backends.cases import run_owned
 from tests.compat_rows import assert_rows_match
-from tests.helpers import node_client, pttls_on_nodes, tokens_on_nodes, wait_until
+from tests.helpers import held_everywhere, node_client, pttls_on_nodes, settled_tokens, wait_until
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_row_auto_renewal_is_auto_renew(conn, rl, make_redlock, redis_nodes) -> 
     first = ours.token
     time.sleep(1.5)  # past both first leases: only renewal keeps them
     assert conn.exists("lock:renew") == 1
-    assert ours.held and tokens_on_nodes(redis_nodes, "renew") == [first] * 3
+    assert ours.held and settled_tokens(redis_nodes, "renew") == [first] * 3
     assert make_redlock(redis_nodes).lock("renew").acquire(blocking=False) is False
     theirs.release()
     ours.release()
@@ -269,7 +269,7 @@ def test_row_only_the_owner_releases(conn, rl, redis_nodes) -> None:
     ours = rl.lock("own", ttl=10)
     assert ours.acquire(blocking=False)
     assert isinstance(run_owned(ours.release), LockNotOwned)
-    assert tokens_on_nodes(redis_nodes, "own") == [ours.token] * 3
+    assert settled_tokens(redis_nodes, "own") == [ours.token] * 3
     ours.release()
     shared = rl.lock("own", ttl=10, owner="import-job")
     assert shared.acquire(blocking=False)
@@ -288,6 +288,7 @@ def test_row_reset_is_force_release(conn, rl, redis_nodes, make_redlock) -> None
     assert conn.exists("lock:a", "lock:b") == 0
     ours = rl.lock("a", ttl=10)
     assert ours.acquire(blocking=False)
+    held_everywhere(redis_nodes, "a")
     assert rl.force_release("a") == 3
     assert not rl.locked("a")
     assert ours.lost and not ours.held  # the same client: at once

@@ -24,7 +24,7 @@ from django_redlock import AsyncRedlock, LockLost, LockNotAcquired, LockNotOwned
 from django_redlock.testing import RedisCluster
 from tests.backends.cases import run_owned
 from tests.compat_rows import assert_rows_match
-from tests.helpers import node_client, pttls_on_nodes, tokens_on_nodes, wait_until
+from tests.helpers import node_client, pttls_on_nodes, settled_tokens, wait_until
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_row_a_thread_that_did_not_acquire_cannot_release(r, rl, redis_nodes) ->
     refused = in_thread(ours.release)
     assert isinstance(refused, LockNotOwned) and "other-thread" in str(refused)
     assert isinstance(in_thread(ours.extend), LockNotOwned)
-    assert tokens_on_nodes(redis_nodes, "tl") == [ours.token] * 3
+    assert settled_tokens(redis_nodes, "tl") == [ours.token] * 3
     ours.release()
 
 
@@ -147,7 +147,7 @@ def test_row_thread_local_false_is_an_owner(r, rl, redis_nodes) -> None:
     ours = rl.lock("shared", ttl=10, owner="job-7")
     assert ours.acquire(blocking=False)
     assert in_thread(ours.release) is None
-    assert tokens_on_nodes(redis_nodes, "shared") == [None] * 3
+    assert settled_tokens(redis_nodes, "shared") == [None] * 3
 
 
 def test_row_two_handles_of_one_name_contend(r, rl, make_redlock, redis_nodes) -> None:
@@ -373,7 +373,7 @@ def test_row_async_coroutines_of_one_thread_are_different_owners(redis_nodes) ->
 
             with pytest.raises(LockNotOwned):
                 await asyncio.create_task(intrude())
-            assert tokens_on_nodes(redis_nodes, "task") == [ours.token] * 3
+            assert settled_tokens(redis_nodes, "task") == [ours.token] * 3
             await ours.release()
         finally:
             await rl.close()

@@ -27,10 +27,12 @@ from django_redlock.core.commands import lock_fields
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
     REPO_ROOT,
-    lock_keys,
+    held_everywhere,
     node_client,
     pttls_on_nodes,
     run_python,
+    settled_lock_keys,
+    settled_tokens,
     tokens_on_nodes,
     wait_until,
 )
@@ -72,7 +74,7 @@ def test_acquire_release_extend_check(redis_nodes: RedisCluster, make_async_redl
         assert await lock.acquire(blocking=False) is True
         assert lock.held and 4.5 < lock.validity <= 5.0
         assert len(lock.token) == 32 and lock.fence is None
-        assert tokens_on_nodes(redis_nodes, "basic") == [lock.token] * 3
+        assert settled_tokens(redis_nodes, "basic") == [lock.token] * 3
         assert await lock.check() is True
         assert await rl.locked("basic") is True
         assert await lock.extend(8.0) is True
@@ -85,11 +87,12 @@ def test_acquire_release_extend_check(redis_nodes: RedisCluster, make_async_redl
         await lock.release()
         assert not lock.held and await lock.check() is False
         assert await rl.locked("basic") is False
-        assert lock_keys(redis_nodes) == [{}, {}, {}]
+        assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
         with pytest.raises(LockNotOwned):
             await lock.release()
         # force_release: removes whoever holds it; the holder learns it lost the lock.
         assert await lock.acquire(blocking=False)
+        held_everywhere(redis_nodes, "basic")
         assert await rl.force_release("basic") == 3
         assert not lock.held and lock.lost
         with pytest.raises(LockLost):
@@ -118,7 +121,7 @@ def test_async_with_and_lock_not_acquired(redis_nodes: RedisCluster, make_async_
             assert await other.lock("ctx").acquire(timeout=0.3) is False
             assert 0.25 <= time.monotonic() - t0 < 1.5
         assert not lock.held
-        assert tokens_on_nodes(redis_nodes, "ctx") == [None] * 3
+        assert settled_tokens(redis_nodes, "ctx") == [None] * 3
         assert held_token
 
     asyncio.run(main())
@@ -161,7 +164,7 @@ def test_tasks_and_loops_contending_never_overlap(
     for (_, end), (begin, _) in itertools.pairwise(ordered):
         assert end <= begin, "two holders at once"
     assert time.monotonic() - t0 < 15
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
 
 
 def test_reentrancy_is_per_task(redis_nodes: RedisCluster, make_async_redlock) -> None:
@@ -179,9 +182,9 @@ def test_reentrancy_is_per_task(redis_nodes: RedisCluster, make_async_redlock) -
 
         assert await asyncio.create_task(other_task()) is False  # another task: another owner
         await inner.release()
-        assert tokens_on_nodes(redis_nodes, "re") == [outer.token] * 3  # still held once
+        assert settled_tokens(redis_nodes, "re") == [outer.token] * 3  # still held once
         await outer.release()
-        assert tokens_on_nodes(redis_nodes, "re") == [None] * 3
+        assert settled_tokens(redis_nodes, "re") == [None] * 3
 
         # An explicit owner is shared across tasks (a job id, say).
         async def as_job(lock: AsyncLock) -> bool:
@@ -193,7 +196,7 @@ def test_reentrancy_is_per_task(redis_nodes: RedisCluster, make_async_redlock) -
         assert first.token == second.token
         await second.release()
         await first.release()
-        assert tokens_on_nodes(redis_nodes, "job") == [None] * 3
+        assert settled_tokens(redis_nodes, "job") == [None] * 3
 
     asyncio.run(main())
 
@@ -449,7 +452,7 @@ def test_a_cancelled_waiter_leaves_no_trace(redis_nodes: RedisCluster, make_asyn
         assert rl._state().queues == {}
 
     asyncio.run(main())
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
 
 
 @pytest.mark.faults
@@ -469,7 +472,7 @@ def test_minority_paused_still_works_within_the_node_timeout(
                 assert await lock.acquire(blocking=False)
                 elapsed = time.monotonic() - t0
                 assert elapsed < 2 * 0.05 + 0.25, elapsed
-                assert tokens_on_nodes(redis_nodes5[2:], "minority") == [lock.token] * 3
+                assert settled_tokens(redis_nodes5[2:], "minority") == [lock.token] * 3
                 await lock.release()
 
     asyncio.run(main())
@@ -495,7 +498,7 @@ def test_majority_down_raises_quorum_error(redis_nodes: RedisCluster, make_async
             await lock.acquire(timeout=0.3)
 
     asyncio.run(main())
-    assert lock_keys(redis_nodes[:1]) == [{}]  # the one granted SET was taken back
+    assert settled_lock_keys(redis_nodes[:1]) == [{}]  # the one granted SET was taken back
 
 
 def test_fencing_tokens_strictly_increase(redis_nodes: RedisCluster, make_async_redlock) -> None:
@@ -749,6 +752,7 @@ def test_an_async_holder_without_auto_renew_learns_of_a_force_release_at_its_nex
             assert type(raised.value) is LockNotOwned, raised.value
             own = rl.lock("aforced-plain-own", ttl=30)
             assert await own.acquire(blocking=False)
+            held_everywhere(redis_nodes, own.name)
             assert await rl.force_release(own.name) == 3
             assert own.lost and not own.held  # through its own AsyncRedlock: at once
         finally:

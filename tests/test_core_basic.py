@@ -18,10 +18,11 @@ from django_redlock import LockLost, LockNotAcquired, LockNotOwned, QuorumError
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
     all_keys,
-    lock_keys,
+    held_everywhere,
     pttls_on_nodes,
     release_listeners,
-    tokens_on_nodes,
+    settled_lock_keys,
+    settled_tokens,
     wait_until,
     warm_up,
 )
@@ -49,12 +50,12 @@ def test_acquire_release_held_validity_check(redis_nodes: RedisCluster, make_red
     assert 0 < lock.validity <= 5.0
     assert lock.check() is True
     # The token is on every node, with a lease no longer than the ttl.
-    assert tokens_on_nodes(redis_nodes, "basic") == [lock.token] * 3
+    assert settled_tokens(redis_nodes, "basic") == [lock.token] * 3
     assert all(0 < p <= 5000 for p in pttls_on_nodes(redis_nodes, "basic"))
     lock.release()
     assert not lock.held and lock.validity == 0.0
     assert lock.check() is False
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
 
 
 def test_held_turns_false_when_the_lease_runs_out(redis_nodes: RedisCluster, make_redlock) -> None:
@@ -92,7 +93,7 @@ def test_context_manager_raises_when_held_elsewhere(
         assert info.value.name == "cm"
         assert 0 < info.value.retry_after <= 5.0
         assert held.check()
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
     # Free again: the other client's context manager now works.
     with other.lock("cm", blocking=False) as mine:
         assert mine.held
@@ -231,7 +232,7 @@ def test_extend_rearms_the_nodes_and_recomputes_validity(
     assert lock.extend() is True
     assert all(0 < p <= 1000 for p in pttls_on_nodes(redis_nodes, "ext"))
     assert 0.8 < lock.validity <= 1.0
-    assert tokens_on_nodes(redis_nodes, "ext") == [lock.token] * 3
+    assert settled_tokens(redis_nodes, "ext") == [lock.token] * 3
     lock.release()
 
 
@@ -245,7 +246,7 @@ def test_extend_fails_once_the_lock_is_gone(redis_nodes: RedisCluster, make_redl
     assert lock.extend(5.0) is False
     assert not lock.held
     # The thief's lease was not touched by the failed extend.
-    assert tokens_on_nodes(redis_nodes, "ext-gone") == [thief.token] * 3
+    assert settled_tokens(redis_nodes, "ext-gone") == [thief.token] * 3
     assert all(4000 < p <= 5000 for p in pttls_on_nodes(redis_nodes, "ext-gone"))
     thief.release()
 
@@ -255,8 +256,9 @@ def test_force_release_returns_the_node_count(redis_nodes: RedisCluster, make_re
     assert admin.force_release("nothing-here") == 0
     lock = rl.lock("fr", ttl=5.0)
     assert lock.acquire(blocking=False)
+    held_everywhere(redis_nodes, "fr")
     assert admin.force_release("fr") == 3
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
     assert lock.check() is False
     with pytest.raises(LockNotOwned):
         lock.release()
@@ -266,7 +268,7 @@ def test_force_release_returns_the_node_count(redis_nodes: RedisCluster, make_re
     with redis_nodes[0].client() as c:
         c.delete("redlock:lock:fr")
     assert admin.force_release("fr") == 2
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
 
 
 def test_live_locks_and_lock_info_show_the_holder(redis_nodes: RedisCluster, make_redlock) -> None:
@@ -451,6 +453,7 @@ def test_a_lost_lock_says_why_in_its_log_line(
     lock = rl.lock("logged-lost", ttl=5)
     assert lock.acquire(blocking=False)
     caplog.set_level(logging.WARNING, logger="django_redlock")
+    held_everywhere(redis_nodes, "logged-lost")
     assert rl.force_release("logged-lost") == 3
     [record] = [r for r in caplog.records if getattr(r, "lock_event", None) == "lost"]
     assert record.lock_reason == "force-released by an operator"
@@ -471,6 +474,7 @@ def test_a_holder_without_auto_renew_learns_of_a_force_release_at_its_next_call(
 
     own = rl.lock("forced-plain-own", ttl=30)
     assert own.acquire(blocking=False)
+    held_everywhere(redis_nodes, "forced-plain-own")
     assert rl.force_release("forced-plain-own") == 3
     assert not own.held and "force" in (own.lost or "")
     with pytest.raises(LockLost):
@@ -479,6 +483,7 @@ def test_a_holder_without_auto_renew_learns_of_a_force_release_at_its_next_call(
     checked, extended, released = (rl.lock(f"forced-plain-{n}", ttl=30) for n in range(3))
     for lock in (checked, extended, released):
         assert lock.acquire(blocking=False)
+        held_everywhere(redis_nodes, lock.name)
         assert operator.force_release(lock.name) == 3
     # Nothing tells them: the operator's notice reaches listening holders only, and the
     # round trips above (the other two force releases) gave it time to arrive.

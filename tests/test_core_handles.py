@@ -13,7 +13,7 @@ import pytest
 
 from django_redlock import AsyncRedlock, LockNotAcquired, LockNotOwned
 from django_redlock.testing import RedisCluster
-from tests.helpers import tokens_on_nodes
+from tests.helpers import settled_tokens
 
 
 def test_a_thread_that_did_not_acquire_a_shared_handle_cannot_release_it(
@@ -37,10 +37,10 @@ def test_a_thread_that_did_not_acquire_a_shared_handle_cannot_release_it(
     assert len(errors) == 2, errors
     assert "another owner" in str(errors[0]) and "intruder" in str(errors[0])
     # Nothing was sent: the holder still holds it everywhere, and a third client is refused.
-    assert tokens_on_nodes(redis_nodes, "handle:shared") == [lock.token] * 3
+    assert settled_tokens(redis_nodes, "handle:shared") == [lock.token] * 3
     assert make_redlock(redis_nodes).lock("handle:shared").acquire(blocking=False) is False
     lock.release()
-    assert tokens_on_nodes(redis_nodes, "handle:shared") == [None] * 3
+    assert settled_tokens(redis_nodes, "handle:shared") == [None] * 3
 
 
 def test_racing_non_blocking_acquires_on_one_handle_leave_the_winner_its_lease(
@@ -79,7 +79,7 @@ def test_racing_non_blocking_acquires_on_one_handle_leave_the_winner_its_lease(
         t.join(10)
     assert sorted(results.values()) == [False] * 7 + [True], results
     assert winner_released.is_set() and release_errors == [], release_errors
-    assert tokens_on_nodes(redis_nodes, "handle:race") == [None] * 3
+    assert settled_tokens(redis_nodes, "handle:race") == [None] * 3
     assert not lock.held
 
 
@@ -106,7 +106,7 @@ def test_threads_sharing_a_held_handle_wait_or_get_false(
     lock.release()
     thread.join(10)
     assert outcome["wait"] is True and outcome["held_by_me"] is True, outcome
-    assert tokens_on_nodes(redis_nodes, "handle:wait") == [None] * 3
+    assert settled_tokens(redis_nodes, "handle:wait") == [None] * 3
 
 
 def test_blocking_acquire_without_a_timeout_waits_until_acquired(
@@ -239,7 +239,7 @@ def test_asyncio_wait_for_acquire_is_owned_by_the_caller_on_every_python(
 
     other, held = asyncio.run(main())
     assert other is False and held is True
-    assert tokens_on_nodes(redis_nodes, "handle:wait-for") == [None] * 3
+    assert settled_tokens(redis_nodes, "handle:wait-for") == [None] * 3
 
 
 def test_a_reentrant_handle_acquired_twice_is_held_until_its_last_release(
@@ -252,9 +252,9 @@ def test_a_reentrant_handle_acquired_twice_is_held_until_its_last_release(
     lock = rl.lock("handle:twice", ttl=10.0)
     assert lock.acquire(blocking=False) and lock.acquire(blocking=False)
     lock.release()
-    assert lock.held and tokens_on_nodes(redis_nodes, "handle:twice") == [lock.token] * 3
+    assert lock.held and settled_tokens(redis_nodes, "handle:twice") == [lock.token] * 3
     lock.release()
-    assert not lock.held and tokens_on_nodes(redis_nodes, "handle:twice") == [None] * 3
+    assert not lock.held and settled_tokens(redis_nodes, "handle:twice") == [None] * 3
     with pytest.raises(LockNotOwned):
         lock.release()
     # Two handles: each release ends that handle's own hold only.
@@ -263,7 +263,7 @@ def test_a_reentrant_handle_acquired_twice_is_held_until_its_last_release(
     inner.release()
     assert not inner.held and outer.held
     outer.release()
-    assert tokens_on_nodes(redis_nodes, "handle:twice") == [None] * 3
+    assert settled_tokens(redis_nodes, "handle:twice") == [None] * 3
 
     async def main() -> None:
         arl = AsyncRedlock(redis_nodes.urls, reentrant=True)
@@ -278,4 +278,4 @@ def test_a_reentrant_handle_acquired_twice_is_held_until_its_last_release(
             await arl.close()
 
     asyncio.run(main())
-    assert tokens_on_nodes(redis_nodes, "handle:twice-async") == [None] * 3
+    assert settled_tokens(redis_nodes, "handle:twice-async") == [None] * 3

@@ -14,7 +14,15 @@ import pytest
 
 from django_redlock import AsyncRedlock, LockLost, LockNotOwned, QuorumError, Redlock
 from django_redlock.core.nodes import Due, Node, pack
-from tests.helpers import PREFIX, node_client, occupy, tokens_on_nodes, wait_until, warm_up
+from tests.helpers import (
+    PREFIX,
+    node_client,
+    occupy,
+    settled_tokens,
+    tokens_on_nodes,
+    wait_until,
+    warm_up,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -91,7 +99,7 @@ def test_a_renewed_bare_quorum_lock_survives_a_minority_pause(
         while time.monotonic() < deadline:
             assert lock.held, lock.lost
             time.sleep(0.02)
-        assert tokens_on_nodes([cluster[0], cluster[2]], "bare") == [lock.token] * 2
+        assert settled_tokens([cluster[0], cluster[2]], "bare") == [lock.token] * 2
     finally:
         cluster[1].resume()
     lock.release()
@@ -115,7 +123,7 @@ def test_a_renewed_bare_quorum_lock_survives_a_minority_pause_async(
                 for _ in range(75):
                     assert lock.held, lock.lost
                     await asyncio.sleep(0.02)
-                assert tokens_on_nodes([cluster[0], cluster[2]], "bare") == [lock.token] * 2
+                assert settled_tokens([cluster[0], cluster[2]], "bare") == [lock.token] * 2
             finally:
                 cluster[1].resume()
             await lock.release()
@@ -267,7 +275,7 @@ def test_huge_meta_is_refused_before_anything_is_sent(redis_nodes, make_redlock)
     rl = make_redlock(redis_nodes)
     with pytest.raises(ValueError, match="meta"):
         rl.lock("big", meta={"note": "x" * 10_000_000})
-    assert tokens_on_nodes(redis_nodes, "big") == [None] * len(redis_nodes)
+    assert settled_tokens(redis_nodes, "big") == [None] * len(redis_nodes)
 
 
 def test_the_meta_limit_holds_for_the_client_and_lock_meta_together(
@@ -280,7 +288,7 @@ def test_the_meta_limit_holds_for_the_client_and_lock_meta_together(
     rl = make_redlock(redis_nodes, meta={"service": half})
     with pytest.raises(ValueError, match=r"meta is \d+ bytes of JSON with the client's"):
         rl.lock("both", meta={"detail": half})
-    assert tokens_on_nodes(redis_nodes, "both") == [None] * len(redis_nodes)
+    assert settled_tokens(redis_nodes, "both") == [None] * len(redis_nodes)
     small = rl.lock("both", meta={"detail": "y"})  # fits with the client's
     assert small.acquire(blocking=False)
     small.release()
@@ -319,7 +327,7 @@ def test_blocking_must_be_a_bool(redis_nodes, make_redlock) -> None:
         rl.lock("b").acquire(blocking="no")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="blocking"):
         rl.lock("b", blocking="no")  # type: ignore[arg-type]
-    assert tokens_on_nodes(redis_nodes, "b") == [None] * len(redis_nodes)
+    assert settled_tokens(redis_nodes, "b") == [None] * len(redis_nodes)
 
 
 def test_renew_for_without_auto_renew_is_refused(redis_nodes, make_redlock) -> None:
@@ -524,9 +532,9 @@ def test_an_acquire_interrupted_after_its_win_gives_the_lease_back(
     with pytest.raises(_Interrupted):
         lock.acquire(blocking=False)
     assert not lock.held
-    assert tokens_on_nodes(redis_nodes, "won") == [None] * len(redis_nodes)
+    assert settled_tokens(redis_nodes, "won") == [None] * len(redis_nodes)
     time.sleep(1.2)  # a lease later nothing renewed it back (a duration, not a sync)
-    assert tokens_on_nodes(redis_nodes, "won") == [None] * len(redis_nodes)
+    assert settled_tokens(redis_nodes, "won") == [None] * len(redis_nodes)
     assert rl.lock("won").acquire(blocking=False)
 
 
@@ -553,7 +561,7 @@ def test_an_acquire_cancelled_after_its_win_gives_the_lease_back(redis_nodes) ->
                     break
                 await asyncio.sleep(0.01)
             await asyncio.sleep(1.2)  # a lease later nothing renewed it back
-            assert tokens_on_nodes(redis_nodes, "won") == [None] * len(redis_nodes)
+            assert settled_tokens(redis_nodes, "won") == [None] * len(redis_nodes)
             assert await rl.lock("won").acquire(blocking=False)
         finally:
             await rl.close()

@@ -14,7 +14,7 @@ import pytest
 
 from django_redlock import RedlockError
 from django_redlock.testing import RedisCluster
-from tests.helpers import tokens_on_nodes, wait_until, warm_up
+from tests.helpers import settled_tokens, tokens_on_nodes, wait_until, warm_up
 
 IGNORED = {"info", "client", "hello", "select", "ping"}  # our own counting and connection setup
 
@@ -52,10 +52,10 @@ def test_same_thread_reenters_with_one_read_and_no_write(
     # One read per reentry per node (a quorum's answer ends the wait; the rest come in later).
     wait_until(lambda: _gets(node_calls, redis_nodes) == [n + 2 for n in reads])
     # The inner releases only dropped the hold count: the key is still there.
-    assert tokens_on_nodes(redis_nodes, "re:nested") == [outer.token] * 3
+    assert settled_tokens(redis_nodes, "re:nested") == [outer.token] * 3
     assert outer.held and outer.check()
     outer.release()
-    assert tokens_on_nodes(redis_nodes, "re:nested") == [None] * 3
+    assert settled_tokens(redis_nodes, "re:nested") == [None] * 3
 
 
 def test_another_thread_blocks_until_the_outermost_release(
@@ -134,9 +134,9 @@ def test_explicit_owner_is_shared_across_threads(redis_nodes: RedisCluster, make
         "thread_owner": False,
     }, results
     # The other thread's release only dropped its hold.
-    assert tokens_on_nodes(redis_nodes, "re:owner") == [held.token] * 3
+    assert settled_tokens(redis_nodes, "re:owner") == [held.token] * 3
     held.release()
-    assert tokens_on_nodes(redis_nodes, "re:owner") == [None] * 3
+    assert settled_tokens(redis_nodes, "re:owner") == [None] * 3
 
 
 def test_an_explicit_owner_is_one_holder_per_client(
@@ -149,7 +149,7 @@ def test_an_explicit_owner_is_one_holder_per_client(
     assert held.acquire(blocking=False)
     other = make_redlock(redis_nodes, reentrant=True)
     assert other.lock("re:client", owner="task-1").acquire(blocking=False) is False
-    assert tokens_on_nodes(redis_nodes, "re:client") == [held.token] * 3
+    assert settled_tokens(redis_nodes, "re:client") == [held.token] * 3
     held.release()
 
 
@@ -216,7 +216,7 @@ def test_a_reentry_with_no_node_answering_keeps_the_hold(
     wait_until(outer.check, timeout=10.0)  # the nodes answer again: still ours
     inner.release()
     outer.release()
-    assert tokens_on_nodes(redis_nodes, "re:silent") == [None] * 3
+    assert settled_tokens(redis_nodes, "re:silent") == [None] * 3
 
 
 def test_a_second_handle_given_up_leaves_the_first_handles_lock_alone(
@@ -233,7 +233,7 @@ def test_a_second_handle_given_up_leaves_the_first_handles_lock_alone(
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(rl.lock("two-handles", ttl=10.0).acquire(timeout=8), 0.3)
         assert first.held and first.lost is None
-        assert tokens_on_nodes(redis_nodes, "two-handles") == [first.token] * 3
+        assert settled_tokens(redis_nodes, "two-handles") == [first.token] * 3
         await first.release()
 
     asyncio.run(main())
@@ -255,7 +255,7 @@ def test_a_second_handle_given_up_leaves_the_first_handles_lock_alone(
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert first.held and first.lost is None
-    assert tokens_on_nodes(redis_nodes, "two-handles") == [first.token] * 3
+    assert settled_tokens(redis_nodes, "two-handles") == [first.token] * 3
     first.release()
 
 
@@ -279,7 +279,7 @@ def test_cancelled_reentries_leave_nothing_held(
             await inner.release()
         assert outer.held
         await outer.release()
-        assert tokens_on_nodes(redis_nodes, "re:cancelled") == [None] * 3
+        assert settled_tokens(redis_nodes, "re:cancelled") == [None] * 3
 
     asyncio.run(main())
 
@@ -322,7 +322,7 @@ def test_clients_that_share_holds_reenter_each_others_hold(
 
     outer_token, inner_token, after = asyncio.run(outer())
     assert inner_token == outer_token and after == [outer_token] * 3
-    assert tokens_on_nodes(redis_nodes, "re:across") == [None] * 3
+    assert settled_tokens(redis_nodes, "re:across") == [None] * 3
 
 
 def test_an_async_call_reenters_a_sync_hold_from_its_own_event_loop(
@@ -347,7 +347,7 @@ def test_an_async_call_reenters_a_sync_hold_from_its_own_event_loop(
     assert outer.held and outer.check()
     assert not sync.lock("re:across-sync", owner="view-2").acquire(blocking=False)
     outer.release()
-    assert tokens_on_nodes(redis_nodes, "re:across-sync") == [None] * 3
+    assert settled_tokens(redis_nodes, "re:across-sync") == [None] * 3
 
 
 def test_the_last_hold_ends_the_lease_whichever_client_drops_it(
@@ -368,9 +368,9 @@ def test_the_last_hold_ends_the_lease_whichever_client_drops_it(
         return mine
 
     token = asyncio.run(outer())
-    assert inner.held and tokens_on_nodes(redis_nodes, "re:across-last") == [token] * 3
+    assert inner.held and settled_tokens(redis_nodes, "re:across-last") == [token] * 3
     inner.release()
-    assert tokens_on_nodes(redis_nodes, "re:across-last") == [None] * 3
+    assert settled_tokens(redis_nodes, "re:across-last") == [None] * 3
     # Gone from both clients' tables: the owner takes it anew (a new token), not rejoins.
     again = sync.lock("re:across-last", owner="view-1")
     assert again.acquire(blocking=False) and again.token != token

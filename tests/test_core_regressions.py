@@ -17,9 +17,11 @@ import pytest
 from django_redlock import AsyncRedlock, QuorumError, Redlock
 from django_redlock.core import validation
 from tests.helpers import (
+    held_everywhere,
     node_client,
     occupy,
     release_listeners,
+    settled_tokens,
     tokens_on_nodes,
     vacate,
     wait_until,
@@ -181,6 +183,7 @@ def test_force_release_turns_holder_held_false(redis_nodes, make_redlock) -> Non
     operator = make_redlock(redis_nodes, node_timeout=0.5)
     lock = rl.lock("forced", ttl=9.0, auto_renew=True)
     assert lock.acquire(blocking=False)
+    held_everywhere(redis_nodes, "forced")
     assert operator.force_release("forced") == 3
     # Renewal is due only after 3 s: the notice must come well before.
     wait_until(lambda: not lock.held, timeout=1.0)
@@ -262,7 +265,7 @@ def test_forked_child_does_not_release_parents_lock(redis_nodes, make_redlock) -
             if pid == 0:
                 raise SystemExit(0)  # unwinds the with block in the child only
             os.waitpid(pid, 0)
-            assert tokens_on_nodes(redis_nodes, "forked") == [lock.token] * 3
+            assert settled_tokens(redis_nodes, "forked") == [lock.token] * 3
             assert not _try(third, "forked")
             assert lock.held
 
@@ -280,7 +283,7 @@ def test_forked_child_does_not_release_parents_lock_async(redis_nodes, make_redl
                 if pid == 0:
                     raise SystemExit(0)
                 os.waitpid(pid, 0)
-                assert tokens_on_nodes(redis_nodes, "forked") == [lock.token] * 3
+                assert settled_tokens(redis_nodes, "forked") == [lock.token] * 3
                 assert not _try(third, "forked")
                 assert lock.held
         finally:

@@ -25,9 +25,11 @@ from django_redlock.core.renewal import renewer
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
     REPO_ROOT,
+    held_everywhere,
     node_client,
     occupy,
     pttls_on_nodes,
+    settled_tokens,
     tokens_on_nodes,
     wait_until,
     warm_up,
@@ -60,10 +62,10 @@ def test_auto_renew_keeps_a_short_lease_alive(redis_nodes: RedisCluster, make_re
     assert max_pttl_late > TTL * 1000 / 3
     assert renewals == sorted(renewals)
     assert renewals[-1] >= 6, renewals  # ~10 expected in 2 s at ttl/3
-    assert tokens_on_nodes(redis_nodes, lock.name) == [lock.token] * 3
+    assert settled_tokens(redis_nodes, lock.name) == [lock.token] * 3
     assert lock.check()
     lock.release()
-    assert tokens_on_nodes(redis_nodes, lock.name) == [None] * 3
+    assert settled_tokens(redis_nodes, lock.name) == [None] * 3
 
 
 def test_one_renewer_thread_serves_every_lock(redis_nodes: RedisCluster, make_redlock) -> None:
@@ -115,7 +117,7 @@ def test_no_renewal_traffic_after_release(
     for b, a in zip(before, after, strict=True):
         for command in ("evalsha", "eval", "pexpire", "hset", "hincrby"):
             assert a.get(command, 0) == b.get(command, 0), (command, b, a)
-    assert tokens_on_nodes(redis_nodes, lock.name) == [None] * 3
+    assert settled_tokens(redis_nodes, lock.name) == [None] * 3
     assert not lock.held
 
 
@@ -133,6 +135,7 @@ def test_token_gone_behind_our_back_is_lost(
                 c.delete(f"redlock:lock:{lock.name}")
     else:  # an operator (another process) force-releases it from the admin page
         other = make_redlock(redis_nodes, ttl=TTL)
+        held_everywhere(redis_nodes, lock.name)
         assert other.force_release(lock.name) == 3
     event = log.wait_for("lost", lock.name, timeout=TTL)
     assert event is not None, "no lost event within one lease"
@@ -270,7 +273,7 @@ def test_holder_frozen_past_its_lease_finds_out_when_it_resumes(
     assert "the process was paused" in report["reason"], report  # not "fell behind"
     assert report["release"] == "LockLost", report
     # The resumed holder neither renewed nor deleted the new holder's lock.
-    assert tokens_on_nodes(redis_nodes, "renew:frozen") == [other.token] * 3
+    assert settled_tokens(redis_nodes, "renew:frozen") == [other.token] * 3
     assert token != other.token
     other.release()
 
@@ -381,7 +384,7 @@ def test_fork_child_renews_only_its_own_locks(redis_nodes: RedisCluster, make_re
     assert report["released"] is True
     # The parent's lock was renewed by the parent all along, and is untouched by the child.
     assert parent.held, parent.lost
-    assert tokens_on_nodes(redis_nodes, parent.name) == [parent.token] * 3
+    assert settled_tokens(redis_nodes, parent.name) == [parent.token] * 3
     assert rl.lock_info(parent.name).renewals >= 3
     parent.release()
 
@@ -392,7 +395,7 @@ def test_renew_for_caps_the_total_renewal_time(redis_nodes: RedisCluster, make_r
     assert lock.acquire(blocking=False)
     start = time.monotonic()
     time.sleep(0.9)  # past the first lease: renewed while within the cap
-    assert lock.held and tokens_on_nodes(redis_nodes, lock.name) == [lock.token] * 3
+    assert lock.held and settled_tokens(redis_nodes, lock.name) == [lock.token] * 3
     wait_until(lambda: tokens_on_nodes(redis_nodes, lock.name) == [None] * 3, timeout=3)
     gone_after = time.monotonic() - start
     # Renewed until the cap, then left to run out: gone at most one ttl after the cap.
@@ -539,7 +542,7 @@ def test_a_renewed_lock_whose_thread_ended_stays_held_and_is_released_through_it
     assert not other.lock("renew:thread-ended").acquire(blocking=False)
     lock.release()  # from the main thread
     assert not lock.held and lock.lost is None
-    assert tokens_on_nodes(redis_nodes, "renew:thread-ended") == [None] * 3
+    assert settled_tokens(redis_nodes, "renew:thread-ended") == [None] * 3
     # A live owner still bars everyone else, as before.
     mine = rl.lock("renew:thread-live", auto_renew=True)
     assert mine.acquire(blocking=False)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.helpers import occupy, tokens_on_nodes, wait_until, warm_up
+from tests.helpers import occupy, settled_tokens, tokens_on_nodes, wait_until, warm_up
 
 pytestmark = pytest.mark.faults
 
@@ -81,7 +81,7 @@ def test_fan_outs_started_meanwhile_go_out_together_as_the_next_round(
     assert _idle(rl)
     for name in ["first", *names]:
         results[name][0].release()
-    assert all(tokens_on_nodes(cluster, name) == [None] * 3 for name in ["first", *names])
+    assert all(settled_tokens(cluster, name) == [None] * 3 for name in ["first", *names])
 
 
 def test_an_operation_decided_at_quorum_does_not_wait_for_one_sharing_its_round(
@@ -110,14 +110,14 @@ def test_an_operation_decided_at_quorum_does_not_wait_for_one_sharing_its_round(
         assert not free.is_alive(), "a fan-out decided at quorum waited for the frozen node"
         assert busy.is_alive(), "the refused attempt should still wait for the frozen node"
         lock, acquired = results["free"]
-        assert acquired and tokens_on_nodes(cluster[:2], "free") == [lock.token] * 2
+        assert acquired and settled_tokens(cluster[:2], "free") == [lock.token] * 2
         busy.join(5)
         assert not busy.is_alive() and results["busy"][1] is False
         leader.join(5)
         assert results["lead"][1] is True
     finally:
         cluster[2].resume()
-    assert tokens_on_nodes(cluster, "busy") == ["other-holder"] * 3
+    assert settled_tokens(cluster, "busy") == ["other-holder"] * 3
     assert _idle(rl)
 
 

@@ -11,7 +11,7 @@ import traceback
 import pytest
 
 from django_redlock import LockNotAcquired, LockNotOwned, QuorumError
-from tests.helpers import node_client, run_processes, wait_until, warm_up
+from tests.helpers import held_everywhere, node_client, run_processes, wait_until, warm_up
 
 INSIDE = "semaphore:inside"  # outside the lock prefix: plain data the permits guard
 
@@ -122,6 +122,7 @@ def test_force_release_of_one_permit(redis_nodes, make_redlock) -> None:
     rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
     a, b = rl.semaphore("ops", 2, owner="a"), rl.semaphore("ops", 2, owner="b")
     assert a.acquire(blocking=False) and b.acquire(blocking=False)
+    held_everywhere(redis_nodes, f"ops#permit:{a.permit}")
     assert rl.force_release(f"ops#permit:{a.permit}") == 3
     c = rl.semaphore("ops", 2, owner="c")
     assert c.acquire(blocking=False) and c.permit == a.permit

@@ -21,7 +21,14 @@ from django_redlock.core.lock import Lease
 from django_redlock.core.nodes import TIMED_OUT, Failure, Wire
 from django_redlock.core.waiting import HolderWatch
 from tests.faults.proxy import Proxy
-from tests.helpers import node_client, run_python, tokens_on_nodes, wait_until, warm_up
+from tests.helpers import (
+    node_client,
+    run_python,
+    settled_tokens,
+    tokens_on_nodes,
+    wait_until,
+    warm_up,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -88,11 +95,11 @@ def test_a_connection_owing_past_node_timeout_is_set_aside_with_its_undo(
         second = rl.lock("second")
         assert second.acquire(blocking=False)
     assert _sets_run(cluster[2]) == sets_before + 1  # the second SET never queued there
-    assert tokens_on_nodes(cluster[:2], "first") == [first.token] * 2
-    assert tokens_on_nodes(cluster[:2], "second") == [second.token] * 2
+    assert settled_tokens(cluster[:2], "first") == [first.token] * 2
+    assert settled_tokens(cluster[:2], "second") == [second.token] * 2
     first.release()
     second.release()
-    assert tokens_on_nodes(cluster, "first") == tokens_on_nodes(cluster, "second") == [None] * 3
+    assert tokens_on_nodes(cluster, "first") == settled_tokens(cluster, "second") == [None] * 3
 
 
 async def _warm_up_async(rl: AsyncRedlock) -> None:
@@ -145,13 +152,13 @@ def test_a_connection_owing_past_node_timeout_is_set_aside_with_its_undo_async(
                 second = rl.lock("second", ttl=30)
                 assert await second.acquire(blocking=False)
             assert _sets_run(cluster[2]) == sets_before + 1  # the second SET never queued there
-            assert tokens_on_nodes(cluster[:2], "first") == [first.token] * 2
-            assert tokens_on_nodes(cluster[:2], "second") == [second.token] * 2
+            assert settled_tokens(cluster[:2], "first") == [first.token] * 2
+            assert settled_tokens(cluster[:2], "second") == [second.token] * 2
             await first.release()
             await second.release()
             await rl.locked("first")
-            assert tokens_on_nodes(cluster, "first") == [None] * 3
-            assert tokens_on_nodes(cluster, "second") == [None] * 3
+            assert settled_tokens(cluster, "first") == [None] * 3
+            assert settled_tokens(cluster, "second") == [None] * 3
         finally:
             await rl.close()
 
@@ -222,7 +229,7 @@ def _release_overtakes_acquire(rl, cluster, proxy: Proxy, name: str) -> Wire:
     busy = rl.nodes[2]._idle.pop()
     assert busy.due, "the connection should still owe the acquire's reply"
     lock.release()
-    assert tokens_on_nodes(cluster, name) == [None] * 3
+    assert settled_tokens(cluster, name) == [None] * 3
     proxy.let_through()
     wait_until(lambda: tokens_on_nodes(cluster, name)[2] == token)
     return busy
@@ -264,7 +271,7 @@ def test_an_overtaken_acquire_is_undone_when_its_connection_goes_back_owing(
     wait_until(lambda: _sets_run(frozen) >= sets_before + 2)
     # The release (on the other connection) and the undo (behind the acquire) both ran.
     wait_until(lambda: _evals_run(frozen) >= evals_before + 2)
-    assert tokens_on_nodes(cluster, "overtaken") == [None] * 3
+    assert settled_tokens(cluster, "overtaken") == [None] * 3
     other.release()
 
 
@@ -403,7 +410,7 @@ def test_a_late_noscript_does_not_run_an_ended_acquire(redis_cluster_factory, ma
         frozen.resume()
     for _ in range(2):  # reads the late NOSCRIPT, and whatever would be sent after it
         assert rl.locked("noscript") is False
-    assert tokens_on_nodes(cluster, "noscript") == [None] * 3
+    assert settled_tokens(cluster, "noscript") == [None] * 3
 
 
 def test_a_release_that_could_not_reach_a_node_goes_out_with_the_next_operation(
@@ -539,7 +546,7 @@ def test_an_overtaken_acquire_whose_connection_is_cut_is_undone_on_another_async
             state.shared[2] = None
             assert busy.owed
             await lock.release()
-            assert tokens_on_nodes(cluster, name) == [None] * 3
+            assert settled_tokens(cluster, name) == [None] * 3
             proxy.let_through()
             wait_until(lambda: tokens_on_nodes(cluster, name)[2] == token)
             _cut_before_the_node_reads(proxy)

@@ -12,7 +12,7 @@ import pytest
 
 from django_redlock import LockNotOwned
 from django_redlock.testing import RedisCluster
-from tests.helpers import lock_keys, tokens_on_nodes, warm_up
+from tests.helpers import settled_lock_keys, settled_tokens, tokens_on_nodes, warm_up
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 CHILDREN = 100
@@ -78,9 +78,9 @@ def test_tokens_unique_across_100_forked_children(redis_nodes: RedisCluster, mak
     assert parent_lock.token not in tokens
     # The parent still holds its lock, with its own token, on every node.
     assert parent_lock.check()
-    assert tokens_on_nodes(redis_nodes, "fork:parent") == [parent_lock.token] * 3
+    assert settled_tokens(redis_nodes, "fork:parent") == [parent_lock.token] * 3
     parent_lock.release()
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
 
 
 def test_tokens_unique_across_threads(redis_nodes: RedisCluster, make_redlock) -> None:
@@ -140,7 +140,7 @@ def test_release_after_expiry_and_takeover_raises_and_spares_the_new_holder(
     assert second.held
     assert first_client.locked("stale") is True
     second.release()
-    assert lock_keys(redis_nodes) == [{}, {}, {}]
+    assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
 
 
 def test_release_with_a_stale_token_on_a_quorum_only(

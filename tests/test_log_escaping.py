@@ -15,6 +15,7 @@ from django_redlock import LockNotOwned, Redlock, get_redlock, locked
 from django_redlock.core import printable
 from django_redlock.signals import lock_lost
 from django_redlock.testing import RedisCluster
+from tests.helpers import held_everywhere
 
 #: CR, LF, ESC, a backslash, and a backslash sequence that must not read as an escape.
 EVIL = "inv\r\nCRITICAL django_redlock forged \x1b[2J\\x1b\\"
@@ -52,6 +53,7 @@ def test_a_force_released_and_lost_lock_logs_its_name_escaped(
     lock = rl.lock(EVIL, ttl=10)
     assert lock.acquire(blocking=False)
     caplog.set_level(logging.WARNING, logger="django_redlock")
+    held_everywhere(redis_nodes, EVIL)
     assert rl.force_release(EVIL) == 3
     kinds = {getattr(r, "lock_event", None) for r in caplog.records}
     assert {"force_released", "lost"} <= kinds, kinds
@@ -70,6 +72,7 @@ def test_a_lock_lost_by_its_renewal_logs_its_name_escaped(
     rl.listeners.append(lambda e: e.kind == "lost" and heard.set())
     lock = rl.lock(EVIL, ttl=3, auto_renew=True)
     assert lock.acquire(blocking=False)
+    held_everywhere(redis_nodes, EVIL)
     assert other.force_release(EVIL) == 3
     assert heard.wait(30)
     assert_escaped(lines(caplog))
@@ -113,6 +116,7 @@ def test_managers_of_other_services_log_through_the_same_escaper(
         lock = rl.lock(EVIL + "plain", ttl=10)
         assert lock.acquire(blocking=False)
         caplog.set_level(logging.WARNING, logger="django_redlock")
+        held_everywhere(redis_nodes, EVIL + "plain")
         assert rl.force_release(EVIL + "plain") == 3
         assert_escaped(lines(caplog))
     finally:

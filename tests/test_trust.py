@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 
 from django_redlock import AsyncRedlock, QuorumError
 from django_redlock.core import TrustRefused
-from tests.helpers import node_client, tokens_on_nodes
+from tests.helpers import node_client, settled_tokens
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_new_cluster_with_a_node_down_says_why_and_trust_lets_it_vote(
     assert rl.trust_cluster() == 2  # the reachable nodes
     assert all(m[b"trusted"] != b"0" for m in _markers(cluster))
     assert lock.acquire(blocking=False)
-    assert tokens_on_nodes(cluster.nodes[:2], "trust:me") == [lock.token] * 2
+    assert settled_tokens(cluster.nodes[:2], "trust:me") == [lock.token] * 2
     lock.release()
 
 
