@@ -10,6 +10,7 @@ from django.core.checks import Tags, run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
+from django_redlock import Redlock
 from django_redlock.conf import get_redlock
 
 A, B, C = "redis://10.0.0.1:6379/0", "redis://10.0.0.2:6379/0", "redis://10.0.0.3:6379/0"
@@ -291,6 +292,19 @@ def test_duplicate_nodes():
     found = messages({"NODES": ["redis://LOCALHOST:6379/0", B, "redis://127.0.0.1"]})
     assert [m.id for m in found] == ["django_redlock.E007"]
     assert "[0] and [2]" in found[0].msg
+
+
+@pytest.mark.parametrize(
+    "spelt", ["/run/redis//redis.sock", "/run/redis/./redis.sock", "/run/redis/sub/../redis.sock"]
+)
+def test_one_socket_spelt_two_ways_is_one_server(spelt):
+    """The same socket file is one server however its path is written (the constructor and
+    the check read one rule)."""
+    nodes = ["unix:///run/redis/redis.sock?db=0", f"unix://{spelt}?db=1", C]
+    found = messages({"NODES": nodes})
+    assert [m.id for m in found] == ["django_redlock.E007"]
+    with pytest.raises(ValueError, match="same Redis server"):
+        Redlock(nodes)
 
 
 def test_cache_node_duplicating_a_url():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
 import select
 import socket
 import ssl
@@ -2029,7 +2030,9 @@ def node_identity(url: str) -> tuple[str, str, int]:
         return group_identity(url)
     parts = urlsplit(url)
     if parts.scheme == "unix":
-        return ("unix", parts.path, 0)
+        # One socket file however the path is spelt: a doubled slash, ``.`` and ``..``
+        # segments and symlinked directories name the same file.
+        return ("unix", os.path.realpath(parts.path), 0)
     return ("tcp", same_host(parts.hostname or ""), parts.port or 6379)
 
 
