@@ -9,13 +9,14 @@ import json
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from . import clock, rwscripts, scripts
 from .algorithm import AnyBuilder
 from .guard import MARKER_CHANGED
 from .info import HOLDER_PLACE
 from .kinds import base_name, is_reader, reader_entry_of, reader_name
+from .listing import GuardState
 from .lock import Lease, LockBase
 from .nodes import (
     Failure,
@@ -33,19 +34,7 @@ from .nodes import (
 )
 from .validation import check_name
 
-__all__ = ["AcquireRequest", "Client", "GuardState", "KeyLayout", "lock_fields", "lock_value"]
-
-
-class GuardState(NamedTuple):
-    """A node's restart guard as a read saw it (``scripts.SITS_OUT``), beside that read's own
-    answer (``reply``): how long the node still sits out (0: it votes), whether it has no
-    marker at all, and when its server started (``time.time()``, from the connection's
-    handshake), which tells whether a cluster of such nodes may be brand-new."""
-
-    reply: Any
-    sits_out_ms: int
-    unmarked: bool
-    started: float
+__all__ = ["AcquireRequest", "Client", "KeyLayout", "lock_fields", "lock_value"]
 
 
 def lock_value(

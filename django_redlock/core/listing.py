@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -17,10 +17,7 @@ from .info import LockInfo, NodeHealth, NodeLockState
 from .nodes import Failure, Node
 from .scripts import PERMITTED
 
-if TYPE_CHECKING:
-    from .commands import GuardState
-
-__all__ = ["Listing", "glob_escape", "parse_info"]
+__all__ = ["GuardState", "Listing", "glob_escape", "parse_info"]
 
 
 #: Seconds within which the servers of a brand-new cluster started: servers restarted further
@@ -37,6 +34,18 @@ def started_together(started: Sequence[float], now: float, max_ttl: float) -> bo
     longer than a lease ago (a restart that long ago lost nothing a lease could outlive)."""
     recent = now - max(started) < max_ttl
     return not recent or max(started) - min(started) <= FRESH_START_SPREAD
+
+
+class GuardState(NamedTuple):
+    """A node's restart guard as a read saw it (``scripts.SITS_OUT``), beside that read's own
+    answer (``reply``): how long the node still sits out (0: it votes), whether it has no
+    marker at all, and when its server started (``time.time()``, from the connection's
+    handshake), which tells whether a cluster of such nodes may be brand-new."""
+
+    reply: Any
+    sits_out_ms: int
+    unmarked: bool
+    started: float
 
 
 class Listing:
