@@ -334,8 +334,7 @@ class AsyncRedlock(RedlockBase):
 
     async def live_locks(self, pattern: str = "*") -> list[LockInfo]:
         """:meth:`Redlock.live_locks`, awaitable: a list rather than an iterator."""
-        found = await self._drive(self._list_steps(pattern))
-        return [self.listing.lock_info(name, found[name]) for name in sorted(found)]
+        return await self._drive(self._live_locks_steps(pattern))
 
     async def lock_info(self, name: str) -> LockInfo | None:
         """:meth:`Redlock.lock_info`, awaitable."""

@@ -42,7 +42,7 @@ from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
 from .guard import RestartGuard
 from .hedging import heard_out, hedge_at
-from .info import NodeHealth
+from .info import LockInfo, NodeHealth
 from .kinds import listed_hold
 from .leases import LeaseTable, replies_of
 from .listing import Listing, glob_escape, parse_info
@@ -410,24 +410,36 @@ class RedlockBase:
         return self.leases.won(handle, outcome, start) if isinstance(outcome, Lease) else outcome
 
     def _locked_steps(self, name: str) -> Steps[bool]:
-        replies = yield Send(to_every_node(self.keys.locked_command(check_name(name, listed=True))))
-        held = sum(1 for r in replies if r == 1 or isinstance(r, bytes))
+        check = self.keys.locked_command(check_name(name, listed=True))
+        if self.restart_guard:
+            guard_ms = int(self.guard_period * 1000)
+            answers = yield Send(self.keys.with_guard_state(check, guard_ms))
+            sitting = self.listing.sitting_out(answers)
+            replies = [a if isinstance(a, Failure) else a.reply for a in answers]
+        else:
+            replies = yield Send(to_every_node(check))
+            sitting = {}
+        held_there = [r == 1 or isinstance(r, bytes) for r in replies]
+        held = sum(held_there)
         if held >= self.quorum:
             return True
-        failures = {
-            n.name: str(r)
-            for n, r in zip(self.nodes, replies, strict=True)
-            if isinstance(r, Failure)
+        # A node in its restart guard may have lost the key of a lease still running on the
+        # others: its "not held" is no answer, as a silent node's.
+        unknown = {
+            n.name: sitting[i] if i in sitting else str(r)
+            for i, (n, r) in enumerate(zip(self.nodes, replies, strict=True))
+            if isinstance(r, Failure) or (i in sitting and not held_there[i])
         }
-        if held + len(failures) < self.quorum:
+        if held + len(unknown) < self.quorum:
             return False
         # The silent nodes may hold it: "free" would be a guess (redis-py's locked() raises
         # when it cannot ask, and so does an acquire here).
         raise QuorumError(
             f"lock {name!r}: could not tell whether it is held: {held} of {len(self.nodes)} "
-            f"nodes hold it, {len(failures)} could not answer, {self.quorum} needed",
+            f"nodes hold it, {len(unknown)} could not answer (silent, or in their restart "
+            f"guard), {self.quorum} needed",
             name,
-            failures=failures,
+            failures=unknown,
         )
 
     def _force_release_steps(self, name: str, token: str | None) -> Steps[int]:
@@ -540,13 +552,18 @@ class RedlockBase:
             whens = dict(zip(map(id, batch), judged, strict=True))
         return [whens.get(id(lease)) for lease in leases]
 
-    def _list_steps(self, pattern: str) -> Steps[dict[str, list[tuple[Node, list[Any]]]]]:
+    def _list_steps(
+        self, pattern: str, read_guard: bool = False
+    ) -> Steps[tuple[dict[str, list[tuple[Node, list[Any]]]], tuple[str, ...]]]:
         """Every lock some node holds whose name matches the glob ``pattern``: each step reads
         up to ``LIST_BATCH`` locks per node in one script call (a SCAN step, never KEYS, so a
         busy node is not blocked), on all nodes at once. Returns each name's per-node
-        entries (see :meth:`.Listing.lock_info`)."""
+        entries (see :meth:`.Listing.lock_info`) and, with ``read_guard``, the nodes that
+        sit out their restart guard (read in the first step, :meth:`.Listing.sitting_out`)."""
         pattern = check_pattern(pattern)
         found: dict[str, list[tuple[Node, list[Any]]]] = {}
+        sitting: tuple[str, ...] = ()
+        read_guard = read_guard and self.restart_guard
         # The locks, then the read/write locks' readers (one entry per reader).
         for command in (self.keys.list_command, self.keys.list_readers_command):
             cursors: list[bytes | None] = [b"0"] * len(self.nodes)
@@ -555,9 +572,23 @@ class RedlockBase:
                     id(node): command(cursor, pattern)
                     for node, cursor in zip(self.nodes, cursors, strict=True)
                 }
-                replies = yield Send(to_each_node(commands), timeout=self.keys.LIST_TIMEOUT)
+                if read_guard:
+                    read_guard = False
+                    guard_ms = int(self.guard_period * 1000)
+                    step = self.keys.with_guard_state(commands, guard_ms)
+                    states = yield Send(step, timeout=self.keys.LIST_TIMEOUT)
+                    guarded = self.listing.sitting_out(states)
+                    sitting = tuple(self.nodes[i].name for i in sorted(guarded))
+                    replies = [s if isinstance(s, Failure) else s.reply for s in states]
+                else:
+                    replies = yield Send(to_each_node(commands), timeout=self.keys.LIST_TIMEOUT)
                 self.listing.list_step(cursors, replies, found)
-        return found
+        return found, sitting
+
+    def _live_locks_steps(self, pattern: str) -> Steps[list[LockInfo]]:
+        """``live_locks()``: each lock judged with the nodes in their restart guard in view."""
+        found, sitting = yield from self._list_steps(pattern, read_guard=True)
+        return [self.listing.lock_info(name, found[name], sitting) for name in sorted(found)]
 
     def _probe_steps(self, node: Node) -> Generator[list[list[Any]], list[Any], NodeHealth]:
         """One node's health probe as I/O-free steps: each yield is commands the driver
@@ -589,7 +620,7 @@ class RedlockBase:
     def _trust_cluster_steps(self) -> Steps[int]:
         """``trust_cluster()``: refuse when a reachable node holds a lock (the operator's
         assertion is false), else arm every reachable node's marker as trusted now."""
-        found = yield from self._list_steps("*")
+        found, _ = yield from self._list_steps("*")
         self.listing.refuse_trust(
             [self.listing.lock_info(name, found[name]) for name in sorted(found)]
         )

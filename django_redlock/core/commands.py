@@ -16,6 +16,7 @@ from .algorithm import AnyBuilder
 from .guard import MARKER_CHANGED
 from .info import HOLDER_PLACE
 from .kinds import base_name, is_reader, reader_entry_of, reader_name
+from .listing import GuardState
 from .lock import Lease, LockBase
 from .nodes import (
     Failure,
@@ -166,6 +167,26 @@ class KeyLayout:
         if entry is not None:
             return self.check_command(reader_name(entry[0]), entry[1])
         return ["EXISTS", self.key(name)]
+
+    def with_guard_state(
+        self, command: list[Any] | dict[int, list[Any]], guard_ms: int
+    ) -> AnyBuilder:
+        """A builder sending ``command`` (to every node, or each node its own, keyed by
+        ``id(node)``) with ``scripts.SITS_OUT`` behind it on the same connection (one round
+        trip), the node's answer folded into a :class:`GuardState` (or the
+        :class:`~.nodes.Failure` of either). A script goes as ``EVAL`` with its body: only a
+        lone command's ``NOSCRIPT`` is sent again (:meth:`~.nodes.Wire.settle`), and a node
+        that restarted empty, which is what this read is for, has no script cached."""
+        node_key = self.node_key()
+
+        def build(node: Node, wire: Any) -> Pipelined:
+            its = command[id(node)] if isinstance(command, dict) else command
+            data = as_eval(its) if its[0] == "EVALSHA" else pack(its)
+            server = f"{wire.run_id} {wire.replid}" if wire.replid else wire.run_id
+            guard = pack(eval_command(scripts.SITS_OUT, [node_key], [server, guard_ms]))
+            return Pipelined(data + guard, 2, _fold_guard_state)
+
+        return build
 
     def holders_channel(self) -> str:
         """Where a force release announces the token it removed, for the holder: one channel
@@ -459,6 +480,22 @@ class AcquireRequest:
         (sent behind the acquire on the same connection: see :class:`.fanout.FanOut`), with
         the script's body: nobody may ever read its answer."""
         return self._redlock.keys.undo_command(self._name, self.token)
+
+
+def _fold_guard_state(wire: Any, replies: list[Any]) -> GuardState | Failure:
+    """A read's answer and ``scripts.SITS_OUT``'s, as one :class:`GuardState`."""
+    failure = _error_in(replies)
+    if failure is not None:
+        return failure
+    reply, guard = replies
+    if not (
+        guard.__class__ is list
+        and len(guard) == 2
+        and guard[0].__class__ is int
+        and guard[1].__class__ is int
+    ):
+        return not_redis("the restart-guard read", guard)
+    return GuardState(reply, guard[0], guard[1] == 1, wire.started)
 
 
 def _error_in(replies: list[Any]) -> Failure | None:

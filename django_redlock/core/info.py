@@ -122,7 +122,9 @@ class LockInfo:
     """A live lock as the nodes report it.
 
     ``nodes`` counts the nodes holding the most common token; a lock with fewer than a quorum of
-    them (``split``) is not a valid lock, only leftovers that will expire.
+    them (``split``) is not a valid lock, only leftovers that will expire. ``guarded`` names the
+    nodes without a copy that sit out their restart guard: they may have lost theirs, so they
+    count toward neither side (a lock they could make up the quorum of is not ``split``).
     """
 
     name: str
@@ -139,6 +141,8 @@ class LockInfo:
     #: The lease length last armed (acquire or renewal), seconds: a lock renewed every lease/3
     #: never shows less than two thirds of it left.
     lease: float | None = None
+    #: The nodes without a copy that sit out their restart guard (they may have lost it).
+    guarded: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -172,8 +176,10 @@ class LockInfo:
 
     @property
     def split(self) -> bool:
-        """Held by fewer than a quorum with one token, or by several tokens at once."""
-        return self.nodes < self.quorum or len({s.token for s in self.per_node}) > 1
+        """Held by fewer than a quorum with one token (a node that sits out its restart guard
+        without a copy may have lost one: see :attr:`guarded`), or by several tokens at once."""
+        tokens = {s.token for s in self.per_node}
+        return self.nodes + len(self.guarded) < self.quorum or len(tokens) > 1
 
     @property
     def age(self) -> float | None:

@@ -8,16 +8,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from .errors import TrustRefused
 from .info import LockInfo, NodeHealth, NodeLockState
-from .nodes import Node
+from .nodes import Failure, Node
 from .scripts import PERMITTED
 
-__all__ = ["Listing", "glob_escape", "parse_info"]
+__all__ = ["GuardState", "Listing", "glob_escape", "parse_info"]
 
 
 #: Seconds within which the servers of a brand-new cluster started: servers restarted further
@@ -34,6 +34,18 @@ def started_together(started: Sequence[float], now: float, max_ttl: float) -> bo
     longer than a lease ago (a restart that long ago lost nothing a lease could outlive)."""
     recent = now - max(started) < max_ttl
     return not recent or max(started) - min(started) <= FRESH_START_SPREAD
+
+
+class GuardState(NamedTuple):
+    """A node's restart guard as a read saw it (``scripts.SITS_OUT``), beside that read's own
+    answer (``reply``): how long the node still sits out (0: it votes), whether it has no
+    marker at all, and when its server started (``time.time()``, from the connection's
+    handshake), which tells whether a cluster of such nodes may be brand-new."""
+
+    reply: Any
+    sits_out_ms: int
+    unmarked: bool
+    started: float
 
 
 class Listing:
@@ -79,9 +91,38 @@ class Listing:
                 found.setdefault(entry[0][skip:], []).append((node, entry))
             cursors[index] = None if reply[0] in (b"0", 0) else reply[0]
 
-    def lock_info(self, name: str, states: list[tuple[Node, list[Any]]]) -> LockInfo:
+    def sitting_out(self, states: Sequence[GuardState | Failure]) -> dict[int, str]:
+        """The nodes (by index, with why) whose "not held" is no evidence: each sits out its
+        restart guard, so it may have lost the key of a lease still running on the others,
+        and tells no more than a node that did not answer. Not the nodes of a brand-new
+        cluster (every node answered with no marker at all, their servers started together),
+        which the acquire trusts at once (:meth:`.guard.RestartGuard.all_fresh`): no lease it
+        would protect was ever granted there."""
+        if not self.restart_guard:
+            return {}
+        guarded = {
+            i: s for i, s in enumerate(states) if not isinstance(s, Failure) and s.sits_out_ms > 0
+        }
+        if (
+            self.trust_fresh_cluster
+            and len(guarded) == len(states)
+            and all(s.unmarked for s in guarded.values())
+            and started_together([s.started for s in guarded.values()], time.time(), self.max_ttl)
+        ):
+            return {}
+        return {
+            i: f"guarded: sits out its restart guard ({s.sits_out_ms / 1000:.1f}s more) and "
+            "may have lost the key"
+            for i, s in guarded.items()
+        }
+
+    def lock_info(
+        self, name: str, states: list[tuple[Node, list[Any]]], sitting_out: Sequence[str] = ()
+    ) -> LockInfo:
         """One lock from the nodes' listing entries ``[key, token, meta, fence, renewals,
-        acquired ms, lease ms, pttl ms]``."""
+        acquired ms, lease ms, pttl ms]``; ``sitting_out`` names the nodes in their restart
+        guard (:meth:`sitting_out`): one without a copy may have lost it, so the lock is not
+        judged free (or split) while they could make up its quorum."""
         per_node = tuple(
             NodeLockState(
                 node=node.name,
@@ -107,7 +148,11 @@ class Listing:
         # The holder's fence is on a quorum of its nodes once its acquire returned; a slower
         # node may still show the one it proposed until the write-back reaches it.
         agreed = [f for f in set(fences) if fences.count(f) >= self.quorum]
-        ttls = sorted((s.ttl for s in mine), reverse=True)
+        holding = {s.node for s in per_node}
+        guarded = tuple(n for n in sitting_out if n not in holding)
+        # A guarded node's lost copy was armed with the others: taken as the longest of them.
+        longest = max(s.ttl for s in mine)
+        ttls = sorted([*(s.ttl for s in mine), *(longest for _ in guarded)], reverse=True)
         # The lock is free once fewer than a quorum still hold it.
         ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else 0.0
         return LockInfo(
@@ -123,6 +168,7 @@ class Listing:
             renewals=max(s.renewals for s in mine),
             per_node=per_node,
             lease=max((s.lease for s in mine if s.lease), default=None),
+            guarded=guarded,
         )
 
     def judge_health(self, health: list[NodeHealth]) -> list[NodeHealth]:

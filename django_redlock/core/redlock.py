@@ -91,9 +91,7 @@ class Redlock(RedlockBase):
         return self._live_locks(check_pattern(pattern))
 
     def _live_locks(self, pattern: str) -> Iterator[LockInfo]:
-        found = self._drive(self._list_steps(pattern))
-        for name in sorted(found):
-            yield self.listing.lock_info(name, found[name])
+        yield from self._drive(self._live_locks_steps(pattern))
 
     def lock_info(self, name: str) -> LockInfo | None:
         """Everything the nodes know about one lock, or None when no node holds it."""

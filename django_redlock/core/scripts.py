@@ -45,6 +45,7 @@ __all__ = [
     "LIST",
     "PERMITTED",
     "RELEASE",
+    "SITS_OUT",
     "TRUST",
     "TRUST_NOW",
     "VALUE_FIELDS",
@@ -382,6 +383,37 @@ if token and (ARGV[2] == '' or token == ARGV[2]) then
   return token
 end
 return false
+"""
+)
+
+# Whether this node sits out its restart guard, judged as ``_GUARD`` judges it for an acquire
+# but read-only (it arms no marker): for a read that must not count the "no key" of a node
+# that may have lost its keys as "not held" (``locked()``, the listing).
+# KEYS[1] node marker
+# ARGV[1] the run id of the server this connection reached, then a space and its
+# master_replid when the connection read one; ARGV[2] guard period ms
+# Returns {ms, unmarked}: ms this node still sits out (0: it votes; the whole guard period
+# while its marker is missing or from an earlier server process or dataset, which the next
+# acquire arms), unmarked = 1 when it has no marker at all (never voted since its data went).
+SITS_OUT = Script(
+    """
+local run_id, replid = string.match(ARGV[1], '^(%S+) ?(%S*)$')
+local guard = tonumber(ARGV[2])
+local m = redis.call('HMGET', KEYS[1], 'run_id', 'started', 'trusted', 'armed', 'id', 'replid')
+local of, was = false, false
+if m[6] then
+  of, was = string.match(m[6], '^(%S+) (%S*)$')
+end
+local resynced = of and of == m[5] and replid ~= '' and was ~= replid
+if m[1] ~= run_id or not (m[2] and m[3] and m[4]) or resynced then
+  return {guard, m[1] and 0 or 1}
+end
+if tonumber(m[3]) > 0 then
+  return {0, 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {math.max(tonumber(m[2]) + guard - now, 0), 0}
 """
 )
 

@@ -814,7 +814,10 @@ class Run:
         rl = proc.rl
         assert rl is not None
         for name in sorted({h.name for h in self.holds.values()}):
-            yield from self.driver.drive(task, rl._locked_steps(name))
+            # Asked for its round trip to every node, not its answer: beside a node in its
+            # restart guard it may not be able to tell.
+            with contextlib.suppress(QuorumError):
+                yield from self.driver.drive(task, rl._locked_steps(name))
 
     def _claim(self, task: Task, names: list[str]) -> Gen:
         rl = task.proc.rl
