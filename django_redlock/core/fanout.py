@@ -363,7 +363,12 @@ def fan_out(
         copies: dict[int, int] = {}
         #: hedged nodes that answered on one of their connections.
         answered: set[int] = set()
+        #: ``enough`` held while some node was still being connected to: the wait goes on
+        #: for those connections only (see _linger_until).
+        decided = False
         while waiting or connecting:
+            if decided and not connecting:
+                break
             outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
             outstanding += len(connecting)
             if not outstanding:
@@ -390,7 +395,7 @@ def fan_out(
             if not events:
                 if wait.remaining(time.monotonic()):
                     continue  # the process did not run meanwhile: the nodes get their time
-                expired = True
+                expired = not decided
                 break
             now = time.monotonic()
             # Every reply that came in is read before deciding: a connection left owing costs
@@ -402,8 +407,9 @@ def fan_out(
                     )
                     if sent_at is not None and sent_at + timeout > reply_until:
                         reply_until = sent_at + timeout
-                    short = len(nodes) - len(connecting) < need
-                    _retime(wait, reply_until, connect_deadline, short)
+                    if not decided:
+                        short = len(nodes) - len(connecting) < need
+                        _retime(wait, reply_until, connect_deadline, short)
                     continue
                 index, wire, due = waiting[fd]
                 try:
@@ -476,9 +482,13 @@ def fan_out(
                             if other[0] == index:
                                 other[2].counted = True
                 replies[index] = reply
-            if enough is not None and (waiting or connecting) and enough(replies):
+            if not decided and enough is not None and (waiting or connecting) and enough(replies):
                 op.in_time = True
-                break
+                linger = _linger_until(connecting, timeout)
+                if linger is None:
+                    break
+                decided = True
+                wait.deadline = linger + wait.stalled
     except BaseException:
         for index, wire, _ in waiting.values():
             _put_back(nodes[index], wire, False, False)
@@ -513,6 +523,24 @@ def fan_out(
             list_left(op.left, index, wire, due)
     if every and op.in_time and op.idempotent and waiting:
         _send_copies(nodes, op, waiting, copies, answered)
+
+
+def _linger_until(connecting: Mapping[Node, int], timeout: float) -> float | None:
+    """How long a fan-out decided without some nodes still being connected to waits for
+    their connections (None: not at all): a node whose connection began less than
+    ``timeout`` ago gets the command once it is open, until then, so a healthy node's copy
+    of a fresh client's first lock is not lost to its handshake (on a busy host one takes
+    longer than the quorum's replies). A node whose connection has been opening longer
+    (frozen, its kernel accepting TCP) costs nothing more: the operation that began to
+    connect to it waited for it one node timeout already."""
+    until = None
+    for node in connecting:
+        since = node.connecting_since()
+        if since is not None and (until is None or since + timeout > until):
+            until = since + timeout
+    if until is None or until <= time.monotonic():
+        return None
+    return until
 
 
 def _retime(wait: Wait, reply_until: float, connect_until: float, short: bool) -> None:

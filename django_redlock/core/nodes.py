@@ -574,9 +574,24 @@ class Wire(Link):
                 reply = command.fold(self, [reply] if count == 1 else reply)
             entry.reply = reply
             if entry.unwanted and entry.late is not None:
-                self.send_unowned([entry.take_undo()])
+                if self._peer_closed():
+                    # Sent here it would be lost with the connection, which nothing may read
+                    # again before the next operation reaches the node on another one.
+                    self.later.append(entry.take_undo())
+                else:
+                    self.send_unowned([entry.take_undo()])
             if entry.waited:
                 self._late(entry)
+
+    def _peer_closed(self) -> bool:
+        """Whether the node (or a link between) closed the connection after the replies read
+        so far: nothing sent on it now would run. Not known on a TLS socket (False)."""
+        try:
+            return not self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, ssl.SSLWantReadError, ValueError):
+            return False  # open; or TLS, which cannot peek
+        except OSError:
+            return True
 
     def _late(self, entry: Due) -> None:
         """:meth:`read` of the reply of a command its operation stopped waiting for: the
@@ -1643,6 +1658,11 @@ class Node:
         threading.Thread(
             target=self._open_for_fan_outs, args=(budget,), name="redlock-connect", daemon=True
         ).start()
+
+    def connecting_since(self) -> float | None:
+        """When (``time.monotonic``) the connections being opened for fan-outs began, at
+        the earliest (see :meth:`open_for`); None when none is."""
+        return self._opening_since if self._opening else None
 
     def stop_waiting(self, wakeup: Wakeup) -> None:
         """A fan-out no longer waits for a connection opened for it (see :meth:`open_for`)."""
