@@ -255,6 +255,9 @@ def fan_out(
     #: wakes the wait when one is open (or failed).
     connecting: dict[Node, int] = {}
     wakeup: Wakeup | None = None
+    #: The longest any node's connection opened for this fan-out took (from its start).
+    slowest_open = 0.0
+    began = now
     stale: list[int] = []
     expired = False
     late, again = op.late, op.idempotent
@@ -402,11 +405,14 @@ def fan_out(
             # the next user a read, and the release a connection of its own.
             for fd, _ in events:
                 if wakeup is not None and fd == wakeup.fd:
-                    sent_at = _send_opened(
+                    opened_at = _send_opened(
                         nodes, op, wakeup, connecting, waiting, poller, connect_deadline
                     )
-                    if sent_at is not None and sent_at + timeout > reply_until:
-                        reply_until = sent_at + timeout
+                    if opened_at is not None:
+                        if opened_at + timeout > reply_until:
+                            reply_until = opened_at + timeout
+                        if opened_at - began > slowest_open:
+                            slowest_open = opened_at - began
                     if not decided:
                         short = len(nodes) - len(connecting) < need
                         _retime(wait, reply_until, connect_deadline, short)
@@ -484,7 +490,7 @@ def fan_out(
                 replies[index] = reply
             if not decided and enough is not None and (waiting or connecting) and enough(replies):
                 op.in_time = True
-                linger = _linger_until(connecting, timeout)
+                linger = _linger_until(connecting, timeout, slowest_open)
                 if linger is None:
                     break
                 decided = True
@@ -525,19 +531,31 @@ def fan_out(
         _send_copies(nodes, op, waiting, copies, answered)
 
 
-def _linger_until(connecting: Mapping[Node, int], timeout: float) -> float | None:
+#: How many times as long as the other nodes' new connections took a fan-out decided without
+#: a node still being connected to waits for it (see :func:`_linger_until`).
+LINGER_FACTOR = 3
+
+
+def _linger_until(
+    connecting: Mapping[Node, int], timeout: float, slowest_open: float
+) -> float | None:
     """How long a fan-out decided without some nodes still being connected to waits for
-    their connections (None: not at all): a node whose connection began less than
-    ``timeout`` ago gets the command once it is open, until then, so a healthy node's copy
-    of a fresh client's first lock is not lost to its handshake (on a busy host one takes
-    longer than the quorum's replies). A node whose connection has been opening longer
-    (frozen, its kernel accepting TCP) costs nothing more: the operation that began to
-    connect to it waited for it one node timeout already."""
+    their connections (None: not at all): a healthy node's copy of a fresh client's first
+    lock is not lost to its handshake. Each gets ``timeout`` from when its connection began,
+    or :data:`LINGER_FACTOR` times as long as the slowest of this fan-out's other new
+    connections took (``slowest_open``: on a busy host every handshake runs long, a healthy
+    node's too; a frozen node's neighbours answer theirs in a millisecond or two), within
+    the connect budget. A node whose connection has been opening longer than that costs
+    nothing more: the operation that began to connect to it waited for it already."""
+    wait_for = timeout if timeout > LINGER_FACTOR * slowest_open else LINGER_FACTOR * slowest_open
+    budget = connect_budget(timeout)
+    if wait_for > budget:
+        wait_for = budget
     until = None
     for node in connecting:
         since = node.connecting_since()
-        if since is not None and (until is None or since + timeout > until):
-            until = since + timeout
+        if since is not None and (until is None or since + wait_for > until):
+            until = since + wait_for
     if until is None or until <= time.monotonic():
         return None
     return until

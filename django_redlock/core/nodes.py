@@ -1242,6 +1242,9 @@ class Node:
             self._idle = deque()
             self._draining = deque()
             self._spares = 0
+            # The parent's threads opening connections did not come along.
+            self._opening = 0
+            self._waiting = set()
             self._open = self._peak = self._peak_before = 0
             self.detector.reset()
             self._pid = ThisProcess.pid
