@@ -533,7 +533,7 @@ def fan_out(
 
 #: How many times as long as the other nodes' new connections took a fan-out decided without
 #: a node still being connected to waits for it (see :func:`_linger_until`).
-LINGER_FACTOR = 3
+LINGER_FACTOR = 10
 
 
 def _linger_until(
