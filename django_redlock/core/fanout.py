@@ -535,6 +535,11 @@ def fan_out(
 #: a node still being connected to waits for it (see :func:`_linger_until`).
 LINGER_FACTOR = 10
 
+#: The longest (seconds) such a fan-out waits for it when that is longer than its node
+#: timeout: what a frozen node's first contact costs a caller on a busy host (a fresh
+#: client there needed more than 0.25 s for three handshakes one after the other).
+LINGER_AT_MOST = 0.25
+
 
 def _linger_until(
     connecting: Mapping[Node, int], timeout: float, slowest_open: float
@@ -545,12 +550,14 @@ def _linger_until(
     or :data:`LINGER_FACTOR` times as long as the slowest of this fan-out's other new
     connections took (``slowest_open``: on a busy host every handshake runs long, a healthy
     node's too; a frozen node's neighbours answer theirs in a millisecond or two), within
-    the connect budget. A node whose connection has been opening longer than that costs
-    nothing more: the operation that began to connect to it waited for it already."""
-    wait_for = timeout if timeout > LINGER_FACTOR * slowest_open else LINGER_FACTOR * slowest_open
-    budget = connect_budget(timeout)
-    if wait_for > budget:
-        wait_for = budget
+    :data:`LINGER_AT_MOST` (or ``timeout`` if longer). A node whose connection has been
+    opening longer than that costs nothing more: the operation that began to connect to it
+    waited for it already."""
+    wait_for = LINGER_FACTOR * slowest_open
+    if wait_for > LINGER_AT_MOST:
+        wait_for = LINGER_AT_MOST
+    if wait_for < timeout:
+        wait_for = timeout
     until = None
     for node in connecting:
         since = node.connecting_since()
