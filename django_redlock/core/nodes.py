@@ -1685,7 +1685,16 @@ class Node:
                 wire.close()
                 failure = Failure("error", "the client was closed")
             else:
-                self._pool(wire)
+                try:
+                    # What could not reach the node meanwhile goes out now (a release kept by
+                    # an operation that gave up waiting for this very connection): the next
+                    # operation may be long in coming. Its replies are read by the next user.
+                    self.send_later(wire)
+                except OSError as exc:
+                    self.lose(wire)  # what it carried is kept again
+                    failure = os_failure(exc)
+                else:
+                    self._pool(wire)
         with self._spares_lock:
             self._opening = max(self._opening - 1, 0)
             if self._opening:
