@@ -33,6 +33,7 @@ from .hedging import copies_allowed, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
     HANDSHAKE,
+    NOT_CONNECTED,
     NOTHING_LEFT,
     SPARES,
     TIMED_OUT,
@@ -83,10 +84,6 @@ __all__ = [
 #: Per-command timeout of the slow operations (listing, health), like the sync client's
 #: redis-py socket timeout.
 SLOW_TIMEOUT = 2.0
-
-#: The reply of a node whose connection was still being opened when a fan-out ended: the
-#: command never reached it (see :func:`.nodes.reached`).
-NOT_CONNECTED = Failure("timeout", "no answer while connecting")
 
 #: Builds one node's command from the connection it will go out on (it may need the run id).
 CommandBuilder = Callable[[Node, "AsyncWire"], Sequence[Any] | bytes | Pipelined]
@@ -759,6 +756,7 @@ class AsyncFanOut:
         "answered",
         "build",
         "commands",
+        "connect_until",
         "copies",
         "counted",
         "cut",
@@ -776,6 +774,7 @@ class AsyncFanOut:
         "owing_out",
         "pool",
         "replies",
+        "reply_until",
         "sent",
         "since",
         "tasks",
@@ -841,6 +840,12 @@ class AsyncFanOut:
         #: The wait for the replies (its deadline moves out for a node's fresh try).
         self.wait = Wait(0.0, 0.0)
         self.timeout = 0.0
+        #: Until when the nodes whose command is out get to answer (moved out for a node
+        #: whose command goes out once its connection is open), and until when a node being
+        #: connected to is waited for while the operation cannot be decided without it
+        #: (see :meth:`_retime`), on the loop's clock.
+        self.reply_until = 0.0
+        self.connect_until = 0.0
 
     async def run(
         self, timeout: float, behind: Mapping[int, AsyncOwing] | None = None
@@ -853,6 +858,8 @@ class AsyncFanOut:
         # Set before sending: a pooled connection found closed while sending gets one fresh
         # try within it (see _deliver).
         self.wait = Wait(timeout, self.sent)
+        self.reply_until = self.sent + timeout
+        self.connect_until = self.sent + connect_budget(timeout)
         # Nodes with an open connection first: their commands are in flight while we still
         # connect to the others.
         connecting = []
@@ -894,10 +901,9 @@ class AsyncFanOut:
         # is out (see _connected). A wait that overran by far is time in which the loop did
         # not run (a blocking call, a stalled process), not the nodes' silence: given back.
         now = loop.time()
-        budget = connect_budget(timeout) if connecting else timeout
-        deadline = max(self.wait.deadline, now + budget)
+        self.reply_until = max(self.reply_until, now + timeout)
         self.wait = wait = Wait(timeout, now)
-        wait.deadline = deadline
+        self._retime()
         expired = False  # the deadline passed with nodes not heard (not: the caller cancelled)
         try:
             while self.left and not self.decided:
@@ -1108,11 +1114,29 @@ class AsyncFanOut:
             self._send(index, wire, self.build(self.nodes[index], wire))
             self.unmeasured |= {index}  # sent once connected, after ``since``
             # The node's reply budget starts now: connecting was not its silence.
-            self.wait.deadline = max(self.wait.deadline, self.pool.loop.time() + self.timeout)
+            self.reply_until = max(self.reply_until, self.pool.loop.time() + self.timeout)
         elif isinstance(error, WireError):
             self._final(index, error.failure)
         else:
             self._final(index, Failure("error", str(error) or type(error).__name__))
+        self._retime()
+
+    def _retime(self) -> None:
+        """Set the wait's deadline: :attr:`reply_until`, or :attr:`connect_until` if later
+        while too few nodes have their command out (or answered) to decide the operation
+        without one still being connected to (a fresh client on a busy host, whose
+        handshakes all take longer than the node timeout). Otherwise a node being connected
+        to is waited for as a slow node is: a frozen one (its kernel accepts TCP, the server
+        never answers the handshake) costs the caller its reply budget, not the connect
+        budget, and is :data:`~.nodes.NOT_CONNECTED`, no miss (its connection goes on, and
+        its own budget tells). The caller's wait is woken to take the new deadline."""
+        short = len(self.nodes) - len(self.tasks) < len(self.nodes) // 2 + 1
+        until = self.reply_until
+        if short and self.connect_until > until:
+            until = self.connect_until
+        self.wait.deadline = until + self.wait.stalled
+        if self.waiter is not None:
+            settle(self.waiter, None)
 
     def _deliver(self, index: int, reply: Any) -> None:
         if self.finished:
@@ -1135,7 +1159,8 @@ class AsyncFanOut:
                 if self.idempotent:
                     self.cut_on[index] = wire.run_id
                 self._connect(index)
-                self.wait.deadline = max(self.wait.deadline, loop.time() + self.timeout)
+                self.reply_until = max(self.reply_until, loop.time() + self.timeout)
+                self._retime()
             else:
                 self._final(index, os_failure(reply))
             return

@@ -67,8 +67,9 @@ MAX_STALLS = 3
 
 #: Shortest time (seconds) allowed for setting up a connection (TCP, TLS, AUTH, INFO): a
 #: fresh connection on a busy host needs the node's process to run for its handshake, which
-#: the reply budget (``node_timeout``) does not have to cover. A node that is really silent
-#: costs an operation that must connect to it this much, until it is found down.
+#: the reply budget (``node_timeout``) does not have to cover. The connection is opened in
+#: the background: an operation waits this long for it only while too few other nodes can
+#: decide it; one that is really silent costs the attempt this much (a miss), not the caller.
 CONNECT_AT_LEAST = 1.0
 
 

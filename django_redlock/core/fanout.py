@@ -41,6 +41,7 @@ from .detector import (
     connect_budget,
 )
 from .nodes import (
+    NOT_CONNECTED,
     NOT_SENT,
     NOTHING_LEFT,
     OWED,
@@ -52,6 +53,7 @@ from .nodes import (
     Node,
     Owing,
     Pipelined,
+    Wakeup,
     Wire,
     WireError,
     as_bytes,
@@ -228,7 +230,14 @@ def fan_out(
     fan-out of a thread that has the nodes to itself (a round of one, with nothing to share,
     in one frame: this is the uncontended lock's hot path).
 
-    Connecting to every node together takes at most ``timeout``. A pooled socket that had gone
+    A node with no pooled connection gets one opened on a thread of its own
+    (:meth:`~.nodes.Node.open_for`), within the connect budget; the command goes out on it
+    once it is open, if the operation still waits. The operation waits for such a node
+    until the connect budget only while too few other nodes can decide it without it (a
+    fresh client on a busy host, whose handshakes all take longer than ``timeout``);
+    otherwise it waits for it as for a slow node, within ``timeout`` of the last command
+    out, and a node still connecting then is :data:`~.nodes.NOT_CONNECTED`, not a miss (the
+    connection's own budget tells whether the node answers). A pooled socket that had gone
     stale (the node closed it while idle) gets one fresh try. ``then`` is called once a
     majority of nodes answered (the queue of other threads goes out: what is left to wait for
     is the slower nodes), or at the end. Interrupted, it gives up the connections it still
@@ -242,6 +251,13 @@ def fan_out(
     data = b""
     now = time.monotonic()
     connect_deadline = now + (timeout if timeout > CONNECT_AT_LEAST else CONNECT_AT_LEAST)
+    #: Nodes whose connection is being opened for this fan-out -> their index; and what
+    #: wakes the wait when one is open (or failed).
+    connecting: dict[Node, int] = {}
+    wakeup: Wakeup | None = None
+    #: The longest any node's connection opened for this fan-out took (from its start).
+    slowest_open = 0.0
+    began = now
     stale: list[int] = []
     expired = False
     late, again = op.late, op.idempotent
@@ -277,7 +293,21 @@ def fan_out(
                     wire = pooled
                 else:
                     try:
-                        wire = node.checkout(connect_deadline)
+                        if node.max_connections is not None:
+                            # Its connections are counted: waiting for room is a wait of
+                            # its own, and one opened for nobody would hold a slot.
+                            wire = node.checkout(connect_deadline)
+                        else:
+                            opened = node.checkout_pooled(connect_deadline)
+                            if opened is None:
+                                if wakeup is None:
+                                    wakeup = Wakeup()
+                                    poller.register(wakeup.fd, select.POLLIN)
+                                node.open_for(wakeup, connect_deadline - now)
+                                connecting[node] = index
+                                replies[index] = TIMED_OUT  # not heard from yet
+                                continue
+                            wire = opened
                     except WireError as exc:
                         replies[index] = exc.failure
                         continue
@@ -317,6 +347,11 @@ def fan_out(
         # Connecting is not the nodes' silence: their time starts once the command is out.
         wait = Wait(timeout, time.monotonic())
         need = len(nodes) - op.majority  # a majority
+        #: Until when the nodes whose command is out get to answer (moved out for a node
+        #: whose command went out once its connection was open).
+        reply_until = wait.deadline
+        if connecting:
+            _retime(wait, reply_until, connect_deadline, len(nodes) - len(connecting) < need)
         hedge_at = None
         if op.hedge is not None:
             # Copies only while some node's replies come late enough to be lost packets
@@ -331,8 +366,14 @@ def fan_out(
         copies: dict[int, int] = {}
         #: hedged nodes that answered on one of their connections.
         answered: set[int] = set()
-        while waiting:
+        #: ``enough`` held while some node was still being connected to: the wait goes on
+        #: for those connections only (see _linger_until).
+        decided = False
+        while waiting or connecting:
+            if decided and not connecting:
+                break
             outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
+            outstanding += len(connecting)
             if not outstanding:
                 # Every node answered; only copies of a command that another connection
                 # already answered are owed: they go back to the pool owing them.
@@ -357,12 +398,25 @@ def fan_out(
             if not events:
                 if wait.remaining(time.monotonic()):
                     continue  # the process did not run meanwhile: the nodes get their time
-                expired = True
+                expired = not decided
                 break
             now = time.monotonic()
             # Every reply that came in is read before deciding: a connection left owing costs
             # the next user a read, and the release a connection of its own.
             for fd, _ in events:
+                if wakeup is not None and fd == wakeup.fd:
+                    opened_at = _send_opened(
+                        nodes, op, wakeup, connecting, waiting, poller, connect_deadline
+                    )
+                    if opened_at is not None:
+                        if opened_at + timeout > reply_until:
+                            reply_until = opened_at + timeout
+                        if opened_at - began > slowest_open:
+                            slowest_open = opened_at - began
+                    if not decided:
+                        short = len(nodes) - len(connecting) < need
+                        _retime(wait, reply_until, connect_deadline, short)
+                    continue
                 index, wire, due = waiting[fd]
                 try:
                     wire.read()
@@ -434,14 +488,26 @@ def fan_out(
                             if other[0] == index:
                                 other[2].counted = True
                 replies[index] = reply
-            if enough is not None and waiting and enough(replies):
+            if not decided and enough is not None and (waiting or connecting) and enough(replies):
                 op.in_time = True
-                break
+                linger = _linger_until(connecting, timeout, slowest_open)
+                if linger is None:
+                    break
+                decided = True
+                wait.deadline = linger + wait.stalled
     except BaseException:
         for index, wire, _ in waiting.values():
             _put_back(nodes[index], wire, False, False)
         raise
     finally:
+        if wakeup is not None:
+            # A connection opened after this is pooled for the next operation; none carries
+            # this one's command.
+            for node in nodes:
+                node.stop_waiting(wakeup)
+            for index in connecting.values():
+                replies[index] = NOT_CONNECTED
+            wakeup.close()
         if then is not None:
             then()
     now = time.monotonic()
@@ -463,6 +529,96 @@ def fan_out(
             list_left(op.left, index, wire, due)
     if every and op.in_time and op.idempotent and waiting:
         _send_copies(nodes, op, waiting, copies, answered)
+
+
+#: How many times as long as the other nodes' new connections took a fan-out decided without
+#: a node still being connected to waits for it (see :func:`_linger_until`).
+LINGER_FACTOR = 10
+
+#: The longest (seconds) such a fan-out waits for it when that is longer than its node
+#: timeout: what a frozen node's first contact costs a caller on a busy host (a fresh
+#: client there needed more than 0.25 s for three handshakes one after the other).
+LINGER_AT_MOST = 0.25
+
+
+def _linger_until(
+    connecting: Mapping[Node, int], timeout: float, slowest_open: float
+) -> float | None:
+    """How long a fan-out decided without some nodes still being connected to waits for
+    their connections (None: not at all): a healthy node's copy of a fresh client's first
+    lock is not lost to its handshake. Each gets ``timeout`` from when its connection began,
+    or :data:`LINGER_FACTOR` times as long as the slowest of this fan-out's other new
+    connections took (``slowest_open``: on a busy host every handshake runs long, a healthy
+    node's too; a frozen node's neighbours answer theirs in a millisecond or two), within
+    :data:`LINGER_AT_MOST` (or ``timeout`` if longer). A node whose connection has been
+    opening longer than that costs nothing more: the operation that began to connect to it
+    waited for it already."""
+    wait_for = LINGER_FACTOR * slowest_open
+    if wait_for > LINGER_AT_MOST:
+        wait_for = LINGER_AT_MOST
+    if wait_for < timeout:
+        wait_for = timeout
+    until = None
+    for node in connecting:
+        since = node.connecting_since()
+        if since is not None and (until is None or since + wait_for > until):
+            until = since + wait_for
+    if until is None or until <= time.monotonic():
+        return None
+    return until
+
+
+def _retime(wait: Wait, reply_until: float, connect_until: float, short: bool) -> None:
+    """Set ``wait``'s deadline: ``reply_until``, or ``connect_until`` if later while ``short``
+    (too few nodes have their command out to decide the operation without a node still
+    being connected to), plus the time given back for stalls."""
+    until = connect_until if short and connect_until > reply_until else reply_until
+    wait.deadline = until + wait.stalled
+
+
+def _send_opened(
+    nodes: Sequence[Node],
+    op: FanOut,
+    wakeup: Wakeup,
+    connecting: dict[Node, int],
+    waiting: dict[int, tuple[int, Wire, Due]],
+    poller: Any,
+    deadline: float,
+) -> float | None:
+    """``op``'s command to each node in ``connecting`` whose connection the threads opening
+    them told ``wakeup`` of: out on a pooled connection (that one, or any other), or the
+    node's failure; another is opened when another operation took it first. When the last
+    command went out (None: none did)."""
+    sent_at = None
+    for node, failure in wakeup.take().items():
+        index = connecting.get(node)
+        if index is None:
+            continue
+        try:
+            wire = node.checkout_pooled(deadline)
+        except WireError as exc:
+            wire, failure = None, exc.failure
+        if wire is None:
+            if failure is None:
+                node.open_for(wakeup, max(deadline - time.monotonic(), 0.005))
+            else:
+                del connecting[node]
+                op.replies[index] = failure
+            continue
+        del connecting[node]
+        command = op.build(node, wire)
+        now = time.monotonic()
+        try:
+            due = _send_one(node, wire, op, command, as_bytes(command), now)
+        except OSError as exc:
+            node.lose(wire)
+            op.replies[index] = os_failure(exc)
+            continue
+        op.replies[index] = TIMED_OUT
+        waiting[wire.fd] = (index, wire, due)
+        poller.register(wire.fd, select.POLLIN)
+        sent_at = now
+    return sent_at
 
 
 def _send_copies(

@@ -68,6 +68,7 @@ __all__ = [
     "HANDSHAKE",
     "MAX_DB",
     "NOTHING_LEFT",
+    "NOT_CONNECTED",
     "NOT_SENT",
     "OWED",
     "SENT_TWICE",
@@ -84,6 +85,7 @@ __all__ = [
     "Pipelined",
     "ProtocolError",
     "ReplyError",
+    "Wakeup",
     "Wire",
     "WireError",
     "as_bytes",
@@ -572,9 +574,24 @@ class Wire(Link):
                 reply = command.fold(self, [reply] if count == 1 else reply)
             entry.reply = reply
             if entry.unwanted and entry.late is not None:
-                self.send_unowned([entry.take_undo()])
+                if self._peer_closed():
+                    # Sent here it would be lost with the connection, which nothing may read
+                    # again before the next operation reaches the node on another one.
+                    self.later.append(entry.take_undo())
+                else:
+                    self.send_unowned([entry.take_undo()])
             if entry.waited:
                 self._late(entry)
+
+    def _peer_closed(self) -> bool:
+        """Whether the node (or a link between) closed the connection after the replies read
+        so far: nothing sent on it now would run. Not known on a TLS socket (False)."""
+        try:
+            return not self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, ssl.SSLWantReadError, ValueError):
+            return False  # open; or TLS, which cannot peek
+        except OSError:
+            return True
 
     def _late(self, entry: Due) -> None:
         """:meth:`read` of the reply of a command its operation stopped waiting for: the
@@ -665,6 +682,44 @@ class Wire(Link):
         with contextlib.suppress(OSError, redis.RedisError):
             self.conn.disconnect()
         node.free_slot()
+
+
+class Wakeup:
+    """Wakes a fan-out waiting in ``poll`` from the threads that open connections for it
+    (:meth:`Node.open_for`): a pipe whose read end the fan-out polls beside its nodes'
+    sockets, and the news of each node, its failure (None: a connection is in the pool)."""
+
+    def __init__(self) -> None:
+        self.fd, self._write_fd = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write_fd, False)
+        self._lock = threading.Lock()
+        self._news: dict[Node, Failure | None] = {}
+        self._closed = False
+
+    def tell(self, node: Node, failure: Failure | None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            woken = bool(self._news)
+            self._news[node] = failure
+            if not woken:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._write_fd, b"\0")
+
+    def take(self) -> dict[Node, Failure | None]:
+        """The news since the last :meth:`take` (the pipe read empty)."""
+        with self._lock:
+            news, self._news = self._news, {}
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.fd, 64)
+        return news
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            os.close(self.fd)
+            os.close(self._write_fd)
 
 
 #: Spare connections a node may want opened in the background at a time (see
@@ -1085,6 +1140,12 @@ class Node:
         #: Spare connections being opened (:meth:`want_spare`).
         self._spares = 0
         self._spares_lock = threading.Lock()
+        #: Connections being opened for fan-outs on threads of their own (:meth:`open_for`),
+        #: when the oldest of them began (``time.monotonic``), and the fan-outs waiting for
+        #: one (held with ``_spares_lock``).
+        self._opening = 0
+        self._opening_since = 0.0
+        self._waiting: set[Wakeup] = set()
         self.closed = False
         #: When (``time.monotonic``) a reply of this node last came later than the node
         #: timeout, or a connection had to be set aside for one (see :data:`.hedging.LOSSY_FOR`).
@@ -1152,7 +1213,21 @@ class Node:
     def checkout(self, deadline: float) -> Wire:
         """A pooled connection, or a new one (which may take until ``deadline``, on the
         monotonic clock, and at least 5 ms). Raises :class:`WireError` at once while the
-        node is unreachable (:meth:`unreachable`).
+        node is unreachable (:meth:`unreachable`). See :meth:`checkout_pooled`."""
+        wire = self._checkout(deadline, True)
+        assert wire is not None
+        return wire
+
+    def checkout_pooled(self, deadline: float) -> Wire | None:
+        """:meth:`checkout`, but None where it would open a new connection: the caller has
+        one opened in the background (:meth:`open_for`) rather than wait for its handshake.
+        Raises :class:`WireError` at once while the node must not be connected to now
+        (:meth:`not_now`)."""
+        return self._checkout(deadline, False)
+
+    def _checkout(self, deadline: float, connect: bool) -> Wire | None:
+        """:meth:`checkout`'s work; with ``connect`` False, None instead of a new
+        connection.
 
         A pooled connection that still owes a reply it should have had by now (a lost packet
         holds it up for TCP's retransmission, 200 ms at least) is not used: a command sent
@@ -1167,6 +1242,9 @@ class Node:
             self._idle = deque()
             self._draining = deque()
             self._spares = 0
+            # The parent's threads opening connections did not come along.
+            self._opening = 0
+            self._waiting = set()
             self._open = self._peak = self._peak_before = 0
             self.detector.reset()
             self._pid = ThisProcess.pid
@@ -1243,13 +1321,18 @@ class Node:
                     pass
             raise WireError(BEHIND_LATE)
         if self.max_connections is not None and self._await_room(deadline):
-            return self.checkout(deadline)
+            return self._checkout(deadline, connect)
+        if not connect:
+            failure = self.not_now()
+            if failure is not None:
+                raise WireError(failure)
+            return None
         try:
             return self.connect(max(deadline - time.monotonic(), 0.005))
         except WireError as exc:
             if exc.failure is not AT_CAP:
                 raise
-        return self.checkout(deadline)  # another thread took the last slot first
+        return self._checkout(deadline, connect)  # another thread took the last slot first
 
     def _worth_waiting(self) -> bool:
         """Whether :attr:`max_connections` are open and some are in use (not all set aside
@@ -1552,6 +1635,73 @@ class Node:
         self._silent = None
         self._probing = None
         return True
+
+    def open_for(self, wakeup: Wakeup, budget: float) -> None:
+        """A fan-out that found no pooled connection to the node waits for one opened on a
+        thread of its own within ``budget`` seconds: ``wakeup`` hears of each connection so
+        opened (pooled, for whichever operation takes it first) or of why it failed, until
+        :meth:`stop_waiting`. The fan-out never waits for a handshake itself, so a node that
+        accepts TCP and never answers it (a frozen server) costs the caller its reply budget
+        at most, not the connect budget; and no command goes out on a connection before it
+        is open and taken by an operation still waiting, so none is left carrying an
+        acquire that nobody will undo. While one such connection has been opening for
+        longer than the node timeout, no other is started: the node may be silent, and the
+        fan-outs wait for that one (its failure after its budget is the miss it is: see
+        :meth:`connect`)."""
+        with self._spares_lock:
+            self._waiting.add(wakeup)
+            now = time.monotonic()
+            if self._opening and (
+                self._opening >= SPARES or now - self._opening_since > self.node_timeout
+            ):
+                return
+            if not self._opening:
+                self._opening_since = now
+            self._opening += 1
+        threading.Thread(
+            target=self._open_for_fan_outs, args=(budget,), name="redlock-connect", daemon=True
+        ).start()
+
+    def connecting_since(self) -> float | None:
+        """When (``time.monotonic``) the connections being opened for fan-outs began, at
+        the earliest (see :meth:`open_for`); None when none is."""
+        return self._opening_since if self._opening else None
+
+    def stop_waiting(self, wakeup: Wakeup) -> None:
+        """A fan-out no longer waits for a connection opened for it (see :meth:`open_for`)."""
+        with self._spares_lock:
+            self._waiting.discard(wakeup)
+
+    def _open_for_fan_outs(self, budget: float) -> None:
+        failure: Failure | None = None
+        try:
+            wire = self.connect(budget)
+        except WireError as exc:
+            failure = exc.failure
+        except BaseException as exc:  # a thread of its own: nobody else would hear of it
+            failure = Failure("error", str(exc) or type(exc).__name__)
+        else:
+            if self._pid != ThisProcess.pid or self.closed:
+                wire.close()
+                failure = Failure("error", "the client was closed")
+            else:
+                try:
+                    # What could not reach the node meanwhile goes out now (a release kept by
+                    # an operation that gave up waiting for this very connection): the next
+                    # operation may be long in coming. Its replies are read by the next user.
+                    self.send_later(wire)
+                except OSError as exc:
+                    self.lose(wire)  # what it carried is kept again
+                    failure = os_failure(exc)
+                else:
+                    self._pool(wire)
+        with self._spares_lock:
+            self._opening = max(self._opening - 1, 0)
+            if self._opening:
+                self._opening_since = time.monotonic()  # a later one's start, at the latest
+            waiting = list(self._waiting)
+        for wakeup in waiting:
+            wakeup.tell(self, failure)
 
     def _open_spare(self) -> None:
         try:
@@ -2167,6 +2317,11 @@ TIMED_OUT = Failure("timeout")
 #: The reply of a node every connection to which owes a reply past its deadline (the command
 #: did not go out: it would have waited behind them; another connection is being opened).
 BEHIND_LATE = Failure("timeout", "every connection owes a late reply; opening another")
+
+#: The reply of a node whose connection was still being opened when a fan-out ended: the
+#: command never reached it (see :func:`reached`), and the node is not found silent for it
+#: (the connection goes on being opened; its own budget tells whether the node answers).
+NOT_CONNECTED = Failure("timeout", "no answer while connecting")
 
 #: Why an operation got no connection to a node with ``max_connections`` in use until its
 #: deadline (not a miss: the node did nothing wrong).
