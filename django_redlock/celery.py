@@ -1388,6 +1388,13 @@ class WorkerHooks:
     #: the next turns of the loop first, then every 10 ms, for about 3 s in all.
     MAX_DEFERRALS = 300
     _SOON = 20
+    #: Seconds the main process waits for a pool process stopped by a hard time limit to
+    #: exit before it frees the task's lock. billiard sends SIGKILL 0.1 s after SIGTERM, so
+    #: only a process that outlives SIGKILL (stuck in the kernel) gets this far; its lock is
+    #: then left to the process itself or to its lease.
+    EXIT_PATIENCE = 10.0
+    #: Seconds between two looks at whether such a process has exited.
+    EXIT_POLL = 0.01
 
     def __init__(self, worker: Any) -> None:
         self.app = worker.app
@@ -1400,6 +1407,8 @@ class WorkerHooks:
         self._write_fd: int | None = None
         self._partial = b""
         self._warned: set[str] = set()
+        #: Task ids whose lock is freed once their stopped pool process has exited.
+        self._awaiting_exit: set[str] = set()
         if self.limits == LIMITS_REARMED:
             # Created before the pool forks, so every pool process (replacements too)
             # inherits the write end. Writes up to PIPE_BUF bytes are atomic, so the pool
@@ -1620,6 +1629,51 @@ class WorkerHooks:
             )
         return released
 
+    def release_once_exited(self, task_id: str, why: str) -> bool:
+        """Release what the map holds for ``task_id`` once the pool process that ran it has
+        exited (at once for an in-process pool); False when the map knows nothing of it.
+
+        Celery reports a hard time limit (task_failure) before billiard stops the process:
+        SIGTERM, then SIGKILL 0.1 s later. Until the process is gone its body may still run,
+        so a release any earlier would let the key's next task start beside it."""
+        entry = self.locks.get(task_id)
+        if entry is None:
+            return False
+        if entry.pid == self.pid or self.hub is None:
+            self.release_for(task_id, why)
+            return True
+        if task_id in self._awaiting_exit:
+            return True  # Celery sends task_failure twice for one hard time limit
+        self._awaiting_exit.add(task_id)
+        deadline = time.monotonic() + self.EXIT_PATIENCE
+        # Checked from the event loop, after billiard's own wait for the process (SIGTERM,
+        # up to 0.1 s, SIGKILL) that follows this signal on it: the release never runs
+        # beside the loop's forks of replacement pool processes.
+        self.hub.call_soon(self._release_when_exited, task_id, entry.pid, deadline, why)
+        return True
+
+    def _release_when_exited(self, task_id: str, pid: int, deadline: float, why: str) -> None:
+        if not _process_exited(pid):
+            if time.monotonic() < deadline:
+                self.hub.call_later(
+                    self.EXIT_POLL, self._release_when_exited, task_id, pid, deadline, why
+                )
+                return
+            entry = self.locks.pop(task_id)
+            logger.warning(
+                "pool process %s of task %s[%s] still runs %.0f s after it was stopped (%s): "
+                "lock %s is left to it or to its lease",
+                pid,
+                entry.task if entry else "?",
+                task_id,
+                self.EXIT_PATIENCE,
+                printable(why),
+                printable(entry.lock) if entry else "?",
+            )
+        else:
+            self.release_for(task_id, why)
+        self._awaiting_exit.discard(task_id)
+
 
 #: Seconds a pool process waits for room in a full report pipe before giving a report up.
 REPORT_PATIENCE = 1.0
@@ -1628,6 +1682,24 @@ _PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 
 #: The hooks of the worker running in this process (a pool process inherits its parent's).
 _worker_hooks: WorkerHooks | None = None
+
+
+def _process_exited(pid: int) -> bool:
+    """Whether ``pid``, a pool process (a child of this process), has exited. It is left
+    unreaped: billiard reaps its own processes."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is not None:
+        try:
+            return waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True  # reaped already
+    try:
+        os.kill(pid, 0)  # without waitid a zombie counts as alive until billiard reaps it
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _limits_mode(worker: Any) -> str:
@@ -1833,7 +1905,8 @@ def _on_task_failure(
     **kwargs: Any,
 ) -> None:
     """A pool process killed by a hard time limit or lost (WorkerLostError) cannot release
-    its lock; the main process reports the failure and releases it here."""
+    its lock; the main process reports the failure and releases it here, once the process
+    has exited."""
     hooks = _worker_hooks
     if hooks is None or not isinstance(sender, LockedTask):
         return
@@ -1843,5 +1916,10 @@ def _on_task_failure(
     if not task_id:
         return
     why = f"task failed: {type(exception).__name__}"
-    if hooks.release_for(str(task_id), why) is None:
+    if hooks.release_once_exited(str(task_id), why):
+        return
+    # Without the map (no report pipe) only the run's own request names its lock; Celery
+    # also sends this signal without it (after its timeout handler), and then the map's
+    # release, if any, has already been made.
+    if getattr(sender.request, "id", None) == task_id:
         sender.release_for_request(sender.request)

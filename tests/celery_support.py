@@ -207,6 +207,37 @@ hard_limited_wait = tasks.app.task(
 )(_critical)
 
 
+def _loop(self: Any, key: str, run: str, hold: float, stubborn: bool = False) -> str:
+    """A plain loop that records each write (about every 2 ms, ``<run>:writes``), so a pool
+    process still running after its lock was freed shows as a write after the next run's
+    start. ``stubborn``: it goes on after the SystemExit that billiard's SIGTERM raises (as a
+    body catching every exception does), until SIGKILL."""
+    r, task_id, pid = recorder(), self.request.id, os.getpid()
+
+    def write(kind: str) -> None:
+        record = {"task_id": task_id, "pid": pid, "kind": kind, "t": time.time()}
+        r.rpush(f"{run}:writes", json.dumps(record))
+
+    write("start")
+    end = time.time() + hold
+    while time.time() < end:
+        try:
+            write("work")
+            time.sleep(0.002)
+        except SystemExit:
+            if not stubborn:
+                raise
+    return key
+
+
+#: The loop under a hard time limit of 1 s (its lease 30 s).
+hard_limited_loop = tasks.app.task(
+    name="tests.hard_limited_loop", time_limit=1.0, **{**_COMMON, "lock_ttl": 30}
+)(_loop)
+#: The loop with on_locked="wait" and no time limit (a loaded host may pause it for seconds).
+loop_wait = tasks.app.task(name="tests.loop_wait", on_locked="wait", lock_wait=30, **_COMMON)(_loop)
+
+
 @tasks.app.task(name="tests.collect")
 def collect(results: list[Any]) -> list[Any]:
     """A chord's callback: what the header's tasks returned, in order."""

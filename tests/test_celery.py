@@ -1190,3 +1190,41 @@ def test_a_pool_that_charges_the_wait_says_so_once_per_task(worker, rl, monkeypa
     assert tasks.critical_wait.delay("ch3", run.id).get(timeout=TIMEOUT)["held"]  # no limit
     warnings = [r.getMessage() for r in caplog.records if "counts the wait" in r.getMessage()]
     assert len(warnings) == 1 and "tests.soft_limited_wait" in warnings[0]
+
+
+def test_the_main_process_frees_a_stopped_pool_process_lock_only_once_it_exited(worker, rl, caplog):
+    """docs/celery.rst, "The worker's main process cleans up for its pool": after a hard time
+    limit the main process releases the lock of the task's pool process once that process has
+    exited, not when Celery reports the limit (before billiard's SIGTERM and SIGKILL). Celery
+    sends task_failure twice for one limit: one release, no second attempt. (A child process
+    stands in for the pool process; this worker's map gets the report a pool process sends.)"""
+    import subprocess
+    import sys
+
+    from django_redlock import celery as celery_module
+
+    hooks = celery_module._worker_hooks
+    assert hooks is not None and hooks.app is tasks.app
+    caplog.set_level(logging.WARNING, logger="django_redlock.celery")
+    lock = rl.lock("demo:stopped-process", ttl=30)
+    assert lock.acquire(blocking=False)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    task_id = uuid.uuid4().hex
+    report = {"kind": "hold", "id": task_id, "task": tasks.critical.name, "lock": lock.name}
+    hooks.locks.record({**report, "pid": child.pid, "token": lock.token})
+    try:
+        for _ in range(2):
+            assert hooks.release_once_exited(task_id, "task failed: TimeLimitExceeded")
+        time.sleep(0.3)  # nothing to wait for: the release must not come while it runs
+        assert rl.locked(lock.name)
+    finally:
+        child.kill()
+        child.wait()
+    wait_until(lambda: not rl.locked(lock.name), timeout=10, what="the release")
+    wait_until(lambda: task_id not in hooks._awaiting_exit, timeout=10, what="the end")
+    released = [r.getMessage() for r in caplog.records if task_id in r.getMessage()]
+    assert released == [
+        f"released lock {lock.name} of task {tasks.critical.name}[{task_id}] "
+        "(task failed: TimeLimitExceeded)"
+    ]
+    assert not hooks.release_once_exited(task_id, "task failed: TimeLimitExceeded")

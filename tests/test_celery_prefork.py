@@ -198,6 +198,48 @@ def test_a_hard_time_limit_after_the_wait_frees_the_key_at_once(prefork_worker, 
     assert line in prefork_worker.text(tail=None)
 
 
+@pytest.mark.faults
+@pytest.mark.parametrize("stubborn", [False, True], ids=["exits-on-sigterm", "runs-to-sigkill"])
+def test_a_hard_time_limit_frees_the_key_only_once_its_pool_process_is_gone(
+    prefork_worker, rl, queue, stubborn
+):
+    """docs/celery.rst, "How it works" (one task per key at a time; the main process cleans up
+    for its pool): at a hard limit billiard sends the pool process SIGTERM, and SIGKILL 0.1 s
+    later; Celery reports the failure before either. A task waiting for the key must not
+    start before the killed run's last write (its body a plain loop writing every 2 ms;
+    stubborn: one that runs on after SIGTERM, so the main process frees the key after
+    SIGKILL), and yet starts long before the 30 s lease ends. The dying run logs no "not
+    exclusive" ERROR and the worker no failed release."""
+    for round_ in range(5):
+        run = Run()
+        key = f"overrun{int(stubborn)}{round_}"
+        killed = celery_support.hard_limited_loop.apply_async(
+            (key, run.id, 60.0, stubborn), queue=queue
+        )
+        (first,) = run.wait("writes", 1)  # it holds the key
+        assert first["task_id"] == killed.id
+        killed_pid = first["pid"]
+        waiter = celery_support.loop_wait.apply_async((key, run.id, 0.2), queue=queue)
+        _prerun(run, waiter.id)
+        with pytest.raises(TimeLimitExceeded):
+            killed.get(timeout=TIMEOUT)
+        assert waiter.get(timeout=TIMEOUT) == key
+        writes = run.all("writes")
+        killed_last = max(w["t"] for w in writes if w["pid"] == killed_pid)
+        (waiter_start,) = [
+            w["t"] for w in writes if w["task_id"] == waiter.id and w["kind"] == "start"
+        ]
+        assert waiter_start > killed_last, (round_, waiter_start - killed_last)
+        assert waiter_start - killed_last < 15, (round_, waiter_start - killed_last)
+        assert not rl.locked(f"demo:{key}")
+    log = prefork_worker.text(tail=None)
+    assert "Hard time limit (1.0s) exceeded" in log
+    assert "finished without holding lock" not in log
+    assert "could not release" not in log
+    if stubborn:  # freed by the main process, after SIGKILL
+        assert "(task failed: TimeLimitExceeded)" in log
+
+
 @pytest.mark.parametrize(
     "waiter_task, slot",
     [(tasks.critical_wait, False), (tasks.critical, True)],
