@@ -1653,6 +1653,12 @@ class WorkerHooks:
         return True
 
     def _release_when_exited(self, task_id: str, pid: int, deadline: float, why: str) -> None:
+        entry = self.locks.get(task_id)
+        if entry is None or entry.pid != pid:
+            # The run ended on its own and reported it (a body that went on after SIGTERM
+            # and then returned released its lock itself): nothing is left to free.
+            self._awaiting_exit.discard(task_id)
+            return
         if not _process_exited(pid):
             if time.monotonic() < deadline:
                 self.hub.call_later(
@@ -1675,6 +1681,8 @@ class WorkerHooks:
         self._awaiting_exit.discard(task_id)
 
 
+#: Longest wait at a cold shutdown for the terminated pool processes to be gone.
+COLD_EXIT_PATIENCE = 3.0
 #: Seconds a pool process waits for room in a full report pipe before giving a report up.
 REPORT_PATIENCE = 1.0
 #: Longest write to a pipe that POSIX keeps in one piece.
@@ -1876,8 +1884,29 @@ def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: An
     if how != "Cold" or hooks is None:
         return
     release_held_locks("cold worker shutdown")
-    for entry in hooks.locks.holders():
-        hooks.release_for(entry.task_id, "cold worker shutdown")
+    holders = hooks.locks.holders()
+    # The terminated pool processes may still run their bodies (a C call delays the signal):
+    # each key is freed once its process is gone, waiting at most a few seconds in all, as
+    # the worker is going away and its event loop with it.
+    deadline = time.monotonic() + COLD_EXIT_PATIENCE
+    for entry in holders:
+        while (
+            entry.pid != hooks.pid
+            and not _process_exited(entry.pid)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(WorkerHooks.EXIT_POLL)
+        if entry.pid == hooks.pid or _process_exited(entry.pid):
+            hooks.release_for(entry.task_id, "cold worker shutdown")
+        else:
+            logger.warning(
+                "pool process %s of task %s[%s] still runs at cold shutdown: lock %s is left "
+                "to it or to its lease",
+                entry.pid,
+                entry.task,
+                entry.task_id,
+                printable(entry.lock),
+            )
 
 
 def _on_task_revoked(
@@ -1890,7 +1919,10 @@ def _on_task_revoked(
     if hooks is None or not isinstance(sender, LockedTask) or request is None:
         return
     if terminated:
-        if hooks.release_for(str(request.id), "task terminated") is None:
+        # Celery signals the terminate as it sends the signal; the body runs until the signal
+        # lands (not inside a C call, and never if it catches it), so the lock is freed once
+        # the process is gone, not now.
+        if not hooks.release_once_exited(str(request.id), "task terminated"):
             sender.release_for_request(request)
         return
     queued = _header_of(request).get(_QUEUED)

@@ -240,6 +240,31 @@ def test_a_hard_time_limit_frees_the_key_only_once_its_pool_process_is_gone(
         assert "(task failed: TimeLimitExceeded)" in log
 
 
+@pytest.mark.faults
+def test_a_terminated_task_frees_the_key_only_once_its_run_is_over(
+    prefork_worker, rl, celery_test_app, queue
+):
+    """docs/celery.rst, "How it works": ``revoke(terminate=True)`` is reported as Celery sends
+    SIGTERM, but a body goes on until the signal lands (a C call delays it, a body may catch
+    the SystemExit it raises, as this one does). A task waiting for the key must not start
+    before the terminated run's last write; the run then ends on its own and releases."""
+    run = Run()
+    key = "terminated"
+    first = celery_support.loop_wait.apply_async((key, run.id, 2.0, True), queue=queue)
+    (started,) = run.wait("writes", 1)
+    assert started["task_id"] == first.id
+    waiter = celery_support.loop_wait.apply_async((key, run.id, 0.2), queue=queue)
+    _prerun(run, waiter.id)
+    celery_test_app.control.revoke(first.id, terminate=True)
+    assert waiter.get(timeout=TIMEOUT) == key
+    writes = run.all("writes")
+    first_last = max(w["t"] for w in writes if w["task_id"] == first.id)
+    (waiter_start,) = [w["t"] for w in writes if w["task_id"] == waiter.id and w["kind"] == "start"]
+    assert waiter_start > first_last, waiter_start - first_last
+    assert not rl.locked(f"demo:{key}")
+    assert "finished without holding lock" not in prefork_worker.text(tail=None)
+
+
 @pytest.mark.parametrize(
     "waiter_task, slot",
     [(tasks.critical_wait, False), (tasks.critical, True)],
