@@ -441,6 +441,111 @@ def test_a_failover_and_failback_while_a_lock_is_held(own_groups, make_redlock):
     assert health[0].status == "guarded" and health[0].guarded_for > 100, health[0]
 
 
+def _role(server) -> str:
+    with server.client(socket_timeout=5, decode_responses=True) as c:
+        return c.info("replication")["role"]
+
+
+def test_a_deposed_master_named_master_again_sits_out(own_groups, make_redlock):
+    """Group 0's master A is frozen until the Sentinels promote its replica B, and resumed:
+    it is still a master (the Sentinels reconfigure a returning master only seconds later).
+    B votes (an operator trusted the cluster while nothing was held) and a holder takes the
+    lock on a bare quorum, B and group 1. Then B is frozen until the Sentinels name A master
+    again: no REPLICAOF NO ONE changes anything on A (same run id, same replication id, its
+    own marker), but A missed the holder's lease. In the history of the holder and three
+    clients contending while it holds, no two holds overlap, and A sits out its guard (the
+    Sentinels' failover epoch it was armed at is older than the one that named it now)."""
+    groups = own_groups
+    prefix = _prefix()
+    opts = _options(ttl=10.0, max_ttl=10.0)
+    holder_rl = make_redlock(groups.urls, key_prefix=prefix, **opts)
+    clients = [make_redlock(groups.urls, key_prefix=prefix, **opts) for _ in range(3)]
+    for rl in (holder_rl, *clients):
+        warm = rl.lock("warm-up")
+        assert warm.acquire(blocking=False)
+        warm.release()
+    a, b = groups.master(0), groups.replica(0)
+    with a.client() as c:
+        assert c.wait(1, 5000) == 1  # B holds A's marker
+        a_run_id = c.info("server")["run_id"]
+        a_replid = c.info("replication")["master_replid"]
+        a_marker = c.hgetall(f"{prefix}:node")
+    with groups.switch(0):
+        a.pause()
+    a.resume()
+    assert groups.master_address(0) == (b.host, b.port)
+    assert _role(a) == "master"  # deposed, not yet told
+    assert holder_rl.trust_cluster() == 3  # nothing is held: B may vote at once
+    key = f"{prefix}:lock:ledger"
+    other = groups.master(2)
+    with other.client() as c:  # the holder's hold is a bare quorum: B and group 1
+        c.set(key, "foreign 0 0 0 60000\n{}", px=60_000)
+    held = holder_rl.lock("ledger")
+    assert held.acquire(blocking=False)
+    holds: list[tuple[float, float, str]] = [
+        (time.monotonic(), time.monotonic() + held.validity, "holder")
+    ]
+    with other.client() as c:
+        c.delete(key)
+    try:
+        with groups.switch(0):
+            b.pause()
+        assert groups.master_address(0) == (a.host, a.port)
+        with a.client(decode_responses=False) as c:
+            # Named master again without a trace: the guard's other signs see nothing.
+            assert c.info("server")["run_id"] == a_run_id
+            assert c.info("replication")["master_replid"] == a_replid
+            assert c.hgetall(f"{prefix}:node") == a_marker
+            assert c.exists(key) == 0  # A missed the holder's lease
+        stop_at = holds[0][1] + 0.5
+        attempts = [0]
+        errors: list[BaseException] = []
+
+        def contend(rl: Redlock, who: str) -> None:
+            try:
+                while time.monotonic() < stop_at:
+                    lock = rl.lock("ledger", ttl=1.0)
+                    attempts[0] += 1
+                    try:
+                        taken = lock.acquire(blocking=False)
+                    except QuorumError:
+                        taken = False
+                    if not taken:
+                        time.sleep(0.05)
+                        continue
+                    start = time.monotonic()
+                    valid_until = start + lock.validity
+                    time.sleep(0.002)
+                    holds.append((start, min(time.monotonic(), valid_until), who))
+                    with contextlib.suppress(Exception):  # lost after the hold: still checked
+                        lock.release()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=contend, args=(rl, f"client{i}"))
+            for i, rl in enumerate(clients)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        health = clients[0].health()
+    finally:
+        b.resume()
+    assert not errors, errors
+    assert attempts[0] >= 3
+    ordered = sorted(holds)
+    overlaps = [(x, y) for x, y in itertools.pairwise(ordered) if y[0] < x[1]]
+    assert overlaps == [], overlaps
+    # A was armed anew when the failover named it: it sits out max_ttl + GUARD_MARGIN.
+    assert health[0].master == f"{a.host}:{a.port}"
+    assert health[0].status == "guarded", health[0]
+    # Armed when the switch was seen, at least seconds after the holder's acquire; the holder's
+    # lease has ended now, and A's guard (15 s) has seconds to run.
+    assert health[0].guarded_for > 3.0, health[0]
+
+
 def test_history_of_holders_across_failovers(groups, make_redlock):
     """Four clients take one lock in turn while every group fails over; no two holds
     overlap, and every client keeps taking it after each failover. The deposed masters go
