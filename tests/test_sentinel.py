@@ -21,7 +21,7 @@ import pytest
 import redis
 from django.core.management import call_command
 
-from django_redlock import AsyncRedlock, QuorumError, Redlock
+from django_redlock import AsyncRedlock, LockNotOwned, QuorumError, Redlock
 from django_redlock.checks import check_reachable, check_settings
 from django_redlock.core import node_identity, parse_spec, redact
 from django_redlock.core.sentinel import GUARD_MARGIN
@@ -178,6 +178,44 @@ def test_a_service_the_sentinels_do_not_know(groups):
         assert "no such master" in health.error
     finally:
         rl.close()
+
+
+class _FakeSentinel:
+    """A Sentinel's ``SENTINEL MASTERS`` answer naming ``port`` master at ``epoch``."""
+
+    def __init__(self, port: int, epoch: int) -> None:
+        self.state = {
+            "ip": "127.0.0.1",
+            "port": port,
+            "config-epoch": epoch,
+            "is_master": True,
+            "is_sdown": False,
+            "is_odown": False,
+            "num-other-sentinels": 2,
+        }
+
+    def sentinel_masters(self) -> dict[str, dict[str, object]]:
+        return {"mymaster": self.state}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_sentinel_behind_a_failover_is_passed_over():
+    """A Sentinel that has not yet learnt of a failover names the deposed master at the older
+    epoch: once a newer epoch was heard, the next Sentinel is asked. When every Sentinel
+    that answers names an older one (they were set up anew), the newest answer is taken."""
+    from django_redlock.core.sentinel import SentinelGroup
+
+    group = SentinelGroup("redis+sentinel://s1:1,s2:2/mymaster/0", {}, node_timeout=0.5)
+    lagging, current = _FakeSentinel(7001, 3), _FakeSentinel(7002, 4)
+    group._sentinel.sentinels = [current]
+    assert group.find() == (("127.0.0.1", 7002), 4)
+    group._sentinel.sentinels = [lagging, current]
+    assert group.find() == (("127.0.0.1", 7002), 4)
+    assert group.master == ("127.0.0.1", 7002)
+    group._sentinel.sentinels = [lagging, _FakeSentinel(7001, 2)]
+    assert group.find() == (("127.0.0.1", 7001), 3)
 
 
 def test_the_same_group_twice_is_one_node(settings):
@@ -409,8 +447,10 @@ def test_a_failover_and_failback_while_a_lock_is_held(own_groups, make_redlock):
         c.config_set("masterauth", "")
     # The Sentinels make M R's replica; its resync drops A's key.
     deadline = time.monotonic() + 60
+    info: dict[str, object] = {}
     while True:
-        with m.client(decode_responses=True) as c:
+        # The Sentinels close M's client connections as they reconfigure it.
+        with contextlib.suppress(redis.ConnectionError), m.client(decode_responses=True) as c:
             info = c.info("replication")
             if info["role"] == "slave" and info["master_link_status"] == "up":
                 assert not c.exists(key)
@@ -435,7 +475,10 @@ def test_a_failover_and_failback_while_a_lock_is_held(own_groups, make_redlock):
             attempt.release()
     health = b.health()
     a_held = lock.held
-    lock.release()
+    # Group 0 lost A's lock in M's resync, and A's release, on a connection opened at the
+    # failback's epoch, hears so: 2 of 3 nodes no longer hold it.
+    with pytest.raises(LockNotOwned, match="no longer ours on 2 of 3"):
+        lock.release()
     assert a_held
     assert [g for g in grants if g[1]] == [], f"double grants: {grants}"
     assert health[0].status == "guarded" and health[0].guarded_for > 100, health[0]
