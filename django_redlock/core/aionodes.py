@@ -859,7 +859,9 @@ class AsyncFanOut:
         # connect to the others.
         connecting = []
         # A group node whose master is due to be confirmed (see sentinel.CONFIRM_EVERY).
-        confirm = [i for i, node in enumerate(self.nodes) if node.group and node.group.due()]
+        confirm = [
+            i for i, node in enumerate(self.nodes) if node.group and node.group.due(node.where)
+        ]
         if confirm:
             await asyncio.gather(*(relocate(self.nodes[i], self.pool, i) for i in confirm))
         for index, node in enumerate(self.nodes):

@@ -1190,7 +1190,7 @@ class Node:
             trimmer.watch(self)
         if self._draining:
             self._sweep()
-        if self.group is not None and self.group.due():
+        if self.group is not None and self.group.due(self.where):
             self.locate()
         #: An owing connection whose reply may still come in time: owed for less than a
         #: quarter of the node timeout (``young``: a reply later than that is probably held
@@ -1591,7 +1591,7 @@ class Node:
                 self._spares = max(self._spares - 1, 0)
 
     def checkin(self, wire: Wire) -> None:
-        if wire.on_replica or not self.current(wire):
+        if wire.on_replica or (self.group is not None and not self.current(wire)):
             self.lose(wire)  # the next connection goes to the master (see locate)
             return
         self._pool(wire)
@@ -1636,7 +1636,7 @@ class Node:
                 else:
                     wire.close()
                 continue
-            if wire.on_replica or not self.current(wire):
+            if wire.on_replica or (self.group is not None and not self.current(wire)):
                 self.lose(wire)
             else:
                 self._pool(wire, last=True)

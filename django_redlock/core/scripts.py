@@ -134,8 +134,6 @@ if guard > 0 then
                'armed', now, 'id', m[6], 'replid', m[6] .. ' ' .. replid)
     if epoch ~= '' then
       redis.call('HSET', KEYS[3], 'epoch', epoch)
-    else
-      redis.call('HDEL', KEYS[3], 'epoch')
     end
   else
     if epoch ~= '' and not m[8] then
@@ -442,8 +440,6 @@ redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'started', now, 'fresh', 0, 'trus
            'armed', now, 'id', id, 'replid', id .. ' ' .. (ARGV[2] or ''))
 if ARGV[3] and ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'epoch', ARGV[3])
-else
-  redis.call('HDEL', KEYS[1], 'epoch')
 end
 return 1
 """

@@ -292,10 +292,13 @@ class SentinelGroup:
         options: what a node at that address would be configured as."""
         return self._master_url.replace("{address}", _address(master))
 
-    def due(self) -> bool:
+    def due(self, where: Where | None) -> bool:
         """Whether the master is to be confirmed before the next use (see
-        :data:`CONFIRM_EVERY`)."""
-        return time.monotonic() - self.asked >= CONFIRM_EVERY
+        :data:`CONFIRM_EVERY`) by a node that last located it at ``where``: also when the
+        Sentinels were asked for something else since (the health and listing client's
+        connections) and named another master or epoch, which the node must not miss until
+        the next confirmation."""
+        return time.monotonic() - self.asked >= CONFIRM_EVERY or where != self.where
 
     def resolve(self) -> tuple[str, int]:
         """Ask the Sentinels where the master is now. When none answers, the master last
@@ -364,10 +367,6 @@ class SentinelGroup:
         if behind:
             return self._found(max(behind, key=lambda where: where[1] or 0))
         return self._fall_back(errors)
-
-    async def aresolve(self) -> tuple[str, int]:
-        """:meth:`resolve` for the asyncio client, on connections of the running loop."""
-        return (await self.afind())[0]
 
     def _master_in(self, masters: Mapping[str, Any]) -> Where | None:
         """The master one Sentinel's ``SENTINEL MASTERS`` names for the service, as redis-py's
