@@ -21,7 +21,7 @@ import pytest
 import redis
 from django.core.management import call_command
 
-from django_redlock import AsyncRedlock, QuorumError, Redlock
+from django_redlock import AsyncRedlock, LockNotOwned, QuorumError, Redlock
 from django_redlock.checks import check_reachable, check_settings
 from django_redlock.core import node_identity, parse_spec, redact
 from django_redlock.core.sentinel import GUARD_MARGIN
@@ -178,6 +178,44 @@ def test_a_service_the_sentinels_do_not_know(groups):
         assert "no such master" in health.error
     finally:
         rl.close()
+
+
+class _FakeSentinel:
+    """A Sentinel's ``SENTINEL MASTERS`` answer naming ``port`` master at ``epoch``."""
+
+    def __init__(self, port: int, epoch: int) -> None:
+        self.state = {
+            "ip": "127.0.0.1",
+            "port": port,
+            "config-epoch": epoch,
+            "is_master": True,
+            "is_sdown": False,
+            "is_odown": False,
+            "num-other-sentinels": 2,
+        }
+
+    def sentinel_masters(self) -> dict[str, dict[str, object]]:
+        return {"mymaster": self.state}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_sentinel_behind_a_failover_is_passed_over():
+    """A Sentinel that has not yet learnt of a failover names the deposed master at the older
+    epoch: once a newer epoch was heard, the next Sentinel is asked. When every Sentinel
+    that answers names an older one (they were set up anew), the newest answer is taken."""
+    from django_redlock.core.sentinel import SentinelGroup
+
+    group = SentinelGroup("redis+sentinel://s1:1,s2:2/mymaster/0", {}, node_timeout=0.5)
+    lagging, current = _FakeSentinel(7001, 3), _FakeSentinel(7002, 4)
+    group._sentinel.sentinels = [current]
+    assert group.find() == (("127.0.0.1", 7002), 4)
+    group._sentinel.sentinels = [lagging, current]
+    assert group.find() == (("127.0.0.1", 7002), 4)
+    assert group.master == ("127.0.0.1", 7002)
+    group._sentinel.sentinels = [lagging, _FakeSentinel(7001, 2)]
+    assert group.find() == (("127.0.0.1", 7001), 3)
 
 
 def test_the_same_group_twice_is_one_node(settings):
@@ -409,8 +447,10 @@ def test_a_failover_and_failback_while_a_lock_is_held(own_groups, make_redlock):
         c.config_set("masterauth", "")
     # The Sentinels make M R's replica; its resync drops A's key.
     deadline = time.monotonic() + 60
+    info: dict[str, object] = {}
     while True:
-        with m.client(decode_responses=True) as c:
+        # The Sentinels close M's client connections as they reconfigure it.
+        with contextlib.suppress(redis.ConnectionError), m.client(decode_responses=True) as c:
             info = c.info("replication")
             if info["role"] == "slave" and info["master_link_status"] == "up":
                 assert not c.exists(key)
@@ -435,10 +475,119 @@ def test_a_failover_and_failback_while_a_lock_is_held(own_groups, make_redlock):
             attempt.release()
     health = b.health()
     a_held = lock.held
-    lock.release()
+    # Group 0 lost A's lock in M's resync, and A's release, on a connection opened at the
+    # failback's epoch, hears so: 2 of 3 nodes no longer hold it.
+    with pytest.raises(LockNotOwned, match="no longer ours on 2 of 3"):
+        lock.release()
     assert a_held
     assert [g for g in grants if g[1]] == [], f"double grants: {grants}"
     assert health[0].status == "guarded" and health[0].guarded_for > 100, health[0]
+
+
+def _role(server) -> str:
+    with server.client(socket_timeout=5, decode_responses=True) as c:
+        return c.info("replication")["role"]
+
+
+def test_a_deposed_master_named_master_again_sits_out(own_groups, make_redlock):
+    """Group 0's master A is frozen until the Sentinels promote its replica B, and resumed:
+    it is still a master (the Sentinels reconfigure a returning master only seconds later).
+    B votes (an operator trusted the cluster while nothing was held) and a holder takes the
+    lock on a bare quorum, B and group 1. Then B is frozen until the Sentinels name A master
+    again: no REPLICAOF NO ONE changes anything on A (same run id, same replication id, its
+    own marker), but A missed the holder's lease. In the history of the holder and three
+    clients contending while it holds, no two holds overlap, and A sits out its guard (the
+    Sentinels' failover epoch it was armed at is older than the one that named it now)."""
+    groups = own_groups
+    prefix = _prefix()
+    # The holder's lease outlasts the switch back on a loaded machine, which takes seconds.
+    opts = _options(ttl=30.0, max_ttl=30.0)
+    holder_rl = make_redlock(groups.urls, key_prefix=prefix, **opts)
+    clients = [make_redlock(groups.urls, key_prefix=prefix, **opts) for _ in range(3)]
+    for rl in (holder_rl, *clients):
+        warm = rl.lock("warm-up")
+        assert warm.acquire(blocking=False)
+        warm.release()
+    a, b = groups.master(0), groups.replica(0)
+    with a.client() as c:
+        assert c.wait(1, 5000) == 1  # B holds A's marker
+        a_run_id = c.info("server")["run_id"]
+        a_replid = c.info("replication")["master_replid"]
+        a_marker = c.hgetall(f"{prefix}:node")
+    with groups.switch(0):
+        a.pause()
+    a.resume()
+    assert groups.master_address(0) == (b.host, b.port)
+    assert _role(a) == "master"  # deposed, not yet told
+    assert holder_rl.trust_cluster() == 3  # nothing is held: B may vote at once
+    key = f"{prefix}:lock:ledger"
+    other = groups.master(2)
+    with other.client() as c:  # the holder's hold is a bare quorum: B and group 1
+        c.set(key, "foreign 0 0 0 60000\n{}", px=60_000)
+    held = holder_rl.lock("ledger")
+    assert held.acquire(blocking=False)
+    holds: list[tuple[float, float, str]] = [
+        (time.monotonic(), time.monotonic() + held.validity, "holder")
+    ]
+    with other.client() as c:
+        c.delete(key)
+    try:
+        with groups.switch(0):
+            b.pause()
+        assert groups.master_address(0) == (a.host, a.port)
+        with a.client(decode_responses=False) as c:
+            # Named master again without a trace: the guard's other signs see nothing.
+            assert c.info("server")["run_id"] == a_run_id
+            assert c.info("replication")["master_replid"] == a_replid
+            assert c.hgetall(f"{prefix}:node") == a_marker
+            assert c.exists(key) == 0  # A missed the holder's lease
+        stop_at = time.monotonic() + 3.0
+        assert stop_at < holds[0][1]  # the contention falls inside the holder's lease
+        attempts = [0]
+        errors: list[BaseException] = []
+
+        def contend(rl: Redlock, who: str) -> None:
+            try:
+                while time.monotonic() < stop_at:
+                    lock = rl.lock("ledger", ttl=1.0)
+                    attempts[0] += 1
+                    try:
+                        taken = lock.acquire(blocking=False)
+                    except QuorumError:
+                        taken = False
+                    if not taken:
+                        time.sleep(0.05)
+                        continue
+                    start = time.monotonic()
+                    valid_until = start + lock.validity
+                    time.sleep(0.002)
+                    holds.append((start, min(time.monotonic(), valid_until), who))
+                    with contextlib.suppress(Exception):  # lost after the hold: still checked
+                        lock.release()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=contend, args=(rl, f"client{i}"))
+            for i, rl in enumerate(clients)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        health = clients[0].health()
+    finally:
+        b.resume()
+    assert not errors, errors
+    assert attempts[0] >= 3
+    ordered = sorted(holds)
+    overlaps = [(x, y) for x, y in itertools.pairwise(ordered) if y[0] < x[1]]
+    assert overlaps == [], overlaps
+    # A was armed anew when the failover named it: it sits out max_ttl + GUARD_MARGIN.
+    assert health[0].master == f"{a.host}:{a.port}"
+    assert health[0].status == "guarded", health[0]
+    # Armed at the first attempt after the switch, 3 s ago: its guard (35 s) has long to run.
+    assert health[0].guarded_for > 20.0, health[0]
 
 
 def test_history_of_holders_across_failovers(groups, make_redlock):

@@ -63,7 +63,7 @@ from .nodes import (
     unfinished,
     unwanted_undos,
 )
-from .sentinel import SentinelGroup, SentinelUnavailable
+from .sentinel import SentinelGroup, SentinelUnavailable, Where
 
 __all__ = [
     "NOT_CONNECTED",
@@ -443,7 +443,7 @@ async def _adopt(node: Node, loop: asyncio.AbstractEventLoop) -> AsyncWire | Non
             parked = node.parked.popleft()
         except IndexError:  # another thread took it
             return None
-        if parked.pid != os.getpid() or (node.group and parked.address != node.master):
+        if parked.pid != os.getpid() or not node.current(parked):
             # The parent's conversation with the node (not ours to use: closing this
             # process's copy of the descriptor leaves the parent's connection open), or one
             # to a group's former master.
@@ -477,9 +477,9 @@ async def relocate(node: Node, pool: LoopPool, index: int) -> None:
             wire.retire()
 
 
-async def _resolve(group: SentinelGroup) -> tuple[str, int]:
+async def _resolve(group: SentinelGroup) -> Where:
     try:
-        return await group.aresolve()
+        return await group.afind()
     except SentinelUnavailable as exc:
         raise WireError(Failure("error", str(exc))) from None
 
@@ -487,7 +487,8 @@ async def _resolve(group: SentinelGroup) -> tuple[str, int]:
 async def _connect_and_shake_hands(
     node: Node, loop: asyncio.AbstractEventLoop, timeout: float
 ) -> AsyncWire:
-    conn = node.connection(timeout, asyncio=True)
+    where = node.where
+    conn = node.connection(timeout, asyncio=True, where=where)
     try:
         await conn.connect()
         asked = time.monotonic()
@@ -519,6 +520,7 @@ async def _connect_and_shake_hands(
             raise WireError(connect_failure(exc)) from None
         raise
     wire.run_id, wire.started, wire.replid = run_id, started, replid
+    wire.epoch = None if where is None else where[1]
     return wire
 
 
@@ -864,7 +866,9 @@ class AsyncFanOut:
         # connect to the others.
         connecting = []
         # A group node whose master is due to be confirmed (see sentinel.CONFIRM_EVERY).
-        confirm = [i for i, node in enumerate(self.nodes) if node.group and node.group.due()]
+        confirm = [
+            i for i, node in enumerate(self.nodes) if node.group and node.group.due(node.where)
+        ]
         if confirm:
             await asyncio.gather(*(relocate(self.nodes[i], self.pool, i) for i in confirm))
         for index, node in enumerate(self.nodes):

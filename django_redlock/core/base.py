@@ -624,7 +624,7 @@ class RedlockBase:
         self.listing.refuse_trust(
             [self.listing.lock_info(name, found[name]) for name in sorted(found)]
         )
-        replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire.run_id, wire.replid))
+        replies = yield Send(lambda n, wire: self.keys.trust_now_command(wire))
         return sum(1 for r in replies if r == 1)
 
     def _detach(self, lease: Lease) -> str:

@@ -129,7 +129,7 @@ class KeyLayout:
         return place, max(tickets, default=0)
 
     #: Marker fields a health probe reads (see ``scripts._GUARD``).
-    MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed", "id", "replid")
+    MARKER_FIELDS = ("run_id", "started", "fresh", "trusted", "armed", "id", "replid", "epoch")
 
     def node_key(self) -> str:
         return f"{self.key_prefix}:node"
@@ -289,8 +289,11 @@ class KeyLayout:
     def trust_command(self, run_id: str, marker: bytes) -> list[Any]:
         return script_command(scripts.TRUST, [self.node_key()], [run_id, marker])
 
-    def trust_now_command(self, run_id: str, replid: str) -> list[Any]:
-        return script_command(scripts.TRUST_NOW, [self.node_key()], [run_id, replid])
+    def trust_now_command(self, wire: Any) -> list[Any]:
+        epoch = "" if wire.epoch is None else str(wire.epoch)
+        return script_command(
+            scripts.TRUST_NOW, [self.node_key()], [wire.run_id, wire.replid, epoch]
+        )
 
     def extend_command(self, lease: Lease, ttl: float, claim: bool = False) -> list[Any]:
         """``EXTEND`` of the lease; with ``claim``, taking the lock where nobody holds it
@@ -346,6 +349,15 @@ class Client(Protocol):
     restart_guard: bool
     guard_period: float
     fair_heartbeat: float
+
+
+def server_of_wire(wire: Any) -> str:
+    """What the acquire script is told of the server a connection reached (``scripts._GUARD``,
+    ARGV[5]): its run id, its ``master_replid`` (where it read one) and, for a group's master,
+    the Sentinels' failover epoch it was named at."""
+    if wire.epoch is not None:
+        return f"{wire.run_id} {wire.replid} {wire.epoch}"
+    return f"{wire.run_id} {wire.replid}" if wire.replid else wire.run_id
 
 
 class AcquireRequest:
@@ -433,8 +445,7 @@ class AcquireRequest:
             ]
             self._script = (head, [guard, *extra])
         head, tail = self._script
-        server = f"{wire.run_id} {wire.replid}" if wire.replid else wire.run_id
-        return Pipelined(pack([*head, server, *tail]), 1, _fold_script)
+        return Pipelined(pack([*head, server_of_wire(wire), *tail]), 1, _fold_script)
 
     def _parts(self) -> tuple[scripts.Script, list[str], list[Any]]:
         """The acquire script, its keys, and its arguments after the guard period."""

@@ -220,11 +220,12 @@ class Listing:
         node_now = int(server_time[0]) + int(server_time[1]) / 1e6
         guarded_for = fresh = armed = None
         if self.restart_guard:
-            run_id, started, is_fresh, trusted, _, marker_id, replid = probe["marker"]
+            run_id, started, is_fresh, trusted, _, marker_id, replid, epoch = probe["marker"]
             armed = (
                 run_id is not None
                 and run_id.decode() == info.get("run_id")
                 and not _resynced(marker_id, replid, info.get("master_replid"))
+                and not _named_since(epoch, node.where)
             )
             if not armed:
                 # The next acquire arms the marker: the guard runs from then.
@@ -316,12 +317,20 @@ def _unlike_redis(info: Any, server_time: Any, marker: Any) -> str:
         return f"TIME answered {server_time!r:.60}"
     if marker is not None and not (
         isinstance(marker, list)
-        and len(marker) == 7
+        and len(marker) == 8
         and all(value is None or isinstance(value, bytes) for value in marker[::6])
-        and all(value is None or _number(value) for value in marker[1:6])
+        and all(value is None or _number(value) for value in (*marker[1:6], marker[7]))
     ):
         return f"HMGET answered {marker!r:.60}"
     return ""
+
+
+def _named_since(epoch: bytes | None, where: Any) -> bool:
+    """Whether the Sentinels named a group's master at a newer failover epoch than the one
+    its marker was armed at (``scripts._GUARD``): the next acquire arms it anew."""
+    return (
+        epoch is not None and where is not None and where[1] is not None and int(epoch) < where[1]
+    )
 
 
 def _resynced(marker_id: bytes | None, replid: bytes | None, current: Any) -> bool:

@@ -52,6 +52,7 @@ from .scripts import BODIES, RELEASE, Script
 from .sentinel import (
     SentinelGroup,
     SentinelUnavailable,
+    Where,
     group_identity,
     group_master_url,
     is_group_url,
@@ -407,6 +408,9 @@ class Link:
     started = 0.0
     #: ``(host, port)`` it reached (a group node's master moves: see :meth:`Node.current`).
     address: tuple[Any, Any] = (None, None)
+    #: A group node's: the Sentinels' failover epoch when they named the master it reached
+    #: (the acquire script arms a marker of an older epoch anew); None for a server's URL.
+    epoch: int | None = None
     #: ``[run id, marker id]`` of the node's restart-guard marker when it last voted on
     #: this connection (see ``commands.AcquireRequest``); None until then, and once it changed.
     vote_marker: list[bytes] | None = None
@@ -419,7 +423,7 @@ class Link:
     def learn(self, other: Link) -> None:
         """Know what ``other``, a connection to the same server, knew of it."""
         self.run_id, self.started, self.address = other.run_id, other.started, other.address
-        self.replid = other.replid
+        self.replid, self.epoch = other.replid, other.epoch
         self.vote_marker, self.trusted_at = other.vote_marker, other.trusted_at
 
 
@@ -451,8 +455,10 @@ class Wire(Link):
         #: redis-py's connection: it connects (TCP or unix socket, TLS with every ``ssl_*``
         #: option, AUTH, SELECT, client name) exactly as the node's URL and OPTIONS mean in
         #: redis-py; the lock commands then pipeline on its socket without blocking.
-        self.conn = conn = node.connection(timeout)
+        where = node.where
+        self.conn = conn = node.connection(timeout, where=where)
         self.address = address_of(conn)
+        self.epoch = None if where is None else where[1]
         node.take_slot()
         self.node = node
         try:
@@ -1105,9 +1111,9 @@ class Node:
         #: A Sentinel-managed group's Sentinels: the node's address is its master's, asked
         #: for with every new connection (:meth:`locate`). None for a server's URL.
         self.group: SentinelGroup | None = None
-        #: ``(host, port)`` of a group's master as last located (None before, and for a
-        #: server's URL): its connections go there (:meth:`connection`).
-        self.master: tuple[str, int] | None = None
+        #: Where a group's master was last located (None before, and for a server's URL):
+        #: its connections go there (:meth:`connection`), and are used at that epoch only.
+        self.where: Where | None = None
         if is_group_url(url):
             self.group = SentinelGroup(url, options, node_timeout=node_timeout)
         #: redis-py's connection class and arguments for the node, from redis-py's own URL
@@ -1170,26 +1176,34 @@ class Node:
         return f"<Node {self.name}>"
 
     @property
+    def master(self) -> tuple[str, int] | None:
+        """``(host, port)`` of a group's master as last located (None before, and for a
+        server's URL)."""
+        where = self.where
+        return None if where is None else where[0]
+
+    @property
     def address(self) -> str | None:
         """A group node's master as last resolved (``host:port``); None for a server's URL."""
         return None if self.group is None else self.group.address
 
-    def locate(self, master: tuple[str, int] | None = None) -> None:
-        """Before a new connection: point a group node at its master (``master``, else asked
-        of the Sentinels now). When the master moved, the idle connections to the old one are
-        closed (what they owe for ended operations goes out on the new one). Raises
-        :class:`WireError` when no master is known."""
+    def locate(self, where: Where | None = None) -> None:
+        """Before a new connection: point a group node at its master (``where``, else asked
+        of the Sentinels now). When the master moved, or a failover named it again (a new
+        epoch), the idle connections are closed (what they owe for ended operations goes out
+        on a new one): a new connection's first vote is the acquire script's, which judges
+        the epoch. Raises :class:`WireError` when no master is known."""
         group = self.group
         if group is None:
             return
-        if master is None:
+        if where is None:
             try:
-                master = group.resolve()
+                where = group.find()
             except SentinelUnavailable as exc:
                 raise WireError(Failure("error", str(exc))) from None
-        if self.master == master:
+        if self.where == where:
             return
-        self.master = master  # one tuple, swapped whole: other threads may be connecting
+        self.where = where  # one tuple, swapped whole: other threads may be connecting
         while self._idle:
             try:
                 wire = self._idle.pop()
@@ -1197,16 +1211,20 @@ class Node:
                 break
             self.lose(wire)
 
-    def connection(self, timeout: float, *, asyncio: bool = False) -> Any:
+    def connection(
+        self, timeout: float, *, asyncio: bool = False, where: Where | None = None
+    ) -> Any:
         """A new (unconnected) redis-py connection to the node (``redis.asyncio``'s with
         ``asyncio``) that connects, and answers its handshake, within ``timeout`` seconds:
-        a group node's to its master as last located."""
+        a group node's to its master at ``where`` (as last located when not given)."""
         cls, kwargs = self.connection_class, self.connection_kwargs
         if asyncio:
             assert self.aio_connection_args is not None
             cls, kwargs = self.aio_connection_args
-        master = self.master
-        if master is not None:
+        if where is None:
+            where = self.where
+        if where is not None:
+            master = where[0]
             kwargs = {**kwargs, "host": master[0], "port": master[1]}
         return cls(**kwargs, socket_timeout=timeout, socket_connect_timeout=timeout)
 
@@ -1251,7 +1269,7 @@ class Node:
             trimmer.watch(self)
         if self._draining:
             self._sweep()
-        if self.group is not None and self.group.due():
+        if self.group is not None and self.group.due(self.where):
             self.locate()
         #: An owing connection whose reply may still come in time: owed for less than a
         #: quarter of the node timeout (``young``: a reply later than that is probably held
@@ -1264,8 +1282,8 @@ class Node:
                 wire = self._idle.pop()
             except IndexError:
                 break
-            if group is not None and wire.address != self.master:
-                self.lose(wire)  # to a group's former master
+            if group is not None and not self.current(wire):
+                self.lose(wire)  # to a group's former master, or of a former epoch
                 continue
             if not wire.due:
                 owes: bool | None = False
@@ -1508,9 +1526,13 @@ class Node:
         return False
 
     def current(self, wire: Any) -> bool:
-        """Whether ``wire`` goes to the node's server: a group's master as last named (a
-        connection to a former master is not used again)."""
-        return self.group is None or wire.address == self.master
+        """Whether ``wire`` goes to the node's server: a group's master as last named, at the
+        epoch last named (a connection to a former master, or opened before a failover named
+        its server master again, is not used again)."""
+        where = self.where
+        return self.group is None or (
+            where is not None and wire.address == where[0] and wire.epoch == where[1]
+        )
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
@@ -1720,7 +1742,7 @@ class Node:
                 self._spares = max(self._spares - 1, 0)
 
     def checkin(self, wire: Wire) -> None:
-        if wire.on_replica or (self.group is not None and wire.address != self.master):
+        if wire.on_replica or (self.group is not None and not self.current(wire)):
             self.lose(wire)  # the next connection goes to the master (see locate)
             return
         self._pool(wire)
@@ -1765,7 +1787,7 @@ class Node:
                 else:
                     wire.close()
                 continue
-            if wire.on_replica or not self.current(wire):
+            if wire.on_replica or (self.group is not None and not self.current(wire)):
                 self.lose(wire)
             else:
                 self._pool(wire, last=True)

@@ -17,7 +17,10 @@ Key layout for a lock named ``name`` under prefix ``p``:
   written), ``id`` (server µs the marker was written: names this version of the marker, so
   a connection that saw it vote can tell, with one ``HMGET``, that it is still the same),
   ``replid`` (``"<id> <master_replid>"``: the replication id the server had when this
-  version of the marker was armed; a new one means the dataset was replaced by a resync).
+  version of the marker was armed; a new one means the dataset was replaced by a resync),
+  ``epoch`` (a Sentinel group's master: the Sentinels' failover epoch it was armed, or first
+  voted, at; a failover that names the server master again, without a trace of its own,
+  bears a newer one).
 * ``p:queue:name``, ``p:beats:name``, ``p:qseq:name`` - a fair lock's line of waiters, their
   heartbeats and its ticket sequence (all expire when the line stays idle).
 * ``p:waiters:name`` - the processes waiting for a (not fair) lock, to wake one at a time:
@@ -80,9 +83,10 @@ end
 """
 
 # Shared opening of both acquire scripts: the server clock, then the restart guard.
-# Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms, id, replid),
+# Uses KEYS[3] node marker (run_id, started ms, fresh, trusted ms, armed ms, id, replid, epoch),
 # ARGV[5] the run id of the server this connection reached, then a space and its
-# master_replid when the connection read one, ARGV[6] guard period ms ("0" = off). Returns
+# master_replid when the connection read one, then (a Sentinel group's master) a space and the
+# Sentinels' failover epoch that named it, ARGV[6] guard period ms ("0" = off). Returns
 # early {2, ms, fresh, armed_age, marker} while this node may not vote (armed_age: ms since
 # the marker was written; marker: its id, which a TRUST must name); sets trusted_age (ms
 # since a brand-new cluster was trusted, else -1) and marker (the marker's id, which the
@@ -94,9 +98,9 @@ local guard = tonumber(ARGV[6])
 local trusted_age = -1
 local marker = false
 if guard > 0 then
-  local run_id, replid = string.match(ARGV[5], '^(%S+) ?(%S*)$')
+  local run_id, replid, epoch = string.match(ARGV[5], '^(%S+) ?(%S*) ?(%S*)$')
   local m = redis.call('HMGET', KEYS[3], 'run_id', 'started', 'fresh', 'trusted', 'armed', 'id',
-                       'replid')
+                       'replid', 'epoch')
   -- replid is '<marker id> <master_replid>': the replication id this version of the marker
   -- was armed (or first voted) under. Redis draws a new one at every promotion, while a
   -- replica that resyncs takes its master's, so a master that was a replica meanwhile (a
@@ -110,7 +114,14 @@ if guard > 0 then
   end
   local current = of and of == m[6]
   local resynced = current and replid ~= '' and was ~= replid
-  if m[1] ~= run_id or not (m[2] and m[4] and m[5]) or resynced then
+  -- A failover named this server master after the marker was armed here (the Sentinels'
+  -- epoch grew): a master deposed while frozen comes back still a master with its marker,
+  -- run id and replication id intact, and may be named again before it was ever made a
+  -- replica, having missed every lease granted meanwhile. A connection that tells an older
+  -- epoch than the marker's was named before the marker's epoch: its vote is judged by the
+  -- marker as it stands.
+  local promoted = epoch ~= '' and m[8] and tonumber(m[8]) < tonumber(epoch)
+  if m[1] ~= run_id or not (m[2] and m[4] and m[5]) or resynced or promoted then
     -- The marker is missing or was written by an earlier server process (or dataset): this
     -- node lost its data (restart, FLUSHALL, eviction, a resync) or is another server (a
     -- promoted replica), at some moment up to now. Its uptime says nothing about when (a
@@ -122,7 +133,15 @@ if guard > 0 then
     m = {run_id, now, m[1] and '0' or '1', '0', now, t[1] .. string.format('%06d', t[2])}
     redis.call('HSET', KEYS[3], 'run_id', m[1], 'started', m[2], 'fresh', m[3], 'trusted', 0,
                'armed', now, 'id', m[6], 'replid', m[6] .. ' ' .. replid)
+    if epoch ~= '' then
+      redis.call('HSET', KEYS[3], 'epoch', epoch)
+    end
   else
+    if epoch ~= '' and not m[8] then
+      -- No epoch yet (a marker of an older version, or armed through a server's URL): filled
+      -- in without arming the marker again, so an upgrade guards no group.
+      redis.call('HSET', KEYS[3], 'epoch', epoch)
+    end
     if not m[6] then
       -- A marker from before markers had ids: name it, without arming it again.
       m[6] = t[1] .. string.format('%06d', t[2])
@@ -441,7 +460,8 @@ return 0
 # redlock trust`), so the node may vote at once whatever its guard said.
 # KEYS[1] node marker
 # ARGV[1] run_id of the server this connection reached, ARGV[2] its master_replid ('' or
-# absent when the connection read none)
+# absent when the connection read none), ARGV[3] the Sentinels' failover epoch that named it
+# master ('' or absent for a server's URL)
 # Returns 1.
 TRUST_NOW = Script(
     """
@@ -450,6 +470,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = t[1] .. string.format('%06d', t[2])
 redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'started', now, 'fresh', 0, 'trusted', now,
            'armed', now, 'id', id, 'replid', id .. ' ' .. (ARGV[2] or ''))
+if ARGV[3] and ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[3])
+end
 return 1
 """
 )

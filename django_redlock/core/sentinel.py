@@ -11,6 +11,14 @@ it could vote a lock free that another client still holds. The restart guard kee
 the quorum: the acquire script finds the node's marker written under another server's run id
 (the old master's, replicated), arms it anew, and the node does not vote until the longest
 lease (``max_ttl``) has passed, by when every lease the old master granted has ended.
+
+A failover need not leave such a trace: a master frozen (a GC pause, a stalled VM) while the
+Sentinels promote its replica comes back still a master under its own run id, and a later
+failover may name it master again before the Sentinels ever made it a replica, with its own
+old marker, although it missed every lease the interim master granted. So the node also
+tells the script the Sentinels' ``config-epoch`` for the group, which every failover
+increments: a marker armed at an older epoch is armed anew at this one (the node sits out its
+guard), whichever server it is on. A connection opened at one epoch is not used at another.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ __all__ = [
     "GroupURL",
     "SentinelGroup",
     "SentinelUnavailable",
+    "Where",
     "group_identity",
     "group_master_url",
     "is_group_url",
@@ -73,6 +82,11 @@ CONFIRM_EVERY = 1.0
 #: the deposed master for up to :data:`CONFIRM_EVERY` after that (a descheduled thread a little
 #: longer): a lease the deposed master granted then ends within this margin after ``max_ttl``.
 GUARD_MARGIN = 5.0
+
+
+#: Where a group's master is: ``((host, port), config-epoch)``, as one Sentinel answered (the
+#: epoch None where the Sentinel did not tell it).
+Where = tuple[tuple[str, int], int | None]
 
 
 class SentinelUnavailable(ConnectionError):
@@ -244,8 +258,8 @@ class SentinelGroup:
         #: redis-py connection settings for the master, without its address.
         self.master_kwargs: dict[str, Any] = {**parsed.kwargs, **options}
         self._sentinel = _Sentinel(list(self.sentinels), sentinel_kwargs=self._kwargs(redis.retry))
-        #: ``(host, port)`` the Sentinels last named, or None before they were first asked.
-        self.master: tuple[str, int] | None = None
+        #: Where the Sentinels last said the master is, or None before they were first asked.
+        self.where: Where | None = None
         #: When (``time.monotonic``) the Sentinels were last asked, answering or not.
         self.asked = -CONFIRM_EVERY
         #: ``(host, port)`` of the servers configured as nodes of their own beside this group
@@ -262,47 +276,109 @@ class SentinelGroup:
         return {"retry": retry.Retry(NoBackoff(), 0), **self.sentinel_kwargs}
 
     @property
+    def master(self) -> tuple[str, int] | None:
+        """``(host, port)`` the Sentinels last named, or None before they were first asked."""
+        where = self.where
+        return None if where is None else where[0]
+
+    @property
     def address(self) -> str | None:
         """``host:port`` of the master as last resolved."""
-        return None if self.master is None else _address(self.master)
+        master = self.master
+        return None if master is None else _address(master)
 
     def master_url(self, master: tuple[str, int]) -> str:
         """A ``redis://`` URL of ``master`` with the group URL's credentials, database and
         options: what a node at that address would be configured as."""
         return self._master_url.replace("{address}", _address(master))
 
-    def due(self) -> bool:
+    def due(self, where: Where | None) -> bool:
         """Whether the master is to be confirmed before the next use (see
-        :data:`CONFIRM_EVERY`)."""
-        return time.monotonic() - self.asked >= CONFIRM_EVERY
+        :data:`CONFIRM_EVERY`) by a node that last located it at ``where``: also when the
+        Sentinels were asked for something else since (the health and listing client's
+        connections) and named another master or epoch, which the node must not miss until
+        the next confirmation."""
+        return time.monotonic() - self.asked >= CONFIRM_EVERY or where != self.where
 
     def resolve(self) -> tuple[str, int]:
         """Ask the Sentinels where the master is now. When none answers, the master last
         named (it may well be up: the Sentinels are a separate service); raises
         :class:`SentinelUnavailable` when there is none."""
-        try:
-            found = self._sentinel.discover_master(self.service)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            return self._fall_back(exc)
-        return self._found(found)
+        return self.find()[0]
 
-    async def aresolve(self) -> tuple[str, int]:
-        """:meth:`resolve` for the asyncio client, on connections of the running loop."""
+    def find(self) -> Where:
+        """:meth:`resolve`, with the failover epoch the Sentinel named the master at. A
+        Sentinel that names an older epoch than one already heard (it has not yet learnt of
+        a failover, and may name the deposed master) is passed over for the next one; only
+        when every Sentinel that answers lags so is the newest of their answers taken (the
+        Sentinels were set up anew)."""
+        errors: list[Exception] = []
+        behind: list[Where] = []
+        sentinels = self._sentinel.sentinels
+        for number, sentinel in enumerate(list(sentinels)):
+            try:
+                masters = sentinel.sentinel_masters()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                errors.append(exc)
+                continue
+            found = self._current(masters, behind)
+            if found is not None:
+                # Asked first next time, as redis-py's discover_master does.
+                sentinels[0], sentinels[number] = sentinel, sentinels[0]
+                return self._found(found)
+        return self._newest(behind, errors)
+
+    async def afind(self) -> Where:
+        """:meth:`find` for the asyncio client, on connections of the running loop."""
         sentinel = _AsyncSentinel(
             list(self.sentinels), sentinel_kwargs=self._kwargs(redis.asyncio.retry)
         )
+        errors: list[Exception] = []
+        behind: list[Where] = []
         try:
-            found = await sentinel.discover_master(self.service)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            return self._fall_back(exc)
+            for client in sentinel.sentinels:
+                try:
+                    masters = await client.sentinel_masters()
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    errors.append(exc)
+                    continue
+                found = self._current(masters, behind)
+                if found is not None:
+                    return self._found(found)
         finally:
             for client in sentinel.sentinels:
                 with contextlib.suppress(Exception):
                     await client.aclose()
-        return self._found(found)
+        return self._newest(behind, errors)
 
-    def _found(self, found: Any) -> tuple[str, int]:
-        master = (str(found[0]), int(found[1]))
+    def _current(self, masters: Mapping[str, Any], behind: list[Where]) -> Where | None:
+        """The master one Sentinel names (:meth:`_master_in`), unless it names an older
+        failover epoch than one heard before: then None, and it is kept in ``behind``."""
+        found = self._master_in(masters)
+        known = self.where
+        if found is None or known is None or known[1] is None or found[1] is None:
+            return found
+        if found[1] < known[1]:
+            behind.append(found)
+            return None
+        return found
+
+    def _newest(self, behind: list[Where], errors: list[Exception]) -> Where:
+        if behind:
+            return self._found(max(behind, key=lambda where: where[1] or 0))
+        return self._fall_back(errors)
+
+    def _master_in(self, masters: Mapping[str, Any]) -> Where | None:
+        """The master one Sentinel's ``SENTINEL MASTERS`` names for the service, as redis-py's
+        ``discover_master`` judges it (a master it sees up), or None."""
+        state = masters.get(self.service)
+        if not state or not self._sentinel.check_master_state(state, self.service):
+            return None
+        epoch = state.get("config-epoch")
+        return (str(state["ip"]), int(state["port"])), None if epoch is None else int(epoch)
+
+    def _found(self, where: Where) -> Where:
+        master = where[0]
         if (same_host(master[0]), master[1]) in self.elsewhere:
             # Static checks cannot see it (the address is known only now); voting would let
             # one server's failure count twice.
@@ -312,22 +388,21 @@ class SentinelGroup:
                 "twice (remove one of the two entries)"
             )
         with self._lock:
-            self.master = master
+            self.where = where
             self.asked = time.monotonic()
-        return master
+        return where
 
-    def _fall_back(self, exc: Exception) -> tuple[str, int]:
+    def _fall_back(self, errors: list[Exception]) -> Where:
         # Not asked again before CONFIRM_EVERY: every operation would wait for them.
         self.asked = time.monotonic()
-        master = self.master
-        if master is None:
-            # redis-py's message lists its clients' reprs: name the Sentinels instead.
+        where = self.where
+        if where is None:
             asked = ", ".join(f"{host}:{port}" for host, port in self.sentinels)
-            why = "unreachable" if "Error" in str(exc) else "no such master"
+            why = "unreachable" if errors else "no such master"
             raise SentinelUnavailable(
                 f"no Sentinel named a master for {self.service!r} (asked {asked}: {why})"
             ) from None
-        return master
+        return where
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A redis-py client of the master (redis-py's Sentinel pool: it finds the master
