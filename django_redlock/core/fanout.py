@@ -196,6 +196,7 @@ class FanOut:
         self.left = left
         self.behind = behind
         self.idempotent = idempotent
+        self.cut = self.undone = None  # read with every reply: see Due on class defaults
         #: Each node's reply; :data:`~.nodes.NOT_SENT` until the command went out to it.
         self.replies: list[Any] = [NOT_SENT] * nodes
         #: Nodes whose answer the operation still waits for.
@@ -421,7 +422,8 @@ def fan_out(
                 else:
                     node._pool(wire, now)  # checkin()'s common case: a server's URL
                 reply = due.reply
-                if reply == 0 and (op.cut is not None or op.undone is not None):
+                # Asked first: an acquire's reply (a list) compared with 0 is CPython's slow path.
+                if (op.cut is not None or op.undone is not None) and reply == 0:
                     reply = settled(reply, index, op.cut, op.undone)
                 if index in copies:
                     reply = hedging.first_word(

@@ -552,7 +552,7 @@ class Wire(Link):
             else:
                 # A pipeline's replies: those in already are kept for the next read.
                 partial = self.partial
-                for _ in range(count - len(partial)):
+                while len(partial) < count:
                     value = gets()
                     if value is False:
                         raise Incomplete
