@@ -75,7 +75,11 @@ class LeaseTable(HeldLeases):
             return cast(LeaseTable, home).begin_release(lease)
         if lease.foreign:
             return False
-        if lease.count <= 1 and lease.validity <= 0:
+        # The last hold, and "lease.validity <= 0" written out (foreign it is not): this runs
+        # on every release.
+        if lease.count <= 1 and (
+            lease.released or lease.lost or lease.valid_until <= clock.monotonic()
+        ):
             renewing = lease.auto_renew and (
                 lease.renew_until is None or lease.valid_until < lease.renew_until
             )

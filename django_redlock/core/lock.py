@@ -502,10 +502,7 @@ class Lock(LockBase):
             self._holds += 1  # the owner re-entered through this very handle
         else:
             self._lease, self._holds = lease, 1
-            if lease.handles:
-                lease.taken_by(self)
-            else:  # a lease just won, its first handle: taken_by()'s common case
-                lease.handles = (weakref.ref(self),)
+            lease.taken_by(self)
         return True
 
     def release(self) -> None:

@@ -1340,7 +1340,7 @@ class Node:
         # Only a new peak or window calls _note_busy(): every reply of every fan-out comes here.
         if self._open - len(idle) - len(self._draining) > self._peak or now >= self._window_ends:
             self._note_busy(now)
-        if not wire.due and len(idle) >= self._wanted:
+        if len(idle) >= self._wanted and not wire.due:
             wire.close()
             return
         wire.reused = True
