@@ -578,7 +578,8 @@ class LoopPool:
             # retransmission): a command behind it would wait too. It is read as the reply
             # comes and pooled again (as the sync client's checkout sets such one aside);
             # past the node timeout, what it carries is undone behind it.
-            node.late_at = now = time.monotonic()
+            now = time.monotonic()
+            node.mark_late(now)
             since = now - (self.loop.time() - owed)
             given_up = wire.overdue(self.loop.time(), budget)
             self.set_aside(node, index, wire, since, abandon=given_up)
@@ -940,7 +941,7 @@ class AsyncFanOut:
                     elif fresh:
                         self.pool.checkin(index, wire)
                     else:
-                        self.nodes[index].late_at = time.monotonic()
+                        self.nodes[index].mark_late(time.monotonic())
                         self.pool.set_aside(self.nodes[index], index, wire, self.since)
                 elif (
                     not expired
@@ -960,7 +961,7 @@ class AsyncFanOut:
                         # or the node answered since on another connection.
                         if index not in self.answered:
                             self.nodes[index].went_silent(excused, self.since)
-                        self.nodes[index].late_at = time.monotonic()
+                        self.nodes[index].mark_late(time.monotonic())
                     self.pool.set_aside(
                         self.nodes[index], index, wire, self.since, self.late, abandon=True
                     )

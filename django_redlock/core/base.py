@@ -41,13 +41,14 @@ from .events import Listener
 from .fairness import FairLine, NamedWaiters
 from .fencing import Fencing
 from .guard import RestartGuard
-from .hedging import heard_out, hedge_at
+from .hedging import LOSSY_FOR, heard_out, hedge_at
 from .info import LockInfo, NodeHealth
 from .kinds import listed_hold
 from .leases import LeaseTable, replies_of
 from .listing import Listing, glob_escape, parse_info
 from .lock import Lease, LockBase
 from .nodes import (
+    LATENESS,
     NOTHING_LEFT,
     TIMED_OUT,
     Failure,
@@ -356,7 +357,7 @@ class RedlockBase:
             )
         if lease_ttl <= self.node_timeout:
             raise ValueError(f"ttl {ttl!r} for {name!r} must exceed node_timeout")
-        details = check_meta(meta, besides=self.meta)
+        details = {} if meta is None else check_meta(meta, besides=self.meta)
         cap = check_handle_options(name, auto_renew, fencing, fair, blocking, owner, renew_for)
         return cls(
             self,
@@ -383,7 +384,11 @@ class RedlockBase:
         """When a release's wait ends: at a quorum, or on a lossy link, while copies go out,
         once every node that did not miss lately answered too (:func:`.hedging.heard_out`)."""
         now = clock.monotonic()
-        if hedge_at(self.nodes, now, now, self.node_timeout) is not None:
+        # Mostly no node of the process answered late lately: told without a call (this runs
+        # on every release).
+        if LATENESS.last > now - LOSSY_FOR and (
+            hedge_at(self.nodes, now, now, self.node_timeout) is not None
+        ):
             return self._released_everywhere
         return self._released_by_quorum
 

@@ -41,6 +41,7 @@ from .detector import (
     connect_budget,
 )
 from .nodes import (
+    LATENESS,
     NOT_CONNECTED,
     NOT_SENT,
     NOTHING_LEFT,
@@ -197,6 +198,7 @@ class FanOut:
         self.left = left
         self.behind = behind
         self.idempotent = idempotent
+        self.cut = self.undone = None  # read with every reply: see Due on class defaults
         #: Each node's reply; :data:`~.nodes.NOT_SENT` until the command went out to it.
         self.replies: list[Any] = [NOT_SENT] * nodes
         #: Nodes whose answer the operation still waits for.
@@ -353,10 +355,11 @@ def fan_out(
         if connecting:
             _retime(wait, reply_until, connect_deadline, len(nodes) - len(connecting) < need)
         hedge_at = None
-        if op.hedge is not None:
+        since = wait.last - hedging.LOSSY_FOR
+        if op.hedge is not None and LATENESS.last > since:
             # Copies only while some node's replies come late enough to be lost packets
-            # (tested here first, without a call: this runs on every fan-out).
-            since = wait.last - hedging.LOSSY_FOR
+            # (tested here first, without a call: this runs on every fan-out; mostly no
+            # node of the process was late lately).
             for node in nodes:
                 if node.late_at > since:
                     hedge_at = hedging.hedge_at(nodes, wait.last, wait.last, timeout)
@@ -458,18 +461,23 @@ def fan_out(
                         detector.quick = quick + QUICK_GAIN * (rtt - quick)
                     srtt = detector.srtt
                     if srtt is None:
-                        srtt, detector.rttvar = rtt, rtt / 2
+                        srtt, rttvar = rtt, rtt / 2
                     else:
-                        gap = rtt - srtt if rtt > srtt else srtt - rtt
-                        detector.rttvar += RTT_GAIN * (gap - detector.rttvar)
-                        srtt += SRTT_GAIN * (rtt - srtt)
-                    detector.srtt = srtt
-                    detector.rto = srtt + 4 * detector.rttvar
-                # Dropped if the server is no longer the master; closed if the pool holds
-                # what the operations use at once already (see Node.wanted).
-                node.checkin(wire)
+                        off = rtt - srtt
+                        rttvar = detector.rttvar
+                        rttvar += RTT_GAIN * ((off if off > 0.0 else -off) - rttvar)
+                        srtt += SRTT_GAIN * off
+                    detector.srtt, detector.rttvar = srtt, rttvar
+                    detector.rto = srtt + 4 * rttvar
+                # Dropped if the server is no longer the master (checkin); closed if the
+                # pool holds what the operations use at once already (see Node.wanted).
+                if wire.on_replica or node.group is not None:
+                    node.checkin(wire)
+                else:
+                    node._pool(wire, now)  # checkin()'s common case: a server's URL
                 reply = due.reply
-                if reply == 0 and (op.cut is not None or op.undone is not None):
+                # Asked first: an acquire's reply (a list) compared with 0 is CPython's slow path.
+                if (op.cut is not None or op.undone is not None) and reply == 0:
                     reply = settled(reply, index, op.cut, op.undone)
                 if index in copies:
                     reply = hedging.first_word(

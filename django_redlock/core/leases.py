@@ -4,6 +4,7 @@ table itself (registration, reentrancy) is :class:`.lock.HeldLeases`, beside the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, cast
 
@@ -69,12 +70,16 @@ class LeaseTable(HeldLeases):
     def begin_release(self, lease: Lease) -> bool:
         """Drop one hold; True when the last hold is gone and the nodes must be told (never
         from a forked child: the parent still holds the lock)."""
-        home = self._elsewhere(lease)
-        if home is not None:
-            return home.begin_release(lease)
+        home = lease.home
+        if home is not self and home is not None:  # _elsewhere(), written out: every release
+            return cast(LeaseTable, home).begin_release(lease)
         if lease.foreign:
             return False
-        if lease.count <= 1 and lease.validity <= 0:
+        # The last hold, and "lease.validity <= 0" written out (foreign it is not): this runs
+        # on every release.
+        if lease.count <= 1 and (
+            lease.released or lease.lost or lease.valid_until <= clock.monotonic()
+        ):
             renewing = lease.auto_renew and (
                 lease.renew_until is None or lease.valid_until < lease.renew_until
             )
@@ -110,18 +115,17 @@ class LeaseTable(HeldLeases):
             unwatch()
 
     def finish_release(self, lease: Lease, replies: list[Any]) -> None:
-        home = self._elsewhere(lease)
-        if home is not None:
-            return home.finish_release(lease, replies)
-        self._stop_watching(lease)
-        if [r for r in replies if isinstance(r, int) and r > 1]:
-            now = clock.monotonic()
-            with self._leases_lock:
-                # Entries live a few ms: dropping the run-out ones keeps the table to the
-                # names released just now (per-entity names would otherwise pile up).
-                for name in [n for n, until in self._yield_until.items() if until <= now]:
-                    del self._yield_until[name]
-                self._yield_until[lease.name] = now + COURTESY
+        home = lease.home
+        if home is not self and home is not None:  # _elsewhere(), written out: every release
+            return cast(LeaseTable, home).finish_release(lease, replies)
+        if lease.unwatch is not None:  # only an auto-renewed lease listens
+            self._stop_watching(lease)
+        # A reply above 1: the release woke waiting processes (a loop, not a list: this
+        # runs on every release).
+        for reply in replies:
+            if isinstance(reply, int) and reply > 1:
+                self._hold_back(lease.name)
+                break
         # A hold ends once: a lease already lost had its "lost" event; "released" is only
         # for one given back while it was still ours.
         if lease.lost:
@@ -135,12 +139,25 @@ class LeaseTable(HeldLeases):
                 "out there, or they lost it (restarted empty, flushed, removed by hand)"
             )
         else:
-            self._lease_event("released", lease, None)
+            # heard(), written out: this runs on every release, and "released" logs at DEBUG.
+            if self.listeners or logger.isEnabledFor(logging.DEBUG):
+                emit(self.listeners, LockEvent.of_end("released", lease, None))
             return
         self._lease_event("lost", lease, why)
         raise LockNotOwned(
             f"lock {lease.name!r}: {why}; it was not exclusive the whole time", lease.name
         )
+
+    def _hold_back(self, name: str) -> None:
+        """This process's next acquire of ``name`` gives the processes its release woke a
+        head start (see :meth:`courtesy`)."""
+        now = clock.monotonic()
+        with self._leases_lock:
+            # Entries live a few ms: dropping the run-out ones keeps the table to the names
+            # released just now (per-entity names would otherwise pile up).
+            for gone in [n for n, until in self._yield_until.items() if until <= now]:
+                del self._yield_until[gone]
+            self._yield_until[name] = now + COURTESY
 
     def detach(self, lease: Lease) -> str:
         """Stop tracking a lease here without releasing it: the process it was taken for

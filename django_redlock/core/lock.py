@@ -136,6 +136,9 @@ class Lease:
         return max(self.valid_until - clock.monotonic(), 0.0)
 
     def taken_by(self, handle: LockBase) -> None:
+        if not self.handles:  # a lease just won (every acquire): nothing to look through
+            self.handles = (weakref.ref(handle),)
+            return
         # The handles that let go are dropped: a long hold that many nested reentrant
         # handles joined keeps only those that still hold it.
         kept = tuple(
@@ -506,7 +509,13 @@ class Lock(LockBase):
         """Give the lock back. Raises :class:`LockNotOwned` if it was no longer ours, or if
         the asking thread (task) is not the one that took it (nothing is sent then), and
         :class:`LockLost` if we knew it was lost."""
-        lease = self._take_lease(self._owner())
+        # _owner() and _take_lease()'s common case, written out: this runs on every release.
+        owner = self.owner
+        if owner is None:
+            owner = current_owner()
+        lease = self._lease
+        if lease is None or lease.released or lease.owner != owner:
+            lease = self._take_lease(owner)  # LockNotOwned, unless that owner ended
         self._drop_hold()
         self.redlock._release(lease)
 

@@ -67,6 +67,7 @@ __all__ = [
     "BEHIND_LATE",
     "DRAIN_FOR",
     "HANDSHAKE",
+    "LATENESS",
     "MAX_DB",
     "NOTHING_LEFT",
     "NOT_CONNECTED",
@@ -264,7 +265,9 @@ class Due:
     goes out again with the next operation that reaches the node (:meth:`Node.lose`)."""
 
     # Class defaults rather than slots: a new one (one per node per operation) sets only what
-    # it is given, and most keep the defaults to the end.
+    # it is given, and most keep the defaults to the end. Those read with every reply
+    # (``unwanted``, ``waited``, ``resent``) are set in __init__ as well: CPython 3.11 reads an
+    # instance's attribute fast, a class default through the instance slowly.
     #: The parsed (and folded) reply; :data:`OWED` until it is in.
     reply: Any = OWED
     unwanted = False
@@ -300,6 +303,8 @@ class Due:
         self.late = late
         self.sent = sent
         self.again = again
+        self.unwanted = self.resent = False
+        self.waited = 0.0
 
     def take_undo(self) -> bytes:
         """The undo of an unwanted command, once (``late`` is cleared)."""
@@ -1042,6 +1047,22 @@ class NodeDetector:
         return True
 
 
+class Lateness:
+    """When any node of this process was last late (the largest :attr:`Node.late_at`): the
+    fan-outs ask whether a node is behind a lossy link on every operation, and mostly the
+    answer is no, told by this one time without a look at each node."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+
+
+#: This process's :class:`Lateness` (a forked child's starts with its parent's: at worst it
+#: looks at its nodes once more).
+LATENESS = Lateness()
+
+
 class Trimmer:
     """One thread per process that calls every live node's :meth:`Node.trim` each
     :data:`TRIM_EVERY` seconds: a process that stops taking locks has no operation left to
@@ -1104,10 +1125,11 @@ class Node:
         #: Held to count them; notified when one comes back to the pool or closes.
         self._room = threading.Condition()
         #: The most connections in use at once in this :data:`IDLE_FOR` window and the one
-        #: before (:meth:`wanted`), and when this window began.
+        #: before, when this window ends, and what they make :meth:`wanted`.
         self._peak = 0
         self._peak_before = 0
-        self._window_at = time.monotonic()
+        self._window_ends = time.monotonic() + IDLE_FOR
+        self._wanted = IDLE_SLACK
         #: A Sentinel-managed group's Sentinels: the node's address is its master's, asked
         #: for with every new connection (:meth:`locate`). None for a server's URL.
         self.group: SentinelGroup | None = None
@@ -1155,7 +1177,7 @@ class Node:
         self.closed = False
         #: When (``time.monotonic``) a reply of this node last came later than the node
         #: timeout, or a connection had to be set aside for one (see :data:`.hedging.LOSSY_FOR`).
-        self.late_at = float("-inf")
+        self.late_at = float("-inf")  # set through mark_late()
         #: What this process has seen of the node: misses, connection errors, round trips.
         self.detector = NodeDetector(node_timeout)
         #: Idle asyncio connections of event loops that ended, for the next loop to adopt
@@ -1264,6 +1286,7 @@ class Node:
             self._opening = 0
             self._waiting = set()
             self._open = self._peak = self._peak_before = 0
+            self._wanted = IDLE_SLACK
             self.detector.reset()
             self._pid = ThisProcess.pid
             trimmer.watch(self)
@@ -1303,7 +1326,7 @@ class Node:
                     due = wire
                 else:
                     self._draining.append((wire, now + DRAIN_FOR))
-                    self.late_at = now
+                    self.mark_late(now)
                     self.want_spare()  # its stand-in, while it waits for its reply
                 continue
             for owing in (young, due):
@@ -1392,34 +1415,42 @@ class Node:
         replies: the most its operations had in use at once in the last :data:`IDLE_FOR`
         seconds or so, and :data:`IDLE_SLACK` more. Beyond that, a connection coming back
         to the pool is closed and no spare is opened."""
-        return max(self._peak, self._peak_before) + IDLE_SLACK
+        return self._wanted
 
     def _note_busy(self, now: float) -> None:
         """Count the connections in use now (open, neither idle nor set aside) towards
         :meth:`wanted`; a new window begins every :data:`IDLE_FOR` seconds."""
         busy = self._open - len(self._idle) - len(self._draining)
-        if now - self._window_at >= IDLE_FOR:
-            self._peak_before, self._peak, self._window_at = self._peak, busy, now
+        if now >= self._window_ends:
+            self._peak_before, self._peak = self._peak, busy
+            self._window_ends = now + IDLE_FOR
         elif busy > self._peak:
             self._peak = busy
+        else:
+            return
+        self._wanted = max(self._peak, self._peak_before) + IDLE_SLACK
 
-    def _pool(self, wire: Wire, *, last: bool = False) -> None:
+    def _pool(self, wire: Wire, now: float | None = None, *, last: bool = False) -> None:
         """Put ``wire`` in the pool (the next to be used, or with ``last`` the last), or
         close it when the pool holds what the operations want already (:meth:`wanted`) and it
         owes nothing: spares opened while replies were late would otherwise stay open once
         those replies came (closing one that owes a reply would reset it, and the node drop
-        what it has not read)."""
-        now = time.monotonic()
-        self._note_busy(now)
-        if not wire.due and len(self._idle) >= self.wanted():
+        what it has not read). ``now``: the monotonic time, if the caller has it."""
+        if now is None:
+            now = time.monotonic()
+        idle = self._idle
+        # Only a new peak or window calls _note_busy(): every reply of every fan-out comes here.
+        if self._open - len(idle) - len(self._draining) > self._peak or now >= self._window_ends:
+            self._note_busy(now)
+        if len(idle) >= self._wanted and not wire.due:
             wire.close()
             return
         wire.reused = True
         wire.idle_since = now
         if last:
-            self._idle.appendleft(wire)
+            idle.appendleft(wire)
         else:
-            self._idle.append(wire)
+            idle.append(wire)
         if self.max_connections is not None:
             with self._room:
                 self._room.notify()
@@ -1595,6 +1626,13 @@ class Node:
             return None
         return Failure("timeout", "missed an answer; connecting in the background")
 
+    def mark_late(self, now: float) -> None:
+        """A reply of this node came later than the node timeout, or a connection had to be
+        set aside for one, at ``now``."""
+        self.late_at = now
+        if now > LATENESS.last:
+            LATENESS.last = now
+
     def went_silent(self, excused: bool = False, since: float | None = None) -> None:
         """A connection attempt, or a command, got no answer within its budget: one miss
         (``excused``, ``since``: as :meth:`NodeDetector.missed`; a late reply's connection is
@@ -1763,7 +1801,8 @@ class Node:
         except OSError:
             self.lose(wire)  # the undos were owed: lose keeps them
             return
-        self.late_at = now = time.monotonic()
+        now = time.monotonic()
+        self.mark_late(now)
         self._draining.append((wire, now + DRAIN_FOR))
 
     def lose(self, wire: Wire) -> None:

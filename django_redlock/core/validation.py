@@ -78,7 +78,8 @@ def check_name(name: object, *, listed: bool = False) -> str:
         raise TypeError(f"lock name must be a str, got {type(name).__name__} {name!r}")
     if not name:
         raise ValueError("lock name must not be empty")
-    _encodable("lock name", name)
+    if not name.isascii():  # an ASCII name encodes (the common case, without a copy)
+        _encodable("lock name", name)
     if len(name) > MAX_KEY_LENGTH and not (listed and _listed_hold_fits(name)):
         raise ValueError(
             f"lock name is {len(name)} characters long, the limit is {MAX_KEY_LENGTH}: "
