@@ -476,6 +476,12 @@ def test_renewals_wait_out_busy_nodes_within_the_leases_validity(
         thread.start()
     try:
         time.sleep(2.0)  # the duration observed: four renewals of every lease
+        # And on until a round met the busy nodes: on a loaded host the threads' turns between
+        # two sleeps are long enough for a round to fall in them now and then.
+        wait_until(
+            lambda: any(r.took > rl.node_timeout for r in renewer.rounds if r.started >= started),
+            timeout=10.0,
+        )
     finally:
         stop.set()
         in_step.abort()
