@@ -229,7 +229,7 @@ def test_check_e107_names_a_task_that_dedupes_on_a_service_without_leases(
     """docs/checks.rst E107: the system check names each task whose ``lock_dedupe`` (its own
     or LOCKED_TASK's) would use a service without leases; tasks that do not de-duplicate
     there, and de-duplication on the Redlock, pass."""
-    from django_redlock.backends.checks import check_task_dedupe
+    from django.core.checks import run_checks
 
     settings.REDLOCK = zk_settings(redlock_settings)
     app = memory_app()
@@ -250,7 +250,7 @@ def test_check_e107_names_a_task_that_dedupes_on_a_service_without_leases(
     def flagged() -> list[str]:
         return sorted(
             m.msg.split("'")[1]
-            for m in check_task_dedupe()
+            for m in run_checks(tags=["django_redlock"])
             if m.id == "django_redlock.E107" and tag in m.msg
         )
 
