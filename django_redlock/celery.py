@@ -53,6 +53,7 @@ from celery.utils.dispatch import Signal
 from celery.utils.saferepr import saferepr
 
 from .core import (
+    MAX_DURATION,
     MAX_KEY_LENGTH,
     LockEvent,
     LockNotAcquired,
@@ -68,6 +69,8 @@ from .task_options import (
     DEDUPE_POLICIES,
     HEADER_FIELDS,
     ON_LOCKED,
+    check_header_fields,
+    check_option_names,
     check_task_options,
     header_values,
 )
@@ -80,6 +83,7 @@ __all__ = [
     "LockedTask",
     "LockedTaskControl",
     "LockedTaskWorker",
+    "dedupe_without_leases",
     "default_lock_key",
     "install",
     "release_held_locks",
@@ -114,8 +118,8 @@ MAX_UNKNOWN_HOLD_DELAY = 1.0
 MAX_SPREAD = 4
 #: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
 QUEUED_SUFFIX = ":queued"
-#: Prefix of the key a worker writes for a revoked task id (lease: the Redlock's max_ttl, as
-#: long as any queued marker lives): a ``lock_dedupe`` call replaces that task's marker.
+#: Prefix of the key a worker writes for a revoked task id (lease: as long as any queued
+#: marker lives, :func:`_longest_marker`): a ``lock_dedupe`` call replaces that task's marker.
 REVOKED_PREFIX = "celery:revoked:"
 #: Suffix of the per-key "one waiting task" slot of ``on_locked="retry"``.
 WAITER_SUFFIX = ":waiter"
@@ -487,10 +491,13 @@ class LockedTask(Task):
         }
         check_task_options(values, f"task {self.name}")
         self._check_template(values["key"], f"task {self.name}")
+        given: dict[str, Any] = {}
         if overrides:
-            given = {k: v for k, v in overrides.items() if k in HEADER_FIELDS}
             where = f"task {self.name} (per-call options)"
+            header = check_header_fields(overrides, where)
+            given = {k: v for k, v in header.items() if k in HEADER_FIELDS}
             limits = self._service_limits() if sending and {"ttl", "limit"} & set(given) else {}
+            limits.pop("without_leases", None)  # judged where a marker is taken
             check_task_options(given, where, per_call=True, **limits)
             self._check_template(given.get("key"), where)
             values.update(given)
@@ -500,7 +507,8 @@ class LockedTask(Task):
 
     def _service_limits(self) -> dict[str, Any]:
         """What the lock service refuses at every run: a lease past its ``max_ttl``, and a
-        semaphore on a backend that offers none."""
+        semaphore on a backend that offers none; and what it cannot honour at send time: a
+        queued marker that ends after ``lock_dedupe_ttl`` on a service without leases."""
         from django.core.exceptions import ImproperlyConfigured
 
         from .backends.base import BackendLocks
@@ -514,7 +522,17 @@ class LockedTask(Task):
         return {
             "max_ttl": getattr(service, "max_ttl", None),
             "without_semaphores": kind.__name__ if plain else None,
+            "without_leases": None if _leased(service) else kind.__name__,
         }
+
+    def _check_marker_service(self, opts: LockOptions, *, per_call: bool) -> None:
+        """Refuse ``lock_dedupe`` (the call's, the task's or the project's) on a lock service
+        whose locks have no lease (ZooKeeper): its queued marker would follow this process's
+        session, not ``lock_dedupe_ttl`` (system check E107)."""
+        without_leases = self._service_limits().get("without_leases")
+        if without_leases is not None:
+            where = f"task {self.name}" + (" (per-call options)" if per_call else "")
+            check_task_options({"dedupe": opts.dedupe}, where, without_leases=without_leases)
 
     def _check_template(self, key: Any, where: str) -> None:
         """Refuse a ``lock_key`` template ``@locked`` would refuse (malformed, positional or
@@ -600,7 +618,8 @@ class LockedTask(Task):
         ``on_locked=...``, ...; also through ``sig.set(...)``), carried in the ``redlock``
         message header; with ``lock_dedupe`` it may return the already queued task's result
         instead of sending a new message."""
-        headers, header = _call_options(options)
+        check_option_names(options, f"task {self.name}")
+        headers, header = _call_options(options, f"task {self.name} (per-call options)")
         opts = self.lock_options(header, sending=True)
         queued = None
         # The task's own self.retry() sends the running request's id again: the same task
@@ -614,6 +633,7 @@ class LockedTask(Task):
         ):
             from celery.utils import uuid
 
+            self._check_marker_service(opts, per_call="dedupe" in header)
             task_id = task_id or uuid()
             name = self.lock_name(args, kwargs, opts)
             delay = _delay_of(options)
@@ -637,7 +657,8 @@ class LockedTask(Task):
         """``apply`` (the task run here and now, eagerly) taking the per-call options as
         :meth:`apply_async` does, checked the same way; they reach the run in the
         ``redlock`` header, as a worker's run gets them."""
-        headers, header = _call_options(options)
+        check_option_names(options, f"task {self.name}")
+        headers, header = _call_options(options, f"task {self.name} (per-call options)")
         self.lock_options(header, sending=True)
         if header:
             headers[HEADER] = header
@@ -702,7 +723,7 @@ class LockedTask(Task):
         point look-up, :data:`REVOKED_PREFIX`) is replaced, not merged into."""
         redlock = self.get_redlock()
         queued_name = f"{name}{QUEUED_SUFFIX}"
-        ttl = min(opts.dedupe_ttl + delay, redlock.max_ttl)
+        ttl = min(opts.dedupe_ttl + delay, _longest_marker(redlock))
         lock = redlock.lock(
             queued_name,
             ttl=ttl,
@@ -755,7 +776,7 @@ class LockedTask(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        header = _header_of(request)
+        header = _checked_header_of(request, f"task {self.name} (redlock header)")
         opts = self.lock_options(header)
         redlock = self.get_redlock()
         name = self.lock_name(args, kwargs, opts)
@@ -1209,22 +1230,44 @@ def _project_defaults() -> Mapping[str, Any]:
     return defaults if isinstance(defaults, Mapping) else {}
 
 
-def _call_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _call_options(options: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The message headers and the ``redlock`` header of a call: the per-call options
-    (``lock_key=...``) taken out of ``options`` into the header over what it carried."""
+    (``lock_key=...``) taken out of ``options`` into the header over what it carried (a
+    header given as such is judged as the worker would judge it: ``where`` names the call)."""
     overrides = {CALL_OPTIONS[k]: options.pop(k) for k in list(options) if k in CALL_OPTIONS}
     headers = dict(options.pop("headers", None) or {})
-    header = dict(headers.get(HEADER) or {})
+    given = headers.get(HEADER)
+    header = {} if given is None else dict(check_header_fields(given, where))
     header.update(overrides)
     return headers, header
 
 
-def _header_of(request: Any) -> dict[str, Any]:
+def _raw_header(request: Any) -> Any:
     headers = getattr(request, "headers", None) or {}
     header = headers.get(HEADER) if isinstance(headers, Mapping) else None
     if header is None:
         header = getattr(request, HEADER, None)
+    return header
+
+
+def _header_of(request: Any) -> dict[str, Any]:
+    """The request's ``redlock`` header, read for clean-up (a malformed one reads as empty:
+    the run already failed on it, see :func:`_checked_header_of`)."""
+    header = _raw_header(request)
     return dict(header) if isinstance(header, Mapping) else {}
+
+
+def _checked_header_of(request: Any, where: str) -> dict[str, Any]:
+    """The request's ``redlock`` header for a run: a header that is not a dict of known
+    fields fails the task, as a bad value in it does."""
+    header = _raw_header(request)
+    return {} if header is None else dict(check_header_fields(header, where))
+
+
+def _leased(service: Any) -> bool:
+    """Whether the locks of ``service`` end with their lease (a ZooKeeper lock lives as long as
+    its holder's session instead)."""
+    return bool(getattr(service, "leased", True))
 
 
 def _eager(request: Any) -> bool:
@@ -1743,6 +1786,30 @@ def _redlocks_of(app: Any) -> list[Redlock]:
     return list(found.values())
 
 
+def dedupe_without_leases(apps: Any = None) -> list[tuple[str, str, str]]:
+    """``(task name, lock_using, service class)`` of each LockedTask that de-duplicates
+    (``lock_dedupe``, its own or ``REDLOCK["LOCKED_TASK"]``'s) on a lock service without
+    leases, whose queued marker would follow the sending process's session instead of
+    ``lock_dedupe_ttl`` (system check ``django_redlock.E107``; ``apply_async`` refuses such a
+    call with the same reason). ``apps``: the Celery apps to look at, default every app
+    created in this process (finalized, as its first call would)."""
+    from celery import _state
+
+    found: list[tuple[str, str, str]] = []
+    for app in list(apps if apps is not None else _state._get_active_apps()):
+        if not app.finalized and not app.autofinalize:
+            continue
+        for task in [t for t in app.tasks.values() if isinstance(t, LockedTask)]:
+            try:
+                dedupe = task.lock_options().dedupe
+                service = task.get_redlock() if dedupe else None
+            except Exception:  # broken options or settings: other checks say so
+                continue
+            if service is not None and not _leased(service):
+                found.append((task.name, str(task.lock_using), type(service).__name__))
+    return sorted(set(found))
+
+
 def _revoked_name(task_id: str) -> str:
     return f"{REVOKED_PREFIX}{task_id}"
 
@@ -1755,25 +1822,42 @@ def _was_revoked(redlock: Redlock, task_id: str) -> bool:
         return False
 
 
+def _longest_marker(redlock: Any) -> float:
+    """The longest lease a queued marker takes on ``redlock``: its ``max_ttl``, and on a
+    backend without one (``max_ttl`` infinite) the longest lease any lock may have. A revoke's
+    note lives that long, so it outlives the marker it stands for."""
+    return min(float(redlock.max_ttl), MAX_DURATION)
+
+
 def _note_revoked(app: Any, task_ids: list[str]) -> None:
     """Write :data:`REVOKED_PREFIX` + id for each revoked task (a point write per id, no
-    read): a later ``lock_dedupe`` call replaces such a task's queued marker instead of
-    merging into a task that will never run. Celery only tells a task it was revoked when a
-    worker reaches its message, which may be a long queue later."""
+    read) on every lock service the app's LockedTasks use (``lock_using``): a later
+    ``lock_dedupe`` call replaces such a task's queued marker instead of merging into a task
+    that will never run. Celery only tells a task it was revoked when a worker reaches its
+    message, which may be a long queue later. A service without leases holds no markers
+    (lock_dedupe is refused there). A service that fails is logged; the revoke's reply, and
+    the notes on the other services, still go out."""
     for redlock in _redlocks_of(app):
+        if not _leased(redlock):
+            continue
         for task_id in task_ids:
-            note = redlock.lock(
-                _revoked_name(task_id),
-                ttl=redlock.max_ttl,
-                reentrant=False,
-                owner=("celery-revoked", task_id),
-                meta={"task_id": task_id, "revoked": True},
-            )
             try:
+                note = redlock.lock(
+                    _revoked_name(task_id),
+                    ttl=_longest_marker(redlock),
+                    reentrant=False,
+                    owner=("celery-revoked", task_id),
+                    meta={"task_id": task_id, "revoked": True},
+                )
                 if note.acquire(blocking=False):
                     note.detach()  # it lives out its lease
             except Exception:
-                logger.warning("could not note the revoke of %s", task_id, exc_info=True)
+                logger.warning(
+                    "could not note the revoke of %s on %s",
+                    task_id,
+                    type(redlock).__name__,
+                    exc_info=True,
+                )
 
 
 def _revoke_with_locks(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -28,7 +28,7 @@ from .core import (
     parse_spec,
     redact,
 )
-from .task_options import SETTING_OPTIONS, check_task_options, header_values
+from .task_options import SETTING_OPTIONS, check_task_options, header_values, misnamed_options
 
 __all__ = [
     "CACHE_PREFIX",
@@ -471,8 +471,7 @@ def _check_locked_task(value: Any, max_ttl: float | None = None) -> list[CheckMe
     if not isinstance(value, Mapping):
         return [error(12, f"REDLOCK['LOCKED_TASK'] must be a dict, got {value!r}.")]
     # Real LockedTask options that only a task may set: named as such, not as unknown.
-    per_task = sorted(str(k) for k in value if k in _PER_TASK_ONLY)
-    unknown = sorted(str(k) for k in value if k not in SETTING_OPTIONS and k not in _PER_TASK_ONLY)
+    unknown, per_task = misnamed_options(value, SETTING_OPTIONS)
     if unknown or per_task:
         said = [f"unknown options: {', '.join(unknown)}"] if unknown else []
         if per_task:

@@ -9,7 +9,7 @@ wrong type is a ``TypeError``, a wrong value of the right type a ``ValueError``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .core import check_flag, check_limit, check_positive
@@ -20,8 +20,12 @@ __all__ = [
     "HEADER_FIELDS",
     "ON_LOCKED",
     "SETTING_OPTIONS",
+    "TASK_ONLY",
+    "check_header_fields",
+    "check_option_names",
     "check_task_options",
     "header_values",
+    "misnamed_options",
 ]
 
 #: The accepted ``on_locked`` policies.
@@ -48,13 +52,65 @@ CALL_OPTIONS = {
 HEADER_FIELDS = {v: k for k, v in CALL_OPTIONS.items()}
 #: Options a project may default in ``REDLOCK["LOCKED_TASK"]`` (a key is per task).
 SETTING_OPTIONS = tuple(name for name in CALL_OPTIONS if name not in ("lock_key", "lock_limit"))
+#: LockedTask options only the task itself sets (decorator or subclass): never per call, never
+#: a project default.
+TASK_ONLY = ("lock_redlock", "lock_using")
+#: Header fields LockedTask writes for itself besides the options: the enqueue-time marker
+#: ``[name, token]`` and the count of re-schedules caused by a busy lock.
+BOOKKEEPING_FIELDS = ("_queued", "_lock_retries")
 
 _BOOLEANS = ("renew", "retry_counts")
+_EVERY_OPTION = (*CALL_OPTIONS, *TASK_ONLY)
 
 
 def header_values(options: Mapping[str, Any]) -> dict[str, Any]:
     """``{"lock_ttl": 5, ...}`` (option names) as header fields ``{"ttl": 5, ...}``."""
     return {CALL_OPTIONS[k]: v for k, v in options.items() if k in CALL_OPTIONS}
+
+
+def misnamed_options(names: Iterable[Any], allowed: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``(unknown, task_only)``: the names in ``names`` that are no LockedTask option at all, and
+    those that are options only a task sets itself (outside ``allowed``), each sorted."""
+    allowed = set(allowed)
+    unknown = sorted(str(n) for n in names if n not in allowed and n not in _EVERY_OPTION)
+    task_only = sorted(str(n) for n in names if n not in allowed and n in _EVERY_OPTION)
+    return unknown, task_only
+
+
+def check_option_names(names: Iterable[Any], where: str) -> None:
+    """Raise TypeError naming ``where`` and each ``lock_*`` name in ``names`` (apply_async
+    keywords, signature options) that is no per-call option: a misspelt ``lock_tll`` would
+    otherwise be sent as a message property and the task run with the default, and
+    ``lock_using`` per call would be ignored the same way. Other names are Celery's."""
+    unknown, task_only = misnamed_options(
+        [n for n in names if isinstance(n, str) and n.startswith("lock_")], CALL_OPTIONS
+    )
+    said = [f"unknown options: {', '.join(unknown)}"] if unknown else []
+    if task_only:
+        said.append(f"options a task sets itself, never per call: {', '.join(task_only)}")
+    if said:
+        raise TypeError(f"{where}: {'; '.join(said)} (per-call options: {', '.join(CALL_OPTIONS)})")
+
+
+def check_header_fields(header: object, where: str) -> Mapping[str, Any]:
+    """The ``redlock`` message header, checked for its shape: a mapping whose keys are option
+    fields (``ttl``, ``wait``, ...) or LockedTask's bookkeeping. The values are judged by
+    :func:`check_task_options`. A raw header sent without LockedTask (``send_task``) is
+    judged on the worker by this same code."""
+    if not isinstance(header, Mapping):
+        raise TypeError(
+            f"{where}: the redlock header must be a dict of options "
+            f"({', '.join(HEADER_FIELDS)}), got {header!r}"
+        )
+    unknown = sorted(
+        repr(k) for k in header if k not in HEADER_FIELDS and k not in BOOKKEEPING_FIELDS
+    )
+    if unknown:
+        raise TypeError(
+            f"{where}: unknown fields in the redlock header: {', '.join(unknown)} (fields: "
+            f"{', '.join(HEADER_FIELDS)})"
+        )
+    return header
 
 
 def check_task_options(
@@ -64,12 +120,16 @@ def check_task_options(
     per_call: bool = False,
     max_ttl: float | None = None,
     without_semaphores: str | None = None,
+    without_leases: str | None = None,
 ) -> None:
     """Raise ValueError/TypeError naming ``where`` and the option for a bad value in
     ``values`` (header field names; None means "not given"). A ``per_call`` key travels in
     the JSON message header, so it must be a template, not a callable. Given the lock
     service's ``max_ttl``, a longer ``ttl`` is refused, as the service would refuse it at
-    every run; given the name of a service ``without_semaphores``, so is any ``limit``."""
+    every run; given the name of a service ``without_semaphores``, so is any ``limit``; given
+    the name of a service ``without_leases`` (its locks live as long as their holder's
+    session), so is any ``dedupe``: the queued marker would follow the producer's session,
+    not ``dedupe_ttl``."""
     on_locked = values.get("on_locked")
     if on_locked is not None and on_locked not in ON_LOCKED:
         error = ValueError if isinstance(on_locked, str) else TypeError
@@ -104,6 +164,13 @@ def check_task_options(
         error = ValueError if isinstance(dedupe, str) else TypeError
         raise error(
             f"{where}: lock_dedupe must be True, False or one of {DEDUPE_POLICIES}, got {dedupe!r}"
+        )
+    if dedupe and without_leases is not None:
+        raise ValueError(
+            f"{where}: lock_dedupe {dedupe!r} needs a queued marker that ends after "
+            f"lock_dedupe_ttl, and {without_leases} has no lease: its marker would live as "
+            "long as the sending process's session, not lock_dedupe_ttl (system check "
+            "django_redlock.E107; de-duplicate with lock_using='default' or a leased backend)"
         )
     limit = values.get("limit")
     if limit is not None:

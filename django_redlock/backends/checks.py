@@ -1,4 +1,4 @@
-"""System checks for ``REDLOCK["BACKENDS"]`` (ids E101-E106 and W101, listed in
+"""System checks for ``REDLOCK["BACKENDS"]`` (ids E101-E107 and W101, listed in
 docs/checks.rst).
 
 Building a backend opens no connection, so the settings checks build each one to let its
@@ -8,6 +8,7 @@ services.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from django.core.checks import CheckMessage, Warning, register
 from ..conf import get_config
 from .registry import OBJ, backend_error, judge_backends, judge_entry
 
-__all__ = ["check_backends", "check_backends_reachable"]
+__all__ = ["check_backends", "check_backends_reachable", "check_task_dedupe"]
 
 TAG = "django_redlock"
 
@@ -55,6 +56,33 @@ def check_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         backend.close()
     return messages
+
+
+@register(TAG)
+def check_task_dedupe(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E107: a LockedTask de-duplicates (``lock_dedupe``) on a backend without leases
+    (ZooKeeper), which cannot end its queued marker after ``lock_dedupe_ttl``. Only tasks of
+    Celery apps this process has created are seen; when LockedTask was never imported there
+    are none (and Celery is not imported for this check)."""
+    celery_module = sys.modules.get("django_redlock.celery")
+    if celery_module is None:
+        return []
+    try:
+        found = celery_module.dedupe_without_leases()
+    except Exception:  # an app that cannot be finalized here: its worker will say why
+        return []
+    return [
+        backend_error(
+            107,
+            f"Task {task!r} has lock_dedupe on lock_using={alias!r} ({kind}): a lock there "
+            "has no lease, it lives as long as its holder's session, so the queued marker "
+            "would follow the sending process (gone when it exits, kept while it lives), not "
+            "lock_dedupe_ttl. apply_async refuses such a call with a ValueError.",
+            "De-duplicate on a leased service (lock_using='default', a database or etcd "
+            "backend), or drop lock_dedupe from this task (or from REDLOCK['LOCKED_TASK']).",
+        )
+        for task, alias, kind in found
+    ]
 
 
 @register(TAG, deploy=True)
