@@ -55,6 +55,19 @@ def lock_keys(nodes: Iterable[RedisNode], prefix: str = PREFIX) -> list[dict[str
     return found
 
 
+def _read_until_agreed(
+    read: Callable[[], list[Any]], distinct: Callable[[list[Any]], set[Any]], within: float
+) -> list[Any]:
+    """``read()`` until the nodes' readings agree (``distinct`` of them has one member at
+    most), or as they stand after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        found = read()
+        if len(distinct(found)) <= 1 or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.005)
+
+
 def settled_lock_keys(
     nodes: Iterable[RedisNode], prefix: str = PREFIX, within: float = 2.0
 ) -> list[dict[str, tuple[int, str]]]:
@@ -62,12 +75,9 @@ def settled_lock_keys(
     as they stand then): the last node may run a release's copy a moment after the release
     returned (see :func:`settled_tokens`)."""
     nodes = list(nodes)
-    deadline = time.monotonic() + within
-    while True:
-        found = lock_keys(nodes, prefix)
-        if len({frozenset(keys) for keys in found}) <= 1 or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.005)
+    return _read_until_agreed(
+        lambda: lock_keys(nodes, prefix), lambda found: {frozenset(keys) for keys in found}, within
+    )
 
 
 def all_keys(nodes: Iterable[RedisNode]) -> list[dict[str, int]]:
@@ -103,12 +113,7 @@ def settled_tokens(
     assertion about every node reads until the nodes agree. A node that never catches up still
     fails the assertion, with what it holds."""
     nodes = list(nodes)
-    deadline = time.monotonic() + within
-    while True:
-        tokens = tokens_on_nodes(nodes, name, prefix)
-        if len(set(tokens)) <= 1 or time.monotonic() >= deadline:
-            return tokens
-        time.sleep(0.005)
+    return _read_until_agreed(lambda: tokens_on_nodes(nodes, name, prefix), set, within)
 
 
 def held_everywhere(nodes: Iterable[RedisNode], name: str, prefix: str = PREFIX) -> str:

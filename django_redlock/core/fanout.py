@@ -614,18 +614,9 @@ def _send_opened(
                 op.replies[index] = failure
             continue
         del connecting[node]
-        command = op.build(node, wire)
         now = time.monotonic()
-        try:
-            due = _send_one(node, wire, op, command, as_bytes(command), now)
-        except OSError as exc:
-            node.lose(wire)
-            op.replies[index] = os_failure(exc)
-            continue
-        op.replies[index] = TIMED_OUT
-        waiting[wire.fd] = (index, wire, due)
-        poller.register(wire.fd, select.POLLIN)
-        sent_at = now
+        if _send_watched(node, wire, op, index, waiting, poller, now):
+            sent_at = now
     return sent_at
 
 
@@ -750,16 +741,32 @@ def _resend_one(
     if isinstance(wire, Failure):
         op.replies[index] = wire
         return
+    _send_watched(node, wire, op, index, waiting, poller, time.monotonic())
+
+
+def _send_watched(
+    node: Node,
+    wire: Wire,
+    op: FanOut,
+    index: int,
+    waiting: dict[int, tuple[int, Wire, Due]],
+    poller: Any,
+    now: float,
+) -> bool:
+    """Send ``op``'s command to ``node`` on ``wire`` outside the fan-out's first round (a
+    connection opened meanwhile, one taken anew) and watch it for the reply; False when the
+    send failed (the connection is lost and the reply is the failure)."""
     command = op.build(node, wire)
     try:
-        due = _send_one(node, wire, op, command, as_bytes(command), time.monotonic())
+        due = _send_one(node, wire, op, command, as_bytes(command), now)
     except OSError as exc:
         node.lose(wire)
         op.replies[index] = os_failure(exc)
-        return
+        return False
     op.replies[index] = TIMED_OUT
     waiting[wire.fd] = (index, wire, due)
     poller.register(wire.fd, select.POLLIN)
+    return True
 
 
 def _reclaim(node: Node, owing: Owing, op: FanOut, index: int) -> bool:
