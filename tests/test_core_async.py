@@ -105,6 +105,25 @@ def test_acquire_release_extend_check(redis_nodes: RedisCluster, make_async_redl
     asyncio.run(main())
 
 
+def test_a_fresh_clients_first_lock_is_on_every_healthy_node(redis_nodes: RedisCluster) -> None:
+    # As the sync client's: a connection that opens after a quorum granted still carries its
+    # copy (a lock on a bare quorum is lost to one more failure). Many fresh clients: the
+    # connections open in any order.
+    async def main() -> None:
+        for attempt in range(25):
+            rl = AsyncRedlock(redis_nodes.urls)
+            try:
+                lock = rl.lock(f"fresh-first:{attempt}", ttl=30)
+                assert await lock.acquire(blocking=False)
+                tokens = await asyncio.to_thread(settled_tokens, redis_nodes, lock.name)
+                assert tokens == [lock.token] * 3, attempt
+                await lock.release()
+            finally:
+                await rl.close()
+
+    asyncio.run(main())
+
+
 def test_async_with_and_lock_not_acquired(redis_nodes: RedisCluster, make_async_redlock) -> None:
     rl = make_async_redlock(redis_nodes, retry_count=1, retry_delay=0.02)
     other = make_async_redlock(redis_nodes)

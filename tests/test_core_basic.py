@@ -498,3 +498,18 @@ def test_a_holder_without_auto_renew_learns_of_a_force_release_at_its_next_call(
         released.release()
     assert type(raised.value) is LockNotOwned, raised.value
     assert not any(rl.locked(lock.name) for lock in (own, checked, extended, released))
+
+
+def test_a_fresh_clients_first_lock_is_on_every_healthy_node(
+    redis_nodes: RedisCluster, make_redlock
+) -> None:
+    # A fresh client opens its connections while the acquire waits: the node whose connection
+    # opens last still gets its copy (a lock on a bare quorum is lost to one more failure).
+    # The connection threads finish in any order, so many fresh clients are tried.
+    for attempt in range(25):
+        rl = make_redlock(redis_nodes)
+        lock = rl.lock(f"fresh-first:{attempt}", ttl=30)
+        assert lock.acquire(blocking=False)
+        assert settled_tokens(redis_nodes, lock.name) == [lock.token] * 3, attempt
+        lock.release()
+        rl.close()

@@ -28,7 +28,7 @@ from typing import Any
 import redis
 
 from .detector import connect_budget
-from .fanout import Wait
+from .fanout import Wait, linger_for
 from .hedging import copies_allowed, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
@@ -772,6 +772,7 @@ class AsyncFanOut:
         "idempotent",
         "late",
         "left",
+        "lingering",
         "nodes",
         "owing",
         "owing_out",
@@ -780,6 +781,7 @@ class AsyncFanOut:
         "reply_until",
         "sent",
         "since",
+        "slowest_open",
         "tasks",
         "timeout",
         "undone",
@@ -828,6 +830,11 @@ class AsyncFanOut:
         #: try's connection is open (the same server may have run it).
         self.cut_on: dict[int, str] = {}
         self.decided = False  #: ``enough`` ended the wait
+        #: ``enough`` held while nodes were still being connected to: the wait goes on for
+        #: those connections only (see :meth:`_enough`).
+        self.lingering = False
+        #: The longest a connection opened for this fan-out took (from its start).
+        self.slowest_open = 0.0
         #: What the connections of nodes not heard in time owe, once they went back to the
         #: pool (also listed in ``left``, for the caller).
         self.owing: dict[int, Due] = {}
@@ -914,7 +921,9 @@ class AsyncFanOut:
             while self.left and not self.decided:
                 remaining = wait.remaining(loop.time())
                 if remaining <= 0:
-                    expired = True
+                    # Lingering: decided already, only a connection was waited for.
+                    self.decided = self.lingering
+                    expired = not self.lingering
                     break
                 self.waiter = waiter = loop.create_future()
                 timer = loop.call_later(remaining, settle, waiter, None)
@@ -1082,9 +1091,7 @@ class AsyncFanOut:
             return
         self.replies[index] = word
         if self.left and self.enough is not None and self.enough(self.replies):
-            self.decided = True
-            if self.waiter is not None:
-                settle(self.waiter, None)
+            self._enough()
 
     def _send(
         self, index: int, wire: AsyncWire, command: Sequence[Any] | bytes | Pipelined
@@ -1118,6 +1125,9 @@ class AsyncFanOut:
                 self.cut.add(index)  # the same server may have run it (see fanout.Round._resend)
             self._send(index, wire, self.build(self.nodes[index], wire))
             self.unmeasured |= {index}  # sent once connected, after ``since``
+            opened = self.pool.loop.time() - self.sent
+            if opened > self.slowest_open:
+                self.slowest_open = opened
             # The node's reply budget starts now: connecting was not its silence.
             self.reply_until = max(self.reply_until, self.pool.loop.time() + self.timeout)
         elif isinstance(error, WireError):
@@ -1134,7 +1144,15 @@ class AsyncFanOut:
         to is waited for as a slow node is: a frozen one (its kernel accepts TCP, the server
         never answers the handshake) costs the caller its reply budget, not the connect
         budget, and is :data:`~.nodes.NOT_CONNECTED`, no miss (its connection goes on, and
-        its own budget tells). The caller's wait is woken to take the new deadline."""
+        its own budget tells). The caller's wait is woken to take the new deadline. While
+        :attr:`lingering`, the deadline stays, and the wait ends once no node is being
+        connected to."""
+        if self.lingering:
+            if not self.tasks:
+                self.decided = True
+            if self.waiter is not None:
+                settle(self.waiter, None)
+            return
         short = len(self.nodes) - len(self.tasks) < len(self.nodes) // 2 + 1
         until = self.reply_until
         if short and self.connect_until > until:
@@ -1242,7 +1260,24 @@ class AsyncFanOut:
     def _final(self, index: int, reply: Any) -> None:
         self.replies[index] = settled(reply, index, self.cut, self.undone)
         self.left -= 1
-        if not self.left or (self.enough is not None and self.enough(self.replies)):
-            self.decided = bool(self.left)
+        if not self.left:
             if self.waiter is not None:
                 settle(self.waiter, None)
+        elif self.enough is not None and self.enough(self.replies):
+            self._enough()
+
+    def _enough(self) -> None:
+        """``enough`` held: the wait ends, unless nodes are still being connected to; then
+        it goes on for those connections only, within :func:`.fanout.linger_for` of this
+        fan-out's start, as the sync fan-out's does: a healthy node's copy of a fresh
+        client's first lock is not lost to its handshake (each command goes out once its
+        connection is open; its reply is owed, as a slow node's is)."""
+        if self.tasks and not self.lingering:
+            until = self.sent + linger_for(self.timeout, self.slowest_open)
+            if until > self.pool.loop.time():
+                self.lingering = True
+                self.wait.deadline = until + self.wait.stalled
+        if not (self.lingering and self.tasks):
+            self.decided = True
+        if self.waiter is not None:
+            settle(self.waiter, None)

@@ -549,6 +549,15 @@ LINGER_FACTOR = 10
 LINGER_AT_MOST = 0.25
 
 
+def linger_for(timeout: float, slowest_open: float) -> float:
+    """How long from its start a node's connection is waited for by an operation that its
+    other nodes decided (see :func:`_linger_until`; the asyncio fan-out's rule too)."""
+    wait_for = LINGER_FACTOR * slowest_open
+    if wait_for > LINGER_AT_MOST:
+        wait_for = LINGER_AT_MOST
+    return timeout if wait_for < timeout else wait_for
+
+
 def _linger_until(
     connecting: Mapping[Node, int], timeout: float, slowest_open: float
 ) -> float | None:
@@ -560,18 +569,18 @@ def _linger_until(
     node's too; a frozen node's neighbours answer theirs in a millisecond or two), within
     :data:`LINGER_AT_MOST` (or ``timeout`` if longer). A node whose connection has been
     opening longer than that costs nothing more: the operation that began to connect to it
-    waited for it already."""
-    wait_for = LINGER_FACTOR * slowest_open
-    if wait_for > LINGER_AT_MOST:
-        wait_for = LINGER_AT_MOST
-    if wait_for < timeout:
-        wait_for = timeout
+    waited for it already. One whose connection has just opened (its thread is done, its
+    news not yet read) gets ``timeout`` from now: its command goes out once the news is."""
+    wait_for = linger_for(timeout, slowest_open)
+    now = time.monotonic()
     until = None
     for node in connecting:
         since = node.connecting_since()
-        if since is not None and (until is None or since + wait_for > until):
-            until = since + wait_for
-    if until is None or until <= time.monotonic():
+        # None: its connection has just opened (or failed), and the news is on its way.
+        at = now + timeout if since is None else since + wait_for
+        if until is None or at > until:
+            until = at
+    if until is None or until <= now:
         return None
     return until
 
