@@ -275,11 +275,6 @@ def node_urls(nodes: Any) -> tuple[list[tuple[int, str, dict[str, Any]]], list[C
         parsed.append((index, url, options))
     return parsed, messages
 
-    for message in node_urls(nodes)[1]:
-        if message.id == "django_redlock.W007":
-            return error(4, message.msg, hint=message.hint)
-    return None
-
 
 def _cache_node(where: str, alias: str) -> tuple[CheckMessage | None, Any]:
     caches = getattr(settings, "CACHES", {}) or {}
