@@ -595,3 +595,47 @@ def test_a_renewed_lock_its_ended_thread_left_without_a_handle_runs_out(
     wait_until(gone, timeout=3 * TTL + 2, interval=0.02)
     assert time.monotonic() - started <= TTL + TTL / 3 + 1.0
     assert other.lock("renew:abandoned").acquire(blocking=False)
+
+
+@pytest.mark.parametrize("fault", ["script cache flushed", "one node refuses writes"])
+def test_renewal_rounds_go_on_through_a_flushed_script_cache_or_an_error_reply(
+    fault: str, redis_nodes: RedisCluster, make_redlock, event_log
+) -> None:
+    # A round pipelines every due lease to a node at once: a node that lost its scripts (a
+    # restart, SCRIPT FLUSH) still runs them all, and one node's error replies (NOREPLICAS
+    # here) leave the others' quorum to renew every lease.
+    rl = make_redlock(redis_nodes, ttl=TTL)
+    log = event_log(rl)
+    locks = [rl.lock(f"renew:batch:{i}", auto_renew=True) for i in range(5)]
+    for lock in locks:
+        assert lock.acquire(blocking=False)
+    refusing = redis_nodes.nodes[0]
+    try:
+        if fault == "script cache flushed":
+            for node in redis_nodes:
+                with node_client(node) as c:
+                    c.script_flush()
+        else:
+            with node_client(refusing) as c:
+                c.config_set("min-replicas-to-write", 1)
+        before = [rl.lock_info(lock.name).renewals for lock in locks]
+        # Several leases' worth of renewal rounds after the fault.
+        wait_until(
+            lambda: all(
+                rl.lock_info(lock.name).renewals >= b + 4
+                for lock, b in zip(locks, before, strict=True)
+            ),
+            timeout=10 * TTL + 5,
+        )
+        assert all(lock.held for lock in locks)
+        assert log.wait_for("lost", timeout=0) is None
+        if fault == "script cache flushed":
+            # Every node renewed every lease: the keys still carry their tokens everywhere.
+            for lock in locks:
+                assert settled_tokens(redis_nodes, lock.name) == [lock.token] * 3
+    finally:
+        if fault != "script cache flushed":
+            with node_client(refusing) as c:
+                c.config_set("min-replicas-to-write", 0)
+    for lock in locks:
+        lock.release()

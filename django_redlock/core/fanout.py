@@ -54,14 +54,17 @@ from .nodes import (
     Node,
     Owing,
     Pipelined,
+    ReplyError,
     Wakeup,
     Wire,
     WireError,
     as_bytes,
+    eval_form,
     leave,
     list_left,
     os_failure,
     pack_many,
+    reply_failure,
     reply_wait,
     settled,
 )
@@ -1285,6 +1288,23 @@ def _sleep(op: FanOut, wake: threading.Lock) -> BaseException | None:
     return interrupted
 
 
+def _bodies_first(commands: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+    """``commands`` with each script's first ``EVALSHA`` in its ``EVAL`` form (which also
+    caches the script for the ones after it)."""
+    out: list[Sequence[Any]] = list(commands)
+    seen: set[Any] = set()
+    for position, command in enumerate(out):
+        if command[0] == "EVALSHA" and command[1] not in seen:
+            seen.add(command[1])
+            out[position] = eval_form(command)
+    return out
+
+
+def _batch_replies(wire: Wire, replies: list[Any]) -> list[Any]:
+    """A batch's replies, an error reply as its :class:`~.nodes.Failure`."""
+    return [reply_failure(r) if r.__class__ is ReplyError else r for r in replies]
+
+
 def fan_out_batch(
     nodes: Sequence[Node],
     commands: Sequence[Sequence[Any]],
@@ -1310,12 +1330,13 @@ def fan_out_batch(
     wait on a slow node beyond the quorum. ``answered`` (one slot per node) receives when
     each node's replies were all in (None: they were not).
     """
-    payload = pack_many(commands)
+    # The whole batch is one pipeline on each connection, read as one reply: thousands of
+    # leases, one object each. Each script's first command carries its body, so a node that
+    # lost its script cache (a restart) runs every command of the batch at once.
+    batch = Pipelined(pack_many(_bodies_first(commands)), len(commands), _batch_replies)
     results: list[list[Any] | Failure] = [Failure("timeout")] * len(nodes)
     #: fd -> (node index, wire, what this batch waits for on it)
-    waiting: dict[int, tuple[int, Wire, list[Due]]] = {}
-    #: fd -> how many of its batch's replies are known to be in
-    settled: dict[int, int] = {}
+    waiting: dict[int, tuple[int, Wire, Due]] = {}
     poller = select.poll()
     now = time.monotonic()
     start = now
@@ -1324,7 +1345,7 @@ def fan_out_batch(
     for index in _pooled_first(nodes):
         try:
             wire = nodes[index].checkout(connect_deadline)
-            wire.write(payload, timeout)
+            wire.write(batch.data, timeout)
         except WireError as exc:
             results[index] = exc.failure
             continue
@@ -1332,9 +1353,9 @@ def fan_out_batch(
             nodes[index].lose(wire)
             results[index] = os_failure(exc)
             continue
-        dues = [Due(command, None, now) for command in commands]
-        wire.due.extend(dues)
-        waiting[wire.fd] = (index, wire, dues)
+        due = Due(batch, None, now)
+        wire.due.append(due)
+        waiting[wire.fd] = (index, wire, due)
         poller.register(wire.fd, select.POLLIN)
     # Time in which this process did not run is given back to the nodes as usual, but a
     # round never waits past its leases' validity for it (one node timeout at most): a wait
@@ -1350,19 +1371,12 @@ def fan_out_batch(
             break
         now = time.monotonic()
         for fd, _ in events:
-            index, wire, dues = waiting[fd]
+            index, wire, due = waiting[fd]
             try:
                 wire.read()
             except Incomplete:
-                # Replies settle in order, and a settled one stays settled: resume the scan
-                # where the last read left it (a batch of 10,000 renewals arrives in many
-                # reads; scanning it whole on each read cost most of a round's CPU).
-                done = settled.get(fd, 0)
-                while done < len(dues) and dues[done].reply is not OWED:
-                    done += 1
-                settled[fd] = done
-                if done < len(dues):
-                    continue
+                if due.reply is OWED:
+                    continue  # the rest of the batch is on its way
             except OSError as exc:
                 del waiting[fd]
                 poller.unregister(fd)
@@ -1371,18 +1385,17 @@ def fan_out_batch(
                 continue
             del waiting[fd]
             poller.unregister(fd)
-            nodes[index].detector.answered(now, dues[-1].sent)
+            nodes[index].detector.answered(now, due.sent)
             nodes[index].checkin(wire)
-            results[index] = [due.reply for due in dues]
+            results[index] = due.reply
             if answered is not None:
                 answered[index] = now
             complete += 1
             if quorum is not None and complete == quorum and waiting:
                 took = now - start
                 wait.deadline = min(wait.deadline, now + max(took, timeout))
-    for index, wire, dues in waiting.values():
-        for due in dues:
-            due.left = True
-        nodes[index].went_silent(wait.excused, dues[0].sent)
+    for index, wire, due in waiting.values():
+        due.left = True
+        nodes[index].went_silent(wait.excused, due.sent)
         nodes[index].abandon(wire)
     return results
