@@ -74,10 +74,16 @@ class SentinelProcess(RedisNode):
 
 
 class SentinelGroups:
-    """``n`` groups (master + replica each) and two Sentinels watching all of them."""
+    """``n`` groups (master + replica each) and ``sentinels`` Sentinels (two unless told)
+    watching all of them."""
 
     def __init__(
-        self, n: int = 3, *, min_replicas: bool = False, password: str | None = None
+        self,
+        n: int = 3,
+        *,
+        min_replicas: bool = False,
+        password: str | None = None,
+        sentinels: int = 2,
     ) -> None:
         self.password = password
         self.services = [f"group{i}" for i in range(n)]
@@ -99,7 +105,7 @@ class SentinelGroups:
             ]
             self.servers += replicas
             monitors = [(s, m.host, m.port) for s, m in zip(self.services, masters, strict=True)]
-            for _ in range(2):
+            for _ in range(sentinels):
                 try:
                     self.sentinels.append(SentinelProcess(monitors, auth_pass=password))
                 except RedisStartupError as exc:

@@ -307,26 +307,32 @@ class SentinelGroup:
         return self.find()[0]
 
     def find(self) -> Where:
-        """:meth:`resolve`, with the failover epoch the Sentinel named the master at. A
-        Sentinel that names an older epoch than one already heard (it has not yet learnt of
-        a failover, and may name the deposed master) is passed over for the next one; only
-        when every Sentinel that answers lags so is the newest of their answers taken (the
-        Sentinels were set up anew)."""
+        """:meth:`resolve`, with the failover epoch the Sentinel named the master at.
+
+        A majority of the group's Sentinels is asked (in turn, those that answered last time
+        first, until that many answered), and the master named at the newest epoch among
+        their answers is taken: a Sentinel that missed a failover (down during it, or
+        restarted from its config of before) names the deposed master at the older epoch,
+        and a failover is authorised by a majority of the Sentinels, so one of any majority
+        took part in the newest one. With no majority answering, the node goes on with the
+        master last named (never with what a minority says), or is unavailable if it has
+        none: one Sentinel alone may be the lagging one."""
         errors: list[Exception] = []
-        behind: list[Where] = []
+        answers: list[Where | None] = []
         sentinels = self._sentinel.sentinels
-        for number, sentinel in enumerate(list(sentinels)):
+        answered = []
+        for sentinel in list(sentinels):
+            if len(answers) >= self.majority:
+                break
             try:
                 masters = sentinel.sentinel_masters()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 errors.append(exc)
                 continue
-            found = self._current(masters, behind)
-            if found is not None:
-                # Asked first next time, as redis-py's discover_master does.
-                sentinels[0], sentinels[number] = sentinel, sentinels[0]
-                return self._found(found)
-        return self._newest(behind, errors)
+            answered.append(sentinel)
+            answers.append(self._master_in(masters))
+        sentinels[:] = [*answered, *(s for s in sentinels if s not in answered)]
+        return self._decide(answers, errors)
 
     async def afind(self) -> Where:
         """:meth:`find` for the asyncio client, on connections of the running loop."""
@@ -334,39 +340,36 @@ class SentinelGroup:
             list(self.sentinels), sentinel_kwargs=self._kwargs(redis.asyncio.retry)
         )
         errors: list[Exception] = []
-        behind: list[Where] = []
+        answers: list[Where | None] = []
         try:
             for client in sentinel.sentinels:
+                if len(answers) >= self.majority:
+                    break
                 try:
                     masters = await client.sentinel_masters()
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     errors.append(exc)
                     continue
-                found = self._current(masters, behind)
-                if found is not None:
-                    return self._found(found)
+                answers.append(self._master_in(masters))
         finally:
             for client in sentinel.sentinels:
                 with contextlib.suppress(Exception):
                     await client.aclose()
-        return self._newest(behind, errors)
+        return self._decide(answers, errors)
 
-    def _current(self, masters: Mapping[str, Any], behind: list[Where]) -> Where | None:
-        """The master one Sentinel names (:meth:`_master_in`), unless it names an older
-        failover epoch than one heard before: then None, and it is kept in ``behind``."""
-        found = self._master_in(masters)
-        known = self.where
-        if found is None or known is None or known[1] is None or found[1] is None:
-            return found
-        if found[1] < known[1]:
-            behind.append(found)
-            return None
-        return found
+    @property
+    def majority(self) -> int:
+        """How many of the group's Sentinels must answer before the node follows them."""
+        return len(self.sentinels) // 2 + 1
 
-    def _newest(self, behind: list[Where], errors: list[Exception]) -> Where:
-        if behind:
-            return self._found(max(behind, key=lambda where: where[1] or 0))
-        return self._fall_back(errors)
+    def _decide(self, answers: list[Where | None], errors: list[Exception]) -> Where:
+        """Where the master is, from a majority of the Sentinels' ``answers`` (None: that
+        Sentinel names no master up for the service): the one named at the newest epoch.
+        Fewer answers, or none naming a master: :meth:`_fall_back`."""
+        named = [where for where in answers if where is not None]
+        if len(answers) < self.majority or not named:
+            return self._fall_back(errors, named)
+        return self._found(max(named, key=lambda where: -1 if where[1] is None else where[1]))
 
     def _master_in(self, masters: Mapping[str, Any]) -> Where | None:
         """The master one Sentinel's ``SENTINEL MASTERS`` names for the service, as redis-py's
@@ -392,15 +395,22 @@ class SentinelGroup:
             self.asked = time.monotonic()
         return where
 
-    def _fall_back(self, errors: list[Exception]) -> Where:
+    def _fall_back(self, errors: list[Exception], named: list[Where]) -> Where:
         # Not asked again before CONFIRM_EVERY: every operation would wait for them.
         self.asked = time.monotonic()
         where = self.where
         if where is None:
             asked = ", ".join(f"{host}:{port}" for host, port in self.sentinels)
-            why = "unreachable" if errors else "no such master"
+            if named:
+                why = (
+                    f"{len(named)} of {len(self.sentinels)} answered, {self.majority} needed: "
+                    "one Sentinel alone may not have learnt of a failover"
+                )
+            else:
+                why = "unreachable" if errors else "no such master"
             raise SentinelUnavailable(
-                f"no Sentinel named a master for {self.service!r} (asked {asked}: {why})"
+                f"no majority of Sentinels named a master for {self.service!r} "
+                f"(asked {asked}: {why})"
             ) from None
         return where
 
