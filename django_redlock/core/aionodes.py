@@ -16,11 +16,13 @@ fresh loop): :class:`LoopPool`.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import os
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -79,6 +81,7 @@ __all__ = [
     "open_wire",
     "park",
     "relocate",
+    "strand_loop",
 ]
 
 #: Per-command timeout of the slow operations (listing, health), like the sync client's
@@ -120,6 +123,7 @@ class AsyncWire(Link, asyncio.Protocol):
         #: Set aside owing late replies: called once they are all in (see :meth:`set_aside`).
         self.drained: Callable[[AsyncWire], None] | None = None
         self.drain_timer: asyncio.TimerHandle | None = None
+        _alive.add(self)
 
     # protocol callbacks
 
@@ -334,6 +338,51 @@ class AsyncWire(Link, asyncio.Protocol):
             with contextlib.suppress(RuntimeError):
                 self.transport.close()
 
+    def strand(self) -> None:
+        """Close the connection without its loop, which will not run again (closed without
+        its tasks cancelled, or left open at exit): a transport's ``close()`` only asks that
+        loop to close the socket later, and the socket left open is reported as unclosed
+        when collected. asyncio has no public way to do it at once; a transport without the
+        selector transports' own step is left as it is."""
+        self.closed = True
+        self.pending = None
+        self.waiters.clear()
+        self.owed.clear()
+        self.push = self.on_lost = self.drained = None
+        transport, self.transport = self.transport, None
+        if transport is None:
+            return
+        transport.set_protocol(asyncio.Protocol())  # nothing of this wire runs any more
+        with contextlib.suppress(RuntimeError):  # closing; on a closed loop, no more
+            transport.close()
+        lost = getattr(transport, "_call_connection_lost", None)
+        if callable(lost) and getattr(transport, "_sock", None) is not None:
+            with contextlib.suppress(Exception):
+                lost(None)
+
+
+#: Every AsyncWire alive (see :func:`strand_loop`).
+_alive: weakref.WeakSet[AsyncWire] = weakref.WeakSet()
+#: The nodes that parked a connection (see :func:`park`), closed at exit.
+_parking: weakref.WeakSet[Node] = weakref.WeakSet()
+
+
+def strand_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Close every connection of ``loop``, which will not run again (:meth:`AsyncWire.strand`)."""
+    for wire in list(_alive):
+        if wire.loop is loop:
+            wire.strand()
+
+
+@atexit.register
+def _close_parked() -> None:
+    # An idle connection parked for a next loop that never came: closed, not left to the
+    # collector (which reports it as an unclosed socket).
+    for node in list(_parking):
+        while node.parked:
+            with contextlib.suppress(IndexError, OSError):
+                node.parked.popleft().sock.close()
+
 
 #: A connection that still owes a reply, and that reply (as :data:`.nodes.Owing`).
 AsyncOwing = tuple[AsyncWire, Due]
@@ -431,6 +480,7 @@ def park(node: Node, wire: AsyncWire) -> bool:
     except OSError:
         return False
     node.parked.append(Parked(kept, wire))
+    _parking.add(node)
     return True
 
 
