@@ -103,6 +103,10 @@ DEADLOCK_RETRIES = 5
 MYSQL_DROPPED = frozenset({2006, 2013, 2055, 1927, 4031, 1053})
 
 LOCK_COLUMNS = "name, token, meta, fence, acquired_us, expires_us, lease_us, renewals"
+#: Seconds between two purges of the rows whose lease ended, by one manager that takes locks:
+#: a row stays after its lease until its name is taken again, and a name never used twice
+#: (a Celery revoke's note, a per-request key) would stay for ever.
+PURGE_EVERY = 60.0
 
 
 def private_memory_database(name: str) -> bool:
@@ -346,6 +350,7 @@ class DatabaseLocks(BackendLocks):
         self._row_watch = _RowWatch(self)
         self._watchdog = _Watchdog()
         self._sweep = _Sweep(self)
+        self._purge_due = 0.0
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -697,7 +702,22 @@ class DatabaseLocks(BackendLocks):
             self._end_mutex(mutex)
         elif grant is not None:
             grant.state = mutex
+            self._purge_expired()
         return grant
+
+    def _purge_expired(self) -> None:
+        """Delete the rows whose lease ended, at most every :data:`PURGE_EVERY` seconds (a
+        take that found such a row, deleted before it took it over, tries again:
+        :meth:`_contend`). A failure is left to the next purge: the lock was granted."""
+        now = time.monotonic()
+        if now < self._purge_due:
+            return
+        self._purge_due = now + PURGE_EVERY
+        try:
+            with self._budget():
+                self._sql(f"DELETE FROM {LOCKS} WHERE expires_us <= NOW_US")
+        except Exception:
+            logger.debug("could not purge the expired lock rows", exc_info=True)
 
     def _contend(
         self,
@@ -712,6 +732,7 @@ class DatabaseLocks(BackendLocks):
         pause = 0.005
         wake = None
         first = True
+        vanished = False
         try:
             while True:
                 # One request_timeout for each attempt (the first one's LISTEN included).
@@ -727,6 +748,11 @@ class DatabaseLocks(BackendLocks):
                     if fence is not False:
                         return self._grant(handle, token, meta, started=started, fence=fence)
                     handle.retry_after = self._time_left(handle.name)
+                if handle.retry_after is None and not vanished:
+                    # The row went between the take's two statements (released, or purged
+                    # after its lease ended): the name is free, so once more, at once.
+                    vanished = True
+                    continue
                 now = time.monotonic()
                 if not blocking or (deadline is not None and now >= deadline):
                     return None
