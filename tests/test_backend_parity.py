@@ -274,7 +274,7 @@ def test_a_revokes_note_lives_while_celery_remembers_the_revoke(
     lives as long as a queued marker can there and no longer than Celery's workers remember
     the revoke (``REVOKE_EXPIRES``: on a database or etcd it lived a year), and once it ended
     it leaves nothing behind: etcd's lease deletes the key, the database's purge (a manager's
-    first grant, then once a minute) deletes the row, which nobody takes again."""
+    first release, then once a minute) deletes the row, which nobody takes again."""
     if kind not in LEASED:
         pytest.skip("no leases there, so no notes (lock_dedupe is refused)")
     import celery
@@ -306,8 +306,8 @@ def test_a_revokes_note_lives_while_celery_remembers_the_revoke(
     if kind in ("sqlite", "postgres", "mysql"):
         assert _rows_named(service.using, _revoked_name(forgotten)) == 1  # expired, not gone
         lock = make().lock(name, ttl=5)
-        assert lock.acquire(blocking=False)  # a manager's first grant purges
-        lock.release()
+        assert lock.acquire(blocking=False)
+        lock.release()  # a manager's first release purges
         assert _rows_named(service.using, _revoked_name(forgotten)) == 0
     else:
         assert not any(i.name == _revoked_name(forgotten) for i in service.live_locks())

@@ -103,7 +103,7 @@ DEADLOCK_RETRIES = 5
 MYSQL_DROPPED = frozenset({2006, 2013, 2055, 1927, 4031, 1053})
 
 LOCK_COLUMNS = "name, token, meta, fence, acquired_us, expires_us, lease_us, renewals"
-#: Seconds between two purges of the rows whose lease ended, by one manager that takes locks:
+#: Seconds between two purges of the rows whose lease ended, by one manager that releases locks:
 #: a row stays after its lease until its name is taken again, and a name never used twice
 #: (a Celery revoke's note, a per-request key) would stay for ever.
 PURGE_EVERY = 60.0
@@ -702,13 +702,12 @@ class DatabaseLocks(BackendLocks):
             self._end_mutex(mutex)
         elif grant is not None:
             grant.state = mutex
-            self._purge_expired()
         return grant
 
     def _purge_expired(self) -> None:
-        """Delete the rows whose lease ended, at most every :data:`PURGE_EVERY` seconds (a
-        take that found such a row, deleted before it took it over, tries again:
-        :meth:`_contend`). A failure is left to the next purge: the lock was granted."""
+        """Delete the rows whose lease ended, at most every :data:`PURGE_EVERY` seconds, after
+        a release (a take that found such a row, deleted before it took it over, tries again:
+        :meth:`_contend`). A failure is left to the next purge: the lock was released."""
         now = time.monotonic()
         if now < self._purge_due:
             return
@@ -972,11 +971,13 @@ class DatabaseLocks(BackendLocks):
                 # database's lease; a pessimistic holder's transaction was alive above, so no
                 # waiter took it over). Only a force_release in the same instant would be
                 # reported as our release.
-                return gone or (self._local.repeated and grant.validity > 0)
+                released = gone or (self._local.repeated and grant.validity > 0)
             finally:
                 if mutex is not None:
                     grant.state = None
                     self._end_mutex(mutex)
+        self._purge_expired()  # after the release: its waiters are told first
+        return released
 
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":
