@@ -350,15 +350,19 @@ class AsyncWire(Link, asyncio.Protocol):
         self.owed.clear()
         self.push = self.on_lost = self.drained = None
         transport, self.transport = self.transport, None
-        if transport is None:
-            return
-        transport.set_protocol(asyncio.Protocol())  # nothing of this wire runs any more
-        with contextlib.suppress(RuntimeError):  # closing; on a closed loop, no more
-            transport.close()
-        lost = getattr(transport, "_call_connection_lost", None)
-        if callable(lost) and getattr(transport, "_sock", None) is not None:
-            with contextlib.suppress(Exception):
-                lost(None)
+        if transport is not None:
+            _close_stranded(transport)
+
+
+def _close_stranded(transport: asyncio.BaseTransport) -> None:
+    """Close ``transport`` now, without its loop (see :meth:`AsyncWire.strand`)."""
+    transport.set_protocol(asyncio.Protocol())  # nothing of ours hears of it any more
+    with contextlib.suppress(RuntimeError):  # closing; on a closed loop, no more
+        transport.close()
+    lost = getattr(transport, "_call_connection_lost", None)
+    if callable(lost) and getattr(transport, "_sock", None) is not None:
+        with contextlib.suppress(Exception):
+            lost(None)
 
 
 #: Every AsyncWire alive (see :func:`strand_loop`).
@@ -367,8 +371,25 @@ _alive: weakref.WeakSet[AsyncWire] = weakref.WeakSet()
 _parking: weakref.WeakSet[Node] = weakref.WeakSet()
 
 
+#: The source files of the core: a pending task running one of their coroutines is ours.
+_CORE = os.path.dirname(os.path.abspath(__file__))
+
+
 def strand_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """Close every connection of ``loop``, which will not run again (:meth:`AsyncWire.strand`)."""
+    """Close every connection of ``loop``, which will not run again (:meth:`AsyncWire.strand`),
+    and end the tasks still pending there that run the core's coroutines (a connection being
+    opened, a renewal, a cleanup): closed now, their cleanup runs here, quietly, rather than
+    when the collector closes them ("Task was destroyed but it is pending", and the
+    tracebacks of a cleanup that finds no running loop)."""
+    for task in list(asyncio.all_tasks(loop)):
+        coro = task.get_coro()
+        code = getattr(coro, "cr_code", None)
+        if code is None or os.path.dirname(code.co_filename) != _CORE:
+            continue  # the application's own task: asyncio reports it, as it should
+        # asyncio's own switch for a task its loop may drop on purpose.
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        with contextlib.suppress(BaseException):
+            coro.close()
     for wire in list(_alive):
         if wire.loop is loop:
             wire.strand()
@@ -575,10 +596,16 @@ async def _connect_and_shake_hands(
 
 
 def _abort(conn: Any) -> None:
-    """Close a redis.asyncio connection that failed to open, without awaiting."""
+    """Close a redis.asyncio connection that failed to open, without awaiting (and without
+    its loop when that no longer runs: :func:`strand_loop` ended the opening)."""
     writer = getattr(conn, "_writer", None)
     if writer is not None:
-        writer.transport.abort()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            _close_stranded(writer.transport)
+        else:
+            writer.transport.abort()
     conn._reader = conn._writer = None
 
 

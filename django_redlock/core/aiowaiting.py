@@ -358,9 +358,6 @@ class AsyncReleaseNotices:
         without it: ``aionodes.strand_loop``)."""
         self._closed = True
         self._retry = self._sweeper = None
-        if self._reconnecting is not None:
-            # asyncio's own switch for a task its loop may drop on purpose.
-            self._reconnecting._log_destroy_pending = False  # type: ignore[attr-defined]
         self._wires = {}
 
     def close(self) -> None:

@@ -134,10 +134,9 @@ class LoopState(LoopPool):
 
     def strand(self, adopt: bool) -> None:
         """Close this state without its loop, which will not run again (closed without its
-        tasks cancelled, or left open at exit): its connections are closed at once, its
-        tasks left to the collector without the "destroyed but pending" report (they cannot
-        end: nothing runs them), its auto-renewed leases renewed from the client's own loop
-        when ``adopt`` (else they end with their TTL)."""
+        tasks cancelled, or left open at exit): its connections are closed and its tasks
+        ended at once (:func:`.aionodes.strand_loop`), its auto-renewed leases renewed from
+        the client's own loop when ``adopt`` (else they end with their TTL)."""
         if self.closed:
             return
         self.closed = True
@@ -145,11 +144,7 @@ class LoopState(LoopPool):
             self._hand_over_renewals()
         self.due.clear()
         self.notices.strand()
-        for task in (self.keeper, self.renewer, *self.background):
-            if task is not None:
-                # asyncio's own switch for a task its loop may drop on purpose.
-                task._log_destroy_pending = False  # type: ignore[union-attr]
-        strand_loop(self.loop)
+        strand_loop(self.loop)  # this state's tasks (keeper, renewer, openings) end there
 
     def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether this is ``loop``'s state, still open, in this process (not a parent's)."""
