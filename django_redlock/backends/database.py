@@ -350,7 +350,9 @@ class DatabaseLocks(BackendLocks):
         self._row_watch = _RowWatch(self)
         self._watchdog = _Watchdog()
         self._sweep = _Sweep(self)
-        self._purge_due = 0.0
+        # The first purge a period after the start too: a short-lived manager (a command, a
+        # test) adds no statement, and a long-lived one's first is as late as its next.
+        self._purge_due = time.monotonic() + PURGE_EVERY
 
     # -- connections ----------------------------------------------------------------------------
 
