@@ -118,8 +118,9 @@ MAX_UNKNOWN_HOLD_DELAY = 1.0
 MAX_SPREAD = 4
 #: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
 QUEUED_SUFFIX = ":queued"
-#: Prefix of the key a worker writes for a revoked task id (lease: as long as any queued
-#: marker lives, :func:`_longest_marker`): a ``lock_dedupe`` call replaces that task's marker.
+#: Prefix of the key a worker writes for a revoked task id (lease: as long as a queued marker
+#: can live and the workers remember the revoke, :func:`_note_lifetime`): a ``lock_dedupe``
+#: call replaces that task's marker.
 REVOKED_PREFIX = "celery:revoked:"
 #: Suffix of the per-key "one waiting task" slot of ``on_locked="retry"``.
 WAITER_SUFFIX = ":waiter"
@@ -192,6 +193,8 @@ def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
     """The current holder's metadata (``{}`` when free or unknown)."""
     try:
         info = redlock.lock_info(name)
+    except SoftTimeLimitExceeded:
+        raise  # a time limit, or a revoke stopping a waiting task: not a failed read
     except Exception:
         logger.debug("could not read the holder of %s", printable(name), exc_info=True)
         return {}
@@ -297,6 +300,9 @@ class _TaskRun:
         #: suspended the task's time limits, and stops the task on a revoke.
         self.waiting = False
         self.reported = False
+        #: The soft time limit signal came while this run waited (see :meth:`_hear_stops`).
+        self.stop_signalled = False
+        self._unhear: Callable[[], None] | None = None
         hooks = _worker_hooks
         # The hooks of the worker running this task's app (another app's worker may run in
         # this process too, in a test suite).
@@ -312,6 +318,7 @@ class _TaskRun:
     def begin_wait(self) -> None:
         _probe("wait-begins", self.task_id)
         self.check_revoked()  # revoked as it started: no need to wait at all
+        self._hear_stops()
         self.waiting = True
         slot = self.slot
         if slot is not None and slot.token is not None:
@@ -335,14 +342,59 @@ class _TaskRun:
         # Cleared only once the worker can know: a revoke's signal before this is still a
         # revoke (stopped_while_waiting), not a soft time limit.
         self.waiting = False
+        self.unhear_stops()
 
     def check_revoked(self) -> None:
         """Before and after a wait, in the worker's own process (threads pool): a revoke
-        that came meanwhile stops the task now. (A pool process is stopped by its parent.)"""
+        that came meanwhile stops the task now. A pool process is stopped by its parent's
+        signal: one whose exception was swallowed meanwhile stops it now."""
         from celery.worker import state as worker_state
 
         if self.task_id and self.task_id in worker_state.revoked:
             raise _RevokedWhileWaiting(self.task_id)
+        if self.stop_signalled:
+            # Raised again where nothing catches it; __call__ tells a revoke from a soft
+            # time limit as it would have.
+            self.stop_signalled = False
+            raise SoftTimeLimitExceeded("stopped while waiting for its lock")
+
+    def _hear_stops(self) -> None:
+        """In a pool process, note the soft time limit signal the worker's main process
+        sends a waiting task it stops (a revoke; billiard's handler raises
+        SoftTimeLimitExceeded): the exception lands wherever the task is, and code that
+        catches ``Exception`` (reading the holder, a lock event's listener, a logging
+        handler) may swallow it, leaving the task to wait on and run after the holder.
+        Noted, it is raised again once the wait ends (:meth:`check_revoked`)."""
+        hooks = self.hooks
+        stop = getattr(signal, "SIGUSR1", None)
+        if (
+            self._unhear is not None
+            or stop is None
+            or hooks is None
+            or hooks.pid == os.getpid()  # the worker's own process: no signal is sent
+            or threading.current_thread() is not threading.main_thread()
+        ):
+            return
+        previous = signal.getsignal(stop)
+        if not callable(previous):
+            return
+
+        def heard(signum: int, frame: Any) -> None:
+            self.stop_signalled = True
+            previous(signum, frame)
+
+        signal.signal(stop, heard)
+
+        def unhear() -> None:
+            if signal.getsignal(stop) is heard:
+                signal.signal(stop, previous)
+
+        self._unhear = unhear
+
+    def unhear_stops(self) -> None:
+        unhear, self._unhear = self._unhear, None
+        if unhear is not None:
+            unhear()
 
     def stopped_while_waiting(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a revoke that stopped the task while it waited for its lock
@@ -882,6 +934,7 @@ class LockedTask(Task):
     def _end_run(self, run: _TaskRun, stopped: BaseException | None) -> None:
         """Release whatever the run still has (the lock, the waiting slot), however it ended,
         and tell the worker it is done."""
+        run.unhear_stops()
         run.release_slot()
         lock = run.lock
         if lock.token is not None:
@@ -1829,6 +1882,18 @@ def _longest_marker(redlock: Any) -> float:
     return min(float(redlock.max_ttl), MAX_DURATION)
 
 
+def _note_lifetime(redlock: Any) -> float:
+    """The lease of a revoke's note on ``redlock``: as long as the queued marker it stands for
+    can live (:func:`_longest_marker`), and no longer than Celery's workers remember the
+    revoke (``celery.worker.state.REVOKE_EXPIRES``, three hours unless
+    ``CELERY_WORKER_REVOKE_EXPIRES`` says otherwise): past that, a worker that reaches the
+    task's message runs it, so a call merged into it is no longer lost. A backend that keeps
+    a lease as long as it is asked (a database, etcd) once kept every note for a year."""
+    from celery.worker import state as worker_state
+
+    return min(_longest_marker(redlock), float(worker_state.REVOKE_EXPIRES))
+
+
 def _note_revoked(app: Any, task_ids: list[str]) -> None:
     """Write :data:`REVOKED_PREFIX` + id for each revoked task (a point write per id, no
     read) on every lock service the app's LockedTasks use (``lock_using``): a later
@@ -1844,7 +1909,7 @@ def _note_revoked(app: Any, task_ids: list[str]) -> None:
             try:
                 note = redlock.lock(
                     _revoked_name(task_id),
-                    ttl=_longest_marker(redlock),
+                    ttl=_note_lifetime(redlock),
                     reentrant=False,
                     owner=("celery-revoked", task_id),
                     meta={"task_id": task_id, "revoked": True},

@@ -339,6 +339,31 @@ def _record_prerun(
 
 celery_signals.task_prerun.connect(_record_prerun, weak=False, dispatch_uid="tests.prerun")
 
+#: Lock keys whose ``lock_contended`` receiver stalls the refused task (:func:`_stall`).
+STALLED_PREFIX = "demo:stalled-"
+
+
+def _stall(sender: Any = None, name: str = "", **kw: Any) -> None:
+    """A ``lock_contended`` receiver: a task refused a key ``demo:stalled-<run>`` (in a pool
+    process, as it begins to wait) records ``<run>:stalled`` and sleeps until a signal's
+    exception ends the sleep. A revoke's stop then lands inside code that catches
+    ``Exception`` (Django's ``send_robust``), as it may land in any such code, with no
+    timing involved."""
+    run = name.removeprefix(STALLED_PREFIX)
+    if run == name or ":" in run:
+        return
+    recorder().rpush(f"{run}:stalled", json.dumps({"pid": os.getpid(), "t": time.time()}))
+    time.sleep(TIMEOUT)  # only a signal ends it early: the test fails otherwise
+
+
+def _connect_stall() -> None:
+    from django_redlock.signals import lock_contended
+
+    lock_contended.connect(_stall, weak=False, dispatch_uid="tests.stall")
+
+
+_connect_stall()
+
 
 # --------------------------------------------------------------------------- parked messages
 

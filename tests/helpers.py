@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,13 +177,16 @@ def commands_processed(nodes: Iterable[RedisNode]) -> list[int]:
     return out
 
 
-def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter that imports django_redlock from this checkout."""
+def run_python(
+    code: str, timeout: float = 60, flags: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that imports django_redlock from this checkout
+    (``flags``: the interpreter's, such as ``-X dev``)."""
     env = dict(os.environ)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, *flags, "-c", textwrap.dedent(code)],
         env=env,
         capture_output=True,
         text=True,

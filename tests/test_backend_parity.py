@@ -33,7 +33,7 @@ import pytest
 from django_redlock import AsyncRedlock
 from django_redlock.backends.base import AsyncLocks
 from tests.backends import cases, databases, servers
-from tests.helpers import database_unreachable
+from tests.helpers import database_unreachable, wait_until
 
 SERVICES = [
     "redlock",
@@ -256,6 +256,65 @@ def test_a_release_after_the_lease_ran_out_raises(kind, make, name) -> None:
     assert lock.held and lock.check()
     lock.release()
     assert not make().locked(name)
+
+
+def _rows_named(alias: str, name: str) -> int:
+    """Rows of ``name`` in the lock table, live or not (the listing shows live ones only)."""
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT COUNT(*) FROM django_redlock_databaselock WHERE name = %s", [name])
+        return int(cursor.fetchone()[0])
+
+
+def test_a_revokes_note_lives_while_celery_remembers_the_revoke(
+    kind, make, name, monkeypatch
+) -> None:
+    """docs/celery.rst "Revoking": a worker's note of a revoked task (``celery:revoked:<id>``)
+    lives as long as a queued marker can there and no longer than Celery's workers remember
+    the revoke (``REVOKE_EXPIRES``: on a database or etcd it lived a year), and once it ended
+    it leaves nothing behind: etcd's lease deletes the key, the database's purge (once a
+    minute, after a release) deletes the row, which nobody takes again."""
+    if kind not in LEASED:
+        pytest.skip("no leases there, so no notes (lock_dedupe is refused)")
+    import celery
+    from celery.worker import state as worker_state
+
+    from django_redlock.celery import LockedTask, _note_revoked, _revoked_name
+
+    service = make()
+    app = celery.Celery(f"parity-{uuid.uuid4().hex[:8]}", broker="memory://")
+
+    def noop() -> None:  # pragma: no cover - never runs
+        return None
+
+    app.task(base=LockedTask, name=f"parity.note.{uuid.uuid4().hex[:8]}", lock_redlock=service)(
+        noop
+    )
+    remembered = uuid.uuid4().hex
+    _note_revoked(app, [remembered])
+    info = service.lock_info(_revoked_name(remembered))
+    longest = min(float(service.max_ttl), float(worker_state.REVOKE_EXPIRES))
+    assert info is not None and longest - 60 < info.ttl <= longest
+    service.force_release(_revoked_name(remembered))
+
+    monkeypatch.setattr(worker_state, "REVOKE_EXPIRES", 1.0)
+    forgotten = uuid.uuid4().hex
+    _note_revoked(app, [forgotten])
+    assert service.locked(_revoked_name(forgotten))
+    wait_until(lambda: not service.locked(_revoked_name(forgotten)), timeout=10)
+    if kind in ("sqlite", "postgres", "mysql"):
+        from django_redlock.backends import database
+
+        assert _rows_named(service.using, _revoked_name(forgotten)) == 1  # expired, not gone
+        # A purge every 0 s rather than every minute: this manager's first release purges.
+        monkeypatch.setattr(database, "PURGE_EVERY", 0.0)
+        lock = make().lock(name, ttl=5)
+        assert lock.acquire(blocking=False)
+        lock.release()
+        assert _rows_named(service.using, _revoked_name(forgotten)) == 0
+    else:
+        assert not any(i.name == _revoked_name(forgotten) for i in service.live_locks())
 
 
 @pytest.mark.parametrize("start", ["os.fork", "multiprocessing"])

@@ -301,6 +301,38 @@ def test_revoking_a_waiting_task_stops_it_and_frees_its_slot(
     assert "revoked while it waited for lock demo:rw" in prefork_worker.text(tail=None)
 
 
+def test_a_revoke_whose_stop_is_swallowed_still_stops_the_waiting_task(
+    prefork_worker, rl, celery_test_app, queue
+):
+    """The worker's main process stops a waiting task with billiard's soft time limit
+    signal; its SoftTimeLimitExceeded lands wherever the task is, here (through a test
+    receiver, no timing) inside a ``lock_contended`` receiver that Django's ``send_robust``
+    guards, which swallows it. The task used to wait on, take the key after the holder and
+    run: it is stopped once its wait ends, REVOKED, never run, and the key is free."""
+    run = Run()
+    key = f"{celery_support.STALLED_PREFIX.removeprefix('demo:')}{run.id}"
+    holder = tasks.critical.apply_async((key, run.id), {"gate": "hold"}, queue=queue)
+    run.started_by(holder.id)
+    waiter = tasks.critical_wait.apply_async((key, run.id), queue=queue)
+    run.wait("stalled")  # refused, and inside the receiver
+    replies = celery_test_app.control.revoke(waiter.id, reply=True, timeout=10, limit=1)
+    assert replies, "the worker did not confirm the revoke"
+    wait_until(lambda: waiter.state == "REVOKED", what="state REVOKED")
+    run.open("hold")
+    holder.get(timeout=TIMEOUT)
+    ended = f"[{waiter.id}] revoked while it waited for lock demo:{key}: not run"
+    wait_until(
+        lambda: (
+            ended in prefork_worker.text(tail=None)
+            or waiter.id in [e["task_id"] for e in run.all("started")]
+        ),
+        what="the revoked waiter's run to end",
+    )
+    assert [e["task_id"] for e in run.all("started")] == [holder.id]
+    assert waiter.state == "REVOKED"
+    wait_until(lambda: not rl.locked(f"demo:{key}"), what="the key to be free")
+
+
 def test_a_worker_outlives_no_test_run_that_ended_without_cleanup(celery_broker_node, tmp_path):
     """A worker runs in a session of its own (so the tests can kill its whole pool), out of
     reach of a signal to the test run's group such as a CI timeout's: when the process that

@@ -680,6 +680,103 @@ def test_an_async_redlock_left_unclosed_in_asyncio_run_exits_quietly(redis_clust
     assert result.stderr == "", result.stderr
 
 
+_LEFT_BEHIND_WORK = """
+import asyncio
+from django_redlock import AsyncRedlock
+
+rl = AsyncRedlock(URLS)
+
+async def work():
+    async with rl.lock("cycled"):
+        pass
+    held = rl.lock("held", ttl=5, auto_renew=True)
+    assert await held.acquire()
+    blocker = rl.lock("waited", ttl=5)
+    assert await blocker.acquire()
+    waiter = rl.lock("waited")
+    waiting = asyncio.ensure_future(waiter.acquire(timeout=5))
+    await asyncio.sleep(0.05)  # the waiter subscribes to the release
+    await blocker.release()
+    assert await waiting
+    await waiter.release()
+
+async def cycle():
+    async with rl.lock("cycled"):
+        pass
+"""
+
+_LEFT_BEHIND = {
+    # asyncio.run cancels the tasks, then closes the loop; the idle connections are parked
+    # for a next loop that never comes.
+    "asyncio.run": "asyncio.run(work())",
+    "asyncio.run, idle": "asyncio.run(cycle())",
+    # A loop closed without its tasks cancelled (no asyncio.run): the client's keeper never
+    # runs; the client used again from another loop finds the closed one.
+    "closed loop": """
+loop = asyncio.new_event_loop()
+loop.run_until_complete(work())
+loop.close()
+asyncio.run(rl.locked("held"))
+""",
+    # The same, the client never used again: what is left is closed at exit.
+    "closed loop, exit": """
+loop = asyncio.new_event_loop()
+loop.run_until_complete(work())
+loop.close()
+""",
+    # The loop never closed: asyncio itself reports the unclosed loop (the user's), nothing
+    # of the client's.
+    "open loop at exit": """
+loop = asyncio.new_event_loop()
+loop.run_until_complete(work())
+""",
+}
+
+
+@pytest.mark.parametrize("ending", list(_LEFT_BEHIND))
+def test_an_async_redlock_left_unclosed_leaves_nothing_behind(redis_cluster_factory, ending):
+    """However its loop ends, an unclosed AsyncRedlock that took and released a lock, holds
+    an auto-renewed one and had a waiter leaves no task "destroyed but pending", no "Event
+    loop is closed" traceback, no unclosed socket or transport (``-W default`` shows the
+    resource warnings; ``-X dev`` would add asyncio's reports of slow callbacks, which a
+    loaded host makes), and the process exits (a collected keeper once
+    started the renewal thread at interpreter shutdown, which hung forever)."""
+    cluster = redis_cluster_factory(3)
+    code = _LEFT_BEHIND_WORK.replace("URLS", repr(cluster.urls)) + _LEFT_BEHIND[ending]
+    result = run_python(code + "\nprint('done')\n", flags=["-W", "default"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if ending == "open loop at exit":
+        assert len(lines) == 1 and "unclosed event loop" in lines[0], result.stderr
+    else:
+        assert lines == [], result.stderr
+
+
+def test_a_closed_loops_auto_renewed_lease_is_still_renewed(redis_cluster_factory):
+    """A loop closed without its tasks cancelled ends its renewals too: the client, used
+    again, renews the auto-renewed lease it still holds from its own loop (as when a loop
+    ends through asyncio.run), until it is released."""
+    cluster = redis_cluster_factory(3)
+    rl = AsyncRedlock(cluster.urls)
+    held = rl.lock("renewed", ttl=0.6, auto_renew=True)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(held.acquire())
+    finally:
+        loop.close()
+    try:
+        assert asyncio.run(rl.locked("renewed"))  # finds the closed loop
+        # Three ttls: the lease would have ended twice over unrenewed.
+        time.sleep(1.8)
+        assert asyncio.run(rl.locked("renewed"))
+        assert asyncio.run(held.check())
+        asyncio.run(held.release())
+        assert not asyncio.run(rl.locked("renewed"))
+    finally:
+        asyncio.run(rl.close())
+
+
 def _connections_received(nodes) -> list[int]:
     return [node_client(node).info("stats")["total_connections_received"] for node in nodes]
 

@@ -103,6 +103,10 @@ DEADLOCK_RETRIES = 5
 MYSQL_DROPPED = frozenset({2006, 2013, 2055, 1927, 4031, 1053})
 
 LOCK_COLUMNS = "name, token, meta, fence, acquired_us, expires_us, lease_us, renewals"
+#: Seconds between two purges of the rows whose lease ended, by one manager that releases locks:
+#: a row stays after its lease until its name is taken again, and a name never used twice
+#: (a Celery revoke's note, a per-request key) would stay for ever.
+PURGE_EVERY = 60.0
 
 
 def private_memory_database(name: str) -> bool:
@@ -346,6 +350,9 @@ class DatabaseLocks(BackendLocks):
         self._row_watch = _RowWatch(self)
         self._watchdog = _Watchdog()
         self._sweep = _Sweep(self)
+        # The first purge a period after the start too: a short-lived manager (a command, a
+        # test) adds no statement, and a long-lived one's first is as late as its next.
+        self._purge_due = time.monotonic() + PURGE_EVERY
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -699,6 +706,20 @@ class DatabaseLocks(BackendLocks):
             grant.state = mutex
         return grant
 
+    def _purge_expired(self) -> None:
+        """Delete the rows whose lease ended, at most every :data:`PURGE_EVERY` seconds, after
+        a release (a take that found such a row, deleted before it took it over, tries again:
+        :meth:`_contend`). A failure is left to the next purge: the lock was released."""
+        now = time.monotonic()
+        if now < self._purge_due:
+            return
+        self._purge_due = now + PURGE_EVERY
+        try:
+            with self._budget():
+                self._sql(f"DELETE FROM {LOCKS} WHERE expires_us <= NOW_US")
+        except Exception:
+            logger.debug("could not purge the expired lock rows", exc_info=True)
+
     def _contend(
         self,
         handle: BackendLock,
@@ -712,6 +733,7 @@ class DatabaseLocks(BackendLocks):
         pause = 0.005
         wake = None
         first = True
+        vanished = False
         try:
             while True:
                 # One request_timeout for each attempt (the first one's LISTEN included).
@@ -727,6 +749,11 @@ class DatabaseLocks(BackendLocks):
                     if fence is not False:
                         return self._grant(handle, token, meta, started=started, fence=fence)
                     handle.retry_after = self._time_left(handle.name)
+                if handle.retry_after is None and not vanished:
+                    # The row went between the take's two statements (released, or purged
+                    # after its lease ended): the name is free, so once more, at once.
+                    vanished = True
+                    continue
                 now = time.monotonic()
                 if not blocking or (deadline is not None and now >= deadline):
                     return None
@@ -946,11 +973,13 @@ class DatabaseLocks(BackendLocks):
                 # database's lease; a pessimistic holder's transaction was alive above, so no
                 # waiter took it over). Only a force_release in the same instant would be
                 # reported as our release.
-                return gone or (self._local.repeated and grant.validity > 0)
+                released = gone or (self._local.repeated and grant.validity > 0)
             finally:
                 if mutex is not None:
                     grant.state = None
                     self._end_mutex(mutex)
+        self._purge_expired()  # after the release: its waiters are told first
+        return released
 
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":

@@ -16,11 +16,13 @@ fresh loop): :class:`LoopPool`.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import os
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -79,6 +81,7 @@ __all__ = [
     "open_wire",
     "park",
     "relocate",
+    "strand_loop",
 ]
 
 #: Per-command timeout of the slow operations (listing, health), like the sync client's
@@ -120,6 +123,7 @@ class AsyncWire(Link, asyncio.Protocol):
         #: Set aside owing late replies: called once they are all in (see :meth:`set_aside`).
         self.drained: Callable[[AsyncWire], None] | None = None
         self.drain_timer: asyncio.TimerHandle | None = None
+        _alive.add(self)
 
     # protocol callbacks
 
@@ -334,6 +338,72 @@ class AsyncWire(Link, asyncio.Protocol):
             with contextlib.suppress(RuntimeError):
                 self.transport.close()
 
+    def strand(self) -> None:
+        """Close the connection without its loop, which will not run again (closed without
+        its tasks cancelled, or left open at exit): a transport's ``close()`` only asks that
+        loop to close the socket later, and the socket left open is reported as unclosed
+        when collected. asyncio has no public way to do it at once; a transport without the
+        selector transports' own step is left as it is."""
+        self.closed = True
+        self.pending = None
+        self.waiters.clear()
+        self.owed.clear()
+        self.push = self.on_lost = self.drained = None
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            _close_stranded(transport)
+
+
+def _close_stranded(transport: asyncio.BaseTransport) -> None:
+    """Close ``transport`` now, without its loop (see :meth:`AsyncWire.strand`)."""
+    transport.set_protocol(asyncio.Protocol())  # nothing of ours hears of it any more
+    with contextlib.suppress(RuntimeError):  # closing; on a closed loop, no more
+        transport.close()
+    lost = getattr(transport, "_call_connection_lost", None)
+    if callable(lost) and getattr(transport, "_sock", None) is not None:
+        with contextlib.suppress(Exception):
+            lost(None)
+
+
+#: Every AsyncWire alive (see :func:`strand_loop`).
+_alive: weakref.WeakSet[AsyncWire] = weakref.WeakSet()
+#: The nodes that parked a connection (see :func:`park`), closed at exit.
+_parking: weakref.WeakSet[Node] = weakref.WeakSet()
+
+
+#: The source files of the core: a pending task running one of their coroutines is ours.
+_CORE = os.path.dirname(os.path.abspath(__file__))
+
+
+def strand_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Close every connection of ``loop``, which will not run again (:meth:`AsyncWire.strand`),
+    and end the tasks still pending there that run the core's coroutines (a connection being
+    opened, a renewal, a cleanup): closed now, their cleanup runs here, quietly, rather than
+    when the collector closes them ("Task was destroyed but it is pending", and the
+    tracebacks of a cleanup that finds no running loop)."""
+    for task in list(asyncio.all_tasks(loop)):
+        coro = task.get_coro()
+        code = getattr(coro, "cr_code", None)
+        if code is None or os.path.dirname(code.co_filename) != _CORE:
+            continue  # the application's own task: asyncio reports it, as it should
+        # asyncio's own switch for a task its loop may drop on purpose.
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        with contextlib.suppress(BaseException):
+            coro.close()
+    for wire in list(_alive):
+        if wire.loop is loop:
+            wire.strand()
+
+
+@atexit.register
+def _close_parked() -> None:
+    # An idle connection parked for a next loop that never came: closed, not left to the
+    # collector (which reports it as an unclosed socket).
+    for node in list(_parking):
+        while node.parked:
+            with contextlib.suppress(IndexError, OSError):
+                node.parked.popleft().sock.close()
+
 
 #: A connection that still owes a reply, and that reply (as :data:`.nodes.Owing`).
 AsyncOwing = tuple[AsyncWire, Due]
@@ -431,6 +501,7 @@ def park(node: Node, wire: AsyncWire) -> bool:
     except OSError:
         return False
     node.parked.append(Parked(kept, wire))
+    _parking.add(node)
     return True
 
 
@@ -525,10 +596,16 @@ async def _connect_and_shake_hands(
 
 
 def _abort(conn: Any) -> None:
-    """Close a redis.asyncio connection that failed to open, without awaiting."""
+    """Close a redis.asyncio connection that failed to open, without awaiting (and without
+    its loop when that no longer runs: :func:`strand_loop` ended the opening)."""
     writer = getattr(conn, "_writer", None)
     if writer is not None:
-        writer.transport.abort()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            _close_stranded(writer.transport)
+        else:
+            writer.transport.abort()
     conn._reader = conn._writer = None
 
 

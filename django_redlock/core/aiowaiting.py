@@ -353,6 +353,13 @@ class AsyncReleaseNotices:
         if len(self._wires) < len(self._nodes):
             self._reconnect_later()
 
+    def strand(self) -> None:
+        """:meth:`close` for a loop that will not run again (its connections are closed
+        without it: ``aionodes.strand_loop``)."""
+        self._closed = True
+        self._retry = self._sweeper = None
+        self._wires = {}
+
     def close(self) -> None:
         self._closed = True
         if self._retry is not None:

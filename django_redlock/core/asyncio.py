@@ -24,14 +24,17 @@ absolute ``import asyncio`` (the default in Python 3), which always means the st
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import functools
 import heapq
 import itertools
 import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -47,6 +50,7 @@ from .aionodes import (
     noscript,
     open_wire,
     relocate,
+    strand_loop,
 )
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
 from .algorithm import Contender, Finally, Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
@@ -100,22 +104,47 @@ class LoopState(LoopPool):
         try:
             await self.loop.create_future()
         finally:
-            # Closed already: the client's close(), and the loop goes on, so do its renewals
-            # (the renewer hands them to the loop's next state, over new connections).
-            closed_by_client = self.closed
-            # Auto-renewed leases still held outlive their loop (an async view under a WSGI
-            # server returns a streaming response: its loop ends, the stream goes on).
-            held = [entry for entry in self.due if not (entry[2].released or entry[2].lost)]
-            if held and not self.closed:
-                self.redlock._adopt_renewals(self.loop, held)
-            if not self.closed:
-                # The loop is ending: what its idle connections still owe (a release that
-                # stopped at quorum) is read first, briefly, so they can be parked for the
-                # next loop (a fresh loop per request then connects nothing).
-                with contextlib.suppress(BaseException):
-                    await self._settle_idle(self.redlock.node_timeout)
-            self.close(stop_renewals=not closed_by_client)
+            if _current_task() is self.keeper:
+                await self._loop_ends()
+            else:
+                # Not run by its loop: collected after the loop was closed without its tasks
+                # cancelled, or at exit with the loop left open. That loop runs nothing again.
+                self.strand(adopt=False)
             self.redlock._forget(self)
+
+    async def _loop_ends(self) -> None:
+        # Closed already: the client's close(), and the loop goes on, so do its renewals
+        # (the renewer hands them to the loop's next state, over new connections).
+        closed_by_client = self.closed
+        if not self.closed:
+            self._hand_over_renewals()
+            # The loop is ending: what its idle connections still owe (a release that
+            # stopped at quorum) is read first, briefly, so they can be parked for the
+            # next loop (a fresh loop per request then connects nothing).
+            with contextlib.suppress(BaseException):
+                await self._settle_idle(self.redlock.node_timeout)
+        self.close(stop_renewals=not closed_by_client)
+
+    def _hand_over_renewals(self) -> None:
+        # Auto-renewed leases still held outlive their loop (an async view under a WSGI
+        # server returns a streaming response: its loop ends, the stream goes on).
+        held = [entry for entry in self.due if not (entry[2].released or entry[2].lost)]
+        if held:
+            self.redlock._adopt_renewals(self.loop, held)
+
+    def strand(self, adopt: bool) -> None:
+        """Close this state without its loop, which will not run again (closed without its
+        tasks cancelled, or left open at exit): its connections are closed and its tasks
+        ended at once (:func:`.aionodes.strand_loop`), its auto-renewed leases renewed from
+        the client's own loop when ``adopt`` (else they end with their TTL)."""
+        if self.closed:
+            return
+        self.closed = True
+        if adopt and not sys.is_finalizing():
+            self._hand_over_renewals()
+        self.due.clear()
+        self.notices.strand()
+        strand_loop(self.loop)  # this state's tasks (keeper, renewer, openings) end there
 
     def serves(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether this is ``loop``'s state, still open, in this process (not a parent's)."""
@@ -140,7 +169,8 @@ class LoopState(LoopPool):
         # A loop that ends leaves its idle connections to the next loop of this process.
         self.close_parking(self.redlock.nodes if stop_renewals else None)
         if not self.keeper.done() and self.keeper is not _current_task():
-            self.keeper.cancel()
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+                self.keeper.cancel()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *args: Any) -> None:
@@ -174,6 +204,20 @@ async def _shut_down() -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     asyncio.get_running_loop().stop()
+
+
+#: Every AsyncRedlock alive (see :func:`_strand_at_exit`).
+_clients: weakref.WeakSet[AsyncRedlock] = weakref.WeakSet()
+
+
+@atexit.register
+def _strand_at_exit() -> None:
+    # A loop left open at exit (or closed without its tasks cancelled) never runs its
+    # keeper: its connections are closed here rather than reported unclosed by the collector.
+    for client in list(_clients):
+        for state in list(client._states.values()):
+            if state.pid == os.getpid() and not state.loop.is_running():
+                state.strand(adopt=False)
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -313,6 +357,7 @@ class AsyncRedlock(RedlockBase):
         #: The loop (on a thread of its own) that renews the leases whose loop ended.
         self._adopter: asyncio.AbstractEventLoop | None = None
         self._adopter_pid = 0
+        _clients.add(self)
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -366,7 +411,9 @@ class AsyncRedlock(RedlockBase):
         for state in states:
             if state.loop is loop:
                 state.close()
-            elif not state.loop.is_closed():
+            elif state.loop.is_closed():
+                state.strand(adopt=True)
+            else:
                 with contextlib.suppress(RuntimeError):
                     state.loop.call_soon_threadsafe(state.close)
         adopter = self._adopter
@@ -393,13 +440,19 @@ class AsyncRedlock(RedlockBase):
         state = self._states.get(id(loop))
         if state is not None and state.serves(loop):
             return state
+        stranded: list[LoopState] = []
         with self._states_lock:
             pid = os.getpid()
             for key, old in list(self._states.items()):
                 if old.pid != pid or old.loop.is_closed() or old.closed or old.loop is loop:
                     del self._states[key]
+                    if old.pid == pid and old.loop.is_closed():
+                        stranded.append(old)
             state = self._states[id(loop)] = LoopState(self, loop)
-            return state
+        for old in stranded:
+            # A loop closed without its tasks cancelled: its keeper never ran.
+            old.strand(adopt=True)
+        return state
 
     def _in_background(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         """Run ``make()`` as a task of this loop, for cleanup after a cancellation (a lease
