@@ -1,0 +1,503 @@
+"""The sync and the asyncio client keep one contract: each scenario here runs once on Redlock and
+once on AsyncRedlock, on real redis-server nodes, and asserts the same outcome.
+
+A scenario is a coroutine that awaits every client call through ``v`` (a sync call's result is
+used as is), so both clients go through one text: what differs between them can only be what
+the I/O model makes differ. Each runs inside ``asyncio.run``; the sync client's calls block
+that loop's thread, which changes nothing for a scenario that does one thing at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from django_redlock import LockNotAcquired, LockNotOwned, QuorumError
+from django_redlock.core.asyncio import AsyncRedlock
+from django_redlock.core.redlock import Redlock
+from django_redlock.testing import RedisCluster
+from tests.helpers import (
+    all_keys,
+    held_everywhere,
+    node_client,
+    pttls_on_nodes,
+    settled_lock_keys,
+    settled_tokens,
+    tokens_on_nodes,
+)
+
+T = TypeVar("T")
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+CLIENTS = pytest.mark.parametrize("client", ["sync", "async"])
+
+
+async def v(result: T | Awaitable[T]) -> T:
+    """A client call's outcome, whichever client made it."""
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+@pytest.fixture
+def make_client(client: str, make_redlock, make_async_redlock) -> Callable[..., Any]:
+    """``make_client(nodes, **kwargs)``: a Redlock or an AsyncRedlock, closed at teardown."""
+    return make_redlock if client == "sync" else make_async_redlock
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
+
+
+def script_calls(nodes: RedisCluster) -> list[int]:
+    """EVAL + EVALSHA calls each node has served (INFO commandstats)."""
+    out = []
+    for node in nodes:
+        stats = node.info("commandstats")
+        out.append(
+            sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
+        )
+    return out
+
+
+async def warm(rl: Redlock | AsyncRedlock, name: str = "warm-up") -> None:
+    """tests.helpers.warm_up for either client."""
+    lock = rl.lock(name)
+    assert await v(lock.acquire(blocking=False))
+    await v(lock.release())
+    await v(rl.locked(name))
+
+
+@CLIENTS
+def test_token_is_32_hex_and_new_per_acquisition(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes)
+
+    async def scenario() -> None:
+        lock = rl.lock("tok")
+        seen = set()
+        for _ in range(5):
+            assert await v(lock.acquire(blocking=False))
+            assert HEX32.match(lock.token), lock.token
+            seen.add(lock.token)
+            await v(lock.release())
+        assert len(seen) == 5
+
+    run(scenario)
+
+
+@CLIENTS
+def test_held_turns_false_when_the_lease_runs_out(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes)
+
+    async def scenario() -> None:
+        lock = rl.lock("short", ttl=0.3)
+        assert await v(lock.acquire(blocking=False))
+        await asyncio.sleep(0.35)  # a lease running out has no event to wait on
+        assert not lock.held and lock.validity == 0.0
+        assert await v(lock.check()) is False
+        with pytest.raises(LockNotOwned):
+            await v(lock.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_non_blocking_is_one_attempt_with_retry_after(redis_nodes, make_client, node_calls) -> None:
+    holder, other = make_client(redis_nodes), make_client(redis_nodes)
+
+    async def scenario() -> None:
+        h = holder.lock("nb", ttl=2.0)
+        assert await v(h.acquire(blocking=False))
+        await warm(other)
+        await asyncio.sleep(0.5)  # part of the lease gone: retry_after must be the remainder
+        before = node_calls(redis_nodes)
+        contender = other.lock("nb")
+        assert await v(contender.acquire(blocking=False)) is False
+        held_everywhere(redis_nodes, "nb")
+        after = node_calls(redis_nodes)
+        # One attempt: one acquire per node (a SET on connections that saw the nodes vote), no
+        # retry, and no undo of a refusal.
+        sent = [
+            sum(a.get(c, 0) - b.get(c, 0) for c in ("set", "eval", "evalsha"))
+            for b, a in zip(before, after, strict=True)
+        ]
+        assert sent == [1, 1, 1], sent
+        remaining = min(pttls_on_nodes(redis_nodes, "nb")) / 1000
+        assert contender.retry_after is not None
+        assert abs(contender.retry_after - remaining) < 0.1, (contender.retry_after, remaining)
+        with pytest.raises(LockNotAcquired) as caught:
+            async with _entered(other.lock("nb", blocking=False)):
+                pytest.fail("the body must not run")  # pragma: no cover
+        assert type(caught.value) is LockNotAcquired and caught.value.name == "nb"
+        assert caught.value.retry_after is not None and 0 < caught.value.retry_after <= 1.5
+        await v(h.release())
+
+    run(scenario)
+
+
+class _entered:
+    """``with`` or ``async with`` a lock, whichever its client offers."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    async def __aenter__(self) -> Any:
+        if hasattr(self.lock, "__aenter__"):
+            return await self.lock.__aenter__()
+        return self.lock.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        if hasattr(self.lock, "__aexit__"):
+            return await self.lock.__aexit__(*exc)
+        return self.lock.__exit__(*exc)
+
+
+@CLIENTS
+def test_blocking_with_timeout_gives_up_after_about_timeout(redis_nodes, make_client) -> None:
+    holder, other = make_client(redis_nodes), make_client(redis_nodes, retry_delay=0.05)
+
+    async def scenario() -> None:
+        h = holder.lock("bt", ttl=5.0)
+        assert await v(h.acquire(blocking=False))
+        contender = other.lock("bt")
+        t0 = time.monotonic()
+        assert await v(contender.acquire(timeout=0.4)) is False
+        elapsed = time.monotonic() - t0
+        assert 0.4 <= elapsed < 0.4 + 2.0, elapsed
+        assert not contender.held and contender.token is None
+        assert await v(h.check())
+        await v(h.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_locked_reports_the_quorum_view(redis_nodes, make_client) -> None:
+    rl, observer = make_client(redis_nodes), make_client(redis_nodes)
+
+    async def scenario() -> None:
+        assert await v(observer.locked("lk")) is False
+        lock = rl.lock("lk", ttl=5.0)
+        assert await v(lock.acquire(blocking=False))
+        assert await v(observer.locked("lk")) is True
+        assert await v(rl.locked("lk")) is True
+        held_everywhere(redis_nodes, "lk")
+        # One node's copy alone is not a lock.
+        for node in list(redis_nodes)[:2]:
+            with node_client(node) as c:
+                c.delete("redlock:lock:lk")
+        assert await v(observer.locked("lk")) is False
+        with pytest.raises(LockNotOwned) as caught:
+            await v(lock.release())
+        assert caught.value.name == "lk"
+        assert await v(observer.locked("lk")) is False
+
+    run(scenario)
+
+
+@CLIENTS
+def test_extend_rearms_the_nodes_and_recomputes_validity(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes)
+
+    async def scenario() -> None:
+        lock = rl.lock("ext", ttl=1.0)
+        assert await v(lock.acquire(blocking=False))
+        held_everywhere(redis_nodes, "ext")
+        await asyncio.sleep(0.3)  # part of the lease gone
+        validity_before = lock.validity
+        assert all(0 < p <= 700 for p in pttls_on_nodes(redis_nodes, "ext"))
+        assert await v(lock.extend(5.0)) is True
+        after = pttls_on_nodes(redis_nodes, "ext")
+        assert all(4500 < p <= 5000 for p in after), after
+        assert 4.5 < lock.validity <= 5.0 and lock.validity > validity_before
+        # Default ttl: the lock's own again, not the last extend's.
+        assert await v(lock.extend()) is True
+        assert all(0 < p <= 1000 for p in pttls_on_nodes(redis_nodes, "ext"))
+        assert 0.8 < lock.validity <= 1.0
+        assert settled_tokens(redis_nodes, "ext") == [lock.token] * 3
+        await v(lock.release())
+        assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
+
+    run(scenario)
+
+
+@CLIENTS
+def test_extend_fails_once_the_lock_is_gone_and_spares_the_new_holder(
+    redis_nodes, make_client
+) -> None:
+    rl, other = make_client(redis_nodes), make_client(redis_nodes)
+
+    async def scenario() -> None:
+        lock = rl.lock("ext-gone", ttl=0.3)
+        assert await v(lock.acquire(blocking=False))
+        await asyncio.sleep(0.35)  # the lease runs out
+        thief = other.lock("ext-gone", ttl=5.0)
+        assert await v(thief.acquire(blocking=False))
+        held_everywhere(redis_nodes, "ext-gone")
+        assert await v(lock.extend(5.0)) is False
+        assert not lock.held
+        assert settled_tokens(redis_nodes, "ext-gone") == [thief.token] * 3
+        assert all(4000 < p <= 5000 for p in pttls_on_nodes(redis_nodes, "ext-gone"))
+        await v(thief.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_force_release_returns_the_node_count(redis_nodes, make_client) -> None:
+    rl, admin = make_client(redis_nodes), make_client(redis_nodes)
+
+    async def scenario() -> None:
+        assert await v(admin.force_release("nothing-here")) == 0
+        lock = rl.lock("fr", ttl=5.0)
+        assert await v(lock.acquire(blocking=False))
+        held_everywhere(redis_nodes, "fr")
+        assert await v(admin.force_release("fr")) == 3
+        assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
+        assert await v(lock.check()) is False
+        with pytest.raises(LockNotOwned):
+            await v(lock.release())
+        again = rl.lock("fr", ttl=5.0)
+        assert await v(again.acquire(blocking=False))
+        held_everywhere(redis_nodes, "fr")
+        with node_client(redis_nodes[0]) as c:
+            c.delete("redlock:lock:fr")
+        assert await v(admin.force_release("fr")) == 2
+        assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
+
+    run(scenario)
+
+
+@CLIENTS
+def test_release_after_expiry_and_takeover_raises_and_spares_the_new_holder(
+    redis_nodes, make_client
+) -> None:
+    first_client, second_client = make_client(redis_nodes), make_client(redis_nodes)
+
+    async def scenario() -> None:
+        first = first_client.lock("stale", ttl=0.3)
+        assert await v(first.acquire(blocking=False))
+        await asyncio.sleep(0.35)
+        second = second_client.lock("stale", ttl=5.0)
+        assert await v(second.acquire(blocking=False))
+        held_everywhere(redis_nodes, "stale")
+        with pytest.raises(LockNotOwned) as caught:
+            await v(first.release())
+        assert caught.value.name == "stale"
+        assert tokens_on_nodes(redis_nodes, "stale") == [second.token] * 3
+        assert await v(second.check()) is True and second.held
+        assert await v(first_client.locked("stale")) is True
+        await v(second.release())
+        assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
+
+    run(scenario)
+
+
+@CLIENTS
+def test_release_with_a_stale_token_on_a_quorum_only(redis_nodes, make_client) -> None:
+    old_client, new_client = make_client(redis_nodes), make_client(redis_nodes)
+
+    async def scenario() -> None:
+        old = old_client.lock("split", ttl=5.0)
+        assert await v(old.acquire(blocking=False))
+        held_everywhere(redis_nodes, "split")
+        for node in list(redis_nodes)[:2]:
+            with node_client(node) as c:
+                c.delete("redlock:lock:split")
+        new = new_client.lock("split", ttl=5.0)
+        assert await v(new.acquire(blocking=False))
+        assert settled_tokens(redis_nodes, "split") == [new.token, new.token, old.token]
+        with pytest.raises(LockNotOwned):
+            await v(old.release())
+        assert settled_tokens(redis_nodes, "split") == [new.token, new.token, None]
+        assert await v(new.check()) is True
+        await v(new.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_fences_increase_across_clients_and_after_a_lease_expires(
+    redis_nodes, make_client
+) -> None:
+    one, two = make_client(redis_nodes), make_client(redis_nodes)
+
+    async def scenario() -> None:
+        fences = []
+        for i in range(6):
+            rl = one if i % 2 == 0 else two
+            lock = rl.lock("fenced", ttl=5.0, fencing=True)
+            assert await v(lock.acquire(blocking=False))
+            assert isinstance(lock.fence, int)
+            info = await v(rl.lock_info("fenced"))
+            assert info is not None and info.fence == lock.fence
+            fences.append(lock.fence)
+            await v(lock.release())
+        first = one.lock("fenced", ttl=0.2, fencing=True)
+        assert await v(first.acquire(blocking=False))
+        fences.append(first.fence)
+        await asyncio.sleep(0.25)  # its lease runs out without a release
+        second = two.lock("fenced", ttl=5.0, fencing=True)
+        assert await v(second.acquire(blocking=False))
+        fences.append(second.fence)
+        await v(second.release())
+        assert all(a < b for a, b in itertools.pairwise(fences)), fences
+        plain = one.lock("plain")
+        assert await v(plain.acquire(blocking=False))
+        assert plain.fence is None
+        await v(plain.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_fencing_costs_one_extra_round_trip(redis_nodes, make_client, node_calls) -> None:
+    rl = make_client(redis_nodes)
+
+    async def scenario() -> None:
+        await warm(rl)
+        for fencing in (False, True):  # the scripts loaded: no NOSCRIPT retry counted
+            lock = rl.lock("fence:cost", fencing=fencing)
+            assert await v(lock.acquire(blocking=False))
+            await v(lock.release())
+        await v(rl.locked("fence:cost"))
+
+        async def calls_per_node(fencing: bool, command: str) -> list[int]:
+            before = node_calls(redis_nodes)
+            lock = rl.lock("fence:cost", fencing=fencing)
+            assert await v(lock.acquire(blocking=False))
+            held_everywhere(redis_nodes, "fence:cost")
+            after = node_calls(redis_nodes)
+            await v(lock.release())
+            await v(rl.locked("fence:cost"))
+            return [a.get(command, 0) - b.get(command, 0) for b, a in zip(before, after, strict=True)]
+
+        assert await calls_per_node(fencing=False, command="evalsha") == [0, 0, 0]
+        assert await calls_per_node(fencing=False, command="set") == [1, 1, 1]
+        assert await calls_per_node(fencing=True, command="evalsha") == [2, 2, 2]
+
+    run(scenario)
+
+
+@CLIENTS
+def test_lock_info_shows_the_holders_fence_while_a_slower_node_shows_its_own(
+    redis_nodes, make_client
+) -> None:
+    rl = make_client(redis_nodes)
+
+    async def scenario() -> None:
+        lock = rl.lock("fence-shown", fencing=True)
+        assert await v(lock.acquire(blocking=False))
+        held_everywhere(redis_nodes, "fence-shown")
+        key = "redlock:lock:fence-shown"
+        with node_client(redis_nodes[2]) as slow:
+            token, fence, rest = slow.get(key).split(b" ", 2)
+            assert int(fence) == lock.fence
+            slow.set(key, b" ".join([token, str(lock.fence + 1000).encode(), rest]), keepttl=True)
+        info = await v(rl.lock_info("fence-shown"))
+        assert info is not None and info.fence == lock.fence
+        assert sorted(s.fence for s in info.per_node) == [lock.fence, lock.fence, lock.fence + 1000]
+        await v(lock.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_every_lock_key_has_an_expiry_on_every_node(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes)
+
+    async def scenario() -> None:
+        held = []
+        for i, kwargs in enumerate([{}, {"fencing": True}, {"ttl": 0.5}, {"meta": {"a": 1}}]):
+            lock = rl.lock(f"exp:{i}", **kwargs)
+            assert await v(lock.acquire(blocking=False))
+            held_everywhere(redis_nodes, f"exp:{i}")
+            held.append(lock)
+        assert await v(held[0].extend(7.0))
+        for node_keys in all_keys(redis_nodes):
+            entries = {k: p for k, p in node_keys.items() if k.startswith("redlock:lock:")}
+            assert len(entries) == 4, node_keys
+            for key, pttl in entries.items():
+                ttl_ms = (
+                    7000 if key == "redlock:lock:exp:0" else (500 if key.endswith(":2") else 30000)
+                )
+                assert 0 < pttl <= ttl_ms, (key, pttl)
+            for key, pttl in node_keys.items():
+                if pttl == -1:
+                    assert key in ("redlock:node", "redlock:fence:exp:1"), key
+        for lock in held:
+            await v(lock.release())
+        assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
+
+    run(scenario)
+
+
+@CLIENTS
+def test_live_locks_and_lock_info_show_the_holder(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes, meta={"service": "billing"})
+    viewer = make_client(redis_nodes)
+
+    async def scenario() -> None:
+        a = rl.lock("inv:1", ttl=5.0, meta={"job": "j1", "user": 42})
+        b = rl.lock("inv:2", ttl=5.0)
+        c = rl.lock("other", ttl=5.0)
+        for lock in (a, b, c):
+            assert await v(lock.acquire(blocking=False))
+        info = await v(viewer.lock_info("inv:1"))
+        assert info is not None and info.name == "inv:1" and info.token == a.token
+        assert info.meta["job"] == "j1" and info.meta["user"] == 42
+        assert info.meta["service"] == "billing"
+        assert {"host", "pid"} <= set(info.meta)
+        assert info.total_nodes == 3 and info.quorum == 2 and info.nodes >= 2
+        assert 0 < info.ttl <= 5.0 and info.acquired_at is not None
+        assert [i.name for i in await v(viewer.live_locks("inv:*"))] == ["inv:1", "inv:2"]
+        names = sorted(i.name for i in await v(viewer.live_locks()))
+        assert names == ["inv:1", "inv:2", "other"]
+        assert await v(viewer.lock_info("absent")) is None
+        for lock in (a, b, c):
+            await v(lock.release())
+        assert list(await v(viewer.live_locks())) == []
+
+    run(scenario)
+
+
+@CLIENTS
+def test_mixed_majority_down_is_a_quorum_error_that_names_each_reason(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(5)
+    rl = make_client(cluster, node_timeout=0.3, ttl=5.0, retry_count=0)
+
+    async def scenario() -> None:
+        await warm(rl)
+        cluster[0].kill()
+        cluster[1].kill()
+        cluster[2].pause()
+        lock = rl.lock("mixed")
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(QuorumError) as caught:
+                await v(lock.acquire(blocking=False))
+            elapsed = time.monotonic() - t0
+        finally:
+            cluster[2].resume()
+        err = caught.value
+        assert isinstance(err, LockNotAcquired) and err.name == "mixed"
+        assert elapsed < 2 * 0.3 + 1.0, elapsed
+        assert set(err.failures) == {cluster[i].url for i in range(3)}, err.failures
+        assert err.failures[cluster[0].url].startswith("refused"), err.failures
+        assert err.failures[cluster[1].url].startswith("refused"), err.failures
+        assert err.failures[cluster[2].url].startswith("timeout"), err.failures
+        for i in range(3):
+            assert cluster[i].url in str(err)
+        assert not lock.held and lock.token is None
+        # What the live nodes granted was taken back.
+        assert settled_lock_keys([cluster[3], cluster[4]]) == [{}, {}]
+
+    run(scenario)
