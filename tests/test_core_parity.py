@@ -19,14 +19,16 @@ from typing import Any, TypeVar
 
 import pytest
 
-from django_redlock import LockNotAcquired, LockNotOwned, QuorumError
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, QuorumError
 from django_redlock.core.asyncio import AsyncRedlock
+from django_redlock.core.commands import lock_fields
 from django_redlock.core.redlock import Redlock
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
     all_keys,
     held_everywhere,
     node_client,
+    occupy,
     pttls_on_nodes,
     settled_lock_keys,
     settled_tokens,
@@ -499,5 +501,199 @@ def test_mixed_majority_down_is_a_quorum_error_that_names_each_reason(
         assert not lock.held and lock.token is None
         # What the live nodes granted was taken back.
         assert settled_lock_keys([cluster[3], cluster[4]]) == [{}, {}]
+
+    run(scenario)
+
+
+async def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Polls ``predicate`` with the loop free meanwhile (the asyncio client's renewer and
+    readers run on it; the sync client's in threads): for what has no event to await here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
+        await asyncio.sleep(0.005)
+
+
+def _lost_events(rl: Redlock | AsyncRedlock, name: str) -> list[Any]:
+    found: list[Any] = []
+    rl.listeners.append(lambda e: found.append(e) if e.kind == "lost" and e.name == name else None)
+    return found
+
+
+RENEW_TTL = 0.6
+
+
+@CLIENTS
+@pytest.mark.parametrize("how", ["del", "force_release"])
+def test_a_renewed_token_gone_behind_its_back_is_lost_and_says_why(
+    how: str, redis_nodes, make_client
+) -> None:
+    rl = make_client(redis_nodes, ttl=RENEW_TTL)
+    other = make_client(redis_nodes, ttl=RENEW_TTL)
+    thief_client = make_client(redis_nodes, ttl=5.0)
+    lost = _lost_events(rl, "renew:stolen")
+
+    async def scenario() -> None:
+        lock = rl.lock("renew:stolen", auto_renew=True)
+        assert await v(lock.acquire(blocking=False))
+        held_everywhere(redis_nodes, lock.name)
+        if how == "del":
+            for node in list(redis_nodes)[:2]:
+                with node_client(node) as c:
+                    c.delete(f"redlock:lock:{lock.name}")
+        else:
+            assert await v(other.force_release(lock.name)) == 3
+        await until(lambda: lost, RENEW_TTL + 0.5, "a lost event")
+        why = "the nodes refused: the token is gone" if how == "del" else "force-released"
+        assert lost[0].token == lock.token and why in lost[0].reason, lost[0].reason
+        assert not lock.held and lock.validity == 0 and lock.lost
+        thief = thief_client.lock(lock.name)
+        assert await v(thief.acquire(blocking=False))
+        held = [thief.token] * 3 if how == "force_release" else [thief.token] * 2 + [None]
+        await until(lambda: tokens_on_nodes(redis_nodes, lock.name) == held, 2.0, "the thief's")
+        with pytest.raises(LockLost):
+            await v(lock.release())
+        # Our release touched none of the thief's copies.
+        assert tokens_on_nodes(redis_nodes, lock.name) == held
+        await v(thief.release())
+
+    run(scenario)
+    assert len(lost) == 1
+
+
+@CLIENTS
+def test_a_renewed_lock_whose_quorum_is_out_of_reach_is_lost_by_the_end_of_its_validity(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, ttl=RENEW_TTL, node_timeout=0.05)
+    lost = _lost_events(rl, "renew:partitioned")
+
+    async def scenario() -> None:
+        await warm(rl)
+        lock = rl.lock("renew:partitioned", auto_renew=True)
+        assert await v(lock.acquire(blocking=False))
+        cluster[0].pause()
+        cluster[1].pause()
+        try:
+            paused_at = time.monotonic()
+            await until(lambda: lost, 3 * RENEW_TTL, "a lost event")
+            lost_at = time.monotonic()
+        finally:
+            cluster[0].resume()
+            cluster[1].resume()
+        assert lost_at - paused_at <= RENEW_TTL + 0.3, lost_at - paused_at
+        reason = lost[0].reason
+        assert "the nodes refused: 1 of 3 nodes renewed it, 2 needed" in reason, reason
+        assert rl.nodes[0].name in reason and rl.nodes[1].name in reason, reason
+        assert not lock.held
+        with pytest.raises(LockLost):
+            await v(lock.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_a_renewal_loss_names_the_node_that_answered_without_our_copy(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, ttl=RENEW_TTL, node_timeout=0.05)
+    lost = _lost_events(rl, "renew:taken-there")
+
+    async def scenario() -> None:
+        await warm(rl)
+        lock = rl.lock("renew:taken-there", auto_renew=True)
+        assert await v(lock.acquire(blocking=False))
+        occupy(cluster[0], lock.name, ms=60_000)
+        cluster[1].pause()
+        try:
+            await until(lambda: lost, 3 * RENEW_TTL, "a lost event")
+        finally:
+            cluster[1].resume()
+        reason = lost[0].reason
+        assert "1 of 3 nodes renewed it, 2 needed" in reason, reason
+        assert f"{rl.nodes[0].name}: not held there" in reason, reason
+        assert rl.nodes[1].name in reason, reason
+        assert not lock.held
+
+    run(scenario)
+
+
+@CLIENTS
+def test_no_renewal_traffic_after_release(redis_nodes, make_client, node_calls) -> None:
+    rl = make_client(redis_nodes, ttl=RENEW_TTL)
+
+    async def scenario() -> None:
+        await warm(rl)
+        lock = rl.lock("renew:released", auto_renew=True)
+        assert await v(lock.acquire(blocking=False))
+
+        def renewals() -> int:
+            with node_client(redis_nodes[0]) as c:
+                raw = c.get("redlock:lock:renew:released")
+            return 0 if raw is None else int(lock_fields(raw)["renewals"])
+
+        await until(lambda: renewals() >= 2, 3.0, "two renewals")
+        await v(lock.release())
+        await v(rl.locked("renew:released"))
+        before = node_calls(redis_nodes)
+        await asyncio.sleep(2 * RENEW_TTL)  # six renewal periods in which nothing may be sent
+        after = node_calls(redis_nodes)
+        for b, a in zip(before, after, strict=True):
+            for command in ("evalsha", "eval", "pexpire", "hset", "hincrby"):
+                assert a.get(command, 0) == b.get(command, 0), (command, b, a)
+        assert settled_tokens(redis_nodes, "renew:released") == [None] * 3
+        assert not lock.held
+
+    run(scenario)
+
+
+@CLIENTS
+def test_a_waiter_gets_the_lock_when_the_lease_runs_out_without_polling(
+    redis_nodes, make_client, node_calls
+) -> None:
+    ttl = 1.0
+    holder_rl = make_client(redis_nodes, ttl=ttl)
+    waiter_rl = make_client(redis_nodes, ttl=ttl, retry_delay=0.05)
+
+    async def scenario() -> None:
+        await warm(holder_rl)
+        await warm(waiter_rl)
+        holder = holder_rl.lock("wait:expiry")
+        before = node_calls(redis_nodes)
+        taken_at = time.monotonic()
+        assert await v(holder.acquire(blocking=False))  # never released: the holder "crashed"
+        waiter = waiter_rl.lock("wait:expiry")
+        assert await v(waiter.acquire(timeout=5))
+        waited = time.monotonic() - taken_at
+        after = node_calls(redis_nodes)
+        assert ttl - 0.05 <= waited <= ttl + 0.5, waited
+        assert tokens_on_nodes(redis_nodes, waiter.name).count(waiter.token) >= 2
+        for b, a in zip(before, after, strict=True):
+            sent = sum(a.get(c, 0) - b.get(c, 0) for c in ("set", "eval", "evalsha"))
+            assert sent <= 1 + 4, (b, a)
+        await v(waiter.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_a_fair_lock_without_contention_is_granted_at_once_and_leaves_no_line(
+    redis_nodes, make_client
+) -> None:
+    rl = make_client(redis_nodes, ttl=5)
+
+    async def scenario() -> None:
+        lock = rl.lock("fair", fair=True)
+        assert await v(lock.acquire(blocking=False))
+        assert lock.held
+        await v(lock.release())
+        for node in redis_nodes:
+            with node_client(node) as c:
+                assert c.zcard("redlock:queue:fair") == 0
 
     run(scenario)
