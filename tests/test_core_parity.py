@@ -22,6 +22,7 @@ import pytest
 from django_redlock import LockLost, LockNotAcquired, LockNotOwned, QuorumError
 from django_redlock.core.asyncio import AsyncRedlock
 from django_redlock.core.commands import lock_fields
+from django_redlock.core.detector import MIN_SPAN
 from django_redlock.core.redlock import Redlock
 from django_redlock.testing import RedisCluster
 from tests.helpers import (
@@ -695,5 +696,136 @@ def test_a_fair_lock_without_contention_is_granted_at_once_and_leaves_no_line(
         for node in redis_nodes:
             with node_client(node) as c:
                 assert c.zcard("redlock:queue:fair") == 0
+
+    run(scenario)
+
+
+@CLIENTS
+def test_a_killed_node_is_down_at_once_costs_one_node_timeout_and_votes_once_started(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, node_timeout=0.5)
+
+    async def scenario() -> None:
+        await warm(rl)
+        node = rl.nodes[2]
+        cluster[2].kill()
+        started = time.monotonic()
+        lock = rl.lock("killed-first", ttl=30)
+        assert await v(lock.acquire(blocking=False))  # two of three
+        assert time.monotonic() - started < 0.5 + 0.4
+        await v(lock.release())
+        assert node.detector.down and "connection failed" in node.detector.reason
+        started = time.monotonic()
+        for i in range(20):
+            lock = rl.lock(f"killed-{i}", ttl=30)
+            assert await v(lock.acquire(blocking=False))
+            await v(lock.release())
+        assert time.monotonic() - started < 2.0  # twenty node timeouts would be 10 s
+        cluster[2].start()
+        assert await v(rl.locked("after")) is False  # reaches the node again
+        assert not node.detector.down and node.unreachable() is None
+
+    run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_frozen_node_is_down_after_the_evidence_and_votes_again_once_it_answers(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, node_timeout=0.1)
+
+    async def scenario() -> None:
+        await warm(rl)
+        node = rl.nodes[2]
+        with cluster[2].paused():
+            assert await v(rl.locked("probe")) is False  # one miss
+            assert node.detector.misses >= 1 and not node.detector.down
+            first = time.monotonic()
+            while not node.detector.down:
+                assert time.monotonic() - first < 10.0, "never found down"
+                assert await v(rl.locked("probe")) is False
+            assert time.monotonic() - first >= MIN_SPAN * 0.9
+            assert "in a row" in node.detector.reason
+            started = time.monotonic()
+            for i in range(20):
+                lock = rl.lock(f"frozen-{i}", ttl=30)
+                assert await v(lock.acquire(blocking=False))
+                await v(lock.release())
+            assert time.monotonic() - started < 1.5
+            failure = node.unreachable()
+            assert failure is not None and "in a row" in str(failure)
+        await until(lambda: node.unreachable() is None, 5.0, "the probe reaching the node")
+        assert not node.detector.down
+        lock = rl.lock("back", ttl=30)
+        assert await v(lock.acquire(blocking=False))
+        token = lock.token
+        await until(lambda: tokens_on_nodes(cluster, "back") == [token] * 3, 5.0, "every copy")
+        await v(lock.release())
+
+    run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_node_silent_at_the_release_gets_it_once_it_answers_without_another_operation(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, node_timeout=0.5)
+
+    async def scenario() -> None:
+        await warm(rl)
+        lock = rl.lock("missed", ttl=30)
+        assert await v(lock.acquire(blocking=False))
+        token = lock.token
+        await until(lambda: tokens_on_nodes(cluster, "missed") == [token] * 3, 5.0, "copies")
+        node = rl.nodes[2]
+        cluster[2].pause()
+        try:
+            started = time.monotonic()
+            while node.unreachable() is None:
+                assert time.monotonic() - started < 10.0, "never found down"
+                assert await v(rl.locked("other")) is False
+            await v(lock.release())
+        finally:
+            cluster[2].resume()
+        # No operation from here: the loop (or the sync client's threads) is left to itself.
+        await until(
+            lambda: tokens_on_nodes(cluster, "missed") == [None] * 3, 3.0, "the release on node 2"
+        )
+        await until(lambda: node.unreachable() is None, 5.0, "the node counted back")
+        assert not node.later
+
+    run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_one_late_answer_is_not_a_failed_node(redis_cluster_factory, make_client) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, node_timeout=0.05)
+
+    async def scenario() -> None:
+        await warm(rl)
+        node = rl.nodes[2]
+        for _ in range(10):
+            with cluster[2].paused():
+                assert await v(rl.locked("late")) is False  # node 2 misses
+            if node.detector.misses:  # a stall of this process excuses a miss: pause again
+                break
+        assert node.detector.misses >= 1
+        assert node.unreachable() is None and not node.detector.down
+        await until(lambda: node.not_now() is None, 5.0, "the node usable again")
+        lock = rl.lock("next", ttl=30)
+        assert await v(lock.acquire(blocking=False))
+        token = lock.token
+        await until(lambda: tokens_on_nodes(cluster, "next") == [token] * 3, 5.0, "every copy")
+        await v(lock.release())
+        assert await v(rl.locked("next")) is False  # waits for every node's answer
+        assert node.detector.misses == 0
 
     run(scenario)
