@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import itertools
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -827,5 +828,116 @@ def test_one_late_answer_is_not_a_failed_node(redis_cluster_factory, make_client
         await v(lock.release())
         assert await v(rl.locked("next")) is False  # waits for every node's answer
         assert node.detector.misses == 0
+
+    run(scenario)
+
+
+@CLIENTS
+def test_a_quorum_that_answers_after_the_validity_is_gone_gives_no_lock(
+    redis_nodes, make_client
+) -> None:
+    rl = make_client(redis_nodes, ttl=1.0, node_timeout=0.95, drift_factor=0.3, retry_count=0)
+
+    async def scenario() -> None:
+        await warm(rl)
+        redis_nodes[0].pause()
+        redis_nodes[1].pause()
+        resumer = threading.Timer(0.8, lambda: (redis_nodes[0].resume(), redis_nodes[1].resume()))
+        resumer.start()
+        lock = rl.lock("late-quorum")
+        t0 = time.monotonic()
+        try:
+            outcome: object = await v(lock.acquire(blocking=False, retries=0))
+        except QuorumError as exc:  # only if the timer fired later than node_timeout
+            outcome = exc
+        elapsed = time.monotonic() - t0
+        await asyncio.to_thread(resumer.join)
+        assert outcome is False or isinstance(outcome, QuorumError), outcome
+        assert not lock.held and lock.validity == 0.0 and lock.token is None
+        assert await v(rl.locked("late-quorum")) is False
+        if outcome is False:
+            assert 0.69 < elapsed < 0.95 + 0.25, elapsed
+            assert settled_lock_keys(redis_nodes) == [{}, {}, {}]
+
+    run(scenario)
+
+
+@CLIENTS
+def test_the_validity_of_a_granted_lock_accounts_for_elapsed_time_and_drift(
+    redis_nodes, make_client
+) -> None:
+    rl = make_client(redis_nodes, ttl=2.0, node_timeout=0.9, drift_factor=0.1, retry_count=0)
+
+    async def scenario() -> None:
+        await warm(rl)
+        redis_nodes[0].pause()
+        redis_nodes[1].pause()
+        resumer = threading.Timer(0.3, lambda: (redis_nodes[0].resume(), redis_nodes[1].resume()))
+        resumer.start()
+        lock = rl.lock("slow-quorum")
+        assert await v(lock.acquire(blocking=False)) is True
+        await asyncio.to_thread(resumer.join)
+        assert 0 < lock.validity <= 2.0 - 0.3 - 0.2
+        await v(lock.release())
+
+    run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_holder_that_cannot_ask_a_quorum_keeps_its_hold_and_is_not_told_lost(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, node_timeout=0.25, ttl=60.0, retry_count=0)
+
+    async def scenario() -> None:
+        await warm(rl)
+        lock = rl.lock("nightly")
+        assert await v(lock.acquire(blocking=False))
+        cluster[0].kill()
+        cluster[1].kill()
+        assert await v(lock.check()) is False
+        assert await v(lock.extend()) is False
+        assert lock.held is True and lock.lost is None
+        with pytest.raises(QuorumError) as caught:
+            await v(rl.locked("nightly"))
+        assert set(caught.value.failures) == {cluster[0].url, cluster[1].url}
+        assert "could not" in str(caught.value)
+
+    run(scenario)
+
+
+@CLIENTS
+def test_pooled_connections_the_nodes_closed_meanwhile_get_fresh_ones(
+    redis_cluster_factory, make_client
+) -> None:
+    """Every connection of the client is closed by the nodes while idle (``CLIENT KILL``:
+    an idle timeout, a proxy, a failover): the next operations each get one fresh try, and
+    find every node up, with their copies on every node."""
+    redis_nodes = redis_cluster_factory(3)
+    rl = make_client(redis_nodes, node_timeout=0.5)
+
+    async def scenario() -> None:
+        await warm(rl)
+        for node in redis_nodes:
+            with node_client(node) as c:
+                me = c.client_id()
+                for conn in c.client_list():
+                    if int(conn["id"]) != me:
+                        c.client_kill_filter(_id=conn["id"])
+        for i in range(3):
+            lock = rl.lock(f"after-kill-{i}", ttl=30)
+            assert await v(lock.acquire(blocking=False))
+            token = lock.token
+            await until(
+                lambda: tokens_on_nodes(redis_nodes, f"after-kill-{i}") == [token] * 3,  # noqa: B023
+                5.0,
+                "every copy",
+            )
+            await v(lock.release())
+            assert settled_tokens(redis_nodes, f"after-kill-{i}") == [None] * 3
+        assert [node.detector.down for node in rl.nodes] == [False] * 3
+        assert [node.unreachable() for node in rl.nodes] == [None] * 3
 
     run(scenario)
