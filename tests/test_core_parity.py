@@ -941,3 +941,52 @@ def test_pooled_connections_the_nodes_closed_meanwhile_get_fresh_ones(
         assert [node.unreachable() for node in rl.nodes] == [None] * 3
 
     run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_renewals_wait_out_busy_nodes_within_the_leases_validity(
+    redis_cluster_factory, make_client
+) -> None:
+    """Two of three nodes busy 0.25 s at a time, back to back (``DEBUG SLEEP``): every
+    renewal round's quorum answers later than the node timeout, but well within the leases'
+    validity. The watchdog waits for that quorum, so no lease is lost."""
+    cluster = redis_cluster_factory(3, extra_args=["--enable-debug-command", "yes"])
+    rl = make_client(cluster, ttl=1.5, node_timeout=0.05)  # renewed every 0.5 s
+    stop = threading.Event()
+    in_step = threading.Barrier(2)
+    slept = [0, 0]
+
+    def busy(slot: int, node: Any) -> None:
+        with node_client(node) as client:
+            while not stop.is_set():
+                try:
+                    in_step.wait(timeout=5)
+                except threading.BrokenBarrierError:
+                    return
+                client.execute_command("DEBUG", "SLEEP", "0.25")
+                slept[slot] += 1
+
+    async def scenario() -> None:
+        await warm(rl)
+        locks = [rl.lock(f"renew:busy:{i}", auto_renew=True, owner="test") for i in range(50)]
+        for lock in locks:
+            assert await v(lock.acquire(blocking=False))
+        threads = [threading.Thread(target=busy, args=(s, cluster[s + 1])) for s in (0, 1)]
+        for thread in threads:
+            thread.start()
+        try:
+            await asyncio.sleep(3.0)  # the duration observed: six renewals of every lease
+        finally:
+            stop.set()
+            in_step.abort()
+            for thread in threads:
+                await asyncio.to_thread(thread.join)
+        assert min(slept) >= 6, slept  # the nodes were busy all along
+        lost = [lock.lost for lock in locks if lock.lost is not None]
+        assert not lost, f"{len(lost)} lost, first: {lost[0]}"
+        assert all(lock.held for lock in locks)
+        for lock in locks:
+            await v(lock.release())
+
+    run(scenario)
