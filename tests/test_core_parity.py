@@ -26,6 +26,7 @@ from django_redlock.core.commands import lock_fields
 from django_redlock.core.detector import MIN_SPAN
 from django_redlock.core.redlock import Redlock
 from django_redlock.testing import RedisCluster
+from tests.faults.proxy import Proxy
 from tests.helpers import (
     all_keys,
     held_everywhere,
@@ -327,9 +328,7 @@ def test_release_with_a_stale_token_on_a_quorum_only(redis_nodes, make_client) -
 
 
 @CLIENTS
-def test_fences_increase_across_clients_and_after_a_lease_expires(
-    redis_nodes, make_client
-) -> None:
+def test_fences_increase_across_clients_and_after_a_lease_expires(redis_nodes, make_client) -> None:
     one, two = make_client(redis_nodes), make_client(redis_nodes)
 
     async def scenario() -> None:
@@ -380,7 +379,9 @@ def test_fencing_costs_one_extra_round_trip(redis_nodes, make_client, node_calls
             after = node_calls(redis_nodes)
             await v(lock.release())
             await v(rl.locked("fence:cost"))
-            return [a.get(command, 0) - b.get(command, 0) for b, a in zip(before, after, strict=True)]
+            return [
+                a.get(command, 0) - b.get(command, 0) for b, a in zip(before, after, strict=True)
+            ]
 
         assert await calls_per_node(fencing=False, command="evalsha") == [0, 0, 0]
         assert await calls_per_node(fencing=False, command="set") == [1, 1, 1]
@@ -990,3 +991,38 @@ def test_renewals_wait_out_busy_nodes_within_the_leases_validity(
             await v(lock.release())
 
     run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_renewal_round_waits_for_a_quorum_whose_replies_come_late_on_the_link(
+    redis_cluster_factory, make_client
+) -> None:
+    """Two of three nodes' replies (and handshakes) come 0.15 s late, three times the node
+    timeout, every time: each renewal round's quorum answers late, well within the leases'
+    validity, on connections pooled or opened for the round. No lease is lost."""
+    cluster = redis_cluster_factory(3)
+    proxies = [Proxy((cluster[i].host, cluster[i].port)) for i in (1, 2)]
+    try:
+        rl = make_client([cluster.urls[0], *(p.url for p in proxies)], ttl=1.5, node_timeout=0.05)
+
+        async def scenario() -> None:
+            await warm(rl)
+            locks = [rl.lock(f"renew:late:{i}", auto_renew=True, owner="test") for i in range(20)]
+            for lock in locks:
+                assert await v(lock.acquire(blocking=False))
+            for proxy in proxies:
+                proxy.delay = 0.15
+            await asyncio.sleep(2.0)  # the duration observed: four renewals of every lease
+            lost = [lock.lost for lock in locks if lock.lost is not None]
+            assert not lost, f"{len(lost)} lost, first: {lost[0]}"
+            assert all(lock.held for lock in locks)
+            for proxy in proxies:
+                proxy.delay = 0.0
+            for lock in locks:
+                await v(lock.release())
+
+        run(scenario)
+    finally:
+        for proxy in proxies:
+            proxy.close()
