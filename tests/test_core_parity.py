@@ -33,6 +33,7 @@ from tests.helpers import (
     node_client,
     occupy,
     pttls_on_nodes,
+    release_listeners,
     settled_lock_keys,
     settled_tokens,
     tokens_on_nodes,
@@ -1026,3 +1027,137 @@ def test_a_renewal_round_waits_for_a_quorum_whose_replies_come_late_on_the_link(
     finally:
         for proxy in proxies:
             proxy.close()
+
+
+# Siblings of sync tests whose scenario runs several waiters at once (threads there, tasks of
+# one loop here): the same outcome asserted.
+
+
+def _subscribers(nodes: RedisCluster, channel: str) -> list[int]:
+    return [release_listeners(node, channel) for node in nodes]
+
+
+def test_a_queue_front_task_that_never_releases_does_not_block_the_queue(
+    redis_nodes, make_async_redlock
+) -> None:
+    ttl = 0.8
+    rl = make_async_redlock(redis_nodes, ttl=ttl)
+
+    async def scenario() -> None:
+        await warm(rl)
+
+        async def forgetful() -> Any:
+            lock = rl.lock("wait:abandoned")
+            assert await lock.acquire(timeout=5)  # the local queue's front
+            return lock  # ... and the task ends without releasing
+
+        abandoned = await asyncio.create_task(forgetful())
+        started = time.monotonic()
+        lock = rl.lock("wait:abandoned")
+        assert await lock.acquire(timeout=5)
+        waited = time.monotonic() - started
+        assert waited <= ttl + 0.5, waited
+        assert tokens_on_nodes(redis_nodes, lock.name).count(lock.token) >= 2
+        await lock.release()
+        with pytest.raises(LockNotOwned):
+            await abandoned.release()
+
+    run(scenario)
+
+
+def test_a_task_queued_while_the_front_contends_moves_up_when_the_front_lease_ends(
+    redis_nodes, make_redlock, make_async_redlock
+) -> None:
+    ttl = 0.8
+    other = make_redlock(redis_nodes, ttl=2.0)
+    assert other.lock("wait:front").acquire(blocking=False)  # ends in 2 s, never released
+    rl = make_async_redlock(redis_nodes, ttl=ttl)
+
+    async def scenario() -> None:
+        await warm(rl)
+
+        async def holder() -> float:
+            lock = rl.lock("wait:front")
+            assert await lock.acquire(timeout=5)  # the queue's front; never releases
+            return time.monotonic()
+
+        async def queued() -> float:
+            lock = rl.lock("wait:front")
+            assert await lock.acquire(timeout=float("inf"))
+            at = time.monotonic()
+            await lock.release()
+            return at
+
+        front = asyncio.create_task(holder())
+        channel = "redlock:released:wait:front"
+        await until(lambda: _subscribers(redis_nodes, channel) == [1] * 3, 5.0, "the front waiting")
+        second = asyncio.create_task(queued())
+        front_at = await asyncio.wait_for(front, 5)
+        behind_at = await asyncio.wait_for(second, 5 + ttl)
+        assert behind_at - front_at <= ttl + 0.5, behind_at - front_at
+
+    run(scenario)
+
+
+def test_tasks_of_one_loop_get_the_lock_in_turn(redis_nodes, make_async_redlock) -> None:
+    rl = make_async_redlock(redis_nodes, ttl=5.0)
+
+    async def scenario() -> list[int]:
+        await warm(rl)
+        counts = [0] * 4
+        stop_at = time.monotonic() + 2.0
+
+        async def worker(index: int) -> None:
+            while time.monotonic() < stop_at:
+                lock = rl.lock("wait:fifo")
+                assert await lock.acquire(timeout=10), "a contender timed out"
+                counts[index] += 1
+                await asyncio.sleep(0.001)  # the critical section
+                await lock.release()
+
+        await asyncio.gather(*(worker(i) for i in range(4)))
+        return counts
+
+    counts = asyncio.run(scenario())
+    mean = sum(counts) / len(counts)
+    assert mean > 5, counts
+    assert all(abs(c - mean) <= 0.2 * mean for c in counts), counts
+
+
+def test_async_fair_waiters_of_separate_clients_acquire_in_arrival_order(redis_nodes) -> None:
+    """As test_core_fair's processes: each waiter a client of its own, so the line is the
+    nodes' (a client's tasks queue locally first)."""
+
+    async def scenario() -> list[int]:
+        holder_rl = AsyncRedlock(redis_nodes.urls, ttl=10)
+        clients = [AsyncRedlock(redis_nodes.urls, ttl=5, fair_heartbeat=3.0) for _ in range(5)]
+        try:
+            holder = holder_rl.lock("fair")
+            assert await holder.acquire(blocking=False)
+            order: list[int] = []
+
+            async def waiter(index: int) -> None:
+                lock = clients[index].lock("fair", fair=True)
+                assert await lock.acquire(timeout=30)
+                order.append(index)
+                await lock.release()
+
+            def line() -> int:
+                counts = []
+                for node in redis_nodes:
+                    with node_client(node) as c:
+                        counts.append(c.zcard("redlock:queue:fair"))
+                return sorted(counts)[len(counts) // 2]  # what a quorum has at least
+
+            tasks = []
+            for index in range(5):
+                tasks.append(asyncio.create_task(waiter(index)))
+                await until(lambda: line() >= index + 1, 10.0, "the waiter in line")  # noqa: B023
+            await holder.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            return order
+        finally:
+            for rl in (holder_rl, *clients):
+                await rl.close()
+
+    assert asyncio.run(scenario()) == list(range(5))
