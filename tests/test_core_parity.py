@@ -1161,3 +1161,37 @@ def test_async_fair_waiters_of_separate_clients_acquire_in_arrival_order(redis_n
                 await rl.close()
 
     assert asyncio.run(scenario()) == list(range(5))
+
+
+@pytest.mark.faults
+def test_an_acquire_cancelled_while_a_majority_is_frozen_takes_back_what_it_set(
+    redis_cluster_factory, make_async_redlock
+) -> None:
+    """test_core_rounds' interrupted acquire, cancelled: node 0 granted it, nodes 1 and 2
+    are frozen with the SET queued; once they run again no copy is left for the 30 s lease."""
+    cluster = redis_cluster_factory(3)
+    rl = make_async_redlock(cluster, node_timeout=0.5, ttl=30.0)
+
+    async def scenario() -> None:
+        await warm(rl)
+        cluster[1].pause()
+        cluster[2].pause()
+        try:
+            task = asyncio.create_task(rl.lock("taken-back").acquire(blocking=False))
+            await until(
+                lambda: tokens_on_nodes(cluster[:1], "taken-back") != [None], 5.0, "node 0's SET"
+            )
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            cluster[1].resume()
+            cluster[2].resume()
+        await until(
+            lambda: tokens_on_nodes(cluster, "taken-back") == [None] * 3, 3.0, "every copy gone"
+        )
+        lock = rl.lock("taken-back")
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+
+    run(scenario)
