@@ -37,6 +37,8 @@ from tests.helpers import (
     settled_lock_keys,
     settled_tokens,
     tokens_on_nodes,
+    vacate,
+    warm_up,
 )
 
 T = TypeVar("T")
@@ -1197,5 +1199,79 @@ def test_an_acquire_cancelled_while_a_majority_is_frozen_takes_back_what_it_set(
         lock = rl.lock("taken-back")
         assert await lock.acquire(blocking=False)
         await lock.release()
+
+    run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_node_restarted_empty_within_a_lease_cannot_grant_it_twice(
+    redis_cluster_factory, make_redlock, make_client
+) -> None:
+    """test_core_guard's double grant, the contender B either client: A (sync) holds the lock
+    on exactly 3 of 5 nodes, one of which restarts empty. B is refused while A's lease is
+    valid, and takes the lock once it is over, without the restarted node."""
+    cluster = redis_cluster_factory(5)
+    a_rl = make_redlock(cluster, max_ttl=3.0, ttl=2.5, node_timeout=0.05)
+    b_rl = make_client(cluster, max_ttl=3.0, ttl=2.5, node_timeout=0.05)
+    name = "guard:double"
+
+    async def scenario() -> None:
+        await warm(b_rl)
+        await asyncio.to_thread(warm_up, a_rl)
+        for i in (3, 4):
+            occupy(cluster[i], name)
+        a = a_rl.lock(name, ttl=2.5)
+        assert await asyncio.to_thread(a.acquire, blocking=False)
+        for i in (3, 4):
+            vacate(cluster[i], name)
+        assert tokens_on_nodes(cluster, name) == [a.token] * 3 + [None, None]
+        cluster[0].restart(empty=True)
+        b = b_rl.lock(name, ttl=2.5)
+        attempts = 0
+        while a.validity > 0.3:
+            assert await v(b.acquire(blocking=False)) is False, "B got it while A held it"
+            attempts += 1
+        assert attempts >= 5
+        assert tokens_on_nodes(cluster, name)[:3] == [None, a.token, a.token]
+        assert await v(b.acquire(timeout=3)) is True
+        assert not a.held
+        tokens = tokens_on_nodes(cluster, name)
+        assert tokens[0] is None and tokens.count(b.token) >= 3, tokens
+        await v(b.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_a_refused_attempt_during_a_restart_guard_is_one_round_trip(
+    redis_cluster_factory, make_redlock, make_client, node_calls
+) -> None:
+    cluster = redis_cluster_factory(3)
+    a_rl = make_redlock(cluster, ttl=5.0, max_ttl=10.0, node_timeout=0.05)
+    b_rl = make_client(cluster, ttl=5.0, max_ttl=10.0, node_timeout=0.05)
+
+    async def scenario() -> None:
+        await asyncio.to_thread(warm_up, a_rl)
+        await warm(b_rl)
+        a = a_rl.lock("guard:one-try")
+        assert await asyncio.to_thread(a.acquire, blocking=False)
+        cluster[2].restart(empty=True)
+        b = b_rl.lock("guard:one-try")
+        assert await v(b.acquire(blocking=False)) is False  # the scripts loaded there
+        await v(b_rl.locked("guard:one-try"))  # every node's answer read
+        before = node_calls(cluster)
+        t0 = time.monotonic()
+        assert await v(b.acquire(blocking=False)) is False
+        elapsed = time.monotonic() - t0
+        await v(b_rl.locked("guard:one-try"))
+        after = node_calls(cluster)
+        await asyncio.to_thread(a.release)
+        attempts = [
+            sum(x.get(c, 0) - y.get(c, 0) for c in ("evalsha", "set"))
+            for y, x in zip(before, after, strict=True)
+        ]
+        # One attempt: one acquire per node, no sleeping.
+        assert attempts == [1, 1, 1] and elapsed < 0.25, (attempts, elapsed)
 
     run(scenario)
