@@ -1275,3 +1275,42 @@ def test_a_refused_attempt_during_a_restart_guard_is_one_round_trip(
         assert attempts == [1, 1, 1] and elapsed < 0.25, (attempts, elapsed)
 
     run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_fences_keep_increasing_after_a_majority_restarted_empty(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, ttl=0.5, max_ttl=1.0, restart_guard=True)
+    name = "fence:restart"
+
+    async def scenario() -> None:
+        await warm(rl)
+        fences = []
+        for _ in range(5):
+            lock = rl.lock(name, fencing=True)
+            assert await v(lock.acquire(blocking=False))
+            fences.append(lock.fence)
+            await v(lock.release())
+        # Two of three nodes lose their counters; the third is taken by someone else, so the
+        # next fence can only come from the two restarted nodes' counters.
+        cluster[0].restart(empty=True)
+        cluster[2].restart(empty=True)
+        occupy(cluster[1], name, token="someone-else")
+        lock = rl.lock(name, fencing=True)
+        with pytest.raises(QuorumError, match="guarded"):
+            await v(lock.acquire(blocking=False))
+        assert await v(lock.acquire(timeout=5))  # granted by nodes 0 and 2 after their guard
+        fences.append(lock.fence)
+        await v(lock.release())
+        vacate(cluster[1], name)
+        for _ in range(3):
+            lock = rl.lock(name, fencing=True)
+            assert await v(lock.acquire(blocking=False))
+            fences.append(lock.fence)
+            await v(lock.release())
+        assert all(b > a for a, b in itertools.pairwise(fences)), fences
+
+    run(scenario)
