@@ -78,6 +78,12 @@ _T = TypeVar("_T")
 # -- per-loop state ------------------------------------------------------------------------------
 
 
+def _pool_opened(pool: LoopPool, index: int, task: asyncio.Task[AsyncWire]) -> None:
+    """A connection opened for a caller that stopped waiting: to the pool."""
+    if not task.cancelled() and task.exception() is None:
+        pool.checkin(index, task.result())
+
+
 class LoopState(LoopPool):
     """What an AsyncRedlock keeps per event loop: its connections (:class:`.LoopPool`), the
     local queues, the release-notice subscriber, the renewal schedule and task."""
@@ -517,12 +523,27 @@ class AsyncRedlock(RedlockBase):
         wire = await self._wire(index, timeout)
         return await self._ask(index, wire, commands, timeout)
 
-    async def _wire(self, index: int, timeout: float = SLOW_TIMEOUT) -> AsyncWire:
+    async def _wire(
+        self, index: int, timeout: float = SLOW_TIMEOUT, *, keep_opening: bool = False
+    ) -> AsyncWire:
+        """An idle connection to node ``index``, or a new one within ``timeout``.
+        ``keep_opening``: a caller that stops waiting leaves the new connection to open on
+        its own budget and go to the pool (as the fan-out's do): whether the node answers
+        it is the node's evidence, not the caller's impatience."""
         state = self._state()
         wire = state.checkout(index)
         if wire is None:
             try:
-                wire = await open_wire(self.nodes[index], state.loop, timeout)
+                opening = open_wire(self.nodes[index], state.loop, timeout)
+                if keep_opening:
+                    task: asyncio.Task[AsyncWire] = state.spawn(opening)
+                    try:
+                        wire = await asyncio.shield(task)
+                    except asyncio.CancelledError:
+                        task.add_done_callback(functools.partial(_pool_opened, state, index))
+                        raise
+                else:
+                    wire = await opening
             except WireError as exc:
                 error = asyncio.TimeoutError if exc.failure is NOT_CONNECTED else ConnectionError
                 raise error(str(exc.failure)) from None
@@ -908,7 +929,7 @@ class AsyncRedlock(RedlockBase):
         budget, as the sync round's (:func:`.detector.connect_budget`): a node merely busy
         answers a handshake later than the node timeout too."""
         try:
-            wire = await self._wire(index, connect_budget(timeout))
+            wire = await self._wire(index, connect_budget(timeout), keep_opening=True)
         except (OSError, asyncio.TimeoutError) as exc:
             return Failure("timeout") if isinstance(exc, asyncio.TimeoutError) else os_failure(exc)
         replies = await self._pipelined(wire, commands)
