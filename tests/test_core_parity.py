@@ -1314,3 +1314,98 @@ def test_fences_keep_increasing_after_a_majority_restarted_empty(
         assert all(b > a for a, b in itertools.pairwise(fences)), fences
 
     run(scenario)
+
+
+@CLIENTS
+def test_a_semaphore_grants_its_limit_then_refuses_and_reuses_a_freed_permit(
+    redis_nodes, make_client
+) -> None:
+    rl = make_client(redis_nodes, ttl=10.0, node_timeout=0.5)
+
+    async def scenario() -> None:
+        sems = [rl.semaphore("export:7", limit=3, owner=i) for i in range(4)]
+        assert [await v(s.acquire(blocking=False)) for s in sems] == [True, True, True, False]
+        assert sorted(s.permit for s in sems[:3]) == [0, 1, 2]
+        assert sems[3].permit is None and not sems[3].held
+        assert all(s.held and 0 < s.validity <= 10.0 and s.token for s in sems[:3])
+        assert len({s.token for s in sems[:3]}) == 3
+        names = [info.name for info in await v(rl.live_locks("export:7*"))]
+        assert names == ["export:7#permit:0", "export:7#permit:1", "export:7#permit:2"]
+        freed = sems[1].permit
+        await v(sems[1].release())
+        assert not sems[1].held
+        assert await v(sems[3].acquire(blocking=False)) is True
+        assert sems[3].permit == freed
+        for s in (sems[0], sems[2], sems[3]):
+            await v(s.release())
+        assert list(await v(rl.live_locks("export:7*"))) == []
+        # One permit force-released: its holder lost it, the next owner takes that permit.
+        a, b = rl.semaphore("ops", 2, owner="a"), rl.semaphore("ops", 2, owner="b")
+        assert await v(a.acquire(blocking=False)) and await v(b.acquire(blocking=False))
+        held_everywhere(redis_nodes, f"ops#permit:{a.permit}")
+        assert await v(rl.force_release(f"ops#permit:{a.permit}")) == 3
+        c = rl.semaphore("ops", 2, owner="c")
+        assert await v(c.acquire(blocking=False)) and c.permit == a.permit
+        with pytest.raises(LockNotOwned):
+            await v(a.release())
+        await v(b.release())
+        await v(c.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_readers_share_and_a_writer_excludes(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes, ttl=10.0, node_timeout=0.5)
+
+    async def scenario() -> None:
+        r1, r2 = rl.read_lock("doc:9", owner=1), rl.read_lock("doc:9", owner=2)
+        w = rl.write_lock("doc:9", owner="w")
+        assert await v(r1.acquire(blocking=False)) and await v(r2.acquire(blocking=False))
+        assert r1.held and r2.held and r1.token != r2.token
+        assert await v(w.acquire(blocking=False)) is False
+        assert await v(r1.check()) and await v(r1.extend(5.0))
+        await v(r1.release())
+        assert await v(w.acquire(blocking=False)) is False  # r2 still reads
+        await v(r2.release())
+        assert await v(w.acquire(blocking=False)) is True
+        assert [i.name for i in await v(rl.live_locks("doc:*"))] == ["doc:9"]
+        assert await v(rl.locked("doc:9"))
+        r3 = rl.read_lock("doc:9", owner=3)
+        assert await v(r3.acquire(blocking=False)) is False
+        assert await v(rl.write_lock("doc:9", owner="w2").acquire(blocking=False)) is False
+        await v(w.release())
+        assert await v(r3.acquire(blocking=False)) is True
+        await v(r3.release())
+
+    run(scenario)
+
+
+@CLIENTS
+def test_a_listed_reader_is_shown_taken_and_released_by_its_name(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes, ttl=10.0, node_timeout=0.5)
+    operator = make_client(redis_nodes, node_timeout=0.5)
+
+    async def scenario() -> None:
+        r1, r2 = rl.read_lock("doc:t", owner=1), rl.read_lock("doc:t", owner=2)
+        assert await v(r1.acquire(blocking=False)) and await v(r2.acquire(blocking=False))
+        entry, other = f"doc:t#read:{r1.token}", f"doc:t#read:{r2.token}"
+        with pytest.raises(ValueError, match="reserved"):
+            rl.lock(entry)
+        info = await v(operator.lock_info(entry))
+        assert info is not None and info.reader_of == "doc:t" and info.token == r1.token
+        assert await v(operator.locked(entry)) is True
+        assert await v(operator.locked(f"doc:t#read:{'0' * 32}")) is False
+        assert await v(operator.extend_token(entry, r1.token, 30.0)) is True
+        info = await v(operator.lock_info(entry))
+        assert info is not None and info.ttl is not None and info.ttl > 20
+        assert await v(operator.extend_token(entry, r2.token, 30.0)) is False
+        assert await v(operator.release_token(entry, r2.token)) == 0
+        assert await v(operator.release_token(entry, r1.token)) >= 2
+        assert await v(operator.locked(entry)) is False
+        assert await v(operator.locked(other)) is True
+        assert [i.name for i in await v(operator.live_locks("doc:t*"))] == [other]
+        assert await v(operator.force_release(other)) >= 2
+        assert await v(operator.lock_info(other)) is None
+
+    run(scenario)
