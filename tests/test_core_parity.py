@@ -1409,3 +1409,31 @@ def test_a_listed_reader_is_shown_taken_and_released_by_its_name(redis_nodes, ma
         assert await v(operator.lock_info(other)) is None
 
     run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_renewal_round_s_connection_to_a_frozen_node_is_the_node_s_evidence(
+    redis_cluster_factory, make_client
+) -> None:
+    """Node 2 frozen (its kernel accepts TCP, the server never answers the handshake) while
+    only renewals run: the connection a round opens to it does not open within its budget,
+    and that counts against the node as it does for an acquire, however soon the round
+    stopped waiting for it. The lease is kept by the other two."""
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, ttl=1.5, node_timeout=0.05)
+
+    async def scenario() -> None:
+        lock = rl.lock("renew:frozen-node", auto_renew=True)
+        assert await v(lock.acquire(blocking=False))
+        node = rl.nodes[2]
+        with cluster[2].paused():
+            await until(
+                lambda: node.detector.misses or node.unreachable() is not None,
+                5.0,
+                "the node's miss",
+            )
+            assert lock.held and lock.lost is None
+        await v(lock.release())
+
+    run(scenario)
