@@ -890,10 +890,9 @@ class AsyncRedlock(RedlockBase):
         timeout = reply_wait(self.nodes, self.node_timeout)  # one budget for the round
         start = time.monotonic()
         wait = batch_wait(timeout, until, start, start)
-        loop = self._state().loop
+        state = self._state()
         asked = {
-            loop.create_task(self._pipeline(i, commands, timeout)): i
-            for i in range(len(self.nodes))
+            state.spawn(self._pipeline(i, commands, timeout)): i for i in range(len(self.nodes))
         }
         results: list[Any] = [Failure("timeout")] * len(self.nodes)
         pending = set(asked)
