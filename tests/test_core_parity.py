@@ -1447,3 +1447,35 @@ def test_a_renewal_round_s_connection_to_a_frozen_node_is_the_node_s_evidence(
         await v(lock.release())
 
     run(scenario)
+
+
+@CLIENTS
+def test_renewals_go_on_after_the_nodes_lost_their_scripts(redis_nodes, make_client) -> None:
+    rl = make_client(redis_nodes, ttl=RENEW_TTL)
+
+    async def scenario() -> None:
+        lock = rl.lock("renew:noscript", auto_renew=True)
+        assert await v(lock.acquire(blocking=False))
+        for node in redis_nodes:
+            with node_client(node) as c:
+                c.script_flush()
+
+        def renewals() -> list[int]:
+            out = []
+            for node in redis_nodes:
+                with node_client(node) as c:
+                    raw = c.get("redlock:lock:renew:noscript")
+                out.append(-1 if raw is None else int(lock_fields(raw)["renewals"]))
+            return out
+
+        first = renewals()
+        await until(
+            lambda: all(a >= b + 3 for a, b in zip(renewals(), first, strict=True)),
+            4 * RENEW_TTL,
+            "three renewals on every node",
+        )
+        assert lock.held and lock.lost is None
+        await v(lock.release())
+        assert settled_tokens(redis_nodes, "renew:noscript") == [None] * 3
+
+    run(scenario)
