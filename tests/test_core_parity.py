@@ -1479,3 +1479,29 @@ def test_renewals_go_on_after_the_nodes_lost_their_scripts(redis_nodes, make_cli
         assert settled_tokens(redis_nodes, "renew:noscript") == [None] * 3
 
     run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_blocking_acquire_with_a_majority_down_is_a_quorum_error_at_its_timeout(
+    redis_cluster_factory, make_client
+) -> None:
+    cluster = redis_cluster_factory(3)
+    rl = make_client(cluster, node_timeout=0.05, retry_delay=0.05)
+
+    async def scenario() -> None:
+        await warm(rl)
+        cluster[1].kill()
+        cluster[2].kill()
+        lock = rl.lock("majority", ttl=5.0)
+        t0 = time.monotonic()
+        with pytest.raises(QuorumError) as caught:
+            await v(lock.acquire(timeout=0.3))
+        elapsed = time.monotonic() - t0
+        assert 0.3 <= elapsed < 0.3 + 1.0, elapsed
+        assert set(caught.value.failures) == {cluster[1].url, cluster[2].url}
+        assert all("refused" in why for why in caught.value.failures.values())
+        assert not lock.held
+        assert settled_lock_keys(cluster[:1]) == [{}]
+
+    run(scenario)
