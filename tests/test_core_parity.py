@@ -1505,3 +1505,24 @@ def test_a_blocking_acquire_with_a_majority_down_is_a_quorum_error_at_its_timeou
         assert settled_lock_keys(cluster[:1]) == [{}]
 
     run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_health_shows_a_killed_and_a_frozen_node_down(redis_cluster_factory, make_client) -> None:
+    cluster = redis_cluster_factory(5)
+    rl = make_client(cluster, node_timeout=0.2)
+
+    async def scenario() -> None:
+        await warm(rl)
+        cluster[0].kill()
+        with cluster[1].paused():
+            t0 = time.monotonic()
+            health = await v(rl.health())
+            took = time.monotonic() - t0
+        assert [h.reachable for h in health] == [False, False, True, True, True], health
+        assert [h.status == "down" for h in health] == [True, True, False, False, False]
+        assert all(h.version and h.run_id and h.latency is not None for h in health[2:])
+        assert took < 5.0, took
+
+    run(scenario)
