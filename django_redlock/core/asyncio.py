@@ -55,6 +55,8 @@ from .aionodes import (
 from .aiowaiting import AsyncReleaseNotices, Signal, TaskQueue
 from .algorithm import Contender, Finally, Listen, Pause, Refusal, Send, SendBatch, Steps, Wait
 from .base import RedlockBase
+from .detector import connect_budget
+from .fanout import batch_quorum_in, batch_wait
 from .info import LockInfo, NodeHealth
 from .listing import glob_escape
 from .lock import Lease, LockBase
@@ -78,6 +80,12 @@ _T = TypeVar("_T")
 
 
 # -- per-loop state ------------------------------------------------------------------------------
+
+
+def _pool_opened(pool: LoopPool, index: int, task: asyncio.Task[AsyncWire]) -> None:
+    """A connection opened for a caller that stopped waiting: to the pool."""
+    if not task.cancelled() and task.exception() is None:
+        pool.checkin(index, task.result())
 
 
 class LoopState(LoopPool):
@@ -568,12 +576,27 @@ class AsyncRedlock(RedlockBase):
         wire = await self._wire(index, timeout)
         return await self._ask(index, wire, commands, timeout)
 
-    async def _wire(self, index: int, timeout: float = SLOW_TIMEOUT) -> AsyncWire:
+    async def _wire(
+        self, index: int, timeout: float = SLOW_TIMEOUT, *, keep_opening: bool = False
+    ) -> AsyncWire:
+        """An idle connection to node ``index``, or a new one within ``timeout``.
+        ``keep_opening``: a caller that stops waiting leaves the new connection to open on
+        its own budget and go to the pool (as the fan-out's do): whether the node answers
+        it is the node's evidence, not the caller's impatience."""
         state = self._state()
         wire = state.checkout(index)
         if wire is None:
             try:
-                wire = await open_wire(self.nodes[index], state.loop, timeout)
+                opening = open_wire(self.nodes[index], state.loop, timeout)
+                if keep_opening:
+                    task: asyncio.Task[AsyncWire] = state.spawn(opening)
+                    try:
+                        wire = await asyncio.shield(task)
+                    except asyncio.CancelledError:
+                        task.add_done_callback(functools.partial(_pool_opened, state, index))
+                        raise
+                else:
+                    wire = await opening
             except WireError as exc:
                 error = asyncio.TimeoutError if exc.failure is NOT_CONNECTED else ConnectionError
                 raise error(str(exc.failure)) from None
@@ -902,38 +925,71 @@ class AsyncRedlock(RedlockBase):
         for lease in step.leases:
             self._renewing[lease] = done
         step.answered = [None] * len(self.nodes)
-        timeout = reply_wait(self.nodes, self.node_timeout)  # one budget for the round
-
-        async def pipeline(index: int) -> list[Any] | Failure:
-            replies = await self._pipeline(index, step.commands, timeout)
-            if not isinstance(replies, Failure):
-                step.answered[index] = time.monotonic()
-            return replies
-
         try:
-            return list(await asyncio.gather(*(pipeline(i) for i in range(len(self.nodes)))))
+            return await self._batch(step.commands, step.until, step.answered)
         finally:
             for lease in step.leases:
                 del self._renewing[lease]
             done.set_result(None)
 
+    async def _batch(
+        self, commands: list[list[Any]], until: float, answered: list[float | None]
+    ) -> list[Any]:
+        """``commands`` pipelined to every node at once; each node's replies, or its
+        :class:`Failure`. Waited for as the sync client's round is (:func:`.fanout.batch_wait`):
+        until the leases' validity ``until``, not beyond a quorum's answer and its straggler's
+        grace (a round counted out after one node timeout on nodes merely busy fails the next
+        rounds too, until the leases run out)."""
+        timeout = reply_wait(self.nodes, self.node_timeout)  # one budget for the round
+        start = time.monotonic()
+        wait = batch_wait(timeout, until, start, start)
+        state = self._state()
+        asked = {
+            state.spawn(self._pipeline(i, commands, timeout)): i for i in range(len(self.nodes))
+        }
+        results: list[Any] = [Failure("timeout")] * len(self.nodes)
+        pending = set(asked)
+        complete = 0
+        try:
+            while pending:
+                remaining = wait.remaining(time.monotonic())
+                if remaining <= 0:
+                    break
+                finished, pending = await asyncio.wait(
+                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                now = time.monotonic()
+                for task in finished:
+                    index = asked[task]
+                    results[index] = replies = task.result()
+                    if isinstance(replies, Failure):
+                        continue
+                    answered[index] = now
+                    complete += 1
+                    if complete == self.quorum and pending:
+                        batch_quorum_in(wait, start, now, timeout)
+        finally:
+            for task in pending:
+                task.cancel()  # its connection is aborted (_pipelined)
+        return results
+
     async def _pipeline(
         self, index: int, commands: list[list[Any]], timeout: float
     ) -> list[Any] | Failure:
-        """``commands`` pipelined to one node within ``timeout`` (another to connect): the
-        replies in order, or the node's :class:`Failure`."""
+        """``commands`` pipelined to one node: the replies in order, or the node's
+        :class:`Failure`. The round's wait ends it (:meth:`_batch`); connecting has its own
+        budget, as the sync round's (:func:`.detector.connect_budget`): a node merely busy
+        answers a handshake later than the node timeout too."""
         try:
-            wire = await self._wire(index, timeout)
+            wire = await self._wire(index, connect_budget(timeout), keep_opening=True)
         except (OSError, asyncio.TimeoutError) as exc:
             return Failure("timeout") if isinstance(exc, asyncio.TimeoutError) else os_failure(exc)
-        replies = await self._pipelined(index, wire, commands, timeout)
+        replies = await self._pipelined(wire, commands)
         if isinstance(replies, Failure):
             return replies
         again = [i for i, r in enumerate(replies) if noscript(r)]
         if again:  # the node lost its script cache: the bodies once, in one more round trip
-            retried = await self._pipelined(
-                index, wire, [eval_form(commands[i]) for i in again], timeout
-            )
+            retried = await self._pipelined(wire, [eval_form(commands[i]) for i in again])
             if isinstance(retried, Failure):
                 return retried
             for i, reply in zip(again, retried, strict=True):
@@ -941,14 +997,14 @@ class AsyncRedlock(RedlockBase):
         self._state().checkin(index, wire)
         return [reply_failure(r) if isinstance(r, ReplyError) else r for r in replies]
 
-    async def _pipelined(
-        self, index: int, wire: AsyncWire, commands: list[list[Any]], timeout: float
-    ) -> list[Any] | Failure:
+    async def _pipelined(self, wire: AsyncWire, commands: list[list[Any]]) -> list[Any] | Failure:
         future = wire.request(commands)
-        done, _ = await asyncio.wait([future], timeout=timeout)
-        if not done:
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            # The round stopped waiting: the replies still due would answer a later user.
             wire.abort()
-            return Failure("timeout")
+            raise
         replies = future.result()
         if isinstance(replies, OSError):
             wire.abort()

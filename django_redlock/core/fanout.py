@@ -70,7 +70,7 @@ from .nodes import (
 )
 from .process import ThisProcess
 
-__all__ = ["FanOut", "Round", "Rounds", "Wait", "fan_out_batch"]
+__all__ = ["FanOut", "Round", "Rounds", "Wait", "batch_quorum_in", "batch_wait", "fan_out_batch"]
 
 #: Builds one node's command from the wire it will go out on (it may need the run id): the
 #: arguments, the command already encoded (the hot path encodes the shared part once), or
@@ -1340,7 +1340,6 @@ def fan_out_batch(
     poller = select.poll()
     now = time.monotonic()
     start = now
-    budget = timeout if until is None else max(until - now, timeout)
     connect_deadline = now + connect_budget(timeout)
     for index in _pooled_first(nodes):
         try:
@@ -1357,11 +1356,7 @@ def fan_out_batch(
         wire.due.append(due)
         waiting[wire.fd] = (index, wire, due)
         poller.register(wire.fd, select.POLLIN)
-    # Time in which this process did not run is given back to the nodes as usual, but a
-    # round never waits past its leases' validity for it (one node timeout at most): a wait
-    # that runs late on a loaded host, again and again, would otherwise be given back whole
-    # each time, and the round outlive every lease in it.
-    wait = Wait(budget, time.monotonic(), None if until is None else timeout)
+    wait = batch_wait(timeout, until, start, time.monotonic())
     complete = 0
     while waiting:
         events = poller.poll(wait.remaining(time.monotonic()) * 1000)
@@ -1392,10 +1387,30 @@ def fan_out_batch(
                 answered[index] = now
             complete += 1
             if quorum is not None and complete == quorum and waiting:
-                took = now - start
-                wait.deadline = min(wait.deadline, now + max(took, timeout))
+                batch_quorum_in(wait, start, now, timeout)
     for index, wire, due in waiting.values():
         due.left = True
         nodes[index].went_silent(wait.excused, due.sent)
         nodes[index].abandon(wire)
     return results
+
+
+def batch_wait(timeout: float, until: float | None, start: float, now: float) -> Wait:
+    """The wait of a pipelined round begun at ``start`` (see :func:`fan_out_batch`; the
+    asyncio client's renewal rounds wait the same): ``timeout``, or for a renewal round
+    until its leases' validity ``until``, if that is later.
+
+    Time in which this process did not run is given back to the nodes as usual, but a
+    round never waits past its leases' validity for it (one node timeout at most): a wait
+    that runs late on a loaded host, again and again, would otherwise be given back whole
+    each time, and the round outlive every lease in it."""
+    budget = timeout if until is None else max(until - start, timeout)
+    return Wait(budget, now, None if until is None else timeout)
+
+
+def batch_quorum_in(wait: Wait, start: float, now: float, timeout: float) -> None:
+    """A quorum of nodes answered the whole round begun at ``start``: a node still silent
+    gets as long again as they took (at least ``timeout``), then is left behind (the round
+    does not wait on a slow node beyond the quorum)."""
+    took = now - start
+    wait.deadline = min(wait.deadline, now + max(took, timeout))
