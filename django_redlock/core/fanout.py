@@ -496,13 +496,17 @@ def fan_out(
                             if other[0] == index:
                                 other[2].counted = True
                 replies[index] = reply
-            if not decided and enough is not None and (waiting or connecting) and enough(replies):
-                op.in_time = True
-                linger = _linger_until(connecting, timeout, slowest_open)
-                if linger is None:
-                    break
-                decided = True
-                wait.deadline = linger + wait.stalled
+            # Asked only once a majority answered: no quorum can have granted (or removed)
+            # before, and a command whose answers nobody reads would end at its first reply.
+            if not decided and enough is not None and (waiting or connecting):
+                outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
+                if 2 * (outstanding + len(connecting)) < len(nodes) and enough(replies):
+                    op.in_time = True
+                    linger = _linger_until(connecting, timeout, slowest_open)
+                    if linger is None:
+                        break
+                    decided = True
+                    wait.deadline = linger + wait.stalled
     except BaseException:
         for index, wire, _ in waiting.values():
             _put_back(nodes[index], wire, False, False)
