@@ -35,7 +35,7 @@ from .detector import (
     CONNECT_AT_LEAST,
     MAX_STALLS,
     QUICK_GAIN,
-    RTT_GAIN,
+    RTTVAR_KEEP,
     SRTT_GAIN,
     STALL_SLACK,
     connect_budget,
@@ -73,6 +73,9 @@ __all__ = ["FanOut", "Round", "Rounds", "Wait", "fan_out_batch"]
 #: arguments, the command already encoded (the hot path encodes the shared part once), or
 #: several commands with one answer (:class:`~.nodes.Pipelined`).
 CommandBuilder = Callable[[Node, Wire], Sequence[Any] | bytes | Pipelined]
+
+#: A bare instance of a class, without its ``__init__`` (the hot path's :class:`~.nodes.Due`).
+_bare = object.__new__
 
 # What a thread waiting on its fan-out is woken for (FanOut.role).
 _DONE, _LEAD, _SERVE = "done", "lead", "serve"
@@ -251,6 +254,7 @@ def fan_out(
     poller = select.poll()
     last: Any = None  # most commands are one object for every node: encoded once
     data = b""
+    count = 1  # replies it gets (a Pipelined has several)
     now = time.monotonic()
     connect_deadline = now + (timeout if timeout > CONNECT_AT_LEAST else CONNECT_AT_LEAST)
     #: Nodes whose connection is being opened for this fan-out -> their index; and what
@@ -318,11 +322,11 @@ def fan_out(
                 last = command
                 kind = command.__class__
                 if kind is Pipelined:
-                    data = command.data
+                    data, count = command.data, command.count
                 elif kind is bytes:
-                    data = command
+                    data, count = command, 1
                 else:
-                    data = as_bytes(command)
+                    data, count = as_bytes(command), 1
             try:
                 # What could not reach the node before goes out first, in the same write.
                 out = node.owe_later(wire) + data if node.later else data
@@ -339,7 +343,17 @@ def fan_out(
                 else:
                     replies[index] = os_failure(exc)
                 continue
-            due = Due(command, late, now, data if again else None, op)
+            # Due(command, late, now, data if again else None, op), written out on a bare
+            # instance: a class call that runs an __init__ costs more than all the fields.
+            due = _bare(Due)
+            due.command = command
+            due.op = op
+            due.count = count
+            due.late = late
+            due.sent = now
+            due.again = data if again else None
+            due.unwanted = due.resent = False
+            due.waited = 0.0
             wire.due.append(due)
             replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it
             waiting[wire.fd] = (index, wire, due)
@@ -454,25 +468,37 @@ def fan_out(
                     # NodeDetector.round_trip, written out (not of a script sent again after
                     # NOSCRIPT: Karn's rule, its time spans two round trips).
                     rtt = now - sent_at
-                    quick = detector.quick
-                    if quick is None or rtt < quick:
-                        detector.quick = rtt
-                    else:
-                        detector.quick = quick + QUICK_GAIN * (rtt - quick)
                     srtt = detector.srtt
                     if srtt is None:
-                        srtt, rttvar = rtt, rtt / 2
+                        detector.round_trip(rtt)  # the first: nothing to smooth yet
                     else:
+                        quick = detector.quick
+                        if quick is None or rtt < quick:
+                            detector.quick = rtt
+                        else:
+                            detector.quick = quick + QUICK_GAIN * (rtt - quick)
                         off = rtt - srtt
-                        rttvar = detector.rttvar
-                        rttvar += RTT_GAIN * ((off if off > 0.0 else -off) - rttvar)
-                        srtt += SRTT_GAIN * off
-                    detector.srtt, detector.rttvar = srtt, rttvar
-                    detector.rto = srtt + 4 * rttvar
+                        detector.srtt = srtt = srtt + SRTT_GAIN * off
+                        # RTT_GAIN is a quarter: four deviations take the new one whole.
+                        rttvar4 = RTTVAR_KEEP * detector.rttvar4 + (off if off > 0.0 else -off)
+                        detector.rttvar4 = rttvar4
+                        detector.rto = srtt + rttvar4
                 # Dropped if the server is no longer the master (checkin); closed if the
                 # pool holds what the operations use at once already (see Node.wanted).
+                idle = node._idle
                 if wire.on_replica or node.group is not None:
                     node.checkin(wire)
+                elif (
+                    len(idle) < node._wanted
+                    and node.max_connections is None
+                    and now < node._window_ends
+                    and node._open - len(idle) - len(node._draining) <= node._peak
+                ):
+                    # Node._pool's common case (a server's URL, room in the pool, no new
+                    # peak of connections in use), written out: it runs for every reply.
+                    wire.reused = True
+                    wire.idle_since = now
+                    idle.append(wire)
                 else:
                     node._pool(wire, now)  # checkin()'s common case: a server's URL
                 reply = due.reply
