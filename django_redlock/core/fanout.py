@@ -74,8 +74,13 @@ __all__ = ["FanOut", "Round", "Rounds", "Wait", "fan_out_batch"]
 #: several commands with one answer (:class:`~.nodes.Pipelined`).
 CommandBuilder = Callable[[Node, Wire], Sequence[Any] | bytes | Pipelined]
 
-#: A bare instance of a class, without its ``__init__`` (the hot path's :class:`~.nodes.Due`).
+#: A bare instance of a class, without its ``__init__``: the hot path sets the fields of its
+#: :class:`~.nodes.Due`, :class:`Wait` and :class:`FanOut` itself (a class call that runs an
+#: ``__init__`` costs more than all of them).
 _bare = object.__new__
+
+#: A :class:`Wait`'s credit when nothing caps it.
+_NO_CAP = float("inf")
 
 # What a thread waiting on its fan-out is woken for (FanOut.role).
 _DONE, _LEAD, _SERVE = "done", "lead", "serve"
@@ -94,6 +99,7 @@ class Wait:
     __slots__ = ("asked", "budget", "clean", "credit", "deadline", "last", "stalled", "stalls")
 
     def __init__(self, budget: float, now: float, cap: float | None = None) -> None:
+        # fan_out() sets these on a bare instance (its hot path): keep the two alike.
         self.budget = budget
         #: Time waited since the last stall, without one.
         self.clean = 0.0
@@ -103,7 +109,7 @@ class Wait:
         #: Seconds given back, and how many stalls they came from.
         self.stalled = 0.0
         self.stalls = 0
-        self.credit = float("inf") if cap is None else cap
+        self.credit = _NO_CAP if cap is None else cap
 
     @property
     def excused(self) -> bool:
@@ -195,6 +201,7 @@ class FanOut:
         behind: Mapping[int, Owing] | None = None,
         idempotent: bool = False,
     ) -> None:
+        # Rounds.fan_out sets these on a bare instance (its hot path): keep the two alike.
         self.build = build
         self.late = late
         self.enough = enough
@@ -343,8 +350,7 @@ def fan_out(
                 else:
                     replies[index] = os_failure(exc)
                 continue
-            # Due(command, late, now, data if again else None, op), written out on a bare
-            # instance: a class call that runs an __init__ costs more than all the fields.
+            # Due(command, late, now, data if again else None, op), written out (see _bare).
             due = _bare(Due)
             due.command = command
             due.op = op
@@ -361,7 +367,14 @@ def fan_out(
         for index in stale:
             _resend_one(nodes, index, op, waiting, poller, timeout)
         # Connecting is not the nodes' silence: their time starts once the command is out.
-        wait = Wait(timeout, time.monotonic())
+        # Wait(timeout, time.monotonic()), written out on a bare instance (as the Due).
+        wait = _bare(Wait)
+        wait.budget = timeout
+        wait.last = started = time.monotonic()
+        wait.deadline = started + timeout
+        wait.clean = wait.asked = wait.stalled = 0.0
+        wait.stalls = 0
+        wait.credit = _NO_CAP
         need = len(nodes) - op.majority  # a majority
         #: Until when the nodes whose command is out get to answer (moved out for a node
         #: whose command went out once its connection was open).
@@ -1207,6 +1220,8 @@ class Rounds:
         self._leading = False
         #: The thread signal handlers run in (a forked child builds new Rounds).
         self._main = threading.main_thread().ident
+        #: A :class:`FanOut`'s ``majority`` over these nodes.
+        self._majority = len(nodes) - (len(nodes) // 2 + 1)
 
     def fan_out(
         self,
@@ -1224,7 +1239,19 @@ class Rounds:
         (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone.
         ``hedge`` builds the copy a late node gets on a second connection (an idempotent
         command's is itself; see :func:`fan_out`)."""
-        op = FanOut(len(self.nodes), build, late, enough, left, behind, idempotent)
+        # FanOut(len(self.nodes), build, late, enough, left, behind, idempotent), written
+        # out (see _bare): two per lock cycle.
+        op = _bare(FanOut)
+        op.build = build
+        op.late = late
+        op.enough = enough
+        op.left = left
+        op.behind = behind
+        op.idempotent = idempotent
+        op.cut = op.undone = None
+        op.pending = count = len(self.nodes)
+        op.replies = [NOT_SENT] * count
+        op.majority = self._majority
         hedge = hedge if hedge is not None or not idempotent else build
         if hedge is not None:
             op.hedge = hedge
