@@ -1167,7 +1167,12 @@ class AsyncFanOut:
             self._final(index, word)
             return
         self.replies[index] = word
-        if self.left and self.enough is not None and self.enough(self.replies):
+        if (
+            self.left
+            and 2 * self.left < len(self.nodes)
+            and self.enough is not None
+            and self.enough(self.replies)
+        ):
             self._enough()
 
     def _send(
@@ -1340,7 +1345,12 @@ class AsyncFanOut:
         if not self.left:
             if self.waiter is not None:
                 settle(self.waiter, None)
-        elif self.enough is not None and self.enough(self.replies):
+        # Asked only once a majority answered, as the sync fan-out asks it (see FanOut).
+        elif (
+            2 * self.left < len(self.nodes)
+            and self.enough is not None
+            and self.enough(self.replies)
+        ):
             self._enough()
 
     def _enough(self) -> None:

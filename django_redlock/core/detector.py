@@ -37,6 +37,7 @@ __all__ = [
     "MISSES_TO_DOWN",
     "QUICK_GAIN",
     "REPLY_BUDGET_CAP",
+    "RTTVAR_KEEP",
     "RTT_GAIN",
     "SRTT_GAIN",
     "STALL_SLACK",
@@ -77,8 +78,12 @@ CONNECT_AT_LEAST = 1.0
 QUICK_GAIN = 0.02
 
 #: The gains of the smoothed round trip and of its mean deviation (RFC 6298's, as TCP's).
+#: The deviation is kept four times over (``rttvar4``, the timeout's term ``K * RTTVAR``):
+#: with a gain of a quarter, the new deviation goes into it whole, beside
+#: :data:`RTTVAR_KEEP` of the old (the fan-out's hot path counts on that quarter).
 SRTT_GAIN = 0.125
 RTT_GAIN = 0.25
+RTTVAR_KEEP = 1 - RTT_GAIN
 
 #: The most an operation's reply budget follows the nodes' round trips to (seconds): on a
 #: busy host (replies 100-300 ms late at the 99th percentile beside CPU burners and 32

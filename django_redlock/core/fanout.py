@@ -35,7 +35,7 @@ from .detector import (
     CONNECT_AT_LEAST,
     MAX_STALLS,
     QUICK_GAIN,
-    RTT_GAIN,
+    RTTVAR_KEEP,
     SRTT_GAIN,
     STALL_SLACK,
     connect_budget,
@@ -77,6 +77,14 @@ __all__ = ["FanOut", "Round", "Rounds", "Wait", "batch_quorum_in", "batch_wait",
 #: several commands with one answer (:class:`~.nodes.Pipelined`).
 CommandBuilder = Callable[[Node, Wire], Sequence[Any] | bytes | Pipelined]
 
+#: A bare instance of a class, without its ``__init__``: the hot path sets the fields of its
+#: :class:`~.nodes.Due`, :class:`Wait` and :class:`FanOut` itself (a class call that runs an
+#: ``__init__`` costs more than all of them).
+_bare = object.__new__
+
+#: A :class:`Wait`'s credit when nothing caps it.
+_NO_CAP = float("inf")
+
 # What a thread waiting on its fan-out is woken for (FanOut.role).
 _DONE, _LEAD, _SERVE = "done", "lead", "serve"
 
@@ -94,6 +102,7 @@ class Wait:
     __slots__ = ("asked", "budget", "clean", "credit", "deadline", "last", "stalled", "stalls")
 
     def __init__(self, budget: float, now: float, cap: float | None = None) -> None:
+        # fan_out() sets these on a bare instance (its hot path): keep the two alike.
         self.budget = budget
         #: Time waited since the last stall, without one.
         self.clean = 0.0
@@ -103,7 +112,7 @@ class Wait:
         #: Seconds given back, and how many stalls they came from.
         self.stalled = 0.0
         self.stalls = 0
-        self.credit = float("inf") if cap is None else cap
+        self.credit = _NO_CAP if cap is None else cap
 
     @property
     def excused(self) -> bool:
@@ -195,6 +204,7 @@ class FanOut:
         behind: Mapping[int, Owing] | None = None,
         idempotent: bool = False,
     ) -> None:
+        # Rounds.fan_out sets these on a bare instance (its hot path): keep the two alike.
         self.build = build
         self.late = late
         self.enough = enough
@@ -254,6 +264,7 @@ def fan_out(
     poller = select.poll()
     last: Any = None  # most commands are one object for every node: encoded once
     data = b""
+    count = 1  # replies it gets (a Pipelined has several)
     now = time.monotonic()
     connect_deadline = now + (timeout if timeout > CONNECT_AT_LEAST else CONNECT_AT_LEAST)
     #: Nodes whose connection is being opened for this fan-out -> their index; and what
@@ -321,11 +332,11 @@ def fan_out(
                 last = command
                 kind = command.__class__
                 if kind is Pipelined:
-                    data = command.data
+                    data, count = command.data, command.count
                 elif kind is bytes:
-                    data = command
+                    data, count = command, 1
                 else:
-                    data = as_bytes(command)
+                    data, count = as_bytes(command), 1
             try:
                 # What could not reach the node before goes out first, in the same write.
                 out = node.owe_later(wire) + data if node.later else data
@@ -342,7 +353,16 @@ def fan_out(
                 else:
                     replies[index] = os_failure(exc)
                 continue
-            due = Due(command, late, now, data if again else None, op)
+            # Due(command, late, now, data if again else None, op), written out (see _bare).
+            due = _bare(Due)
+            due.command = command
+            due.op = op
+            due.count = count
+            due.late = late
+            due.sent = now
+            due.again = data if again else None
+            due.unwanted = due.resent = False
+            due.waited = 0.0
             wire.due.append(due)
             replies[index] = TIMED_OUT  # out: it runs on the node when the node gets to it
             waiting[wire.fd] = (index, wire, due)
@@ -350,7 +370,14 @@ def fan_out(
         for index in stale:
             _resend_one(nodes, index, op, waiting, poller, timeout)
         # Connecting is not the nodes' silence: their time starts once the command is out.
-        wait = Wait(timeout, time.monotonic())
+        # Wait(timeout, time.monotonic()), written out on a bare instance (as the Due).
+        wait = _bare(Wait)
+        wait.budget = timeout
+        wait.last = started = time.monotonic()
+        wait.deadline = started + timeout
+        wait.clean = wait.asked = wait.stalled = 0.0
+        wait.stalls = 0
+        wait.credit = _NO_CAP
         need = len(nodes) - op.majority  # a majority
         #: Until when the nodes whose command is out get to answer (moved out for a node
         #: whose command went out once its connection was open).
@@ -457,25 +484,37 @@ def fan_out(
                     # NodeDetector.round_trip, written out (not of a script sent again after
                     # NOSCRIPT: Karn's rule, its time spans two round trips).
                     rtt = now - sent_at
-                    quick = detector.quick
-                    if quick is None or rtt < quick:
-                        detector.quick = rtt
-                    else:
-                        detector.quick = quick + QUICK_GAIN * (rtt - quick)
                     srtt = detector.srtt
                     if srtt is None:
-                        srtt, rttvar = rtt, rtt / 2
+                        detector.round_trip(rtt)  # the first: nothing to smooth yet
                     else:
+                        quick = detector.quick
+                        if quick is None or rtt < quick:
+                            detector.quick = rtt
+                        else:
+                            detector.quick = quick + QUICK_GAIN * (rtt - quick)
                         off = rtt - srtt
-                        rttvar = detector.rttvar
-                        rttvar += RTT_GAIN * ((off if off > 0.0 else -off) - rttvar)
-                        srtt += SRTT_GAIN * off
-                    detector.srtt, detector.rttvar = srtt, rttvar
-                    detector.rto = srtt + 4 * rttvar
+                        detector.srtt = srtt = srtt + SRTT_GAIN * off
+                        # RTT_GAIN is a quarter: four deviations take the new one whole.
+                        rttvar4 = RTTVAR_KEEP * detector.rttvar4 + (off if off > 0.0 else -off)
+                        detector.rttvar4 = rttvar4
+                        detector.rto = srtt + rttvar4
                 # Dropped if the server is no longer the master (checkin); closed if the
                 # pool holds what the operations use at once already (see Node.wanted).
+                idle = node._idle
                 if wire.on_replica or node.group is not None:
                     node.checkin(wire)
+                elif (
+                    len(idle) < node._wanted
+                    and node.max_connections is None
+                    and now < node._window_ends
+                    and node._open - len(idle) - len(node._draining) <= node._peak
+                ):
+                    # Node._pool's common case (a server's URL, room in the pool, no new
+                    # peak of connections in use), written out: it runs for every reply.
+                    wire.reused = True
+                    wire.idle_since = now
+                    idle.append(wire)
                 else:
                     node._pool(wire, now)  # checkin()'s common case: a server's URL
                 reply = due.reply
@@ -499,13 +538,17 @@ def fan_out(
                             if other[0] == index:
                                 other[2].counted = True
                 replies[index] = reply
-            if not decided and enough is not None and (waiting or connecting) and enough(replies):
-                op.in_time = True
-                linger = _linger_until(connecting, timeout, slowest_open)
-                if linger is None:
-                    break
-                decided = True
-                wait.deadline = linger + wait.stalled
+            # Asked only once a majority answered: no quorum can have granted (or removed)
+            # before, and a command whose answers nobody reads would end at its first reply.
+            if not decided and enough is not None and (waiting or connecting):
+                outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
+                if 2 * (outstanding + len(connecting)) < len(nodes) and enough(replies):
+                    op.in_time = True
+                    linger = _linger_until(connecting, timeout, slowest_open)
+                    if linger is None:
+                        break
+                    decided = True
+                    wait.deadline = linger + wait.stalled
     except BaseException:
         for index, wire, _ in waiting.values():
             _put_back(nodes[index], wire, False, False)
@@ -1180,6 +1223,8 @@ class Rounds:
         self._leading = False
         #: The thread signal handlers run in (a forked child builds new Rounds).
         self._main = threading.main_thread().ident
+        #: A :class:`FanOut`'s ``majority`` over these nodes.
+        self._majority = len(nodes) - (len(nodes) // 2 + 1)
 
     def fan_out(
         self,
@@ -1197,7 +1242,19 @@ class Rounds:
         (see :class:`FanOut`). With a ``timeout`` other than the node timeout it goes alone.
         ``hedge`` builds the copy a late node gets on a second connection (an idempotent
         command's is itself; see :func:`fan_out`)."""
-        op = FanOut(len(self.nodes), build, late, enough, left, behind, idempotent)
+        # FanOut(len(self.nodes), build, late, enough, left, behind, idempotent), written
+        # out (see _bare): two per lock cycle.
+        op = _bare(FanOut)
+        op.build = build
+        op.late = late
+        op.enough = enough
+        op.left = left
+        op.behind = behind
+        op.idempotent = idempotent
+        op.cut = op.undone = None
+        op.pending = count = len(self.nodes)
+        op.replies = [NOT_SENT] * count
+        op.majority = self._majority
         hedge = hedge if hedge is not None or not idempotent else build
         if hedge is not None:
             op.hedge = hedge

@@ -898,7 +898,7 @@ class NodeDetector:
         "quick",
         "reason",
         "rto",
-        "rttvar",
+        "rttvar4",
         "srtt",
     )
 
@@ -935,10 +935,11 @@ class NodeDetector:
         #: :data:`.detector.QUICK_GAIN` of the difference, so a reply late by a retransmission
         #: barely moves it (the smoothed round trip takes an eighth of it).
         self.quick: float | None = None
-        #: The round trips' mean deviation, and the time by which a reply is late: ``srtt +
-        #: 4 * rttvar`` (0 before the first round trip). RFC 6298's, as TCP's retransmission
-        #: timeout: the operations' reply budget follows it (:func:`.detector.reply_budget`).
-        self.rttvar = 0.0
+        #: Four times the round trips' mean deviation (:attr:`rttvar`), and the time by which
+        #: a reply is late: ``srtt + rttvar4`` (0 before the first round trip). RFC 6298's, as
+        #: TCP's retransmission timeout: the operations' reply budget follows it
+        #: (:func:`.detector.reply_budget`). Kept four times over, as that sum needs it.
+        self.rttvar4 = 0.0
         self.rto = 0.0
         #: When the newest command the node answered (on any connection) was sent; -inf
         #: before the first answer that says.
@@ -949,6 +950,11 @@ class NodeDetector:
     @property
     def down(self) -> bool:
         return self.down_since is not None
+
+    @property
+    def rttvar(self) -> float:
+        """The round trips' mean deviation (RFC 6298's ``RTTVAR``; 0 before the first)."""
+        return self.rttvar4 / 4
 
     def answered(self, now: float, sent: float | None = None) -> bool:
         """The node answered (a reply, a probe's connection): its misses are forgotten and,
@@ -977,11 +983,11 @@ class NodeDetector:
         self.quick = rtt if quick is None or rtt < quick else quick + QUICK_GAIN * (rtt - quick)
         srtt = self.srtt
         if srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
+            self.srtt, self.rttvar4 = rtt, 2 * rtt  # RFC 6298: RTTVAR is half the first
         else:
-            self.rttvar += RTT_GAIN * (abs(rtt - srtt) - self.rttvar)
+            self.rttvar4 += RTT_GAIN * (4 * abs(rtt - srtt) - self.rttvar4)
             self.srtt = srtt + SRTT_GAIN * (rtt - srtt)
-        self.rto = self.srtt + 4 * self.rttvar
+        self.rto = self.srtt + self.rttvar4
 
     def late_reply(self, read: float, waited: float) -> None:
         """A reply read ``read`` seconds after its command went out, by whoever read its
@@ -1001,7 +1007,7 @@ class NodeDetector:
         srtt = self.srtt
         if srtt is None:
             return self.node_timeout
-        rto = far_rto(srtt + 4 * self.rttvar, srtt, self.node_timeout)
+        rto = far_rto(srtt + self.rttvar4, srtt, self.node_timeout)
         return reply_budget(self.node_timeout, (rto,), 1)
 
     def heard_since(self, when: float) -> bool:
