@@ -397,6 +397,49 @@ def test_a_refused_attempt_with_a_frozen_node_costs_one_node_timeout(
     assert took < 1.5 * timeout, took
 
 
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_a_fresh_clients_refused_attempt_with_a_frozen_node_costs_one_node_timeout(
+    redis_cluster_factory, client
+) -> None:
+    """A client that never had a connection to the frozen node (a new worker): its refused
+    attempt waits one node timeout for the node's connection, and its undo does not wait
+    again: nothing went out on a connection that never opened (the asyncio client paid two
+    node timeouts per refusal, an outside tester found)."""
+    cluster = redis_cluster_factory(3)
+    setup = Redlock(cluster.urls)
+    warm_up(setup)
+    setup.close()
+    for node in cluster:
+        occupy(node, "busy", ms=60_000, token="holder")
+    # Shorter than the connect budget (1 s), which the refusal must not wait for.
+    timeout = 0.3
+
+    def sync() -> float:
+        rl = Redlock(cluster.urls, node_timeout=timeout)
+        try:
+            cluster[2].pause()
+            started = time.monotonic()
+            assert rl.lock("busy").acquire(blocking=False) is False
+            return time.monotonic() - started
+        finally:
+            cluster[2].resume()
+            rl.close()
+
+    async def async_() -> float:
+        rl = AsyncRedlock(cluster.urls, node_timeout=timeout)
+        try:
+            cluster[2].pause()
+            started = time.monotonic()
+            assert await rl.lock("busy").acquire(blocking=False) is False
+            return time.monotonic() - started
+        finally:
+            cluster[2].resume()
+            await rl.close()
+
+    took = sync() if client == "sync" else asyncio.run(async_())
+    assert took < 1.5 * timeout, took
+
+
 # ---- a lease that simply ran out is LockNotOwned on release ---------------------------------
 
 

@@ -29,7 +29,16 @@ from typing import Any, Protocol, TypeVar
 from .errors import QuorumError
 from .events import Listener, LockEvent, emit
 from .lock import Lease, LockBase
-from .nodes import BEHIND_LATE, TIMED_OUT, Failure, Node, Pipelined, reached
+from .nodes import (
+    BEHIND_LATE,
+    NOT_CONNECTED,
+    NOT_SENT,
+    TIMED_OUT,
+    Failure,
+    Node,
+    Pipelined,
+    reached,
+)
 
 __all__ = [
     "Algorithm",
@@ -665,8 +674,13 @@ def keep_unreached(nodes: list[Node], command: bytes, replies: list[Any]) -> Non
 
 def _may_have_set(replies: list[Any]) -> bool:
     """Whether an acquire's replies leave our key possibly set on a node: a grant, or no
-    clear answer (a failure: the command may have run)."""
-    return any((r.__class__ is list and r[0] == 0) or isinstance(r, Failure) for r in replies)
+    clear answer (a failure: the command may have run; not where it never went out, as to
+    a node whose connection was still opening)."""
+    return any(
+        (r.__class__ is list and r[0] == 0)
+        or (isinstance(r, Failure) and r is not NOT_CONNECTED and r is not NOT_SENT)
+        for r in replies
+    )
 
 
 def _any_answers(replies: list[Any]) -> bool:
