@@ -268,3 +268,14 @@ def held_by_someone_else(name: str, ttl: float = 10.0) -> Iterator[Any]:
         yield lock
     finally:
         lock.release()
+
+
+def script_calls(nodes: Iterable[RedisNode]) -> list[int]:
+    """EVAL + EVALSHA calls each node has served (INFO commandstats)."""
+    out = []
+    for node in nodes:
+        stats = node.info("commandstats")
+        out.append(
+            sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
+        )
+    return out

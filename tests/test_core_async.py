@@ -31,22 +31,12 @@ from tests.helpers import (
     node_client,
     pttls_on_nodes,
     run_python,
+    script_calls,
     settled_lock_keys,
     settled_tokens,
     tokens_on_nodes,
     wait_until,
 )
-
-
-def script_calls(nodes) -> list[int]:
-    """EVAL + EVALSHA calls each node has served (INFO commandstats)."""
-    out = []
-    for node in nodes:
-        stats = node.info("commandstats")
-        out.append(
-            sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
-        )
-    return out
 
 
 def connected_clients(nodes) -> list[int]:

@@ -21,6 +21,7 @@ from tests.helpers import (
     held_everywhere,
     pttls_on_nodes,
     release_listeners,
+    script_calls,
     settled_lock_keys,
     settled_tokens,
     wait_until,
@@ -28,17 +29,6 @@ from tests.helpers import (
 )
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
-
-
-def script_calls(nodes) -> list[int]:
-    """EVAL + EVALSHA calls each node has served (INFO commandstats)."""
-    out = []
-    for node in nodes:
-        stats = node.info("commandstats")
-        out.append(
-            sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
-        )
-    return out
 
 
 def test_acquire_release_held_validity_check(redis_nodes: RedisCluster, make_redlock) -> None:

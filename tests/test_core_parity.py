@@ -63,17 +63,6 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(scenario())
 
 
-def script_calls(nodes: RedisCluster) -> list[int]:
-    """EVAL + EVALSHA calls each node has served (INFO commandstats)."""
-    out = []
-    for node in nodes:
-        stats = node.info("commandstats")
-        out.append(
-            sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
-        )
-    return out
-
-
 async def warm(rl: Redlock | AsyncRedlock, name: str = "warm-up") -> None:
     """tests.helpers.warm_up for either client."""
     lock = rl.lock(name)
