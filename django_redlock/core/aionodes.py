@@ -30,7 +30,7 @@ from typing import Any
 import redis
 
 from .detector import connect_budget
-from .fanout import Wait, linger_for
+from .fanout import Wait, linger_for, suspect_linger
 from .hedging import copies_allowed, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
@@ -445,7 +445,7 @@ async def open_wire(
     adopted = await _adopt(node, loop)
     if adopted is not None:
         return adopted
-    failure = node.unreachable() if spare else node.not_now()
+    failure = node.unreachable()
     if failure is not None:
         raise WireError(failure)
     started = loop.time()
@@ -1239,6 +1239,12 @@ class AsyncFanOut:
         until = self.reply_until
         if short and self.connect_until > until:
             until = self.connect_until
+        if self.tasks and self.left == len(self.tasks):
+            # Only nodes being connected to are left: those that missed an answer lately
+            # may be frozen, and are waited for a little (as by the sync fan-out).
+            suspect = self._suspect_linger()
+            if suspect and self.sent + suspect < until:
+                until = self.sent + suspect
         self.wait.deadline = until + self.wait.stalled
         if self.waiter is not None:
             settle(self.waiter, None)
@@ -1352,6 +1358,22 @@ class AsyncFanOut:
             and self.enough(self.replies)
         ):
             self._enough()
+        elif self.left == len(self.tasks) and not self.lingering:
+            self._retime()  # only nodes being connected to are left (see _retime)
+
+    def _suspect_linger(self) -> float:
+        """How long from the start the nodes being connected to are waited for when every
+        one of them missed an answer lately (:func:`.fanout.suspect_linger`, as the sync
+        fan-out's); 0 when some did not."""
+        longest = 0.0
+        for index in self.tasks:
+            node = self.nodes[index]
+            if not node.missed_lately():
+                return 0.0
+            linger = suspect_linger(node, self.timeout)
+            if linger > longest:
+                longest = linger
+        return longest
 
     def _enough(self) -> None:
         """``enough`` held: the wait ends, unless nodes are still being connected to; then
@@ -1360,7 +1382,9 @@ class AsyncFanOut:
         client's first lock is not lost to its handshake (each command goes out once its
         connection is open; its reply is owed, as a slow node's is)."""
         if self.tasks and not self.lingering:
-            until = self.sent + linger_for(self.timeout, self.slowest_open)
+            until = self.sent + (
+                self._suspect_linger() or linger_for(self.timeout, self.slowest_open)
+            )
             if until > self.pool.loop.time():
                 self.lingering = True
                 self.wait.deadline = until + self.wait.stalled

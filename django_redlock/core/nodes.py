@@ -385,6 +385,10 @@ def unfinished(dues: Iterable[Due]) -> list[bytes]:
     return kept
 
 
+#: How many of a node's round trips a reply may be owed for and still be on its way (see
+#: :meth:`Node._held_up`).
+HELD_UP_ROUND_TRIPS = 2
+
 #: A new connection's first round trip: INFO (the run id and start of the server, and
 #: whether it is a replica), and the release script loaded, so a release (an ``EVALSHA``)
 #: whose answer nobody reads in time does not meet a ``NOSCRIPT`` on a server that restarted
@@ -1173,6 +1177,8 @@ class Node:
         self._probing: tuple[int, float] | None = None
         #: Spare connections being opened (:meth:`want_spare`).
         self._spares = 0
+        #: The reconnector's connections being opened (:meth:`reconnect`).
+        self._probes = 0
         self._spares_lock = threading.Lock()
         #: Connections being opened for fan-outs on threads of their own (:meth:`open_for`),
         #: when the oldest of them began (``time.monotonic``), and the fan-outs waiting for
@@ -1266,9 +1272,10 @@ class Node:
 
     def checkout_pooled(self, deadline: float) -> Wire | None:
         """:meth:`checkout`, but None where it would open a new connection: the caller has
-        one opened in the background (:meth:`open_for`) rather than wait for its handshake.
-        Raises :class:`WireError` at once while the node must not be connected to now
-        (:meth:`not_now`)."""
+        one opened in the background (:meth:`open_for`) rather than wait for its handshake
+        (also where every connection owes a reply held up far beyond the node's round trip:
+        :meth:`_held_up`). Raises :class:`WireError` at once while the node is down
+        (:meth:`unreachable`)."""
         return self._checkout(deadline, False)
 
     def _checkout(self, deadline: float, connect: bool) -> Wire | None:
@@ -1288,6 +1295,7 @@ class Node:
             self._idle = deque()
             self._draining = deque()
             self._spares = 0
+            self._probes = 0
             # The parent's threads opening connections did not come along.
             self._opening = 0
             self._waiting = set()
@@ -1352,6 +1360,12 @@ class Node:
             # timeout beats counting the node out. A spare is opened in the background.
             self.want_spare()
             return due
+        if self._draining and not connect and self._held_up():
+            # Every connection owes a reply held up far beyond the node's round trip (a lost
+            # packet, or a frozen node): one is opened in the background, and the operation
+            # waits for it as for any connection being opened, a little (a frozen node's
+            # costs it a fraction of the node timeout: see fanout.suspect_linger).
+            return None
         if self._draining and not self._worth_waiting():
             # Every connection owes a reply past its deadline: the node is frozen, or behind
             # a lossy link, where a handshake may be late too. Others are opened in the
@@ -1370,7 +1384,7 @@ class Node:
         if self.max_connections is not None and self._await_room(deadline):
             return self._checkout(deadline, connect)
         if not connect:
-            failure = self.not_now()
+            failure = self.unreachable()
             if failure is not None:
                 raise WireError(failure)
             return None
@@ -1380,6 +1394,22 @@ class Node:
             if exc.failure is not AT_CAP:
                 raise
         return self._checkout(deadline, connect)  # another thread took the last slot first
+
+    def _held_up(self) -> bool:
+        """Whether the oldest reply owed on a set-aside connection has been owed for more
+        than :data:`HELD_UP_ROUND_TRIPS` of the node's round trips while the node is not
+        down: it is not on its way (a far node's reply owed for less is, and a new
+        connection's handshake would take longer than waiting for it). Not while another
+        operation uses a connection to the node or one is being opened: on a busy host,
+        where replies are late everywhere, that would open ever more."""
+        quick = self.detector.quick
+        if quick is None or self.unreachable() is not None:
+            return False
+        # (Those being opened in the background for the pool are no operation's.)
+        if self._opening or self._open - self._spares - self._probes > len(self._draining):
+            return False  # one is being opened for an operation, or one in use comes back
+        oldest = min((w.due[0].sent for w, _ in list(self._draining) if w.due), default=None)
+        return oldest is not None and time.monotonic() - oldest > HELD_UP_ROUND_TRIPS * quick
 
     def _worth_waiting(self) -> bool:
         """Whether :attr:`max_connections` are open and some are in use (not all set aside
@@ -1573,8 +1603,8 @@ class Node:
 
     def connect(self, timeout: float) -> Wire:
         """A new connection, within ``timeout`` seconds; raises :class:`WireError` (at once
-        while the node must not be connected to now: :meth:`not_now`)."""
-        failure = self.not_now()
+        while the node is down: :meth:`unreachable`)."""
+        failure = self.unreachable()
         if failure is not None:
             raise WireError(failure)
         started = time.monotonic()
@@ -1620,10 +1650,10 @@ class Node:
         )
 
     def not_now(self) -> Failure | None:
-        """Why an operation must not connect to the node itself now: it is down
+        """Why no spare connection is opened to the node now: it is down
         (:meth:`unreachable`), or it just missed an answer and the reconnector is connecting
-        to it in the background (an operation waiting to connect would pay a node timeout
-        for a node that may be silent; a live one is back in the pool within a round trip)."""
+        to it in the background (:meth:`missed_lately`). An operation may still have one
+        opened for itself, and waits for it only a little (:func:`.fanout.suspect_linger`)."""
         failure = self.unreachable()
         if failure is not None:
             return failure
@@ -1631,6 +1661,13 @@ class Node:
         if probing is None or probing[0] != ThisProcess.pid:
             return None
         return Failure("timeout", "missed an answer; connecting in the background")
+
+    def missed_lately(self) -> bool:
+        """Whether the node missed an answer (excused or not) and has not answered since: it
+        may be frozen, so an operation waits for a new connection to it only a little
+        (:func:`.fanout.suspect_linger`)."""
+        probing = self._probing
+        return probing is not None and probing[0] == ThisProcess.pid
 
     def mark_late(self, now: float) -> None:
         """A reply of this node came later than the node timeout, or a connection had to be
@@ -1643,9 +1680,9 @@ class Node:
         """A connection attempt, or a command, got no answer within its budget: one miss
         (``excused``, ``since``: as :meth:`NodeDetector.missed`; a late reply's connection is
         read as it comes: see :meth:`abandon`). The reconnector connects to the node in the
-        background, and operations use what it opens (:meth:`not_now`); once the misses are
-        evidence that it is down (:mod:`.detector`), it counts as failed at once until it
-        answers again."""
+        background, and operations wait for their own new connections to it only a little
+        (:meth:`missed_lately`); once the misses are evidence that it is down
+        (:mod:`.detector`), it counts as failed at once until it answers again."""
         if self.unreachable() is not None:
             return
         if since is not None and self.detector.heard_since(since):
@@ -1667,6 +1704,7 @@ class Node:
             return True
         budget = connect_budget(self.node_timeout)
         started = time.monotonic()
+        self._probes += 1
         try:
             self.locate()
             wire = Wire(self, budget)
@@ -1682,6 +1720,8 @@ class Node:
             if self.detector.missed(now, excused=overrun(budget, now - started) > 0):
                 self._silent = (ThisProcess.pid, now)
             return False
+        finally:
+            self._probes -= 1
         if self.unreachable() is None and self._probing is None:  # closed meanwhile
             wire.close()
             return True
