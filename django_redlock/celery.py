@@ -273,47 +273,357 @@ _not_installed_warned = False
 
 class _TaskRun:
     """The lock side of one run of a LockedTask: the lock handle, the waiting slot, and what
-    the worker was told, so that :meth:`LockedTask._end_run` undoes all of it in one place
-    whatever exception lands where."""
+    the worker was told, so that :meth:`end` undoes all of it in one place whatever
+    exception lands where."""
 
-    def __init__(
-        self,
-        task: LockedTask,
-        request: Any,
-        header: dict[str, Any],
-        opts: LockOptions,
-        redlock: Redlock,
-        lock: Any,
-    ) -> None:
-        self.task = task
-        self.request = request
-        self.task_id: str | None = request.id
+    def __init__(self, task: LockedTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        request = self.request = task.request
+        self.task, self.name, self.task_id = task, task.name, request.id
         #: The message's ``redlock`` header: per-call options and the bookkeeping below.
-        self.header = header
-        self.opts = opts
+        self.header = header = _checked_header_of(request, f"task {task.name} (redlock header)")
+        self.opts = opts = task.lock_options(header)
+        self.redlock = redlock = task.get_redlock()
         #: Re-schedules this task has had for a busy lock so far.
         self.lock_retries = int(header.get(_LOCK_RETRIES, 0) or 0)
-        self.redlock = redlock
-        self.lock = lock
+        name = task.lock_name(args, kwargs, opts)
+        ttl, renew, renew_for = task._lease_for(request, opts, redlock)
+        meta = {
+            "task_id": self.task_id,
+            "task": self.name,
+            "worker": request.hostname,
+            "args": _summary(args, kwargs),
+            "attempt": f"{request.retries or 0}.{self.lock_retries}",
+            "on_locked": opts.on_locked,
+            **_hold_times.meta(self.name),
+        }
+        owner = ("celery", self.task_id or id(request))
+        lease: dict[str, Any] = {"auto_renew": renew, "renew_for": renew_for, "meta": meta}
+        if opts.limit is not None:
+            # A semaphore per key: up to lock_limit runs at once, each holding a permit.
+            self.lock = redlock.semaphore(name, opts.limit, ttl, owner=owner, **lease)
+        else:
+            self.lock = redlock.lock(name, ttl=ttl, reentrant=False, owner=owner, **lease)
         self.slot: Any = None
         #: Between the report of a wait and the report of its end: the worker's main process
-        #: suspended the task's time limits, and stops the task on a revoke.
-        self.waiting = False
-        self.reported = False
-        #: The soft time limit signal came while this run waited (see :meth:`_hear_stops`).
-        self.stop_signalled = False
+        #: suspended the task's time limits, and stops the task on a revoke. ``stop_signalled``:
+        #: the soft time limit signal came while this run waited (see :meth:`_hear_stops`).
+        self.waiting = self.reported = self.stop_signalled = False
         self._unhear: Callable[[], None] | None = None
-        hooks = _worker_hooks
+        self.eager = bool(request.is_eager or request.called_directly)
         # The hooks of the worker running this task's app (another app's worker may run in
         # this process too, in a test suite).
+        hooks = _worker_hooks
         self.hooks = hooks if hooks is not None and hooks.app is task.app else None
-        if self.hooks is None and not _eager(request):
+        if self.hooks is None and not self.eager:
             _warn_not_installed(task)
 
-    def acquire(self, *, blocking: bool, timeout: float | None = None) -> bool:
-        # An exception raised inside acquire (a soft time limit, a revoke's signal) is the
-        # core's to undo: it releases a lease it won but could not hand back.
-        return bool(self.lock.acquire(blocking=blocking, timeout=timeout))
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        logger.log(level, "task %s[%s]" + msg, self.name, self.task_id, *args, **kwargs)
+
+    def __call__(self, body: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        lock, opts = self.lock, self.opts
+        # One try from the first attempt to the end: an exception landing anywhere (a soft
+        # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
+        # and the task body still releases both (end).
+        current: Any = None
+        began: float | None = None
+        stopped: BaseException | None = None
+        revoked = False
+        try:
+            try:
+                acquired, holder = self.take()
+            except QuorumError as exc:
+                # Too few nodes answered: nobody knows whether the key is free. "retry" and
+                # "skip" re-schedule (a skip needs a holder to skip for); "wait" and "raise"
+                # fail.
+                self.log(logging.WARNING, ": lock %s unavailable: %s", *_shown(lock.name, exc))
+                if opts.on_locked in ("retry", "skip") and not self.eager:
+                    self.retry_later(exc, self.task._countdown(opts, self.lock_retries, {}))
+                self.release_queued()
+                raise
+            if not acquired:
+                return self.locked_out(args, kwargs, holder)
+            _probe("acquired", self.task_id)
+            self.release_queued()
+            # Not an attribute of the request: Celery copies unknown request attributes into
+            # the headers of any message the task sends (retries included).
+            current = _current_lock.set(lock)
+            _held[id(lock)] = lock
+            began = time.monotonic()
+            _probe("before-run", self.task_id)
+            return body(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # The pool process is being stopped (a cold shutdown, a terminate): the task did
+            # not finish, and its key is freed for the next one below; operators must see it.
+            stopped = exc
+            raise
+        except (SoftTimeLimitExceeded, _RevokedWhileWaiting) as exc:
+            if not self.stopped_while_waiting(exc):
+                raise
+            revoked = True
+            raise Ignore() from exc
+        finally:
+            if began is not None:
+                _hold_times.record(self.name, time.monotonic() - began)
+            if current is not None:
+                _current_lock.reset(current)
+            _held.pop(id(lock), None)
+            self.end(stopped)
+            if revoked:  # stored once the key is free again
+                self.end_revoked()
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """One attempt, or (given a ``timeout``) a blocking one. An exception raised inside
+        (a soft time limit, a revoke's signal) is the core's to undo: it releases a lease it
+        won but could not hand back."""
+        return bool(self.lock.acquire(blocking=timeout is not None, timeout=timeout))
+
+    def take(self) -> tuple[bool, dict[str, Any] | None]:
+        """Try for the lock; refused, free this task's own earlier attempt's lease if its
+        process is gone, block up to ``lock_wait``, then contend (:meth:`contend`). True
+        once held, and the holder as last read when not."""
+        wait = self.opts.effective_wait()
+        if wait > 0:
+            self.begin_wait()
+        acquired, holder = self.acquire(), None
+        if not acquired and not self.eager:
+            # Before any wait: a dead process never releases, so waiting for it would only
+            # hold this redelivery back until its lease or lock_wait ran out.
+            acquired, holder = self.free_dead_attempt(_holder(self.redlock, self.lock.name))
+        if not acquired and wait > 0:
+            acquired, holder = self.acquire(wait), None
+        if wait > 0:
+            self.check_revoked()
+        if not acquired:
+            acquired, holder = self.contend(holder)
+        self.end_wait(acquired)
+        return acquired, holder
+
+    def contend(self, holder: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
+        """After a refused attempt: True if the lock was taken after all, because its holder
+        was this task's own earlier attempt in a process that is gone, or (``on_locked=
+        "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
+        the holder let go while it waited. ``holder`` is the holder as read since the last
+        attempt (None: read it now). Also the holder it read, while that is still the latest
+        word (nothing was released or waited for since), else None."""
+        if self.eager:
+            return False, None
+        if holder is None:
+            acquired, holder = self.free_dead_attempt(_holder(self.redlock, self.lock.name))
+            if acquired or holder is None:
+                return acquired, None
+        if self.opts.on_locked != "retry" or self.opts.wait or not holder:
+            return False, holder
+        waited = self.wait_in_slot(holder)
+        return (False, holder) if waited is None else (waited, None)
+
+    def free_dead_attempt(self, holder: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """Free the lease of ``holder`` when it is this task's own earlier attempt in a
+        process that is gone on this host, and try for the lock again: whether it was taken,
+        and ``holder`` unless it was freed (then None: what holds the key now is unknown)."""
+        if not (
+            self.task_id
+            and holder.get("task_id") == self.task_id
+            and process_gone(holder, certain=True)
+        ):
+            return False, holder
+        # A pool process killed mid-run: its message came back (reject_on_worker_lost)
+        # while its lease still runs. Nobody is in the critical section any more.
+        freed = self.redlock.release_token(self.lock.name, holder["token"])
+        self.log(
+            logging.WARNING,
+            ": freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)",
+            *_shown(self.lock.name, holder.get("pid")),
+            freed,
+        )
+        return self.acquire(), None
+
+    def wait_in_slot(self, holder: Mapping[str, Any]) -> bool | None:
+        """Block for the lock if no other task of this key is blocking for it already (one
+        worker slot per key waits, woken by the release; the others are re-scheduled). The
+        wait ends with the holder's current lease, and after :data:`MAX_SLOT_WAIT`: a long
+        hold is waited for by re-scheduling, not by a blocked slot. Whether the lock was
+        taken; None when this task did not wait (the slot is taken)."""
+        redlock, name, task_id = self.redlock, self.lock.name, self.task_id
+        if len(name + WAITER_SUFFIX) > MAX_KEY_LENGTH:
+            return None
+        wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
+        self.slot = redlock.lock(
+            name + WAITER_SUFFIX,
+            ttl=min(wait + SLOT_GRACE, redlock.max_ttl),
+            reentrant=False,
+            owner=("celery-waiter", task_id or id(self.request)),
+            meta={"task_id": task_id, "task": self.name, "waiting_for": name},
+        )
+        try:
+            if not self.slot.acquire(blocking=False):
+                return None
+        except QuorumError:
+            return None
+        # From here to the return, every release is end()'s as well: an exception that
+        # lands between two of these lines leaves neither the slot nor the lock behind.
+        _probe("slot-taken", task_id)
+        self.begin_wait()
+        acquired = self.acquire(wait)
+        _probe("slot-handoff", task_id)
+        self.release_slot()
+        _probe("slot-released", task_id)
+        self.check_revoked()
+        return acquired
+
+    def locked_out(self, args: Any, kwargs: Any, holder: dict[str, Any] | None) -> Any:
+        """Apply ``on_locked``; ``holder`` is the holder as :meth:`contend` just read it (None:
+        read it now)."""
+        opts, lock, name, task_id = self.opts, self.lock, self.lock.name, self.task_id
+        if holder is None:
+            holder = _holder(self.redlock, name)
+        full = opts.limit is not None
+        held_by = (
+            f"has all {opts.limit} permits taken" if full else f"is held by {_describe(holder)}"
+        )
+        exc = LockNotAcquired(
+            f"task {self.name}[{task_id}]: lock {name!r} {held_by}",
+            name,
+            retry_after=lock.retry_after,
+        )
+        countdown = self.task._countdown(opts, self.lock_retries, holder)
+        if task_id and holder.get("task_id") == task_id and not self.eager:
+            # Held under this very task id: an earlier attempt of ours (a lease left on nodes
+            # that answered too late, a worker on another host that died), or another delivery
+            # of this message still running (visibility_timeout shorter than the task).
+            # Skipping or failing would drop the task for good: come back when that lease has
+            # run out.
+            self.log(
+                logging.WARNING,
+                ": lock %s is held under this task's own id (attempt %s, now %s): an earlier "
+                "attempt's lease, or a redelivery while the task still runs (the broker's "
+                "visibility_timeout must exceed the longest task); retrying in %.1fs",
+                printable(name),
+                holder.get("attempt"),
+                f"{self.request.retries or 0}.{self.lock_retries}",
+                lock.retry_after or 0.0,
+            )
+            self.retry_later(exc, max(countdown, lock.retry_after or 0.0))
+        if opts.on_locked == "retry" and not self.eager:
+            self.retry_later(exc, countdown)
+        self.release_queued()
+        if opts.on_locked == "skip":
+            return self.skip(holder, args, kwargs)
+        if opts.on_locked == "wait":
+            still = "full" if full else "held by " + _describe(holder)
+            exc = LockNotAcquired(
+                f"task {self.name}[{task_id}]: lock {name!r} still {still} after waiting "
+                f"{opts.effective_wait():g}s",
+                name,
+                retry_after=lock.retry_after,
+            )
+        raise exc
+
+    def retry_later(self, exc: LockNotAcquired, countdown: float) -> None:
+        """Re-schedule this task in ``countdown`` seconds (raises Retry)."""
+        task, request, opts, retries = self.task, self.request, self.opts, self.lock_retries
+        new_header = {**self.header, _LOCK_RETRIES: retries + 1}
+        queued = self.header.get(_QUEUED)
+        if queued:
+            # Keep our place as "the queued one" through the retry.
+            ttl = min(opts.dedupe_ttl + countdown, self.redlock.max_ttl)
+            if not self.redlock.extend_token(queued[0], queued[1], ttl):
+                new_header.pop(_QUEUED, None)
+        headers = {**(request.headers or {}), HEADER: new_header}
+        if opts.retry_counts:
+            limit = task.max_retries if opts.max_retries is None else opts.max_retries
+            if limit is None or (request.retries or 0) < limit:
+                task.retry(exc=exc, countdown=countdown, max_retries=limit, headers=headers)
+        elif opts.max_retries is None or retries < opts.max_retries:
+            # Task.retry would count this against the task's own max_retries; re-send the
+            # same request with its retries count unchanged instead, and raise Retry like it
+            # does (the worker logs it, stores RETRY and sends task_retry).
+            sig = task.signature_from_request(
+                request, countdown=countdown, retries=request.retries, headers=headers
+            )
+            sig.apply_async()
+            raise Retry(exc=exc, when=countdown, sig=sig)
+        self.release_queued()
+        raise LockNotAcquired(
+            f"{exc} (gave up after {retries} lock retries)",
+            self.lock.name,
+            retry_after=exc.retry_after,
+        )
+
+    def skip(self, holder: dict[str, Any], args: Any, kwargs: Any) -> None:
+        """End the task without running it: state SUCCESS, result None, so that a group, a
+        chord or a chain it is part of goes on (a chord's counter counts it, a chain's next
+        task gets None). Never silently: a WARNING, ``lock_contended`` and ``task_skipped``."""
+        name = self.lock.name
+        self.log(
+            logging.WARNING, " skipped: lock %s is held by %s", *_shown(name, _describe(holder))
+        )
+        _django_contended(self.redlock, self.lock)
+        task_skipped.send(
+            sender=self.task,
+            task_id=self.task_id,
+            lock_name=name,
+            holder=holder,
+            args=args,
+            kwargs=kwargs,
+        )
+
+    def release_queued(self) -> None:
+        queued = self.header.pop(_QUEUED, None)
+        if not queued:
+            return
+        _release_queued_marker(self.redlock, queued)
+        # A later self.retry() of this task is a new queued copy, not this one.
+        if isinstance(getattr(self.request, "headers", None), dict):
+            self.request.headers[HEADER] = dict(self.header)
+
+    def end(self, stopped: BaseException | None) -> None:
+        """Release whatever the run still has (the lock, the waiting slot), however it ended,
+        and tell the worker it is done."""
+        self.unhear_stops()
+        self.release_slot()
+        lock = self.lock
+        if lock.token is not None:
+            try:
+                lock.release()
+            except RedlockError as exc:
+                # Lost while running (lease ran out, a quorum forgot it, or force-released):
+                # the core already sent lock_lost; say which task it was.
+                self.log(
+                    logging.ERROR, " finished without holding lock %s: %s", *_shown(lock.name, exc)
+                )
+            except Exception:
+                logger.warning("could not release lock %s", printable(lock.name), exc_info=True)
+            else:
+                if stopped is not None:
+                    logger.warning(
+                        "released lock %s of task %s[%s]: the task was stopped (%r, a worker "
+                        "shutdown or terminate)",
+                        printable(lock.name),
+                        self.name,
+                        self.task_id,
+                        stopped,
+                    )
+        if self.reported:
+            self.report("done")
+
+    def end_revoked(self) -> None:
+        """A task revoked while it waited for its lock ends in state REVOKED, never running."""
+        self.log(
+            logging.WARNING,
+            " revoked while it waited for lock %s: not run",
+            printable(self.lock.name),
+        )
+        request = self.request
+        if request.id and not request.called_directly:
+            try:
+                self.task.backend.mark_as_revoked(
+                    request.id, "revoked while waiting for its lock", request=request
+                )
+            except Exception:
+                logger.warning("could not store REVOKED for %s", request.id, exc_info=True)
+
+    # -- the worker's side of a wait ---------------------------------------------------------
 
     def begin_wait(self) -> None:
         _probe("wait-begins", self.task_id)
@@ -326,12 +636,8 @@ class _TaskRun:
         else:
             self.report("wait")
         hooks = self.hooks
-        if (
-            hooks is not None
-            and hooks.limits == LIMITS_CHARGED
-            and _time_limit(self.task, self.request)
-        ):
-            hooks.warn_charged(self.task.name)
+        if hooks and hooks.limits == LIMITS_CHARGED and _time_limit(self.task, self.request):
+            hooks.warn_charged(self.name)
 
     def end_wait(self, acquired: bool) -> None:
         """The run has the lock (report it with its token) or gave up waiting for it."""
@@ -365,13 +671,12 @@ class _TaskRun:
         catches ``Exception`` (reading the holder, a lock event's listener, a logging
         handler) may swallow it, leaving the task to wait on and run after the holder.
         Noted, it is raised again once the wait ends (:meth:`check_revoked`)."""
-        hooks = self.hooks
         stop = getattr(signal, "SIGUSR1", None)
         if (
             self._unhear is not None
             or stop is None
-            or hooks is None
-            or hooks.pid == os.getpid()  # the worker's own process: no signal is sent
+            or self.hooks is None
+            or self.hooks.pid == os.getpid()  # the worker's own process: no signal is sent
             or threading.current_thread() is not threading.main_thread()
         ):
             return
@@ -402,8 +707,7 @@ class _TaskRun:
         process after storing REVOKED), rather than a time limit."""
         if isinstance(exc, _RevokedWhileWaiting):
             return True
-        hooks = self.hooks
-        if not self.waiting or hooks is None or hooks.limits != LIMITS_REARMED:
+        if not self.waiting or self.hooks is None or self.hooks.limits != LIMITS_REARMED:
             return False
         try:
             return bool(self.task.backend.get_state(self.task_id) == "REVOKED")
@@ -426,19 +730,10 @@ class _TaskRun:
             )
 
     def report(self, kind: str, **fields: Any) -> None:
-        hooks = self.hooks
-        if hooks is None or not self.task_id:
+        if self.hooks is None or not self.task_id:
             return
-        hooks.report(
-            {
-                "kind": kind,
-                "id": self.task_id,
-                "task": self.task.name,
-                "lock": self.lock.name,
-                "pid": os.getpid(),
-                **fields,
-            }
-        )
+        report = {"kind": kind, "id": self.task_id, "task": self.name, "lock": self.lock.name}
+        self.hooks.report({**report, "pid": os.getpid(), **fields})
         self.reported = True
 
 
@@ -505,10 +800,9 @@ class LockedTask(Task):
     (docs/celery.rst, "No lost task").
     """
 
-    abstract = True  # Celery < 5 compatibility; ignored by Celery 5
     # Acknowledge after the run, and requeue when the pool process dies: with Celery's early
     # acknowledgement a worker killed mid-task loses the task for good. The lock keeps the
-    # redelivered copy from overlapping a run that is still going (see _contend).
+    # redelivered copy from overlapping a run that is still going (see _TaskRun.contend).
     acks_late = True
     reject_on_worker_lost = True
     lock_key: Any = None
@@ -543,11 +837,11 @@ class LockedTask(Task):
         }
         check_task_options(values, f"task {self.name}")
         self._check_template(values["key"], f"task {self.name}")
-        given: dict[str, Any] = {}
         if overrides:
             where = f"task {self.name} (per-call options)"
-            header = check_header_fields(overrides, where)
-            given = {k: v for k, v in header.items() if k in HEADER_FIELDS}
+            given = {
+                k: v for k, v in check_header_fields(overrides, where).items() if k in HEADER_FIELDS
+            }
             limits = self._service_limits() if sending and {"ttl", "limit"} & set(given) else {}
             limits.pop("without_leases", None)  # judged where a marker is taken
             check_task_options(given, where, per_call=True, **limits)
@@ -577,15 +871,6 @@ class LockedTask(Task):
             "without_leases": None if _leased(service) else kind.__name__,
         }
 
-    def _check_marker_service(self, opts: LockOptions, *, per_call: bool) -> None:
-        """Refuse ``lock_dedupe`` (the call's, the task's or the project's) on a lock service
-        whose locks have no lease (ZooKeeper): its queued marker would follow this process's
-        session, not ``lock_dedupe_ttl`` (system check E107)."""
-        without_leases = self._service_limits().get("without_leases")
-        if without_leases is not None:
-            where = f"task {self.name}" + (" (per-call options)" if per_call else "")
-            check_task_options({"dedupe": opts.dedupe}, where, without_leases=without_leases)
-
     def _check_template(self, key: Any, where: str) -> None:
         """Refuse a ``lock_key`` template ``@locked`` would refuse (malformed, positional or
         unseparated fields, via the same :class:`~django_redlock.keys.KeyTemplate`), or one
@@ -598,17 +883,20 @@ class LockedTask(Task):
             template = compiled_template(key)
         except ValueError as exc:
             raise ValueError(f"{where}: lock_key: {exc}") from None
-        try:
-            signature = inspect.signature(self.run)
-        except (TypeError, ValueError):
-            return
-        missing = template.unknown_fields(signature)
+        signature = self._signature()
+        missing = [] if signature is None else template.unknown_fields(signature)
         if missing:
-            names = {p.name for p in signature.parameters.values()}
+            names = ", ".join(sorted(signature.parameters)) or "none"  # type: ignore[union-attr]
             raise ValueError(
                 f"{where}: lock_key {key!r} names {', '.join(missing)}, not an argument of the "
-                f"task (arguments: {', '.join(sorted(names)) or 'none'})"
+                f"task (arguments: {names})"
             )
+
+    def _signature(self) -> inspect.Signature | None:
+        try:
+            return inspect.signature(self.run)
+        except (TypeError, ValueError):
+            return None
 
     def get_redlock(self) -> Redlock:
         """The Redlock this task locks with (``lock_redlock``, else ``get_redlock()``)."""
@@ -617,23 +905,33 @@ class LockedTask(Task):
             from .backends.registry import get_locks
 
             return get_locks(self.lock_using)
-        if isinstance(source, Redlock) or hasattr(source, "lock"):
-            return source
-        return source()
+        return source if isinstance(source, Redlock) or hasattr(source, "lock") else source()
 
     def lock_name(
         self, args: Any = None, kwargs: Any = None, options: LockOptions | None = None
     ) -> str:
         """The lock name a call with these arguments uses."""
-        options = options or self.lock_options()
+        key = (options or self.lock_options()).key
         args, kwargs = tuple(args or ()), dict(kwargs or {})
-        key = options.key
         if callable(key):
             name = key(*args, **kwargs)
             if not isinstance(name, str):
                 raise TypeError(f"task {self.name}: lock_key returned {name!r}, not a str")
             return name
-        arguments, extra = self._bound_arguments(args, kwargs)
+        signature = self._signature()
+        if signature is None:
+            arguments, extra = {"args": list(args), "kwargs": kwargs}, {}
+        else:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(
+                    f"task {self.name}: cannot bind the arguments for its lock key: {exc}"
+                ) from None
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
+            extra = dict(arguments[var_kw[0]]) if var_kw else {}
         if key is None:
             return default_lock_key(self.name, arguments)
         if "{" not in key:
@@ -642,24 +940,6 @@ class LockedTask(Task):
 
         # **kwargs entries are addressable by their own names in templates too.
         return make_key(key, **{**extra, **arguments})
-
-    def _bound_arguments(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The call's arguments by name (defaults applied), and its ``**kwargs`` entries."""
-        try:
-            signature = inspect.signature(self.run)
-        except (TypeError, ValueError):
-            return {"args": list(args), "kwargs": kwargs}, {}
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(
-                f"task {self.name}: cannot bind the arguments for its lock key: {exc}"
-            ) from None
-        bound.apply_defaults()
-        var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
-        return dict(bound.arguments), dict(bound.arguments[var_kw[0]]) if var_kw else {}
 
     # -- enqueueing -------------------------------------------------------------------------
 
@@ -670,9 +950,7 @@ class LockedTask(Task):
         ``on_locked=...``, ...; also through ``sig.set(...)``), carried in the ``redlock``
         message header; with ``lock_dedupe`` it may return the already queued task's result
         instead of sending a new message."""
-        check_option_names(options, f"task {self.name}")
-        headers, header = _call_options(options, f"task {self.name} (per-call options)")
-        opts = self.lock_options(header, sending=True)
+        header, opts = self._call_options(options)
         queued = None
         # The task's own self.retry() sends the running request's id again: the same task
         # going on, never a duplicate of the one queued behind it.
@@ -685,19 +963,20 @@ class LockedTask(Task):
         ):
             from celery.utils import uuid
 
-            self._check_marker_service(opts, per_call="dedupe" in header)
+            without_leases = self._service_limits().get("without_leases")
+            if without_leases is not None:
+                # Its queued marker would follow this process's session, not
+                # lock_dedupe_ttl (system check E107).
+                where = f"task {self.name}" + (" (per-call options)" if "dedupe" in header else "")
+                check_task_options({"dedupe": opts.dedupe}, where, without_leases=without_leases)
             task_id = task_id or uuid()
             name = self.lock_name(args, kwargs, opts)
-            delay = _delay_of(options)
-            queued = self._take_queued(name, task_id, opts, delay, args, kwargs)
+            queued = self._take_queued(name, task_id, opts, _delay_of(options), args, kwargs)
             if isinstance(queued, _QueuedElsewhere):
                 return self._duplicate(opts, name, task_id, queued, args, kwargs)
             if queued is not None:
                 header[_QUEUED] = list(queued)
-        if header:
-            headers[HEADER] = header
-        if headers:
-            options["headers"] = headers
+                options.setdefault("headers", {})[HEADER] = header
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
@@ -709,14 +988,27 @@ class LockedTask(Task):
         """``apply`` (the task run here and now, eagerly) taking the per-call options as
         :meth:`apply_async` does, checked the same way; they reach the run in the
         ``redlock`` header, as a worker's run gets them."""
+        self._call_options(options)
+        return super().apply(args, kwargs, *rest, **options)
+
+    def _call_options(self, options: dict[str, Any]) -> tuple[dict[str, Any], LockOptions]:
+        """Move the per-call options of a call (``lock_key=...``) out of ``options`` into its
+        ``redlock`` header, over what that header carried (a header given as such is judged
+        as the worker would judge it), and check them as the lock service would: the header
+        and the options of this call."""
         check_option_names(options, f"task {self.name}")
-        headers, header = _call_options(options, f"task {self.name} (per-call options)")
-        self.lock_options(header, sending=True)
+        where = f"task {self.name} (per-call options)"
+        overrides = {CALL_OPTIONS[k]: options.pop(k) for k in list(options) if k in CALL_OPTIONS}
+        headers = dict(options.pop("headers", None) or {})
+        given = headers.get(HEADER)
+        header = {} if given is None else dict(check_header_fields(given, where))
+        header.update(overrides)
+        opts = self.lock_options(header, sending=True)
         if header:
             headers[HEADER] = header
         if headers:
             options["headers"] = headers
-        return super().apply(args, kwargs, *rest, **options)
+        return header, opts
 
     def _duplicate(
         self,
@@ -730,20 +1022,15 @@ class LockedTask(Task):
         """Apply the ``lock_dedupe`` policy to a call whose key already has a queued task."""
         queued_id = queued.task_id
         if opts.dedupe == "raise":
-            raise LockNotAcquired(
-                f"task {self.name} not sent: {self.name}[{queued_id}] is already queued for "
-                f"lock {name!r}",
-                name,
-                retry_after=queued.ttl,
-            )
+            msg = f"task {self.name} not sent: {self.name}[{queued_id}] is already queued for lock"
+            raise LockNotAcquired(f"{msg} {name!r}", name, retry_after=queued.ttl)
+        shown = (self.name, *_shown(queued_id, name))
         if opts.dedupe == "drop":
             logger.warning(
                 "task %s[%s] dropped: %s[%s] is already queued for lock %s",
                 self.name,
                 task_id,
-                self.name,
-                printable(queued_id),
-                printable(name),
+                *shown,
             )
             task_dropped.send(
                 sender=self,
@@ -757,13 +1044,7 @@ class LockedTask(Task):
             from celery.result import EagerResult
 
             return EagerResult(task_id, None, states.REJECTED)
-        logger.info(
-            "task %s merged into %s[%s], already queued for lock %s",
-            self.name,
-            self.name,
-            printable(queued_id),
-            printable(name),
-        )
+        logger.info("task %s merged into %s[%s], already queued for lock %s", self.name, *shown)
         return self.AsyncResult(queued_id)
 
     def _take_queued(
@@ -775,10 +1056,9 @@ class LockedTask(Task):
         point look-up, :data:`REVOKED_PREFIX`) is replaced, not merged into."""
         redlock = self.get_redlock()
         queued_name = f"{name}{QUEUED_SUFFIX}"
-        ttl = min(opts.dedupe_ttl + delay, _longest_marker(redlock))
         lock = redlock.lock(
             queued_name,
-            ttl=ttl,
+            ttl=min(opts.dedupe_ttl + delay, _longest_marker(redlock)),
             reentrant=False,
             owner=("celery-queued", task_id),
             meta={
@@ -798,14 +1078,16 @@ class LockedTask(Task):
                 exc_info=True,
             )
             return None
-        if acquired:
-            # The worker that runs the task frees it by token (Redlock.release_token).
-            return (queued_name, lock.detach())
-        holder = _holder(redlock, queued_name)
-        other = holder.get("task_id")
-        if not other:
-            return None  # freed in between; send it (at worst two queued, never zero)
-        if _was_revoked(redlock, str(other)):
+        # The worker that runs the task frees the marker by token (Redlock.release_token).
+        for attempt in (1, 2):
+            if acquired:
+                return (queued_name, lock.detach())
+            holder = _holder(redlock, queued_name)
+            other = holder.get("task_id")
+            if not other:
+                return None  # freed in between; send it (at worst two queued, never zero)
+            if attempt == 2 or not _was_revoked(redlock, str(other)):
+                break
             # Revoked while queued: its message may be a long queue away from any worker,
             # which would only then free the marker. This call takes the key's place.
             redlock.release_token(queued_name, holder["token"])
@@ -813,173 +1095,15 @@ class LockedTask(Task):
                 "task %s[%s]: replaced the queued marker %s of revoked task %s",
                 self.name,
                 task_id,
-                printable(queued_name),
-                printable(other),
+                *_shown(queued_name, other),
             )
-            if lock.acquire(blocking=False):
-                return (queued_name, lock.detach())
-            holder = _holder(redlock, queued_name)
-            other = holder.get("task_id")
-            if not other:
-                return None
+            acquired = lock.acquire(blocking=False)
         return _QueuedElsewhere(str(other), holder.get("ttl"))
 
     # -- running ----------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        request = self.request
-        header = _checked_header_of(request, f"task {self.name} (redlock header)")
-        opts = self.lock_options(header)
-        redlock = self.get_redlock()
-        name = self.lock_name(args, kwargs, opts)
-        task_id = request.id
-        ttl, renew, renew_for = self._lease_for(request, opts, redlock)
-        meta = {
-            "task_id": task_id,
-            "task": self.name,
-            "worker": request.hostname,
-            "args": _summary(args, kwargs),
-            "attempt": f"{request.retries or 0}.{header.get(_LOCK_RETRIES, 0) or 0}",
-            "on_locked": opts.on_locked,
-            **_hold_times.meta(self.name),
-        }
-        owner = ("celery", task_id or id(request))
-        lease: dict[str, Any] = {"auto_renew": renew, "renew_for": renew_for, "meta": meta}
-        if opts.limit is not None:
-            # A semaphore per key: up to lock_limit runs at once, each holding a permit.
-            lock = redlock.semaphore(name, opts.limit, ttl, owner=owner, **lease)
-        else:
-            lock = redlock.lock(name, ttl=ttl, reentrant=False, owner=owner, **lease)
-        run = _TaskRun(self, request, header, opts, redlock, lock)
-        # One try from the first attempt to the end: an exception landing anywhere (a soft
-        # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
-        # and the task body still releases both (_end_run).
-        current: Any = None
-        began: float | None = None
-        stopped: BaseException | None = None
-        revoked = False
-        try:
-            try:
-                acquired, holder = self._take(run, opts)
-            except QuorumError as exc:
-                # Too few nodes answered: nobody knows whether the key is free. "retry" and
-                # "skip" re-schedule (a skip needs a holder to skip for); "wait" and "raise"
-                # fail.
-                requeue = opts.on_locked in ("retry", "skip") and not _eager(request)
-                logger.warning(
-                    "task %s[%s]: lock %s unavailable: %s",
-                    self.name,
-                    task_id,
-                    printable(name),
-                    printable(exc),
-                )
-                if requeue:
-                    self._retry_later(run, exc, self._countdown(opts, run.lock_retries, {}))
-                self._release_queued(run)
-                raise
-            if not acquired:
-                return self._locked_out(run, args, kwargs, holder)
-            _probe("acquired", task_id)
-            self._release_queued(run)
-            # Not an attribute of the request: Celery copies unknown request attributes into
-            # the headers of any message the task sends (retries included).
-            current = _current_lock.set(lock)
-            _held[id(lock)] = lock
-            began = time.monotonic()
-            _probe("before-run", task_id)
-            return super().__call__(*args, **kwargs)
-        except (SystemExit, KeyboardInterrupt) as exc:
-            # The pool process is being stopped (a cold shutdown, a terminate): the task did
-            # not finish, and its key is freed for the next one below; operators must see it.
-            stopped = exc
-            raise
-        except (SoftTimeLimitExceeded, _RevokedWhileWaiting) as exc:
-            if not run.stopped_while_waiting(exc):
-                raise
-            revoked = True
-            raise Ignore() from exc
-        finally:
-            if began is not None:
-                _hold_times.record(self.name, time.monotonic() - began)
-            if current is not None:
-                _current_lock.reset(current)
-            _held.pop(id(lock), None)
-            self._end_run(run, stopped)
-            if revoked:  # stored once the key is free again
-                self._end_revoked(run, request)
-
-    def _take(self, run: _TaskRun, opts: LockOptions) -> tuple[bool, dict[str, Any] | None]:
-        """Try for the lock; refused, free this task's own earlier attempt's lease if its
-        process is gone, block up to ``lock_wait``, then contend (:meth:`_contend`). True
-        once held, and the holder as last read when not."""
-        wait = opts.effective_wait()
-        if wait > 0:
-            run.begin_wait()
-        acquired = run.acquire(blocking=False)
-        holder: dict[str, Any] | None = None
-        if not acquired and not _eager(run.request):
-            # Before any wait: a dead process never releases, so waiting for it would only
-            # hold this redelivery back until its lease or lock_wait ran out.
-            acquired, holder = self._free_dead_attempt(run, _holder(run.redlock, run.lock.name))
-        if not acquired and wait > 0:
-            acquired = run.acquire(blocking=True, timeout=wait)
-            holder = None
-        if wait > 0:
-            run.check_revoked()
-        if not acquired:
-            acquired, holder = self._contend(run, opts, holder)
-        run.end_wait(acquired)
-        return acquired, holder
-
-    def _end_run(self, run: _TaskRun, stopped: BaseException | None) -> None:
-        """Release whatever the run still has (the lock, the waiting slot), however it ended,
-        and tell the worker it is done."""
-        run.unhear_stops()
-        run.release_slot()
-        lock = run.lock
-        if lock.token is not None:
-            try:
-                lock.release()
-            except RedlockError as exc:
-                # Lost while running (lease ran out, a quorum forgot it, or force-released):
-                # the core already sent lock_lost; say which task it was.
-                logger.error(
-                    "task %s[%s] finished without holding lock %s: %s",
-                    self.name,
-                    run.task_id,
-                    printable(lock.name),
-                    printable(exc),
-                )
-            except Exception:
-                logger.warning("could not release lock %s", printable(lock.name), exc_info=True)
-            else:
-                if stopped is not None:
-                    logger.warning(
-                        "released lock %s of task %s[%s]: the task was stopped (%r, a worker "
-                        "shutdown or terminate)",
-                        printable(lock.name),
-                        self.name,
-                        run.task_id,
-                        stopped,
-                    )
-        if run.reported:
-            run.report("done")
-
-    def _end_revoked(self, run: _TaskRun, request: Any) -> None:
-        """A task revoked while it waited for its lock ends in state REVOKED, never running."""
-        logger.warning(
-            "task %s[%s] revoked while it waited for lock %s: not run",
-            self.name,
-            run.task_id,
-            printable(run.lock.name),
-        )
-        if request.id and not request.called_directly:
-            try:
-                self.backend.mark_as_revoked(
-                    request.id, "revoked while waiting for its lock", request=request
-                )
-            except Exception:
-                logger.warning("could not store REVOKED for %s", request.id, exc_info=True)
+        return _TaskRun(self, args, kwargs)(super().__call__, args, kwargs)
 
     def _lease_for(
         self, request: Any, opts: LockOptions, redlock: Redlock
@@ -991,150 +1115,17 @@ class LockedTask(Task):
             # Renewal stops once the task has overrun its hard (else soft) limit, so a task
             # the pool cannot kill (threads pool) cannot keep the key for ever.
             return ttl, True, limit
-        if limit and limit + 1 > ttl:
-            if limit + 1 <= redlock.max_ttl:
-                return limit + 1, False, None
-            logger.warning(
-                "task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing "
-                "the lease instead",
-                self.name,
-                limit,
-                redlock.max_ttl,
-            )
-            return ttl, True, limit
-        return ttl, False, None
-
-    def _locked_out(
-        self, run: _TaskRun, args: Any, kwargs: Any, holder: dict[str, Any] | None
-    ) -> Any:
-        """Apply ``on_locked``; ``holder`` is the holder as :meth:`_contend` just read it (None:
-        read it now)."""
-        request, opts, lock, name = run.request, run.opts, run.lock, run.lock.name
-        policy = opts.on_locked
-        if holder is None:
-            holder = _holder(run.redlock, name)
-        held_by = f"is held by {_describe(holder)}"
-        if opts.limit is not None:
-            held_by = f"has all {opts.limit} permits taken"
-        exc = LockNotAcquired(
-            f"task {self.name}[{request.id}]: lock {name!r} {held_by}",
-            name,
-            retry_after=lock.retry_after,
-        )
-        countdown = self._countdown(opts, run.lock_retries, holder)
-        if request.id and holder.get("task_id") == request.id and not _eager(request):
-            # Held under this very task id: an earlier attempt of ours (a lease left on nodes
-            # that answered too late, a worker on another host that died), or another delivery
-            # of this message still running (visibility_timeout shorter than the task).
-            # Skipping or failing would drop the task for good: come back when that lease has
-            # run out.
-            logger.warning(
-                "task %s[%s]: lock %s is held under this task's own id (attempt %s, now %s): "
-                "an earlier attempt's lease, or a redelivery while the task still runs (the "
-                "broker's visibility_timeout must exceed the longest task); retrying in %.1fs",
-                self.name,
-                request.id,
-                printable(name),
-                holder.get("attempt"),
-                f"{request.retries or 0}.{run.lock_retries}",
-                lock.retry_after or 0.0,
-            )
-            countdown = max(countdown, lock.retry_after or 0.0)
-            self._retry_later(run, exc, countdown)
-        if policy == "retry" and not _eager(request):
-            self._retry_later(run, exc, countdown)
-        self._release_queued(run)
-        if policy == "skip":
-            return self._skip(run, holder, args, kwargs)
-        if policy == "wait":
-            exc = LockNotAcquired(
-                f"task {self.name}[{request.id}]: lock {name!r} still "
-                f"{'full' if opts.limit is not None else 'held by ' + _describe(holder)} "
-                f"after waiting {opts.effective_wait():g}s",
-                name,
-                retry_after=lock.retry_after,
-            )
-        raise exc
-
-    def _contend(
-        self, run: _TaskRun, opts: LockOptions, holder: dict[str, Any] | None
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """After a refused attempt: True if the lock was taken after all, because its holder
-        was this task's own earlier attempt in a process that is gone, or (``on_locked=
-        "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
-        the holder let go while it waited. ``holder`` is the holder as read since the last
-        attempt (None: read it now). Also the holder it read, while that is still the latest
-        word (nothing was released or waited for since), else None."""
-        if _eager(run.request):
-            return False, None
-        if holder is None:
-            acquired, holder = self._free_dead_attempt(run, _holder(run.redlock, run.lock.name))
-            if acquired or holder is None:
-                return acquired, None
-        if opts.on_locked != "retry" or opts.wait or not holder:
-            return False, holder
-        waited = self._wait_in_slot(run, holder)
-        return (False, holder) if waited is None else (waited, None)
-
-    def _free_dead_attempt(
-        self, run: _TaskRun, holder: dict[str, Any]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """Free the lease of ``holder`` when it is this task's own earlier attempt in a
-        process that is gone on this host, and try for the lock again: whether it was taken,
-        and ``holder`` unless it was freed (then None: what holds the key now is unknown)."""
-        request, redlock, name = run.request, run.redlock, run.lock.name
-        if not (
-            request.id
-            and holder.get("task_id") == request.id
-            and process_gone(holder, certain=True)
-        ):
-            return False, holder
-        # A pool process killed mid-run: its message came back (reject_on_worker_lost)
-        # while its lease still runs. Nobody is in the critical section any more.
-        freed = redlock.release_token(name, holder["token"])
+        if not limit or limit + 1 <= ttl:
+            return ttl, False, None
+        if limit + 1 <= redlock.max_ttl:
+            return limit + 1, False, None
         logger.warning(
-            "task %s[%s]: freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)",
+            "task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing the lease instead",
             self.name,
-            request.id,
-            printable(name),
-            printable(holder.get("pid")),
-            freed,
+            limit,
+            redlock.max_ttl,
         )
-        return run.acquire(blocking=False), None
-
-    def _wait_in_slot(self, run: _TaskRun, holder: Mapping[str, Any]) -> bool | None:
-        """Block for the lock if no other task of this key is blocking for it already (one
-        worker slot per key waits, woken by the release; the others are re-scheduled). The
-        wait ends with the holder's current lease, and after :data:`MAX_SLOT_WAIT`: a long
-        hold is waited for by re-scheduling, not by a blocked slot. Whether the lock was
-        taken; None when this task did not wait (the slot is taken)."""
-        request, redlock, name = run.request, run.redlock, run.lock.name
-        slot_name = name + WAITER_SUFFIX
-        if len(slot_name) > MAX_KEY_LENGTH:
-            return None
-        wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
-        run.slot = redlock.lock(
-            slot_name,
-            ttl=min(wait + SLOT_GRACE, redlock.max_ttl),
-            reentrant=False,
-            owner=("celery-waiter", request.id or id(request)),
-            meta={"task_id": request.id, "task": self.name, "waiting_for": name},
-        )
-        try:
-            if not run.slot.acquire(blocking=False):
-                return None
-        except QuorumError:
-            return None
-        # From here to the return, every release is _end_run's as well: an exception that
-        # lands between two of these lines leaves neither the slot nor the lock behind.
-        _probe("slot-taken", request.id)
-        run.begin_wait()
-        acquired = run.acquire(blocking=True, timeout=wait)
-        _probe("slot-handoff", request.id)
-        run.release_slot()
-        _probe("slot-released", request.id)
-        run.check_revoked()
-        return acquired
+        return ttl, True, limit
 
     def _countdown(self, opts: LockOptions, lock_retries: int, holder: Mapping[str, Any]) -> float:
         """Seconds until a lock retry: with ``lock_retry_delay`` a capped exponential
@@ -1161,66 +1152,6 @@ class LockedTask(Task):
             delay = max(free_in + random.uniform(0, spread), 0.02)
         return round(delay, 3)
 
-    def _retry_later(self, run: _TaskRun, exc: LockNotAcquired, countdown: float) -> None:
-        """Re-schedule this task in ``countdown`` seconds (raises Retry)."""
-        request, opts, redlock, lock_retries = run.request, run.opts, run.redlock, run.lock_retries
-        new_header = {**run.header, _LOCK_RETRIES: lock_retries + 1}
-        queued = run.header.get(_QUEUED)
-        if queued:
-            # Keep our place as "the queued one" through the retry.
-            ttl = min(opts.dedupe_ttl + countdown, redlock.max_ttl)
-            if not redlock.extend_token(queued[0], queued[1], ttl):
-                new_header.pop(_QUEUED, None)
-        headers = {**(request.headers or {}), HEADER: new_header}
-        if opts.retry_counts:
-            limit = self.max_retries if opts.max_retries is None else opts.max_retries
-            if limit is None or (request.retries or 0) < limit:
-                self.retry(exc=exc, countdown=countdown, max_retries=limit, headers=headers)
-        elif opts.max_retries is None or lock_retries < opts.max_retries:
-            # Task.retry would count this against the task's own max_retries; re-send the
-            # same request with its retries count unchanged instead, and raise Retry like it
-            # does (the worker logs it, stores RETRY and sends task_retry).
-            sig = self.signature_from_request(
-                request,
-                countdown=countdown,
-                retries=request.retries,
-                headers=headers,
-            )
-            sig.apply_async()
-            raise Retry(exc=exc, when=countdown, sig=sig)
-        self._release_queued(run)
-        raise LockNotAcquired(
-            f"{exc} (gave up after {lock_retries} lock retries)",
-            run.lock.name,
-            retry_after=exc.retry_after,
-        )
-
-    def _skip(self, run: _TaskRun, holder: dict[str, Any], args: Any, kwargs: Any) -> None:
-        """End the task without running it: state SUCCESS, result None, so that a group, a
-        chord or a chain it is part of goes on (a chord's counter counts it, a chain's next
-        task gets None). Never silently: a WARNING, ``lock_contended`` and ``task_skipped``."""
-        task_id, name = run.task_id, run.lock.name
-        logger.warning(
-            "task %s[%s] skipped: lock %s is held by %s",
-            self.name,
-            task_id,
-            printable(name),
-            printable(_describe(holder)),
-        )
-        _django_contended(run.redlock, run.lock)
-        task_skipped.send(
-            sender=self, task_id=task_id, lock_name=name, holder=holder, args=args, kwargs=kwargs
-        )
-
-    def _release_queued(self, run: _TaskRun) -> None:
-        queued = run.header.pop(_QUEUED, None)
-        if not queued:
-            return
-        _release_queued_marker(run.redlock, queued)
-        # A later self.retry() of this task is a new queued copy, not this one.
-        if isinstance(getattr(run.request, "headers", None), dict):
-            run.request.headers[HEADER] = dict(run.header)
-
     # -- helpers for tasks ------------------------------------------------------------------
 
     @property
@@ -1236,8 +1167,7 @@ class LockedTask(Task):
         redlock = self.get_redlock()
         done = False
         try:
-            opts = self.lock_options(header)
-            name = self.lock_name(request.args, request.kwargs, opts)
+            name = self.lock_name(request.args, request.kwargs, self.lock_options(header))
             holder = _holder(redlock, name)
             if holder.get("task_id") and holder.get("task_id") == request.id:
                 done = redlock.release_token(name, holder["token"]) > 0
@@ -1245,9 +1175,8 @@ class LockedTask(Task):
             logger.warning(
                 "could not release the lock of %s[%s]", self.name, request.id, exc_info=True
             )
-        queued = header.get(_QUEUED)
-        if queued:
-            _release_queued_marker(redlock, queued)
+        if header.get(_QUEUED):
+            _release_queued_marker(redlock, header[_QUEUED])
         return done
 
 
@@ -1261,10 +1190,8 @@ def _class_attr(task: Any, name: str) -> Any:
 
 def _sets_itself(task: Any, name: str) -> bool:
     """Whether ``name`` is set by the task (or a base class of its own), not LockedTask."""
-    for klass in type(task).__mro__:
-        if name in vars(klass):
-            return klass is not LockedTask
-    return False
+    klass = next((k for k in type(task).__mro__ if name in vars(k)), LockedTask)
+    return klass is not LockedTask
 
 
 def _project_defaults() -> Mapping[str, Any]:
@@ -1283,24 +1210,10 @@ def _project_defaults() -> Mapping[str, Any]:
     return defaults if isinstance(defaults, Mapping) else {}
 
 
-def _call_options(options: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The message headers and the ``redlock`` header of a call: the per-call options
-    (``lock_key=...``) taken out of ``options`` into the header over what it carried (a
-    header given as such is judged as the worker would judge it: ``where`` names the call)."""
-    overrides = {CALL_OPTIONS[k]: options.pop(k) for k in list(options) if k in CALL_OPTIONS}
-    headers = dict(options.pop("headers", None) or {})
-    given = headers.get(HEADER)
-    header = {} if given is None else dict(check_header_fields(given, where))
-    header.update(overrides)
-    return headers, header
-
-
 def _raw_header(request: Any) -> Any:
     headers = getattr(request, "headers", None) or {}
     header = headers.get(HEADER) if isinstance(headers, Mapping) else None
-    if header is None:
-        header = getattr(request, HEADER, None)
-    return header
+    return getattr(request, HEADER, None) if header is None else header
 
 
 def _header_of(request: Any) -> dict[str, Any]:
@@ -1323,19 +1236,13 @@ def _leased(service: Any) -> bool:
     return bool(getattr(service, "leased", True))
 
 
-def _eager(request: Any) -> bool:
-    return bool(request.is_eager or request.called_directly)
-
-
 def _delay_of(options: Mapping[str, Any]) -> float:
-    countdown = options.get("countdown")
-    if countdown:
-        return max(float(countdown), 0.0)
+    if options.get("countdown"):
+        return max(float(options["countdown"]), 0.0)
     eta = options.get("eta")
     if eta is None:
         return 0.0
-    if isinstance(eta, str):
-        eta = datetime.fromisoformat(eta)
+    eta = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
     now = datetime.now(timezone.utc) if eta.tzinfo else datetime.now()
     return max((eta - now).total_seconds(), 0.0)
 
@@ -1362,6 +1269,11 @@ def _summary(args: Any, kwargs: Any) -> str:
     return text if len(text) <= ARGS_SUMMARY_MAX else text[: ARGS_SUMMARY_MAX - 3] + "..."
 
 
+def _shown(*values: Any) -> tuple[str, ...]:
+    """Values as a log line shows them (control characters escaped)."""
+    return tuple(printable(v) for v in values)
+
+
 def _describe(holder: Mapping[str, Any]) -> str:
     if holder.get("task_id"):
         where = f" on {holder['worker']}" if holder.get("worker") else ""
@@ -1384,16 +1296,14 @@ def _django_contended(redlock: Redlock, lock: Any) -> None:
         from . import signals as django_signals
     except Exception:
         return
-    django_signals.send_event(
-        LockEvent(
-            "contended",
-            lock.name,
-            meta=lock.meta,
-            retry_after=lock.retry_after,
-            reason="skipped by on_locked='skip'",
-        ),
-        redlock,
+    event = LockEvent(
+        "contended",
+        lock.name,
+        meta=lock.meta,
+        retry_after=lock.retry_after,
+        reason="skipped by on_locked='skip'",
     )
+    django_signals.send_event(event, redlock)
 
 
 # ============================================================================ the worker side
