@@ -1318,8 +1318,7 @@ _handoff_probe: Callable[[str, str | None], None] | None = None
 
 
 def _probe(point: str, task_id: str | None) -> None:
-    probe = _handoff_probe
-    if probe is not None:
+    if (probe := _handoff_probe) is not None:
         probe(point, task_id)
 
 
@@ -1336,46 +1335,27 @@ class TaskLockEntry:
     waiting: bool = False
 
 
-class WorkerLocks:
-    """The worker's map, task id -> the lock its run holds or waits for. Fed by the tasks'
-    reports: directly in an in-process pool (threads, solo, gevent), through a pipe from the
-    processes of a prefork pool. A revoke, a terminate or a cold shutdown looks here instead
-    of listing the lock nodes."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._entries: dict[str, TaskLockEntry] = {}
+class WorkerLocks(dict[str, TaskLockEntry]):
+    """The worker's map, task id -> :class:`TaskLockEntry`, the lock its run holds or waits
+    for. Fed by the tasks' reports: directly in an in-process pool (threads, solo, gevent),
+    through a pipe from the processes of a prefork pool. A revoke, a terminate or a cold
+    shutdown looks here instead of listing the lock nodes. Only single dict operations touch
+    it, each atomic, and one task's reports come one after another: no lock of its own."""
 
     def record(self, report: Mapping[str, Any]) -> TaskLockEntry | None:
         """Apply one report (``kind`` = ``"wait"``, ``"hold"``, ``"go"`` (a wait that ended
         without the lock) or ``"done"``); returns the entry as it was before."""
-        kind, task_id = report["kind"], str(report["id"])
-        with self._guard:
-            before = self._entries.pop(task_id, None)
-            if kind in ("wait", "hold"):
-                slot = report.get("slot")
-                self._entries[task_id] = TaskLockEntry(
-                    task_id=task_id,
-                    task=str(report["task"]),
-                    lock=str(report["lock"]),
-                    pid=int(report["pid"]),
-                    token=report.get("token") if kind == "hold" else None,
-                    slot=(str(slot[0]), str(slot[1])) if kind == "wait" and slot else None,
-                    waiting=kind == "wait",
-                )
+        kind, task_id, slot = report["kind"], str(report["id"]), report.get("slot")
+        before = self.pop(task_id, None)
+        if kind in ("wait", "hold"):
+            token = report.get("token") if kind == "hold" else None
+            slot = (str(slot[0]), str(slot[1])) if kind == "wait" and slot else None
+            task, lock, pid = str(report["task"]), str(report["lock"]), int(report["pid"])
+            self[task_id] = TaskLockEntry(task_id, task, lock, pid, token, slot, kind == "wait")
         return before
 
-    def get(self, task_id: str) -> TaskLockEntry | None:
-        with self._guard:
-            return self._entries.get(task_id)
-
-    def pop(self, task_id: str) -> TaskLockEntry | None:
-        with self._guard:
-            return self._entries.pop(task_id, None)
-
     def holders(self) -> list[TaskLockEntry]:
-        with self._guard:
-            return [e for e in self._entries.values() if e.token]
+        return [e for e in list(self.values()) if e.token]
 
 
 #: How a worker's pool treats the time limits of a task that waits for its lock.
@@ -1403,9 +1383,7 @@ class WorkerHooks:
     EXIT_POLL = 0.01
 
     def __init__(self, worker: Any) -> None:
-        self.app = worker.app
-        self.worker = worker
-        self.pid = os.getpid()
+        self.app, self.worker, self.pid = worker.app, worker, os.getpid()
         self.locks = WorkerLocks()
         self.limits = _limits_mode(worker)
         self.hub: Any = None
@@ -1468,17 +1446,20 @@ class WorkerHooks:
             hub.add_reader(self._read_fd, self.read_reports)
 
     def close(self) -> None:
-        if self._read_fd is not None:
-            if self.hub is not None:
-                with contextlib.suppress(Exception):
-                    self.hub.remove_reader(self._read_fd)
-            for fd in (self._read_fd, self._write_fd):
-                with contextlib.suppress(OSError):
-                    os.close(fd)  # type: ignore[arg-type]
-            self._read_fd = self._write_fd = None
+        if self._read_fd is None:
+            return
+        if self.hub is not None:
+            with contextlib.suppress(Exception):
+                self.hub.remove_reader(self._read_fd)
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)  # type: ignore[arg-type]
+        self._read_fd = self._write_fd = None
 
     def read_reports(self, *args: Any) -> None:
         """Take every report waiting in the pipe (the event loop calls this when readable)."""
+        from celery.worker import state as worker_state
+
         while self._read_fd is not None:
             try:
                 chunk = os.read(self._read_fd, 65536)
@@ -1496,22 +1477,18 @@ class WorkerHooks:
                 except ValueError:
                     logger.debug("unreadable report %r", line[:200])
                     continue
-                self._take_report(report)
-
-    def _take_report(self, report: dict[str, Any]) -> None:
-        from celery.worker import state as worker_state
-
-        before = self.locks.record(report)
-        task_id = str(report["id"])
-        if report["kind"] == "wait":
-            entry = self.locks.get(task_id)
-            if entry is not None and task_id in worker_state.revoked:
-                # Revoked before it reported the wait (as it started): stop it now.
-                self._stop_waiting(entry)
-                return
-            self._suspend_limits(task_id, 0)
-        elif report["kind"] in ("hold", "go") and before is not None and before.waiting:
-            self._rearm_limits(task_id)
+                before, task_id = self.locks.record(report), str(report["id"])
+                entry = self.locks.get(task_id)
+                if (
+                    report["kind"] == "wait"
+                    and entry is not None
+                    and task_id in worker_state.revoked
+                ):
+                    self._stop_waiting(entry)  # revoked before it reported the wait
+                elif report["kind"] == "wait":
+                    self._suspend_limits(task_id, 0)
+                elif report["kind"] in ("hold", "go") and before is not None and before.waiting:
+                    self._rearm_limits(task_id)
 
     def _job_of(self, task_id: str) -> tuple[Any, Any]:
         """The worker's request for ``task_id`` and its pool job (None, None if gone)."""
@@ -1538,14 +1515,13 @@ class WorkerHooks:
         _, cancel = self._pool_timers()
         if job is None or cancel is None:
             return
-        if not job.accepted():
-            if deferrals < self.MAX_DEFERRALS and self.hub is not None:
-                if deferrals < self._SOON:
-                    self.hub.call_soon(self._suspend_limits, task_id, deferrals + 1)
-                else:
-                    self.hub.call_later(0.01, self._suspend_limits, task_id, deferrals + 1)
-            return
-        cancel(job)
+        if job.accepted():
+            cancel(job)
+        elif deferrals < self.MAX_DEFERRALS and self.hub is not None:
+            if deferrals < self._SOON:
+                self.hub.call_soon(self._suspend_limits, task_id, deferrals + 1)
+            else:
+                self.hub.call_later(0.01, self._suspend_limits, task_id, deferrals + 1)
 
     def _rearm_limits(self, task_id: str) -> None:
         """Arm the full time limits again, from now: the wait is over."""
@@ -1562,9 +1538,8 @@ class WorkerHooks:
         """After Celery's own ``revoke``: a revoked task that waits for its lock gives up its
         waiting slot at once and is stopped; a revoked queued task's marker stops merging
         calls. Point operations only: the map, and one key written per task id."""
-        ids = [
-            str(i) for i in (task_ids if isinstance(task_ids, (list, tuple, set)) else [task_ids])
-        ]
+        many = isinstance(task_ids, (list, tuple, set))
+        ids = [str(i) for i in (task_ids if many else [task_ids])]
         self.read_reports()  # a task that got its lock meanwhile is no longer waiting
         for task_id in ids:
             entry = self.locks.get(task_id)
@@ -1605,33 +1580,23 @@ class WorkerHooks:
     def release_for(self, task_id: str, why: str) -> bool | None:
         """Release the lock (and waiting slot) that the map holds for ``task_id``, by token;
         None when the map knows nothing of it."""
-        entry = self.locks.pop(task_id)
-        if entry is None:
+        entry = self.locks.pop(task_id, None)
+        redlock = None if entry is None else _redlock_of_task(self.app, entry.task)
+        if entry is None or redlock is None:
             return None
-        redlock = _redlock_of_task(self.app, entry.task)
-        if redlock is None:
-            return None
-        released = False
         try:
             if entry.slot is not None:
                 redlock.release_token(*entry.slot)
-            if entry.token:
-                released = redlock.release_token(entry.lock, entry.token) > 0
+            released = bool(entry.token) and redlock.release_token(entry.lock, str(entry.token)) > 0
         except Exception:
             logger.warning(
-                "could not release lock %s (%s)",
-                printable(entry.lock),
-                printable(why),
-                exc_info=True,
+                "could not release lock %s (%s)", *_shown(entry.lock, why), exc_info=True
             )
             return False
         if released:
+            lock, shown_why = _shown(entry.lock, why)
             logger.warning(
-                "released lock %s of task %s[%s] (%s)",
-                printable(entry.lock),
-                entry.task,
-                task_id,
-                printable(why),
+                "released lock %s of task %s[%s] (%s)", lock, entry.task, task_id, shown_why
             )
         return released
 
@@ -1647,44 +1612,44 @@ class WorkerHooks:
             return False
         if entry.pid == self.pid or self.hub is None:
             self.release_for(task_id, why)
-            return True
-        if task_id in self._awaiting_exit:
-            return True  # Celery sends task_failure twice for one hard time limit
-        self._awaiting_exit.add(task_id)
-        deadline = time.monotonic() + self.EXIT_PATIENCE
-        # Checked from the event loop, after billiard's own wait for the process (SIGTERM,
-        # up to 0.1 s, SIGKILL) that follows this signal on it: the release never runs
-        # beside the loop's forks of replacement pool processes.
-        self.hub.call_soon(self._release_when_exited, task_id, entry.pid, deadline, why)
+        elif task_id not in self._awaiting_exit:  # Celery sends task_failure twice for one limit
+            self._awaiting_exit.add(task_id)
+            # Checked from the event loop, after billiard's own wait for the process (SIGTERM,
+            # up to 0.1 s, SIGKILL) that follows this signal on it: the release never runs
+            # beside the loop's forks of replacement pool processes.
+            deadline = time.monotonic() + self.EXIT_PATIENCE
+            self.hub.call_soon(self._release_when_exited, task_id, entry.pid, deadline, why)
         return True
 
     def _release_when_exited(self, task_id: str, pid: int, deadline: float, why: str) -> None:
         entry = self.locks.get(task_id)
-        if entry is None or entry.pid != pid:
-            # The run ended on its own and reported it (a body that went on after SIGTERM
-            # and then returned released its lock itself): nothing is left to free.
-            self._awaiting_exit.discard(task_id)
-            return
-        if not _process_exited(pid):
-            if time.monotonic() < deadline:
+        # None (or another run's): the run ended on its own and reported it (a body that went
+        # on after SIGTERM and then returned released its lock itself): nothing is left.
+        if entry is not None and entry.pid == pid:
+            if _process_exited(pid):
+                self.release_for(task_id, why)
+            elif time.monotonic() < deadline:
                 self.hub.call_later(
                     self.EXIT_POLL, self._release_when_exited, task_id, pid, deadline, why
                 )
                 return
-            entry = self.locks.pop(task_id)
-            logger.warning(
-                "pool process %s of task %s[%s] still runs %.0f s after it was stopped (%s): "
-                "lock %s is left to it or to its lease",
-                pid,
-                entry.task if entry else "?",
-                task_id,
-                self.EXIT_PATIENCE,
-                printable(why),
-                printable(entry.lock) if entry else "?",
-            )
-        else:
-            self.release_for(task_id, why)
+            else:
+                self.locks.pop(task_id, None)
+                self.left_running(
+                    entry, f"{self.EXIT_PATIENCE:.0f} s after it was stopped ({printable(why)})"
+                )
         self._awaiting_exit.discard(task_id)
+
+    @staticmethod
+    def left_running(entry: TaskLockEntry, when: str) -> None:
+        logger.warning(
+            "pool process %s of task %s[%s] still runs %s: lock %s is left to it or to its lease",
+            entry.pid,
+            entry.task,
+            entry.task_id,
+            when,
+            printable(entry.lock),
+        )
 
 
 #: Longest wait at a cold shutdown for the terminated pool processes to be gone.
@@ -1701,10 +1666,9 @@ _worker_hooks: WorkerHooks | None = None
 def _process_exited(pid: int) -> bool:
     """Whether ``pid``, a pool process (a child of this process), has exited. It is left
     unreaped: billiard reaps its own processes."""
-    waitid = getattr(os, "waitid", None)
-    if waitid is not None:
+    if hasattr(os, "waitid"):
         try:
-            return waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:
             return True  # reaped already
     try:
@@ -1718,12 +1682,13 @@ def _process_exited(pid: int) -> bool:
 
 def _limits_mode(worker: Any) -> str:
     pool_cls = getattr(worker, "pool_cls", None)
-    module = getattr(pool_cls, "__module__", "") or ""
-    if module.endswith(".prefork"):
+    if (getattr(pool_cls, "__module__", "") or "").endswith(".prefork"):
         return LIMITS_REARMED if getattr(worker, "use_eventloop", False) else LIMITS_CHARGED
-    if getattr(pool_cls, "is_green", False):
-        return LIMITS_CHARGED
-    return LIMITS_NOT_ENFORCED
+    return LIMITS_CHARGED if getattr(pool_cls, "is_green", False) else LIMITS_NOT_ENFORCED
+
+
+def _locked_tasks(app: Any) -> list[LockedTask]:
+    return [t for t in app.tasks.values() if isinstance(t, LockedTask)]
 
 
 def _redlock_of_task(app: Any, task_name: str) -> Redlock | None:
@@ -1737,18 +1702,6 @@ def _redlock_of_task(app: Any, task_name: str) -> Redlock | None:
         return None
 
 
-def _redlocks_of(app: Any) -> list[Redlock]:
-    """The distinct Redlocks the LockedTasks registered in ``app`` lock with."""
-    found: dict[int, Redlock] = {}
-    for task in [t for t in app.tasks.values() if isinstance(t, LockedTask)]:
-        try:
-            redlock = task.get_redlock()
-        except Exception:
-            continue
-        found.setdefault(id(redlock), redlock)
-    return list(found.values())
-
-
 def dedupe_without_leases(apps: Any = None) -> list[tuple[str, str, str]]:
     """``(task name, lock_using, service class)`` of each LockedTask that de-duplicates
     (``lock_dedupe``, its own or ``REDLOCK["LOCKED_TASK"]``'s) on a lock service without
@@ -1760,12 +1713,9 @@ def dedupe_without_leases(apps: Any = None) -> list[tuple[str, str, str]]:
 
     found: list[tuple[str, str, str]] = []
     for app in list(apps if apps is not None else _state._get_active_apps()):
-        if not app.finalized and not app.autofinalize:
-            continue
-        for task in [t for t in app.tasks.values() if isinstance(t, LockedTask)]:
+        for task in _locked_tasks(app) if app.finalized or app.autofinalize else []:
             try:
-                dedupe = task.lock_options().dedupe
-                service = task.get_redlock() if dedupe else None
+                service = task.get_redlock() if task.lock_options().dedupe else None
             except Exception:  # broken options or settings: other checks say so
                 continue
             if service is not None and not _leased(service):
@@ -1792,18 +1742,6 @@ def _longest_marker(redlock: Any) -> float:
     return min(float(redlock.max_ttl), MAX_DURATION)
 
 
-def _note_lifetime(redlock: Any) -> float:
-    """The lease of a revoke's note on ``redlock``: as long as the queued marker it stands for
-    can live (:func:`_longest_marker`), and no longer than Celery's workers remember the
-    revoke (``celery.worker.state.REVOKE_EXPIRES``, three hours unless
-    ``CELERY_WORKER_REVOKE_EXPIRES`` says otherwise): past that, a worker that reaches the
-    task's message runs it, so a call merged into it is no longer lost. A backend that keeps
-    a lease as long as it is asked (a database, etcd) once kept every note for a year."""
-    from celery.worker import state as worker_state
-
-    return min(_longest_marker(redlock), float(worker_state.REVOKE_EXPIRES))
-
-
 def _note_revoked(app: Any, task_ids: list[str]) -> None:
     """Write :data:`REVOKED_PREFIX` + id for each revoked task (a point write per id, no
     read) on every lock service the app's LockedTasks use (``lock_using``): a later
@@ -1811,15 +1749,27 @@ def _note_revoked(app: Any, task_ids: list[str]) -> None:
     that will never run. Celery only tells a task it was revoked when a worker reaches its
     message, which may be a long queue later. A service without leases holds no markers
     (lock_dedupe is refused there). A service that fails is logged; the revoke's reply, and
-    the notes on the other services, still go out."""
-    for redlock in _redlocks_of(app):
-        if not _leased(redlock):
-            continue
+    the notes on the other services, still go out.
+
+    A note lives as long as the queued marker it stands for can (:func:`_longest_marker`),
+    and no longer than Celery's workers remember the revoke
+    (``celery.worker.state.REVOKE_EXPIRES``, three hours unless
+    ``CELERY_WORKER_REVOKE_EXPIRES`` says otherwise): past that, a worker that reaches the
+    task's message runs it, so a call merged into it is no longer lost. A backend that keeps
+    a lease as long as it is asked (a database, etcd) once kept every note for a year."""
+    from celery.worker import state as worker_state
+
+    redlocks: dict[int, Redlock] = {}
+    for task in _locked_tasks(app):
+        with contextlib.suppress(Exception):
+            redlock = task.get_redlock()
+            redlocks.setdefault(id(redlock), redlock)
+    for redlock in [r for r in redlocks.values() if _leased(r)]:
         for task_id in task_ids:
             try:
                 note = redlock.lock(
                     _revoked_name(task_id),
-                    ttl=_note_lifetime(redlock),
+                    ttl=min(_longest_marker(redlock), float(worker_state.REVOKE_EXPIRES)),
                     reentrant=False,
                     owner=("celery-revoked", task_id),
                     meta={"task_id": task_id, "revoked": True},
@@ -1827,11 +1777,9 @@ def _note_revoked(app: Any, task_ids: list[str]) -> None:
                 if note.acquire(blocking=False):
                     note.detach()  # it lives out its lease
             except Exception:
+                kind = type(redlock).__name__
                 logger.warning(
-                    "could not note the revoke of %s on %s",
-                    task_id,
-                    type(redlock).__name__,
-                    exc_info=True,
+                    "could not note the revoke of %s on %s", task_id, kind, exc_info=True
                 )
 
 
@@ -1859,9 +1807,18 @@ class LockedTaskWorker(bootsteps.StartStopStep):
     def __init__(self, w: Any, **kwargs: Any) -> None:
         global _worker_hooks
         super().__init__(w, **kwargs)
-        self.hooks = WorkerHooks(w)
-        _worker_hooks = self.hooks
-        _connect_worker_signals()
+        self.hooks = _worker_hooks = WorkerHooks(w)
+        # Connected once per process; each receiver acts only for the worker whose hooks
+        # are installed here.
+        for celery_signal, receiver in (
+            (signals.worker_process_shutdown, _on_process_shutdown),
+            (signals.worker_shutting_down, _on_worker_shutting_down),
+            (signals.task_revoked, _on_task_revoked),
+            (signals.task_failure, _on_task_failure),
+            (signals.worker_shutdown, _on_worker_shutdown),
+        ):
+            uid = f"django_redlock{receiver.__name__}"
+            celery_signal.connect(receiver, weak=False, dispatch_uid=uid)
 
     # No start or stop of its own: the hooks outlive the other steps (a pool that stops
     # reports its tasks' failures, and a cold shutdown its abandoned locks, after this step's
@@ -1883,14 +1840,11 @@ class LockedTaskControl(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         control = c.blueprint.steps.get("celery.worker.consumer.control.Control")
-        node = getattr(getattr(control, "box", None), "node", None)
-        handlers = getattr(node, "handlers", None)
-        if node is None or not isinstance(handlers, dict):
-            return
-        original = handlers.get("revoke")
-        if original is None or getattr(original, "redlock_hooked", False):
-            return
-        node.handlers = {**handlers, "revoke": _revoke_with_locks(original)}
+        node: Any = getattr(getattr(control, "box", None), "node", None)
+        handlers: Any = getattr(node, "handlers", None)
+        original = handlers.get("revoke") if isinstance(handlers, dict) else None
+        if original is not None and not getattr(original, "redlock_hooked", False):
+            node.handlers = {**handlers, "revoke": _revoke_with_locks(original)}
 
 
 def install(app: Any) -> None:
@@ -1905,26 +1859,11 @@ def install(app: Any) -> None:
     app.steps["consumer"].add(LockedTaskControl)
 
 
-def _connect_worker_signals() -> None:
-    """Connect the receivers once per process (a worker bootstep calls this); each acts only
-    for the worker whose hooks are installed here."""
-    for celery_signal, receiver in (
-        (signals.worker_process_shutdown, _on_process_shutdown),
-        (signals.worker_shutting_down, _on_worker_shutting_down),
-        (signals.task_revoked, _on_task_revoked),
-        (signals.task_failure, _on_task_failure),
-        (signals.worker_shutdown, _on_worker_shutdown),
-    ):
-        uid = f"django_redlock{receiver.__name__}"
-        celery_signal.connect(receiver, weak=False, dispatch_uid=uid)
-
-
 def _on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:
     """The worker has stopped: its hooks end with it."""
     global _worker_hooks
-    hooks = _worker_hooks
-    if hooks is not None and hooks.worker is sender:
-        hooks.close()
+    if _worker_hooks is not None and _worker_hooks.worker is sender:
+        _worker_hooks.close()
         _worker_hooks = None
 
 
@@ -1943,29 +1882,19 @@ def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: An
     if how != "Cold" or hooks is None:
         return
     release_held_locks("cold worker shutdown")
-    holders = hooks.locks.holders()
     # The terminated pool processes may still run their bodies (a C call delays the signal):
     # each key is freed once its process is gone, waiting at most a few seconds in all, as
     # the worker is going away and its event loop with it.
     deadline = time.monotonic() + COLD_EXIT_PATIENCE
-    for entry in holders:
-        while (
-            entry.pid != hooks.pid
-            and not _process_exited(entry.pid)
-            and time.monotonic() < deadline
-        ):
+    for entry in hooks.locks.holders():
+        while entry.pid != hooks.pid and not _process_exited(entry.pid):
+            if time.monotonic() >= deadline:
+                break
             time.sleep(WorkerHooks.EXIT_POLL)
         if entry.pid == hooks.pid or _process_exited(entry.pid):
             hooks.release_for(entry.task_id, "cold worker shutdown")
         else:
-            logger.warning(
-                "pool process %s of task %s[%s] still runs at cold shutdown: lock %s is left "
-                "to it or to its lease",
-                entry.pid,
-                entry.task,
-                entry.task_id,
-                printable(entry.lock),
-            )
+            hooks.left_running(entry, "at cold shutdown")
 
 
 def _on_task_revoked(
@@ -1983,31 +1912,23 @@ def _on_task_revoked(
         # the process is gone, not now.
         if not hooks.release_once_exited(str(request.id), "task terminated"):
             sender.release_for_request(request)
-        return
-    queued = _header_of(request).get(_QUEUED)
-    if queued:
+    elif queued := _header_of(request).get(_QUEUED):
         _release_queued_marker(sender.get_redlock(), queued)
 
 
 def _on_task_failure(
-    sender: Any = None,
-    task_id: str | None = None,
-    exception: BaseException | None = None,
-    **kwargs: Any,
+    sender: Any = None, task_id: str | None = None, exception: Any = None, **kwargs: Any
 ) -> None:
     """A pool process killed by a hard time limit or lost (WorkerLostError) cannot release
     its lock; the main process reports the failure and releases it here, once the process
     has exited."""
-    hooks = _worker_hooks
+    hooks, name = _worker_hooks, type(exception).__name__
     if hooks is None or not isinstance(sender, LockedTask):
         return
-    if type(exception).__name__ not in ("TimeLimitExceeded", "WorkerLostError"):
-        return
     task_id = task_id or getattr(sender.request, "id", None)
-    if not task_id:
+    if name not in ("TimeLimitExceeded", "WorkerLostError") or not task_id:
         return
-    why = f"task failed: {type(exception).__name__}"
-    if hooks.release_once_exited(str(task_id), why):
+    if hooks.release_once_exited(str(task_id), f"task failed: {name}"):
         return
     # Without the map (no report pipe) only the run's own request names its lock; Celery
     # also sends this signal without it (after its timeout handler), and then the map's
