@@ -75,21 +75,9 @@ from .task_options import (
     header_values,
 )
 
-__all__ = [
-    "DEDUPE_POLICIES",
-    "HEADER",
-    "ON_LOCKED",
-    "LockOptions",
-    "LockedTask",
-    "LockedTaskControl",
-    "LockedTaskWorker",
-    "dedupe_without_leases",
-    "default_lock_key",
-    "install",
-    "release_held_locks",
-    "task_dropped",
-    "task_skipped",
-]
+__all__ = ["DEDUPE_POLICIES", "HEADER", "ON_LOCKED", "LockOptions", "LockedTask"]
+__all__ += ["LockedTaskControl", "LockedTaskWorker", "dedupe_without_leases", "default_lock_key"]
+__all__ += ["install", "release_held_locks", "task_dropped", "task_skipped"]
 
 logger = logging.getLogger("django_redlock.celery")
 
@@ -214,7 +202,7 @@ def _release_queued_marker(redlock: Redlock, queued: Any) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _QueuedElsewhere:
+class _Queued:
     """The task already queued for a key (``lock_dedupe``): its id, and the seconds its
     queued marker has left (None when unknown)."""
 
@@ -243,21 +231,16 @@ def release_held_locks(reason: str = "worker shutdown") -> int:
         lock = _held.pop(key, None)
         if lock is None:  # its run ended meanwhile
             continue
+        name, why = _shown(lock.name, reason)
         try:
             lock.release()
         except RedlockError as exc:
-            logger.debug(
-                "releasing %s at %s: %s", printable(lock.name), printable(reason), printable(exc)
-            )
+            logger.debug("releasing %s at %s: %s", name, why, printable(exc))
         except Exception:
-            logger.warning(
-                "could not release %s at %s", printable(lock.name), printable(reason), exc_info=True
-            )
+            logger.warning("could not release %s at %s", name, why, exc_info=True)
         else:
             released += 1
-            logger.warning(
-                "released lock %s of a running task (%s)", printable(lock.name), printable(reason)
-            )
+            logger.warning("released lock %s of a running task (%s)", name, why)
     return released
 
 
@@ -287,15 +270,11 @@ class _TaskRun:
         self.lock_retries = int(header.get(_LOCK_RETRIES, 0) or 0)
         name = task.lock_name(args, kwargs, opts)
         ttl, renew, renew_for = task._lease_for(request, opts, redlock)
-        meta = {
-            "task_id": self.task_id,
-            "task": self.name,
-            "worker": request.hostname,
-            "args": _summary(args, kwargs),
-            "attempt": f"{request.retries or 0}.{self.lock_retries}",
-            "on_locked": opts.on_locked,
-            **_hold_times.meta(self.name),
-        }
+        meta = {"task_id": self.task_id, "task": self.name, "worker": request.hostname}
+        meta.update(
+            args=_summary(args, kwargs), attempt=f"{request.retries or 0}.{self.lock_retries}"
+        )
+        meta.update(on_locked=opts.on_locked, **_hold_times.meta(self.name))
         owner = ("celery", self.task_id or id(request))
         lease: dict[str, Any] = {"auto_renew": renew, "renew_for": renew_for, "meta": meta}
         if opts.limit is not None:
@@ -317,8 +296,8 @@ class _TaskRun:
         if self.hooks is None and not self.eager:
             _warn_not_installed(task)
 
-    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
-        logger.log(level, "task %s[%s]" + msg, self.name, self.task_id, *args, **kwargs)
+    def warn(self, msg: str, *args: Any, level: int = logging.WARNING) -> None:
+        logger.log(level, "task %s[%s]" + msg, self.name, self.task_id, *args)
 
     def __call__(self, body: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         lock, opts = self.lock, self.opts
@@ -336,7 +315,7 @@ class _TaskRun:
                 # Too few nodes answered: nobody knows whether the key is free. "retry" and
                 # "skip" re-schedule (a skip needs a holder to skip for); "wait" and "raise"
                 # fail.
-                self.log(logging.WARNING, ": lock %s unavailable: %s", *_shown(lock.name, exc))
+                self.warn(": lock %s unavailable: %s", *_shown(lock.name, exc))
                 if opts.on_locked in ("retry", "skip") and not self.eager:
                     self.retry_later(exc, self.task._countdown(opts, self.lock_retries, {}))
                 self.release_queued()
@@ -430,8 +409,7 @@ class _TaskRun:
         # A pool process killed mid-run: its message came back (reject_on_worker_lost)
         # while its lease still runs. Nobody is in the critical section any more.
         freed = self.redlock.release_token(self.lock.name, holder["token"])
-        self.log(
-            logging.WARNING,
+        self.warn(
             ": freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)",
             *_shown(self.lock.name, holder.get("pid")),
             freed,
@@ -448,12 +426,13 @@ class _TaskRun:
         if len(name + WAITER_SUFFIX) > MAX_KEY_LENGTH:
             return None
         wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
+        ttl, owner = (
+            min(wait + SLOT_GRACE, redlock.max_ttl),
+            ("celery-waiter", task_id or id(self.request)),
+        )
+        meta = {"task_id": task_id, "task": self.name, "waiting_for": name}
         self.slot = redlock.lock(
-            name + WAITER_SUFFIX,
-            ttl=min(wait + SLOT_GRACE, redlock.max_ttl),
-            reentrant=False,
-            owner=("celery-waiter", task_id or id(self.request)),
-            meta={"task_id": task_id, "task": self.name, "waiting_for": name},
+            name + WAITER_SUFFIX, ttl=ttl, reentrant=False, owner=owner, meta=meta
         )
         try:
             if not self.slot.acquire(blocking=False):
@@ -478,13 +457,13 @@ class _TaskRun:
         if holder is None:
             holder = _holder(self.redlock, name)
         full = opts.limit is not None
-        held_by = (
+
+        def refused(state: str) -> LockNotAcquired:
+            msg = f"task {self.name}[{task_id}]: lock {name!r} {state}"
+            return LockNotAcquired(msg, name, retry_after=lock.retry_after)
+
+        exc = refused(
             f"has all {opts.limit} permits taken" if full else f"is held by {_describe(holder)}"
-        )
-        exc = LockNotAcquired(
-            f"task {self.name}[{task_id}]: lock {name!r} {held_by}",
-            name,
-            retry_after=lock.retry_after,
         )
         countdown = self.task._countdown(opts, self.lock_retries, holder)
         if task_id and holder.get("task_id") == task_id and not self.eager:
@@ -493,8 +472,7 @@ class _TaskRun:
             # of this message still running (visibility_timeout shorter than the task).
             # Skipping or failing would drop the task for good: come back when that lease has
             # run out.
-            self.log(
-                logging.WARNING,
+            self.warn(
                 ": lock %s is held under this task's own id (attempt %s, now %s): an earlier "
                 "attempt's lease, or a redelivery while the task still runs (the broker's "
                 "visibility_timeout must exceed the longest task); retrying in %.1fs",
@@ -511,12 +489,7 @@ class _TaskRun:
             return self.skip(holder, args, kwargs)
         if opts.on_locked == "wait":
             still = "full" if full else "held by " + _describe(holder)
-            exc = LockNotAcquired(
-                f"task {self.name}[{task_id}]: lock {name!r} still {still} after waiting "
-                f"{opts.effective_wait():g}s",
-                name,
-                retry_after=lock.retry_after,
-            )
+            exc = refused(f"still {still} after waiting {opts.effective_wait():g}s")
         raise exc
 
     def retry_later(self, exc: LockNotAcquired, countdown: float) -> None:
@@ -544,28 +517,18 @@ class _TaskRun:
             sig.apply_async()
             raise Retry(exc=exc, when=countdown, sig=sig)
         self.release_queued()
-        raise LockNotAcquired(
-            f"{exc} (gave up after {retries} lock retries)",
-            self.lock.name,
-            retry_after=exc.retry_after,
-        )
+        msg = f"{exc} (gave up after {retries} lock retries)"
+        raise LockNotAcquired(msg, self.lock.name, retry_after=exc.retry_after)
 
     def skip(self, holder: dict[str, Any], args: Any, kwargs: Any) -> None:
         """End the task without running it: state SUCCESS, result None, so that a group, a
         chord or a chain it is part of goes on (a chord's counter counts it, a chain's next
         task gets None). Never silently: a WARNING, ``lock_contended`` and ``task_skipped``."""
         name = self.lock.name
-        self.log(
-            logging.WARNING, " skipped: lock %s is held by %s", *_shown(name, _describe(holder))
-        )
+        self.warn(" skipped: lock %s is held by %s", *_shown(name, _describe(holder)))
         _django_contended(self.redlock, self.lock)
         task_skipped.send(
-            sender=self.task,
-            task_id=self.task_id,
-            lock_name=name,
-            holder=holder,
-            args=args,
-            kwargs=kwargs,
+            self.task, task_id=self.task_id, lock_name=name, holder=holder, args=args, kwargs=kwargs
         )
 
     def release_queued(self) -> None:
@@ -589,9 +552,8 @@ class _TaskRun:
             except RedlockError as exc:
                 # Lost while running (lease ran out, a quorum forgot it, or force-released):
                 # the core already sent lock_lost; say which task it was.
-                self.log(
-                    logging.ERROR, " finished without holding lock %s: %s", *_shown(lock.name, exc)
-                )
+                shown = _shown(lock.name, exc)
+                self.warn(" finished without holding lock %s: %s", *shown, level=logging.ERROR)
             except Exception:
                 logger.warning("could not release lock %s", printable(lock.name), exc_info=True)
             else:
@@ -609,11 +571,7 @@ class _TaskRun:
 
     def end_revoked(self) -> None:
         """A task revoked while it waited for its lock ends in state REVOKED, never running."""
-        self.log(
-            logging.WARNING,
-            " revoked while it waited for lock %s: not run",
-            printable(self.lock.name),
-        )
+        self.warn(" revoked while it waited for lock %s: not run", printable(self.lock.name))
         request = self.request
         if request.id and not request.called_directly:
             try:
@@ -972,7 +930,7 @@ class LockedTask(Task):
             task_id = task_id or uuid()
             name = self.lock_name(args, kwargs, opts)
             queued = self._take_queued(name, task_id, opts, _delay_of(options), args, kwargs)
-            if isinstance(queued, _QueuedElsewhere):
+            if isinstance(queued, _Queued):
                 return self._duplicate(opts, name, task_id, queued, args, kwargs)
             if queued is not None:
                 header[_QUEUED] = list(queued)
@@ -1011,13 +969,7 @@ class LockedTask(Task):
         return header, opts
 
     def _duplicate(
-        self,
-        opts: LockOptions,
-        name: str,
-        task_id: str,
-        queued: _QueuedElsewhere,
-        args: Any,
-        kwargs: Any,
+        self, opts: LockOptions, name: str, task_id: str, queued: _Queued, args: Any, kwargs: Any
     ) -> Any:
         """Apply the ``lock_dedupe`` policy to a call whose key already has a queued task."""
         queued_id = queued.task_id
@@ -1026,20 +978,10 @@ class LockedTask(Task):
             raise LockNotAcquired(f"{msg} {name!r}", name, retry_after=queued.ttl)
         shown = (self.name, *_shown(queued_id, name))
         if opts.dedupe == "drop":
-            logger.warning(
-                "task %s[%s] dropped: %s[%s] is already queued for lock %s",
-                self.name,
-                task_id,
-                *shown,
-            )
-            task_dropped.send(
-                sender=self,
-                task_id=task_id,
-                lock_name=name,
-                queued_id=queued_id,
-                args=args,
-                kwargs=kwargs,
-            )
+            dropped = "task %s[%s] dropped: %s[%s] is already queued for lock %s"
+            logger.warning(dropped, self.name, task_id, *shown)
+            named = {"task_id": task_id, "lock_name": name, "queued_id": queued_id}
+            task_dropped.send(self, **named, args=args, kwargs=kwargs)
             from celery import states
             from celery.result import EagerResult
 
@@ -1049,34 +991,29 @@ class LockedTask(Task):
 
     def _take_queued(
         self, name: str, task_id: str, opts: LockOptions, delay: float, args: Any, kwargs: Any
-    ) -> tuple[str, str] | _QueuedElsewhere | None:
+    ) -> tuple[str, str] | _Queued | None:
         """Take ``<name>:queued`` for this task id: ``(queued name, token)``, or the task
         already queued for the key, or None when de-duplication could not tell (nodes down:
         the task is sent anyway, never lost). The marker of a task a worker revoked (one
         point look-up, :data:`REVOKED_PREFIX`) is replaced, not merged into."""
         redlock = self.get_redlock()
         queued_name = f"{name}{QUEUED_SUFFIX}"
-        lock = redlock.lock(
-            queued_name,
-            ttl=min(opts.dedupe_ttl + delay, _longest_marker(redlock)),
-            reentrant=False,
-            owner=("celery-queued", task_id),
-            meta={
-                "task_id": task_id,
-                "task": self.name,
-                "queued": True,
-                "args": _summary(args, kwargs),
-            },
-        )
+        ttl = min(opts.dedupe_ttl + delay, _longest_marker(redlock))
+        meta = {
+            "task_id": task_id,
+            "task": self.name,
+            "queued": True,
+            "args": _summary(args, kwargs),
+        }
+        owner = ("celery-queued", task_id)
+        lock = redlock.lock(queued_name, ttl=ttl, reentrant=False, owner=owner, meta=meta)
         try:
             acquired = lock.acquire(blocking=False)
         except QuorumError:
-            logger.warning(
-                "task %s[%s]: de-duplication unavailable (too few lock nodes), sending it anyway",
-                self.name,
-                task_id,
-                exc_info=True,
+            unavailable = (
+                "task %s[%s]: de-duplication unavailable (too few lock nodes), sending it anyway"
             )
+            logger.warning(unavailable, self.name, task_id, exc_info=True)
             return None
         # The worker that runs the task frees the marker by token (Redlock.release_token).
         for attempt in (1, 2):
@@ -1091,14 +1028,10 @@ class LockedTask(Task):
             # Revoked while queued: its message may be a long queue away from any worker,
             # which would only then free the marker. This call takes the key's place.
             redlock.release_token(queued_name, holder["token"])
-            logger.info(
-                "task %s[%s]: replaced the queued marker %s of revoked task %s",
-                self.name,
-                task_id,
-                *_shown(queued_name, other),
-            )
+            replaced = "task %s[%s]: replaced the queued marker %s of revoked task %s"
+            logger.info(replaced, self.name, task_id, *_shown(queued_name, other))
             acquired = lock.acquire(blocking=False)
-        return _QueuedElsewhere(str(other), holder.get("ttl"))
+        return _Queued(str(other), holder.get("ttl"))
 
     # -- running ----------------------------------------------------------------------------
 
