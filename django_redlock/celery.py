@@ -123,6 +123,8 @@ ARGS_SUMMARY_MAX = 200
 #: Exponential backoff stops doubling after this many lock retries.
 _MAX_DOUBLINGS = 10
 
+#: The reason stored with the REVOKED state of a task revoked while it waited for its lock.
+_REVOKED_WAITING = "revoked while waiting for its lock"
 # Bookkeeping keys (not options) in the header.
 _QUEUED = "_queued"  # [lock name, token] of the enqueue-time de-duplication lock
 _LOCK_RETRIES = "_lock_retries"  # re-schedules caused by a busy lock so far
@@ -263,18 +265,17 @@ class _TaskRun:
         request = self.request = task.request
         self.task, self.name, self.task_id = task, task.name, request.id
         #: The message's ``redlock`` header: per-call options and the bookkeeping below.
-        self.header = header = _checked_header_of(request, f"task {task.name} (redlock header)")
+        self.header = header = _header_of(request, f"task {task.name} (redlock header)")
         self.opts = opts = task.lock_options(header)
         self.redlock = redlock = task.get_redlock()
         #: Re-schedules this task has had for a busy lock so far.
         self.lock_retries = int(header.get(_LOCK_RETRIES, 0) or 0)
         name = task.lock_name(args, kwargs, opts)
         ttl, renew, renew_for = task._lease_for(request, opts, redlock)
+        self.attempt = f"{request.retries or 0}.{self.lock_retries}"
         meta = {"task_id": self.task_id, "task": self.name, "worker": request.hostname}
-        meta.update(
-            args=_summary(args, kwargs), attempt=f"{request.retries or 0}.{self.lock_retries}"
-        )
-        meta.update(on_locked=opts.on_locked, **_hold_times.meta(self.name))
+        meta.update(args=_summary(args, kwargs), attempt=self.attempt, on_locked=opts.on_locked)
+        meta.update(_hold_times.meta(self.name))
         owner = ("celery", self.task_id or id(request))
         lease: dict[str, Any] = {"auto_renew": renew, "renew_for": renew_for, "meta": meta}
         if opts.limit is not None:
@@ -359,8 +360,11 @@ class _TaskRun:
 
     def take(self) -> tuple[bool, dict[str, Any] | None]:
         """Try for the lock; refused, free this task's own earlier attempt's lease if its
-        process is gone, block up to ``lock_wait``, then contend (:meth:`contend`). True
-        once held, and the holder as last read when not."""
+        process is gone, block up to ``lock_wait``; still refused, free such a lease again
+        (read anew after a wait), and (``on_locked="retry"`` without ``lock_wait``) block in
+        the key's one waiting slot if this task gets it (:meth:`wait_in_slot`). True once
+        held, and the holder as last read when not, while that is still the latest word
+        (nothing was released or waited for since), else None."""
         wait = self.opts.effective_wait()
         if wait > 0:
             self.begin_wait()
@@ -368,52 +372,34 @@ class _TaskRun:
         if not acquired and not self.eager:
             # Before any wait: a dead process never releases, so waiting for it would only
             # hold this redelivery back until its lease or lock_wait ran out.
-            acquired, holder = self.free_dead_attempt(_holder(self.redlock, self.lock.name))
+            acquired, holder = self.free_dead_attempt()
         if not acquired and wait > 0:
             acquired, holder = self.acquire(wait), None
         if wait > 0:
             self.check_revoked()
-        if not acquired:
-            acquired, holder = self.contend(holder)
+        if not acquired and not self.eager:
+            if holder is None:
+                acquired, holder = self.free_dead_attempt()
+            if not acquired and holder and self.opts.on_locked == "retry" and not self.opts.wait:
+                waited = self.wait_in_slot(holder)
+                acquired, holder = (False, holder) if waited is None else (waited, None)
         self.end_wait(acquired)
         return acquired, holder
 
-    def contend(self, holder: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
-        """After a refused attempt: True if the lock was taken after all, because its holder
-        was this task's own earlier attempt in a process that is gone, or (``on_locked=
-        "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
-        the holder let go while it waited. ``holder`` is the holder as read since the last
-        attempt (None: read it now). Also the holder it read, while that is still the latest
-        word (nothing was released or waited for since), else None."""
-        if self.eager:
-            return False, None
-        if holder is None:
-            acquired, holder = self.free_dead_attempt(_holder(self.redlock, self.lock.name))
-            if acquired or holder is None:
-                return acquired, None
-        if self.opts.on_locked != "retry" or self.opts.wait or not holder:
-            return False, holder
-        waited = self.wait_in_slot(holder)
-        return (False, holder) if waited is None else (waited, None)
-
-    def free_dead_attempt(self, holder: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
-        """Free the lease of ``holder`` when it is this task's own earlier attempt in a
-        process that is gone on this host, and try for the lock again: whether it was taken,
-        and ``holder`` unless it was freed (then None: what holds the key now is unknown)."""
-        if not (
-            self.task_id
-            and holder.get("task_id") == self.task_id
-            and process_gone(holder, certain=True)
-        ):
+    def free_dead_attempt(self) -> tuple[bool, dict[str, Any] | None]:
+        """Free the lease of the key's holder when it is this task's own earlier attempt in
+        a process that is gone on this host, and try for the lock again: whether it was
+        taken, and the holder unless it was freed (then None: what holds the key now is
+        unknown)."""
+        holder = _holder(self.redlock, self.lock.name)
+        mine = self.task_id and holder.get("task_id") == self.task_id
+        if not (mine and process_gone(holder, certain=True)):
             return False, holder
         # A pool process killed mid-run: its message came back (reject_on_worker_lost)
         # while its lease still runs. Nobody is in the critical section any more.
         freed = self.redlock.release_token(self.lock.name, holder["token"])
-        self.warn(
-            ": freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)",
-            *_shown(self.lock.name, holder.get("pid")),
-            freed,
-        )
+        freed_of = ": freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)"
+        self.warn(freed_of, *_shown(self.lock.name, holder.get("pid")), freed)
         return self.acquire(), None
 
     def wait_in_slot(self, holder: Mapping[str, Any]) -> bool | None:
@@ -426,10 +412,8 @@ class _TaskRun:
         if len(name + WAITER_SUFFIX) > MAX_KEY_LENGTH:
             return None
         wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
-        ttl, owner = (
-            min(wait + SLOT_GRACE, redlock.max_ttl),
-            ("celery-waiter", task_id or id(self.request)),
-        )
+        ttl = min(wait + SLOT_GRACE, redlock.max_ttl)
+        owner = ("celery-waiter", task_id or id(self.request))
         meta = {"task_id": task_id, "task": self.name, "waiting_for": name}
         self.slot = redlock.lock(
             name + WAITER_SUFFIX, ttl=ttl, reentrant=False, owner=owner, meta=meta
@@ -478,7 +462,7 @@ class _TaskRun:
                 "visibility_timeout must exceed the longest task); retrying in %.1fs",
                 printable(name),
                 holder.get("attempt"),
-                f"{self.request.retries or 0}.{self.lock_retries}",
+                self.attempt,
                 lock.retry_after or 0.0,
             )
             self.retry_later(exc, max(countdown, lock.retry_after or 0.0))
@@ -575,9 +559,7 @@ class _TaskRun:
         request = self.request
         if request.id and not request.called_directly:
             try:
-                self.task.backend.mark_as_revoked(
-                    request.id, "revoked while waiting for its lock", request=request
-                )
+                self.task.backend.mark_as_revoked(request.id, _REVOKED_WAITING, request=request)
             except Exception:
                 logger.warning("could not store REVOKED for %s", request.id, exc_info=True)
 
@@ -697,15 +679,14 @@ class _TaskRun:
 
 def _warn_not_installed(task: LockedTask) -> None:
     global _not_installed_warned
-    if _not_installed_warned:
-        return
-    _not_installed_warned = True
-    logger.warning(
-        "LockedTask %s runs in a worker without django_redlock.celery.install(app): the locks "
-        "of pool processes the worker stops wait out their lease, a revoked task that waits "
-        "for its lock keeps waiting, and the wait counts against time limits",
-        task.name,
-    )
+    if not _not_installed_warned:
+        _not_installed_warned = True
+        logger.warning(
+            "LockedTask %s runs in a worker without django_redlock.celery.install(app): the locks "
+            "of pool processes the worker stops wait out their lease, a revoked task that waits "
+            "for its lock keeps waiting, and the wait counts against time limits",
+            task.name,
+        )
 
 
 # ============================================================================ the task class
@@ -913,12 +894,7 @@ class LockedTask(Task):
         # The task's own self.retry() sends the running request's id again: the same task
         # going on, never a duplicate of the one queued behind it.
         retry = task_id is not None and task_id == getattr(self.request, "id", None)
-        if (
-            opts.dedupe
-            and not retry
-            and _QUEUED not in header
-            and not self.app.conf.task_always_eager
-        ):
+        if opts.dedupe and not (retry or _QUEUED in header or self.app.conf.task_always_eager):
             from celery.utils import uuid
 
             without_leases = self._service_limits().get("without_leases")
@@ -999,12 +975,8 @@ class LockedTask(Task):
         redlock = self.get_redlock()
         queued_name = f"{name}{QUEUED_SUFFIX}"
         ttl = min(opts.dedupe_ttl + delay, _longest_marker(redlock))
-        meta = {
-            "task_id": task_id,
-            "task": self.name,
-            "queued": True,
-            "args": _summary(args, kwargs),
-        }
+        meta = {"task_id": task_id, "task": self.name, "queued": True}
+        meta["args"] = _summary(args, kwargs)
         owner = ("celery-queued", task_id)
         lock = redlock.lock(queued_name, ttl=ttl, reentrant=False, owner=owner, meta=meta)
         try:
@@ -1052,12 +1024,10 @@ class LockedTask(Task):
             return ttl, False, None
         if limit + 1 <= redlock.max_ttl:
             return limit + 1, False, None
-        logger.warning(
-            "task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing the lease instead",
-            self.name,
-            limit,
-            redlock.max_ttl,
+        exceeds = (
+            "task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing the lease instead"
         )
+        logger.warning(exceeds, self.name, limit, redlock.max_ttl)
         return ttl, True, limit
 
     def _countdown(self, opts: LockOptions, lock_retries: int, holder: Mapping[str, Any]) -> float:
@@ -1143,24 +1113,16 @@ def _project_defaults() -> Mapping[str, Any]:
     return defaults if isinstance(defaults, Mapping) else {}
 
 
-def _raw_header(request: Any) -> Any:
+def _header_of(request: Any, where: str | None = None) -> dict[str, Any]:
+    """The request's ``redlock`` header. For a run (``where`` names it) a header that is not
+    a dict of known fields fails the task, as a bad value in it does; read for clean-up, a
+    malformed one reads as empty (the run already failed on it)."""
     headers = getattr(request, "headers", None) or {}
     header = headers.get(HEADER) if isinstance(headers, Mapping) else None
-    return getattr(request, HEADER, None) if header is None else header
-
-
-def _header_of(request: Any) -> dict[str, Any]:
-    """The request's ``redlock`` header, read for clean-up (a malformed one reads as empty:
-    the run already failed on it, see :func:`_checked_header_of`)."""
-    header = _raw_header(request)
+    header = getattr(request, HEADER, None) if header is None else header
+    if where is not None and header is not None:
+        return dict(check_header_fields(header, where))
     return dict(header) if isinstance(header, Mapping) else {}
-
-
-def _checked_header_of(request: Any, where: str) -> dict[str, Any]:
-    """The request's ``redlock`` header for a run: a header that is not a dict of known
-    fields fails the task, as a bad value in it does."""
-    header = _raw_header(request)
-    return {} if header is None else dict(check_header_fields(header, where))
 
 
 def _leased(service: Any) -> bool:
@@ -1229,14 +1191,8 @@ def _django_contended(redlock: Redlock, lock: Any) -> None:
         from . import signals as django_signals
     except Exception:
         return
-    event = LockEvent(
-        "contended",
-        lock.name,
-        meta=lock.meta,
-        retry_after=lock.retry_after,
-        reason="skipped by on_locked='skip'",
-    )
-    django_signals.send_event(event, redlock)
+    skipped = {"retry_after": lock.retry_after, "reason": "skipped by on_locked='skip'"}
+    django_signals.send_event(LockEvent("contended", lock.name, meta=lock.meta, **skipped), redlock)
 
 
 # ============================================================================ the worker side
@@ -1410,17 +1366,13 @@ class WorkerHooks:
                 except ValueError:
                     logger.debug("unreadable report %r", line[:200])
                     continue
-                before, task_id = self.locks.record(report), str(report["id"])
+                before, task_id, kind = self.locks.record(report), str(report["id"]), report["kind"]
                 entry = self.locks.get(task_id)
-                if (
-                    report["kind"] == "wait"
-                    and entry is not None
-                    and task_id in worker_state.revoked
-                ):
+                if kind == "wait" and entry is not None and task_id in worker_state.revoked:
                     self._stop_waiting(entry)  # revoked before it reported the wait
-                elif report["kind"] == "wait":
+                elif kind == "wait":
                     self._suspend_limits(task_id, 0)
-                elif report["kind"] in ("hold", "go") and before is not None and before.waiting:
+                elif kind in ("hold", "go") and before is not None and before.waiting:
                     self._rearm_limits(task_id)
 
     def _job_of(self, task_id: str) -> tuple[Any, Any]:
@@ -1502,9 +1454,7 @@ class WorkerHooks:
         # soft time limit signal, SoftTimeLimitExceeded in the waiting task (its limits are
         # suspended while it waits), which LockedTask.__call__ ends as REVOKED.
         try:
-            request.task.backend.mark_as_revoked(
-                entry.task_id, "revoked while waiting for its lock"
-            )
+            request.task.backend.mark_as_revoked(entry.task_id, _REVOKED_WAITING)
         except Exception:
             logger.warning("could not store REVOKED for %s", entry.task_id, exc_info=True)
         with contextlib.suppress(OSError):
@@ -1575,13 +1525,10 @@ class WorkerHooks:
 
     @staticmethod
     def left_running(entry: TaskLockEntry, when: str) -> None:
+        where = (entry.pid, entry.task, entry.task_id, when, printable(entry.lock))
         logger.warning(
             "pool process %s of task %s[%s] still runs %s: lock %s is left to it or to its lease",
-            entry.pid,
-            entry.task,
-            entry.task_id,
-            when,
-            printable(entry.lock),
+            *where,
         )
 
 
@@ -1700,12 +1647,10 @@ def _note_revoked(app: Any, task_ids: list[str]) -> None:
     for redlock in [r for r in redlocks.values() if _leased(r)]:
         for task_id in task_ids:
             try:
+                ttl = min(_longest_marker(redlock), float(worker_state.REVOKE_EXPIRES))
+                owner, meta = ("celery-revoked", task_id), {"task_id": task_id, "revoked": True}
                 note = redlock.lock(
-                    _revoked_name(task_id),
-                    ttl=min(_longest_marker(redlock), float(worker_state.REVOKE_EXPIRES)),
-                    reentrant=False,
-                    owner=("celery-revoked", task_id),
-                    meta={"task_id": task_id, "revoked": True},
+                    _revoked_name(task_id), ttl=ttl, reentrant=False, owner=owner, meta=meta
                 )
                 if note.acquire(blocking=False):
                     note.detach()  # it lives out its lease
