@@ -107,7 +107,7 @@ MAX_SPREAD = 4
 #: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
 QUEUED_SUFFIX = ":queued"
 #: Prefix of the key a worker writes for a revoked task id (lease: as long as a queued marker
-#: can live and the workers remember the revoke, :func:`_note_lifetime`): a ``lock_dedupe``
+#: can live and the workers remember the revoke, :func:`_note_revoked`): a ``lock_dedupe``
 #: call replaces that task's marker.
 REVOKED_PREFIX = "celery:revoked:"
 #: Suffix of the per-key "one waiting task" slot of ``on_locked="retry"``.
@@ -188,9 +188,9 @@ def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
     except Exception:
         logger.debug("could not read the holder of %s", printable(name), exc_info=True)
         return {}
-    if info is None:
-        return {}
-    return {**info.meta, "token": info.token, "ttl": info.ttl, "age": info.age}
+    return (
+        {} if info is None else {**info.meta, "token": info.token, "ttl": info.ttl, "age": info.age}
+    )
 
 
 def _release_queued_marker(redlock: Redlock, queued: Any) -> None:
@@ -409,15 +409,14 @@ class _TaskRun:
         hold is waited for by re-scheduling, not by a blocked slot. Whether the lock was
         taken; None when this task did not wait (the slot is taken)."""
         redlock, name, task_id = self.redlock, self.lock.name, self.task_id
-        if len(name + WAITER_SUFFIX) > MAX_KEY_LENGTH:
+        slot_name = name + WAITER_SUFFIX
+        if len(slot_name) > MAX_KEY_LENGTH:
             return None
         wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
         ttl = min(wait + SLOT_GRACE, redlock.max_ttl)
         owner = ("celery-waiter", task_id or id(self.request))
         meta = {"task_id": task_id, "task": self.name, "waiting_for": name}
-        self.slot = redlock.lock(
-            name + WAITER_SUFFIX, ttl=ttl, reentrant=False, owner=owner, meta=meta
-        )
+        self.slot = redlock.lock(slot_name, ttl=ttl, reentrant=False, owner=owner, meta=meta)
         try:
             if not self.slot.acquire(blocking=False):
                 return None
@@ -435,20 +434,19 @@ class _TaskRun:
         return acquired
 
     def locked_out(self, args: Any, kwargs: Any, holder: dict[str, Any] | None) -> Any:
-        """Apply ``on_locked``; ``holder`` is the holder as :meth:`contend` just read it (None:
+        """Apply ``on_locked``; ``holder`` is the holder as :meth:`take` last read it (None:
         read it now)."""
         opts, lock, name, task_id = self.opts, self.lock, self.lock.name, self.task_id
         if holder is None:
             holder = _holder(self.redlock, name)
         full = opts.limit is not None
+        state = f"has all {opts.limit} permits taken" if full else f"is held by {_describe(holder)}"
 
         def refused(state: str) -> LockNotAcquired:
             msg = f"task {self.name}[{task_id}]: lock {name!r} {state}"
             return LockNotAcquired(msg, name, retry_after=lock.retry_after)
 
-        exc = refused(
-            f"has all {opts.limit} permits taken" if full else f"is held by {_describe(holder)}"
-        )
+        exc = refused(state)
         countdown = self.task._countdown(opts, self.lock_retries, holder)
         if task_id and holder.get("task_id") == task_id and not self.eager:
             # Held under this very task id: an earlier attempt of ours (a lease left on nodes
@@ -612,13 +610,10 @@ class _TaskRun:
         handler) may swallow it, leaving the task to wait on and run after the holder.
         Noted, it is raised again once the wait ends (:meth:`check_revoked`)."""
         stop = getattr(signal, "SIGUSR1", None)
-        if (
-            self._unhear is not None
-            or stop is None
-            or self.hooks is None
-            or self.hooks.pid == os.getpid()  # the worker's own process: no signal is sent
-            or threading.current_thread() is not threading.main_thread()
-        ):
+        # The worker's own process is sent no signal; only the main thread can handle one.
+        pool = self.hooks is not None and self.hooks.pid != os.getpid()
+        main = threading.current_thread() is threading.main_thread()
+        if self._unhear is not None or stop is None or not (pool and main):
             return
         previous = signal.getsignal(stop)
         if not callable(previous):
@@ -741,7 +736,7 @@ class LockedTask(Task):
 
     # Acknowledge after the run, and requeue when the pool process dies: with Celery's early
     # acknowledgement a worker killed mid-task loses the task for good. The lock keeps the
-    # redelivered copy from overlapping a run that is still going (see _TaskRun.contend).
+    # redelivered copy from overlapping a run that is still going (see _TaskRun.take).
     acks_late = True
     reject_on_worker_lost = True
     lock_key: Any = None
@@ -768,19 +763,16 @@ class LockedTask(Task):
         sets itself, then with per-call ``overrides`` (header field names); when ``sending``,
         a per-call ttl or limit the task's lock service would refuse is refused now."""
         defaults = header_values(_project_defaults())
-        values = {
-            field: _class_attr(self, option)
-            if option == "lock_key" or _sets_itself(self, option) or field not in defaults
-            else defaults[field]
-            for option, field in CALL_OPTIONS.items()
-        }
+        values = {field: _class_attr(self, option) for option, field in CALL_OPTIONS.items()}
+        for option, field in CALL_OPTIONS.items():
+            if field in defaults and option != "lock_key" and not _sets_itself(self, option):
+                values[field] = defaults[field]
         check_task_options(values, f"task {self.name}")
         self._check_template(values["key"], f"task {self.name}")
         if overrides:
             where = f"task {self.name} (per-call options)"
-            given = {
-                k: v for k, v in check_header_fields(overrides, where).items() if k in HEADER_FIELDS
-            }
+            header = check_header_fields(overrides, where)
+            given = {k: v for k, v in header.items() if k in HEADER_FIELDS}
             limits = self._service_limits() if sending and {"ttl", "limit"} & set(given) else {}
             limits.pop("without_leases", None)  # judged where a marker is taken
             check_task_options(given, where, per_call=True, **limits)
@@ -823,13 +815,13 @@ class LockedTask(Task):
         except ValueError as exc:
             raise ValueError(f"{where}: lock_key: {exc}") from None
         signature = self._signature()
-        missing = [] if signature is None else template.unknown_fields(signature)
-        if missing:
-            names = ", ".join(sorted(signature.parameters)) or "none"  # type: ignore[union-attr]
-            raise ValueError(
-                f"{where}: lock_key {key!r} names {', '.join(missing)}, not an argument of the "
-                f"task (arguments: {names})"
-            )
+        if signature is None or not (missing := template.unknown_fields(signature)):
+            return
+        names = ", ".join(sorted(signature.parameters)) or "none"
+        raise ValueError(
+            f"{where}: lock_key {key!r} names {', '.join(missing)}, not an argument of the "
+            f"task (arguments: {names})"
+        )
 
     def _signature(self) -> inspect.Signature | None:
         try:
