@@ -188,9 +188,9 @@ def _holder(redlock: Redlock, name: str) -> dict[str, Any]:
     except Exception:
         logger.debug("could not read the holder of %s", printable(name), exc_info=True)
         return {}
-    return (
-        {} if info is None else {**info.meta, "token": info.token, "ttl": info.ttl, "age": info.age}
-    )
+    if info is None:
+        return {}
+    return {**info.meta, "token": info.token, "ttl": info.ttl, "age": info.age}
 
 
 def _release_queued_marker(redlock: Redlock, queued: Any) -> None:
@@ -1377,9 +1377,12 @@ class WorkerHooks:
                 return request, (ref() if ref is not None else None)
         return None, None
 
-    def _pool_timers(self) -> tuple[Any, Any]:
+    def _timers(self, task_id: str) -> tuple[Any, Any, Any]:
+        """The pool job of ``task_id``, and the pool's functions that arm and cancel a job's
+        time limits (None each when missing)."""
+        _, job = self._job_of(task_id)
         pool = getattr(getattr(self.worker, "pool", None), "_pool", None)
-        return getattr(pool, "on_timeout_set", None), getattr(pool, "on_timeout_cancel", None)
+        return job, getattr(pool, "on_timeout_set", None), getattr(pool, "on_timeout_cancel", None)
 
     def _suspend_limits(self, task_id: str, deferrals: int) -> None:
         """Stop the time limits of a task that waits for its lock. Celery arms them when it
@@ -1388,8 +1391,7 @@ class WorkerHooks:
         entry = self.locks.get(task_id)
         if entry is None or not entry.waiting:
             return  # the wait is already over
-        _, job = self._job_of(task_id)
-        _, cancel = self._pool_timers()
+        job, _, cancel = self._timers(task_id)
         if job is None or cancel is None:
             return
         if job.accepted():
@@ -1402,8 +1404,7 @@ class WorkerHooks:
 
     def _rearm_limits(self, task_id: str) -> None:
         """Arm the full time limits again, from now: the wait is over."""
-        _, job = self._job_of(task_id)
-        arm, cancel = self._pool_timers()
+        job, arm, cancel = self._timers(task_id)
         if job is None or arm is None or cancel is None or not job.accepted() or job.ready():
             return
         cancel(job)
