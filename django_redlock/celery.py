@@ -75,21 +75,9 @@ from .task_options import (
     header_values,
 )
 
-__all__ = [
-    "DEDUPE_POLICIES",
-    "HEADER",
-    "ON_LOCKED",
-    "LockOptions",
-    "LockedTask",
-    "LockedTaskControl",
-    "LockedTaskWorker",
-    "dedupe_without_leases",
-    "default_lock_key",
-    "install",
-    "release_held_locks",
-    "task_dropped",
-    "task_skipped",
-]
+__all__ = ["DEDUPE_POLICIES", "HEADER", "ON_LOCKED", "LockOptions", "LockedTask"]
+__all__ += ["LockedTaskControl", "LockedTaskWorker", "dedupe_without_leases", "default_lock_key"]
+__all__ += ["install", "release_held_locks", "task_dropped", "task_skipped"]
 
 logger = logging.getLogger("django_redlock.celery")
 
@@ -119,7 +107,7 @@ MAX_SPREAD = 4
 #: Suffix of the enqueue-time de-duplication marker of ``lock_dedupe``.
 QUEUED_SUFFIX = ":queued"
 #: Prefix of the key a worker writes for a revoked task id (lease: as long as a queued marker
-#: can live and the workers remember the revoke, :func:`_note_lifetime`): a ``lock_dedupe``
+#: can live and the workers remember the revoke, :func:`_note_revoked`): a ``lock_dedupe``
 #: call replaces that task's marker.
 REVOKED_PREFIX = "celery:revoked:"
 #: Suffix of the per-key "one waiting task" slot of ``on_locked="retry"``.
@@ -135,6 +123,8 @@ ARGS_SUMMARY_MAX = 200
 #: Exponential backoff stops doubling after this many lock retries.
 _MAX_DOUBLINGS = 10
 
+#: The reason stored with the REVOKED state of a task revoked while it waited for its lock.
+_REVOKED_WAITING = "revoked while waiting for its lock"
 # Bookkeeping keys (not options) in the header.
 _QUEUED = "_queued"  # [lock name, token] of the enqueue-time de-duplication lock
 _LOCK_RETRIES = "_lock_retries"  # re-schedules caused by a busy lock so far
@@ -214,7 +204,7 @@ def _release_queued_marker(redlock: Redlock, queued: Any) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _QueuedElsewhere:
+class _Queued:
     """The task already queued for a key (``lock_dedupe``): its id, and the seconds its
     queued marker has left (None when unknown)."""
 
@@ -243,21 +233,16 @@ def release_held_locks(reason: str = "worker shutdown") -> int:
         lock = _held.pop(key, None)
         if lock is None:  # its run ended meanwhile
             continue
+        name, why = _shown(lock.name, reason)
         try:
             lock.release()
         except RedlockError as exc:
-            logger.debug(
-                "releasing %s at %s: %s", printable(lock.name), printable(reason), printable(exc)
-            )
+            logger.debug("releasing %s at %s: %s", name, why, printable(exc))
         except Exception:
-            logger.warning(
-                "could not release %s at %s", printable(lock.name), printable(reason), exc_info=True
-            )
+            logger.warning("could not release %s at %s", name, why, exc_info=True)
         else:
             released += 1
-            logger.warning(
-                "released lock %s of a running task (%s)", printable(lock.name), printable(reason)
-            )
+            logger.warning("released lock %s of a running task (%s)", name, why)
     return released
 
 
@@ -273,47 +258,310 @@ _not_installed_warned = False
 
 class _TaskRun:
     """The lock side of one run of a LockedTask: the lock handle, the waiting slot, and what
-    the worker was told, so that :meth:`LockedTask._end_run` undoes all of it in one place
-    whatever exception lands where."""
+    the worker was told, so that :meth:`end` undoes all of it in one place whatever
+    exception lands where."""
 
-    def __init__(
-        self,
-        task: LockedTask,
-        request: Any,
-        header: dict[str, Any],
-        opts: LockOptions,
-        redlock: Redlock,
-        lock: Any,
-    ) -> None:
-        self.task = task
-        self.request = request
-        self.task_id: str | None = request.id
+    def __init__(self, task: LockedTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        request = self.request = task.request
+        self.task, self.name, self.task_id = task, task.name, request.id
         #: The message's ``redlock`` header: per-call options and the bookkeeping below.
-        self.header = header
-        self.opts = opts
+        self.header = header = _header_of(request, f"task {task.name} (redlock header)")
+        self.opts = opts = task.lock_options(header)
+        self.redlock = redlock = task.get_redlock()
         #: Re-schedules this task has had for a busy lock so far.
         self.lock_retries = int(header.get(_LOCK_RETRIES, 0) or 0)
-        self.redlock = redlock
-        self.lock = lock
+        name = task.lock_name(args, kwargs, opts)
+        ttl, renew, renew_for = task._lease_for(request, opts, redlock)
+        self.attempt = f"{request.retries or 0}.{self.lock_retries}"
+        meta = {"task_id": self.task_id, "task": self.name, "worker": request.hostname}
+        meta.update(args=_summary(args, kwargs), attempt=self.attempt, on_locked=opts.on_locked)
+        meta.update(_hold_times.meta(self.name))
+        owner = ("celery", self.task_id or id(request))
+        lease: dict[str, Any] = {"auto_renew": renew, "renew_for": renew_for, "meta": meta}
+        if opts.limit is not None:
+            # A semaphore per key: up to lock_limit runs at once, each holding a permit.
+            self.lock = redlock.semaphore(name, opts.limit, ttl, owner=owner, **lease)
+        else:
+            self.lock = redlock.lock(name, ttl=ttl, reentrant=False, owner=owner, **lease)
         self.slot: Any = None
         #: Between the report of a wait and the report of its end: the worker's main process
-        #: suspended the task's time limits, and stops the task on a revoke.
-        self.waiting = False
-        self.reported = False
-        #: The soft time limit signal came while this run waited (see :meth:`_hear_stops`).
-        self.stop_signalled = False
+        #: suspended the task's time limits, and stops the task on a revoke. ``stop_signalled``:
+        #: the soft time limit signal came while this run waited (see :meth:`_hear_stops`).
+        self.waiting = self.reported = self.stop_signalled = False
         self._unhear: Callable[[], None] | None = None
-        hooks = _worker_hooks
+        self.eager = bool(request.is_eager or request.called_directly)
         # The hooks of the worker running this task's app (another app's worker may run in
         # this process too, in a test suite).
+        hooks = _worker_hooks
         self.hooks = hooks if hooks is not None and hooks.app is task.app else None
-        if self.hooks is None and not _eager(request):
+        if self.hooks is None and not self.eager:
             _warn_not_installed(task)
 
-    def acquire(self, *, blocking: bool, timeout: float | None = None) -> bool:
-        # An exception raised inside acquire (a soft time limit, a revoke's signal) is the
-        # core's to undo: it releases a lease it won but could not hand back.
-        return bool(self.lock.acquire(blocking=blocking, timeout=timeout))
+    def warn(self, msg: str, *args: Any, level: int = logging.WARNING) -> None:
+        logger.log(level, "task %s[%s]" + msg, self.name, self.task_id, *args)
+
+    def __call__(self, body: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        lock, opts = self.lock, self.opts
+        # One try from the first attempt to the end: an exception landing anywhere (a soft
+        # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
+        # and the task body still releases both (end).
+        current: Any = None
+        began: float | None = None
+        stopped: BaseException | None = None
+        revoked = False
+        try:
+            try:
+                acquired, holder = self.take()
+            except QuorumError as exc:
+                # Too few nodes answered: nobody knows whether the key is free. "retry" and
+                # "skip" re-schedule (a skip needs a holder to skip for); "wait" and "raise"
+                # fail.
+                self.warn(": lock %s unavailable: %s", *_shown(lock.name, exc))
+                if opts.on_locked in ("retry", "skip") and not self.eager:
+                    self.retry_later(exc, self.task._countdown(opts, self.lock_retries, {}))
+                self.release_queued()
+                raise
+            if not acquired:
+                return self.locked_out(args, kwargs, holder)
+            _probe("acquired", self.task_id)
+            self.release_queued()
+            # Not an attribute of the request: Celery copies unknown request attributes into
+            # the headers of any message the task sends (retries included).
+            current = _current_lock.set(lock)
+            _held[id(lock)] = lock
+            began = time.monotonic()
+            _probe("before-run", self.task_id)
+            return body(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # The pool process is being stopped (a cold shutdown, a terminate): the task did
+            # not finish, and its key is freed for the next one below; operators must see it.
+            stopped = exc
+            raise
+        except (SoftTimeLimitExceeded, _RevokedWhileWaiting) as exc:
+            if not self.stopped_while_waiting(exc):
+                raise
+            revoked = True
+            raise Ignore() from exc
+        finally:
+            if began is not None:
+                _hold_times.record(self.name, time.monotonic() - began)
+            if current is not None:
+                _current_lock.reset(current)
+            _held.pop(id(lock), None)
+            self.end(stopped)
+            if revoked:  # stored once the key is free again
+                self.end_revoked()
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """One attempt, or (given a ``timeout``) a blocking one. An exception raised inside
+        (a soft time limit, a revoke's signal) is the core's to undo: it releases a lease it
+        won but could not hand back."""
+        return bool(self.lock.acquire(blocking=timeout is not None, timeout=timeout))
+
+    def take(self) -> tuple[bool, dict[str, Any] | None]:
+        """Try for the lock; refused, free this task's own earlier attempt's lease if its
+        process is gone, block up to ``lock_wait``; still refused, free such a lease again
+        (read anew after a wait), and (``on_locked="retry"`` without ``lock_wait``) block in
+        the key's one waiting slot if this task gets it (:meth:`wait_in_slot`). True once
+        held, and the holder as last read when not, while that is still the latest word
+        (nothing was released or waited for since), else None."""
+        wait = self.opts.effective_wait()
+        if wait > 0:
+            self.begin_wait()
+        acquired, holder = self.acquire(), None
+        if not acquired and not self.eager:
+            # Before any wait: a dead process never releases, so waiting for it would only
+            # hold this redelivery back until its lease or lock_wait ran out.
+            acquired, holder = self.free_dead_attempt()
+        if not acquired and wait > 0:
+            acquired, holder = self.acquire(wait), None
+        if wait > 0:
+            self.check_revoked()
+        if not acquired and not self.eager:
+            if holder is None:
+                acquired, holder = self.free_dead_attempt()
+            if not acquired and holder and self.opts.on_locked == "retry" and not self.opts.wait:
+                waited = self.wait_in_slot(holder)
+                acquired, holder = (False, holder) if waited is None else (waited, None)
+        self.end_wait(acquired)
+        return acquired, holder
+
+    def free_dead_attempt(self) -> tuple[bool, dict[str, Any] | None]:
+        """Free the lease of the key's holder when it is this task's own earlier attempt in
+        a process that is gone on this host, and try for the lock again: whether it was
+        taken, and the holder unless it was freed (then None: what holds the key now is
+        unknown)."""
+        holder = _holder(self.redlock, self.lock.name)
+        mine = self.task_id and holder.get("task_id") == self.task_id
+        if not (mine and process_gone(holder, certain=True)):
+            return False, holder
+        # A pool process killed mid-run: its message came back (reject_on_worker_lost)
+        # while its lease still runs. Nobody is in the critical section any more.
+        freed = self.redlock.release_token(self.lock.name, holder["token"])
+        freed_of = ": freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)"
+        self.warn(freed_of, *_shown(self.lock.name, holder.get("pid")), freed)
+        return self.acquire(), None
+
+    def wait_in_slot(self, holder: Mapping[str, Any]) -> bool | None:
+        """Block for the lock if no other task of this key is blocking for it already (one
+        worker slot per key waits, woken by the release; the others are re-scheduled). The
+        wait ends with the holder's current lease, and after :data:`MAX_SLOT_WAIT`: a long
+        hold is waited for by re-scheduling, not by a blocked slot. Whether the lock was
+        taken; None when this task did not wait (the slot is taken)."""
+        redlock, name, task_id = self.redlock, self.lock.name, self.task_id
+        slot_name = name + WAITER_SUFFIX
+        if len(slot_name) > MAX_KEY_LENGTH:
+            return None
+        wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
+        ttl = min(wait + SLOT_GRACE, redlock.max_ttl)
+        owner = ("celery-waiter", task_id or id(self.request))
+        meta = {"task_id": task_id, "task": self.name, "waiting_for": name}
+        self.slot = redlock.lock(slot_name, ttl=ttl, reentrant=False, owner=owner, meta=meta)
+        try:
+            if not self.slot.acquire(blocking=False):
+                return None
+        except QuorumError:
+            return None
+        # From here to the return, every release is end()'s as well: an exception that
+        # lands between two of these lines leaves neither the slot nor the lock behind.
+        _probe("slot-taken", task_id)
+        self.begin_wait()
+        acquired = self.acquire(wait)
+        _probe("slot-handoff", task_id)
+        self.release_slot()
+        _probe("slot-released", task_id)
+        self.check_revoked()
+        return acquired
+
+    def locked_out(self, args: Any, kwargs: Any, holder: dict[str, Any] | None) -> Any:
+        """Apply ``on_locked``; ``holder`` is the holder as :meth:`take` last read it (None:
+        read it now)."""
+        opts, lock, name, task_id = self.opts, self.lock, self.lock.name, self.task_id
+        if holder is None:
+            holder = _holder(self.redlock, name)
+        full = opts.limit is not None
+        state = f"has all {opts.limit} permits taken" if full else f"is held by {_describe(holder)}"
+
+        def refused(state: str) -> LockNotAcquired:
+            msg = f"task {self.name}[{task_id}]: lock {name!r} {state}"
+            return LockNotAcquired(msg, name, retry_after=lock.retry_after)
+
+        exc = refused(state)
+        countdown = self.task._countdown(opts, self.lock_retries, holder)
+        if task_id and holder.get("task_id") == task_id and not self.eager:
+            # Held under this very task id: an earlier attempt of ours (a lease left on nodes
+            # that answered too late, a worker on another host that died), or another delivery
+            # of this message still running (visibility_timeout shorter than the task).
+            # Skipping or failing would drop the task for good: come back when that lease has
+            # run out.
+            self.warn(
+                ": lock %s is held under this task's own id (attempt %s, now %s): an earlier "
+                "attempt's lease, or a redelivery while the task still runs (the broker's "
+                "visibility_timeout must exceed the longest task); retrying in %.1fs",
+                printable(name),
+                holder.get("attempt"),
+                self.attempt,
+                lock.retry_after or 0.0,
+            )
+            self.retry_later(exc, max(countdown, lock.retry_after or 0.0))
+        if opts.on_locked == "retry" and not self.eager:
+            self.retry_later(exc, countdown)
+        self.release_queued()
+        if opts.on_locked == "skip":
+            return self.skip(holder, args, kwargs)
+        if opts.on_locked == "wait":
+            still = "full" if full else "held by " + _describe(holder)
+            exc = refused(f"still {still} after waiting {opts.effective_wait():g}s")
+        raise exc
+
+    def retry_later(self, exc: LockNotAcquired, countdown: float) -> None:
+        """Re-schedule this task in ``countdown`` seconds (raises Retry)."""
+        task, request, opts, retries = self.task, self.request, self.opts, self.lock_retries
+        new_header = {**self.header, _LOCK_RETRIES: retries + 1}
+        queued = self.header.get(_QUEUED)
+        if queued:
+            # Keep our place as "the queued one" through the retry.
+            ttl = min(opts.dedupe_ttl + countdown, self.redlock.max_ttl)
+            if not self.redlock.extend_token(queued[0], queued[1], ttl):
+                new_header.pop(_QUEUED, None)
+        headers = {**(request.headers or {}), HEADER: new_header}
+        if opts.retry_counts:
+            limit = task.max_retries if opts.max_retries is None else opts.max_retries
+            if limit is None or (request.retries or 0) < limit:
+                task.retry(exc=exc, countdown=countdown, max_retries=limit, headers=headers)
+        elif opts.max_retries is None or retries < opts.max_retries:
+            # Task.retry would count this against the task's own max_retries; re-send the
+            # same request with its retries count unchanged instead, and raise Retry like it
+            # does (the worker logs it, stores RETRY and sends task_retry).
+            sig = task.signature_from_request(
+                request, countdown=countdown, retries=request.retries, headers=headers
+            )
+            sig.apply_async()
+            raise Retry(exc=exc, when=countdown, sig=sig)
+        self.release_queued()
+        msg = f"{exc} (gave up after {retries} lock retries)"
+        raise LockNotAcquired(msg, self.lock.name, retry_after=exc.retry_after)
+
+    def skip(self, holder: dict[str, Any], args: Any, kwargs: Any) -> None:
+        """End the task without running it: state SUCCESS, result None, so that a group, a
+        chord or a chain it is part of goes on (a chord's counter counts it, a chain's next
+        task gets None). Never silently: a WARNING, ``lock_contended`` and ``task_skipped``."""
+        name = self.lock.name
+        self.warn(" skipped: lock %s is held by %s", *_shown(name, _describe(holder)))
+        _django_contended(self.redlock, self.lock)
+        task_skipped.send(
+            self.task, task_id=self.task_id, lock_name=name, holder=holder, args=args, kwargs=kwargs
+        )
+
+    def release_queued(self) -> None:
+        queued = self.header.pop(_QUEUED, None)
+        if not queued:
+            return
+        _release_queued_marker(self.redlock, queued)
+        # A later self.retry() of this task is a new queued copy, not this one.
+        if isinstance(getattr(self.request, "headers", None), dict):
+            self.request.headers[HEADER] = dict(self.header)
+
+    def end(self, stopped: BaseException | None) -> None:
+        """Release whatever the run still has (the lock, the waiting slot), however it ended,
+        and tell the worker it is done."""
+        self.unhear_stops()
+        self.release_slot()
+        lock = self.lock
+        if lock.token is not None:
+            try:
+                lock.release()
+            except RedlockError as exc:
+                # Lost while running (lease ran out, a quorum forgot it, or force-released):
+                # the core already sent lock_lost; say which task it was.
+                shown = _shown(lock.name, exc)
+                self.warn(" finished without holding lock %s: %s", *shown, level=logging.ERROR)
+            except Exception:
+                logger.warning("could not release lock %s", printable(lock.name), exc_info=True)
+            else:
+                if stopped is not None:
+                    logger.warning(
+                        "released lock %s of task %s[%s]: the task was stopped (%r, a worker "
+                        "shutdown or terminate)",
+                        printable(lock.name),
+                        self.name,
+                        self.task_id,
+                        stopped,
+                    )
+        if self.reported:
+            self.report("done")
+
+    def end_revoked(self) -> None:
+        """A task revoked while it waited for its lock ends in state REVOKED, never running."""
+        self.warn(" revoked while it waited for lock %s: not run", printable(self.lock.name))
+        request = self.request
+        if request.id and not request.called_directly:
+            try:
+                self.task.backend.mark_as_revoked(request.id, _REVOKED_WAITING, request=request)
+            except Exception:
+                logger.warning("could not store REVOKED for %s", request.id, exc_info=True)
+
+    # -- the worker's side of a wait ---------------------------------------------------------
 
     def begin_wait(self) -> None:
         _probe("wait-begins", self.task_id)
@@ -326,12 +574,8 @@ class _TaskRun:
         else:
             self.report("wait")
         hooks = self.hooks
-        if (
-            hooks is not None
-            and hooks.limits == LIMITS_CHARGED
-            and _time_limit(self.task, self.request)
-        ):
-            hooks.warn_charged(self.task.name)
+        if hooks and hooks.limits == LIMITS_CHARGED and _time_limit(self.task, self.request):
+            hooks.warn_charged(self.name)
 
     def end_wait(self, acquired: bool) -> None:
         """The run has the lock (report it with its token) or gave up waiting for it."""
@@ -365,15 +609,11 @@ class _TaskRun:
         catches ``Exception`` (reading the holder, a lock event's listener, a logging
         handler) may swallow it, leaving the task to wait on and run after the holder.
         Noted, it is raised again once the wait ends (:meth:`check_revoked`)."""
-        hooks = self.hooks
         stop = getattr(signal, "SIGUSR1", None)
-        if (
-            self._unhear is not None
-            or stop is None
-            or hooks is None
-            or hooks.pid == os.getpid()  # the worker's own process: no signal is sent
-            or threading.current_thread() is not threading.main_thread()
-        ):
+        # The worker's own process is sent no signal; only the main thread can handle one.
+        pool = self.hooks is not None and self.hooks.pid != os.getpid()
+        main = threading.current_thread() is threading.main_thread()
+        if self._unhear is not None or stop is None or not (pool and main):
             return
         previous = signal.getsignal(stop)
         if not callable(previous):
@@ -402,8 +642,7 @@ class _TaskRun:
         process after storing REVOKED), rather than a time limit."""
         if isinstance(exc, _RevokedWhileWaiting):
             return True
-        hooks = self.hooks
-        if not self.waiting or hooks is None or hooks.limits != LIMITS_REARMED:
+        if not self.waiting or self.hooks is None or self.hooks.limits != LIMITS_REARMED:
             return False
         try:
             return bool(self.task.backend.get_state(self.task_id) == "REVOKED")
@@ -426,33 +665,23 @@ class _TaskRun:
             )
 
     def report(self, kind: str, **fields: Any) -> None:
-        hooks = self.hooks
-        if hooks is None or not self.task_id:
+        if self.hooks is None or not self.task_id:
             return
-        hooks.report(
-            {
-                "kind": kind,
-                "id": self.task_id,
-                "task": self.task.name,
-                "lock": self.lock.name,
-                "pid": os.getpid(),
-                **fields,
-            }
-        )
+        report = {"kind": kind, "id": self.task_id, "task": self.name, "lock": self.lock.name}
+        self.hooks.report({**report, "pid": os.getpid(), **fields})
         self.reported = True
 
 
 def _warn_not_installed(task: LockedTask) -> None:
     global _not_installed_warned
-    if _not_installed_warned:
-        return
-    _not_installed_warned = True
-    logger.warning(
-        "LockedTask %s runs in a worker without django_redlock.celery.install(app): the locks "
-        "of pool processes the worker stops wait out their lease, a revoked task that waits "
-        "for its lock keeps waiting, and the wait counts against time limits",
-        task.name,
-    )
+    if not _not_installed_warned:
+        _not_installed_warned = True
+        logger.warning(
+            "LockedTask %s runs in a worker without django_redlock.celery.install(app): the locks "
+            "of pool processes the worker stops wait out their lease, a revoked task that waits "
+            "for its lock keeps waiting, and the wait counts against time limits",
+            task.name,
+        )
 
 
 # ============================================================================ the task class
@@ -505,10 +734,9 @@ class LockedTask(Task):
     (docs/celery.rst, "No lost task").
     """
 
-    abstract = True  # Celery < 5 compatibility; ignored by Celery 5
     # Acknowledge after the run, and requeue when the pool process dies: with Celery's early
     # acknowledgement a worker killed mid-task loses the task for good. The lock keeps the
-    # redelivered copy from overlapping a run that is still going (see _contend).
+    # redelivered copy from overlapping a run that is still going (see _TaskRun.take).
     acks_late = True
     reject_on_worker_lost = True
     lock_key: Any = None
@@ -535,15 +763,12 @@ class LockedTask(Task):
         sets itself, then with per-call ``overrides`` (header field names); when ``sending``,
         a per-call ttl or limit the task's lock service would refuse is refused now."""
         defaults = header_values(_project_defaults())
-        values = {
-            field: _class_attr(self, option)
-            if option == "lock_key" or _sets_itself(self, option) or field not in defaults
-            else defaults[field]
-            for option, field in CALL_OPTIONS.items()
-        }
+        values = {field: _class_attr(self, option) for option, field in CALL_OPTIONS.items()}
+        for option, field in CALL_OPTIONS.items():
+            if field in defaults and option != "lock_key" and not _sets_itself(self, option):
+                values[field] = defaults[field]
         check_task_options(values, f"task {self.name}")
         self._check_template(values["key"], f"task {self.name}")
-        given: dict[str, Any] = {}
         if overrides:
             where = f"task {self.name} (per-call options)"
             header = check_header_fields(overrides, where)
@@ -577,15 +802,6 @@ class LockedTask(Task):
             "without_leases": None if _leased(service) else kind.__name__,
         }
 
-    def _check_marker_service(self, opts: LockOptions, *, per_call: bool) -> None:
-        """Refuse ``lock_dedupe`` (the call's, the task's or the project's) on a lock service
-        whose locks have no lease (ZooKeeper): its queued marker would follow this process's
-        session, not ``lock_dedupe_ttl`` (system check E107)."""
-        without_leases = self._service_limits().get("without_leases")
-        if without_leases is not None:
-            where = f"task {self.name}" + (" (per-call options)" if per_call else "")
-            check_task_options({"dedupe": opts.dedupe}, where, without_leases=without_leases)
-
     def _check_template(self, key: Any, where: str) -> None:
         """Refuse a ``lock_key`` template ``@locked`` would refuse (malformed, positional or
         unseparated fields, via the same :class:`~django_redlock.keys.KeyTemplate`), or one
@@ -598,17 +814,20 @@ class LockedTask(Task):
             template = compiled_template(key)
         except ValueError as exc:
             raise ValueError(f"{where}: lock_key: {exc}") from None
-        try:
-            signature = inspect.signature(self.run)
-        except (TypeError, ValueError):
+        signature = self._signature()
+        if signature is None or not (missing := template.unknown_fields(signature)):
             return
-        missing = template.unknown_fields(signature)
-        if missing:
-            names = {p.name for p in signature.parameters.values()}
-            raise ValueError(
-                f"{where}: lock_key {key!r} names {', '.join(missing)}, not an argument of the "
-                f"task (arguments: {', '.join(sorted(names)) or 'none'})"
-            )
+        names = ", ".join(sorted(signature.parameters)) or "none"
+        raise ValueError(
+            f"{where}: lock_key {key!r} names {', '.join(missing)}, not an argument of the "
+            f"task (arguments: {names})"
+        )
+
+    def _signature(self) -> inspect.Signature | None:
+        try:
+            return inspect.signature(self.run)
+        except (TypeError, ValueError):
+            return None
 
     def get_redlock(self) -> Redlock:
         """The Redlock this task locks with (``lock_redlock``, else ``get_redlock()``)."""
@@ -617,23 +836,33 @@ class LockedTask(Task):
             from .backends.registry import get_locks
 
             return get_locks(self.lock_using)
-        if isinstance(source, Redlock) or hasattr(source, "lock"):
-            return source
-        return source()
+        return source if isinstance(source, Redlock) or hasattr(source, "lock") else source()
 
     def lock_name(
         self, args: Any = None, kwargs: Any = None, options: LockOptions | None = None
     ) -> str:
         """The lock name a call with these arguments uses."""
-        options = options or self.lock_options()
+        key = (options or self.lock_options()).key
         args, kwargs = tuple(args or ()), dict(kwargs or {})
-        key = options.key
         if callable(key):
             name = key(*args, **kwargs)
             if not isinstance(name, str):
                 raise TypeError(f"task {self.name}: lock_key returned {name!r}, not a str")
             return name
-        arguments, extra = self._bound_arguments(args, kwargs)
+        signature = self._signature()
+        if signature is None:
+            arguments, extra = {"args": list(args), "kwargs": kwargs}, {}
+        else:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(
+                    f"task {self.name}: cannot bind the arguments for its lock key: {exc}"
+                ) from None
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
+            extra = dict(arguments[var_kw[0]]) if var_kw else {}
         if key is None:
             return default_lock_key(self.name, arguments)
         if "{" not in key:
@@ -642,24 +871,6 @@ class LockedTask(Task):
 
         # **kwargs entries are addressable by their own names in templates too.
         return make_key(key, **{**extra, **arguments})
-
-    def _bound_arguments(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The call's arguments by name (defaults applied), and its ``**kwargs`` entries."""
-        try:
-            signature = inspect.signature(self.run)
-        except (TypeError, ValueError):
-            return {"args": list(args), "kwargs": kwargs}, {}
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(
-                f"task {self.name}: cannot bind the arguments for its lock key: {exc}"
-            ) from None
-        bound.apply_defaults()
-        var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
-        return dict(bound.arguments), dict(bound.arguments[var_kw[0]]) if var_kw else {}
 
     # -- enqueueing -------------------------------------------------------------------------
 
@@ -670,34 +881,28 @@ class LockedTask(Task):
         ``on_locked=...``, ...; also through ``sig.set(...)``), carried in the ``redlock``
         message header; with ``lock_dedupe`` it may return the already queued task's result
         instead of sending a new message."""
-        check_option_names(options, f"task {self.name}")
-        headers, header = _call_options(options, f"task {self.name} (per-call options)")
-        opts = self.lock_options(header, sending=True)
+        header, opts = self._call_options(options)
         queued = None
         # The task's own self.retry() sends the running request's id again: the same task
         # going on, never a duplicate of the one queued behind it.
         retry = task_id is not None and task_id == getattr(self.request, "id", None)
-        if (
-            opts.dedupe
-            and not retry
-            and _QUEUED not in header
-            and not self.app.conf.task_always_eager
-        ):
+        if opts.dedupe and not (retry or _QUEUED in header or self.app.conf.task_always_eager):
             from celery.utils import uuid
 
-            self._check_marker_service(opts, per_call="dedupe" in header)
+            without_leases = self._service_limits().get("without_leases")
+            if without_leases is not None:
+                # Its queued marker would follow this process's session, not
+                # lock_dedupe_ttl (system check E107).
+                where = f"task {self.name}" + (" (per-call options)" if "dedupe" in header else "")
+                check_task_options({"dedupe": opts.dedupe}, where, without_leases=without_leases)
             task_id = task_id or uuid()
             name = self.lock_name(args, kwargs, opts)
-            delay = _delay_of(options)
-            queued = self._take_queued(name, task_id, opts, delay, args, kwargs)
-            if isinstance(queued, _QueuedElsewhere):
+            queued = self._take_queued(name, task_id, opts, _delay_of(options), args, kwargs)
+            if isinstance(queued, _Queued):
                 return self._duplicate(opts, name, task_id, queued, args, kwargs)
             if queued is not None:
                 header[_QUEUED] = list(queued)
-        if header:
-            headers[HEADER] = header
-        if headers:
-            options["headers"] = headers
+                options.setdefault("headers", {})[HEADER] = header
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
@@ -709,66 +914,52 @@ class LockedTask(Task):
         """``apply`` (the task run here and now, eagerly) taking the per-call options as
         :meth:`apply_async` does, checked the same way; they reach the run in the
         ``redlock`` header, as a worker's run gets them."""
+        self._call_options(options)
+        return super().apply(args, kwargs, *rest, **options)
+
+    def _call_options(self, options: dict[str, Any]) -> tuple[dict[str, Any], LockOptions]:
+        """Move the per-call options of a call (``lock_key=...``) out of ``options`` into its
+        ``redlock`` header, over what that header carried (a header given as such is judged
+        as the worker would judge it), and check them as the lock service would: the header
+        and the options of this call."""
         check_option_names(options, f"task {self.name}")
-        headers, header = _call_options(options, f"task {self.name} (per-call options)")
-        self.lock_options(header, sending=True)
+        where = f"task {self.name} (per-call options)"
+        overrides = {CALL_OPTIONS[k]: options.pop(k) for k in list(options) if k in CALL_OPTIONS}
+        headers = dict(options.pop("headers", None) or {})
+        given = headers.get(HEADER)
+        header = {} if given is None else dict(check_header_fields(given, where))
+        header.update(overrides)
+        opts = self.lock_options(header, sending=True)
         if header:
             headers[HEADER] = header
         if headers:
             options["headers"] = headers
-        return super().apply(args, kwargs, *rest, **options)
+        return header, opts
 
     def _duplicate(
-        self,
-        opts: LockOptions,
-        name: str,
-        task_id: str,
-        queued: _QueuedElsewhere,
-        args: Any,
-        kwargs: Any,
+        self, opts: LockOptions, name: str, task_id: str, queued: _Queued, args: Any, kwargs: Any
     ) -> Any:
         """Apply the ``lock_dedupe`` policy to a call whose key already has a queued task."""
         queued_id = queued.task_id
         if opts.dedupe == "raise":
-            raise LockNotAcquired(
-                f"task {self.name} not sent: {self.name}[{queued_id}] is already queued for "
-                f"lock {name!r}",
-                name,
-                retry_after=queued.ttl,
-            )
+            msg = f"task {self.name} not sent: {self.name}[{queued_id}] is already queued for lock"
+            raise LockNotAcquired(f"{msg} {name!r}", name, retry_after=queued.ttl)
+        shown = (self.name, *_shown(queued_id, name))
         if opts.dedupe == "drop":
-            logger.warning(
-                "task %s[%s] dropped: %s[%s] is already queued for lock %s",
-                self.name,
-                task_id,
-                self.name,
-                printable(queued_id),
-                printable(name),
-            )
-            task_dropped.send(
-                sender=self,
-                task_id=task_id,
-                lock_name=name,
-                queued_id=queued_id,
-                args=args,
-                kwargs=kwargs,
-            )
+            dropped = "task %s[%s] dropped: %s[%s] is already queued for lock %s"
+            logger.warning(dropped, self.name, task_id, *shown)
+            named = {"task_id": task_id, "lock_name": name, "queued_id": queued_id}
+            task_dropped.send(self, **named, args=args, kwargs=kwargs)
             from celery import states
             from celery.result import EagerResult
 
             return EagerResult(task_id, None, states.REJECTED)
-        logger.info(
-            "task %s merged into %s[%s], already queued for lock %s",
-            self.name,
-            self.name,
-            printable(queued_id),
-            printable(name),
-        )
+        logger.info("task %s merged into %s[%s], already queued for lock %s", self.name, *shown)
         return self.AsyncResult(queued_id)
 
     def _take_queued(
         self, name: str, task_id: str, opts: LockOptions, delay: float, args: Any, kwargs: Any
-    ) -> tuple[str, str] | _QueuedElsewhere | None:
+    ) -> tuple[str, str] | _Queued | None:
         """Take ``<name>:queued`` for this task id: ``(queued name, token)``, or the task
         already queued for the key, or None when de-duplication could not tell (nodes down:
         the task is sent anyway, never lost). The marker of a task a worker revoked (one
@@ -776,210 +967,40 @@ class LockedTask(Task):
         redlock = self.get_redlock()
         queued_name = f"{name}{QUEUED_SUFFIX}"
         ttl = min(opts.dedupe_ttl + delay, _longest_marker(redlock))
-        lock = redlock.lock(
-            queued_name,
-            ttl=ttl,
-            reentrant=False,
-            owner=("celery-queued", task_id),
-            meta={
-                "task_id": task_id,
-                "task": self.name,
-                "queued": True,
-                "args": _summary(args, kwargs),
-            },
-        )
+        meta = {"task_id": task_id, "task": self.name, "queued": True}
+        meta["args"] = _summary(args, kwargs)
+        owner = ("celery-queued", task_id)
+        lock = redlock.lock(queued_name, ttl=ttl, reentrant=False, owner=owner, meta=meta)
         try:
             acquired = lock.acquire(blocking=False)
         except QuorumError:
-            logger.warning(
-                "task %s[%s]: de-duplication unavailable (too few lock nodes), sending it anyway",
-                self.name,
-                task_id,
-                exc_info=True,
+            unavailable = (
+                "task %s[%s]: de-duplication unavailable (too few lock nodes), sending it anyway"
             )
+            logger.warning(unavailable, self.name, task_id, exc_info=True)
             return None
-        if acquired:
-            # The worker that runs the task frees it by token (Redlock.release_token).
-            return (queued_name, lock.detach())
-        holder = _holder(redlock, queued_name)
-        other = holder.get("task_id")
-        if not other:
-            return None  # freed in between; send it (at worst two queued, never zero)
-        if _was_revoked(redlock, str(other)):
-            # Revoked while queued: its message may be a long queue away from any worker,
-            # which would only then free the marker. This call takes the key's place.
-            redlock.release_token(queued_name, holder["token"])
-            logger.info(
-                "task %s[%s]: replaced the queued marker %s of revoked task %s",
-                self.name,
-                task_id,
-                printable(queued_name),
-                printable(other),
-            )
-            if lock.acquire(blocking=False):
+        # The worker that runs the task frees the marker by token (Redlock.release_token).
+        for attempt in (1, 2):
+            if acquired:
                 return (queued_name, lock.detach())
             holder = _holder(redlock, queued_name)
             other = holder.get("task_id")
             if not other:
-                return None
-        return _QueuedElsewhere(str(other), holder.get("ttl"))
+                return None  # freed in between; send it (at worst two queued, never zero)
+            if attempt == 2 or not _was_revoked(redlock, str(other)):
+                break
+            # Revoked while queued: its message may be a long queue away from any worker,
+            # which would only then free the marker. This call takes the key's place.
+            redlock.release_token(queued_name, holder["token"])
+            replaced = "task %s[%s]: replaced the queued marker %s of revoked task %s"
+            logger.info(replaced, self.name, task_id, *_shown(queued_name, other))
+            acquired = lock.acquire(blocking=False)
+        return _Queued(str(other), holder.get("ttl"))
 
     # -- running ----------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        request = self.request
-        header = _checked_header_of(request, f"task {self.name} (redlock header)")
-        opts = self.lock_options(header)
-        redlock = self.get_redlock()
-        name = self.lock_name(args, kwargs, opts)
-        task_id = request.id
-        ttl, renew, renew_for = self._lease_for(request, opts, redlock)
-        meta = {
-            "task_id": task_id,
-            "task": self.name,
-            "worker": request.hostname,
-            "args": _summary(args, kwargs),
-            "attempt": f"{request.retries or 0}.{header.get(_LOCK_RETRIES, 0) or 0}",
-            "on_locked": opts.on_locked,
-            **_hold_times.meta(self.name),
-        }
-        owner = ("celery", task_id or id(request))
-        lease: dict[str, Any] = {"auto_renew": renew, "renew_for": renew_for, "meta": meta}
-        if opts.limit is not None:
-            # A semaphore per key: up to lock_limit runs at once, each holding a permit.
-            lock = redlock.semaphore(name, opts.limit, ttl, owner=owner, **lease)
-        else:
-            lock = redlock.lock(name, ttl=ttl, reentrant=False, owner=owner, **lease)
-        run = _TaskRun(self, request, header, opts, redlock, lock)
-        # One try from the first attempt to the end: an exception landing anywhere (a soft
-        # time limit, a revoke's signal) between taking the lock, leaving the waiting slot,
-        # and the task body still releases both (_end_run).
-        current: Any = None
-        began: float | None = None
-        stopped: BaseException | None = None
-        revoked = False
-        try:
-            try:
-                acquired, holder = self._take(run, opts)
-            except QuorumError as exc:
-                # Too few nodes answered: nobody knows whether the key is free. "retry" and
-                # "skip" re-schedule (a skip needs a holder to skip for); "wait" and "raise"
-                # fail.
-                requeue = opts.on_locked in ("retry", "skip") and not _eager(request)
-                logger.warning(
-                    "task %s[%s]: lock %s unavailable: %s",
-                    self.name,
-                    task_id,
-                    printable(name),
-                    printable(exc),
-                )
-                if requeue:
-                    self._retry_later(run, exc, self._countdown(opts, run.lock_retries, {}))
-                self._release_queued(run)
-                raise
-            if not acquired:
-                return self._locked_out(run, args, kwargs, holder)
-            _probe("acquired", task_id)
-            self._release_queued(run)
-            # Not an attribute of the request: Celery copies unknown request attributes into
-            # the headers of any message the task sends (retries included).
-            current = _current_lock.set(lock)
-            _held[id(lock)] = lock
-            began = time.monotonic()
-            _probe("before-run", task_id)
-            return super().__call__(*args, **kwargs)
-        except (SystemExit, KeyboardInterrupt) as exc:
-            # The pool process is being stopped (a cold shutdown, a terminate): the task did
-            # not finish, and its key is freed for the next one below; operators must see it.
-            stopped = exc
-            raise
-        except (SoftTimeLimitExceeded, _RevokedWhileWaiting) as exc:
-            if not run.stopped_while_waiting(exc):
-                raise
-            revoked = True
-            raise Ignore() from exc
-        finally:
-            if began is not None:
-                _hold_times.record(self.name, time.monotonic() - began)
-            if current is not None:
-                _current_lock.reset(current)
-            _held.pop(id(lock), None)
-            self._end_run(run, stopped)
-            if revoked:  # stored once the key is free again
-                self._end_revoked(run, request)
-
-    def _take(self, run: _TaskRun, opts: LockOptions) -> tuple[bool, dict[str, Any] | None]:
-        """Try for the lock; refused, free this task's own earlier attempt's lease if its
-        process is gone, block up to ``lock_wait``, then contend (:meth:`_contend`). True
-        once held, and the holder as last read when not."""
-        wait = opts.effective_wait()
-        if wait > 0:
-            run.begin_wait()
-        acquired = run.acquire(blocking=False)
-        holder: dict[str, Any] | None = None
-        if not acquired and not _eager(run.request):
-            # Before any wait: a dead process never releases, so waiting for it would only
-            # hold this redelivery back until its lease or lock_wait ran out.
-            acquired, holder = self._free_dead_attempt(run, _holder(run.redlock, run.lock.name))
-        if not acquired and wait > 0:
-            acquired = run.acquire(blocking=True, timeout=wait)
-            holder = None
-        if wait > 0:
-            run.check_revoked()
-        if not acquired:
-            acquired, holder = self._contend(run, opts, holder)
-        run.end_wait(acquired)
-        return acquired, holder
-
-    def _end_run(self, run: _TaskRun, stopped: BaseException | None) -> None:
-        """Release whatever the run still has (the lock, the waiting slot), however it ended,
-        and tell the worker it is done."""
-        run.unhear_stops()
-        run.release_slot()
-        lock = run.lock
-        if lock.token is not None:
-            try:
-                lock.release()
-            except RedlockError as exc:
-                # Lost while running (lease ran out, a quorum forgot it, or force-released):
-                # the core already sent lock_lost; say which task it was.
-                logger.error(
-                    "task %s[%s] finished without holding lock %s: %s",
-                    self.name,
-                    run.task_id,
-                    printable(lock.name),
-                    printable(exc),
-                )
-            except Exception:
-                logger.warning("could not release lock %s", printable(lock.name), exc_info=True)
-            else:
-                if stopped is not None:
-                    logger.warning(
-                        "released lock %s of task %s[%s]: the task was stopped (%r, a worker "
-                        "shutdown or terminate)",
-                        printable(lock.name),
-                        self.name,
-                        run.task_id,
-                        stopped,
-                    )
-        if run.reported:
-            run.report("done")
-
-    def _end_revoked(self, run: _TaskRun, request: Any) -> None:
-        """A task revoked while it waited for its lock ends in state REVOKED, never running."""
-        logger.warning(
-            "task %s[%s] revoked while it waited for lock %s: not run",
-            self.name,
-            run.task_id,
-            printable(run.lock.name),
-        )
-        if request.id and not request.called_directly:
-            try:
-                self.backend.mark_as_revoked(
-                    request.id, "revoked while waiting for its lock", request=request
-                )
-            except Exception:
-                logger.warning("could not store REVOKED for %s", request.id, exc_info=True)
+        return _TaskRun(self, args, kwargs)(super().__call__, args, kwargs)
 
     def _lease_for(
         self, request: Any, opts: LockOptions, redlock: Redlock
@@ -991,150 +1012,15 @@ class LockedTask(Task):
             # Renewal stops once the task has overrun its hard (else soft) limit, so a task
             # the pool cannot kill (threads pool) cannot keep the key for ever.
             return ttl, True, limit
-        if limit and limit + 1 > ttl:
-            if limit + 1 <= redlock.max_ttl:
-                return limit + 1, False, None
-            logger.warning(
-                "task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing "
-                "the lease instead",
-                self.name,
-                limit,
-                redlock.max_ttl,
-            )
-            return ttl, True, limit
-        return ttl, False, None
-
-    def _locked_out(
-        self, run: _TaskRun, args: Any, kwargs: Any, holder: dict[str, Any] | None
-    ) -> Any:
-        """Apply ``on_locked``; ``holder`` is the holder as :meth:`_contend` just read it (None:
-        read it now)."""
-        request, opts, lock, name = run.request, run.opts, run.lock, run.lock.name
-        policy = opts.on_locked
-        if holder is None:
-            holder = _holder(run.redlock, name)
-        held_by = f"is held by {_describe(holder)}"
-        if opts.limit is not None:
-            held_by = f"has all {opts.limit} permits taken"
-        exc = LockNotAcquired(
-            f"task {self.name}[{request.id}]: lock {name!r} {held_by}",
-            name,
-            retry_after=lock.retry_after,
+        if not limit or limit + 1 <= ttl:
+            return ttl, False, None
+        if limit + 1 <= redlock.max_ttl:
+            return limit + 1, False, None
+        exceeds = (
+            "task %s: time limit %ss exceeds the lock's max_ttl %ss, renewing the lease instead"
         )
-        countdown = self._countdown(opts, run.lock_retries, holder)
-        if request.id and holder.get("task_id") == request.id and not _eager(request):
-            # Held under this very task id: an earlier attempt of ours (a lease left on nodes
-            # that answered too late, a worker on another host that died), or another delivery
-            # of this message still running (visibility_timeout shorter than the task).
-            # Skipping or failing would drop the task for good: come back when that lease has
-            # run out.
-            logger.warning(
-                "task %s[%s]: lock %s is held under this task's own id (attempt %s, now %s): "
-                "an earlier attempt's lease, or a redelivery while the task still runs (the "
-                "broker's visibility_timeout must exceed the longest task); retrying in %.1fs",
-                self.name,
-                request.id,
-                printable(name),
-                holder.get("attempt"),
-                f"{request.retries or 0}.{run.lock_retries}",
-                lock.retry_after or 0.0,
-            )
-            countdown = max(countdown, lock.retry_after or 0.0)
-            self._retry_later(run, exc, countdown)
-        if policy == "retry" and not _eager(request):
-            self._retry_later(run, exc, countdown)
-        self._release_queued(run)
-        if policy == "skip":
-            return self._skip(run, holder, args, kwargs)
-        if policy == "wait":
-            exc = LockNotAcquired(
-                f"task {self.name}[{request.id}]: lock {name!r} still "
-                f"{'full' if opts.limit is not None else 'held by ' + _describe(holder)} "
-                f"after waiting {opts.effective_wait():g}s",
-                name,
-                retry_after=lock.retry_after,
-            )
-        raise exc
-
-    def _contend(
-        self, run: _TaskRun, opts: LockOptions, holder: dict[str, Any] | None
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """After a refused attempt: True if the lock was taken after all, because its holder
-        was this task's own earlier attempt in a process that is gone, or (``on_locked=
-        "retry"`` without ``lock_wait``) because this task got the key's one waiting slot and
-        the holder let go while it waited. ``holder`` is the holder as read since the last
-        attempt (None: read it now). Also the holder it read, while that is still the latest
-        word (nothing was released or waited for since), else None."""
-        if _eager(run.request):
-            return False, None
-        if holder is None:
-            acquired, holder = self._free_dead_attempt(run, _holder(run.redlock, run.lock.name))
-            if acquired or holder is None:
-                return acquired, None
-        if opts.on_locked != "retry" or opts.wait or not holder:
-            return False, holder
-        waited = self._wait_in_slot(run, holder)
-        return (False, holder) if waited is None else (waited, None)
-
-    def _free_dead_attempt(
-        self, run: _TaskRun, holder: dict[str, Any]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """Free the lease of ``holder`` when it is this task's own earlier attempt in a
-        process that is gone on this host, and try for the lock again: whether it was taken,
-        and ``holder`` unless it was freed (then None: what holds the key now is unknown)."""
-        request, redlock, name = run.request, run.redlock, run.lock.name
-        if not (
-            request.id
-            and holder.get("task_id") == request.id
-            and process_gone(holder, certain=True)
-        ):
-            return False, holder
-        # A pool process killed mid-run: its message came back (reject_on_worker_lost)
-        # while its lease still runs. Nobody is in the critical section any more.
-        freed = redlock.release_token(name, holder["token"])
-        logger.warning(
-            "task %s[%s]: freed lock %s of this task's earlier attempt (pid %s is gone, %s nodes)",
-            self.name,
-            request.id,
-            printable(name),
-            printable(holder.get("pid")),
-            freed,
-        )
-        return run.acquire(blocking=False), None
-
-    def _wait_in_slot(self, run: _TaskRun, holder: Mapping[str, Any]) -> bool | None:
-        """Block for the lock if no other task of this key is blocking for it already (one
-        worker slot per key waits, woken by the release; the others are re-scheduled). The
-        wait ends with the holder's current lease, and after :data:`MAX_SLOT_WAIT`: a long
-        hold is waited for by re-scheduling, not by a blocked slot. Whether the lock was
-        taken; None when this task did not wait (the slot is taken)."""
-        request, redlock, name = run.request, run.redlock, run.lock.name
-        slot_name = name + WAITER_SUFFIX
-        if len(slot_name) > MAX_KEY_LENGTH:
-            return None
-        wait = min(float(holder.get("ttl") or 0.0) + SLOT_GRACE, MAX_SLOT_WAIT)
-        run.slot = redlock.lock(
-            slot_name,
-            ttl=min(wait + SLOT_GRACE, redlock.max_ttl),
-            reentrant=False,
-            owner=("celery-waiter", request.id or id(request)),
-            meta={"task_id": request.id, "task": self.name, "waiting_for": name},
-        )
-        try:
-            if not run.slot.acquire(blocking=False):
-                return None
-        except QuorumError:
-            return None
-        # From here to the return, every release is _end_run's as well: an exception that
-        # lands between two of these lines leaves neither the slot nor the lock behind.
-        _probe("slot-taken", request.id)
-        run.begin_wait()
-        acquired = run.acquire(blocking=True, timeout=wait)
-        _probe("slot-handoff", request.id)
-        run.release_slot()
-        _probe("slot-released", request.id)
-        run.check_revoked()
-        return acquired
+        logger.warning(exceeds, self.name, limit, redlock.max_ttl)
+        return ttl, True, limit
 
     def _countdown(self, opts: LockOptions, lock_retries: int, holder: Mapping[str, Any]) -> float:
         """Seconds until a lock retry: with ``lock_retry_delay`` a capped exponential
@@ -1161,66 +1047,6 @@ class LockedTask(Task):
             delay = max(free_in + random.uniform(0, spread), 0.02)
         return round(delay, 3)
 
-    def _retry_later(self, run: _TaskRun, exc: LockNotAcquired, countdown: float) -> None:
-        """Re-schedule this task in ``countdown`` seconds (raises Retry)."""
-        request, opts, redlock, lock_retries = run.request, run.opts, run.redlock, run.lock_retries
-        new_header = {**run.header, _LOCK_RETRIES: lock_retries + 1}
-        queued = run.header.get(_QUEUED)
-        if queued:
-            # Keep our place as "the queued one" through the retry.
-            ttl = min(opts.dedupe_ttl + countdown, redlock.max_ttl)
-            if not redlock.extend_token(queued[0], queued[1], ttl):
-                new_header.pop(_QUEUED, None)
-        headers = {**(request.headers or {}), HEADER: new_header}
-        if opts.retry_counts:
-            limit = self.max_retries if opts.max_retries is None else opts.max_retries
-            if limit is None or (request.retries or 0) < limit:
-                self.retry(exc=exc, countdown=countdown, max_retries=limit, headers=headers)
-        elif opts.max_retries is None or lock_retries < opts.max_retries:
-            # Task.retry would count this against the task's own max_retries; re-send the
-            # same request with its retries count unchanged instead, and raise Retry like it
-            # does (the worker logs it, stores RETRY and sends task_retry).
-            sig = self.signature_from_request(
-                request,
-                countdown=countdown,
-                retries=request.retries,
-                headers=headers,
-            )
-            sig.apply_async()
-            raise Retry(exc=exc, when=countdown, sig=sig)
-        self._release_queued(run)
-        raise LockNotAcquired(
-            f"{exc} (gave up after {lock_retries} lock retries)",
-            run.lock.name,
-            retry_after=exc.retry_after,
-        )
-
-    def _skip(self, run: _TaskRun, holder: dict[str, Any], args: Any, kwargs: Any) -> None:
-        """End the task without running it: state SUCCESS, result None, so that a group, a
-        chord or a chain it is part of goes on (a chord's counter counts it, a chain's next
-        task gets None). Never silently: a WARNING, ``lock_contended`` and ``task_skipped``."""
-        task_id, name = run.task_id, run.lock.name
-        logger.warning(
-            "task %s[%s] skipped: lock %s is held by %s",
-            self.name,
-            task_id,
-            printable(name),
-            printable(_describe(holder)),
-        )
-        _django_contended(run.redlock, run.lock)
-        task_skipped.send(
-            sender=self, task_id=task_id, lock_name=name, holder=holder, args=args, kwargs=kwargs
-        )
-
-    def _release_queued(self, run: _TaskRun) -> None:
-        queued = run.header.pop(_QUEUED, None)
-        if not queued:
-            return
-        _release_queued_marker(run.redlock, queued)
-        # A later self.retry() of this task is a new queued copy, not this one.
-        if isinstance(getattr(run.request, "headers", None), dict):
-            run.request.headers[HEADER] = dict(run.header)
-
     # -- helpers for tasks ------------------------------------------------------------------
 
     @property
@@ -1236,8 +1062,7 @@ class LockedTask(Task):
         redlock = self.get_redlock()
         done = False
         try:
-            opts = self.lock_options(header)
-            name = self.lock_name(request.args, request.kwargs, opts)
+            name = self.lock_name(request.args, request.kwargs, self.lock_options(header))
             holder = _holder(redlock, name)
             if holder.get("task_id") and holder.get("task_id") == request.id:
                 done = redlock.release_token(name, holder["token"]) > 0
@@ -1245,9 +1070,8 @@ class LockedTask(Task):
             logger.warning(
                 "could not release the lock of %s[%s]", self.name, request.id, exc_info=True
             )
-        queued = header.get(_QUEUED)
-        if queued:
-            _release_queued_marker(redlock, queued)
+        if header.get(_QUEUED):
+            _release_queued_marker(redlock, header[_QUEUED])
         return done
 
 
@@ -1261,10 +1085,8 @@ def _class_attr(task: Any, name: str) -> Any:
 
 def _sets_itself(task: Any, name: str) -> bool:
     """Whether ``name`` is set by the task (or a base class of its own), not LockedTask."""
-    for klass in type(task).__mro__:
-        if name in vars(klass):
-            return klass is not LockedTask
-    return False
+    klass = next((k for k in type(task).__mro__ if name in vars(k)), LockedTask)
+    return klass is not LockedTask
 
 
 def _project_defaults() -> Mapping[str, Any]:
@@ -1283,38 +1105,16 @@ def _project_defaults() -> Mapping[str, Any]:
     return defaults if isinstance(defaults, Mapping) else {}
 
 
-def _call_options(options: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The message headers and the ``redlock`` header of a call: the per-call options
-    (``lock_key=...``) taken out of ``options`` into the header over what it carried (a
-    header given as such is judged as the worker would judge it: ``where`` names the call)."""
-    overrides = {CALL_OPTIONS[k]: options.pop(k) for k in list(options) if k in CALL_OPTIONS}
-    headers = dict(options.pop("headers", None) or {})
-    given = headers.get(HEADER)
-    header = {} if given is None else dict(check_header_fields(given, where))
-    header.update(overrides)
-    return headers, header
-
-
-def _raw_header(request: Any) -> Any:
+def _header_of(request: Any, where: str | None = None) -> dict[str, Any]:
+    """The request's ``redlock`` header. For a run (``where`` names it) a header that is not
+    a dict of known fields fails the task, as a bad value in it does; read for clean-up, a
+    malformed one reads as empty (the run already failed on it)."""
     headers = getattr(request, "headers", None) or {}
     header = headers.get(HEADER) if isinstance(headers, Mapping) else None
-    if header is None:
-        header = getattr(request, HEADER, None)
-    return header
-
-
-def _header_of(request: Any) -> dict[str, Any]:
-    """The request's ``redlock`` header, read for clean-up (a malformed one reads as empty:
-    the run already failed on it, see :func:`_checked_header_of`)."""
-    header = _raw_header(request)
+    header = getattr(request, HEADER, None) if header is None else header
+    if where is not None and header is not None:
+        return dict(check_header_fields(header, where))
     return dict(header) if isinstance(header, Mapping) else {}
-
-
-def _checked_header_of(request: Any, where: str) -> dict[str, Any]:
-    """The request's ``redlock`` header for a run: a header that is not a dict of known
-    fields fails the task, as a bad value in it does."""
-    header = _raw_header(request)
-    return {} if header is None else dict(check_header_fields(header, where))
 
 
 def _leased(service: Any) -> bool:
@@ -1323,19 +1123,13 @@ def _leased(service: Any) -> bool:
     return bool(getattr(service, "leased", True))
 
 
-def _eager(request: Any) -> bool:
-    return bool(request.is_eager or request.called_directly)
-
-
 def _delay_of(options: Mapping[str, Any]) -> float:
-    countdown = options.get("countdown")
-    if countdown:
-        return max(float(countdown), 0.0)
+    if options.get("countdown"):
+        return max(float(options["countdown"]), 0.0)
     eta = options.get("eta")
     if eta is None:
         return 0.0
-    if isinstance(eta, str):
-        eta = datetime.fromisoformat(eta)
+    eta = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
     now = datetime.now(timezone.utc) if eta.tzinfo else datetime.now()
     return max((eta - now).total_seconds(), 0.0)
 
@@ -1362,6 +1156,11 @@ def _summary(args: Any, kwargs: Any) -> str:
     return text if len(text) <= ARGS_SUMMARY_MAX else text[: ARGS_SUMMARY_MAX - 3] + "..."
 
 
+def _shown(*values: Any) -> tuple[str, ...]:
+    """Values as a log line shows them (control characters escaped)."""
+    return tuple(printable(v) for v in values)
+
+
 def _describe(holder: Mapping[str, Any]) -> str:
     if holder.get("task_id"):
         where = f" on {holder['worker']}" if holder.get("worker") else ""
@@ -1384,16 +1183,8 @@ def _django_contended(redlock: Redlock, lock: Any) -> None:
         from . import signals as django_signals
     except Exception:
         return
-    django_signals.send_event(
-        LockEvent(
-            "contended",
-            lock.name,
-            meta=lock.meta,
-            retry_after=lock.retry_after,
-            reason="skipped by on_locked='skip'",
-        ),
-        redlock,
-    )
+    skipped = {"retry_after": lock.retry_after, "reason": "skipped by on_locked='skip'"}
+    django_signals.send_event(LockEvent("contended", lock.name, meta=lock.meta, **skipped), redlock)
 
 
 # ============================================================================ the worker side
@@ -1408,8 +1199,7 @@ _handoff_probe: Callable[[str, str | None], None] | None = None
 
 
 def _probe(point: str, task_id: str | None) -> None:
-    probe = _handoff_probe
-    if probe is not None:
+    if (probe := _handoff_probe) is not None:
         probe(point, task_id)
 
 
@@ -1426,46 +1216,27 @@ class TaskLockEntry:
     waiting: bool = False
 
 
-class WorkerLocks:
-    """The worker's map, task id -> the lock its run holds or waits for. Fed by the tasks'
-    reports: directly in an in-process pool (threads, solo, gevent), through a pipe from the
-    processes of a prefork pool. A revoke, a terminate or a cold shutdown looks here instead
-    of listing the lock nodes."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._entries: dict[str, TaskLockEntry] = {}
+class WorkerLocks(dict[str, TaskLockEntry]):
+    """The worker's map, task id -> :class:`TaskLockEntry`, the lock its run holds or waits
+    for. Fed by the tasks' reports: directly in an in-process pool (threads, solo, gevent),
+    through a pipe from the processes of a prefork pool. A revoke, a terminate or a cold
+    shutdown looks here instead of listing the lock nodes. Only single dict operations touch
+    it, each atomic, and one task's reports come one after another: no lock of its own."""
 
     def record(self, report: Mapping[str, Any]) -> TaskLockEntry | None:
         """Apply one report (``kind`` = ``"wait"``, ``"hold"``, ``"go"`` (a wait that ended
         without the lock) or ``"done"``); returns the entry as it was before."""
-        kind, task_id = report["kind"], str(report["id"])
-        with self._guard:
-            before = self._entries.pop(task_id, None)
-            if kind in ("wait", "hold"):
-                slot = report.get("slot")
-                self._entries[task_id] = TaskLockEntry(
-                    task_id=task_id,
-                    task=str(report["task"]),
-                    lock=str(report["lock"]),
-                    pid=int(report["pid"]),
-                    token=report.get("token") if kind == "hold" else None,
-                    slot=(str(slot[0]), str(slot[1])) if kind == "wait" and slot else None,
-                    waiting=kind == "wait",
-                )
+        kind, task_id, slot = report["kind"], str(report["id"]), report.get("slot")
+        before = self.pop(task_id, None)
+        if kind in ("wait", "hold"):
+            token = report.get("token") if kind == "hold" else None
+            slot = (str(slot[0]), str(slot[1])) if kind == "wait" and slot else None
+            task, lock, pid = str(report["task"]), str(report["lock"]), int(report["pid"])
+            self[task_id] = TaskLockEntry(task_id, task, lock, pid, token, slot, kind == "wait")
         return before
 
-    def get(self, task_id: str) -> TaskLockEntry | None:
-        with self._guard:
-            return self._entries.get(task_id)
-
-    def pop(self, task_id: str) -> TaskLockEntry | None:
-        with self._guard:
-            return self._entries.pop(task_id, None)
-
     def holders(self) -> list[TaskLockEntry]:
-        with self._guard:
-            return [e for e in self._entries.values() if e.token]
+        return [e for e in list(self.values()) if e.token]
 
 
 #: How a worker's pool treats the time limits of a task that waits for its lock.
@@ -1493,9 +1264,7 @@ class WorkerHooks:
     EXIT_POLL = 0.01
 
     def __init__(self, worker: Any) -> None:
-        self.app = worker.app
-        self.worker = worker
-        self.pid = os.getpid()
+        self.app, self.worker, self.pid = worker.app, worker, os.getpid()
         self.locks = WorkerLocks()
         self.limits = _limits_mode(worker)
         self.hub: Any = None
@@ -1558,17 +1327,20 @@ class WorkerHooks:
             hub.add_reader(self._read_fd, self.read_reports)
 
     def close(self) -> None:
-        if self._read_fd is not None:
-            if self.hub is not None:
-                with contextlib.suppress(Exception):
-                    self.hub.remove_reader(self._read_fd)
-            for fd in (self._read_fd, self._write_fd):
-                with contextlib.suppress(OSError):
-                    os.close(fd)  # type: ignore[arg-type]
-            self._read_fd = self._write_fd = None
+        if self._read_fd is None:
+            return
+        if self.hub is not None:
+            with contextlib.suppress(Exception):
+                self.hub.remove_reader(self._read_fd)
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)  # type: ignore[arg-type]
+        self._read_fd = self._write_fd = None
 
     def read_reports(self, *args: Any) -> None:
         """Take every report waiting in the pipe (the event loop calls this when readable)."""
+        from celery.worker import state as worker_state
+
         while self._read_fd is not None:
             try:
                 chunk = os.read(self._read_fd, 65536)
@@ -1586,22 +1358,14 @@ class WorkerHooks:
                 except ValueError:
                     logger.debug("unreadable report %r", line[:200])
                     continue
-                self._take_report(report)
-
-    def _take_report(self, report: dict[str, Any]) -> None:
-        from celery.worker import state as worker_state
-
-        before = self.locks.record(report)
-        task_id = str(report["id"])
-        if report["kind"] == "wait":
-            entry = self.locks.get(task_id)
-            if entry is not None and task_id in worker_state.revoked:
-                # Revoked before it reported the wait (as it started): stop it now.
-                self._stop_waiting(entry)
-                return
-            self._suspend_limits(task_id, 0)
-        elif report["kind"] in ("hold", "go") and before is not None and before.waiting:
-            self._rearm_limits(task_id)
+                before, task_id, kind = self.locks.record(report), str(report["id"]), report["kind"]
+                entry = self.locks.get(task_id)
+                if kind == "wait" and entry is not None and task_id in worker_state.revoked:
+                    self._stop_waiting(entry)  # revoked before it reported the wait
+                elif kind == "wait":
+                    self._suspend_limits(task_id, 0)
+                elif kind in ("hold", "go") and before is not None and before.waiting:
+                    self._rearm_limits(task_id)
 
     def _job_of(self, task_id: str) -> tuple[Any, Any]:
         """The worker's request for ``task_id`` and its pool job (None, None if gone)."""
@@ -1613,9 +1377,12 @@ class WorkerHooks:
                 return request, (ref() if ref is not None else None)
         return None, None
 
-    def _pool_timers(self) -> tuple[Any, Any]:
+    def _timers(self, task_id: str) -> tuple[Any, Any, Any]:
+        """The pool job of ``task_id``, and the pool's functions that arm and cancel a job's
+        time limits (None each when missing)."""
+        _, job = self._job_of(task_id)
         pool = getattr(getattr(self.worker, "pool", None), "_pool", None)
-        return getattr(pool, "on_timeout_set", None), getattr(pool, "on_timeout_cancel", None)
+        return job, getattr(pool, "on_timeout_set", None), getattr(pool, "on_timeout_cancel", None)
 
     def _suspend_limits(self, task_id: str, deferrals: int) -> None:
         """Stop the time limits of a task that waits for its lock. Celery arms them when it
@@ -1624,23 +1391,20 @@ class WorkerHooks:
         entry = self.locks.get(task_id)
         if entry is None or not entry.waiting:
             return  # the wait is already over
-        _, job = self._job_of(task_id)
-        _, cancel = self._pool_timers()
+        job, _, cancel = self._timers(task_id)
         if job is None or cancel is None:
             return
-        if not job.accepted():
-            if deferrals < self.MAX_DEFERRALS and self.hub is not None:
-                if deferrals < self._SOON:
-                    self.hub.call_soon(self._suspend_limits, task_id, deferrals + 1)
-                else:
-                    self.hub.call_later(0.01, self._suspend_limits, task_id, deferrals + 1)
-            return
-        cancel(job)
+        if job.accepted():
+            cancel(job)
+        elif deferrals < self.MAX_DEFERRALS and self.hub is not None:
+            if deferrals < self._SOON:
+                self.hub.call_soon(self._suspend_limits, task_id, deferrals + 1)
+            else:
+                self.hub.call_later(0.01, self._suspend_limits, task_id, deferrals + 1)
 
     def _rearm_limits(self, task_id: str) -> None:
         """Arm the full time limits again, from now: the wait is over."""
-        _, job = self._job_of(task_id)
-        arm, cancel = self._pool_timers()
+        job, arm, cancel = self._timers(task_id)
         if job is None or arm is None or cancel is None or not job.accepted() or job.ready():
             return
         cancel(job)
@@ -1652,9 +1416,8 @@ class WorkerHooks:
         """After Celery's own ``revoke``: a revoked task that waits for its lock gives up its
         waiting slot at once and is stopped; a revoked queued task's marker stops merging
         calls. Point operations only: the map, and one key written per task id."""
-        ids = [
-            str(i) for i in (task_ids if isinstance(task_ids, (list, tuple, set)) else [task_ids])
-        ]
+        many = isinstance(task_ids, (list, tuple, set))
+        ids = [str(i) for i in (task_ids if many else [task_ids])]
         self.read_reports()  # a task that got its lock meanwhile is no longer waiting
         for task_id in ids:
             entry = self.locks.get(task_id)
@@ -1684,9 +1447,7 @@ class WorkerHooks:
         # soft time limit signal, SoftTimeLimitExceeded in the waiting task (its limits are
         # suspended while it waits), which LockedTask.__call__ ends as REVOKED.
         try:
-            request.task.backend.mark_as_revoked(
-                entry.task_id, "revoked while waiting for its lock"
-            )
+            request.task.backend.mark_as_revoked(entry.task_id, _REVOKED_WAITING)
         except Exception:
             logger.warning("could not store REVOKED for %s", entry.task_id, exc_info=True)
         with contextlib.suppress(OSError):
@@ -1695,33 +1456,23 @@ class WorkerHooks:
     def release_for(self, task_id: str, why: str) -> bool | None:
         """Release the lock (and waiting slot) that the map holds for ``task_id``, by token;
         None when the map knows nothing of it."""
-        entry = self.locks.pop(task_id)
-        if entry is None:
+        entry = self.locks.pop(task_id, None)
+        redlock = None if entry is None else _redlock_of_task(self.app, entry.task)
+        if entry is None or redlock is None:
             return None
-        redlock = _redlock_of_task(self.app, entry.task)
-        if redlock is None:
-            return None
-        released = False
         try:
             if entry.slot is not None:
                 redlock.release_token(*entry.slot)
-            if entry.token:
-                released = redlock.release_token(entry.lock, entry.token) > 0
+            released = bool(entry.token) and redlock.release_token(entry.lock, str(entry.token)) > 0
         except Exception:
             logger.warning(
-                "could not release lock %s (%s)",
-                printable(entry.lock),
-                printable(why),
-                exc_info=True,
+                "could not release lock %s (%s)", *_shown(entry.lock, why), exc_info=True
             )
             return False
         if released:
+            lock, shown_why = _shown(entry.lock, why)
             logger.warning(
-                "released lock %s of task %s[%s] (%s)",
-                printable(entry.lock),
-                entry.task,
-                task_id,
-                printable(why),
+                "released lock %s of task %s[%s] (%s)", lock, entry.task, task_id, shown_why
             )
         return released
 
@@ -1737,44 +1488,41 @@ class WorkerHooks:
             return False
         if entry.pid == self.pid or self.hub is None:
             self.release_for(task_id, why)
-            return True
-        if task_id in self._awaiting_exit:
-            return True  # Celery sends task_failure twice for one hard time limit
-        self._awaiting_exit.add(task_id)
-        deadline = time.monotonic() + self.EXIT_PATIENCE
-        # Checked from the event loop, after billiard's own wait for the process (SIGTERM,
-        # up to 0.1 s, SIGKILL) that follows this signal on it: the release never runs
-        # beside the loop's forks of replacement pool processes.
-        self.hub.call_soon(self._release_when_exited, task_id, entry.pid, deadline, why)
+        elif task_id not in self._awaiting_exit:  # Celery sends task_failure twice for one limit
+            self._awaiting_exit.add(task_id)
+            # Checked from the event loop, after billiard's own wait for the process (SIGTERM,
+            # up to 0.1 s, SIGKILL) that follows this signal on it: the release never runs
+            # beside the loop's forks of replacement pool processes.
+            deadline = time.monotonic() + self.EXIT_PATIENCE
+            self.hub.call_soon(self._release_when_exited, task_id, entry.pid, deadline, why)
         return True
 
     def _release_when_exited(self, task_id: str, pid: int, deadline: float, why: str) -> None:
         entry = self.locks.get(task_id)
-        if entry is None or entry.pid != pid:
-            # The run ended on its own and reported it (a body that went on after SIGTERM
-            # and then returned released its lock itself): nothing is left to free.
-            self._awaiting_exit.discard(task_id)
-            return
-        if not _process_exited(pid):
-            if time.monotonic() < deadline:
+        # None (or another run's): the run ended on its own and reported it (a body that went
+        # on after SIGTERM and then returned released its lock itself): nothing is left.
+        if entry is not None and entry.pid == pid:
+            if _process_exited(pid):
+                self.release_for(task_id, why)
+            elif time.monotonic() < deadline:
                 self.hub.call_later(
                     self.EXIT_POLL, self._release_when_exited, task_id, pid, deadline, why
                 )
                 return
-            entry = self.locks.pop(task_id)
-            logger.warning(
-                "pool process %s of task %s[%s] still runs %.0f s after it was stopped (%s): "
-                "lock %s is left to it or to its lease",
-                pid,
-                entry.task if entry else "?",
-                task_id,
-                self.EXIT_PATIENCE,
-                printable(why),
-                printable(entry.lock) if entry else "?",
-            )
-        else:
-            self.release_for(task_id, why)
+            else:
+                self.locks.pop(task_id, None)
+                self.left_running(
+                    entry, f"{self.EXIT_PATIENCE:.0f} s after it was stopped ({printable(why)})"
+                )
         self._awaiting_exit.discard(task_id)
+
+    @staticmethod
+    def left_running(entry: TaskLockEntry, when: str) -> None:
+        where = (entry.pid, entry.task, entry.task_id, when, printable(entry.lock))
+        logger.warning(
+            "pool process %s of task %s[%s] still runs %s: lock %s is left to it or to its lease",
+            *where,
+        )
 
 
 #: Longest wait at a cold shutdown for the terminated pool processes to be gone.
@@ -1791,10 +1539,9 @@ _worker_hooks: WorkerHooks | None = None
 def _process_exited(pid: int) -> bool:
     """Whether ``pid``, a pool process (a child of this process), has exited. It is left
     unreaped: billiard reaps its own processes."""
-    waitid = getattr(os, "waitid", None)
-    if waitid is not None:
+    if hasattr(os, "waitid"):
         try:
-            return waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:
             return True  # reaped already
     try:
@@ -1808,12 +1555,13 @@ def _process_exited(pid: int) -> bool:
 
 def _limits_mode(worker: Any) -> str:
     pool_cls = getattr(worker, "pool_cls", None)
-    module = getattr(pool_cls, "__module__", "") or ""
-    if module.endswith(".prefork"):
+    if (getattr(pool_cls, "__module__", "") or "").endswith(".prefork"):
         return LIMITS_REARMED if getattr(worker, "use_eventloop", False) else LIMITS_CHARGED
-    if getattr(pool_cls, "is_green", False):
-        return LIMITS_CHARGED
-    return LIMITS_NOT_ENFORCED
+    return LIMITS_CHARGED if getattr(pool_cls, "is_green", False) else LIMITS_NOT_ENFORCED
+
+
+def _locked_tasks(app: Any) -> list[LockedTask]:
+    return [t for t in app.tasks.values() if isinstance(t, LockedTask)]
 
 
 def _redlock_of_task(app: Any, task_name: str) -> Redlock | None:
@@ -1827,18 +1575,6 @@ def _redlock_of_task(app: Any, task_name: str) -> Redlock | None:
         return None
 
 
-def _redlocks_of(app: Any) -> list[Redlock]:
-    """The distinct Redlocks the LockedTasks registered in ``app`` lock with."""
-    found: dict[int, Redlock] = {}
-    for task in [t for t in app.tasks.values() if isinstance(t, LockedTask)]:
-        try:
-            redlock = task.get_redlock()
-        except Exception:
-            continue
-        found.setdefault(id(redlock), redlock)
-    return list(found.values())
-
-
 def dedupe_without_leases(apps: Any = None) -> list[tuple[str, str, str]]:
     """``(task name, lock_using, service class)`` of each LockedTask that de-duplicates
     (``lock_dedupe``, its own or ``REDLOCK["LOCKED_TASK"]``'s) on a lock service without
@@ -1850,12 +1586,9 @@ def dedupe_without_leases(apps: Any = None) -> list[tuple[str, str, str]]:
 
     found: list[tuple[str, str, str]] = []
     for app in list(apps if apps is not None else _state._get_active_apps()):
-        if not app.finalized and not app.autofinalize:
-            continue
-        for task in [t for t in app.tasks.values() if isinstance(t, LockedTask)]:
+        for task in _locked_tasks(app) if app.finalized or app.autofinalize else []:
             try:
-                dedupe = task.lock_options().dedupe
-                service = task.get_redlock() if dedupe else None
+                service = task.get_redlock() if task.lock_options().dedupe else None
             except Exception:  # broken options or settings: other checks say so
                 continue
             if service is not None and not _leased(service):
@@ -1882,18 +1615,6 @@ def _longest_marker(redlock: Any) -> float:
     return min(float(redlock.max_ttl), MAX_DURATION)
 
 
-def _note_lifetime(redlock: Any) -> float:
-    """The lease of a revoke's note on ``redlock``: as long as the queued marker it stands for
-    can live (:func:`_longest_marker`), and no longer than Celery's workers remember the
-    revoke (``celery.worker.state.REVOKE_EXPIRES``, three hours unless
-    ``CELERY_WORKER_REVOKE_EXPIRES`` says otherwise): past that, a worker that reaches the
-    task's message runs it, so a call merged into it is no longer lost. A backend that keeps
-    a lease as long as it is asked (a database, etcd) once kept every note for a year."""
-    from celery.worker import state as worker_state
-
-    return min(_longest_marker(redlock), float(worker_state.REVOKE_EXPIRES))
-
-
 def _note_revoked(app: Any, task_ids: list[str]) -> None:
     """Write :data:`REVOKED_PREFIX` + id for each revoked task (a point write per id, no
     read) on every lock service the app's LockedTasks use (``lock_using``): a later
@@ -1901,27 +1622,35 @@ def _note_revoked(app: Any, task_ids: list[str]) -> None:
     that will never run. Celery only tells a task it was revoked when a worker reaches its
     message, which may be a long queue later. A service without leases holds no markers
     (lock_dedupe is refused there). A service that fails is logged; the revoke's reply, and
-    the notes on the other services, still go out."""
-    for redlock in _redlocks_of(app):
-        if not _leased(redlock):
-            continue
+    the notes on the other services, still go out.
+
+    A note lives as long as the queued marker it stands for can (:func:`_longest_marker`),
+    and no longer than Celery's workers remember the revoke
+    (``celery.worker.state.REVOKE_EXPIRES``, three hours unless
+    ``CELERY_WORKER_REVOKE_EXPIRES`` says otherwise): past that, a worker that reaches the
+    task's message runs it, so a call merged into it is no longer lost. A backend that keeps
+    a lease as long as it is asked (a database, etcd) once kept every note for a year."""
+    from celery.worker import state as worker_state
+
+    redlocks: dict[int, Redlock] = {}
+    for task in _locked_tasks(app):
+        with contextlib.suppress(Exception):
+            redlock = task.get_redlock()
+            redlocks.setdefault(id(redlock), redlock)
+    for redlock in [r for r in redlocks.values() if _leased(r)]:
         for task_id in task_ids:
             try:
+                ttl = min(_longest_marker(redlock), float(worker_state.REVOKE_EXPIRES))
+                owner, meta = ("celery-revoked", task_id), {"task_id": task_id, "revoked": True}
                 note = redlock.lock(
-                    _revoked_name(task_id),
-                    ttl=_note_lifetime(redlock),
-                    reentrant=False,
-                    owner=("celery-revoked", task_id),
-                    meta={"task_id": task_id, "revoked": True},
+                    _revoked_name(task_id), ttl=ttl, reentrant=False, owner=owner, meta=meta
                 )
                 if note.acquire(blocking=False):
                     note.detach()  # it lives out its lease
             except Exception:
+                kind = type(redlock).__name__
                 logger.warning(
-                    "could not note the revoke of %s on %s",
-                    task_id,
-                    type(redlock).__name__,
-                    exc_info=True,
+                    "could not note the revoke of %s on %s", task_id, kind, exc_info=True
                 )
 
 
@@ -1949,9 +1678,18 @@ class LockedTaskWorker(bootsteps.StartStopStep):
     def __init__(self, w: Any, **kwargs: Any) -> None:
         global _worker_hooks
         super().__init__(w, **kwargs)
-        self.hooks = WorkerHooks(w)
-        _worker_hooks = self.hooks
-        _connect_worker_signals()
+        self.hooks = _worker_hooks = WorkerHooks(w)
+        # Connected once per process; each receiver acts only for the worker whose hooks
+        # are installed here.
+        for celery_signal, receiver in (
+            (signals.worker_process_shutdown, _on_process_shutdown),
+            (signals.worker_shutting_down, _on_worker_shutting_down),
+            (signals.task_revoked, _on_task_revoked),
+            (signals.task_failure, _on_task_failure),
+            (signals.worker_shutdown, _on_worker_shutdown),
+        ):
+            uid = f"django_redlock{receiver.__name__}"
+            celery_signal.connect(receiver, weak=False, dispatch_uid=uid)
 
     # No start or stop of its own: the hooks outlive the other steps (a pool that stops
     # reports its tasks' failures, and a cold shutdown its abandoned locks, after this step's
@@ -1973,14 +1711,11 @@ class LockedTaskControl(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         control = c.blueprint.steps.get("celery.worker.consumer.control.Control")
-        node = getattr(getattr(control, "box", None), "node", None)
-        handlers = getattr(node, "handlers", None)
-        if node is None or not isinstance(handlers, dict):
-            return
-        original = handlers.get("revoke")
-        if original is None or getattr(original, "redlock_hooked", False):
-            return
-        node.handlers = {**handlers, "revoke": _revoke_with_locks(original)}
+        node: Any = getattr(getattr(control, "box", None), "node", None)
+        handlers: Any = getattr(node, "handlers", None)
+        original = handlers.get("revoke") if isinstance(handlers, dict) else None
+        if original is not None and not getattr(original, "redlock_hooked", False):
+            node.handlers = {**handlers, "revoke": _revoke_with_locks(original)}
 
 
 def install(app: Any) -> None:
@@ -1995,26 +1730,11 @@ def install(app: Any) -> None:
     app.steps["consumer"].add(LockedTaskControl)
 
 
-def _connect_worker_signals() -> None:
-    """Connect the receivers once per process (a worker bootstep calls this); each acts only
-    for the worker whose hooks are installed here."""
-    for celery_signal, receiver in (
-        (signals.worker_process_shutdown, _on_process_shutdown),
-        (signals.worker_shutting_down, _on_worker_shutting_down),
-        (signals.task_revoked, _on_task_revoked),
-        (signals.task_failure, _on_task_failure),
-        (signals.worker_shutdown, _on_worker_shutdown),
-    ):
-        uid = f"django_redlock{receiver.__name__}"
-        celery_signal.connect(receiver, weak=False, dispatch_uid=uid)
-
-
 def _on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:
     """The worker has stopped: its hooks end with it."""
     global _worker_hooks
-    hooks = _worker_hooks
-    if hooks is not None and hooks.worker is sender:
-        hooks.close()
+    if _worker_hooks is not None and _worker_hooks.worker is sender:
+        _worker_hooks.close()
         _worker_hooks = None
 
 
@@ -2033,29 +1753,19 @@ def _on_worker_shutting_down(sender: Any = None, how: str = "Warm", **kwargs: An
     if how != "Cold" or hooks is None:
         return
     release_held_locks("cold worker shutdown")
-    holders = hooks.locks.holders()
     # The terminated pool processes may still run their bodies (a C call delays the signal):
     # each key is freed once its process is gone, waiting at most a few seconds in all, as
     # the worker is going away and its event loop with it.
     deadline = time.monotonic() + COLD_EXIT_PATIENCE
-    for entry in holders:
-        while (
-            entry.pid != hooks.pid
-            and not _process_exited(entry.pid)
-            and time.monotonic() < deadline
-        ):
+    for entry in hooks.locks.holders():
+        while entry.pid != hooks.pid and not _process_exited(entry.pid):
+            if time.monotonic() >= deadline:
+                break
             time.sleep(WorkerHooks.EXIT_POLL)
         if entry.pid == hooks.pid or _process_exited(entry.pid):
             hooks.release_for(entry.task_id, "cold worker shutdown")
         else:
-            logger.warning(
-                "pool process %s of task %s[%s] still runs at cold shutdown: lock %s is left "
-                "to it or to its lease",
-                entry.pid,
-                entry.task,
-                entry.task_id,
-                printable(entry.lock),
-            )
+            hooks.left_running(entry, "at cold shutdown")
 
 
 def _on_task_revoked(
@@ -2073,31 +1783,23 @@ def _on_task_revoked(
         # the process is gone, not now.
         if not hooks.release_once_exited(str(request.id), "task terminated"):
             sender.release_for_request(request)
-        return
-    queued = _header_of(request).get(_QUEUED)
-    if queued:
+    elif queued := _header_of(request).get(_QUEUED):
         _release_queued_marker(sender.get_redlock(), queued)
 
 
 def _on_task_failure(
-    sender: Any = None,
-    task_id: str | None = None,
-    exception: BaseException | None = None,
-    **kwargs: Any,
+    sender: Any = None, task_id: str | None = None, exception: Any = None, **kwargs: Any
 ) -> None:
     """A pool process killed by a hard time limit or lost (WorkerLostError) cannot release
     its lock; the main process reports the failure and releases it here, once the process
     has exited."""
-    hooks = _worker_hooks
+    hooks, name = _worker_hooks, type(exception).__name__
     if hooks is None or not isinstance(sender, LockedTask):
         return
-    if type(exception).__name__ not in ("TimeLimitExceeded", "WorkerLostError"):
-        return
     task_id = task_id or getattr(sender.request, "id", None)
-    if not task_id:
+    if name not in ("TimeLimitExceeded", "WorkerLostError") or not task_id:
         return
-    why = f"task failed: {type(exception).__name__}"
-    if hooks.release_once_exited(str(task_id), why):
+    if hooks.release_once_exited(str(task_id), f"task failed: {name}"):
         return
     # Without the map (no report pipe) only the run's own request names its lock; Celery
     # also sends this signal without it (after its timeout handler), and then the map's
