@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import math
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
@@ -235,33 +236,16 @@ class BackendLocks:
         return [ServiceNode(self.node_name)]
 
     def _info(
-        self,
-        name: str,
-        token: str,
-        meta: Mapping[str, Any],
-        *,
-        acquired_at: datetime | None,
-        ttl: float,
-        lease: float | None,
-        fence: int | None,
-        renewals: int = 0,
+        self, name: str, held: Mapping[str, Any], ttl: float, lease: float | None, fence: int | None
     ) -> LockInfo:
-        """A LockInfo for this single-authority service (one "node", quorum one)."""
-        state = NodeLockState(self.node_name, token, ttl, renewals, fence, acquired_at, lease)
-        return LockInfo(
-            name=name,
-            token=token,
-            meta=dict(meta),
-            acquired_at=acquired_at,
-            ttl=ttl,
-            nodes=1,
-            total_nodes=1,
-            quorum=1,
-            fence=fence,
-            renewals=renewals,
-            per_node=(state,),
-            lease=lease,
-        )
+        """A LockInfo for this single-authority service (one "node", quorum one), from what
+        the service keeps of its holder: ``token``, ``meta``, ``acquired_us`` (microseconds
+        since the epoch, or None) and ``renewals`` (0 when it does not count them)."""
+        token, renewals, micros = held["token"], held.get("renewals", 0), held.get("acquired_us")
+        at = None if micros is None else datetime.fromtimestamp(micros / 1e6, timezone.utc)
+        state = NodeLockState(self.node_name, token, ttl, renewals, fence, at, lease)
+        meta = dict(held["meta"])
+        return LockInfo(name, token, meta, at, ttl, 1, 1, 1, fence, renewals, (state,), lease)
 
     #: Shown in NodeHealth and error messages.
     service = "lock service"
@@ -340,8 +324,9 @@ class BackendLocks:
         """Delete ``name`` whoever holds it (only ``token``'s hold, when given): 1 or 0."""
         raise NotImplementedError
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
-        """The live locks whose name matches ``pattern`` (any order)."""
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
+        """The live locks whose name is ``wanted`` (any order): asked before anything else
+        is read of a lock."""
         raise NotImplementedError
 
     def _watch(self, grant: Grant) -> None:
@@ -446,12 +431,13 @@ class BackendLocks:
         """Every live lock whose name matches the glob ``pattern``, by name."""
         pattern = check_pattern(pattern)
         self._this_process()
-        return iter(sorted(self._infos(pattern), key=lambda info: info.name))
+        infos = self._infos(lambda name: fnmatch.fnmatchcase(name, pattern))
+        return iter(sorted(infos, key=lambda info: info.name))
 
     def lock_info(self, name: str) -> LockInfo | None:
         check_name(name, listed=True)
         self._this_process()
-        return next((i for i in self._infos(glob_escape(name)) if i.name == name), None)
+        return next(iter(self._infos(name.__eq__)), None)
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Remove ``name`` whoever holds it (only ``token``'s hold, when given); 1 or 0.
@@ -577,21 +563,6 @@ class BackendLocks:
         with self._holds_lock:
             if self._holds.get(grant.name) is grant:
                 del self._holds[grant.name]
-
-    def _grant(
-        self,
-        handle: BackendLock,
-        token: str,
-        meta: dict[str, Any],
-        *,
-        started: float,
-        fence: int | None = None,
-        state: Any = None,
-    ) -> Grant:
-        """The Grant for a lock just taken; its validity counts from before the request."""
-        return Grant(
-            handle.name, token, handle.ttl, started + handle.ttl, meta, fence=fence, state=state
-        )
 
     def _release(self, grant: Grant) -> None:
         if grant.foreign:
@@ -730,10 +701,6 @@ def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]\\" else c for c in name)
 
 
-def utc_from_micros(micros: int | None) -> datetime | None:
-    return None if micros is None else datetime.fromtimestamp(micros / 1e6, timezone.utc)
-
-
 # -- asyncio ------------------------------------------------------------------------------------
 
 
@@ -849,18 +816,13 @@ class AsyncLocks:
     def __init__(self, manager: BackendLocks) -> None:
         self.manager = manager
         self.listeners = manager.listeners
+        # Refused as the backend refuses them (no service is asked): not awaitable.
+        self.semaphore = manager.semaphore
+        self.read_lock = manager.read_lock
+        self.write_lock = manager.write_lock
 
     def lock(self, name: str, ttl: float | None = None, **options: Any) -> AsyncBackendLock:
         return AsyncBackendLock(self.manager.lock(name, ttl, **options))
-
-    def semaphore(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.manager.semaphore(name, *args, **options)
-
-    def read_lock(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.manager.read_lock(name, *args, **options)
-
-    def write_lock(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.manager.write_lock(name, *args, **options)
 
     async def locked(self, name: str) -> bool:
         return await asyncio.to_thread(self.manager.locked, name)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
 import json
 import logging
 import math
@@ -58,7 +57,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..core import LockInfo, NodeHealth, QuorumError, check_flag, check_positive
-from .base import BackendLock, BackendLocks, Grant, holder_meta, unreachable, utc_from_micros
+from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
 
 __all__ = ["DatabaseLocks"]
 
@@ -747,7 +746,8 @@ class DatabaseLocks(BackendLocks):
                     started = time.monotonic()
                     fence = self._retrying(self._attempt, handle, token, meta, force=force)
                     if fence is not False:
-                        return self._grant(handle, token, meta, started=started, fence=fence)
+                        valid_until = started + handle.ttl
+                        return Grant(handle.name, token, handle.ttl, valid_until, meta, fence)
                     handle.retry_after = self._time_left(handle.name)
                 if handle.retry_after is None and not vanished:
                     # The row went between the take's two statements (released, or purged
@@ -1033,8 +1033,6 @@ class DatabaseLocks(BackendLocks):
         return int(bool(removed))
 
     def locked(self, name: str) -> bool:
-        from .base import check_name
-
         self._this_process()
         rows = self._sql(
             f"SELECT 1 FROM {LOCKS} WHERE name = %s AND expires_us > NOW_US",
@@ -1043,24 +1041,17 @@ class DatabaseLocks(BackendLocks):
         )
         return bool(rows)
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
         rows = self._sql(
             "SELECT name, token, meta, fence, acquired_us, expires_us - NOW_US, lease_us, "
             f"renewals FROM {LOCKS} WHERE expires_us > NOW_US",
             fetch=True,
         )
         for name, token, meta, fence, acquired_us, left_us, lease_us, renewals in rows:
-            if fnmatch.fnmatchcase(name, pattern):
-                yield self._info(
-                    name,
-                    token,
-                    json.loads(meta),
-                    acquired_at=utc_from_micros(acquired_us),
-                    ttl=left_us / 1e6,
-                    lease=lease_us / 1e6,
-                    fence=fence,
-                    renewals=renewals,
-                )
+            if wanted(name):
+                held = {"token": token, "meta": json.loads(meta), "acquired_us": acquired_us}
+                held["renewals"] = renewals
+                yield self._info(name, held, left_us / 1e6, lease_us / 1e6, fence)
 
     def health(self) -> list[NodeHealth]:
         node = self.node_name

@@ -27,28 +27,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fnmatch
 import http.client
 import json
 import math
 import socket
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from ..core import LockInfo, NodeHealth, QuorumError, check_positive
-from .base import (
-    BackendLock,
-    BackendLocks,
-    Grant,
-    check_name,
-    holder_meta,
-    unreachable,
-    utc_from_micros,
-)
+from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
 
 __all__ = ["EtcdError", "EtcdLocks", "EtcdServerError", "EtcdUnreachable"]
 
@@ -533,8 +524,9 @@ class EtcdLocks(BackendLocks):
                 self._revoke(lease)  # a failure: acquire() raises it as QuorumError
                 return None
             if turn is not False:
-                return self._grant(
-                    handle, token, meta, started=turn, fence=fence, state=_Held(key, lease, ttl)
+                state = _Held(key, lease, ttl)
+                return Grant(
+                    handle.name, token, handle.ttl, turn + handle.ttl, meta, fence, state=state
                 )
             # Our lease ran out while we waited (a paused process): our place in the line is
             # gone, so take a new one behind whoever queued meanwhile.
@@ -677,27 +669,21 @@ class EtcdLocks(BackendLocks):
     def locked(self, name: str) -> bool:
         return self._first(check_name(name, listed=True)) is not None
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
         reply = self._range(f"{self.root}/", sort_order="ASCEND", sort_target="CREATE")
         holders: dict[str, dict[str, Any]] = {}
         for kv in reply.get("kvs", []):
             name = unquote(_text(kv["key"])[len(self.root) + 1 :].rsplit("/", 1)[0])
             holders.setdefault(name, kv)  # ascending create revision: the first is the holder
         for name, kv in holders.items():
-            if not fnmatch.fnmatchcase(name, pattern):
-                continue
-            data = json.loads(_text(kv["value"]))
-            lease = self.gateway.post("/v3/lease/timetolive", {"ID": kv.get("lease", "0")})
-            yield self._info(
-                name,
-                data["token"],
-                data["meta"],
-                acquired_at=utc_from_micros(data.get("acquired_us")),
-                ttl=max(float(lease.get("TTL", 0)), 0.0),
-                lease=float(lease.get("grantedTTL", 0)) or None,
-                fence=int(kv["create_revision"]),
-                renewals=0,
-            )
+            if wanted(name):
+                data = json.loads(_text(kv["value"]))
+                lease = self.gateway.post("/v3/lease/timetolive", {"ID": kv.get("lease", "0")})
+                left, granted = (
+                    max(float(lease.get("TTL", 0)), 0.0),
+                    float(lease.get("grantedTTL", 0)),
+                )
+                yield self._info(name, data, left, granted or None, int(kv["create_revision"]))
 
     def health(self) -> list[NodeHealth]:
         result = []

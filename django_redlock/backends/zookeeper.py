@@ -31,20 +31,12 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, unquote
 
 from ..core import LockInfo, NodeHealth, check_positive
-from .base import (
-    BackendLock,
-    BackendLocks,
-    Grant,
-    check_name,
-    holder_meta,
-    unreachable,
-    utc_from_micros,
-)
+from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
 
 __all__ = ["ZooKeeperLocks", "ZooKeeperUnreachable"]
 
@@ -185,15 +177,10 @@ class ZooKeeperLocks(BackendLocks):
         return ZooKeeperUnreachable(f"zookeeper unreachable ({self.hosts}: {reason})")
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
-        from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
+        from kazoo.exceptions import ConnectionLoss, SessionExpiredError  # closed: expired too
 
-        return (
-            ZooKeeperUnreachable,
-            self.client.handler.timeout_exception,
-            ConnectionLoss,
-            SessionExpiredError,
-            ConnectionClosedError,
-        )
+        timeout = self.client.handler.timeout_exception
+        return (ZooKeeperUnreachable, timeout, ConnectionLoss, SessionExpiredError)
 
     def _dir(self, name: str) -> str:
         return f"{self.root}/{znode_name(name)}"
@@ -206,7 +193,6 @@ class ZooKeeperLocks(BackendLocks):
         from kazoo.exceptions import NoNodeError
 
         meta = holder_meta(handle.meta)
-        started = time.monotonic()
         data = json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
         path = self._ask(
             "create",
@@ -238,10 +224,8 @@ class ZooKeeperLocks(BackendLocks):
                 if (left is not None and left <= 0) or not gone.wait(left):
                     self._ask("delete", path)
                     return None
-            grant = self._grant(
-                handle, token, meta, started=started, fence=int(ours[len(PREFIX) :]), state=path
-            )
-            grant.valid_until = math.inf
+            fence = int(ours[len(PREFIX) :])
+            grant = Grant(handle.name, token, handle.ttl, math.inf, meta, fence=fence, state=path)
             self._grants.add(grant)
             # Deleted by anyone but our release (force release, session expiry): lost.
             self._ask("exists", path, watch=lambda event: self._on_node_event(grant, event))
@@ -368,26 +352,14 @@ class ZooKeeperLocks(BackendLocks):
     def locked(self, name: str) -> bool:
         return self._holder(check_name(name, listed=True)) is not None
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
-        import fnmatch
-
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
         for directory in self._ask("get_children", self.root):
             name = unquote(directory)  # the inverse of znode_name()
-            if not fnmatch.fnmatchcase(name, pattern):
-                continue
-            holder = self._holder(name)
-            if holder is None:
-                continue
-            path, data, _ = holder
-            yield self._info(
-                name,
-                data["token"],
-                data["meta"],
-                acquired_at=utc_from_micros(data.get("acquired_us")),
-                ttl=self.session_timeout,  # how long it outlives a crashed holder
-                lease=self.session_timeout,
-                fence=int(path.rsplit("-", 1)[1]),
-            )
+            holder = self._holder(name) if wanted(name) else None
+            if holder is not None:
+                path, data, _ = holder
+                session = self.session_timeout  # how long it outlives a crashed holder
+                yield self._info(name, data, session, session, int(path.rsplit("-", 1)[1]))
 
     def _held_count(self) -> int:
         """How many locks are held: the directories with a contender in them (the first one
@@ -414,15 +386,8 @@ class ZooKeeperLocks(BackendLocks):
             count = self._held_count()
         except Exception as exc:
             return [unreachable(self.node_name, exc)]
-        return [
-            NodeHealth(
-                node=self.node_name,
-                reachable=True,
-                latency=latency,
-                server="zookeeper",
-                lock_keys=count,
-            )
-        ]
+        node = self.node_name
+        return [NodeHealth(node, True, latency, server="zookeeper", lock_keys=count)]
 
     def close(self) -> None:
         self._this_process()  # in a forked child: close the child's own, never the parent's
