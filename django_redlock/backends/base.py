@@ -250,6 +250,11 @@ class BackendLocks:
     #: Shown in NodeHealth and error messages.
     service = "lock service"
 
+    @property
+    def label(self) -> str:
+        """The service as errors name it."""
+        return self.service
+
     def __init__(
         self, *, ttl: float = 30.0, retry_count: int = 3, retry_delay: float = 0.2
     ) -> None:
@@ -340,6 +345,23 @@ class BackendLocks:
 
     def locked(self, name: str) -> bool:
         return self.lock_info(name) is not None
+
+    @contextlib.contextmanager
+    def _verdict(
+        self, name: str, verb: str, errors: tuple[type[BaseException], ...], after: str = ""
+    ) -> Iterator[None]:
+        """The service gave no verdict on ``verb``-ing lock ``name`` (one of ``errors``):
+        raised as the Redlock's :class:`QuorumError`, the one error its acquire, release and
+        extend raise for "no verdict" (a view answers 503, a LockedTask treats it as
+        unavailable lock nodes), naming the lock, the service (:attr:`label`) and the cause."""
+        try:
+            yield
+        except errors as exc:
+            raise QuorumError(
+                f"lock {name!r}: {self.label} could not {verb} it{after}",
+                name,
+                failures={self.node_name: str(exc) or type(exc).__name__},
+            ) from exc
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
         """The errors that mean the service could not answer (lazily: a backend's client

@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from ..core import LockInfo, NodeHealth, QuorumError, check_flag, check_positive
+from ..core import LockInfo, NodeHealth, check_flag, check_positive
 from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
 
 __all__ = ["DatabaseLocks"]
@@ -77,22 +77,25 @@ NOW_US = {
     "mysql": "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
     "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
 }
-#: Insert a row unless its unique key exists (0 rows affected then, no error).
-INSERT_ABSENT = {
-    "postgresql": "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING",
-    "mysql": "INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
-    "sqlite": "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING",
-}
-#: Add one to a name's fence counter, creating it at 1.
-BUMP_FENCE = {
-    "postgresql": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
-    f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1",
-    "mysql": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
-    "ON DUPLICATE KEY UPDATE value = value + 1",
-    "sqlite": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
-    f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1",
-}
 BEGIN = {"postgresql": "BEGIN", "mysql": "START TRANSACTION", "sqlite": "BEGIN IMMEDIATE"}
+VERSION = {"postgresql": "SHOW server_version", "mysql": "SELECT VERSION()"}
+VERSION["sqlite"] = "SELECT sqlite_version()"
+
+
+def insert_absent(vendor: str, table: str, columns: str, values: str) -> str:
+    """Insert a row unless its unique key exists (0 rows affected then, no error)."""
+    if vendor == "mysql":
+        return f"INSERT IGNORE INTO {table} ({columns}) VALUES ({values})"
+    return f"INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING"
+
+
+def bump_fence(vendor: str) -> str:
+    """Add one to a name's fence counter, creating it at 1."""
+    insert = f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
+    if vendor == "mysql":
+        return insert + "ON DUPLICATE KEY UPDATE value = value + 1"
+    return insert + f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1"
+
 
 #: Tries of a step the database rolled back as a deadlock victim.
 DEADLOCK_RETRIES = 5
@@ -313,6 +316,10 @@ class DatabaseLocks(BackendLocks):
     def node_name(self) -> str:
         return f"{self.vendor}:{self.using}"
 
+    @property
+    def label(self) -> str:
+        return f"database {self.using!r}"
+
     def __init__(
         self,
         using: str = "default",
@@ -341,14 +348,7 @@ class DatabaseLocks(BackendLocks):
         self.loss_check = check_positive("loss_check", loss_check)
         self.request_timeout = check_positive("request_timeout", request_timeout)
         self._now = NOW_US[self.vendor]
-        self._local = threading.local()
-        self._opened: list[Any] = []
-        self._opened_lock = threading.Lock()
-        self._listener: _Listener | None = None
-        self._listener_lock = threading.Lock()
-        self._row_watch = _RowWatch(self)
-        self._watchdog = _Watchdog()
-        self._sweep = _Sweep(self)
+        self._fresh()
         # The first purge a period after the start too: a short-lived manager (a command, a
         # test) adds no statement, and a long-lived one's first is as late as its next.
         self._purge_due = time.monotonic() + PURGE_EVERY
@@ -394,10 +394,14 @@ class DatabaseLocks(BackendLocks):
         with contextlib.suppress(Exception):
             for wrapper in list(self._opened):
                 abandon(wrapper)
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """No connection yet, nor any thread that uses one (started on demand)."""
         self._local = threading.local()
-        self._opened = []
+        self._opened: list[Any] = []
         self._opened_lock = threading.Lock()
-        self._listener = None
+        self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
         self._row_watch = _RowWatch(self)
         self._watchdog = _Watchdog()
@@ -631,35 +635,29 @@ class DatabaseLocks(BackendLocks):
         sent (if its outcome is never known, :meth:`_take` deletes it); a statement given up
         before it was sent (no time left, no connection) granted nothing.
         """
-        with self._budget():
-            return self._run_sql(sql, params, fetch=fetch, repeat=repeat, took=took)
-
-    def _run_sql(
-        self, sql: str, params: Iterable[Any], *, fetch: bool, repeat: bool, took: str | None
-    ) -> Any:
         from django.db import Error
 
         in_transaction = getattr(self._local, "in_transaction", False)
-        for attempt in (1, 2):
-            wrapper = self._connection(idle=not in_transaction)
-            try:
-                with self._bounded(wrapper), wrapper.cursor() as cursor:
-                    if took is not None:
-                        self._local.took = took
-                    cursor.execute(sql.replace("NOW_US", self._now), list(params))
-                    return cursor.fetchall() if fetch else cursor.rowcount
-            except Error as exc:
-                # A statement cut at its deadline: the connection is gone, and the repeat
-                # finds the deadline passed.
-                dropped = getattr(self._local, "timed_out", False) or connection_dropped(
-                    wrapper, exc
-                )
-                discard(wrapper)  # a broken connection is reopened by the next statement
-                if dropped and in_transaction:
-                    self._local.dropped_in_transaction = exc
-                if not dropped or in_transaction or not repeat or attempt == 2:
-                    raise
-                self._local.repeated = True
+        with self._budget():
+            for attempt in (1, 2):
+                wrapper = self._connection(idle=not in_transaction)
+                try:
+                    with self._bounded(wrapper), wrapper.cursor() as cursor:
+                        if took is not None:
+                            self._local.took = took
+                        cursor.execute(sql.replace("NOW_US", self._now), list(params))
+                        return cursor.fetchall() if fetch else cursor.rowcount
+                except Error as exc:
+                    # A statement cut at its deadline: the connection is gone, and the repeat
+                    # finds the deadline passed.
+                    timed_out = getattr(self._local, "timed_out", False)
+                    dropped = timed_out or connection_dropped(wrapper, exc)
+                    discard(wrapper)  # a broken connection is reopened by the next statement
+                    if dropped and in_transaction:
+                        self._local.dropped_in_transaction = exc
+                    if not dropped or in_transaction or not repeat or attempt == 2:
+                        raise
+                    self._local.repeated = True
         raise AssertionError("unreachable")
 
     # -- acquiring ------------------------------------------------------------------------------
@@ -813,7 +811,7 @@ class DatabaseLocks(BackendLocks):
         self._sql(BEGIN[self.vendor])  # on a connection checked for a drop while idle
         self._local.in_transaction = True
         try:
-            self._sql(BUMP_FENCE[self.vendor], [handle.name])
+            self._sql(bump_fence(self.vendor), [handle.name])
             fence = self._sql(
                 f"SELECT value FROM {FENCES} WHERE name = %s", [handle.name], fetch=True
             )[0][0]
@@ -849,7 +847,7 @@ class DatabaseLocks(BackendLocks):
         """
         values = "%s, %s, %s, %s, NOW_US, NOW_US + %s, %s, 0"
         params = [*row, fence, lease_us, lease_us]
-        insert = INSERT_ABSENT[self.vendor].format(table=LOCKS, columns=LOCK_COLUMNS, values=values)
+        insert = insert_absent(self.vendor, LOCKS, LOCK_COLUMNS, values)
         if self._sql(insert, params, took=row[1]):
             return True
         free = ("", []) if force else (" AND (expires_us <= NOW_US OR token = %s)", [row[1]])
@@ -880,7 +878,7 @@ class DatabaseLocks(BackendLocks):
 
         # Read first: inserting a duplicate would wait for the holder's row lock on MySQL.
         if not self._sql(f"SELECT 1 FROM {MUTEXES} WHERE name = %s", [name], fetch=True):
-            insert = INSERT_ABSENT[self.vendor].format(table=MUTEXES, columns="name", values="%s")
+            insert = insert_absent(self.vendor, MUTEXES, "name", "%s")
             self._sql(insert, [name])
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         if self.vendor == "postgresql":  # lock_timeout 0 = wait for ever
@@ -944,19 +942,10 @@ class DatabaseLocks(BackendLocks):
             found.update((str(name), str(token)) for name, token in rows)
         return found
 
-    @contextlib.contextmanager
-    def _reaching(self, grant: Grant, verb: str) -> Iterator[None]:
-        """Turns a database that could not be reached to ``verb`` a held lock into the
-        package's error, naming the lock, the database alias and the cause."""
-        try:
-            yield
-        except self.unavailable() as exc:
-            raise QuorumError(
-                f"lock {grant.name!r}: database {self.using!r} could not {verb} it; the lock "
-                "stays as it was there (held by its token until its lease ends)",
-                grant.name,
-                failures={self.node_name: str(exc) or type(exc).__name__},
-            ) from exc
+    def _reaching(self, grant: Grant, verb: str) -> Any:
+        """A database that could not be reached to ``verb`` a held lock: QuorumError."""
+        after = "; the lock stays as it was there (held by its token until its lease ends)"
+        return self._verdict(grant.name, verb, self.unavailable(), after)
 
     def _give_back(self, grant: Grant) -> bool:
         # One request_timeout for the whole release, a pessimistic one's ROLLBACK included.
@@ -984,15 +973,10 @@ class DatabaseLocks(BackendLocks):
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":
             # The DELETE and the wake-up of the waiters in one statement.
-            rows = self._sql(
-                f"WITH gone AS (DELETE FROM {LOCKS} WHERE name = %s AND token = %s "
-                f"RETURNING name) SELECT pg_notify(%s, name) FROM gone",
-                [grant.name, grant.token, CHANNEL],
-                fetch=True,
-            )
-            return bool(rows)
-        delete = f"DELETE FROM {LOCKS} WHERE name = %s AND token = %s"
-        return bool(self._sql(delete, [grant.name, grant.token]))
+            gone = f"WITH gone AS ({self._DELETE_TAKE} RETURNING name) "
+            notify = gone + "SELECT pg_notify(%s, name) FROM gone"
+            return bool(self._sql(notify, [grant.name, grant.token, CHANNEL], fetch=True))
+        return bool(self._sql(self._DELETE_TAKE, [grant.name, grant.token]))
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
         with self._reaching(grant, "extend"), self._budget():
@@ -1065,26 +1049,15 @@ class DatabaseLocks(BackendLocks):
                     fetch=True,
                 )
                 latency = time.perf_counter() - started
-                wrapper = self._connection()
-                try:
-                    with self._bounded(wrapper):
-                        server, version = _server_version(wrapper)
-                except Exception:
-                    discard(wrapper)  # cut at the deadline, or broken: the next one is new
-                    raise
+                version = str(self._sql(VERSION[self.vendor], fetch=True, repeat=False)[0][0])
         except Exception as exc:
             return [unreachable(node, exc)]
         db_now, count = rows[0]
+        mariadb = self.vendor == "mysql" and "mariadb" in version.lower()
+        offset = db_now / 1e6 - time.time()
+        found = {"version": version, "lock_keys": int(count), "clock_offset": offset}
         return [
-            NodeHealth(
-                node=node,
-                reachable=True,
-                latency=latency,
-                server=server,
-                version=version,
-                lock_keys=int(count),
-                clock_offset=db_now / 1e6 - time.time(),
-            )
+            NodeHealth(node, True, latency, server="mariadb" if mariadb else self.vendor, **found)
         ]
 
     def close(self) -> None:
@@ -1143,20 +1116,6 @@ class DatabaseLocks(BackendLocks):
             self._forget(wrapper)
             raise
         return self._listener, True
-
-
-def _server_version(wrapper: Any) -> tuple[str, str]:
-    """The database server's name and version: ``("postgresql", "15.19 (Debian ...)")``."""
-    query = {
-        "sqlite": "SELECT sqlite_version()",
-        "postgresql": "SHOW server_version",
-    }.get(wrapper.vendor, "SELECT VERSION()")
-    with wrapper.cursor() as cursor:
-        cursor.execute(query)
-        version = str(cursor.fetchone()[0])
-    if wrapper.vendor == "mysql" and "mariadb" in version.lower():
-        return "mariadb", version
-    return wrapper.vendor, version
 
 
 class _Listener:

@@ -33,12 +33,12 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
-from ..core import LockInfo, NodeHealth, QuorumError, check_positive
+from ..core import LockInfo, NodeHealth, check_positive
 from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
 
 __all__ = ["EtcdError", "EtcdLocks", "EtcdServerError", "EtcdUnreachable"]
@@ -444,33 +444,21 @@ class EtcdLocks(BackendLocks):
     def unavailable(self) -> tuple[type[BaseException], ...]:
         return (EtcdUnreachable, EtcdServerError)
 
-    @contextlib.contextmanager
-    def _verdict(self, name: str, verb: str, after: str = "") -> Iterator[None]:
-        """etcd gave no verdict on ``verb``-ing lock ``name`` (it could not be reached, or
-        answered with an error): raised as the Redlock's :class:`QuorumError`, the one error
-        its acquire, release and extend raise for "no verdict" (a view answers 503, a
-        LockedTask treats it as unavailable lock nodes), naming the lock and the cause."""
-        try:
-            yield
-        except EtcdError as exc:
-            raise QuorumError(
-                f"lock {name!r}: etcd could not {verb} it{after}",
-                name,
-                failures={self.node_name: str(exc)},
-            ) from exc
+    # etcd could not be reached, or answered with an error: no verdict (see _verdict).
 
     def _acquire(self, handle: BackendLock, owner: Hashable, **options: Any) -> Grant | None:
-        with self._verdict(handle.name, "grant"):
+        with self._verdict(handle.name, "grant", (EtcdError,)):
             return super()._acquire(handle, owner, **options)
 
     def _release(self, grant: Grant) -> None:
         # The delete may have been applied before the error: the lock is gone, or held by
         # its token until its lease ends.
-        with self._verdict(grant.name, "release", "; it may stay held until its lease ends"):
+        after = "; it may stay held until its lease ends"
+        with self._verdict(grant.name, "release", (EtcdError,), after):
             super()._release(grant)
 
     def _extend(self, grant: Grant, ttl: float) -> bool:
-        with self._verdict(grant.name, "extend"):
+        with self._verdict(grant.name, "extend", (EtcdError,)):
             return super()._extend(grant, ttl)
 
     def _prefix(self, name: str) -> str:
