@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import json
 import math
 import os
 import secrets
@@ -121,6 +122,13 @@ def check_name(name: object, *, listed: bool = False) -> str:
     return name
 
 
+def check_root(kind: str, root: object, what: str) -> str:
+    """A directory of lock names: an absolute path, not ending in "/"."""
+    if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
+        raise ValueError(f"{kind}: root must {what}, got {root!r}")
+    return root
+
+
 def holder_meta(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     """Who holds the lock (shown on the admin page), plus what the caller added."""
     meta: dict[str, Any] = {
@@ -208,11 +216,6 @@ class BackendLocks:
     #: Whether a lock runs out with its lease (a ZooKeeper lock lives as its session does).
     leased = True
 
-    @property
-    def node_name(self) -> str:
-        """How the service is named in listings (the one "node" of LockInfo/NodeHealth)."""
-        return self.service
-
     def semaphore(self, name: str, *args: Any, **options: Any) -> Any:
         raise self._refuse("semaphore", name)
 
@@ -234,6 +237,11 @@ class BackendLocks:
     @property
     def nodes(self) -> list[ServiceNode]:
         return [ServiceNode(self.node_name)]
+
+    @staticmethod
+    def _record(token: str, meta: dict[str, Any]) -> str:
+        """What ZooKeeper and etcd keep of a holder, as JSON (read back by :meth:`_info`)."""
+        return json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
 
     def _info(
         self, name: str, held: Mapping[str, Any], ttl: float, lease: float | None, fence: int | None
@@ -266,6 +274,8 @@ class BackendLocks:
                 f"retry_count {retry_count!r} x retry_delay {retry_delay!r} is longer than a year "
                 "(for a longer wait pass a timeout)"
             )
+        #: How the service is named in listings (the one "node" of LockInfo/NodeHealth).
+        self.node_name = self.service
         self.listeners: list[Any] = []
         #: What ``lock(reentrant=None)`` means and the metadata stored with every lock, as
         #: the Redlock's ``reentrant``/``meta``; the registry sets them from ``REDLOCK``.

@@ -313,10 +313,6 @@ class DatabaseLocks(BackendLocks):
     service = "database"
 
     @property
-    def node_name(self) -> str:
-        return f"{self.vendor}:{self.using}"
-
-    @property
     def label(self) -> str:
         return f"database {self.using!r}"
 
@@ -339,6 +335,7 @@ class DatabaseLocks(BackendLocks):
             raise ValueError(f"DatabaseLocks: using={using!r} names no database in DATABASES")
         self.using = using
         self.vendor = connections[using].vendor
+        self.node_name = f"{self.vendor}:{using}"
         if self.vendor not in NOW_US:
             raise ValueError(f"DatabaseLocks: database {using!r} ({self.vendor}) is not supported")
         self.pessimistic = check_flag("DatabaseLocks: pessimistic", pessimistic)

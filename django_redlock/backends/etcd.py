@@ -39,7 +39,7 @@ from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from ..core import LockInfo, NodeHealth, check_positive
-from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
+from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta, unreachable
 
 __all__ = ["EtcdError", "EtcdLocks", "EtcdServerError", "EtcdUnreachable"]
 
@@ -57,6 +57,7 @@ class EtcdError(RuntimeError):
 
 #: The gRPC status code of an answer "not found" (a lease etcd does not have).
 NOT_FOUND = 5
+STATUS = "/v3/maintenance/status"
 
 
 class EtcdUnreachable(EtcdError):
@@ -328,12 +329,12 @@ class _KeyWatch:
                     self._thread = None
                     return
                 since = self._since
-            body = {
+            body: dict[str, Any] = {
                 "key": _b64(root),
                 "range_end": _prefix_end(root),
-                "start_revision": since,
                 "filters": ["NOPUT"],
             }
+            body["start_revision"] = since
             try:
                 connection, response = self._locks.gateway.open_watch(body, WATCH_IDLE)
             except EtcdError:
@@ -396,10 +397,6 @@ class EtcdLocks(BackendLocks):
 
     service = "etcd"
 
-    @property
-    def node_name(self) -> str:
-        return ",".join(self.endpoints)
-
     fair = True  # each waiter watches the key created just before its own
 
     def __init__(
@@ -421,10 +418,9 @@ class EtcdLocks(BackendLocks):
             raise ValueError(f"EtcdLocks: endpoints must be http(s) URLs, got {endpoints!r}")
         for endpoint in endpoints:
             _check_endpoint(endpoint)
-        if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
-            raise ValueError(f"EtcdLocks: root must look like /locks, got {root!r}")
         self.endpoints = list(endpoints)
-        self.root = root
+        self.node_name = ",".join(self.endpoints)
+        self.root = check_root("EtcdLocks", root, "look like /locks")
         self._gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
         self._key_watch = _KeyWatch(self)
 
@@ -469,14 +465,10 @@ class EtcdLocks(BackendLocks):
         return self.gateway.post("/v3/kv/range", body)
 
     def _if_created(self, key: str, revision: int | str | None, then: dict[str, Any]) -> Any:
-        """One transaction: ``then`` if the key (base64) has this create revision (0: the key
-        does not exist). The reply tells ``succeeded`` and the header's revision."""
-        compare = {
-            "key": key,
-            "target": "CREATE",
-            "result": "EQUAL",
-            "create_revision": str(revision),
-        }
+        """One transaction: ``then`` if the key has this create revision (0: the key does not
+        exist). The reply tells ``succeeded`` and the header's revision."""
+        compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL"}
+        compare["create_revision"] = str(revision)
         return self.gateway.post("/v3/kv/txn", {"compare": [compare], "success": [then]})
 
     def _first(self, name: str) -> dict[str, Any] | None:
@@ -492,19 +484,15 @@ class EtcdLocks(BackendLocks):
     ) -> Grant | None:
         meta = holder_meta(handle.meta)
         ttl = max(math.ceil(handle.ttl), 1)
-        value = _b64(
-            json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
-        )
+        value = _b64(self._record(token, meta))
         while True:
             started = time.monotonic()
             lease = self.gateway.post("/v3/lease/grant", {"TTL": ttl})["ID"]
-            key = f"{self._prefix(handle.name)}{int(lease):x}"
+            held = _Held(f"{self._prefix(handle.name)}{int(lease):x}", lease, ttl)
             try:
-                put = {"request_put": {"key": _b64(key), "value": value, "lease": lease}}
-                fence = int(self._if_created(_b64(key), 0, put)["header"]["revision"])
-                turn = self._wait_turn(
-                    handle.name, key, lease, fence, ttl, blocking, deadline, started
-                )
+                put = {"request_put": {"key": _b64(held.key), "value": value, "lease": lease}}
+                fence = int(self._if_created(held.key, 0, put)["header"]["revision"])
+                turn = self._wait_turn(handle.name, held, fence, blocking, deadline, started)
             except BaseException:
                 self._revoke(lease, quiet=True)
                 raise
@@ -512,10 +500,8 @@ class EtcdLocks(BackendLocks):
                 self._revoke(lease)  # a failure: acquire() raises it as QuorumError
                 return None
             if turn is not False:
-                state = _Held(key, lease, ttl)
-                return Grant(
-                    handle.name, token, handle.ttl, turn + handle.ttl, meta, fence, state=state
-                )
+                valid_until = turn + handle.ttl
+                return Grant(handle.name, token, handle.ttl, valid_until, meta, fence, state=held)
             # Our lease ran out while we waited (a paused process): our place in the line is
             # gone, so take a new one behind whoever queued meanwhile.
             self._revoke(lease, quiet=True)
@@ -523,33 +509,27 @@ class EtcdLocks(BackendLocks):
     def _wait_turn(
         self,
         name: str,
-        key: str,
-        lease: str,
+        held: _Held,
         fence: int,
-        ttl: int,
         blocking: bool,
         deadline: float | None,
         granted: float,
     ) -> float | Literal[False] | None:
-        """Wait until no key of ``name`` was created before ours. Returns when our lease
-        counts from (``granted``, or its last refresh after a wait), False when our key
-        vanished while we waited, None when we gave up."""
-        waited = False
+        """Wait until no key of ``name`` was created before ours (``held.key``). Returns when
+        our lease counts from (``granted``, or its last refresh after a wait), False when our
+        key vanished while we waited, None when we gave up."""
+        lease, ttl, waited = held.lease, held.ttl, False
         while True:
-            before = self._range(
-                self._prefix(name),
-                sort_order="DESCEND",
-                sort_target="CREATE",
-                limit=1,
-                max_create_revision=fence - 1,
-            )
+            last = {"sort_order": "DESCEND", "sort_target": "CREATE", "limit": 1}
+            before = self._range(self._prefix(name), **last, max_create_revision=fence - 1)
             kvs = before.get("kvs", [])
             if not kvs:
                 if not waited:
                     return granted
                 # Ours only if our own key outlived the wait: refresh its lease, then look.
                 refreshed = time.monotonic()
-                return refreshed if self._keep_alive(lease) and self._exists(key, fence) else False
+                ours = self._keep_alive(lease) and self._exists(held.key, fence)
+                return refreshed if ours else False
             left = None if deadline is None else deadline - time.monotonic()
             if not blocking or (left is not None and left <= 0):
                 return None
@@ -595,9 +575,8 @@ class EtcdLocks(BackendLocks):
     def _give_back(self, grant: Grant) -> bool:
         held: _Held = grant.state
         with held.guard:
-            reply = self._if_created(
-                _b64(held.key), grant.fence, {"request_delete_range": {"key": _b64(held.key)}}
-            )
+            delete = {"request_delete_range": {"key": _b64(held.key)}}
+            reply = self._if_created(held.key, grant.fence, delete)
             self._revoke(held.lease, quiet=True)
         return bool(reply.get("succeeded"))
 
@@ -620,7 +599,7 @@ class EtcdLocks(BackendLocks):
         new_lease, granted = lease["ID"], float(lease.get("TTL", wanted))
         try:
             put = {"request_put": {"key": _b64(held.key), "lease": new_lease, "ignore_value": True}}
-            moved = bool(self._if_created(_b64(held.key), grant.fence, put).get("succeeded"))
+            moved = bool(self._if_created(held.key, grant.fence, put).get("succeeded"))
         except BaseException:
             self._revoke(new_lease, quiet=True)
             raise
@@ -651,7 +630,7 @@ class EtcdLocks(BackendLocks):
         if token is not None and json.loads(_text(first["value"]))["token"] != token:
             return 0
         delete = {"request_delete_range": {"key": first["key"]}}
-        reply = self._if_created(first["key"], first["create_revision"], delete)
+        reply = self._if_created(_text(first["key"]), first["create_revision"], delete)
         return 1 if reply.get("succeeded") else 0
 
     def locked(self, name: str) -> bool:
@@ -678,22 +657,12 @@ class EtcdLocks(BackendLocks):
         for endpoint in self.endpoints:
             try:
                 started = time.perf_counter()
-                status = self.gateway._post(
-                    endpoint, "/v3/maintenance/status", {}, self.gateway.timeout
-                )
+                status = self.gateway._post(endpoint, STATUS, {}, self.gateway.timeout)
                 latency = time.perf_counter() - started
             except Exception as exc:
                 result.append(unreachable(endpoint, exc))
                 continue
-            result.append(
-                NodeHealth(
-                    node=endpoint,
-                    reachable=True,
-                    latency=latency,
-                    server="etcd",
-                    version=status.get("version"),
-                )
-            )
+            result.append(NodeHealth(endpoint, True, latency, status.get("version"), server="etcd"))
         return result
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ connection or an expired session reads the same way: with the session, the lock 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import threading
@@ -36,7 +37,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from ..core import LockInfo, NodeHealth, check_positive
-from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
+from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta, unreachable
 
 __all__ = ["ZooKeeperLocks", "ZooKeeperUnreachable"]
 
@@ -65,11 +66,6 @@ class ZooKeeperLocks(BackendLocks):
     ``connect_timeout`` also bounds each wait for an answer (see the module docstring)."""
 
     service = "zookeeper"
-
-    @property
-    def node_name(self) -> str:
-        return self.hosts
-
     fair = True  # each waiter watches its predecessor: first come, first served
     leased = False  # no validity while the connection is down is no lease run out
 
@@ -89,12 +85,8 @@ class ZooKeeperLocks(BackendLocks):
             raise ValueError(
                 f"ZooKeeperLocks: hosts must be 'host:port[,host:port...]', got {hosts!r}"
             )
-        if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
-            raise ValueError(
-                f"ZooKeeperLocks: root must be an absolute path like /locks, got {root!r}"
-            )
-        self.hosts = hosts
-        self.root = root
+        self.node_name = self.hosts = hosts
+        self.root = check_root("ZooKeeperLocks", root, "be an absolute path like /locks")
         self.session_timeout = check_positive("session_timeout", session_timeout)
         self.connect_timeout = check_positive("connect_timeout", connect_timeout)
         self._new_client()
@@ -193,14 +185,10 @@ class ZooKeeperLocks(BackendLocks):
         from kazoo.exceptions import NoNodeError
 
         meta = holder_meta(handle.meta)
-        data = json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
+        data = self._record(token, meta)
+        node = f"{self._dir(handle.name)}/{PREFIX}"
         path = self._ask(
-            "create",
-            f"{self._dir(handle.name)}/{PREFIX}",
-            data.encode(),
-            ephemeral=True,
-            sequence=True,
-            makepath=True,
+            "create", node, data.encode(), ephemeral=True, sequence=True, makepath=True
         )
         ours = path.rsplit("/", 1)[1]
         try:
@@ -228,7 +216,7 @@ class ZooKeeperLocks(BackendLocks):
             grant = Grant(handle.name, token, handle.ttl, math.inf, meta, fence=fence, state=path)
             self._grants.add(grant)
             # Deleted by anyone but our release (force release, session expiry): lost.
-            self._ask("exists", path, watch=lambda event: self._on_node_event(grant, event))
+            self._ask("exists", path, watch=functools.partial(self._on_node_event, grant))
         except BaseException:
             # Sent now, or when the connection is back (a lost session took the node already);
             # waiting for the answer would only hold up the error.
@@ -257,9 +245,8 @@ class ZooKeeperLocks(BackendLocks):
         """Back with the same session: the node watch went with the connection (the server
         forgets a connection's watches, kazoo fires them with no event), and the node may
         have been deleted meanwhile. Ask again with a new watch; held once the node is seen."""
-        seen = self.client.exists_async(
-            grant.state, watch=lambda event: self._on_node_event(grant, event)
-        )
+        watch = functools.partial(self._on_node_event, grant)
+        seen = self.client.exists_async(grant.state, watch=watch)
         seen.rawlink(lambda seen: self._on_seen(grant, seen))
 
     def _on_seen(self, grant: Grant, seen: Any) -> None:
@@ -341,13 +328,12 @@ class ZooKeeperLocks(BackendLocks):
         from kazoo.exceptions import NoNodeError
 
         holder = self._holder(name)
-        if holder is None or (token is not None and holder[1]["token"] != token):
+        if holder is None or token not in (None, holder[1]["token"]):
             return 0
-        try:
+        with contextlib.suppress(NoNodeError):  # released meanwhile
             self._ask("delete", holder[0], version=holder[2].version)
-        except NoNodeError:
-            return 0
-        return 1
+            return 1
+        return 0
 
     def locked(self, name: str) -> bool:
         return self._holder(check_name(name, listed=True)) is not None
