@@ -258,11 +258,6 @@ class BackendLocks:
     #: Shown in NodeHealth and error messages.
     service = "lock service"
 
-    @property
-    def label(self) -> str:
-        """The service as errors name it."""
-        return self.service
-
     def __init__(
         self, *, ttl: float = 30.0, retry_count: int = 3, retry_delay: float = 0.2
     ) -> None:
@@ -274,8 +269,9 @@ class BackendLocks:
                 f"retry_count {retry_count!r} x retry_delay {retry_delay!r} is longer than a year "
                 "(for a longer wait pass a timeout)"
             )
-        #: How the service is named in listings (the one "node" of LockInfo/NodeHealth).
-        self.node_name = self.service
+        #: How the service is named in listings (the one "node" of LockInfo/NodeHealth),
+        #: and in errors.
+        self.node_name = self.label = self.service
         self.listeners: list[Any] = []
         #: What ``lock(reentrant=None)`` means and the metadata stored with every lock, as
         #: the Redlock's ``reentrant``/``meta``; the registry sets them from ``REDLOCK``.
@@ -555,12 +551,7 @@ class BackendLocks:
         grant.auto_renew = True
         until = None if renew_for is None else time.monotonic() + renew_for
         grant.renew_until = until
-        threading.Thread(
-            target=self._keep_renewing,
-            args=(grant, until),
-            name=f"lock-renew:{grant.name}",
-            daemon=True,
-        ).start()
+        spawn(f"lock-renew:{grant.name}", self._keep_renewing, grant, until)
 
     def _reenter(self, handle: BackendLock, owner: Hashable) -> Grant | None:
         """The owner's grant of this name, one hold deeper, when reentry applies (as the
@@ -723,6 +714,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_fork_guard)
 
 
+def spawn(name: str | None, target: Callable[..., None], *args: Any) -> threading.Thread:
+    """A daemon thread running ``target(*args)``, started."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def unreachable(node: str, exc: BaseException) -> NodeHealth:
     """The health of a service that could not be asked, with the reason."""
     return NodeHealth(node=node, reachable=False, error=str(exc) or type(exc).__name__)
@@ -831,9 +829,7 @@ def _give_up(manager: BackendLocks, attempt: asyncio.Future[Grant | None]) -> No
         return
     grant = attempt.result()
     if grant is not None:
-        threading.Thread(
-            target=_release_quietly, args=(manager, grant), name="lock-give-up", daemon=True
-        ).start()
+        spawn("lock-give-up", _release_quietly, manager, grant)
 
 
 def _release_quietly(manager: BackendLocks, grant: Grant) -> None:

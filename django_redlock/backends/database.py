@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..core import LockInfo, NodeHealth, check_flag, check_positive
-from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, unreachable
+from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, spawn, unreachable
 
 __all__ = ["DatabaseLocks"]
 
@@ -249,9 +249,7 @@ class _Watchdog:
         with self._cond:
             self._keys += 1
             self._armed[self._keys] = (deadline, wrapper)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lock-watchdog", daemon=True)
-                self._thread.start()
+            self._thread = self._thread or spawn("lock-watchdog", self._run)
             self._cond.notify()
             return self._keys
 
@@ -312,10 +310,6 @@ class DatabaseLocks(BackendLocks):
 
     service = "database"
 
-    @property
-    def label(self) -> str:
-        return f"database {self.using!r}"
-
     def __init__(
         self,
         using: str = "default",
@@ -335,7 +329,7 @@ class DatabaseLocks(BackendLocks):
             raise ValueError(f"DatabaseLocks: using={using!r} names no database in DATABASES")
         self.using = using
         self.vendor = connections[using].vendor
-        self.node_name = f"{self.vendor}:{using}"
+        self.node_name, self.label = f"{self.vendor}:{using}", f"database {using!r}"
         if self.vendor not in NOW_US:
             raise ValueError(f"DatabaseLocks: database {using!r} ({self.vendor}) is not supported")
         self.pessimistic = check_flag("DatabaseLocks: pessimistic", pessimistic)
@@ -1128,8 +1122,7 @@ class _Listener:
         self._broken = False
         with wrapper.cursor() as cursor:  # a failure is Django's OperationalError, as elsewhere
             cursor.execute(f"LISTEN {CHANNEL}")
-        self._thread = threading.Thread(target=self._run, name="lock-listen", daemon=True)
-        self._thread.start()
+        self._thread = spawn("lock-listen", self._run)
 
     def subscribe(self, name: str) -> threading.Event:
         event = threading.Event()
@@ -1206,11 +1199,7 @@ class _RowWatch:
         with self._mutex:
             self._held[grant.token] = grant
             self._closed = False
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="lock-row-watch", daemon=True
-                )
-                self._thread.start()
+            self._thread = self._thread or spawn("lock-row-watch", self._run)
 
     def remove(self, grant: Grant) -> None:
         with self._mutex:
@@ -1323,9 +1312,7 @@ class _Sweep:
         with self._mutex:
             self._pending[(name, token)] = [ttl, None]
             self._stop.clear()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lock-sweep", daemon=True)
-                self._thread.start()
+            self._thread = self._thread or spawn("lock-sweep", self._run)
 
     def pending(self) -> list[tuple[str, str]]:
         """The (name, token) of the takes still swept."""

@@ -39,7 +39,8 @@ from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from ..core import LockInfo, NodeHealth, check_positive
-from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta, unreachable
+from . import base
+from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta
 
 __all__ = ["EtcdError", "EtcdLocks", "EtcdServerError", "EtcdUnreachable"]
 
@@ -287,10 +288,7 @@ class _KeyWatch:
             self._held[held.key] = grant
             if self._thread is None:
                 self._covered_from = self._since = fence + 1
-                self._thread = threading.Thread(
-                    target=self._run, name="etcd-lock-watch", daemon=True
-                )
-                self._thread.start()
+                self._thread = base.spawn("etcd-lock-watch", self._run)
                 return
             unseen = fence + 1 < self._covered_from
         # etcd not answering now is no loss: the holder learns at its next check or extend.
@@ -660,7 +658,7 @@ class EtcdLocks(BackendLocks):
                 status = self.gateway._post(endpoint, STATUS, {}, self.gateway.timeout)
                 latency = time.perf_counter() - started
             except Exception as exc:
-                result.append(unreachable(endpoint, exc))
+                result.append(base.unreachable(endpoint, exc))
                 continue
             result.append(NodeHealth(endpoint, True, latency, status.get("version"), server="etcd"))
         return result

@@ -37,7 +37,8 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from ..core import LockInfo, NodeHealth, check_positive
-from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta, unreachable
+from . import base
+from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta
 
 __all__ = ["ZooKeeperLocks", "ZooKeeperUnreachable"]
 
@@ -130,7 +131,7 @@ class ZooKeeperLocks(BackendLocks):
                     # (its states are not this manager's any more).
                     client.remove_listener(self._on_state)
                     self._client = self._kazoo()
-                    threading.Thread(target=self._shut_aside, args=(client,), daemon=True).start()
+                    base.spawn(None, self._shut_aside, client)
                     raise self._unreachable(client.handler.timeout_exception())
                 self._started = True
             if not self._rooted:
@@ -371,7 +372,7 @@ class ZooKeeperLocks(BackendLocks):
             latency = time.perf_counter() - started
             count = self._held_count()
         except Exception as exc:
-            return [unreachable(self.node_name, exc)]
+            return [base.unreachable(self.node_name, exc)]
         node = self.node_name
         return [NodeHealth(node, True, latency, server="zookeeper", lock_keys=count)]
 
