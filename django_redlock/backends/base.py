@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..core import (
     HOLDER_PLACE,
     MAX_DURATION,
+    Lease,
     Lock,
     LockEvent,
     LockInfo,
@@ -149,45 +150,20 @@ class ServiceNode:
 
 
 @dataclass(eq=False)
-class Grant:
-    """One acquisition: what a backend hands back when it granted the lock."""
+class Grant(Lease):
+    """One acquisition: the Redlock's lease, as a backend hands it back when it granted the
+    lock (its owner is set by the acquire). ``valid_until`` is inf while a session holds it
+    (ZooKeeper). Of the lease's fields, the backends use the name, token, ttl, owner,
+    valid_until, acquired, meta, fence, count, released, lost, auto_renew, renew_until and
+    pid (so ``foreign`` and ``validity``)."""
 
-    name: str
-    token: str
-    ttl: float
-    valid_until: float  #: time.monotonic() deadline; inf while a session holds it (ZooKeeper)
-    meta: dict[str, Any]
-    fence: int | None = None
-    acquired: float = field(default_factory=time.monotonic)
-    released: bool = False
-    lost: str | None = None
     #: Backend-private state (the ZooKeeper node path, the etcd lease, a held connection).
     state: Any = None
-    #: Who took it (the handle's owner: a thread, a task, or an explicit ``owner=``).
-    owner: Hashable = None
-    #: Holds of its owner through ``reentrant=True`` handles; released at the last one.
-    count: int = 1
-    auto_renew: bool = False
-    #: When capped auto-renewal stops (monotonic; ``renew_for``), None for no cap.
-    renew_until: float | None = None
     stop_renewal: threading.Event = field(default_factory=threading.Event)
-    #: The process that acquired it; a forked child holds none of its parent's locks.
-    pid: int = field(default_factory=lambda: ThisProcess.pid)
-
-    @property
-    def foreign(self) -> bool:
-        """Inherited through fork: this process must never touch it on the service."""
-        return self.pid != ThisProcess.pid
 
     def taken_by(self, handle: Any) -> None:
-        """A handle took it (see :meth:`.core.lock.Lease.taken_by`): a backend's renewal does
-        not ask which handles still hold a grant, so none are kept."""
-
-    @property
-    def validity(self) -> float:
-        if self.released or self.lost or self.foreign:
-            return 0.0
-        return max(self.valid_until - time.monotonic(), 0.0)
+        """A handle took it: a backend's renewal does not ask which handles still hold a
+        grant, so none are kept."""
 
 
 class BackendLock(Lock):
@@ -425,20 +401,10 @@ class BackendLocks:
         if retries is not None:
             retries = check_retry_count(retries, "retries")
         return self.lock_class(
-            self,
-            name,
-            ttl=lease,
-            auto_renew=auto_renew,
-            fencing=fencing,
-            blocking=blocking,
-            timeout=timeout,
-            meta=details,
-            owner=owner,
-            renew_for=cap,
-            retries=retries,
-            reentrant=reentrant,
-            fair=False,
-        )
+            self, name, ttl=lease, auto_renew=auto_renew, fencing=fencing, blocking=blocking,
+            timeout=timeout, meta=details, owner=owner, renew_for=cap, retries=retries,
+            reentrant=reentrant, fair=False,
+        )  # fmt: skip
 
     def release_token(self, name: str, token: str) -> int:
         """Release ``name`` if ``token`` still holds it (a lock handed over with
@@ -505,9 +471,7 @@ class BackendLocks:
             # waits that long at most; no retries means one attempt.
             timeout = retries * self.retry_delay
             blocking = blocking and timeout > 0
-        if timeout is None:
-            timeout = math.inf
-        deadline = None if math.isinf(timeout) else start + timeout
+        deadline = None if timeout is None or math.isinf(timeout) else start + timeout
         handle.retry_after = None
         try:
             grant = self._take_valid(handle, blocking, deadline)
@@ -519,9 +483,8 @@ class BackendLocks:
             ) from exc
         waited = time.monotonic() - start
         if grant is None:
-            self._emit(
-                LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)
-            )
+            retry_after = handle.retry_after
+            self._emit(LockEvent("contended", handle.name, waited=waited, retry_after=retry_after))
             return None
         grant.owner = owner
         with self._holds_lock:
@@ -791,7 +754,7 @@ class AsyncBackendLock:
             # released, not left held by nobody until its lease ends.
             attempt.add_done_callback(lambda done: _give_up(manager, done))
             raise
-        return handle._won(grant)  # type: ignore[arg-type]  # a Grant plays the Lease here
+        return handle._won(grant)
 
     def release(self) -> Coroutine[Any, Any, None]:
         """See :meth:`BackendLock.release`; only the task that acquired may release."""

@@ -735,8 +735,9 @@ class DatabaseLocks(BackendLocks):
                     started = time.monotonic()
                     fence = self._retrying(self._attempt, handle, token, meta, force=force)
                     if fence is not False:
-                        valid_until = started + handle.ttl
-                        return Grant(handle.name, token, handle.ttl, valid_until, meta, fence)
+                        grant = Grant(handle.name, token, handle.ttl, None, started + handle.ttl)
+                        grant.meta, grant.fence = meta, fence
+                        return grant
                     handle.retry_after = self._time_left(handle.name)
                 if handle.retry_after is None and not vanished:
                     # The row went between the take's two statements (released, or purged
@@ -994,7 +995,7 @@ class DatabaseLocks(BackendLocks):
             return bool(rows)
 
     def _adopt(self, name: str, token: str) -> Grant | None:
-        return Grant(name, token, self.ttl, time.monotonic() + self.ttl, {})
+        return Grant(name, token, self.ttl, None, time.monotonic() + self.ttl)
 
     def _remove(self, name: str, token: str | None) -> int:
         where, params = (
@@ -1337,7 +1338,7 @@ class _Sweep:
                         return
                 for (name, token), entry in entries:
                     try:
-                        removed = self._locks._delete(Grant(name, token, 0.0, 0.0, {}))
+                        removed = self._locks._delete(Grant(name, token, 0.0, None, 0.0))
                     except Exception:  # not answering yet: tried again after the pause
                         continue
                     now = time.monotonic()

@@ -499,7 +499,9 @@ class EtcdLocks(BackendLocks):
                 return None
             if turn is not False:
                 valid_until = turn + handle.ttl
-                return Grant(handle.name, token, handle.ttl, valid_until, meta, fence, state=held)
+                grant = Grant(handle.name, token, handle.ttl, None, valid_until, meta=meta)
+                grant.fence, grant.state = fence, held
+                return grant
             # Our lease ran out while we waited (a paused process): our place in the line is
             # gone, so take a new one behind whoever queued meanwhile.
             self._revoke(lease, quiet=True)
@@ -619,7 +621,7 @@ class EtcdLocks(BackendLocks):
         # The TTL its lease was asked for is not known here: an extend moves it to a new one.
         state = _Held(_text(first["key"]), first.get("lease", "0"), 0)
         fence = int(first["create_revision"])
-        return Grant(name, token, self.ttl, time.monotonic(), {}, fence=fence, state=state)
+        return Grant(name, token, self.ttl, None, time.monotonic(), fence=fence, state=state)
 
     def _remove(self, name: str, token: str | None) -> int:
         first = self._first(name)

@@ -214,7 +214,8 @@ class ZooKeeperLocks(BackendLocks):
                     self._ask("delete", path)
                     return None
             fence = int(ours[len(PREFIX) :])
-            grant = Grant(handle.name, token, handle.ttl, math.inf, meta, fence=fence, state=path)
+            grant = Grant(handle.name, token, handle.ttl, None, math.inf, meta=meta, fence=fence)
+            grant.state = path
             self._grants.add(grant)
             # Deleted by anyone but our release (force release, session expiry): lost.
             self._ask("exists", path, watch=functools.partial(self._on_node_event, grant))
@@ -323,7 +324,7 @@ class ZooKeeperLocks(BackendLocks):
         holder = self._holder(name)
         if holder is None or holder[1]["token"] != token:
             return None
-        return Grant(name, token, self.ttl, math.inf, holder[1]["meta"], state=holder[0])
+        return Grant(name, token, self.ttl, None, math.inf, meta=holder[1]["meta"], state=holder[0])
 
     def _remove(self, name: str, token: str | None) -> int:
         from kazoo.exceptions import NoNodeError
