@@ -37,7 +37,6 @@ from ..core import (
     LockEvent,
     LockInfo,
     LockLost,
-    LockNotAcquired,
     LockNotOwned,
     NodeHealth,
     NodeLockState,
@@ -737,16 +736,10 @@ class AsyncBackendLock:
         blocking, timeout, retries = prepared
         handle = self._handle
         manager: BackendLocks = handle.redlock  # type: ignore[assignment]
-        attempt = asyncio.ensure_future(
-            asyncio.to_thread(
-                manager._acquire,
-                handle,
-                owner,
-                blocking=blocking,
-                timeout=timeout,
-                retries=retries,
-            )
+        call = asyncio.to_thread(
+            manager._acquire, handle, owner, blocking=blocking, timeout=timeout, retries=retries
         )
+        attempt = asyncio.ensure_future(call)
         try:
             grant = await asyncio.shield(attempt)
         except asyncio.CancelledError:
@@ -774,11 +767,7 @@ class AsyncBackendLock:
 
     async def __aenter__(self) -> AsyncBackendLock:
         if not await self.acquire():
-            raise LockNotAcquired(
-                f"lock {self.name!r} is held by another owner",
-                self.name,
-                retry_after=self._handle.retry_after,
-            )
+            raise self._handle._not_acquired()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -56,6 +56,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
+from django.db import Error, InterfaceError, OperationalError, connections
+from django.db.utils import load_backend
+
 from ..core import LockInfo, NodeHealth, check_flag, check_positive
 from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, spawn, unreachable
 
@@ -161,8 +165,6 @@ def dropped_while_idle(wrapper: Any) -> bool:
 
 def discard(wrapper: Any) -> None:
     """Close a connection that may be dead already (its next use connects anew)."""
-    from django.db import Error
-
     with contextlib.suppress(Error):  # closing a dropped connection may fail: closed all the same
         wrapper.close()
 
@@ -322,8 +324,6 @@ class DatabaseLocks(BackendLocks):
         retry_count: int = 3,
         retry_delay: float = 0.2,
     ) -> None:
-        from django.db import connections
-
         super().__init__(ttl=ttl, retry_count=retry_count, retry_delay=retry_delay)
         if not isinstance(using, str) or using not in connections.settings:
             raise ValueError(f"DatabaseLocks: using={using!r} names no database in DATABASES")
@@ -348,8 +348,6 @@ class DatabaseLocks(BackendLocks):
 
     def unusable_reason(self) -> str | None:
         """Why this database cannot hold locks at all, or None (system check E106)."""
-        from django.db import connections
-
         name = str(connections[self.using].settings_dict.get("NAME") or "")
         if self.vendor == "sqlite" and private_memory_database(name):
             return (
@@ -362,8 +360,6 @@ class DatabaseLocks(BackendLocks):
 
     def caveat(self) -> str | None:
         """A setting under which these locks misbehave, or None (system check W101)."""
-        from django.db import connections
-
         if self.vendor == "sqlite" and connections[self.using].settings_dict.get("ATOMIC_REQUESTS"):
             return (
                 f"DatabaseLocks: SQLite database {self.using!r} has ATOMIC_REQUESTS=True. SQLite "
@@ -375,8 +371,6 @@ class DatabaseLocks(BackendLocks):
         return None
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
-        from django.db import InterfaceError, OperationalError
-
         return (OperationalError, InterfaceError)
 
     def _after_fork(self) -> None:
@@ -413,10 +407,6 @@ class DatabaseLocks(BackendLocks):
         """A new connection of ours (not connected yet). ``wait``: how long its statements
         may wait in the server beyond ``request_timeout`` (None: for ever), for MySQL's
         read timeout, the only bound on reading its handshake."""
-        from django.core.exceptions import ImproperlyConfigured
-        from django.db import connections
-        from django.db.utils import load_backend
-
         self._this_process()
         reason = self.unusable_reason()
         if reason:  # checked here too: a test runner may swap the NAME after the checks ran
@@ -459,8 +449,6 @@ class DatabaseLocks(BackendLocks):
         """End a pessimistic lock's transaction: the next waiter gets the row. ROLLBACK first:
         closing alone lets the server drop the row lock only when it notices the closed
         socket, after a quick re-acquire may already have been refused."""
-        from django.db import Error
-
         with mutex.guard:
             try:
                 if mutex.wrapper.connection is not None:  # cursor() would connect anew
@@ -474,8 +462,6 @@ class DatabaseLocks(BackendLocks):
     def _mutex_alive(self, mutex: _Mutex) -> bool:
         """Whether the transaction holding a pessimistic lock still runs. A round trip on its
         connection: a socket that the server has not closed yet proves nothing."""
-        from django.db import Error
-
         with mutex.guard:
             wrapper = mutex.wrapper
             if wrapper.connection is None or dropped_while_idle(wrapper):
@@ -533,8 +519,6 @@ class DatabaseLocks(BackendLocks):
 
         SQLite has no server to stop answering (its waits are its busy timeout): unbounded.
         """
-        from django.db import connections
-
         if self.vendor == "sqlite":
             yield
             return
@@ -587,8 +571,6 @@ class DatabaseLocks(BackendLocks):
     def _timed_out(self) -> Exception:
         """The operation ran out of ``request_timeout`` (noted for the caller's bookkeeping):
         Django's ``OperationalError`` naming the database and the timeout."""
-        from django.db import OperationalError
-
         self._local.timed_out = True
         return OperationalError(
             f"database {self.using!r} did not answer within {self.request_timeout:g} s "
@@ -626,8 +608,6 @@ class DatabaseLocks(BackendLocks):
         sent (if its outcome is never known, :meth:`_take` deletes it); a statement given up
         before it was sent (no time left, no connection) granted nothing.
         """
-        from django.db import Error
-
         in_transaction = getattr(self._local, "in_transaction", False)
         with self._budget():
             for attempt in (1, 2):
@@ -769,8 +749,6 @@ class DatabaseLocks(BackendLocks):
         connection when its connection dropped inside its transaction (the transaction died
         with it unless its COMMIT ran: every step run here is safe to run again then, see
         :meth:`_insert_or_take`)."""
-        from django.db import Error, OperationalError
-
         deadlocks = 0
         replayed = False
         while True:
@@ -866,8 +844,6 @@ class DatabaseLocks(BackendLocks):
     def _hold_mutex(self, name: str, blocking: bool, deadline: float | None) -> _Mutex | None:
         """A connection in a transaction holding FOR UPDATE on ``name``'s mutex row, or None
         when another holder has it (NOWAIT, or the lock wait ran out)."""
-        from django.db import OperationalError
-
         # Read first: inserting a duplicate would wait for the holder's row lock on MySQL.
         if not self._sql(f"SELECT 1 FROM {MUTEXES} WHERE name = %s", [name], fetch=True):
             insert = insert_absent(self.vendor, MUTEXES, "name", "%s")

@@ -321,18 +321,14 @@ class _KeyWatch:
 
     def _run(self) -> None:
         root = f"{self._locks.root}/"
+        watch: dict[str, Any] = {"key": _b64(root), "range_end": _prefix_end(root)}
+        watch["filters"] = ["NOPUT"]
         while True:
             with self._mutex:
                 if not self._held:
                     self._thread = None
                     return
-                since = self._since
-            body: dict[str, Any] = {
-                "key": _b64(root),
-                "range_end": _prefix_end(root),
-                "filters": ["NOPUT"],
-            }
-            body["start_revision"] = since
+                body = {**watch, "start_revision": self._since}
             try:
                 connection, response = self._locks.gateway.open_watch(body, WATCH_IDLE)
             except EtcdError:
