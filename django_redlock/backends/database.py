@@ -698,10 +698,8 @@ class DatabaseLocks(BackendLocks):
         *,
         force: bool,
     ) -> Grant | None:
-        pause = 0.005
-        wake = None
-        first = True
-        vanished = False
+        pause, first, vanished = 0.005, True, False
+        wake: threading.Event | None = None
         try:
             while True:
                 # One request_timeout for each attempt (the first one's LISTEN included).
@@ -961,37 +959,30 @@ class DatabaseLocks(BackendLocks):
 
     def _still_held(self, grant: Grant) -> bool:
         with self._budget():
-            if self._mutex_lost(grant):
-                return False
-            rows = self._sql(
-                f"SELECT 1 FROM {LOCKS} WHERE name = %s AND token = %s AND expires_us > NOW_US",
-                [grant.name, grant.token],
-                fetch=True,
-            )
-            return bool(rows)
+            return not self._mutex_lost(grant) and self._live(grant.name, grant.token)
+
+    def _live(self, name: str, *token: str) -> bool:
+        """Whether ``name`` is held (by ``token``, when given) with lease left."""
+        mine = " AND token = %s" if token else ""
+        sql = f"SELECT 1 FROM {LOCKS} WHERE name = %s{mine} AND expires_us > NOW_US"
+        return bool(self._sql(sql, [name, *token], fetch=True))
 
     def _adopt(self, name: str, token: str) -> Grant | None:
         return Grant(name, token, self.ttl, None, time.monotonic() + self.ttl)
 
     def _remove(self, name: str, token: str | None) -> int:
-        where, params = (
-            ("name = %s", [name]) if token is None else ("name = %s AND token = %s", [name, token])
-        )
+        mine, params = ("", [name]) if token is None else (" AND token = %s", [name, token])
         # By token, a repeat after a lost reply deletes nothing more; by name alone, it could
         # delete the lock of a holder that took the name in between: not repeated then.
-        removed = self._sql(f"DELETE FROM {LOCKS} WHERE {where}", params, repeat=token is not None)
+        delete = f"DELETE FROM {LOCKS} WHERE name = %s{mine}"
+        removed = self._sql(delete, params, repeat=token is not None)
         if removed and self.vendor == "postgresql":
             self._sql("SELECT pg_notify(%s, %s)", [CHANNEL, name], fetch=True)
         return int(bool(removed))
 
     def locked(self, name: str) -> bool:
         self._this_process()
-        rows = self._sql(
-            f"SELECT 1 FROM {LOCKS} WHERE name = %s AND expires_us > NOW_US",
-            [check_name(name, listed=True)],
-            fetch=True,
-        )
-        return bool(rows)
+        return self._live(check_name(name, listed=True))
 
     def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
         rows = self._sql(

@@ -381,15 +381,12 @@ class ZooKeeperLocks(BackendLocks):
         self._this_process()  # in a forked child: close the child's own, never the parent's
         with self._start_lock:
             if self._started:
-                self._shut(self.client)
+                self.client.stop()
+                self.client.close()
                 self._started = self._rooted = False
 
     @staticmethod
-    def _shut(client: Any) -> None:
-        client.stop()
-        client.close()
-
-    @classmethod
-    def _shut_aside(cls, client: Any) -> None:
+    def _shut_aside(client: Any) -> None:
         with contextlib.suppress(Exception):  # a client nobody uses: nobody to tell
-            cls._shut(client)
+            client.stop()
+            client.close()
