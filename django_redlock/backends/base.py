@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
+import json
 import math
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
@@ -30,11 +32,11 @@ from typing import Any, Protocol, runtime_checkable
 from ..core import (
     HOLDER_PLACE,
     MAX_DURATION,
+    Lease,
     Lock,
     LockEvent,
     LockInfo,
     LockLost,
-    LockNotAcquired,
     LockNotOwned,
     NodeHealth,
     NodeLockState,
@@ -120,6 +122,13 @@ def check_name(name: object, *, listed: bool = False) -> str:
     return name
 
 
+def check_root(kind: str, root: object, what: str) -> str:
+    """A directory of lock names: an absolute path, not ending in "/"."""
+    if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
+        raise ValueError(f"{kind}: root must {what}, got {root!r}")
+    return root
+
+
 def holder_meta(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     """Who holds the lock (shown on the admin page), plus what the caller added."""
     meta: dict[str, Any] = {
@@ -140,45 +149,20 @@ class ServiceNode:
 
 
 @dataclass(eq=False)
-class Grant:
-    """One acquisition: what a backend hands back when it granted the lock."""
+class Grant(Lease):
+    """One acquisition: the Redlock's lease, as a backend hands it back when it granted the
+    lock (its owner is set by the acquire). ``valid_until`` is inf while a session holds it
+    (ZooKeeper). Of the lease's fields, the backends use the name, token, ttl, owner,
+    valid_until, acquired, meta, fence, count, released, lost, auto_renew, renew_until and
+    pid (so ``foreign`` and ``validity``)."""
 
-    name: str
-    token: str
-    ttl: float
-    valid_until: float  #: time.monotonic() deadline; inf while a session holds it (ZooKeeper)
-    meta: dict[str, Any]
-    fence: int | None = None
-    acquired: float = field(default_factory=time.monotonic)
-    released: bool = False
-    lost: str | None = None
     #: Backend-private state (the ZooKeeper node path, the etcd lease, a held connection).
     state: Any = None
-    #: Who took it (the handle's owner: a thread, a task, or an explicit ``owner=``).
-    owner: Hashable = None
-    #: Holds of its owner through ``reentrant=True`` handles; released at the last one.
-    count: int = 1
-    auto_renew: bool = False
-    #: When capped auto-renewal stops (monotonic; ``renew_for``), None for no cap.
-    renew_until: float | None = None
     stop_renewal: threading.Event = field(default_factory=threading.Event)
-    #: The process that acquired it; a forked child holds none of its parent's locks.
-    pid: int = field(default_factory=lambda: ThisProcess.pid)
-
-    @property
-    def foreign(self) -> bool:
-        """Inherited through fork: this process must never touch it on the service."""
-        return self.pid != ThisProcess.pid
 
     def taken_by(self, handle: Any) -> None:
-        """A handle took it (see :meth:`.core.lock.Lease.taken_by`): a backend's renewal does
-        not ask which handles still hold a grant, so none are kept."""
-
-    @property
-    def validity(self) -> float:
-        if self.released or self.lost or self.foreign:
-            return 0.0
-        return max(self.valid_until - time.monotonic(), 0.0)
+        """A handle took it: a backend's renewal does not ask which handles still hold a
+        grant, so none are kept."""
 
 
 class BackendLock(Lock):
@@ -207,11 +191,6 @@ class BackendLocks:
     #: Whether a lock runs out with its lease (a ZooKeeper lock lives as its session does).
     leased = True
 
-    @property
-    def node_name(self) -> str:
-        """How the service is named in listings (the one "node" of LockInfo/NodeHealth)."""
-        return self.service
-
     def semaphore(self, name: str, *args: Any, **options: Any) -> Any:
         raise self._refuse("semaphore", name)
 
@@ -234,34 +213,22 @@ class BackendLocks:
     def nodes(self) -> list[ServiceNode]:
         return [ServiceNode(self.node_name)]
 
+    @staticmethod
+    def _record(token: str, meta: dict[str, Any]) -> str:
+        """What ZooKeeper and etcd keep of a holder, as JSON (read back by :meth:`_info`)."""
+        return json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
+
     def _info(
-        self,
-        name: str,
-        token: str,
-        meta: Mapping[str, Any],
-        *,
-        acquired_at: datetime | None,
-        ttl: float,
-        lease: float | None,
-        fence: int | None,
-        renewals: int = 0,
+        self, name: str, held: Mapping[str, Any], ttl: float, lease: float | None, fence: int | None
     ) -> LockInfo:
-        """A LockInfo for this single-authority service (one "node", quorum one)."""
-        state = NodeLockState(self.node_name, token, ttl, renewals, fence, acquired_at, lease)
-        return LockInfo(
-            name=name,
-            token=token,
-            meta=dict(meta),
-            acquired_at=acquired_at,
-            ttl=ttl,
-            nodes=1,
-            total_nodes=1,
-            quorum=1,
-            fence=fence,
-            renewals=renewals,
-            per_node=(state,),
-            lease=lease,
-        )
+        """A LockInfo for this single-authority service (one "node", quorum one), from what
+        the service keeps of its holder: ``token``, ``meta``, ``acquired_us`` (microseconds
+        since the epoch, or None) and ``renewals`` (0 when it does not count them)."""
+        token, renewals, micros = held["token"], held.get("renewals", 0), held.get("acquired_us")
+        at = None if micros is None else datetime.fromtimestamp(micros / 1e6, timezone.utc)
+        state = NodeLockState(self.node_name, token, ttl, renewals, fence, at, lease)
+        meta = dict(held["meta"])
+        return LockInfo(name, token, meta, at, ttl, 1, 1, 1, fence, renewals, (state,), lease)
 
     #: Shown in NodeHealth and error messages.
     service = "lock service"
@@ -277,6 +244,9 @@ class BackendLocks:
                 f"retry_count {retry_count!r} x retry_delay {retry_delay!r} is longer than a year "
                 "(for a longer wait pass a timeout)"
             )
+        #: How the service is named in listings (the one "node" of LockInfo/NodeHealth),
+        #: and in errors.
+        self.node_name = self.label = self.service
         self.listeners: list[Any] = []
         #: What ``lock(reentrant=None)`` means and the metadata stored with every lock, as
         #: the Redlock's ``reentrant``/``meta``; the registry sets them from ``REDLOCK``.
@@ -340,8 +310,9 @@ class BackendLocks:
         """Delete ``name`` whoever holds it (only ``token``'s hold, when given): 1 or 0."""
         raise NotImplementedError
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
-        """The live locks whose name matches ``pattern`` (any order)."""
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
+        """The live locks whose name is ``wanted`` (any order): asked before anything else
+        is read of a lock."""
         raise NotImplementedError
 
     def _watch(self, grant: Grant) -> None:
@@ -355,6 +326,23 @@ class BackendLocks:
 
     def locked(self, name: str) -> bool:
         return self.lock_info(name) is not None
+
+    @contextlib.contextmanager
+    def _verdict(
+        self, name: str, verb: str, errors: tuple[type[BaseException], ...], after: str = ""
+    ) -> Iterator[None]:
+        """The service gave no verdict on ``verb``-ing lock ``name`` (one of ``errors``):
+        raised as the Redlock's :class:`QuorumError`, the one error its acquire, release and
+        extend raise for "no verdict" (a view answers 503, a LockedTask treats it as
+        unavailable lock nodes), naming the lock, the service (:attr:`label`) and the cause."""
+        try:
+            yield
+        except errors as exc:
+            raise QuorumError(
+                f"lock {name!r}: {self.label} could not {verb} it{after}",
+                name,
+                failures={self.node_name: str(exc) or type(exc).__name__},
+            ) from exc
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
         """The errors that mean the service could not answer (lazily: a backend's client
@@ -412,20 +400,10 @@ class BackendLocks:
         if retries is not None:
             retries = check_retry_count(retries, "retries")
         return self.lock_class(
-            self,
-            name,
-            ttl=lease,
-            auto_renew=auto_renew,
-            fencing=fencing,
-            blocking=blocking,
-            timeout=timeout,
-            meta=details,
-            owner=owner,
-            renew_for=cap,
-            retries=retries,
-            reentrant=reentrant,
-            fair=False,
-        )
+            self, name, ttl=lease, auto_renew=auto_renew, fencing=fencing, blocking=blocking,
+            timeout=timeout, meta=details, owner=owner, renew_for=cap, retries=retries,
+            reentrant=reentrant, fair=False,
+        )  # fmt: skip
 
     def release_token(self, name: str, token: str) -> int:
         """Release ``name`` if ``token`` still holds it (a lock handed over with
@@ -446,12 +424,13 @@ class BackendLocks:
         """Every live lock whose name matches the glob ``pattern``, by name."""
         pattern = check_pattern(pattern)
         self._this_process()
-        return iter(sorted(self._infos(pattern), key=lambda info: info.name))
+        infos = self._infos(lambda name: fnmatch.fnmatchcase(name, pattern))
+        return iter(sorted(infos, key=lambda info: info.name))
 
     def lock_info(self, name: str) -> LockInfo | None:
         check_name(name, listed=True)
         self._this_process()
-        return next((i for i in self._infos(glob_escape(name)) if i.name == name), None)
+        return next(iter(self._infos(name.__eq__)), None)
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Remove ``name`` whoever holds it (only ``token``'s hold, when given); 1 or 0.
@@ -491,9 +470,7 @@ class BackendLocks:
             # waits that long at most; no retries means one attempt.
             timeout = retries * self.retry_delay
             blocking = blocking and timeout > 0
-        if timeout is None:
-            timeout = math.inf
-        deadline = None if math.isinf(timeout) else start + timeout
+        deadline = None if timeout is None or math.isinf(timeout) else start + timeout
         handle.retry_after = None
         try:
             grant = self._take_valid(handle, blocking, deadline)
@@ -505,9 +482,8 @@ class BackendLocks:
             ) from exc
         waited = time.monotonic() - start
         if grant is None:
-            self._emit(
-                LockEvent("contended", handle.name, waited=waited, retry_after=handle.retry_after)
-            )
+            retry_after = handle.retry_after
+            self._emit(LockEvent("contended", handle.name, waited=waited, retry_after=retry_after))
             return None
         grant.owner = owner
         with self._holds_lock:
@@ -537,12 +513,7 @@ class BackendLocks:
         grant.auto_renew = True
         until = None if renew_for is None else time.monotonic() + renew_for
         grant.renew_until = until
-        threading.Thread(
-            target=self._keep_renewing,
-            args=(grant, until),
-            name=f"lock-renew:{grant.name}",
-            daemon=True,
-        ).start()
+        spawn(f"lock-renew:{grant.name}", self._keep_renewing, grant, until)
 
     def _reenter(self, handle: BackendLock, owner: Hashable) -> Grant | None:
         """The owner's grant of this name, one hold deeper, when reentry applies (as the
@@ -577,21 +548,6 @@ class BackendLocks:
         with self._holds_lock:
             if self._holds.get(grant.name) is grant:
                 del self._holds[grant.name]
-
-    def _grant(
-        self,
-        handle: BackendLock,
-        token: str,
-        meta: dict[str, Any],
-        *,
-        started: float,
-        fence: int | None = None,
-        state: Any = None,
-    ) -> Grant:
-        """The Grant for a lock just taken; its validity counts from before the request."""
-        return Grant(
-            handle.name, token, handle.ttl, started + handle.ttl, meta, fence=fence, state=state
-        )
 
     def _release(self, grant: Grant) -> None:
         if grant.foreign:
@@ -720,6 +676,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_fork_guard)
 
 
+def spawn(name: str | None, target: Callable[..., None], *args: Any) -> threading.Thread:
+    """A daemon thread running ``target(*args)``, started."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def unreachable(node: str, exc: BaseException) -> NodeHealth:
     """The health of a service that could not be asked, with the reason."""
     return NodeHealth(node=node, reachable=False, error=str(exc) or type(exc).__name__)
@@ -728,10 +691,6 @@ def unreachable(node: str, exc: BaseException) -> NodeHealth:
 def glob_escape(name: str) -> str:
     """``name`` as a glob that matches only itself."""
     return "".join(f"[{c}]" if c in "*?[]\\" else c for c in name)
-
-
-def utc_from_micros(micros: int | None) -> datetime | None:
-    return None if micros is None else datetime.fromtimestamp(micros / 1e6, timezone.utc)
 
 
 # -- asyncio ------------------------------------------------------------------------------------
@@ -777,16 +736,10 @@ class AsyncBackendLock:
         blocking, timeout, retries = prepared
         handle = self._handle
         manager: BackendLocks = handle.redlock  # type: ignore[assignment]
-        attempt = asyncio.ensure_future(
-            asyncio.to_thread(
-                manager._acquire,
-                handle,
-                owner,
-                blocking=blocking,
-                timeout=timeout,
-                retries=retries,
-            )
+        call = asyncio.to_thread(
+            manager._acquire, handle, owner, blocking=blocking, timeout=timeout, retries=retries
         )
+        attempt = asyncio.ensure_future(call)
         try:
             grant = await asyncio.shield(attempt)
         except asyncio.CancelledError:
@@ -794,7 +747,7 @@ class AsyncBackendLock:
             # released, not left held by nobody until its lease ends.
             attempt.add_done_callback(lambda done: _give_up(manager, done))
             raise
-        return handle._won(grant)  # type: ignore[arg-type]  # a Grant plays the Lease here
+        return handle._won(grant)
 
     def release(self) -> Coroutine[Any, Any, None]:
         """See :meth:`BackendLock.release`; only the task that acquired may release."""
@@ -814,11 +767,7 @@ class AsyncBackendLock:
 
     async def __aenter__(self) -> AsyncBackendLock:
         if not await self.acquire():
-            raise LockNotAcquired(
-                f"lock {self.name!r} is held by another owner",
-                self.name,
-                retry_after=self._handle.retry_after,
-            )
+            raise self._handle._not_acquired()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -832,9 +781,7 @@ def _give_up(manager: BackendLocks, attempt: asyncio.Future[Grant | None]) -> No
         return
     grant = attempt.result()
     if grant is not None:
-        threading.Thread(
-            target=_release_quietly, args=(manager, grant), name="lock-give-up", daemon=True
-        ).start()
+        spawn("lock-give-up", _release_quietly, manager, grant)
 
 
 def _release_quietly(manager: BackendLocks, grant: Grant) -> None:
@@ -849,18 +796,13 @@ class AsyncLocks:
     def __init__(self, manager: BackendLocks) -> None:
         self.manager = manager
         self.listeners = manager.listeners
+        # Refused as the backend refuses them (no service is asked): not awaitable.
+        self.semaphore = manager.semaphore
+        self.read_lock = manager.read_lock
+        self.write_lock = manager.write_lock
 
     def lock(self, name: str, ttl: float | None = None, **options: Any) -> AsyncBackendLock:
         return AsyncBackendLock(self.manager.lock(name, ttl, **options))
-
-    def semaphore(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.manager.semaphore(name, *args, **options)
-
-    def read_lock(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.manager.read_lock(name, *args, **options)
-
-    def write_lock(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.manager.write_lock(name, *args, **options)
 
     async def locked(self, name: str) -> bool:
         return await asyncio.to_thread(self.manager.locked, name)

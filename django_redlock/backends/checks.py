@@ -20,6 +20,10 @@ from .registry import OBJ, backend_error, judge_backends, judge_entry
 __all__ = ["check_backends", "check_backends_reachable", "check_task_dedupe"]
 
 TAG = "django_redlock"
+W101_HINT = (
+    "Turn ATOMIC_REQUESTS off for that database and release locks outside transaction.atomic() "
+    "blocks that write, or use PostgreSQL or MySQL/MariaDB."
+)
 
 
 def _entries() -> dict[Any, Any]:
@@ -44,16 +48,8 @@ def check_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             messages.append(backend_error(106, f"REDLOCK['BACKENDS'][{alias!r}]: {reason}"))
         caveat = getattr(backend, "caveat", lambda: None)()
         if caveat:
-            messages.append(
-                Warning(
-                    f"REDLOCK['BACKENDS'][{alias!r}]: {caveat}",
-                    hint="Turn ATOMIC_REQUESTS off for that database and release locks "
-                    "outside transaction.atomic() blocks that write, or use PostgreSQL or "
-                    "MySQL/MariaDB.",
-                    obj=OBJ,
-                    id="django_redlock.W101",
-                )
-            )
+            message = f"REDLOCK['BACKENDS'][{alias!r}]: {caveat}"
+            messages.append(Warning(message, hint=W101_HINT, obj=OBJ, id="django_redlock.W101"))
         backend.close()
     return messages
 

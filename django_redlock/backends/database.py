@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
 import json
 import logging
 import math
@@ -57,8 +56,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from ..core import LockInfo, NodeHealth, QuorumError, check_flag, check_positive
-from .base import BackendLock, BackendLocks, Grant, holder_meta, unreachable, utc_from_micros
+from django.core.exceptions import ImproperlyConfigured
+from django.db import Error, InterfaceError, OperationalError, connections
+from django.db.utils import load_backend
+
+from ..core import LockInfo, NodeHealth, check_flag, check_positive
+from .base import BackendLock, BackendLocks, Grant, check_name, holder_meta, spawn, unreachable
 
 __all__ = ["DatabaseLocks"]
 
@@ -78,22 +81,25 @@ NOW_US = {
     "mysql": "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
     "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
 }
-#: Insert a row unless its unique key exists (0 rows affected then, no error).
-INSERT_ABSENT = {
-    "postgresql": "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING",
-    "mysql": "INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
-    "sqlite": "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING",
-}
-#: Add one to a name's fence counter, creating it at 1.
-BUMP_FENCE = {
-    "postgresql": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
-    f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1",
-    "mysql": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
-    "ON DUPLICATE KEY UPDATE value = value + 1",
-    "sqlite": f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
-    f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1",
-}
 BEGIN = {"postgresql": "BEGIN", "mysql": "START TRANSACTION", "sqlite": "BEGIN IMMEDIATE"}
+VERSION = {"postgresql": "SHOW server_version", "mysql": "SELECT VERSION()"}
+VERSION["sqlite"] = "SELECT sqlite_version()"
+
+
+def insert_absent(vendor: str, table: str, columns: str, values: str) -> str:
+    """Insert a row unless its unique key exists (0 rows affected then, no error)."""
+    if vendor == "mysql":
+        return f"INSERT IGNORE INTO {table} ({columns}) VALUES ({values})"
+    return f"INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING"
+
+
+def bump_fence(vendor: str) -> str:
+    """Add one to a name's fence counter, creating it at 1."""
+    insert = f"INSERT INTO {FENCES} (name, value) VALUES (%s, 1) "
+    if vendor == "mysql":
+        return insert + "ON DUPLICATE KEY UPDATE value = value + 1"
+    return insert + f"ON CONFLICT (name) DO UPDATE SET value = {FENCES}.value + 1"
+
 
 #: Tries of a step the database rolled back as a deadlock victim.
 DEADLOCK_RETRIES = 5
@@ -159,8 +165,6 @@ def dropped_while_idle(wrapper: Any) -> bool:
 
 def discard(wrapper: Any) -> None:
     """Close a connection that may be dead already (its next use connects anew)."""
-    from django.db import Error
-
     with contextlib.suppress(Error):  # closing a dropped connection may fail: closed all the same
         wrapper.close()
 
@@ -247,9 +251,7 @@ class _Watchdog:
         with self._cond:
             self._keys += 1
             self._armed[self._keys] = (deadline, wrapper)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lock-watchdog", daemon=True)
-                self._thread.start()
+            self._thread = self._thread or spawn("lock-watchdog", self._run)
             self._cond.notify()
             return self._keys
 
@@ -310,10 +312,6 @@ class DatabaseLocks(BackendLocks):
 
     service = "database"
 
-    @property
-    def node_name(self) -> str:
-        return f"{self.vendor}:{self.using}"
-
     def __init__(
         self,
         using: str = "default",
@@ -326,13 +324,12 @@ class DatabaseLocks(BackendLocks):
         retry_count: int = 3,
         retry_delay: float = 0.2,
     ) -> None:
-        from django.db import connections
-
         super().__init__(ttl=ttl, retry_count=retry_count, retry_delay=retry_delay)
         if not isinstance(using, str) or using not in connections.settings:
             raise ValueError(f"DatabaseLocks: using={using!r} names no database in DATABASES")
         self.using = using
         self.vendor = connections[using].vendor
+        self.node_name, self.label = f"{self.vendor}:{using}", f"database {using!r}"
         if self.vendor not in NOW_US:
             raise ValueError(f"DatabaseLocks: database {using!r} ({self.vendor}) is not supported")
         self.pessimistic = check_flag("DatabaseLocks: pessimistic", pessimistic)
@@ -342,14 +339,7 @@ class DatabaseLocks(BackendLocks):
         self.loss_check = check_positive("loss_check", loss_check)
         self.request_timeout = check_positive("request_timeout", request_timeout)
         self._now = NOW_US[self.vendor]
-        self._local = threading.local()
-        self._opened: list[Any] = []
-        self._opened_lock = threading.Lock()
-        self._listener: _Listener | None = None
-        self._listener_lock = threading.Lock()
-        self._row_watch = _RowWatch(self)
-        self._watchdog = _Watchdog()
-        self._sweep = _Sweep(self)
+        self._fresh()
         # The first purge a period after the start too: a short-lived manager (a command, a
         # test) adds no statement, and a long-lived one's first is as late as its next.
         self._purge_due = time.monotonic() + PURGE_EVERY
@@ -358,8 +348,6 @@ class DatabaseLocks(BackendLocks):
 
     def unusable_reason(self) -> str | None:
         """Why this database cannot hold locks at all, or None (system check E106)."""
-        from django.db import connections
-
         name = str(connections[self.using].settings_dict.get("NAME") or "")
         if self.vendor == "sqlite" and private_memory_database(name):
             return (
@@ -372,8 +360,6 @@ class DatabaseLocks(BackendLocks):
 
     def caveat(self) -> str | None:
         """A setting under which these locks misbehave, or None (system check W101)."""
-        from django.db import connections
-
         if self.vendor == "sqlite" and connections[self.using].settings_dict.get("ATOMIC_REQUESTS"):
             return (
                 f"DatabaseLocks: SQLite database {self.using!r} has ATOMIC_REQUESTS=True. SQLite "
@@ -385,8 +371,6 @@ class DatabaseLocks(BackendLocks):
         return None
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
-        from django.db import InterfaceError, OperationalError
-
         return (OperationalError, InterfaceError)
 
     def _after_fork(self) -> None:
@@ -395,10 +379,14 @@ class DatabaseLocks(BackendLocks):
         with contextlib.suppress(Exception):
             for wrapper in list(self._opened):
                 abandon(wrapper)
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """No connection yet, nor any thread that uses one (started on demand)."""
         self._local = threading.local()
-        self._opened = []
+        self._opened: list[Any] = []
         self._opened_lock = threading.Lock()
-        self._listener = None
+        self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
         self._row_watch = _RowWatch(self)
         self._watchdog = _Watchdog()
@@ -419,10 +407,6 @@ class DatabaseLocks(BackendLocks):
         """A new connection of ours (not connected yet). ``wait``: how long its statements
         may wait in the server beyond ``request_timeout`` (None: for ever), for MySQL's
         read timeout, the only bound on reading its handshake."""
-        from django.core.exceptions import ImproperlyConfigured
-        from django.db import connections
-        from django.db.utils import load_backend
-
         self._this_process()
         reason = self.unusable_reason()
         if reason:  # checked here too: a test runner may swap the NAME after the checks ran
@@ -465,8 +449,6 @@ class DatabaseLocks(BackendLocks):
         """End a pessimistic lock's transaction: the next waiter gets the row. ROLLBACK first:
         closing alone lets the server drop the row lock only when it notices the closed
         socket, after a quick re-acquire may already have been refused."""
-        from django.db import Error
-
         with mutex.guard:
             try:
                 if mutex.wrapper.connection is not None:  # cursor() would connect anew
@@ -480,8 +462,6 @@ class DatabaseLocks(BackendLocks):
     def _mutex_alive(self, mutex: _Mutex) -> bool:
         """Whether the transaction holding a pessimistic lock still runs. A round trip on its
         connection: a socket that the server has not closed yet proves nothing."""
-        from django.db import Error
-
         with mutex.guard:
             wrapper = mutex.wrapper
             if wrapper.connection is None or dropped_while_idle(wrapper):
@@ -539,8 +519,6 @@ class DatabaseLocks(BackendLocks):
 
         SQLite has no server to stop answering (its waits are its busy timeout): unbounded.
         """
-        from django.db import connections
-
         if self.vendor == "sqlite":
             yield
             return
@@ -593,8 +571,6 @@ class DatabaseLocks(BackendLocks):
     def _timed_out(self) -> Exception:
         """The operation ran out of ``request_timeout`` (noted for the caller's bookkeeping):
         Django's ``OperationalError`` naming the database and the timeout."""
-        from django.db import OperationalError
-
         self._local.timed_out = True
         return OperationalError(
             f"database {self.using!r} did not answer within {self.request_timeout:g} s "
@@ -632,35 +608,27 @@ class DatabaseLocks(BackendLocks):
         sent (if its outcome is never known, :meth:`_take` deletes it); a statement given up
         before it was sent (no time left, no connection) granted nothing.
         """
-        with self._budget():
-            return self._run_sql(sql, params, fetch=fetch, repeat=repeat, took=took)
-
-    def _run_sql(
-        self, sql: str, params: Iterable[Any], *, fetch: bool, repeat: bool, took: str | None
-    ) -> Any:
-        from django.db import Error
-
         in_transaction = getattr(self._local, "in_transaction", False)
-        for attempt in (1, 2):
-            wrapper = self._connection(idle=not in_transaction)
-            try:
-                with self._bounded(wrapper), wrapper.cursor() as cursor:
-                    if took is not None:
-                        self._local.took = took
-                    cursor.execute(sql.replace("NOW_US", self._now), list(params))
-                    return cursor.fetchall() if fetch else cursor.rowcount
-            except Error as exc:
-                # A statement cut at its deadline: the connection is gone, and the repeat
-                # finds the deadline passed.
-                dropped = getattr(self._local, "timed_out", False) or connection_dropped(
-                    wrapper, exc
-                )
-                discard(wrapper)  # a broken connection is reopened by the next statement
-                if dropped and in_transaction:
-                    self._local.dropped_in_transaction = exc
-                if not dropped or in_transaction or not repeat or attempt == 2:
-                    raise
-                self._local.repeated = True
+        with self._budget():
+            for attempt in (1, 2):
+                wrapper = self._connection(idle=not in_transaction)
+                try:
+                    with self._bounded(wrapper), wrapper.cursor() as cursor:
+                        if took is not None:
+                            self._local.took = took
+                        cursor.execute(sql.replace("NOW_US", self._now), list(params))
+                        return cursor.fetchall() if fetch else cursor.rowcount
+                except Error as exc:
+                    # A statement cut at its deadline: the connection is gone, and the repeat
+                    # finds the deadline passed.
+                    timed_out = getattr(self._local, "timed_out", False)
+                    dropped = timed_out or connection_dropped(wrapper, exc)
+                    discard(wrapper)  # a broken connection is reopened by the next statement
+                    if dropped and in_transaction:
+                        self._local.dropped_in_transaction = exc
+                    if not dropped or in_transaction or not repeat or attempt == 2:
+                        raise
+                    self._local.repeated = True
         raise AssertionError("unreachable")
 
     # -- acquiring ------------------------------------------------------------------------------
@@ -730,10 +698,8 @@ class DatabaseLocks(BackendLocks):
         *,
         force: bool,
     ) -> Grant | None:
-        pause = 0.005
-        wake = None
-        first = True
-        vanished = False
+        pause, first, vanished = 0.005, True, False
+        wake: threading.Event | None = None
         try:
             while True:
                 # One request_timeout for each attempt (the first one's LISTEN included).
@@ -747,7 +713,9 @@ class DatabaseLocks(BackendLocks):
                     started = time.monotonic()
                     fence = self._retrying(self._attempt, handle, token, meta, force=force)
                     if fence is not False:
-                        return self._grant(handle, token, meta, started=started, fence=fence)
+                        grant = Grant(handle.name, token, handle.ttl, None, started + handle.ttl)
+                        grant.meta, grant.fence = meta, fence
+                        return grant
                     handle.retry_after = self._time_left(handle.name)
                 if handle.retry_after is None and not vanished:
                     # The row went between the take's two statements (released, or purged
@@ -779,8 +747,6 @@ class DatabaseLocks(BackendLocks):
         connection when its connection dropped inside its transaction (the transaction died
         with it unless its COMMIT ran: every step run here is safe to run again then, see
         :meth:`_insert_or_take`)."""
-        from django.db import Error, OperationalError
-
         deadlocks = 0
         replayed = False
         while True:
@@ -813,7 +779,7 @@ class DatabaseLocks(BackendLocks):
         self._sql(BEGIN[self.vendor])  # on a connection checked for a drop while idle
         self._local.in_transaction = True
         try:
-            self._sql(BUMP_FENCE[self.vendor], [handle.name])
+            self._sql(bump_fence(self.vendor), [handle.name])
             fence = self._sql(
                 f"SELECT value FROM {FENCES} WHERE name = %s", [handle.name], fetch=True
             )[0][0]
@@ -849,7 +815,7 @@ class DatabaseLocks(BackendLocks):
         """
         values = "%s, %s, %s, %s, NOW_US, NOW_US + %s, %s, 0"
         params = [*row, fence, lease_us, lease_us]
-        insert = INSERT_ABSENT[self.vendor].format(table=LOCKS, columns=LOCK_COLUMNS, values=values)
+        insert = insert_absent(self.vendor, LOCKS, LOCK_COLUMNS, values)
         if self._sql(insert, params, took=row[1]):
             return True
         free = ("", []) if force else (" AND (expires_us <= NOW_US OR token = %s)", [row[1]])
@@ -876,11 +842,9 @@ class DatabaseLocks(BackendLocks):
     def _hold_mutex(self, name: str, blocking: bool, deadline: float | None) -> _Mutex | None:
         """A connection in a transaction holding FOR UPDATE on ``name``'s mutex row, or None
         when another holder has it (NOWAIT, or the lock wait ran out)."""
-        from django.db import OperationalError
-
         # Read first: inserting a duplicate would wait for the holder's row lock on MySQL.
         if not self._sql(f"SELECT 1 FROM {MUTEXES} WHERE name = %s", [name], fetch=True):
-            insert = INSERT_ABSENT[self.vendor].format(table=MUTEXES, columns="name", values="%s")
+            insert = insert_absent(self.vendor, MUTEXES, "name", "%s")
             self._sql(insert, [name])
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         if self.vendor == "postgresql":  # lock_timeout 0 = wait for ever
@@ -944,19 +908,10 @@ class DatabaseLocks(BackendLocks):
             found.update((str(name), str(token)) for name, token in rows)
         return found
 
-    @contextlib.contextmanager
-    def _reaching(self, grant: Grant, verb: str) -> Iterator[None]:
-        """Turns a database that could not be reached to ``verb`` a held lock into the
-        package's error, naming the lock, the database alias and the cause."""
-        try:
-            yield
-        except self.unavailable() as exc:
-            raise QuorumError(
-                f"lock {grant.name!r}: database {self.using!r} could not {verb} it; the lock "
-                "stays as it was there (held by its token until its lease ends)",
-                grant.name,
-                failures={self.node_name: str(exc) or type(exc).__name__},
-            ) from exc
+    def _reaching(self, grant: Grant, verb: str) -> Any:
+        """A database that could not be reached to ``verb`` a held lock: QuorumError."""
+        after = "; the lock stays as it was there (held by its token until its lease ends)"
+        return self._verdict(grant.name, verb, self.unavailable(), after)
 
     def _give_back(self, grant: Grant) -> bool:
         # One request_timeout for the whole release, a pessimistic one's ROLLBACK included.
@@ -984,15 +939,10 @@ class DatabaseLocks(BackendLocks):
     def _delete(self, grant: Grant) -> bool:
         if self.vendor == "postgresql":
             # The DELETE and the wake-up of the waiters in one statement.
-            rows = self._sql(
-                f"WITH gone AS (DELETE FROM {LOCKS} WHERE name = %s AND token = %s "
-                f"RETURNING name) SELECT pg_notify(%s, name) FROM gone",
-                [grant.name, grant.token, CHANNEL],
-                fetch=True,
-            )
-            return bool(rows)
-        delete = f"DELETE FROM {LOCKS} WHERE name = %s AND token = %s"
-        return bool(self._sql(delete, [grant.name, grant.token]))
+            gone = f"WITH gone AS ({self._DELETE_TAKE} RETURNING name) "
+            notify = gone + "SELECT pg_notify(%s, name) FROM gone"
+            return bool(self._sql(notify, [grant.name, grant.token, CHANNEL], fetch=True))
+        return bool(self._sql(self._DELETE_TAKE, [grant.name, grant.token]))
 
     def _renew(self, grant: Grant, ttl: float) -> bool:
         with self._reaching(grant, "extend"), self._budget():
@@ -1009,58 +959,42 @@ class DatabaseLocks(BackendLocks):
 
     def _still_held(self, grant: Grant) -> bool:
         with self._budget():
-            if self._mutex_lost(grant):
-                return False
-            rows = self._sql(
-                f"SELECT 1 FROM {LOCKS} WHERE name = %s AND token = %s AND expires_us > NOW_US",
-                [grant.name, grant.token],
-                fetch=True,
-            )
-            return bool(rows)
+            return not self._mutex_lost(grant) and self._live(grant.name, grant.token)
+
+    def _live(self, name: str, *token: str) -> bool:
+        """Whether ``name`` is held (by ``token``, when given) with lease left."""
+        mine = " AND token = %s" if token else ""
+        sql = f"SELECT 1 FROM {LOCKS} WHERE name = %s{mine} AND expires_us > NOW_US"
+        return bool(self._sql(sql, [name, *token], fetch=True))
 
     def _adopt(self, name: str, token: str) -> Grant | None:
-        return Grant(name, token, self.ttl, time.monotonic() + self.ttl, {})
+        return Grant(name, token, self.ttl, None, time.monotonic() + self.ttl)
 
     def _remove(self, name: str, token: str | None) -> int:
-        where, params = (
-            ("name = %s", [name]) if token is None else ("name = %s AND token = %s", [name, token])
-        )
+        mine, params = ("", [name]) if token is None else (" AND token = %s", [name, token])
         # By token, a repeat after a lost reply deletes nothing more; by name alone, it could
         # delete the lock of a holder that took the name in between: not repeated then.
-        removed = self._sql(f"DELETE FROM {LOCKS} WHERE {where}", params, repeat=token is not None)
+        delete = f"DELETE FROM {LOCKS} WHERE name = %s{mine}"
+        removed = self._sql(delete, params, repeat=token is not None)
         if removed and self.vendor == "postgresql":
             self._sql("SELECT pg_notify(%s, %s)", [CHANNEL, name], fetch=True)
         return int(bool(removed))
 
     def locked(self, name: str) -> bool:
-        from .base import check_name
-
         self._this_process()
-        rows = self._sql(
-            f"SELECT 1 FROM {LOCKS} WHERE name = %s AND expires_us > NOW_US",
-            [check_name(name, listed=True)],
-            fetch=True,
-        )
-        return bool(rows)
+        return self._live(check_name(name, listed=True))
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
         rows = self._sql(
             "SELECT name, token, meta, fence, acquired_us, expires_us - NOW_US, lease_us, "
             f"renewals FROM {LOCKS} WHERE expires_us > NOW_US",
             fetch=True,
         )
         for name, token, meta, fence, acquired_us, left_us, lease_us, renewals in rows:
-            if fnmatch.fnmatchcase(name, pattern):
-                yield self._info(
-                    name,
-                    token,
-                    json.loads(meta),
-                    acquired_at=utc_from_micros(acquired_us),
-                    ttl=left_us / 1e6,
-                    lease=lease_us / 1e6,
-                    fence=fence,
-                    renewals=renewals,
-                )
+            if wanted(name):
+                held = {"token": token, "meta": json.loads(meta), "acquired_us": acquired_us}
+                held["renewals"] = renewals
+                yield self._info(name, held, left_us / 1e6, lease_us / 1e6, fence)
 
     def health(self) -> list[NodeHealth]:
         node = self.node_name
@@ -1074,26 +1008,15 @@ class DatabaseLocks(BackendLocks):
                     fetch=True,
                 )
                 latency = time.perf_counter() - started
-                wrapper = self._connection()
-                try:
-                    with self._bounded(wrapper):
-                        server, version = _server_version(wrapper)
-                except Exception:
-                    discard(wrapper)  # cut at the deadline, or broken: the next one is new
-                    raise
+                version = str(self._sql(VERSION[self.vendor], fetch=True, repeat=False)[0][0])
         except Exception as exc:
             return [unreachable(node, exc)]
         db_now, count = rows[0]
+        mariadb = self.vendor == "mysql" and "mariadb" in version.lower()
+        offset = db_now / 1e6 - time.time()
+        found = {"version": version, "lock_keys": int(count), "clock_offset": offset}
         return [
-            NodeHealth(
-                node=node,
-                reachable=True,
-                latency=latency,
-                server=server,
-                version=version,
-                lock_keys=int(count),
-                clock_offset=db_now / 1e6 - time.time(),
-            )
+            NodeHealth(node, True, latency, server="mariadb" if mariadb else self.vendor, **found)
         ]
 
     def close(self) -> None:
@@ -1154,20 +1077,6 @@ class DatabaseLocks(BackendLocks):
         return self._listener, True
 
 
-def _server_version(wrapper: Any) -> tuple[str, str]:
-    """The database server's name and version: ``("postgresql", "15.19 (Debian ...)")``."""
-    query = {
-        "sqlite": "SELECT sqlite_version()",
-        "postgresql": "SHOW server_version",
-    }.get(wrapper.vendor, "SELECT VERSION()")
-    with wrapper.cursor() as cursor:
-        cursor.execute(query)
-        version = str(cursor.fetchone()[0])
-    if wrapper.vendor == "mysql" and "mariadb" in version.lower():
-        return "mariadb", version
-    return wrapper.vendor, version
-
-
 class _Listener:
     """One PostgreSQL connection per DatabaseLocks that LISTENs and wakes the waiters of a
     released name (a waiter registers before its attempt, so no release is missed)."""
@@ -1181,8 +1090,7 @@ class _Listener:
         self._broken = False
         with wrapper.cursor() as cursor:  # a failure is Django's OperationalError, as elsewhere
             cursor.execute(f"LISTEN {CHANNEL}")
-        self._thread = threading.Thread(target=self._run, name="lock-listen", daemon=True)
-        self._thread.start()
+        self._thread = spawn("lock-listen", self._run)
 
     def subscribe(self, name: str) -> threading.Event:
         event = threading.Event()
@@ -1259,11 +1167,7 @@ class _RowWatch:
         with self._mutex:
             self._held[grant.token] = grant
             self._closed = False
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="lock-row-watch", daemon=True
-                )
-                self._thread.start()
+            self._thread = self._thread or spawn("lock-row-watch", self._run)
 
     def remove(self, grant: Grant) -> None:
         with self._mutex:
@@ -1376,9 +1280,7 @@ class _Sweep:
         with self._mutex:
             self._pending[(name, token)] = [ttl, None]
             self._stop.clear()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lock-sweep", daemon=True)
-                self._thread.start()
+            self._thread = self._thread or spawn("lock-sweep", self._run)
 
     def pending(self) -> list[tuple[str, str]]:
         """The (name, token) of the takes still swept."""
@@ -1403,7 +1305,7 @@ class _Sweep:
                         return
                 for (name, token), entry in entries:
                     try:
-                        removed = self._locks._delete(Grant(name, token, 0.0, 0.0, {}))
+                        removed = self._locks._delete(Grant(name, token, 0.0, None, 0.0))
                     except Exception:  # not answering yet: tried again after the pause
                         continue
                     now = time.monotonic()

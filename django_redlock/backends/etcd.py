@@ -27,28 +27,20 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fnmatch
 import http.client
 import json
 import math
 import socket
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
-from ..core import LockInfo, NodeHealth, QuorumError, check_positive
-from .base import (
-    BackendLock,
-    BackendLocks,
-    Grant,
-    check_name,
-    holder_meta,
-    unreachable,
-    utc_from_micros,
-)
+from ..core import LockInfo, NodeHealth, check_positive
+from . import base
+from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta
 
 __all__ = ["EtcdError", "EtcdLocks", "EtcdServerError", "EtcdUnreachable"]
 
@@ -66,6 +58,7 @@ class EtcdError(RuntimeError):
 
 #: The gRPC status code of an answer "not found" (a lease etcd does not have).
 NOT_FOUND = 5
+STATUS = "/v3/maintenance/status"
 
 
 class EtcdUnreachable(EtcdError):
@@ -295,10 +288,7 @@ class _KeyWatch:
             self._held[held.key] = grant
             if self._thread is None:
                 self._covered_from = self._since = fence + 1
-                self._thread = threading.Thread(
-                    target=self._run, name="etcd-lock-watch", daemon=True
-                )
-                self._thread.start()
+                self._thread = base.spawn("etcd-lock-watch", self._run)
                 return
             unseen = fence + 1 < self._covered_from
         # etcd not answering now is no loss: the holder learns at its next check or extend.
@@ -331,18 +321,14 @@ class _KeyWatch:
 
     def _run(self) -> None:
         root = f"{self._locks.root}/"
+        watch: dict[str, Any] = {"key": _b64(root), "range_end": _prefix_end(root)}
+        watch["filters"] = ["NOPUT"]
         while True:
             with self._mutex:
                 if not self._held:
                     self._thread = None
                     return
-                since = self._since
-            body = {
-                "key": _b64(root),
-                "range_end": _prefix_end(root),
-                "start_revision": since,
-                "filters": ["NOPUT"],
-            }
+                body = {**watch, "start_revision": self._since}
             try:
                 connection, response = self._locks.gateway.open_watch(body, WATCH_IDLE)
             except EtcdError:
@@ -405,10 +391,6 @@ class EtcdLocks(BackendLocks):
 
     service = "etcd"
 
-    @property
-    def node_name(self) -> str:
-        return ",".join(self.endpoints)
-
     fair = True  # each waiter watches the key created just before its own
 
     def __init__(
@@ -430,10 +412,9 @@ class EtcdLocks(BackendLocks):
             raise ValueError(f"EtcdLocks: endpoints must be http(s) URLs, got {endpoints!r}")
         for endpoint in endpoints:
             _check_endpoint(endpoint)
-        if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
-            raise ValueError(f"EtcdLocks: root must look like /locks, got {root!r}")
         self.endpoints = list(endpoints)
-        self.root = root
+        self.node_name = ",".join(self.endpoints)
+        self.root = check_root("EtcdLocks", root, "look like /locks")
         self._gateway = _Gateway(self.endpoints, check_positive("request_timeout", request_timeout))
         self._key_watch = _KeyWatch(self)
 
@@ -453,33 +434,21 @@ class EtcdLocks(BackendLocks):
     def unavailable(self) -> tuple[type[BaseException], ...]:
         return (EtcdUnreachable, EtcdServerError)
 
-    @contextlib.contextmanager
-    def _verdict(self, name: str, verb: str, after: str = "") -> Iterator[None]:
-        """etcd gave no verdict on ``verb``-ing lock ``name`` (it could not be reached, or
-        answered with an error): raised as the Redlock's :class:`QuorumError`, the one error
-        its acquire, release and extend raise for "no verdict" (a view answers 503, a
-        LockedTask treats it as unavailable lock nodes), naming the lock and the cause."""
-        try:
-            yield
-        except EtcdError as exc:
-            raise QuorumError(
-                f"lock {name!r}: etcd could not {verb} it{after}",
-                name,
-                failures={self.node_name: str(exc)},
-            ) from exc
+    # etcd could not be reached, or answered with an error: no verdict (see _verdict).
 
     def _acquire(self, handle: BackendLock, owner: Hashable, **options: Any) -> Grant | None:
-        with self._verdict(handle.name, "grant"):
+        with self._verdict(handle.name, "grant", (EtcdError,)):
             return super()._acquire(handle, owner, **options)
 
     def _release(self, grant: Grant) -> None:
         # The delete may have been applied before the error: the lock is gone, or held by
         # its token until its lease ends.
-        with self._verdict(grant.name, "release", "; it may stay held until its lease ends"):
+        after = "; it may stay held until its lease ends"
+        with self._verdict(grant.name, "release", (EtcdError,), after):
             super()._release(grant)
 
     def _extend(self, grant: Grant, ttl: float) -> bool:
-        with self._verdict(grant.name, "extend"):
+        with self._verdict(grant.name, "extend", (EtcdError,)):
             return super()._extend(grant, ttl)
 
     def _prefix(self, name: str) -> str:
@@ -490,14 +459,10 @@ class EtcdLocks(BackendLocks):
         return self.gateway.post("/v3/kv/range", body)
 
     def _if_created(self, key: str, revision: int | str | None, then: dict[str, Any]) -> Any:
-        """One transaction: ``then`` if the key (base64) has this create revision (0: the key
-        does not exist). The reply tells ``succeeded`` and the header's revision."""
-        compare = {
-            "key": key,
-            "target": "CREATE",
-            "result": "EQUAL",
-            "create_revision": str(revision),
-        }
+        """One transaction: ``then`` if the key has this create revision (0: the key does not
+        exist). The reply tells ``succeeded`` and the header's revision."""
+        compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL"}
+        compare["create_revision"] = str(revision)
         return self.gateway.post("/v3/kv/txn", {"compare": [compare], "success": [then]})
 
     def _first(self, name: str) -> dict[str, Any] | None:
@@ -513,19 +478,15 @@ class EtcdLocks(BackendLocks):
     ) -> Grant | None:
         meta = holder_meta(handle.meta)
         ttl = max(math.ceil(handle.ttl), 1)
-        value = _b64(
-            json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
-        )
+        value = _b64(self._record(token, meta))
         while True:
             started = time.monotonic()
             lease = self.gateway.post("/v3/lease/grant", {"TTL": ttl})["ID"]
-            key = f"{self._prefix(handle.name)}{int(lease):x}"
+            held = _Held(f"{self._prefix(handle.name)}{int(lease):x}", lease, ttl)
             try:
-                put = {"request_put": {"key": _b64(key), "value": value, "lease": lease}}
-                fence = int(self._if_created(_b64(key), 0, put)["header"]["revision"])
-                turn = self._wait_turn(
-                    handle.name, key, lease, fence, ttl, blocking, deadline, started
-                )
+                put = {"request_put": {"key": _b64(held.key), "value": value, "lease": lease}}
+                fence = int(self._if_created(held.key, 0, put)["header"]["revision"])
+                turn = self._wait_turn(handle.name, held, fence, blocking, deadline, started)
             except BaseException:
                 self._revoke(lease, quiet=True)
                 raise
@@ -533,9 +494,10 @@ class EtcdLocks(BackendLocks):
                 self._revoke(lease)  # a failure: acquire() raises it as QuorumError
                 return None
             if turn is not False:
-                return self._grant(
-                    handle, token, meta, started=turn, fence=fence, state=_Held(key, lease, ttl)
-                )
+                valid_until = turn + handle.ttl
+                grant = Grant(handle.name, token, handle.ttl, None, valid_until, meta=meta)
+                grant.fence, grant.state = fence, held
+                return grant
             # Our lease ran out while we waited (a paused process): our place in the line is
             # gone, so take a new one behind whoever queued meanwhile.
             self._revoke(lease, quiet=True)
@@ -543,33 +505,27 @@ class EtcdLocks(BackendLocks):
     def _wait_turn(
         self,
         name: str,
-        key: str,
-        lease: str,
+        held: _Held,
         fence: int,
-        ttl: int,
         blocking: bool,
         deadline: float | None,
         granted: float,
     ) -> float | Literal[False] | None:
-        """Wait until no key of ``name`` was created before ours. Returns when our lease
-        counts from (``granted``, or its last refresh after a wait), False when our key
-        vanished while we waited, None when we gave up."""
-        waited = False
+        """Wait until no key of ``name`` was created before ours (``held.key``). Returns when
+        our lease counts from (``granted``, or its last refresh after a wait), False when our
+        key vanished while we waited, None when we gave up."""
+        lease, ttl, waited = held.lease, held.ttl, False
         while True:
-            before = self._range(
-                self._prefix(name),
-                sort_order="DESCEND",
-                sort_target="CREATE",
-                limit=1,
-                max_create_revision=fence - 1,
-            )
+            last = {"sort_order": "DESCEND", "sort_target": "CREATE", "limit": 1}
+            before = self._range(self._prefix(name), **last, max_create_revision=fence - 1)
             kvs = before.get("kvs", [])
             if not kvs:
                 if not waited:
                     return granted
                 # Ours only if our own key outlived the wait: refresh its lease, then look.
                 refreshed = time.monotonic()
-                return refreshed if self._keep_alive(lease) and self._exists(key, fence) else False
+                ours = self._keep_alive(lease) and self._exists(held.key, fence)
+                return refreshed if ours else False
             left = None if deadline is None else deadline - time.monotonic()
             if not blocking or (left is not None and left <= 0):
                 return None
@@ -615,9 +571,8 @@ class EtcdLocks(BackendLocks):
     def _give_back(self, grant: Grant) -> bool:
         held: _Held = grant.state
         with held.guard:
-            reply = self._if_created(
-                _b64(held.key), grant.fence, {"request_delete_range": {"key": _b64(held.key)}}
-            )
+            delete = {"request_delete_range": {"key": _b64(held.key)}}
+            reply = self._if_created(held.key, grant.fence, delete)
             self._revoke(held.lease, quiet=True)
         return bool(reply.get("succeeded"))
 
@@ -640,7 +595,7 @@ class EtcdLocks(BackendLocks):
         new_lease, granted = lease["ID"], float(lease.get("TTL", wanted))
         try:
             put = {"request_put": {"key": _b64(held.key), "lease": new_lease, "ignore_value": True}}
-            moved = bool(self._if_created(_b64(held.key), grant.fence, put).get("succeeded"))
+            moved = bool(self._if_created(held.key, grant.fence, put).get("succeeded"))
         except BaseException:
             self._revoke(new_lease, quiet=True)
             raise
@@ -662,7 +617,7 @@ class EtcdLocks(BackendLocks):
         # The TTL its lease was asked for is not known here: an extend moves it to a new one.
         state = _Held(_text(first["key"]), first.get("lease", "0"), 0)
         fence = int(first["create_revision"])
-        return Grant(name, token, self.ttl, time.monotonic(), {}, fence=fence, state=state)
+        return Grant(name, token, self.ttl, None, time.monotonic(), fence=fence, state=state)
 
     def _remove(self, name: str, token: str | None) -> int:
         first = self._first(name)
@@ -671,55 +626,39 @@ class EtcdLocks(BackendLocks):
         if token is not None and json.loads(_text(first["value"]))["token"] != token:
             return 0
         delete = {"request_delete_range": {"key": first["key"]}}
-        reply = self._if_created(first["key"], first["create_revision"], delete)
+        reply = self._if_created(_text(first["key"]), first["create_revision"], delete)
         return 1 if reply.get("succeeded") else 0
 
     def locked(self, name: str) -> bool:
         return self._first(check_name(name, listed=True)) is not None
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
         reply = self._range(f"{self.root}/", sort_order="ASCEND", sort_target="CREATE")
         holders: dict[str, dict[str, Any]] = {}
         for kv in reply.get("kvs", []):
             name = unquote(_text(kv["key"])[len(self.root) + 1 :].rsplit("/", 1)[0])
             holders.setdefault(name, kv)  # ascending create revision: the first is the holder
         for name, kv in holders.items():
-            if not fnmatch.fnmatchcase(name, pattern):
-                continue
-            data = json.loads(_text(kv["value"]))
-            lease = self.gateway.post("/v3/lease/timetolive", {"ID": kv.get("lease", "0")})
-            yield self._info(
-                name,
-                data["token"],
-                data["meta"],
-                acquired_at=utc_from_micros(data.get("acquired_us")),
-                ttl=max(float(lease.get("TTL", 0)), 0.0),
-                lease=float(lease.get("grantedTTL", 0)) or None,
-                fence=int(kv["create_revision"]),
-                renewals=0,
-            )
+            if wanted(name):
+                data = json.loads(_text(kv["value"]))
+                lease = self.gateway.post("/v3/lease/timetolive", {"ID": kv.get("lease", "0")})
+                left, granted = (
+                    max(float(lease.get("TTL", 0)), 0.0),
+                    float(lease.get("grantedTTL", 0)),
+                )
+                yield self._info(name, data, left, granted or None, int(kv["create_revision"]))
 
     def health(self) -> list[NodeHealth]:
         result = []
         for endpoint in self.endpoints:
             try:
                 started = time.perf_counter()
-                status = self.gateway._post(
-                    endpoint, "/v3/maintenance/status", {}, self.gateway.timeout
-                )
+                status = self.gateway._post(endpoint, STATUS, {}, self.gateway.timeout)
                 latency = time.perf_counter() - started
             except Exception as exc:
-                result.append(unreachable(endpoint, exc))
+                result.append(base.unreachable(endpoint, exc))
                 continue
-            result.append(
-                NodeHealth(
-                    node=endpoint,
-                    reachable=True,
-                    latency=latency,
-                    server="etcd",
-                    version=status.get("version"),
-                )
-            )
+            result.append(NodeHealth(endpoint, True, latency, status.get("version"), server="etcd"))
         return result
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.core.checks import CheckMessage, Error
@@ -67,34 +67,26 @@ def build_backend(alias: str, entry: Any) -> Any:
     """A new backend from one ``BACKENDS`` entry; ValueError/TypeError/ImportError naming
     what is wrong (the system checks report the same message). The backends here take
     ``retry_count``/``retry_delay`` from ``REDLOCK`` unless their ``OPTIONS`` name them, and
-    ``REENTRANT`` and ``META`` as the defaults of their locks."""
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("BACKEND"), str):
-        raise ValueError(
-            f'REDLOCK["BACKENDS"][{alias!r}] must be a dict with a "BACKEND" dotted path, '
-            f"got {entry!r}"
-        )
+    ``REENTRANT`` and ``META`` as the defaults of their locks. ``entry`` is a dict with a
+    ``BACKEND`` string (:func:`judge_entry` says so first)."""
+    where = f'REDLOCK["BACKENDS"][{alias!r}]'
     unknown = sorted(set(entry) - {"BACKEND", "OPTIONS"})
     if unknown:
-        raise ValueError(f'REDLOCK["BACKENDS"][{alias!r}] has unknown keys {unknown}')
+        raise ValueError(f"{where} has unknown keys {unknown}")
     # Only a missing OPTIONS means none: a falsy non-dict ([], None, 0) is a mistake.
     options = entry.get("OPTIONS", {})
     if not isinstance(options, Mapping):
-        raise ValueError(
-            f'REDLOCK["BACKENDS"][{alias!r}]["OPTIONS"] must be a dict, got {options!r}'
-        )
+        raise ValueError(f'{where}["OPTIONS"] must be a dict, got {options!r}')
     factory = import_string(entry["BACKEND"])
     config = get_config()
     if isinstance(factory, type) and issubclass(factory, BackendLocks):
         # One retry policy for every lock service: what acquire(timeout=None) waits.
-        options = {
-            "retry_count": config["RETRY_COUNT"],
-            "retry_delay": config["RETRY_DELAY"],
-            **options,
-        }
+        retry = {"retry_count": config["RETRY_COUNT"], "retry_delay": config["RETRY_DELAY"]}
+        options = {**retry, **options}
     try:
         manager = factory(**options)
     except (TypeError, ValueError) as exc:  # the same type, with the alias in front
-        raise type(exc)(f'REDLOCK["BACKENDS"][{alias!r}]: {exc}') from None
+        raise type(exc)(f"{where}: {exc}") from None
     if isinstance(manager, BackendLocks):
         # As get_redlock(): @locked and locked() re-enter and store META on every service.
         manager.reentrant = bool(config["REENTRANT"])
@@ -151,21 +143,18 @@ def judge_entry(alias: Any, entry: Any) -> tuple[Any, CheckMessage | None]:
 def get_locks(alias: str = DEFAULT_ALIAS) -> Any:
     """The lock manager named ``alias`` (``get_locks() is get_redlock()``); built on first
     call, shared by every thread, its events sent as the ``django_redlock.signals``."""
-    backends = _configured()
-    if alias == DEFAULT_ALIAS and DEFAULT_ALIAS not in backends:
-        return get_redlock()
-    return _cached(alias, backends, asynchronous=False)
+    return _cached(alias, get_redlock, asynchronous=False)
 
 
 def get_async_locks(alias: str = DEFAULT_ALIAS) -> Any:
     """The asyncio twin of :func:`get_locks` (``AsyncRedlock`` for the Redlock default)."""
+    return _cached(alias, get_async_redlock, asynchronous=True)
+
+
+def _cached(alias: str, redlock: Callable[[], Any], *, asynchronous: bool) -> Any:
     backends = _configured()
     if alias == DEFAULT_ALIAS and DEFAULT_ALIAS not in backends:
-        return get_async_redlock()
-    return _cached(alias, backends, asynchronous=True)
-
-
-def _cached(alias: str, backends: Mapping[str, Any], *, asynchronous: bool) -> Any:
+        return redlock()
     # Servers never run the system checks: a broken entry is refused here as the check
     # reports it (ImproperlyConfigured starting with its id), as get_redlock() does.
     problems = judge_backends(get_config().get("BACKENDS"))
@@ -185,12 +174,9 @@ def _cached(alias: str, backends: Mapping[str, Any], *, asynchronous: bool) -> A
                 raise ImproperlyConfigured(format_message(problem))
             _built[(alias, False)] = manager
             manager.listeners.append(signals.listener_for(manager))
-        if not asynchronous:
-            return manager
-        twin = _built.get((alias, True))
-        if twin is None:
-            twin = _built[(alias, True)] = AsyncLocks(manager)
-        return twin
+        if asynchronous and (alias, True) not in _built:
+            _built[(alias, True)] = AsyncLocks(manager)
+        return _built[(alias, asynchronous)]
 
 
 def reset() -> None:

@@ -26,25 +26,19 @@ connection or an expired session reads the same way: with the session, the lock 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, unquote
 
 from ..core import LockInfo, NodeHealth, check_positive
-from .base import (
-    BackendLock,
-    BackendLocks,
-    Grant,
-    check_name,
-    holder_meta,
-    unreachable,
-    utc_from_micros,
-)
+from . import base
+from .base import BackendLock, BackendLocks, Grant, check_name, check_root, holder_meta
 
 __all__ = ["ZooKeeperLocks", "ZooKeeperUnreachable"]
 
@@ -73,11 +67,6 @@ class ZooKeeperLocks(BackendLocks):
     ``connect_timeout`` also bounds each wait for an answer (see the module docstring)."""
 
     service = "zookeeper"
-
-    @property
-    def node_name(self) -> str:
-        return self.hosts
-
     fair = True  # each waiter watches its predecessor: first come, first served
     leased = False  # no validity while the connection is down is no lease run out
 
@@ -97,12 +86,8 @@ class ZooKeeperLocks(BackendLocks):
             raise ValueError(
                 f"ZooKeeperLocks: hosts must be 'host:port[,host:port...]', got {hosts!r}"
             )
-        if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
-            raise ValueError(
-                f"ZooKeeperLocks: root must be an absolute path like /locks, got {root!r}"
-            )
-        self.hosts = hosts
-        self.root = root
+        self.node_name = self.hosts = hosts
+        self.root = check_root("ZooKeeperLocks", root, "be an absolute path like /locks")
         self.session_timeout = check_positive("session_timeout", session_timeout)
         self.connect_timeout = check_positive("connect_timeout", connect_timeout)
         self._new_client()
@@ -146,7 +131,7 @@ class ZooKeeperLocks(BackendLocks):
                     # (its states are not this manager's any more).
                     client.remove_listener(self._on_state)
                     self._client = self._kazoo()
-                    threading.Thread(target=self._shut_aside, args=(client,), daemon=True).start()
+                    base.spawn(None, self._shut_aside, client)
                     raise self._unreachable(client.handler.timeout_exception())
                 self._started = True
             if not self._rooted:
@@ -185,15 +170,10 @@ class ZooKeeperLocks(BackendLocks):
         return ZooKeeperUnreachable(f"zookeeper unreachable ({self.hosts}: {reason})")
 
     def unavailable(self) -> tuple[type[BaseException], ...]:
-        from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
+        from kazoo.exceptions import ConnectionLoss, SessionExpiredError  # closed: expired too
 
-        return (
-            ZooKeeperUnreachable,
-            self.client.handler.timeout_exception,
-            ConnectionLoss,
-            SessionExpiredError,
-            ConnectionClosedError,
-        )
+        timeout = self.client.handler.timeout_exception
+        return (ZooKeeperUnreachable, timeout, ConnectionLoss, SessionExpiredError)
 
     def _dir(self, name: str) -> str:
         return f"{self.root}/{znode_name(name)}"
@@ -206,15 +186,10 @@ class ZooKeeperLocks(BackendLocks):
         from kazoo.exceptions import NoNodeError
 
         meta = holder_meta(handle.meta)
-        started = time.monotonic()
-        data = json.dumps({"token": token, "meta": meta, "acquired_us": int(time.time() * 1e6)})
+        data = self._record(token, meta)
+        node = f"{self._dir(handle.name)}/{PREFIX}"
         path = self._ask(
-            "create",
-            f"{self._dir(handle.name)}/{PREFIX}",
-            data.encode(),
-            ephemeral=True,
-            sequence=True,
-            makepath=True,
+            "create", node, data.encode(), ephemeral=True, sequence=True, makepath=True
         )
         ours = path.rsplit("/", 1)[1]
         try:
@@ -238,13 +213,12 @@ class ZooKeeperLocks(BackendLocks):
                 if (left is not None and left <= 0) or not gone.wait(left):
                     self._ask("delete", path)
                     return None
-            grant = self._grant(
-                handle, token, meta, started=started, fence=int(ours[len(PREFIX) :]), state=path
-            )
-            grant.valid_until = math.inf
+            fence = int(ours[len(PREFIX) :])
+            grant = Grant(handle.name, token, handle.ttl, None, math.inf, meta=meta, fence=fence)
+            grant.state = path
             self._grants.add(grant)
             # Deleted by anyone but our release (force release, session expiry): lost.
-            self._ask("exists", path, watch=lambda event: self._on_node_event(grant, event))
+            self._ask("exists", path, watch=functools.partial(self._on_node_event, grant))
         except BaseException:
             # Sent now, or when the connection is back (a lost session took the node already);
             # waiting for the answer would only hold up the error.
@@ -273,9 +247,8 @@ class ZooKeeperLocks(BackendLocks):
         """Back with the same session: the node watch went with the connection (the server
         forgets a connection's watches, kazoo fires them with no event), and the node may
         have been deleted meanwhile. Ask again with a new watch; held once the node is seen."""
-        seen = self.client.exists_async(
-            grant.state, watch=lambda event: self._on_node_event(grant, event)
-        )
+        watch = functools.partial(self._on_node_event, grant)
+        seen = self.client.exists_async(grant.state, watch=watch)
         seen.rawlink(lambda seen: self._on_seen(grant, seen))
 
     def _on_seen(self, grant: Grant, seen: Any) -> None:
@@ -351,43 +324,30 @@ class ZooKeeperLocks(BackendLocks):
         holder = self._holder(name)
         if holder is None or holder[1]["token"] != token:
             return None
-        return Grant(name, token, self.ttl, math.inf, holder[1]["meta"], state=holder[0])
+        return Grant(name, token, self.ttl, None, math.inf, meta=holder[1]["meta"], state=holder[0])
 
     def _remove(self, name: str, token: str | None) -> int:
         from kazoo.exceptions import NoNodeError
 
         holder = self._holder(name)
-        if holder is None or (token is not None and holder[1]["token"] != token):
+        if holder is None or token not in (None, holder[1]["token"]):
             return 0
-        try:
+        with contextlib.suppress(NoNodeError):  # released meanwhile
             self._ask("delete", holder[0], version=holder[2].version)
-        except NoNodeError:
-            return 0
-        return 1
+            return 1
+        return 0
 
     def locked(self, name: str) -> bool:
         return self._holder(check_name(name, listed=True)) is not None
 
-    def _infos(self, pattern: str) -> Iterable[LockInfo]:
-        import fnmatch
-
+    def _infos(self, wanted: Callable[[str], bool]) -> Iterable[LockInfo]:
         for directory in self._ask("get_children", self.root):
             name = unquote(directory)  # the inverse of znode_name()
-            if not fnmatch.fnmatchcase(name, pattern):
-                continue
-            holder = self._holder(name)
-            if holder is None:
-                continue
-            path, data, _ = holder
-            yield self._info(
-                name,
-                data["token"],
-                data["meta"],
-                acquired_at=utc_from_micros(data.get("acquired_us")),
-                ttl=self.session_timeout,  # how long it outlives a crashed holder
-                lease=self.session_timeout,
-                fence=int(path.rsplit("-", 1)[1]),
-            )
+            holder = self._holder(name) if wanted(name) else None
+            if holder is not None:
+                path, data, _ = holder
+                session = self.session_timeout  # how long it outlives a crashed holder
+                yield self._info(name, data, session, session, int(path.rsplit("-", 1)[1]))
 
     def _held_count(self) -> int:
         """How many locks are held: the directories with a contender in them (the first one
@@ -413,30 +373,20 @@ class ZooKeeperLocks(BackendLocks):
             latency = time.perf_counter() - started
             count = self._held_count()
         except Exception as exc:
-            return [unreachable(self.node_name, exc)]
-        return [
-            NodeHealth(
-                node=self.node_name,
-                reachable=True,
-                latency=latency,
-                server="zookeeper",
-                lock_keys=count,
-            )
-        ]
+            return [base.unreachable(self.node_name, exc)]
+        node = self.node_name
+        return [NodeHealth(node, True, latency, server="zookeeper", lock_keys=count)]
 
     def close(self) -> None:
         self._this_process()  # in a forked child: close the child's own, never the parent's
         with self._start_lock:
             if self._started:
-                self._shut(self.client)
+                self.client.stop()
+                self.client.close()
                 self._started = self._rooted = False
 
     @staticmethod
-    def _shut(client: Any) -> None:
-        client.stop()
-        client.close()
-
-    @classmethod
-    def _shut_aside(cls, client: Any) -> None:
+    def _shut_aside(client: Any) -> None:
         with contextlib.suppress(Exception):  # a client nobody uses: nobody to tell
-            cls._shut(client)
+            client.stop()
+            client.close()

@@ -22,7 +22,7 @@ from .info import (
     process_gone,
 )
 from .listing import glob_escape
-from .lock import Lock
+from .lock import Lease, Lock
 from .nodes import (
     NodeSpec,
     asyncio_refusal,
@@ -75,6 +75,7 @@ __all__ = [
     "AsyncRedlock",
     "AsyncSemaphore",
     "AsyncWriteLock",
+    "Lease",
     "Lock",
     "LockEvent",
     "LockInfo",
