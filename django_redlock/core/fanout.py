@@ -270,7 +270,7 @@ def fan_out(
     #: The nodes in ``connecting`` that missed an answer lately: they may be frozen, so
     #: once nothing else is owed they are waited for :data:`SUSPECT_LINGER` of the timeout
     #: at most.
-    suspects: set[Node] = set()
+    suspects: set[Node] | None = None
     #: Nodes whose connection is being opened for this fan-out -> their index; and what
     #: wakes the wait when one is open (or failed).
     connecting: dict[Node, int] = {}
@@ -326,6 +326,8 @@ def fan_out(
                                 node.open_for(wakeup, connect_deadline - now)
                                 connecting[node] = index
                                 if node.missed_lately():
+                                    if suspects is None:
+                                        suspects = set()
                                     suspects.add(node)
                                 replies[index] = TIMED_OUT  # not heard from yet
                                 continue
@@ -412,8 +414,14 @@ def fan_out(
             if decided and not connecting:
                 break
             if suspects and not waiting and suspects.issuperset(connecting):
-                until = began + wait.stalled
-                until += max(suspect_linger(node, timeout) for node in connecting)
+                # Only nodes that missed an answer lately are left, being connected to: a
+                # little, or the reply budget where the operation cannot be decided without
+                # them (a busy host's handshakes; a frozen majority fails within it).
+                if len(nodes) - len(connecting) < need:
+                    until = began + wait.stalled + timeout
+                else:
+                    until = began + wait.stalled
+                    until += max(suspect_linger(node, timeout) for node in connecting)
                 if until < wait.deadline:
                     wait.deadline = until
             outstanding = len(waiting) if not copies else _outstanding(waiting, answered)
