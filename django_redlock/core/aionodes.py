@@ -1241,11 +1241,8 @@ class AsyncFanOut:
             until = self.connect_until
         if self.tasks and self.left == len(self.tasks):
             # Only nodes being connected to are left: those that missed an answer lately
-            # may be frozen, and are waited for a little, or the reply budget where the
-            # operation cannot be decided without them (as by the sync fan-out).
+            # may be frozen, and are waited for a little (as by the sync fan-out).
             suspect = self._suspect_linger()
-            if suspect and short:
-                suspect = self.timeout
             if suspect and self.sent + suspect < until:
                 until = self.sent + suspect
         self.wait.deadline = until + self.wait.stalled

@@ -414,14 +414,10 @@ def fan_out(
             if decided and not connecting:
                 break
             if suspects and not waiting and suspects.issuperset(connecting):
-                # Only nodes that missed an answer lately are left, being connected to: a
-                # little, or the reply budget where the operation cannot be decided without
-                # them (a busy host's handshakes; a frozen majority fails within it).
-                if len(nodes) - len(connecting) < need:
-                    until = began + wait.stalled + timeout
-                else:
-                    until = began + wait.stalled
-                    until += max(suspect_linger(node, timeout) for node in connecting)
+                # Only nodes that missed an answer lately are left, being connected to (or
+                # waited for until one comes back to the pool): they may be frozen.
+                until = began + wait.stalled
+                until += max(suspect_linger(node, timeout) for node in connecting)
                 if until < wait.deadline:
                     wait.deadline = until
             outstanding = len(waiting) if not copies else _outstanding(waiting, answered)

@@ -1362,9 +1362,10 @@ class Node:
             return due
         if self._draining and not connect and self._held_up():
             # Every connection owes a reply held up far beyond the node's round trip (a lost
-            # packet, or a frozen node): one is opened in the background, and the operation
-            # waits for it as for any connection being opened, a little (a frozen node's
-            # costs it a fraction of the node timeout: see fanout.suspect_linger).
+            # packet, or a frozen node): the operation waits, as for any connection being
+            # opened, for one in use to come back or for one opened in the background
+            # (:meth:`open_for`), a little (a frozen node costs it a fraction of the node
+            # timeout: see fanout.suspect_linger).
             return None
         if self._draining and not self._worth_waiting():
             # Every connection owes a reply past its deadline: the node is frozen, or behind
@@ -1399,17 +1400,21 @@ class Node:
         """Whether the oldest reply owed on a set-aside connection has been owed for more
         than :data:`HELD_UP_ROUND_TRIPS` of the node's round trips while the node is not
         down: it is not on its way (a far node's reply owed for less is, and a new
-        connection's handshake would take longer than waiting for it). Not while another
-        operation uses a connection to the node or one is being opened: on a busy host,
-        where replies are late everywhere, that would open ever more."""
+        connection's handshake would take longer than waiting for it)."""
         quick = self.detector.quick
         if quick is None or self.unreachable() is not None:
             return False
-        # (Those being opened in the background for the pool are no operation's.)
-        if self._opening or self._open - self._spares - self._probes > len(self._draining):
-            return False  # one is being opened for an operation, or one in use comes back
         oldest = min((w.due[0].sent for w, _ in list(self._draining) if w.due), default=None)
         return oldest is not None and time.monotonic() - oldest > HELD_UP_ROUND_TRIPS * quick
+
+    def _comes_back(self) -> bool:
+        """Whether a connection to the node is being opened for an operation, or is in use
+        by one (neither idle nor set aside, nor opened in the background for the pool): it
+        comes back to the pool within an operation."""
+        if self._opening:
+            return True
+        in_use = self._open - self._spares - self._probes - len(self._idle)
+        return in_use > len(self._draining)
 
     def _worth_waiting(self) -> bool:
         """Whether :attr:`max_connections` are open and some are in use (not all set aside
@@ -1487,6 +1492,9 @@ class Node:
             idle.appendleft(wire)
         else:
             idle.append(wire)
+        if self._waiting:
+            for wakeup in list(self._waiting):  # fan-outs waiting for a connection
+                wakeup.tell(self, None)
         if self.max_connections is not None:
             with self._room:
                 self._room.notify()
@@ -1756,6 +1764,11 @@ class Node:
         :meth:`connect`)."""
         with self._spares_lock:
             self._waiting.add(wakeup)
+            if self._draining and self._comes_back():
+                # Replies are late on this link: rather than open ever more connections (a
+                # busy host, where they are late everywhere), the one in use comes back
+                # (:meth:`_pool` tells the fan-outs waiting).
+                return
             now = time.monotonic()
             if self._opening and (
                 self._opening >= SPARES or now - self._opening_since > self.node_timeout
