@@ -368,18 +368,41 @@ class LockBase:
         lease = self._lease
         if lease is not None and (lease.released or lease.validity <= 0):
             # a hold that ended (released elsewhere, ran out, lost)
-            self._lease, self._holds, lease = None, 0, None
-        if lease is not None and lease.owner == owner and not self.reentrant:
+            self._lease, self._holds = None, 0
+        if self._waits_for_itself(owner) is not None:
             if not blocking:
                 return None
             if (timeout is not None and math.isinf(timeout)) or (
                 timeout is None and retries is None
             ):
                 raise RuntimeError(
-                    f"lock {self.name!r}: this owner already holds it and it is not reentrant, "
-                    "so waiting for it without a timeout would wait for itself for ever"
+                    f"{self._described()}: this owner already holds it through this handle "
+                    "and it is not reentrant, so waiting for it without a timeout would wait "
+                    "for itself for ever"
                 )
         return blocking, timeout, retries
+
+    def _waits_for_itself(self, owner: Hashable) -> Lease | None:
+        """The hold ``owner`` has through this handle, live, when the handle does not
+        re-enter: the one rule for a holder asking its own handle again (docs/guarantees.rst,
+        "Owners and reentrancy"). Its ask is False at once without waiting, a
+        ``RuntimeError`` for a wait with no bound, and else waits until its timeout or the
+        hold's end, whichever comes first. A lock's nodes refuse that ask by themselves (the
+        name is taken); a semaphore's or a reader's would grant a second permit or reader,
+        so those waits never ask them while this is not None (:mod:`.permits`)."""
+        if self.reentrant:
+            return None
+        lease = self._lease_of(owner)
+        if lease is None or lease.owner != owner or lease.released or lease.validity <= 0:
+            return None
+        return lease
+
+    def _lease_of(self, owner: Hashable) -> Lease | None:
+        """The lease ``owner`` would hold through this handle (a lock's handle has one)."""
+        return self._lease
+
+    def _described(self) -> str:
+        return f"lock {self.name!r}"
 
     def _won(self, lease: Lease | None) -> bool:
         # Only a win takes the handle's slot: a failed attempt never touches the holder's.
@@ -420,8 +443,12 @@ class LockBase:
         return lease
 
     def _not_acquired(self) -> LockNotAcquired:
+        if self._waits_for_itself(self._owner()) is not None:
+            why = f"{self._described()}: this owner already holds it through this handle"
+        else:
+            why = f"lock {self.name!r} is held by another owner"
         return LockNotAcquired(
-            f"lock {self.name!r} is held by another owner",
+            why,
             self.name,
             retry_after=self.retry_after,
         )
