@@ -262,6 +262,24 @@ class HeldLeases:
             and lease.acquired >= since
         ]
 
+    def held_by(self, name: str, owner: Hashable) -> bool:
+        """Whether ``owner`` holds a live lease named ``name`` through this table or one that
+        shares holds with it (for a reader's name: any of the process's readers of it)."""
+        for table in self.shared:
+            with table._leases_lock:
+                leases = [table._leases.get(name)]
+                if name.endswith(READER_SUFFIX):
+                    leases += table._readers.values()
+            if any(
+                lease is not None
+                and lease.name == name
+                and lease.owner == owner
+                and lease.validity > 0
+                for lease in leases
+            ):
+                return True
+        return False
+
     def held_names(self, names: Iterable[str]) -> set[str]:
         """Which of ``names`` this process holds a lease of."""
         with self._leases_lock:
@@ -369,18 +387,33 @@ class LockBase:
         if lease is not None and (lease.released or lease.validity <= 0):
             # a hold that ended (released elsewhere, ran out, lost)
             self._lease, self._holds = None, 0
+        unbounded = (timeout is not None and math.isinf(timeout)) or (
+            timeout is None and retries is None
+        )
         if self._waits_for_itself(owner) is not None:
             if not blocking:
                 return None
-            if (timeout is not None and math.isinf(timeout)) or (
-                timeout is None and retries is None
-            ):
+            if unbounded:
                 raise RuntimeError(
                     f"{self._described()}: this owner already holds it through this handle "
                     "and it is not reentrant, so waiting for it without a timeout would wait "
                     "for itself for ever"
                 )
+        elif blocking and unbounded:
+            excluding = self._excluded_by(owner)
+            if excluding is not None:
+                raise RuntimeError(
+                    f"{self._described()}: this owner holds {excluding}, which excludes it "
+                    "(a read hold is not upgraded, nor a write hold downgraded), so waiting "
+                    "for it without a timeout would wait for itself for ever: release that "
+                    "first, or give a timeout"
+                )
         return blocking, timeout, retries
+
+    def _excluded_by(self, owner: Hashable) -> str | None:
+        """The hold of the other side of a read/write lock that ``owner`` has through this
+        client, which this one waits for (None for a lock)."""
+        return None
 
     def _waits_for_itself(self, owner: Hashable) -> Lease | None:
         """The hold ``owner`` has through this handle, live, when the handle does not

@@ -89,6 +89,14 @@ class HoldBase(LockBase):
         holds: dict[Hashable, Lease] = self.__dict__.get("_by_owner", {})
         return holds.get(owner)
 
+    def _excluded_by(self, owner: Hashable) -> str | None:
+        leases = self.redlock.leases
+        if self.kind == "write" and leases.held_by(reader_name(self.name), owner):
+            return f"a read hold of read lock {self.name!r}"
+        if self.kind == "read" and leases.held_by(self.name, owner):
+            return f"the write lock {self.name!r} (or a lock of that name)"
+        return None
+
     def _described(self) -> str:
         what = {"permit": "semaphore", "read": "read lock", "write": "write lock"}
         return f"{what[self.kind]} {self.name!r}"
@@ -125,12 +133,26 @@ class HoldBase(LockBase):
             lease.taken_by(self)
         return lease is not None
 
+    #: From the last refused acquire (as ``retry_after``): the readers the nodes counted in a
+    #: writer's way, 0 for a reader held back by a waiting writer, None when not told.
+    _readers_in_way: int | None = None
+
     def _not_acquired(self) -> Any:
         error = super()._not_acquired()
-        if self._waits_for_itself(self._owner()) is None:
-            what = {"permit": "all permits of semaphore", "read": "read lock", "write": "write lock"}
-            held = {"permit": "are taken", "read": "is held by a writer", "write": "is held"}
-            error.args = (f"{what[self.kind]} {self.name!r} {held[self.kind]}",)
+        if self._waits_for_itself(self._owner()) is not None:
+            return error
+        readers = self._readers_in_way
+        if self.kind == "permit":
+            why = f"all permits of semaphore {self.name!r} are taken"
+        elif self.kind == "read":
+            held = "has a writer waiting for it" if readers == 0 else "is held by a writer"
+            why = f"read lock {self.name!r} {held}"
+        elif readers:
+            # No writer anywhere: rl.locked(name) says False, live_locks lists the readers.
+            why = f"write lock {self.name!r} is held by {readers} reader{'s' * (readers > 1)}"
+        else:
+            why = f"write lock {self.name!r} is held by another writer"
+        error.args = (why,)
         return error
 
 
@@ -241,6 +263,7 @@ class Permits:
             attempts += 1
             now = time.monotonic()
             if self.client.algorithm.out_of_time(blocking, attempts, None, deadline, now):
+                handle._readers_in_way = won.readers
                 self.client.algorithm.give_up(handle, won, now - start)
                 return None
             if notice is None:
