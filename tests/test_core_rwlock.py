@@ -363,3 +363,15 @@ def test_an_owner_waiting_for_the_other_side_of_its_own_hold_is_told(
     waiting.join(5.0)
     assert not waiting.is_alive()
     rl.force_release("doc:other")
+
+    async def main() -> None:  # the asyncio client, by the asking task
+        arl = AsyncRedlock(redis_nodes.urls, ttl=10.0, node_timeout=0.5)
+        try:
+            async with arl.read_lock("doc:aup"):
+                with pytest.raises(RuntimeError, match="wait for itself"):
+                    await arl.write_lock("doc:aup").acquire()
+                assert await arl.write_lock("doc:aup").acquire(timeout=0.2) is False
+        finally:
+            await arl.close()
+
+    asyncio.run(main())
