@@ -6,6 +6,7 @@ import re
 import time
 
 import pytest
+import redis
 from django.core.checks import Tags, run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -97,6 +98,27 @@ def test_shape(value, expected):
         ("redis+sentinel://10.0.0.9:26379/mymaster/2147483648", "database number 2147483648"),
         ({"URL": "redis://10.0.0.4", "OPTIONS": {"pasword": "x"}}, "pasword"),
         (42, "a node must be a URL string"),
+        # a connection that would not be what the URL says: refused, never plain text
+        (
+            {"URL": "rediss://10.0.0.4", "OPTIONS": {"connection_class": redis.Connection}},
+            "'connection_class' redis.connection.Connection cannot be honoured with a rediss://",
+        ),
+        ({"URL": "rediss://10.0.0.4", "OPTIONS": {"ssl": False}}, '"ssl": False'),
+        ({"URL": "redis://10.0.0.4", "OPTIONS": {"ssl": "yes"}}, "'ssl' must be True or False"),
+        (
+            {
+                "URL": "redis+sentinel://10.0.0.9:26379/mymaster/0",
+                "OPTIONS": {"ssl_ca_certs": "/x"},
+            },
+            '"ssl": True',
+        ),
+        (
+            {
+                "URL": "redis+sentinel://10.0.0.9:26379/mymaster/0",
+                "OPTIONS": {"sentinel_kwargs": {"bogus": 1}},
+            },
+            "'redis+sentinel://10.0.0.9:26379/mymaster/0' OPTIONS sentinel_kwargs 'bogus'",
+        ),
         # options in the URL's query are checked as OPTIONS are, never dropped
         ("redis://10.0.0.4:6379/0?ssl=true", "rediss://"),
         ("redis://10.0.0.4:6379/0?ssl_cert_reqs=none", "rediss://"),

@@ -13,7 +13,7 @@ import traceback
 
 import pytest
 
-from django_redlock import AsyncRedlock, QuorumError
+from django_redlock import AsyncRedlock, LockLost, LockNotAcquired, QuorumError
 from tests.helpers import run_processes, warm_up
 
 
@@ -286,3 +286,92 @@ def test_a_detached_reader_is_released_by_token(
         assert await arl.locked(f"doc:d#read:{token}") is False
 
     asyncio.run(detached())
+
+
+def test_a_refusal_names_what_is_in_the_way(redis_nodes, make_redlock) -> None:
+    """A writer kept out by readers alone is told so (no writer exists: ``locked()`` says
+    False, the listing shows only readers), not "held" as if another writer were in."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    readers = [rl.read_lock("doc:why", owner=i) for i in range(2)]
+    assert all(r.acquire(blocking=False) for r in readers)
+    assert rl.locked("doc:why") is False
+    for wait in ({"blocking": False}, {"timeout": 0.2}):
+        with pytest.raises(LockNotAcquired, match=r"^write lock 'doc:why' is held by 2 readers$"):
+            with rl.write_lock("doc:why", **wait):
+                raise AssertionError("a writer beside readers")
+    for reader in readers:
+        reader.release()
+    writer = rl.write_lock("doc:why")
+    assert writer.acquire(blocking=False)
+    other = rl.write_lock("doc:why", blocking=False)
+    with pytest.raises(LockNotAcquired, match="write lock 'doc:why' is held by another writer"):
+        with other:
+            pass
+    with pytest.raises(LockNotAcquired, match="read lock 'doc:why' is held by a writer"):
+        with rl.read_lock("doc:why", blocking=False):
+            pass
+    writer.release()
+
+
+def test_a_lost_reader_is_named_as_it_is_listed(redis_nodes, make_redlock) -> None:
+    """``LockLost`` names a reader by its listed name (``lock_info`` and ``force_release``
+    take it) and its read/write lock's, never by the internal ``"doc#read"``."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    reader = rl.read_lock("doc:lost")
+    assert reader.acquire(blocking=False)
+    listed = f"doc:lost#read:{reader.token}"
+    assert [i.name for i in rl.live_locks("doc:lost*")] == [listed]
+    assert rl.lock_info(listed) is not None
+    rl.force_release(listed)
+    with pytest.raises(LockLost) as lost:
+        reader.release()
+    assert lost.value.name == listed
+    assert str(lost.value).startswith(f"read lock 'doc:lost' (reader {listed!r}) was lost")
+    assert "'doc:lost#read'" not in str(lost.value)
+
+
+def test_an_owner_waiting_for_the_other_side_of_its_own_hold_is_told(
+    redis_nodes, make_redlock
+) -> None:
+    """No upgrade: an owner holding a read hold that asks for the write lock of the same name
+    (or the reverse) with no bound would wait for itself for ever: ``RuntimeError``, as for
+    its own handle again; with a timeout, False after it; another owner's hold is waited for
+    as usual."""
+    rl = make_redlock(redis_nodes, ttl=10.0, node_timeout=0.5)
+    reader = rl.read_lock("doc:up")
+    assert reader.acquire(blocking=False)
+    with pytest.raises(RuntimeError, match=r"read lock 'doc:up'.*wait for itself"):
+        rl.write_lock("doc:up").acquire()
+    with pytest.raises(RuntimeError, match="wait for itself"):
+        rl.write_lock("doc:up").acquire(timeout=float("inf"))
+    assert rl.write_lock("doc:up").acquire(timeout=0.2) is False
+    assert rl.write_lock("doc:up").acquire(blocking=False) is False
+    reader.release()
+    writer = rl.write_lock("doc:up")
+    assert writer.acquire(blocking=False)
+    with pytest.raises(RuntimeError, match=r"write lock 'doc:up'.*wait for itself"):
+        rl.read_lock("doc:up").acquire()
+    assert rl.read_lock("doc:up").acquire(timeout=0.2) is False
+    # Another owner's read hold is not this owner's: its writer waits for it as usual.
+    assert rl.read_lock("doc:up", owner="job").acquire(timeout=0.05) is False
+    writer.release()
+    other = rl.read_lock("doc:other", owner="job")
+    assert other.acquire(blocking=False)
+    waiting = threading.Thread(target=lambda: rl.write_lock("doc:other").acquire())
+    waiting.start()
+    other.release()
+    waiting.join(5.0)
+    assert not waiting.is_alive()
+    rl.force_release("doc:other")
+
+    async def main() -> None:  # the asyncio client, by the asking task
+        arl = AsyncRedlock(redis_nodes.urls, ttl=10.0, node_timeout=0.5)
+        try:
+            async with arl.read_lock("doc:aup"):
+                with pytest.raises(RuntimeError, match="wait for itself"):
+                    await arl.write_lock("doc:aup").acquire()
+                assert await arl.write_lock("doc:aup").acquire(timeout=0.2) is False
+        finally:
+            await arl.close()
+
+    asyncio.run(main())

@@ -124,7 +124,7 @@ def test_writer_waits_for_shared_readers_and_a_plain_lock_does_not() -> None:
 
     readers = take("read", "doc:7", count=2)
     assert edit(rf.get("/"), pk=7).status_code == 423
-    with pytest.raises(LockNotAcquired, match="write lock 'doc:7' is held"):
+    with pytest.raises(LockNotAcquired, match="write lock 'doc:7' is held by 2 readers"):
         edit_fenced(7)
     assert plain(7) == "plain"  # a plain lock ignores readers, as documented
     for reader in readers:

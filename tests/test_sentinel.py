@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 import threading
 import time
 from io import StringIO
@@ -153,6 +154,11 @@ def test_group_options():
     # Only a group has Sentinels.
     with pytest.raises(ValueError, match="'sentinel_kwargs'"):
         Redlock([{"URL": "redis://s1:6379/0", "OPTIONS": {"sentinel_kwargs": {}}}])
+    # A name a Sentinel connection does not take: redis-py's bare TypeError named neither
+    # the node nor sentinel_kwargs.
+    for client in (Redlock, AsyncRedlock):
+        with pytest.raises(ValueError, match=re.escape(f"'{url}' OPTIONS sentinel_kwargs 'bogus'")):
+            client([{"URL": url, "OPTIONS": {"sentinel_kwargs": {"bogus": 1}}}])
 
 
 def test_unreachable_sentinels_fail_the_node_at_once_naming_them():

@@ -311,3 +311,96 @@ def test_a_client_lends_its_tls_options(wrong_host, pki) -> None:
         rl.close()
         for client in clients:
             client.close()
+
+
+class _OwnTLS(__import__("redis").connection.SSLConnection):
+    """A project's own TLS connection class (a subclass keeps TLS)."""
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "error", "said"),
+    [
+        # A plain class on a rediss:// URL would reach the node in plain text.
+        (
+            "rediss://127.0.0.1:6399/0",
+            {"connection_class": "Connection"},
+            ValueError,
+            ["'connection_class'", "redis.connection.Connection", "rediss://", "plain text"],
+        ),
+        (
+            "redis://127.0.0.1:6399/0",
+            {"ssl": True, "connection_class": "Connection"},
+            ValueError,
+            ["'connection_class'", "redis.connection.Connection", '"ssl": True'],
+        ),
+        (
+            "unix:///tmp/redlock-none.sock",
+            {"connection_class": "Connection"},
+            ValueError,
+            ["'connection_class'", "redis.connection.Connection", "unix://"],
+        ),
+        (
+            "rediss://127.0.0.1:6399/0",
+            {"ssl": False},
+            ValueError,
+            ['"ssl": False', "rediss://", "redis://"],
+        ),
+        ("redis://127.0.0.1:6399/0", {"ssl": "yes"}, TypeError, ["'ssl'", "'yes'"]),
+        ("unix:///tmp/redlock-none.sock", {"ssl": True}, ValueError, ['"ssl": True', "unix://"]),
+        # The hint fits the URL: a rediss:// URL's plain class, a group's "ssl": True.
+        (
+            "rediss://127.0.0.1:6399/0",
+            {"connection_class": "Connection", "ssl_ca_certs": "/x"},
+            ValueError,
+            ["'connection_class'", "plain text"],
+        ),
+        (
+            "redis+sentinel://127.0.0.1:26399/svc/0",
+            {"ssl_ca_certs": "/x"},
+            ValueError,
+            ["'ssl_ca_certs'", '"ssl": True'],
+        ),
+        (
+            "redis://127.0.0.1:6399/0",
+            {"ssl_ca_certs": "/x"},
+            ValueError,
+            ["'ssl_ca_certs'", "rediss://"],
+        ),
+    ],
+)
+def test_a_connection_that_would_not_be_what_the_url_says_is_refused(
+    url, options, error, said
+) -> None:
+    """README: rediss:// is TLS, hostname verified, and an option the package cannot honour
+    is refused, never ignored. A plain connection class on a rediss:// node spoke plain text
+    while health() showed rediss://; ``ssl: False`` there was ignored."""
+    import redis
+
+    if options.get("connection_class") == "Connection":
+        options = {**options, "connection_class": redis.Connection}
+    spec = {"URL": url, "OPTIONS": options}
+    for client in (Redlock, AsyncRedlock):
+        with pytest.raises(error) as info:
+            client([spec])
+        for text in said:
+            assert text in str(info.value), (client, info.value)
+        assert "needs a rediss:// URL" not in str(info.value) or not url.startswith("rediss")
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("rediss://127.0.0.1:6399/0", {"connection_class": _OwnTLS}),
+        ("rediss://127.0.0.1:6399/0", {"ssl": True}),
+        ("redis://127.0.0.1:6399/0", {"ssl": True, "connection_class": _OwnTLS}),
+        ("redis://127.0.0.1:6399/0", {"ssl": False}),
+        ("redis+sentinel://127.0.0.1:26399/svc/0", {"ssl": True, "ssl_ca_certs": "/x"}),
+    ],
+)
+def test_tls_options_that_agree_with_the_url_are_taken(url, options) -> None:
+    rl = Redlock([{"URL": url, "OPTIONS": options}])
+    rl.close()
+
+
+def test_a_tls_subclass_on_a_rediss_node_still_checks_the_hostname(wrong_host, pki) -> None:
+    _refused(_specs(wrong_host, ssl_ca_certs=pki.ca_file, connection_class=_OwnTLS), "match")

@@ -205,10 +205,14 @@ class Refusal:
         retry_after: float | None,
         late: bool = False,
         at: float = 0.0,
+        readers: int | None = None,
     ) -> None:
         self.failures = failures
         self.answered = answered  #: nodes that gave a verdict (granted or held)
         self.retry_after = retry_after
+        #: Read/write locks: when every node that said "held" said why, the most readers one
+        #: counted in a writer's way (0: a reader held back by a waiting writer), else None.
+        self.readers = readers
         #: Refused for lateness: some node's answer did not come in time (a lossy link holds a
         #: reply up for TCP's retransmission) or every connection to it still owed one, no
         #: node is guarded or queued for, and the nodes that said "held" are too few to keep
@@ -537,6 +541,7 @@ class Algorithm:
         """Why the nodes refused, and when the lock frees up if they said."""
         failures: dict[str, str] = {}
         held_pttls: list[int] = []
+        readers: list[int] = []
         answered = 0
         timed_out = contended = False
         for node, reply in zip(self.client.nodes, replies, strict=True):
@@ -546,7 +551,13 @@ class Algorithm:
             elif reply[0] == 1:
                 answered += 1
                 held_pttls.append(max(int(reply[1]), 0))
-                failures[node.name] = "held"
+                if len(reply) > 4:  # a read/write lock's: readers in a writer's way
+                    readers.append(int(reply[4]))
+                    failures[node.name] = (
+                        f"held by {readers[-1]} readers" if readers[-1] else "a writer waits"
+                    )
+                else:
+                    failures[node.name] = "held"
             elif reply[0] == 2:
                 failures[node.name] = next(
                     (why for p in self.points["explain"] if (why := p.explain(reply, replies))),
@@ -568,7 +579,8 @@ class Algorithm:
         # Held on too few nodes to keep a quorum from us: a copy that outlived its holder's
         # release because it landed late, or a late node's; no split vote to break up.
         contended = contended or still_needed > 0
-        return Refusal(failures, answered, retry_after, timed_out and not contended, at)
+        said = max(readers) if readers and len(readers) == len(held_pttls) else None
+        return Refusal(failures, answered, retry_after, timed_out and not contended, at, said)
 
     # -- retrying ------------------------------------------------------------------------------
 

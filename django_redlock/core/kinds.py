@@ -17,6 +17,7 @@ __all__ = [
     "base_name",
     "is_reader",
     "listed_hold",
+    "listed_name",
     "permit_name",
     "permit_of",
     "reader_entry_of",
@@ -67,6 +68,17 @@ def reader_entry_of(name: str) -> tuple[str, str] | None:
     if sep and base and token and all(c in "0123456789abcdef" for c in token):
         return base, token
     return None
+
+
+def listed_name(name: str, token: str) -> tuple[str, str]:
+    """How the hold ``name`` taken with ``token`` is named to its user: its listed name
+    (which ``lock_info`` and ``force_release`` take: a reader's own entry) and the words an
+    error begins with (a reader's names its read/write lock too)."""
+    if is_reader(name):
+        base = name[: -len(READER_SUFFIX)]
+        listed = f"{base}{READER_ENTRY}{token}"
+        return listed, f"read lock {base!r} (reader {listed!r})"
+    return name, f"lock {name!r}"
 
 
 def listed_hold(name: str, token: str) -> str | None:

@@ -12,7 +12,7 @@ from . import clock
 from .detector import why_lost
 from .errors import LockLost, LockNotOwned
 from .events import Listener, LockEvent, emit, heard, logger, printable
-from .kinds import reader_entry_of, reader_name
+from .kinds import listed_name, reader_entry_of, reader_name
 from .lock import HeldLeases, Lease
 from .nodes import Failure, Node
 from .renewal import pauses, renewer
@@ -129,7 +129,8 @@ class LeaseTable(HeldLeases):
         # A hold ends once: a lease already lost had its "lost" event; "released" is only
         # for one given back while it was still ours.
         if lease.lost:
-            raise LockLost(f"lock {lease.name!r} was lost before release: {lease.lost}", lease.name)
+            listed, what = listed_name(lease.name, lease.token)
+            raise LockLost(f"{what} was lost before release: {lease.lost}", listed)
         refused = replies.count(0)
         if lease.ran_out:
             why = "its lease ran out before release"
@@ -144,9 +145,8 @@ class LeaseTable(HeldLeases):
                 emit(self.listeners, LockEvent.of_end("released", lease, None))
             return
         self._lease_event("lost", lease, why)
-        raise LockNotOwned(
-            f"lock {lease.name!r}: {why}; it was not exclusive the whole time", lease.name
-        )
+        listed, what = listed_name(lease.name, lease.token)
+        raise LockNotOwned(f"{what}: {why}; it was not exclusive the whole time", listed)
 
     def _hold_back(self, name: str) -> None:
         """This process's next acquire of ``name`` gives the processes its release woke a

@@ -262,6 +262,24 @@ class HeldLeases:
             and lease.acquired >= since
         ]
 
+    def held_by(self, name: str, owner: Hashable) -> bool:
+        """Whether ``owner`` holds a live lease named ``name`` through this table or one that
+        shares holds with it (for a reader's name: any of the process's readers of it)."""
+        for table in self.shared:
+            with table._leases_lock:
+                leases = [table._leases.get(name)]
+                if name.endswith(READER_SUFFIX):
+                    leases += table._readers.values()
+            if any(
+                lease is not None
+                and lease.name == name
+                and lease.owner == owner
+                and lease.validity > 0
+                for lease in leases
+            ):
+                return True
+        return False
+
     def held_names(self, names: Iterable[str]) -> set[str]:
         """Which of ``names`` this process holds a lease of."""
         with self._leases_lock:
@@ -368,18 +386,56 @@ class LockBase:
         lease = self._lease
         if lease is not None and (lease.released or lease.validity <= 0):
             # a hold that ended (released elsewhere, ran out, lost)
-            self._lease, self._holds, lease = None, 0, None
-        if lease is not None and lease.owner == owner and not self.reentrant:
+            self._lease, self._holds = None, 0
+        unbounded = (timeout is not None and math.isinf(timeout)) or (
+            timeout is None and retries is None
+        )
+        if self._waits_for_itself(owner) is not None:
             if not blocking:
                 return None
-            if (timeout is not None and math.isinf(timeout)) or (
-                timeout is None and retries is None
-            ):
+            if unbounded:
                 raise RuntimeError(
-                    f"lock {self.name!r}: this owner already holds it and it is not reentrant, "
-                    "so waiting for it without a timeout would wait for itself for ever"
+                    f"{self._described()}: this owner already holds it through this handle "
+                    "and it is not reentrant, so waiting for it without a timeout would wait "
+                    "for itself for ever"
+                )
+        elif blocking and unbounded:
+            excluding = self._excluded_by(owner)
+            if excluding is not None:
+                raise RuntimeError(
+                    f"{self._described()}: this owner holds {excluding}, which excludes it "
+                    "(a read hold is not upgraded, nor a write hold downgraded), so waiting "
+                    "for it without a timeout would wait for itself for ever: release that "
+                    "first, or give a timeout"
                 )
         return blocking, timeout, retries
+
+    def _excluded_by(self, owner: Hashable) -> str | None:
+        """The hold of the other side of a read/write lock that ``owner`` has through this
+        client, which this one waits for (None for a lock)."""
+        return None
+
+    def _waits_for_itself(self, owner: Hashable) -> Lease | None:
+        """The hold ``owner`` has through this handle, live, when the handle does not
+        re-enter: the one rule for a holder asking its own handle again (docs/guarantees.rst,
+        "Owners and reentrancy"). Its ask is False at once without waiting, a
+        ``RuntimeError`` for a wait with no bound, and else waits until its timeout or the
+        hold's end, whichever comes first. A lock's nodes refuse that ask by themselves (the
+        name is taken); a semaphore's or a reader's would grant a second permit or reader,
+        so those waits never ask them while this is not None (:mod:`.permits`)."""
+        if self.reentrant:
+            return None
+        lease = self._lease_of(owner)
+        if lease is None or lease.owner != owner or lease.released or lease.validity <= 0:
+            return None
+        return lease
+
+    def _lease_of(self, owner: Hashable) -> Lease | None:
+        """The lease ``owner`` would hold through this handle (a lock's handle has one)."""
+        return self._lease
+
+    def _described(self) -> str:
+        return f"lock {self.name!r}"
 
     def _won(self, lease: Lease | None) -> bool:
         # Only a win takes the handle's slot: a failed attempt never touches the holder's.
@@ -420,8 +476,12 @@ class LockBase:
         return lease
 
     def _not_acquired(self) -> LockNotAcquired:
+        if self._waits_for_itself(self._owner()) is not None:
+            why = f"{self._described()}: this owner already holds it through this handle"
+        else:
+            why = f"lock {self.name!r} is held by another owner"
         return LockNotAcquired(
-            f"lock {self.name!r} is held by another owner",
+            why,
             self.name,
             retry_after=self.retry_after,
         )

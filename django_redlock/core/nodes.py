@@ -1994,7 +1994,7 @@ def parse_spec(spec: NodeSpec) -> tuple[str, dict[str, Any]]:
         if not isinstance(options, Mapping):
             raise TypeError(f"node OPTIONS must be a dict, got {options!r}")
         url = _check_url(spec["URL"])
-        return url, _check_options(options, group=is_group_url(url))
+        return url, _check_options(options, group=is_group_url(url), node=redact(url))
     return _check_url(spec), {}
 
 
@@ -2009,6 +2009,15 @@ _OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
     "unix_socket_path",
 } | {"connection_class"}
 
+#: What a group's ``sentinel_kwargs`` may set: redis-py's ``Sentinel`` builds a
+#: ``redis.Redis(host, port, **sentinel_kwargs)`` for each Sentinel.
+_SENTINEL_OPTIONS = frozenset(inspect.signature(redis.Redis.__init__).parameters) - {
+    "self",
+    "connection_pool",
+    "host",
+    "port",
+}
+
 #: ``redis.Redis`` settings of its client or pool, not of a connection: the lock connections
 #: are not drawn from a redis-py pool, so these could only be dropped.
 _POOL_OPTIONS = {
@@ -2022,10 +2031,13 @@ _POOL_OPTIONS = {
 _DURATION_OPTIONS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
 
 
-def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[str, Any]:
+def _check_options(
+    options: Mapping[str, Any], *, group: bool = False, node: str = ""
+) -> dict[str, Any]:
     """A node's OPTIONS, refused before anything connects (an unknown name or a bad value
     would otherwise surface as a node that looks down). A Sentinel group's may also give
-    ``sentinel_kwargs``: redis-py's settings for the connections to its Sentinels."""
+    ``sentinel_kwargs``: redis-py's settings for the connections to its Sentinels. ``node``:
+    the node's URL as shown, for the errors that redis-py would raise without naming it."""
     allowed = _OPTIONS | {"sentinel_kwargs"} if group else _OPTIONS
     unknown = sorted(str(name) for name in options if name not in allowed)
     if unknown:
@@ -2038,6 +2050,14 @@ def _check_options(options: Mapping[str, Any], *, group: bool = False) -> dict[s
     if sentinel_kwargs is not None and not isinstance(sentinel_kwargs, Mapping):
         raise TypeError(
             f"node OPTIONS sentinel_kwargs must be a dict, got {type(sentinel_kwargs).__name__}"
+        )
+    unknown = sorted(str(name) for name in sentinel_kwargs or {} if name not in _SENTINEL_OPTIONS)
+    if unknown:
+        # redis-py would raise a bare TypeError at the first connection to a Sentinel
+        raise ValueError(
+            f"node {node!r} OPTIONS sentinel_kwargs {unknown[0]!r} is not a redis-py "
+            "connection setting of a Sentinel connection (the Sentinels' addresses are in the "
+            "URL; e.g. password, username, ssl, socket_timeout)"
         )
     _check_durations("node OPTIONS sentinel_kwargs", sentinel_kwargs or {})
     for name, why in _POOL_OPTIONS.items():
@@ -2107,14 +2127,15 @@ def connection_args(
     one): a security setting is never dropped."""
     options = dict(options)
     given = url
-    if is_group_url(url):
+    scheme = "redis+sentinel" if is_group_url(url) else urlsplit(url).scheme
+    if scheme == "redis+sentinel":
         # A group's master, as its redis:// URL gives it; the address is located later
         # (Node.connection).
         options.pop("sentinel_kwargs", None)
         url = group_master_url(url)
-    if options.pop("ssl", False) and not issubclass(
-        options.get("connection_class", object), redis.connection.SSLConnection
-    ):
+    ssl = options.pop("ssl", None)
+    _check_tls_agrees(scheme, ssl, options.get("connection_class"))
+    if ssl and "connection_class" not in options:
         options["connection_class"] = redis.connection.SSLConnection
     pool = redis.ConnectionPool.from_url(url, **options)
     cls = pool.connection_class
@@ -2136,7 +2157,7 @@ def connection_args(
                 )
             raise ValueError(
                 f"node OPTIONS {name!r} cannot be honoured on this connection "
-                f"({cls.__module__}.{cls.__name__}; a TLS option needs a rediss:// URL)"
+                f"({cls.__module__}.{cls.__name__}; {_TLS_NEEDS[scheme]})"
             )
     for name in ("socket_timeout", "socket_connect_timeout", "decode_responses"):
         kwargs.pop(name, None)
@@ -2159,6 +2180,59 @@ def connection_args(
         else:
             kwargs["lib_name"] = kwargs["lib_version"] = None
     return cls, kwargs
+
+
+#: What a TLS option needs, by the node URL's scheme.
+_TLS_NEEDS = {
+    "redis": 'a TLS option needs a rediss:// URL (or "ssl": True in OPTIONS)',
+    "rediss": "a TLS option needs a TLS connection class",
+    "unix": "TLS is not available over a unix:// socket",
+    "redis+sentinel": 'a Sentinel group\'s master is reached over TLS with "ssl": True in '
+    "its OPTIONS",
+}
+
+
+def _check_tls_agrees(scheme: str, ssl: Any, connection_class: Any) -> None:
+    """Refuse a node whose connection would not be what its URL (and ``ssl``) say: a plain
+    connection class on a ``rediss://`` node speaks plain text while ``health()`` and the
+    admin page show ``rediss://``, so a TLS setting that cannot be honoured is an error."""
+    if ssl is not None and ssl.__class__ is not bool:
+        raise TypeError(f"node OPTIONS 'ssl' must be True or False, got {ssl!r}")
+    if ssl is False and scheme == "rediss":
+        raise ValueError(
+            'node OPTIONS "ssl": False cannot be honoured on a rediss:// URL, which is always '
+            "TLS: give a redis:// URL for a plain connection"
+        )
+    if ssl and scheme == "unix":
+        raise ValueError(f'node OPTIONS "ssl": True cannot be honoured: {_TLS_NEEDS["unix"]}')
+    if connection_class is None:
+        return
+    import redis.asyncio.connection as aio
+
+    if not isinstance(connection_class, type):
+        raise TypeError(
+            f"node OPTIONS 'connection_class' must be a redis-py connection class, got "
+            f"{connection_class!r}"
+        )
+    shown = f"{connection_class.__module__}.{connection_class.__qualname__}"
+    tls = issubclass(connection_class, (redis.connection.SSLConnection, aio.SSLConnection))
+    unix = issubclass(
+        connection_class,
+        (redis.connection.UnixDomainSocketConnection, aio.UnixDomainSocketConnection),
+    )
+    if not tls and (scheme == "rediss" or ssl):
+        said = "a rediss:// URL" if scheme == "rediss" else '"ssl": True'
+        raise ValueError(
+            f"node OPTIONS 'connection_class' {shown} cannot be honoured with {said}: it is "
+            "not a TLS connection class (redis.SSLConnection or a subclass), so the node "
+            "would be reached in plain text"
+        )
+    if (scheme == "unix") != unix:
+        want = "a unix:// URL" if unix else "a host and port"
+        raise ValueError(
+            f"node OPTIONS 'connection_class' {shown} cannot be honoured on this "
+            f"{scheme}:// URL: it connects to {want}"
+        )
 
 
 def max_connections(url: str, options: Mapping[str, Any]) -> int | None:

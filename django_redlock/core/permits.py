@@ -83,6 +83,24 @@ class HoldBase(LockBase):
     def _holds_lease(self, lease: Lease) -> bool:
         return lease in self.__dict__.get("_by_owner", {}).values()
 
+    def _lease_of(self, owner: Hashable) -> Lease | None:
+        # By the owner asked for, not the one running: an asyncio acquire may be finished
+        # by another task than its caller (wait_for before 3.12).
+        holds: dict[Hashable, Lease] = self.__dict__.get("_by_owner", {})
+        return holds.get(owner)
+
+    def _excluded_by(self, owner: Hashable) -> str | None:
+        leases = self.redlock.leases
+        if self.kind == "write" and leases.held_by(reader_name(self.name), owner):
+            return f"a read hold of read lock {self.name!r}"
+        if self.kind == "read" and leases.held_by(self.name, owner):
+            return f"the write lock {self.name!r} (or a lock of that name)"
+        return None
+
+    def _described(self) -> str:
+        what = {"permit": "semaphore", "read": "read lock", "write": "write lock"}
+        return f"{what[self.kind]} {self.name!r}"
+
     def _take_lease(self, owner: Hashable) -> Lease:
         holds: dict[Hashable, Lease] = self.__dict__.setdefault("_by_owner", {})
         if owner not in holds:
@@ -115,11 +133,26 @@ class HoldBase(LockBase):
             lease.taken_by(self)
         return lease is not None
 
+    #: From the last refused acquire (as ``retry_after``): the readers the nodes counted in a
+    #: writer's way, 0 for a reader held back by a waiting writer, None when not told.
+    _readers_in_way: int | None = None
+
     def _not_acquired(self) -> Any:
         error = super()._not_acquired()
-        what = {"permit": "all permits of semaphore", "read": "read lock", "write": "write lock"}
-        held = {"permit": "are taken", "read": "is held by a writer", "write": "is held"}
-        error.args = (f"{what[self.kind]} {self.name!r} {held[self.kind]}",)
+        if self._waits_for_itself(self._owner()) is not None:
+            return error
+        readers = self._readers_in_way
+        if self.kind == "permit":
+            why = f"all permits of semaphore {self.name!r} are taken"
+        elif self.kind == "read":
+            held = "has a writer waiting for it" if readers == 0 else "is held by a writer"
+            why = f"read lock {self.name!r} {held}"
+        elif readers:
+            # No writer anywhere: rl.locked(name) says False, live_locks lists the readers.
+            why = f"write lock {self.name!r} is held by {readers} reader{'s' * (readers > 1)}"
+        else:
+            why = f"write lock {self.name!r} is held by another writer"
+        error.args = (why,)
         return error
 
 
@@ -190,6 +223,22 @@ class Permits:
     ) -> Steps[Lease | None]:
         """Attempts until a hold is ours or the time is up, woken by a release of any hold of
         the primitive (one channel: :mod:`.kinds`), as the mutex waits."""
+        notice = None
+        if handle._waits_for_itself(owner) is not None:
+            # Not asked of the nodes, which would grant this owner a second permit (reader)
+            # that its handle, keeping one per owner, would then forget.
+            notice = yield Listen(self.client.keys.channel(handle.name))
+            while (own := handle._waits_for_itself(owner)) is not None:
+                now = time.monotonic()
+                if deadline is None or now >= deadline:
+                    why = "held by this owner through this handle"
+                    nodes = self.client.nodes
+                    refusal = Refusal({n.name: why for n in nodes}, len(nodes), own.validity)
+                    self.client.algorithm.give_up(handle, refusal, now - start)
+                    return None
+                # Woken by its end: a release (by another thread of an explicit owner=),
+                # its lease running out, a loss.
+                yield Wait(notice, min(deadline - now, max(own.validity, 0.001)))
         waiter = secrets.token_hex(8)
         who = Contender(handle, owner)
         if handle.fair:  # one line for every slot (the mutex's)
@@ -203,7 +252,6 @@ class Permits:
             )
             yield Finally(Send(to_every_node(leave)))
         attempts = 0
-        notice = None
         while True:
             if handle.kind == "permit":
                 won = yield from self._permit_attempt_steps(handle, owner, line, attempts == 0)
@@ -215,6 +263,7 @@ class Permits:
             attempts += 1
             now = time.monotonic()
             if self.client.algorithm.out_of_time(blocking, attempts, None, deadline, now):
+                handle._readers_in_way = won.readers
                 self.client.algorithm.give_up(handle, won, now - start)
                 return None
             if notice is None:

@@ -93,8 +93,8 @@ end
 # of the server this connection reached, ARGV[6] guard period ms ("0" = off), ARGV[7] unused,
 # ARGV[8] unused
 # Returns as scripts.ACQUIRE: {0, 0, trusted_age, marker} taken (or already ours: a command sent
-# again), {1, pttl, trusted_age, marker} a writer holds it or waits (pttl: ms until that
-# ends), {2, ...} restart guard
+# again), {1, pttl, trusted_age, marker} a writer holds it, {1, pttl, trusted_age, marker, 0}
+# a writer waits for it (pttl: ms until that ends), {2, ...} restart guard
 READ_ACQUIRE = Script(
     _GUARD
     + _PRUNE
@@ -109,7 +109,7 @@ if held ~= -2 then
 end
 local waiting = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
 if #waiting > 0 then
-  return {1, tonumber(waiting[2]) - now, trusted_age, marker}
+  return {1, tonumber(waiting[2]) - now, trusted_age, marker, 0}
 end
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('HSET', KEYS[5], ARGV[1],
@@ -123,7 +123,7 @@ return {0, 0, trusted_age, marker}
 # (see _WAIT). Same KEYS and ARGV as READ_ACQUIRE, with ARGV[4] "1" to draw a fence, ARGV[7]
 # the waiter id (stable across one acquire's attempts), ARGV[8] ms its wait entry lives.
 # Returns as scripts.ACQUIRE ({1, pttl, ...}: pttl = ms until the writer's lease or the first
-# reader's ends).
+# reader's ends; refused for readers, a fifth element: how many there are).
 WRITE_ACQUIRE = Script(
     _FIELDS
     + _GUARD
@@ -142,7 +142,7 @@ end
 local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 if #first > 0 then
   wait()
-  return {1, tonumber(first[2]) - now, trusted_age, marker}
+  return {1, tonumber(first[2]) - now, trusted_age, marker, redis.call('ZCARD', KEYS[4])}
 end
 if ARGV[7] ~= '' then
   redis.call('ZREM', KEYS[6], ARGV[7])
