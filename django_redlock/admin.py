@@ -225,7 +225,6 @@ class LockAdmin(admin.ModelAdmin):
             total=total,
             shown=len(rows),
             stuck_after=stuck_after,
-            stuck_after_display=av.format_duration(stuck_after) if stuck_after else "",
             node_counts=node_counts,
             # A node without a single copy of several locks is down or was emptied; with one
             # or two locks a missing copy is no evidence (an acquire may skip a slow node).
@@ -259,7 +258,6 @@ class LockAdmin(admin.ModelAdmin):
                         "master": getattr(node, "address", None),
                         "state": state,
                         "same_token": state is not None and state.token == info.token,
-                        "ttl_display": av.format_duration(state.ttl) if state else "",
                     }
                 )
         context = self._context(
@@ -287,7 +285,6 @@ class LockAdmin(admin.ModelAdmin):
                 "h": h,
                 "latency_ms": None if h.latency is None else h.latency * 1000,
                 "offset_ms": None if h.clock_offset is None else h.clock_offset * 1000,
-                "uptime_display": av.format_duration(h.uptime) if h.uptime is not None else "",
                 "guard_display": av.guard_display(h),
             }
             for h in health
@@ -356,7 +353,7 @@ class LockAdmin(admin.ModelAdmin):
                 rows=rows,
                 missing=[],
                 pattern=pattern,
-                selection=json.dumps([[r.name, r.info.token] for r in rows]),
+                selection=json.dumps([[r.info.name, r.info.token] for r in rows]),
             )
             return self._render(request, "release_confirmation.html", context)
         if request.method == "POST" and request.POST.get("confirm") == "yes":
