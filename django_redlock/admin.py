@@ -79,8 +79,13 @@ class LockAdmin(admin.ModelAdmin):
             f"admin:{opts.app_label}_{opts.model_name}_{view}", current_app=self.admin_site.name
         )
 
-    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
-        return {
+    def _render(
+        self, request: HttpRequest, template: str, title: str, status: int = 200, **extra: Any
+    ) -> TemplateResponse:
+        """``admin/django_redlock/<template>`` with the admin's context, the page's links and
+        ``extra``."""
+        request.current_app = self.admin_site.name
+        context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": title,
@@ -95,11 +100,6 @@ class LockAdmin(admin.ModelAdmin):
             "using": getattr(request, "session", {}).get(USING_SESSION_KEY) or "default",
             **extra,
         }
-
-    def _render(
-        self, request: HttpRequest, template: str, context: dict[str, Any], status: int = 200
-    ) -> TemplateResponse:
-        request.current_app = self.admin_site.name
         return TemplateResponse(request, f"admin/django_redlock/{template}", context, status=status)
 
     @staticmethod
@@ -208,8 +208,9 @@ class LockAdmin(admin.ModelAdmin):
             (i, link(p=i) if isinstance(i, int) else "")
             for i in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)
         ]
-        context = self._context(
+        return self._render(
             request,
+            "lock_list.html",
             "Live locks",
             error=error,
             rows=page.object_list,
@@ -233,7 +234,6 @@ class LockAdmin(admin.ModelAdmin):
             release_matching_query=urlencode({"pattern": av.search_pattern(query)}),
             **(extra_context or {}),
         )
-        return self._render(request, "lock_list.html", context)
 
     # -- one lock ------------------------------------------------------------------------------
 
@@ -260,17 +260,17 @@ class LockAdmin(admin.ModelAdmin):
                         "same_token": state is not None and state.token == info.token,
                     }
                 )
-        context = self._context(
+        return self._render(
             request,
+            "lock_detail.html",
             f"Lock {name}" if name else "Lock",
+            200 if row else 404,
             error=error,
             name=name,
             row=row,
             node_rows=node_rows,
             quorum=rl.quorum if rl is not None else None,
-            reasons=av.STUCK_REASONS,
         )
-        return self._render(request, "lock_detail.html", context, 200 if row else 404)
 
     # -- node health ---------------------------------------------------------------------------
 
@@ -306,8 +306,9 @@ class LockAdmin(admin.ModelAdmin):
             summary = f"{reachable} of {len(health)} {nouns} reachable" + (
                 "." if reachable else ": no lock can be taken until one answers."
             )
-        context = self._context(
+        return self._render(
             request,
+            "node_health.html",
             kind.title,
             error=error,
             kind=kind,
@@ -318,7 +319,6 @@ class LockAdmin(admin.ModelAdmin):
             clock_spread_ms=None if spread is None else spread * 1000,
             drift_ms=None if rl is None else rl.ttl * rl.drift_factor * 1000,
         )
-        return self._render(request, "node_health.html", context)
 
     # -- force release -------------------------------------------------------------------------
 
@@ -347,15 +347,15 @@ class LockAdmin(admin.ModelAdmin):
         if pattern:
             matching = list(rl.live_locks(pattern))
             rows = av.build_rows(matching, get_config().get("STUCK_AFTER"))
-            context = self._context(
+            return self._render(
                 request,
+                "release_confirmation.html",
                 "Force release matching locks?",
                 rows=rows,
                 missing=[],
                 pattern=pattern,
                 selection=json.dumps([[r.info.name, r.info.token] for r in rows]),
             )
-            return self._render(request, "release_confirmation.html", context)
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             tokens = request.POST.getlist("token")
             seen = dict(zip(names, tokens, strict=False)) if len(tokens) == len(names) else {}
@@ -364,13 +364,13 @@ class LockAdmin(admin.ModelAdmin):
         infos = [(name, rl.lock_info(name)) for name in names]
         present = [info for _, info in infos if info is not None]
         rows = av.build_rows(present, get_config().get("STUCK_AFTER"))
-        context = self._context(
+        return self._render(
             request,
+            "release_confirmation.html",
             "Force release locks?",
             rows=rows,
             missing=[name for name, info in infos if info is None],
         )
-        return self._render(request, "release_confirmation.html", context)
 
     def _release(
         self, request: HttpRequest, rl: Redlock, names: Sequence[str], seen: dict[str, str]

@@ -638,13 +638,10 @@ class RedisNode:
     def kill(self) -> None:
         """SIGKILL the server and reap it: a crash. Its dir and data files stay, so a
         persistent node can :meth:`restart(empty=False) <restart>` from them."""
-        proc = self._proc
-        if proc is None:
+        if self._proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
+        self._begin_stop()
+        self._proc.wait()
         self._forget_process("killed")
 
     def restart(self, empty: bool = True) -> RedisNode:
