@@ -44,7 +44,6 @@ import functools
 import importlib.util
 import mmap
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -867,7 +866,7 @@ class RedisNode:
             delay = min(delay * 2, 0.05)
 
     def _probe(self, timeout: float) -> bool:
-        """Is *our* server up and done loading? One raw connection, no redis-py pool.
+        """Is *our* server up and done loading? One connection, closed after the probe.
 
         PING alone is not enough: while our process is still failing to bind a port that
         someone else holds, *that* server would answer. So the probe pipelines
@@ -879,43 +878,24 @@ class RedisNode:
         proc = self._proc
         if proc is None:
             return False
-        # redis-py's connection (AUTH on connect, RESP2 so INFO is plain text), no pool.
-        conn: redis.connection.AbstractConnection
-        common: dict[str, Any] = {
-            "password": self.password,
-            "socket_timeout": timeout,
-            "protocol": 2,
-        }
-        if self.unix_socket:
-            conn = redis.connection.UnixDomainSocketConnection(  # type: ignore[abstract]
-                path=self.unix_socket_path or "", **common
-            )
-        else:
-            conn = redis.connection.Connection(
-                host=self.host, port=self.port, socket_connect_timeout=timeout, **common
-            )
-        info_ok = False
         try:
-            try:
-                conn.connect()
-                conn.send_packed_command(conn.pack_commands([("INFO", "server"), ("PING",)]))
-                info = conn.read_response()
-                info_ok = True
-                conn.read_response()  # PING: an error (other than LOADING) is not ready
-            except redis.exceptions.BusyLoadingError:
-                return False  # still replaying the AOF
-            except (redis.AuthenticationError, redis.ResponseError):
-                if info_ok:
-                    return False
-                # INFO refused (an ACL the probe cannot satisfy): the log tells.
-            except (redis.RedisError, OSError):
-                return False
-        finally:
-            conn.disconnect()
-        if info_ok:
-            text = info if isinstance(info, bytes) else str(info).encode()
-            match = re.search(rb"\r?\nprocess_id:(\d+)", b"\n" + text)
-            return match is not None and int(match.group(1)) == proc.pid
+            # One connection (made here: AUTH on connect), RESP2 so INFO is plain text.
+            with self.client(
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                protocol=2,
+                single_connection_client=True,
+            ) as client:
+                pipe = client.pipeline(transaction=False)
+                pipe.info("server")
+                pipe.ping()
+                info, ping = pipe.execute(raise_on_error=False)
+        except redis.AuthenticationError:
+            info = ping = None  # refused at AUTH (an ACL the probe cannot satisfy): the log tells
+        except (redis.RedisError, OSError):
+            return False
+        if isinstance(info, dict):  # INFO answered: PING's error (LOADING...) is not ready
+            return info.get("process_id") == proc.pid and not isinstance(ping, Exception)
         return proc.poll() is None and "Ready to accept connections" in self._log_tail(200)
 
     def _forget_process(self, state: str) -> None:
