@@ -254,24 +254,18 @@ def health_columns(kind: ServiceKind, health: Sequence[NodeHealth]) -> list[tupl
     """The node health table's columns after the node and whether it answers, as (key,
     label): those the service's ``health()`` filled in for some node (a backend reports no
     uptime or memory: empty columns would only say so), and the Redlock's restart guard."""
-    reported: dict[str, list[Any]] = {
-        "latency": [h.latency for h in health],
-        "software": [h.software for h in health],
-        "uptime": [h.uptime for h in health],
-        "memory": [h.used_memory for h in health],
-        "locks": [h.lock_keys for h in health],
-        "offset": [h.clock_offset for h in health],
-    }
-    labels = {
-        "latency": "Latency",
-        "software": "Software",
-        "uptime": "Uptime",
-        "memory": "Memory",
-        "locks": kind.lock_count,
-        "offset": "Clock offset",
+    fields = {  # column: (label, NodeHealth field)
+        "latency": ("Latency", "latency"),
+        "software": ("Software", "software"),
+        "uptime": ("Uptime", "uptime"),
+        "memory": ("Memory", "used_memory"),
+        "locks": (kind.lock_count, "lock_keys"),
+        "offset": ("Clock offset", "clock_offset"),
     }
     columns = [
-        (key, labels[key]) for key, values in reported.items() if any(v is not None for v in values)
+        (key, label)
+        for key, (label, field) in fields.items()
+        if any(getattr(h, field) is not None for h in health)
     ]
     if kind.redlock:
         columns.append(("guard", "Restart guard"))

@@ -514,7 +514,6 @@ class RedisNode:
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
         self._state = "new"
-        self._spawned_at = 0.0
         if autostart:
             self.start()
 
@@ -804,7 +803,6 @@ class RedisNode:
             )
         self._proc = proc
         self._paused = False
-        self._spawned_at = time.monotonic()
         _register(proc=proc)
 
     def _finish_start(self) -> None:

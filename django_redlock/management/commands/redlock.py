@@ -242,8 +242,8 @@ class Command(BaseCommand):
             self._release_matching(redlock, pattern, yes=yes)
             return
         assert key is not None
+        info = redlock.lock_info(key)
         if not force:
-            info = redlock.lock_info(key)
             if info is None:
                 raise CommandError(f"No lock named {key!r} is held.", returncode=NOT_FOUND)
             raise CommandError(
@@ -254,7 +254,6 @@ class Command(BaseCommand):
                 "to do it anyway.",
                 returncode=REFUSED,
             )
-        info = redlock.lock_info(key)
         removed = redlock.force_release(key)
         total = len(redlock.nodes)
         if removed == 0:
