@@ -174,13 +174,12 @@ class LockAdmin(admin.ModelAdmin):
             ("renewals", "Renewals"),
             ("fence", "Fence"),
         ):
-            sortable = name in av.SORT_FIELDS
-            current = order.lstrip("-") == name
+            sortable, current = name in av.SORT_FIELDS, order.lstrip("-") == name
             descending = order.startswith("-")
-            if current:
-                new_order = name if descending else f"-{name}"
-            else:
-                new_order = f"-{name}" if name in ("age", "renewals", "fence") else name
+            # A click on the sorted column reverses it; on another, sorts it (largest first
+            # where the large end is the interesting one).
+            first = f"-{name}" if name in ("age", "renewals", "fence") else name
+            new_order = (name if descending else f"-{name}") if current else first
             headers.append(
                 {
                     "name": name,

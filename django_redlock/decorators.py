@@ -201,21 +201,20 @@ class _Plan:
 
 
 def _drf_api_view() -> Any:
-    """DRF's ``APIView`` class when DRF has been imported (never imported here)."""
-    return getattr(sys.modules.get("rest_framework.views"), "APIView", None)
+    """DRF's ``APIView`` class when DRF has been imported (never imported here), else ``()``,
+    which no class subclasses and no object is an instance of."""
+    return getattr(sys.modules.get("rest_framework.views"), "APIView", ())
 
 
 def _is_drf_view_function(func: Any) -> bool:
     """``func`` is what ``@api_view`` or ``APIView.as_view()`` returns (its ``cls``)."""
-    api_view = _drf_api_view()
     cls = getattr(func, "cls", None)
-    return api_view is not None and isinstance(cls, type) and issubclass(cls, api_view)
+    return isinstance(cls, type) and issubclass(cls, _drf_api_view())
 
 
 def _is_drf_view(obj: Any) -> bool:
     """``obj`` is an instance of a DRF API view (an ``APIView``, a ``ViewSet``...)."""
-    api_view = _drf_api_view()
-    return api_view is not None and isinstance(obj, api_view)
+    return isinstance(obj, _drf_api_view())
 
 
 def _before_drf(plan: _Plan, args: tuple[Any, ...], request: Any) -> bool:
@@ -255,11 +254,7 @@ def _request_owner(request: Any) -> object:
     """Reentrancy owner of a view: the request, not the thread. Under ASGI all sync views
     share one thread, so a thread owner would let a second request re-enter a lock the first
     still holds (e.g. while its streaming response runs)."""
-    base = base_request(request)
-    owner = base.__dict__.get("_redlock_owner")
-    if owner is None:
-        owner = base.__dict__["_redlock_owner"] = object()
-    return owner
+    return base_request(request).__dict__.setdefault("_redlock_owner", object())
 
 
 class Locked:

@@ -290,11 +290,10 @@ class NodeCollector:
             if seen.error:
                 continue
             for h in seen.health:
-                families["up"].add_metric([service, h.node], 1.0 if h.reachable else 0.0)
-                families["voting"].add_metric([service, h.node], 1.0 if h.voting else 0.0)
+                families["up"].add_metric([service, h.node], float(h.reachable))
+                families["voting"].add_metric([service, h.node], float(h.voting))
                 if h.reachable:
-                    guarded = h.guarded_for or 0.0
-                    families["guarded"].add_metric([service, h.node], guarded)
+                    families["guarded"].add_metric([service, h.node], h.guarded_for or 0.0)
                 if h.latency is not None:
                     families["latency"].add_metric([service, h.node], h.latency)
             families["quorum"].add_metric([service], 1.0 if seen.ready else 0.0)
