@@ -375,8 +375,8 @@ class LockAdmin(admin.ModelAdmin):
         self, request: HttpRequest, rl: Redlock, names: Sequence[str], seen: dict[str, str]
     ) -> None:
         released: list[tuple[LockInfo, int]] = []
-        gone: list[str] = []
-        changed: list[str] = []
+        gone: list[str] = []  # freed since the confirmation
+        changed: list[str] = []  # taken by another holder since
         for name in names:
             info = rl.lock_info(name)
             if info is None:
@@ -400,17 +400,14 @@ class LockAdmin(admin.ModelAdmin):
                 request, f"Force-released {count} lock{'' if count == 1 else 's'}: {listing}."
             )
         if gone:
-            messages.info(
-                request,
-                "Already free (released or expired): " + ", ".join(f"“{n}”" for n in gone) + ".",
-            )
+            messages.info(request, f"Already free (released or expired): {_quoted(gone)}.")
         if changed:
-            messages.warning(
-                request,
-                "Not released because another holder took them after you confirmed: "
-                + ", ".join(f"“{n}”" for n in changed)
-                + ".",
-            )
+            taken = "Not released because another holder took them after you confirmed"
+            messages.warning(request, f"{taken}: {_quoted(changed)}.")
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ", ".join(f"“{n}”" for n in names)
 
 
 def _selection(raw: str) -> dict[str, str]:
