@@ -79,8 +79,13 @@ class LockAdmin(admin.ModelAdmin):
             f"admin:{opts.app_label}_{opts.model_name}_{view}", current_app=self.admin_site.name
         )
 
-    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
-        return {
+    def _render(
+        self, request: HttpRequest, template: str, title: str, status: int = 200, **extra: Any
+    ) -> TemplateResponse:
+        """``admin/django_redlock/<template>`` with the admin's context, the page's links and
+        ``extra``."""
+        request.current_app = self.admin_site.name
+        context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": title,
@@ -95,11 +100,6 @@ class LockAdmin(admin.ModelAdmin):
             "using": getattr(request, "session", {}).get(USING_SESSION_KEY) or "default",
             **extra,
         }
-
-    def _render(
-        self, request: HttpRequest, template: str, context: dict[str, Any], status: int = 200
-    ) -> TemplateResponse:
-        request.current_app = self.admin_site.name
         return TemplateResponse(request, f"admin/django_redlock/{template}", context, status=status)
 
     @staticmethod
@@ -174,13 +174,12 @@ class LockAdmin(admin.ModelAdmin):
             ("renewals", "Renewals"),
             ("fence", "Fence"),
         ):
-            sortable = name in av.SORT_FIELDS
-            current = order.lstrip("-") == name
+            sortable, current = name in av.SORT_FIELDS, order.lstrip("-") == name
             descending = order.startswith("-")
-            if current:
-                new_order = name if descending else f"-{name}"
-            else:
-                new_order = f"-{name}" if name in ("age", "renewals", "fence") else name
+            # A click on the sorted column reverses it; on another, sorts it (largest first
+            # where the large end is the interesting one).
+            first = f"-{name}" if name in ("age", "renewals", "fence") else name
+            new_order = (name if descending else f"-{name}") if current else first
             headers.append(
                 {
                     "name": name,
@@ -208,8 +207,9 @@ class LockAdmin(admin.ModelAdmin):
             (i, link(p=i) if isinstance(i, int) else "")
             for i in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)
         ]
-        context = self._context(
+        return self._render(
             request,
+            "lock_list.html",
             "Live locks",
             error=error,
             rows=page.object_list,
@@ -225,7 +225,6 @@ class LockAdmin(admin.ModelAdmin):
             total=total,
             shown=len(rows),
             stuck_after=stuck_after,
-            stuck_after_display=av.format_duration(stuck_after) if stuck_after else "",
             node_counts=node_counts,
             # A node without a single copy of several locks is down or was emptied; with one
             # or two locks a missing copy is no evidence (an acquire may skip a slow node).
@@ -234,7 +233,6 @@ class LockAdmin(admin.ModelAdmin):
             release_matching_query=urlencode({"pattern": av.search_pattern(query)}),
             **(extra_context or {}),
         )
-        return self._render(request, "lock_list.html", context)
 
     # -- one lock ------------------------------------------------------------------------------
 
@@ -259,20 +257,19 @@ class LockAdmin(admin.ModelAdmin):
                         "master": getattr(node, "address", None),
                         "state": state,
                         "same_token": state is not None and state.token == info.token,
-                        "ttl_display": av.format_duration(state.ttl) if state else "",
                     }
                 )
-        context = self._context(
+        return self._render(
             request,
+            "lock_detail.html",
             f"Lock {name}" if name else "Lock",
+            200 if row else 404,
             error=error,
             name=name,
             row=row,
             node_rows=node_rows,
             quorum=rl.quorum if rl is not None else None,
-            reasons=av.STUCK_REASONS,
         )
-        return self._render(request, "lock_detail.html", context, 200 if row else 404)
 
     # -- node health ---------------------------------------------------------------------------
 
@@ -287,7 +284,6 @@ class LockAdmin(admin.ModelAdmin):
                 "h": h,
                 "latency_ms": None if h.latency is None else h.latency * 1000,
                 "offset_ms": None if h.clock_offset is None else h.clock_offset * 1000,
-                "uptime_display": av.format_duration(h.uptime) if h.uptime is not None else "",
                 "guard_display": av.guard_display(h),
             }
             for h in health
@@ -309,8 +305,9 @@ class LockAdmin(admin.ModelAdmin):
             summary = f"{reachable} of {len(health)} {nouns} reachable" + (
                 "." if reachable else ": no lock can be taken until one answers."
             )
-        context = self._context(
+        return self._render(
             request,
+            "node_health.html",
             kind.title,
             error=error,
             kind=kind,
@@ -321,7 +318,6 @@ class LockAdmin(admin.ModelAdmin):
             clock_spread_ms=None if spread is None else spread * 1000,
             drift_ms=None if rl is None else rl.ttl * rl.drift_factor * 1000,
         )
-        return self._render(request, "node_health.html", context)
 
     # -- force release -------------------------------------------------------------------------
 
@@ -350,15 +346,15 @@ class LockAdmin(admin.ModelAdmin):
         if pattern:
             matching = list(rl.live_locks(pattern))
             rows = av.build_rows(matching, get_config().get("STUCK_AFTER"))
-            context = self._context(
+            return self._render(
                 request,
+                "release_confirmation.html",
                 "Force release matching locks?",
                 rows=rows,
                 missing=[],
                 pattern=pattern,
-                selection=json.dumps([[r.name, r.info.token] for r in rows]),
+                selection=json.dumps([[r.info.name, r.info.token] for r in rows]),
             )
-            return self._render(request, "release_confirmation.html", context)
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             tokens = request.POST.getlist("token")
             seen = dict(zip(names, tokens, strict=False)) if len(tokens) == len(names) else {}
@@ -367,20 +363,20 @@ class LockAdmin(admin.ModelAdmin):
         infos = [(name, rl.lock_info(name)) for name in names]
         present = [info for _, info in infos if info is not None]
         rows = av.build_rows(present, get_config().get("STUCK_AFTER"))
-        context = self._context(
+        return self._render(
             request,
+            "release_confirmation.html",
             "Force release locks?",
             rows=rows,
             missing=[name for name, info in infos if info is None],
         )
-        return self._render(request, "release_confirmation.html", context)
 
     def _release(
         self, request: HttpRequest, rl: Redlock, names: Sequence[str], seen: dict[str, str]
     ) -> None:
         released: list[tuple[LockInfo, int]] = []
-        gone: list[str] = []
-        changed: list[str] = []
+        gone: list[str] = []  # freed since the confirmation
+        changed: list[str] = []  # taken by another holder since
         for name in names:
             info = rl.lock_info(name)
             if info is None:
@@ -404,17 +400,14 @@ class LockAdmin(admin.ModelAdmin):
                 request, f"Force-released {count} lock{'' if count == 1 else 's'}: {listing}."
             )
         if gone:
-            messages.info(
-                request,
-                "Already free (released or expired): " + ", ".join(f"“{n}”" for n in gone) + ".",
-            )
+            messages.info(request, f"Already free (released or expired): {_quoted(gone)}.")
         if changed:
-            messages.warning(
-                request,
-                "Not released because another holder took them after you confirmed: "
-                + ", ".join(f"“{n}”" for n in changed)
-                + ".",
-            )
+            taken = "Not released because another holder took them after you confirmed"
+            messages.warning(request, f"{taken}: {_quoted(changed)}.")
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ", ".join(f"“{n}”" for n in names)
 
 
 def _selection(raw: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import timezone
 from typing import Any
 
 from .core import STALE_RENEWAL_FRACTION, STUCK_REASONS, LockInfo, NodeHealth, glob_escape
@@ -69,18 +69,6 @@ class LockRow:
     # -- shortcuts for the templates --------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        return self.info.name
-
-    @property
-    def meta(self) -> Mapping[str, Any]:
-        return self.info.meta
-
-    @property
-    def ttl(self) -> float:
-        return self.info.ttl
-
-    @property
     def since_renewal(self) -> float | None:
         """Seconds since the lease was last set (acquire or renewal) on a quorum."""
         if self.lease is None:
@@ -105,35 +93,10 @@ class LockRow:
         return holder_summary(self.info.meta)
 
     @property
-    def acquired_at(self) -> datetime | None:
-        return self.info.acquired_at
-
-    @property
-    def age_display(self) -> str:
-        return format_duration(self.age)
-
-    @property
-    def ttl_display(self) -> str:
-        return format_duration(self.info.ttl)
-
-    @property
     def leftover_ttl(self) -> float:
         """Seconds until the last node's copy expires (for locks without a quorum, whose
         ``ttl`` is 0: they are free already, only leftovers remain)."""
         return max((s.ttl for s in self.info.per_node), default=0.0)
-
-    @property
-    def leftover_ttl_display(self) -> str:
-        return format_duration(self.leftover_ttl)
-
-    @property
-    def lease_display(self) -> str:
-        return "" if self.lease is None else format_duration(self.lease)
-
-    @property
-    def since_renewal_display(self) -> str:
-        since = self.since_renewal
-        return "" if since is None else format_duration(since)
 
     @property
     def all_meta(self) -> list[tuple[str, Any]]:
@@ -291,24 +254,18 @@ def health_columns(kind: ServiceKind, health: Sequence[NodeHealth]) -> list[tupl
     """The node health table's columns after the node and whether it answers, as (key,
     label): those the service's ``health()`` filled in for some node (a backend reports no
     uptime or memory: empty columns would only say so), and the Redlock's restart guard."""
-    reported: dict[str, list[Any]] = {
-        "latency": [h.latency for h in health],
-        "software": [h.software for h in health],
-        "uptime": [h.uptime for h in health],
-        "memory": [h.used_memory for h in health],
-        "locks": [h.lock_keys for h in health],
-        "offset": [h.clock_offset for h in health],
-    }
-    labels = {
-        "latency": "Latency",
-        "software": "Software",
-        "uptime": "Uptime",
-        "memory": "Memory",
-        "locks": kind.lock_count,
-        "offset": "Clock offset",
+    fields = {  # column: (label, NodeHealth field)
+        "latency": ("Latency", "latency"),
+        "software": ("Software", "software"),
+        "uptime": ("Uptime", "uptime"),
+        "memory": ("Memory", "used_memory"),
+        "locks": (kind.lock_count, "lock_keys"),
+        "offset": ("Clock offset", "clock_offset"),
     }
     columns = [
-        (key, labels[key]) for key, values in reported.items() if any(v is not None for v in values)
+        (key, label)
+        for key, (label, field) in fields.items()
+        if any(getattr(h, field) is not None for h in health)
     ]
     if kind.redlock:
         columns.append(("guard", "Restart guard"))

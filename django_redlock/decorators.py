@@ -135,20 +135,12 @@ def default_locked_response(request: HttpRequest, exc: LockNotAcquired) -> HttpR
     )
     response: HttpResponse
     if _wants_json(request):
-        response = JsonResponse(
-            {
-                "error": "unavailable" if unavailable else "locked",
-                "detail": detail,
-                "retry_after": retry,
-            },
-            status=status,
-        )
+        error = "unavailable" if unavailable else "locked"
+        body = {"error": error, "detail": detail, "retry_after": retry}
+        response = JsonResponse(body, status=status)
     else:
-        response = HttpResponse(
-            f"{detail} (retry in {retry} s)\n",
-            status=status,
-            content_type="text/plain; charset=utf-8",
-        )
+        text = f"{detail} (retry in {retry} s)\n"
+        response = HttpResponse(text, status=status, content_type="text/plain; charset=utf-8")
     response["Retry-After"] = str(retry)
     return response
 
@@ -191,44 +183,38 @@ class _Plan:
             )
         except (TypeError, ValueError):
             self.signature = None
-        self.var_keyword: str | None = None
-        self.method = False
+        params = list(self.signature.parameters.values()) if self.signature is not None else []
+        self.method = bool(params) and params[0].name in ("self", "cls")
+        self.var_keyword = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
         #: A method of a DRF API view instance, bound by ``method_decorator``.
         self.drf_view = _is_drf_view(getattr(getattr(func, "func", None), "__self__", None))
-        names: set[str] = set()
-        if self.signature is not None:
-            first = next(iter(self.signature.parameters), None)
-            self.method = first in ("self", "cls")
-            for p in self.signature.parameters.values():
-                if p.kind is p.VAR_KEYWORD:
-                    self.var_keyword = p.name
-                elif p.kind is not p.VAR_POSITIONAL:
-                    names.add(p.name)
         if template is not None and self.signature is not None:
             missing = template.unknown_fields(self.signature, also=("request", CLIENT_FIELD))
             if missing:
+                names = sorted(
+                    p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                )
                 raise ValueError(
                     f"locked({template.template!r}) on {self.qualname}: no argument named "
-                    f"{', '.join(missing)} (arguments: {', '.join(sorted(names)) or 'none'})"
+                    f"{', '.join(missing)} (arguments: {', '.join(names) or 'none'})"
                 )
 
 
 def _drf_api_view() -> Any:
-    """DRF's ``APIView`` class when DRF has been imported (never imported here)."""
-    return getattr(sys.modules.get("rest_framework.views"), "APIView", None)
+    """DRF's ``APIView`` class when DRF has been imported (never imported here), else ``()``,
+    which no class subclasses and no object is an instance of."""
+    return getattr(sys.modules.get("rest_framework.views"), "APIView", ())
 
 
 def _is_drf_view_function(func: Any) -> bool:
     """``func`` is what ``@api_view`` or ``APIView.as_view()`` returns (its ``cls``)."""
-    api_view = _drf_api_view()
     cls = getattr(func, "cls", None)
-    return api_view is not None and isinstance(cls, type) and issubclass(cls, api_view)
+    return isinstance(cls, type) and issubclass(cls, _drf_api_view())
 
 
 def _is_drf_view(obj: Any) -> bool:
     """``obj`` is an instance of a DRF API view (an ``APIView``, a ``ViewSet``...)."""
-    api_view = _drf_api_view()
-    return api_view is not None and isinstance(obj, api_view)
+    return isinstance(obj, _drf_api_view())
 
 
 def _before_drf(plan: _Plan, args: tuple[Any, ...], request: Any) -> bool:
@@ -268,11 +254,7 @@ def _request_owner(request: Any) -> object:
     """Reentrancy owner of a view: the request, not the thread. Under ASGI all sync views
     share one thread, so a thread owner would let a second request re-enter a lock the first
     still holds (e.g. while its streaming response runs)."""
-    base = base_request(request)
-    owner = base.__dict__.get("_redlock_owner")
-    if owner is None:
-        owner = base.__dict__["_redlock_owner"] = object()
-    return owner
+    return base_request(request).__dict__.setdefault("_redlock_owner", object())
 
 
 class Locked:
@@ -394,32 +376,33 @@ class Locked:
         request = _find_request(plan, args)
         if request is not None and _before_drf(plan, args, request):
             raise TypeError(_drf_order_error(self, plan.qualname))
+        name = self._name(plan, args, kwargs, request)
+        if request is None:
+            return _Call(name, None, _owner.get(), {"function": plan.qualname, **self.meta})
+        base = base_request(request)
+        meta = {"view": plan.qualname, "path": base.path, "method": base.method}
+        user = user_pk(request)
+        if user is not None:
+            meta["user"] = user
+        return _Call(name, request, _request_owner(request), {**meta, **self.meta})
+
+    def _name(
+        self, plan: _Plan | None, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
+    ) -> str:
+        """The lock name: what ``key=`` returns (shortened), or the template rendered with the
+        arguments of a decorated call (``plan``), or a ``with`` block's ``.using()`` values."""
         if self.key is not None:
             name = self.key(*args, **kwargs)
             if not isinstance(name, str):
-                raise TypeError(f"key= callable of {plan.qualname} returned {name!r}, not a str")
-            name = shorten(name)
-        else:
-            assert self.template is not None
-            if self.template.has_fields:
-                name = self.template.render(self._namespace(plan, args, kwargs, request))
-            else:
-                name = self.template.template
-        meta: dict[str, Any] = {}
-        if request is not None:
-            base = base_request(request)
-            meta["view"] = plan.qualname
-            meta["path"] = base.path
-            meta["method"] = base.method
-            user = user_pk(request)
-            if user is not None:
-                meta["user"] = user
-            owner: Any = _request_owner(request)
-        else:
-            meta["function"] = plan.qualname
-            owner = _owner.get()
-        meta.update(self.meta)
-        return _Call(name, request, owner, meta)
+                where = plan.qualname if plan is not None else "a with block"
+                raise TypeError(f"key= callable of {where} returned {name!r}, not a str")
+            return shorten(name)
+        assert self.template is not None
+        if not self.template.has_fields:
+            return self.template.template
+        if plan is None:
+            return self.template.render(self.values)
+        return self.template.render(self._namespace(plan, args, kwargs, request))
 
     def _namespace(
         self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
@@ -456,21 +439,15 @@ class Locked:
         meta = {**call.meta, **self._holds.meta(_HOLD)}
         common = {"auto_renew": auto_renew, "meta": meta, "owner": call.owner}
         common["renew_for"] = self.renew_for
+        name, ttl, fencing, fair = call.name, self.ttl, self.fencing, self.fair
         if self.limit is not None:
-            return redlock.semaphore(
-                call.name, self.limit, self.ttl, fencing=self.fencing, fair=self.fair, **common
-            )
+            return redlock.semaphore(name, self.limit, ttl, fencing=fencing, fair=fair, **common)
         if self.shared:
-            return redlock.read_lock(call.name, self.ttl, **common)
+            return redlock.read_lock(name, ttl, **common)
         if self.writer:
-            return redlock.write_lock(call.name, self.ttl, fencing=self.fencing, **common)
+            return redlock.write_lock(name, ttl, fencing=fencing, **common)
         return redlock.lock(
-            call.name,
-            self.ttl,
-            fencing=self.fencing,
-            reentrant=self.reentrant,
-            fair=self.fair,
-            **common,
+            name, ttl, fencing=fencing, reentrant=self.reentrant, fair=fair, **common
         )
 
     @staticmethod
@@ -744,15 +721,7 @@ class Locked:
     # -- context manager -----------------------------------------------------------------------
 
     def _standalone_call(self) -> _Call:
-        if self.key is not None:
-            name = shorten(self.key())
-        else:
-            assert self.template is not None
-            name = (
-                self.template.render(self.values)
-                if self.template.has_fields
-                else self.template.template
-            )
+        name = self._name(None, (), {}, None)
         frame = sys._getframe(2)
         meta = {
             "code": f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})",
@@ -821,18 +790,11 @@ class _StreamRelease:
         self.lock = lock
         self.call = call
         self.is_async = is_async  # the lock's kind (an AsyncRedlock lock needs awaiting)
-        self._done = False
-        self._mutex = threading.Lock()
-
-    def _claim(self) -> bool:
-        with self._mutex:
-            if self._done:
-                return False
-            self._done = True
-            return True
+        #: Taken by the first release and never given back: the later ones see it taken.
+        self._once = threading.Lock()
 
     def release(self) -> None:
-        if not self._claim():
+        if not self._once.acquire(blocking=False):
             return
         if not self.is_async:
             self.owner._release(self.lock, self.call, failed=False)
@@ -855,7 +817,7 @@ class _StreamRelease:
             task.add_done_callback(_pending.discard)
 
     async def arelease(self) -> None:
-        if not self._claim():
+        if not self._once.acquire(blocking=False):
             return
         if self.is_async:
             await self.owner._arelease(self.lock, self.call, failed=False)

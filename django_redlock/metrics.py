@@ -106,8 +106,8 @@ class RedlockMetrics:
         #: Every metric registered here, for disconnect() to unregister.
         self._metrics: list[Any] = []
 
-        def add(kind: Any, name: str, doc: str, labels: list[str], **options: Any) -> Any:
-            metric = kind(name, doc, labels, registry=self.registry, **options)
+        def add(kind: Any, name: str, doc: str, *labels: str, **options: Any) -> Any:
+            metric = kind(name, doc, ["lock", *labels], registry=self.registry, **options)
             self._metrics.append(metric)
             return metric
 
@@ -115,44 +115,42 @@ class RedlockMetrics:
             Histogram,
             "redlock_acquire_seconds",
             "Time spent acquiring a lock, waiting included, by outcome (acquired, contended).",
-            ["lock", "outcome"],
+            "outcome",
             buckets=ACQUIRE_BUCKETS,
         )
         self.hold_seconds = add(
             Histogram,
             "redlock_hold_seconds",
             "How long locks were held, by how the hold ended (released, lost).",
-            ["lock", "end"],
+            "end",
             buckets=HOLD_BUCKETS,
         )
-        self.acquired = add(Counter, "redlock_acquired", "Locks acquired.", ["lock"])
+        self.acquired = add(Counter, "redlock_acquired", "Locks acquired.")
         self.contended = add(
             Counter,
             "redlock_contended",
             "Acquisitions that did not get the lock (held by another, or too few nodes).",
-            ["lock"],
         )
-        self.released = add(Counter, "redlock_released", "Locks released.", ["lock"])
+        self.released = add(Counter, "redlock_released", "Locks released.")
         self.lost = add(
             Counter,
             "redlock_lost",
             "Held locks lost (lease ran out, renewal failed, force-released).",
-            ["lock"],
         )
         self.force_released = add(
-            Counter, "redlock_force_released", "Locks an operator force-released.", ["lock"]
+            Counter, "redlock_force_released", "Locks an operator force-released."
         )
         self.celery_skipped = add(
             Counter,
             "redlock_celery_skipped",
             "LockedTask runs skipped because the lock was held (on_locked='skip').",
-            ["lock", "task"],
+            "task",
         )
         self.celery_lock_retries = add(
             Counter,
             "redlock_celery_lock_retries",
             "LockedTask runs re-scheduled because the lock was held (on_locked='retry').",
-            ["lock", "task"],
+            "task",
         )
         self.collector = NodeCollector(settings.health_cache)
         self.registry.register(self.collector)
@@ -226,6 +224,37 @@ def _task_name(task: Any) -> str:
     return str(getattr(task, "name", None) or "unknown")
 
 
+#: The collector's gauges: key -> (name, help, labels after "service").
+_GAUGES = {
+    "probe": (
+        "redlock_health_probe_success",
+        "1 when the nodes of the lock service could be probed in time.",
+    ),
+    "up": ("redlock_node_up", "1 when the node answers the health probe.", "node"),
+    "voting": (
+        "redlock_node_voting",
+        "1 when the node answers and may vote (not held back by the restart guard).",
+        "node",
+    ),
+    "guarded": (
+        "redlock_node_guarded_seconds",
+        "Seconds before the restart guard lets the node vote (0: it votes).",
+        "node",
+    ),
+    "latency": ("redlock_node_latency_seconds", "PING round trip to the node.", "node"),
+    "quorum": (
+        "redlock_quorum_available",
+        "1 when a quorum of the nodes answers and may vote: locks can be taken.",
+    ),
+    "live": ("redlock_live_locks", "Live locks on the nodes."),
+    "stuck": (
+        "redlock_stuck_locks",
+        "Live locks that look stuck, by reason (old, split, stale, dead; see the admin page).",
+        "reason",
+    ),
+}
+
+
 class NodeCollector:
     """Gauges read at scrape time: per lock service and node, reachability, voting (the restart
     guard counted), guard time left and PING latency; whether a quorum votes; live and stuck
@@ -237,43 +266,9 @@ class NodeCollector:
     def _families(self) -> dict[str, Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        def gauge(name: str, doc: str, labels: list[str]) -> Any:
-            return GaugeMetricFamily(name, doc, labels=labels)
-
         return {
-            "probe": gauge(
-                "redlock_health_probe_success",
-                "1 when the nodes of the lock service could be probed in time.",
-                ["service"],
-            ),
-            "up": gauge(
-                "redlock_node_up", "1 when the node answers the health probe.", ["service", "node"]
-            ),
-            "voting": gauge(
-                "redlock_node_voting",
-                "1 when the node answers and may vote (not held back by the restart guard).",
-                ["service", "node"],
-            ),
-            "guarded": gauge(
-                "redlock_node_guarded_seconds",
-                "Seconds before the restart guard lets the node vote (0: it votes).",
-                ["service", "node"],
-            ),
-            "latency": gauge(
-                "redlock_node_latency_seconds", "PING round trip to the node.", ["service", "node"]
-            ),
-            "quorum": gauge(
-                "redlock_quorum_available",
-                "1 when a quorum of the nodes answers and may vote: locks can be taken.",
-                ["service"],
-            ),
-            "live": gauge("redlock_live_locks", "Live locks on the nodes.", ["service"]),
-            "stuck": gauge(
-                "redlock_stuck_locks",
-                "Live locks that look stuck, by reason (old, split, stale, dead; see the "
-                "admin page).",
-                ["service", "reason"],
-            ),
+            key: GaugeMetricFamily(name, doc, labels=["service", *labels])
+            for key, (name, doc, *labels) in _GAUGES.items()
         }
 
     def describe(self) -> Iterator[Any]:
@@ -295,11 +290,10 @@ class NodeCollector:
             if seen.error:
                 continue
             for h in seen.health:
-                families["up"].add_metric([service, h.node], 1.0 if h.reachable else 0.0)
-                families["voting"].add_metric([service, h.node], 1.0 if h.voting else 0.0)
+                families["up"].add_metric([service, h.node], float(h.reachable))
+                families["voting"].add_metric([service, h.node], float(h.voting))
                 if h.reachable:
-                    guarded = h.guarded_for or 0.0
-                    families["guarded"].add_metric([service, h.node], guarded)
+                    families["guarded"].add_metric([service, h.node], h.guarded_for or 0.0)
                 if h.latency is not None:
                     families["latency"].add_metric([service, h.node], h.latency)
             families["quorum"].add_metric([service], 1.0 if seen.ready else 0.0)
@@ -327,9 +321,7 @@ def install(settings: MetricsSettings, registry: Any = None) -> RedlockMetrics:
     their receivers; what was installed before is uninstalled first."""
     global _installed
     with _install_lock:
-        if _installed is not None:
-            _installed.disconnect()
-            _installed = None
+        _uninstall()
         metrics = RedlockMetrics(settings, registry)
         metrics.connect()
         _installed = metrics
@@ -338,11 +330,15 @@ def install(settings: MetricsSettings, registry: Any = None) -> RedlockMetrics:
 
 def uninstall() -> None:
     """Disconnect and unregister what :func:`install` registered."""
-    global _installed
     with _install_lock:
-        if _installed is not None:
-            _installed.disconnect()
-            _installed = None
+        _uninstall()
+
+
+def _uninstall() -> None:
+    global _installed
+    if _installed is not None:
+        _installed.disconnect()
+        _installed = None
 
 
 def installed() -> RedlockMetrics | None:

@@ -28,7 +28,14 @@ from .core import (
     parse_spec,
     redact,
 )
-from .task_options import SETTING_OPTIONS, check_task_options, header_values, misnamed_options
+from .task_options import (
+    CALL_OPTIONS,
+    SETTING_OPTIONS,
+    TASK_ONLY,
+    check_task_options,
+    header_values,
+    misnamed_options,
+)
 
 __all__ = [
     "CACHE_PREFIX",
@@ -207,9 +214,14 @@ def constructor_error(exc: Exception) -> CheckMessage:
     setting its argument comes from."""
     text = str(exc)
     names = [n for n, arg in REDLOCK_ARGUMENTS.items() if text.startswith(arg)]
-    where = f"REDLOCK['{names[0]}']" if names else "REDLOCK"
-    hint = f"The default is {DEFAULTS[names[0]]!r}." if names else None
-    return error(8, f"{where} is invalid: {text}.", hint=hint)
+    if names:
+        return _invalid(names[0], f"is invalid: {text}")
+    return error(8, f"REDLOCK is invalid: {text}.")
+
+
+def _invalid(name: str, problem: str, hint: str | None = None) -> CheckMessage:
+    """``E008``: setting ``name`` has a value its consumer refuses (hint: its default)."""
+    return error(8, f"REDLOCK['{name}'] {problem}.", hint or f"The default is {DEFAULTS[name]!r}.")
 
 
 # ----------------------------------------------------------------------------- names
@@ -217,17 +229,15 @@ def constructor_error(exc: Exception) -> CheckMessage:
 
 def _check_names(user: Mapping[Any, Any]) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
-    for name in user:
-        if name in DEFAULTS:
-            continue
+    for name in (n for n in user if n not in DEFAULTS):
         close = difflib.get_close_matches(str(name).upper(), list(DEFAULTS), n=1, cutoff=0.6)
         hint = (
             f"Did you mean {close[0]!r}?"
             if close
-            else "Known settings: " + ", ".join(sorted(DEFAULTS)) + "."
+            else f"Known settings: {', '.join(sorted(DEFAULTS))}."
         )
         messages.append(
-            warning(3, f"REDLOCK has an unknown setting {name!r}; it is ignored.", hint=hint)
+            warning(3, f"REDLOCK has an unknown setting {name!r}; it is ignored.", hint)
         )
     return messages
 
@@ -294,8 +304,7 @@ def _cache_node(where: str, alias: str) -> tuple[CheckMessage | None, Any]:
             f"{where} 'cache:{alias}': its BACKEND {backend!r} cannot be imported ({exc}).",
             hint="Install django-redis or use django.core.cache.backends.redis.",
         ), None
-    names = {f"{c.__module__}.{c.__qualname__}" for c in getattr(cls, "__mro__", ())}
-    if not names & set(REDIS_CACHE_BACKENDS):
+    if not _is_redis_cache(cls):
         return error(
             6,
             f"{where} 'cache:{alias}' is not a Redis cache ({backend}).",
@@ -368,45 +377,22 @@ def _check_values(config: Mapping[str, Any], *, constructor: bool) -> list[Check
         try:
             good[name] = check_positive(name, value, allow_zero=allow_zero)
         except (TypeError, ValueError) as exc:
-            messages.append(
-                error(
-                    8,
-                    f"REDLOCK['{name}'] is invalid: {exc}.",
-                    hint=f"The default is {DEFAULTS[name]!r}.",
-                )
-            )
+            messages.append(_invalid(name, f"is invalid: {exc}"))
     drift = good.get("DRIFT_FACTOR")
     if drift is not None and drift >= 0.5:
-        messages.append(
-            error(
-                8,
-                f"REDLOCK['DRIFT_FACTOR'] must be < 0.5, got {drift!r}.",
-                hint="The default is 0.01 (1% of the TTL).",
-            )
-        )
+        hint = "The default is 0.01 (1% of the TTL)."
+        messages.append(_invalid("DRIFT_FACTOR", f"must be < 0.5, got {drift!r}", hint))
     try:
         check_prefix(config.get("KEY_PREFIX"))
     except (TypeError, ValueError) as exc:
-        messages.append(
-            error(8, f"REDLOCK['KEY_PREFIX'] is invalid: {exc}.", hint="The default is 'redlock'.")
-        )
+        messages.append(_invalid("KEY_PREFIX", f"is invalid: {exc}"))
     if not isinstance(config.get("META"), Mapping):
-        messages.append(
-            error(
-                8,
-                f"REDLOCK['META'] must be a dict, got {config.get('META')!r}.",
-                hint=f"The default is {DEFAULTS['META']!r}.",
-            )
-        )
-    for name in _BOOLEANS:
-        if not isinstance(config.get(name), bool):
-            messages.append(
-                error(
-                    8,
-                    f"REDLOCK['{name}'] must be True or False, got {config.get(name)!r}.",
-                    hint=f"The default is {DEFAULTS[name]!r}.",
-                )
-            )
+        messages.append(_invalid("META", f"must be a dict, got {config.get('META')!r}"))
+    messages += [
+        _invalid(name, f"must be True or False, got {config.get(name)!r}")
+        for name in _BOOLEANS
+        if not isinstance(config.get(name), bool)
+    ]
     ttl, timeout, max_ttl = good.get("TTL"), good.get("NODE_TIMEOUT"), good.get("MAX_TTL")
     if ttl is not None and timeout is not None:
         if timeout >= ttl:
@@ -456,10 +442,6 @@ def _check_constructor(config: Mapping[str, Any]) -> list[CheckMessage]:
     return []
 
 
-#: LockedTask options set per task (docs/celery.rst), refused in ``REDLOCK["LOCKED_TASK"]``.
-_PER_TASK_ONLY = ("lock_key", "lock_limit", "lock_redlock", "lock_using")
-
-
 def _check_locked_task(value: Any, max_ttl: float | None = None) -> list[CheckMessage]:
     """``LOCKED_TASK``: defaults for LockedTask options, judged by the code the task runs
     (and by the shared Redlock's ``max_ttl``, which refuses a longer lease at every run)."""
@@ -473,17 +455,12 @@ def _check_locked_task(value: Any, max_ttl: float | None = None) -> list[CheckMe
             said.append(
                 f"options a task sets itself, never a project default: {', '.join(per_task)}"
             )
-        return [
-            error(
-                12,
-                f"REDLOCK['LOCKED_TASK'] has {'; '.join(said)}.",
-                hint="Options it may default: "
-                + ", ".join(SETTING_OPTIONS)
-                + ". Set "
-                + ", ".join(_PER_TASK_ONLY)
-                + " on the task (decorator or subclass).",
-            )
-        ]
+        per_task_only = [n for n in (*CALL_OPTIONS, *TASK_ONLY) if n not in SETTING_OPTIONS]
+        hint = (
+            f"Options it may default: {', '.join(SETTING_OPTIONS)}. Set "
+            f"{', '.join(per_task_only)} on the task (decorator or subclass)."
+        )
+        return [error(12, f"REDLOCK['LOCKED_TASK'] has {'; '.join(said)}.", hint)]
     try:
         check_task_options(header_values(value), "REDLOCK['LOCKED_TASK']", max_ttl=max_ttl)
     except (TypeError, ValueError) as exc:
@@ -527,7 +504,7 @@ def cache_client(alias: str) -> Any:
         cache = caches[alias]
     except InvalidCacheBackendError as exc:
         raise ValueError(f"REDLOCK node 'cache:{alias}': {exc}") from None
-    if not _is_redis_cache(cache):
+    if not _is_redis_cache(type(cache)):
         raise ValueError(
             f"REDLOCK node 'cache:{alias}' is not a Redis cache ({type(cache).__module__}."
             f"{type(cache).__name__}); use django-redis or django.core.cache.backends.redis"
@@ -538,8 +515,7 @@ def cache_client(alias: str) -> Any:
     return cache._cache.get_client(write=True)  # type: ignore[attr-defined]  # Django's own
 
 
-def _is_redis_cache(cache: Any) -> bool:
-    for cls in type(cache).__mro__:
-        if f"{cls.__module__}.{cls.__qualname__}" in REDIS_CACHE_BACKENDS:
-            return True
-    return False
+def _is_redis_cache(cls: Any) -> bool:
+    """``cls`` is (or subclasses) a cache backend whose client is a redis-py client."""
+    mro = getattr(cls, "__mro__", ())
+    return any(f"{c.__module__}.{c.__qualname__}" in REDIS_CACHE_BACKENDS for c in mro)

@@ -44,7 +44,6 @@ import functools
 import importlib.util
 import mmap
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -241,7 +240,7 @@ def tls_redis_server_binary() -> str | None:
 
 # --------------------------------------------------------------------------- leak registry
 
-_registry_lock = threading.Lock()
+_registry_lock = threading.RLock()
 # process -> pid of the Python process that spawned it. The owner pid matters after os.fork():
 # a forked child that exits normally runs the atexit hooks it inherited, and must not kill the
 # parent's servers.
@@ -266,12 +265,10 @@ def started(pid):
             return f.read().rpartition(b")")[2].split()[19].decode()
     except (OSError, IndexError):
         return None
-pids, dirs, watched = set(), set(), {}
+dirs, watched = set(), {}
 for line in sys.stdin.buffer:
     op, _, arg = line.decode().rstrip("\\n").partition(" ")
-    if op in ("+p", "-p"):
-        (pids.add if op == "+p" else pids.discard)(int(arg))
-    elif op in ("+d", "-d"):
+    if op in ("+d", "-d"):
         (dirs.add if op == "+d" else dirs.discard)(arg)
     elif op in ("+k", "+g"):
         pid, _, since = arg.partition(" ")
@@ -286,19 +283,6 @@ for pid, (group, since) in watched.items():
         (os.killpg if group else os.kill)(pid, signal.SIGKILL)
     except OSError:
         pass
-for pid in pids:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"server" not in f.read():
-                continue  # the pid was reused by something else
-    except FileNotFoundError:
-        continue
-    except OSError:
-        pass
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
 for d in dirs:
     shutil.rmtree(d, ignore_errors=True)
 """
@@ -308,23 +292,24 @@ _reaper: tuple[int, subprocess.Popen[bytes]] | None = None
 
 
 def _tell_reaper(message: str) -> None:
-    """Send one line to this process's reaper (started on first use). Under _registry_lock."""
+    """Send one line to this process's reaper (started on first use)."""
     global _reaper
-    if _reaper is None or _reaper[0] != os.getpid():
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _REAPER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C aimed at our process group does not reach it
-            close_fds=True,
-        )
-        _reaper = (os.getpid(), proc)
-    stdin = _reaper[1].stdin
-    assert stdin is not None
-    with contextlib.suppress(OSError, ValueError):
-        stdin.write(message.encode() + b"\n")
-        stdin.flush()
+    with _registry_lock:
+        if _reaper is None or _reaper[0] != os.getpid():
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _REAPER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C aimed at our process group does not reach it
+                close_fds=True,
+            )
+            _reaper = (os.getpid(), proc)
+        stdin = _reaper[1].stdin
+        assert stdin is not None
+        with contextlib.suppress(OSError, ValueError):
+            stdin.write(message.encode() + b"\n")
+            stdin.flush()
 
 
 def _after_fork_in_child() -> None:
@@ -357,39 +342,36 @@ def _reap_with_owner(pid: int, *, group: bool = False) -> None:
     """Have the reaper SIGKILL ``pid`` (its whole process group with ``group``) when this
     process ends in a way that runs no cleanup (SIGKILL, ``os._exit``), unless
     :func:`_forget_reaping` said it already ended."""
-    with _registry_lock:
-        since = (_proc_stat(pid)[19:] or ["?"])[0]
-        _tell_reaper(f"+{'g' if group else 'k'} {pid} {since}")
+    since = (_proc_stat(pid)[19:] or ["?"])[0]
+    _tell_reaper(f"+{'g' if group else 'k'} {pid} {since}")
 
 
 def _forget_reaping(pid: int) -> None:
-    with _registry_lock:
-        _tell_reaper(f"-k {pid}")
+    _tell_reaper(f"-k {pid}")
 
 
 def _reap_folder_with_owner(directory: Path, *, forget: bool = False) -> None:
     """Have the reaper remove ``directory`` (as it does a server's folder); ``forget=True``:
     its owner removed it."""
-    with _registry_lock:
-        _tell_reaper(f"{'-' if forget else '+'}d {directory}")
+    _tell_reaper(f"{'-' if forget else '+'}d {directory}")
 
 
 def _register(proc: subprocess.Popen[bytes] | None = None, directory: Path | None = None) -> None:
     with _registry_lock:
         if proc is not None:
             _live_procs[proc] = os.getpid()
-            _tell_reaper(f"+p {proc.pid}")
+            _reap_with_owner(proc.pid)
         if directory is not None:
             _live_dirs[str(directory)] = os.getpid()
-            _tell_reaper(f"+d {directory}")
+            _reap_folder_with_owner(directory)
 
 
 def _unregister(proc: subprocess.Popen[bytes] | None = None, directory: Path | None = None) -> None:
     with _registry_lock:
         if proc is not None and _live_procs.pop(proc, None) is not None:
-            _tell_reaper(f"-p {proc.pid}")
+            _forget_reaping(proc.pid)
         if directory is not None and _live_dirs.pop(str(directory), None) is not None:
-            _tell_reaper(f"-d {directory}")
+            _reap_folder_with_owner(directory, forget=True)
 
 
 def _cleanup_at_exit() -> None:
@@ -532,7 +514,6 @@ class RedisNode:
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
         self._state = "new"
-        self._spawned_at = 0.0
         if autostart:
             self.start()
 
@@ -655,13 +636,10 @@ class RedisNode:
     def kill(self) -> None:
         """SIGKILL the server and reap it: a crash. Its dir and data files stay, so a
         persistent node can :meth:`restart(empty=False) <restart>` from them."""
-        proc = self._proc
-        if proc is None:
+        if self._proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
+        self._begin_stop()
+        self._proc.wait()
         self._forget_process("killed")
 
     def restart(self, empty: bool = True) -> RedisNode:
@@ -744,16 +722,14 @@ class RedisNode:
         which turns "this node is down" into a multi-second wait and hides the fault a test
         injected. Pass ``retry=...`` to get retries back.
         """
-        params: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
-        if self.unix_socket:
-            params["unix_socket_path"] = self.unix_socket_path
-        else:
-            params["host"] = self.host
-            params["port"] = self.port
-        if self.password is not None:
-            params["password"] = self.password
-        params.update(kwargs)
-        return redis.Redis(**params)
+        where: dict[str, Any] = (
+            {"unix_socket_path": self.unix_socket_path}
+            if self.unix_socket
+            else {"host": self.host, "port": self.port}
+        )
+        return redis.Redis(
+            **{"retry": Retry(NoBackoff(), 0), "password": self.password, **where, **kwargs}
+        )
 
     def flush(self) -> None:
         """FLUSHALL: empty every database of the node."""
@@ -827,7 +803,6 @@ class RedisNode:
             )
         self._proc = proc
         self._paused = False
-        self._spawned_at = time.monotonic()
         _register(proc=proc)
 
     def _finish_start(self) -> None:
@@ -889,7 +864,7 @@ class RedisNode:
             delay = min(delay * 2, 0.05)
 
     def _probe(self, timeout: float) -> bool:
-        """Is *our* server up and done loading? One raw connection, no redis-py pool.
+        """Is *our* server up and done loading? One connection, closed after the probe.
 
         PING alone is not enough: while our process is still failing to bind a port that
         someone else holds, *that* server would answer. So the probe pipelines
@@ -901,43 +876,24 @@ class RedisNode:
         proc = self._proc
         if proc is None:
             return False
-        # redis-py's connection (AUTH on connect, RESP2 so INFO is plain text), no pool.
-        conn: redis.connection.AbstractConnection
-        common: dict[str, Any] = {
-            "password": self.password,
-            "socket_timeout": timeout,
-            "protocol": 2,
-        }
-        if self.unix_socket:
-            conn = redis.connection.UnixDomainSocketConnection(  # type: ignore[abstract]
-                path=self.unix_socket_path or "", **common
-            )
-        else:
-            conn = redis.connection.Connection(
-                host=self.host, port=self.port, socket_connect_timeout=timeout, **common
-            )
-        info_ok = False
         try:
-            try:
-                conn.connect()
-                conn.send_packed_command(conn.pack_commands([("INFO", "server"), ("PING",)]))
-                info = conn.read_response()
-                info_ok = True
-                conn.read_response()  # PING: an error (other than LOADING) is not ready
-            except redis.exceptions.BusyLoadingError:
-                return False  # still replaying the AOF
-            except (redis.AuthenticationError, redis.ResponseError):
-                if info_ok:
-                    return False
-                # INFO refused (an ACL the probe cannot satisfy): the log tells.
-            except (redis.RedisError, OSError):
-                return False
-        finally:
-            conn.disconnect()
-        if info_ok:
-            text = info if isinstance(info, bytes) else str(info).encode()
-            match = re.search(rb"\r?\nprocess_id:(\d+)", b"\n" + text)
-            return match is not None and int(match.group(1)) == proc.pid
+            # One connection (made here: AUTH on connect), RESP2 so INFO is plain text.
+            with self.client(
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                protocol=2,
+                single_connection_client=True,
+            ) as client:
+                pipe = client.pipeline(transaction=False)
+                pipe.info("server")
+                pipe.ping()
+                info, ping = pipe.execute(raise_on_error=False)
+        except redis.AuthenticationError:
+            info = ping = None  # refused at AUTH (an ACL the probe cannot satisfy): the log tells
+        except (redis.RedisError, OSError):
+            return False
+        if isinstance(info, dict):  # INFO answered: PING's error (LOADING...) is not ready
+            return info.get("process_id") == proc.pid and not isinstance(ping, Exception)
         return proc.poll() is None and "Ready to accept connections" in self._log_tail(200)
 
     def _forget_process(self, state: str) -> None:
@@ -1047,17 +1003,10 @@ class RedisCluster:
 
     def stop(self) -> None:
         """Stop every node (idempotent). All are attempted even if one fails."""
-        errors: list[BaseException] = []
         for node in self._nodes:
             with contextlib.suppress(Exception):
                 node._begin_stop()
-        for node in self._nodes:
-            try:
-                node.stop()
-            except Exception as exc:  # keep stopping the others
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        _stop_all(self._nodes)
 
     def flush(self) -> None:
         """FLUSHALL every running, unpaused node (a paused one would just block)."""
@@ -1089,6 +1038,18 @@ class RedisCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stop_all(items: Sequence[RedisNode | RedisCluster]) -> None:
+    """Stop every one of ``items``, the others too when one fails; then raise the first failure."""
+    errors: list[BaseException] = []
+    for item in items:
+        try:
+            item.stop()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 # --------------------------------------------------------------------------- pytest fixtures
@@ -1133,14 +1094,7 @@ if _HAVE_PYTEST:
             return cluster
 
         yield factory
-        errors: list[BaseException] = []
-        for cluster in made:
-            try:
-                cluster.stop()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        _stop_all(made)
 
     @pytest.fixture(scope="session")
     def _redlock_session_cluster() -> Iterator[RedisCluster]:

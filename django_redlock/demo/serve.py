@@ -4,6 +4,7 @@ for the admin page, and the web server left running until a stop signal."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -146,23 +147,9 @@ def _timeline(records: list[dict[str, Any]], labels: dict[str, str]) -> bool:
         last = max(first + 1, int((entry["end"] - origin) / span * width))
         bar = " " * first + "#" * (last - first)
         print(f"    {labels.get(entry['task_id'], '?'):<13} |{bar:<{width}}|")
-    by_key: dict[str, list[dict[str, Any]]] = {}
-    for entry in records:
-        by_key.setdefault(entry["key"], []).append(entry)
-    serialized = all(
-        not _overlaps(a, b)
-        for runs in by_key.values()
-        for i, a in enumerate(runs)
-        for b in runs[i + 1 :]
-    )
-    groups = list(by_key.values())
-    parallel = any(
-        _overlaps(a, b)
-        for i, runs in enumerate(groups)
-        for other in groups[i + 1 :]
-        for a in runs
-        for b in other
-    )
+    pairs = list(itertools.combinations(records, 2))
+    serialized = not any(_overlaps(a, b) for a, b in pairs if a["key"] == b["key"])
+    parallel = any(_overlaps(a, b) for a, b in pairs if a["key"] != b["key"])
     print(f"  same key: {'never overlapped' if serialized else 'OVERLAPPED (bug!)'}")
     print(f"  different keys: {'ran in parallel' if parallel else 'never overlapped'}")
     return serialized

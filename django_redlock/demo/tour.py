@@ -35,13 +35,6 @@ def title(text: str) -> None:
     print(f"\n== {text} " + "=" * max(0, 70 - len(text)))
 
 
-def _quorum_text(n: int) -> str:
-    quorum = n // 2 + 1
-    spare = n - quorum
-    can_fail = f"{spare} may fail" if spare else "none may fail"
-    return f"{n} node{'s' if n > 1 else ''}, quorum {quorum}: {can_fail}"
-
-
 # --------------------------------------------------------------------------- mutual exclusion
 
 
@@ -89,7 +82,8 @@ def node_failures(cluster: RedisCluster, resources: Resources) -> bool:
     n = len(cluster)
     quorum = n // 2 + 1
     spare = n - quorum
-    title(f"Node failures: {_quorum_text(n)}")
+    can_fail = f"{spare} may fail" if spare else "none may fail"
+    title(f"Node failures: {n} node{'s' if n > 1 else ''}, quorum {quorum}: {can_fail}")
     redlock = Redlock(cluster.urls, key_prefix=TOUR_PREFIX, ttl=5, node_timeout=0.05, max_ttl=5)
     ok = True
     frozen = cluster.nodes[n - spare :]
@@ -113,11 +107,10 @@ def node_failures(cluster: RedisCluster, resources: Resources) -> bool:
     down = len(frozen) + 1
     try:
         granted = redlock.lock("failover").acquire(blocking=False)
+        print(f"  {down} of {n} nodes down: {'GRANTED (bug!)' if granted else 'refused'}")
     except QuorumError as exc:
         granted = False
         print(f"  {down} of {n} nodes down: refused, as it must be -> {exc}")
-    else:
-        print(f"  {down} of {n} nodes down: {'GRANTED (bug!)' if granted else 'refused'}")
     ok = ok and not granted
     for node in frozen:
         node.resume()

@@ -26,13 +26,12 @@ import getpass
 import json
 import logging
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_redlock.admin_views import REASON_LABELS, build_rows, clock_spread, describe_holder
+from django_redlock.admin_views import build_rows, clock_spread, describe_holder
 from django_redlock.backends.registry import get_locks
 from django_redlock.checks import eviction_warnings, node_eviction_policies
 from django_redlock.conf import get_config
@@ -79,10 +78,6 @@ _LIST_FIELDS = (
 )
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 class Command(BaseCommand):
     help = "List, release and check the distributed locks (REDLOCK nodes)."
     #: No system checks first: `redlock check` must run (and report) when nodes are down.
@@ -99,9 +94,6 @@ class Command(BaseCommand):
         )
         p_list = sub.add_parser("list", help="live locks across the nodes")
         p_list.add_argument("--pattern", default="*", help="glob on lock names (default *)")
-        p_list.add_argument(
-            "--json", action="store_true", dest="as_json", help="machine-readable output"
-        )
         p_rel = sub.add_parser(
             "release",
             help="remove a lock (needs --force while it is held) or every lock matching "
@@ -118,9 +110,10 @@ class Command(BaseCommand):
             "--yes", action="store_true", help="with --pattern: release without asking"
         )
         p_check = sub.add_parser("check", help="per-node health, restart guard and clocks")
-        p_check.add_argument(
-            "--json", action="store_true", dest="as_json", help="machine-readable output"
-        )
+        for p in (p_list, p_check):
+            p.add_argument(
+                "--json", action="store_true", dest="as_json", help="machine-readable output"
+            )
         p_trust = sub.add_parser(
             "trust", help="let every reachable node vote now (asserts that no lock is held)"
         )
@@ -209,42 +202,27 @@ class Command(BaseCommand):
         # The admin page's rows: the same "stuck" reasons (held too long, split, not
         # renewing, holder gone), judged by the same code.
         rows = build_rows(redlock.live_locks(pattern), get_config().get("STUCK_AFTER"))
-        locks = [row.info for row in rows]
-        reasons = {row.info.name: [REASON_LABELS[code] for code in row.reasons] for row in rows}
         if as_json:
-            self.stdout.write(
-                _dumps(
-                    [
-                        {
-                            **{field: getattr(i, field) for field in _LIST_FIELDS.split()},
-                            "acquired_at": _iso(i.acquired_at),
-                            "stuck": bool(reasons[i.name]),
-                            "flags": reasons[i.name],
-                        }
-                        for i in locks
-                    ]
-                )
-            )
-            return
-        if not locks:
+            listed = [
+                {
+                    **{field: getattr(r.info, field) for field in _LIST_FIELDS.split()},
+                    "acquired_at": r.info.acquired_at and r.info.acquired_at.isoformat(),
+                    "stuck": r.stuck,
+                    "flags": r.reason_labels,
+                }
+                for r in rows
+            ]
+            self.stdout.write(_dumps(listed))
+        elif not rows:
             self.stdout.write(f"No live locks matching {pattern!r}.")
-            return
-        table = [("NAME", "HOLDER", "AGE", "TTL", "NODES", "FENCE", "STUCK")]
-        for i in locks:
-            flags = reasons[i.name]
-            table.append(
-                (
-                    i.name,
-                    _holder(i.meta),
-                    _seconds(i.age),
-                    _seconds(i.ttl),
-                    f"{i.nodes}/{i.total_nodes}",
-                    str(i.fence or "-"),
-                    ", ".join(flags),
-                )
-            )
-        self._table(table)
-        self.stdout.write(f"{len(locks)} lock(s).")
+        else:
+            table = [("NAME", "HOLDER", "AGE", "TTL", "NODES", "FENCE", "STUCK")]
+            for r in rows:
+                i, flags = r.info, ", ".join(r.reason_labels)
+                age, ttl, nodes = _seconds(i.age), _seconds(i.ttl), f"{i.nodes}/{i.total_nodes}"
+                table.append((i.name, _holder(i.meta), age, ttl, nodes, str(i.fence or "-"), flags))
+            self._table(table)
+            self.stdout.write(f"{len(rows)} lock(s).")
 
     # -- release ---------------------------------------------------------------------------
 
@@ -264,8 +242,8 @@ class Command(BaseCommand):
             self._release_matching(redlock, pattern, yes=yes)
             return
         assert key is not None
+        info = redlock.lock_info(key)
         if not force:
-            info = redlock.lock_info(key)
             if info is None:
                 raise CommandError(f"No lock named {key!r} is held.", returncode=NOT_FOUND)
             raise CommandError(
@@ -276,7 +254,6 @@ class Command(BaseCommand):
                 "to do it anyway.",
                 returncode=REFUSED,
             )
-        info = redlock.lock_info(key)
         removed = redlock.force_release(key)
         total = len(redlock.nodes)
         if removed == 0:
@@ -331,23 +308,20 @@ class Command(BaseCommand):
     # -- check -----------------------------------------------------------------------------
 
     def do_check(self, *, as_json: bool = False, **_: Any) -> None:
-        redlock = self.redlock
-        health = redlock.health()
-        quorum = redlock.quorum
+        health, quorum = self.redlock.health(), self.redlock.quorum
         reachable = [h for h in health if h.reachable]
         # The core judges each node with the whole cluster in view (as the admin page shows
         # it): a brand-new cluster's nodes vote, trusted at the first acquire.
         voting = [h for h in health if h.voting]
-        trusted_at_first_lock = any(h.voting and h.fresh for h in health)
         spread = clock_spread(health) or 0.0
         # The same W006 warnings as `manage.py check --deploy`.
         eviction = eviction_warnings(node_eviction_policies())
         if len(reachable) < quorum or len(voting) < quorum:
-            status, code = "CRITICAL", QUORUM_LOST
+            status, code, style = "CRITICAL", QUORUM_LOST, self.style.ERROR
         elif len(voting) < len(health) or eviction:
-            status, code = "DEGRADED", DEGRADED
+            status, code, style = "DEGRADED", DEGRADED, self.style.WARNING
         else:
-            status, code = "OK", OK
+            status, code, style = "OK", OK, self.style.SUCCESS
         summary = (
             f"{status}: {len(reachable)}/{len(health)} nodes reachable, "
             f"{len(voting)} voting, quorum {quorum}, clock spread {spread * 1000:.1f} ms"
@@ -361,57 +335,31 @@ class Command(BaseCommand):
                 f"{h.node} ({_seconds(h.guarded_for)} left)" for h in guarded
             )
         if as_json:
-            self.stdout.write(
-                _dumps(
-                    {
-                        "status": status.lower(),
-                        "quorum": quorum,
-                        "reachable": len(reachable),
-                        "voting": len(voting),
-                        "clock_spread": spread,
-                        "fresh_cluster": trusted_at_first_lock,
-                        "nodes": [h.__dict__ for h in health],
-                        "warnings": [{"id": m.id, "msg": m.msg} for m in eviction],
-                    }
-                )
-            )
+            report = {
+                "status": status.lower(),
+                "quorum": quorum,
+                "reachable": len(reachable),
+                "voting": len(voting),
+                "clock_spread": spread,
+                "fresh_cluster": any(h.voting and h.fresh for h in health),
+                "nodes": [h.__dict__ for h in health],
+                "warnings": [{"id": m.id, "msg": m.msg} for m in eviction],
+            }
+            self.stdout.write(_dumps(report))
         else:
-            rows = [
-                ("NODE", "REACHABLE", "LATENCY", "VERSION", "UPTIME", "GUARD", "CLOCK", "LOCKS")
-            ]
-            for h in health:
-                if not h.reachable:
-                    rows.append((_node_label(h), "no", "-", "-", "-", "-", "-", h.error or ""))
-                    continue
-                if h.voting and h.fresh:
-                    guard = "fresh (trusted at first lock)"
-                elif h.voting:
-                    guard = "ready"
-                else:
-                    guard = f"guarded {_seconds(h.guarded_for)}"
-                    if h.armed is False:  # shows all of max_ttl until something arms it
-                        guard += ", counts down from the next lock"
-                clock = f"{h.clock_offset * 1000:+.1f}ms" if h.clock_offset is not None else "-"
-                rows.append(
-                    (
-                        _node_label(h),
-                        "yes",
-                        f"{(h.latency or 0) * 1000:.2f}ms",
-                        h.software or "?",
-                        _seconds(h.uptime),
-                        guard,
-                        clock,
-                        str(h.lock_keys if h.lock_keys is not None else "-"),
-                    )
-                )
-            self._table(rows)
+            header = (
+                "NODE",
+                "REACHABLE",
+                "LATENCY",
+                "VERSION",
+                "UPTIME",
+                "GUARD",
+                "CLOCK",
+                "LOCKS",
+            )
+            self._table([header, *map(_check_row, health)])
             for message in eviction:
                 self.stdout.write(self.style.WARNING(f"{message.id}: {message.msg}"))
-            style = (
-                self.style.SUCCESS
-                if code == OK
-                else (self.style.WARNING if code == DEGRADED else self.style.ERROR)
-            )
             self.stdout.write(style(summary))
         if code != OK:
             raise CommandError(summary, returncode=code)
@@ -427,6 +375,31 @@ class Command(BaseCommand):
             self.stdout.write(
                 "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             )
+
+
+def _check_row(h: Any) -> tuple[str, ...]:
+    """One node's line of ``redlock check``."""
+    if not h.reachable:
+        return (_node_label(h), "no", "-", "-", "-", "-", "-", h.error or "")
+    if h.voting:
+        guard = "fresh (trusted at first lock)" if h.fresh else "ready"
+    else:
+        guard = f"guarded {_seconds(h.guarded_for)}"
+        if h.armed is False:  # shows all of max_ttl until something arms it
+            guard += ", counts down from the next lock"
+    latency = f"{(h.latency or 0) * 1000:.2f}ms"
+    clock = f"{h.clock_offset * 1000:+.1f}ms" if h.clock_offset is not None else "-"
+    locks = str(h.lock_keys if h.lock_keys is not None else "-")
+    return (
+        _node_label(h),
+        "yes",
+        latency,
+        h.software or "?",
+        _seconds(h.uptime),
+        guard,
+        clock,
+        locks,
+    )
 
 
 def _node_label(health: Any) -> str:
