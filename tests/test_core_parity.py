@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import itertools
 import re
+import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -763,6 +764,41 @@ def test_a_frozen_node_is_down_after_the_evidence_and_votes_again_once_it_answer
         token = lock.token
         await until(lambda: tokens_on_nodes(cluster, "back") == [token] * 3, 5.0, "every copy")
         await v(lock.release())
+
+    run(scenario)
+
+
+@pytest.mark.faults
+@CLIENTS
+def test_a_frozen_node_costs_about_one_node_timeout_once(redis_cluster_factory, make_client) -> None:
+    """Node 2 frozen while the client has connections to it: every acquire and release is
+    decided by the two others. The frozen node costs about one node timeout once (its owed
+    reply, or a new connection's handshake, waited for once), not one per operation for as
+    long as a connection to it is being opened (the connect budget, 1 s), nor a share of it on
+    every operation after. Run for longer than the connect budget, so a failed attempt and the
+    next one are in it."""
+    cluster = redis_cluster_factory(3)
+    timeout = 0.2  # half of it is far beyond a busy host's ordinary lateness
+    rl = make_client(cluster, node_timeout=timeout)
+
+    async def scenario() -> None:
+        await warm(rl)
+        lock = rl.lock("frozen-cost", ttl=30)
+        for _ in range(20):
+            assert await v(lock.acquire(blocking=False))
+            await v(lock.release())
+        took: list[float] = []
+        with cluster[2].paused():
+            started = time.monotonic()
+            while time.monotonic() - started < 2.0:
+                before = time.monotonic()
+                assert await v(lock.acquire(blocking=False))
+                acquired = time.monotonic()
+                await v(lock.release())
+                took += [acquired - before, time.monotonic() - acquired]
+        slow = [round(t, 3) for t in took if t > timeout / 2]
+        assert len(slow) <= 2, (slow, len(took))
+        assert statistics.median(took) < timeout / 10, (statistics.median(took), len(took))
 
     run(scenario)
 
