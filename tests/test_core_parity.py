@@ -770,7 +770,9 @@ def test_a_frozen_node_is_down_after_the_evidence_and_votes_again_once_it_answer
 
 @pytest.mark.faults
 @CLIENTS
-def test_a_frozen_node_costs_about_one_node_timeout_once(redis_cluster_factory, make_client) -> None:
+def test_a_frozen_node_costs_about_one_node_timeout_once(
+    redis_cluster_factory, make_client
+) -> None:
     """Node 2 frozen while the client has connections to it: every acquire and release is
     decided by the two others. The frozen node costs about one node timeout once (its owed
     reply, or a new connection's handshake, waited for once), not one per operation for as
