@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from .detector import connect_budget
+from .detector import connect_budget, overrun
 from .fanout import Wait, linger_for, suspect_linger
 from .hedging import copies_allowed, first_word, granted, hedge_at
 from .nodes import (
@@ -630,9 +630,9 @@ class LoopPool:
         self.idle: list[list[AsyncWire]] = [[] for _ in range(nodes)]
         #: The connection per node the fan-outs pipeline on, or None (see the class).
         self.shared: list[AsyncWire | None] = [None] * nodes
-        #: A connection being opened to become a node's shared one, and its budget: the
-        #: fan-outs that find none wait for the same one.
-        self.connecting: list[tuple[asyncio.Task[AsyncWire], float] | None] = [None] * nodes
+        #: A connection being opened to become a node's shared one, its budget and when it
+        #: began (on the loop's clock): the fan-outs that find none wait for the same one.
+        self.connecting: list[tuple[asyncio.Task[AsyncWire], float, float] | None] = [None] * nodes
         self.background: set[asyncio.Task[Any]] = set()
         #: Spare connections being opened per node (see :meth:`want_spare`).
         self.spares = [0] * nodes
@@ -659,8 +659,10 @@ class LoopPool:
             node.mark_late(now)
             since = now - (self.loop.time() - owed)
             given_up = wire.overdue(self.loop.time(), budget)
+            late = wire.owed[0]
             self.set_aside(node, index, wire, since, abandon=given_up)
             self.want_spare(node, index)
+            self._miss_unless_answered(node, wire, late, since, owed + budget)
         if wire is not None and wire.usable():
             wire.retire()  # to a group's former master
         self.shared[index] = None
@@ -671,6 +673,34 @@ class LoopPool:
         self.shared[index] = wire
         return wire
 
+    def _miss_unless_answered(
+        self, node: Node, wire: AsyncWire, late: Due, since: float, at: float
+    ) -> None:
+        """A connection set aside while it owes ``late`` (sent at ``since`` on the monotonic
+        clock): no fan-out waits on it any more, so its silence past the node's budget (at
+        ``at``, on the loop's clock) is told here, as the sync fan-out tells the silence of
+        a connection it used, whichever decided the operation: else a frozen node's first
+        miss would come only from its new connection's handshake, after the connect budget,
+        and each release meanwhile would wait for it. Checked once the loop has read what
+        arrived (a timer runs after the reads of its turn): a reply unread because the loop
+        did not run is no silence. A check the loop ran late for is an excused miss, and
+        the silence is checked again a budget later: on a busy host, where timers run late,
+        a frozen node is still found out."""
+        asked = max(at - self.loop.time(), 0.0)
+        set_at = self.loop.time()
+
+        def check() -> None:
+            if late not in wire.owed:
+                return  # answered (or the connection was cut)
+            excused = overrun(asked, self.loop.time() - set_at) > 0
+            node.went_silent(excused, since)
+            if excused and not self.closed:
+                self._miss_unless_answered(
+                    node, wire, late, since, self.loop.time() + node.detector.budget()
+                )
+
+        self.loop.call_at(at, check)
+
     def connect_shared(self, node: Node, index: int, budget: float) -> asyncio.Task[AsyncWire]:
         """A task opening a connection to the node within ``budget`` seconds, which becomes
         its shared one; one at a time per node and budget."""
@@ -678,9 +708,15 @@ class LoopPool:
         if pending is not None and pending[1] == budget and not pending[0].done():
             return pending[0]
         task = self.spawn(open_wire(node, self.loop, budget))
-        self.connecting[index] = (task, budget)
+        self.connecting[index] = (task, budget, self.loop.time())
         task.add_done_callback(functools.partial(self._opened, index))
         return task
+
+    def connecting_since(self, index: int, task: asyncio.Task[AsyncWire]) -> float | None:
+        """When ``task`` (of :meth:`connect_shared`) began to open node ``index``'s
+        connection, on the loop's clock; None when it is not the one being opened."""
+        pending = self.connecting[index]
+        return pending[2] if pending is not None and pending[0] is task else None
 
     def _opened(self, index: int, task: asyncio.Task[AsyncWire]) -> None:
         pending = self.connecting[index]
@@ -1375,16 +1411,34 @@ class AsyncFanOut:
                 longest = linger
         return longest
 
+    def _linger_until(self) -> float:
+        """Until when (the loop's clock) a fan-out decided without the nodes still being
+        connected to waits for their connections, as the sync fan-out's
+        (:func:`.fanout._linger_until`): each from when its connection began, for
+        :func:`.fanout.linger_for`, or :func:`.fanout.suspect_linger` if the node missed an
+        answer lately. A connection that has been opening longer than that costs nothing
+        more: the operation that began it waited for it already (a frozen node's handshake,
+        pending for the whole connect budget, cost one operation, not each one meanwhile)."""
+        wait_for = linger_for(self.timeout, self.slowest_open)
+        until = 0.0
+        for index, task in self.tasks.items():
+            node = self.nodes[index]
+            began = self.pool.connecting_since(index, task)
+            if began is None:
+                began = self.sent
+            at = began + (suspect_linger(node, self.timeout) if node.missed_lately() else wait_for)
+            if at > until:
+                until = at
+        return until
+
     def _enough(self) -> None:
         """``enough`` held: the wait ends, unless nodes are still being connected to; then
-        it goes on for those connections only, within :func:`.fanout.linger_for` of this
-        fan-out's start, as the sync fan-out's does: a healthy node's copy of a fresh
-        client's first lock is not lost to its handshake (each command goes out once its
-        connection is open; its reply is owed, as a slow node's is)."""
+        it goes on for those connections only (:meth:`_linger_until`), as the sync
+        fan-out's does: a healthy node's copy of a fresh client's first lock is not lost to
+        its handshake (each command goes out once its connection is open; its reply is
+        owed, as a slow node's is)."""
         if self.tasks and not self.lingering:
-            until = self.sent + (
-                self._suspect_linger() or linger_for(self.timeout, self.slowest_open)
-            )
+            until = self._linger_until()
             if until > self.pool.loop.time():
                 self.lingering = True
                 self.wait.deadline = until + self.wait.stalled
