@@ -445,7 +445,9 @@ async def open_wire(
     adopted = await _adopt(node, loop)
     if adopted is not None:
         return adopted
-    failure = node.unreachable()
+    # A node that missed an answer lately is connected to only where its late reply is held
+    # up (near: see Node.near), as the sync client opens one; a far one's is on its way.
+    failure = node.unreachable() if spare or node.near() else node.not_now()
     if failure is not None:
         raise WireError(failure)
     started = loop.time()

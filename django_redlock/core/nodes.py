@@ -1334,6 +1334,9 @@ class Node:
                 budget = self.detector.budget()
                 if owed_for >= budget:
                     self.abandon(wire)  # as a fan-out gives up a connection past it
+                    # A reply that operations decided without (a quorum answered first) is
+                    # past its budget: a miss, unless the node answered since.
+                    self.went_silent(since=wire.due[0].sent)
                 elif young is None and owed_for < budget / 4:
                     young = wire
                 elif due is None:
@@ -1669,6 +1672,15 @@ class Node:
         if probing is None or probing[0] != ThisProcess.pid:
             return None
         return Failure("timeout", "missed an answer; connecting in the background")
+
+    def near(self) -> bool:
+        """Whether :data:`HELD_UP_ROUND_TRIPS` of the node's round trips fit in the node
+        timeout, so a reply later than that is held up (a lost packet, a frozen node) rather
+        than on its way: a far node's late reply is on its way (its first round trips, not
+        yet settled, stretch its budget), and a new connection's handshake would take longer
+        than it."""
+        quick = self.detector.quick
+        return quick is not None and HELD_UP_ROUND_TRIPS * quick < self.node_timeout
 
     def missed_lately(self) -> bool:
         """Whether the node missed an answer (excused or not) and has not answered since: it
