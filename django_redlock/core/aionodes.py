@@ -30,7 +30,7 @@ from typing import Any
 import redis
 
 from .detector import connect_budget, overrun
-from .fanout import Wait, linger_for, suspect_linger
+from .fanout import Wait, linger_for, node_linger, suspect_linger
 from .hedging import copies_allowed, first_word, granted, hedge_at
 from .nodes import (
     DRAIN_FOR,
@@ -1428,7 +1428,7 @@ class AsyncFanOut:
             began = self.pool.connecting_since(index, task)
             if began is None:
                 began = self.sent
-            at = began + (suspect_linger(node, self.timeout) if node.missed_lately() else wait_for)
+            at = began + node_linger(node, self.timeout, wait_for)
             if at > until:
                 until = at
         return until

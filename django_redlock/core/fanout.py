@@ -631,6 +631,13 @@ def suspect_linger(node: Node, timeout: float) -> float:
     return SUSPECT_ROUND_TRIPS * quick
 
 
+def node_linger(node: Node, timeout: float, wait_for: float) -> float:
+    """How long from its start a node's connection is waited for by an operation that its
+    other nodes decided: ``wait_for`` (:func:`linger_for`), or :func:`suspect_linger` for a
+    node that missed an answer lately (both fan-outs' rule)."""
+    return suspect_linger(node, timeout) if node.missed_lately() else wait_for
+
+
 def linger_for(timeout: float, slowest_open: float) -> float:
     """How long from its start a node's connection is waited for by an operation that its
     other nodes decided (see :func:`_linger_until`; the asyncio fan-out's rule too)."""
@@ -659,11 +666,11 @@ def _linger_until(
     until = None
     for node in connecting:
         since = node.connecting_since()
-        if node.missed_lately():
-            at = (now if since is None else since) + suspect_linger(node, timeout)
+        if since is not None:
+            at = since + node_linger(node, timeout, wait_for)
         else:
-            # None: its connection has just opened (or failed), and the news is on its way.
-            at = now + timeout if since is None else since + wait_for
+            # Its connection has just opened (or failed), and the news is on its way.
+            at = now + (suspect_linger(node, timeout) if node.missed_lately() else timeout)
         if until is None or at > until:
             until = at
     if until is None or until <= now:

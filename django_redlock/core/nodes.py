@@ -1378,7 +1378,7 @@ class Node:
             # not a frozen node), and a handshake that is late itself is no miss: the
             # connections waiting for their replies tell that story already.
             self.want_spare()
-            oldest = min((w.due[0].sent for w, _ in list(self._draining) if w.due), default=0.0)
+            oldest = self._oldest_owed() or 0.0
             if self.unreachable() is None and self.detector.heard_since(oldest):
                 try:
                     return Wire(self, min(self.node_timeout, deadline - time.monotonic()))
@@ -1407,8 +1407,12 @@ class Node:
         quick = self.detector.quick
         if quick is None or self.unreachable() is not None:
             return False
-        oldest = min((w.due[0].sent for w, _ in list(self._draining) if w.due), default=None)
+        oldest = self._oldest_owed()
         return oldest is not None and time.monotonic() - oldest > HELD_UP_ROUND_TRIPS * quick
+
+    def _oldest_owed(self) -> float | None:
+        """When the oldest command still owed on a set-aside connection was sent."""
+        return min((w.due[0].sent for w, _ in list(self._draining) if w.due), default=None)
 
     def _comes_back(self) -> bool:
         """Whether a connection to the node is being opened for an operation, or is in use
